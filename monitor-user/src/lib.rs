@@ -1,0 +1,12 @@
+//! railscope's node agent as a library: the `railscope` binary is a thin CLI over it, and the
+//! integration tests drive the same code.
+//!
+//! - [`btf`]: reads the running kernel's type information, so no struct offset is hard-coded.
+//! - [`kernel`]: what the running kernel offers (modules, kprobes, clocks).
+//! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
+//! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+
+pub mod agent;
+pub mod btf;
+pub mod kernel;
+pub mod probes;

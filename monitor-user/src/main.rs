@@ -1,0 +1,124 @@
+//! `railscope`: the node agent of the railscope monitor for GPU + RDMA training clusters.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use railscope::{
+    agent::{self, AgentOptions, OutputFormat},
+    kernel::Kernel,
+    probes::{self, IbEventProbe, ProbeReport, Status},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "railscope",
+    version,
+    about = "Fine-grained, low-overhead monitor for GPU + InfiniBand/RoCE training nodes",
+    long_about = "railscope watches RDMA verbs and InfiniBand driver events from the kernel with \
+                  eBPF probes. It runs as root on each node.\n\nLogs go to stderr (filter with \
+                  RAILSCOPE_LOG, e.g. RAILSCOPE_LOG=debug); events go to stdout."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent: attach the probes and print each event as a line until Ctrl-C.
+    ///
+    /// Probes whose kernel module is not loaded yet (ib_core on a node without RDMA drivers)
+    /// are reported once and attached as soon as the module appears; the agent never exits
+    /// because one probe is unavailable.
+    Agent {
+        /// Print events as JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Seconds between checks for kernel modules that appeared or went away.
+        #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+        rescan: f64,
+    },
+    /// Show every probe, its hook and whether it attaches on this kernel (and why not).
+    ///
+    /// Each probe is attached for real and detached again, so "attached" means it works here.
+    Probes {
+        /// Print the table as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also load every program into the kernel's verifier, without attaching, and report
+        /// the verdicts (useful on kernels where the hooks themselves are missing).
+        #[arg(long)]
+        verify: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RAILSCOPE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    raise_memlock_limit();
+    match cli.command {
+        Command::Agent { json, rescan } => {
+            let options = AgentOptions {
+                format: if json { OutputFormat::Json } else { OutputFormat::Text },
+                rescan: Duration::try_from_secs_f64(rescan)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .context("--rescan must be a positive number of seconds")?,
+                kernel: Kernel::default(),
+            };
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(agent::run(options))
+        }
+        Command::Probes { json, verify } => show_probes(json, verify),
+    }
+}
+
+fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
+    let kernel = Kernel::default();
+    let status = match IbEventProbe::attach(&kernel) {
+        Ok(_attached) => Status::Attached,
+        Err(reason) => Status::Unavailable(reason.to_string()),
+    };
+    let rows = [ProbeReport::new(IbEventProbe::INFO, status)];
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", probes::render_table(&rows));
+    }
+    if verify {
+        let verdicts = probes::verify_all().context("loading the eBPF object")?;
+        println!();
+        for v in &verdicts {
+            match &v.result {
+                Ok(()) => println!("verifier: {} accepted", v.program),
+                Err(e) => println!("verifier: {} rejected: {e}", v.program),
+            }
+        }
+        if verdicts.iter().any(|v| v.result.is_err()) {
+            anyhow::bail!("the kernel's verifier rejected a program");
+        }
+    }
+    Ok(())
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so loading cannot fail there.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid rlimit struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on kernels >= 5.11");
+    }
+}

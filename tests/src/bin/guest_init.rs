@@ -1,0 +1,25 @@
+//! `/init` of the test bed's guest (PID 1): mounts the kernel filesystems, runs the scenarios
+//! named by `railscope.scenarios=a,b` on the kernel command line and powers off.
+
+use std::time::Instant;
+
+use railscope_tests::{guest, scenarios};
+
+fn main() {
+    if let Err(e) = guest::init_system() {
+        println!("guest-init: could not prepare the system: {e:#}");
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let wanted = guest::cmdline_value(&cmdline, "railscope.scenarios").unwrap_or_default();
+    for name in wanted.split(',').filter(|s| !s.is_empty()) {
+        println!("RAILSCOPE-SCENARIO-BEGIN {name}");
+        let started = Instant::now();
+        let verdict = match scenarios::run(name) {
+            Ok(()) => "PASS".to_owned(),
+            Err(e) => format!("FAIL {}", format!("{e:#}").replace('\n', " | ")),
+        };
+        println!("scenario {name} took {:.1} s", started.elapsed().as_secs_f64());
+        println!("RAILSCOPE-SCENARIO {name} {verdict}");
+    }
+    guest::power_off();
+}

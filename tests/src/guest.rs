@@ -1,0 +1,231 @@
+//! Helpers for code running inside the test bed's guest: system start-up, commands, the
+//! soft-RoCE device pair, and the railscope agent as a child process.
+
+use std::{
+    ffi::CString,
+    io::{BufRead as _, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+/// The guest-only addresses of the two ends of the veth pair (RFC 2544 benchmarking range;
+/// the guest has no network card).
+pub const ADDR_A: &str = "198.18.0.1";
+pub const ADDR_B: &str = "198.18.0.2";
+
+fn mount(source: &str, target: &str, fstype: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(target)?;
+    let c = |s: &str| CString::new(s).expect("no NUL in mount arguments");
+    let (source, target_c, fstype) = (c(source), c(target), c(fstype));
+    // SAFETY: all pointers are valid NUL-terminated strings; no mount data.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target_c.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        bail!("mount {target}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Mounts what the kernel's interfaces need and sets up PATH and loopback.
+pub fn init_system() -> anyhow::Result<()> {
+    mount("proc", "/proc", "proc")?;
+    mount("sys", "/sys", "sysfs")?;
+    mount("dev", "/dev", "devtmpfs")?;
+    mount("tmp", "/tmp", "tmpfs")?;
+    mount("nodev", "/sys/kernel/tracing", "tracefs")?;
+    mount("nodev", "/sys/kernel/debug", "debugfs")?;
+    mount("bpf", "/sys/fs/bpf", "bpf")?;
+    // SAFETY: single-threaded at this point; nothing else reads the environment concurrently.
+    unsafe { std::env::set_var("PATH", "/usr/bin:/bin:/sbin:/usr/sbin") };
+    std::fs::write("/proc/sys/kernel/modprobe", "/bin/modprobe")?;
+    run("/usr/bin/ip", &["link", "set", "lo", "up"])?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("guest-init: kernel {}", release.trim());
+    Ok(())
+}
+
+/// The value of `key=value` on a kernel command line.
+pub fn cmdline_value(cmdline: &str, key: &str) -> Option<String> {
+    cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_owned)
+}
+
+pub fn power_off() -> ! {
+    // SAFETY: sync and reboot take no pointers; PID 1 may power the machine off.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::LINUX_REBOOT_CMD_POWER_OFF);
+    }
+    loop {
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Runs a command, echoing it and its output to the console; fails on a non-zero exit.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    println!("+ {program} {}", args.join(" "));
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("starting {program}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in stdout.lines().chain(String::from_utf8_lossy(&out.stderr).lines()) {
+        println!("  {line}");
+    }
+    if !out.status.success() {
+        bail!("{program} {} failed ({})", args.join(" "), out.status);
+    }
+    Ok(stdout)
+}
+
+pub fn write_sysctl(key: &str, value: &str) -> anyhow::Result<()> {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    std::fs::write(&path, value).with_context(|| format!("writing {path}"))
+}
+
+/// Loads the soft-RoCE stack: rxe and the user-verbs, rdma_cm and umad interfaces.
+pub fn load_rdma_modules() -> anyhow::Result<()> {
+    for module in ["veth", "rdma_rxe", "ib_uverbs", "rdma_ucm", "ib_umad"] {
+        run("/bin/modprobe", &[module])?;
+    }
+    Ok(())
+}
+
+/// Creates vethA/vethB with `ADDR_A`/`ADDR_B` and rxe0 on vethA, rxe1 on vethB, all in the
+/// initial network namespace (rxe's UDP socket lives only there on 6.1).
+pub fn create_rxe_pair() -> anyhow::Result<()> {
+    let ip = "/usr/bin/ip";
+    run(ip, &["link", "add", "vethA", "type", "veth", "peer", "name", "vethB"])?;
+    run(ip, &["addr", "add", &format!("{ADDR_A}/24"), "dev", "vethA"])?;
+    run(ip, &["addr", "add", &format!("{ADDR_B}/24"), "dev", "vethB"])?;
+    // Both ends are local addresses: accept packets from them and skip reverse-path checks.
+    for dev in ["all", "vethA", "vethB"] {
+        write_sysctl(&format!("net.ipv4.conf.{dev}.accept_local"), "1")?;
+        write_sysctl(&format!("net.ipv4.conf.{dev}.rp_filter"), "0")?;
+    }
+    run(ip, &["link", "set", "vethA", "up"])?;
+    run(ip, &["link", "set", "vethB", "up"])?;
+    thread::sleep(Duration::from_secs(1));
+    run("/usr/bin/rdma", &["link", "add", "rxe0", "type", "rxe", "netdev", "vethA"])?;
+    run("/usr/bin/rdma", &["link", "add", "rxe1", "type", "rxe", "netdev", "vethB"])?;
+    wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE", || {
+        port_state("rxe0").contains("ACTIVE")
+    })
+}
+
+/// `state` of port 1 of an RDMA device, e.g. "4: ACTIVE".
+pub fn port_state(device: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/1/state"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// The GID index of the IPv4-mapped RoCEv2 GID of port 1.
+pub fn ipv4_gid_index(device: &str) -> anyhow::Result<u32> {
+    (0..16)
+        .find(|i| {
+            std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/1/gids/{i}"))
+                .is_ok_and(|g| g.starts_with("0000:0000:0000:0000:0000:ffff:"))
+        })
+        .with_context(|| format!("{device} has no IPv4 GID"))
+}
+
+/// Polls `ready` every 100 ms until it holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, what: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ready() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// `railscope agent` running as a child, with its output collected (and echoed to the
+/// console with a prefix, so the serial log shows it).
+pub struct Agent {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    pub fn start(args: &[&str]) -> anyhow::Result<Self> {
+        println!("+ railscope agent {}", args.join(" "));
+        let mut child = Command::new("/usr/bin/railscope")
+            .arg("agent")
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting /usr/bin/railscope agent")?;
+        let stdout = collect(child.stdout.take().expect("piped"), "agent> ");
+        let stderr = collect(child.stderr.take().expect("piped"), "agent! ");
+        Ok(Self {
+            child,
+            stdout,
+            stderr,
+        })
+    }
+
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lock().expect("reader thread never panics").clone()
+    }
+
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.lock().expect("reader thread never panics").clone()
+    }
+
+    /// Waits until a stderr line contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        wait_for(timeout, &format!("the agent to log {needle:?}"), || {
+            self.stderr_lines().iter().any(|l| l.contains(needle))
+        })
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the agent with SIGTERM and returns whether it exited successfully.
+    pub fn stop(mut self) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+        // SAFETY: kill with a pid we own.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = self.child.wait()?;
+        // Let the reader threads drain the pipes.
+        thread::sleep(Duration::from_millis(200));
+        if !status.success() {
+            bail!("the agent exited with {status} when asked to stop");
+        }
+        Ok((self.stdout_lines(), self.stderr_lines()))
+    }
+}
+
+fn collect(pipe: impl std::io::Read + Send + 'static, prefix: &'static str) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            println!("{prefix}{line}");
+            sink.lock().expect("no panics while locked").push(line);
+        }
+    });
+    lines
+}

@@ -1,0 +1,9 @@
+//! railscope's soft-RoCE test bed, guest side.
+//!
+//! `cargo xtask vm-test` boots a stock Debian kernel in QEMU with
+//! `railscope-guest-init` as `/init`. The init mounts the kernel's filesystems and runs the
+//! [`scenarios`] named on the kernel command line against the real rdma_rxe driver, rdma-core
+//! and perftest, printing a verdict line per scenario on the serial console.
+
+pub mod guest;
+pub mod scenarios;

@@ -1,0 +1,24 @@
+//! The test bed's scenarios, one module per feature, each proving railscope against the real
+//! soft-RoCE stack inside the guest. A scenario returns `Err` with the reason it failed.
+
+mod ib_core_btf;
+mod port_events;
+mod probe_table;
+
+/// Runs the scenario called `name`.
+pub fn run(name: &str) -> anyhow::Result<()> {
+    match name {
+        "port-events" => port_events::run(),
+        "ib-core-btf" => ib_core_btf::run(),
+        "probe-table" => probe_table::run(),
+        other => anyhow::bail!("unknown scenario {other:?}"),
+    }
+}
+
+/// Loads the RDMA modules unless an earlier scenario of this boot already did.
+fn ensure_rdma_modules() -> anyhow::Result<()> {
+    if std::path::Path::new("/sys/module/rdma_rxe").is_dir() {
+        return Ok(());
+    }
+    crate::guest::load_rdma_modules()
+}

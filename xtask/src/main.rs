@@ -1,0 +1,43 @@
+//! `cargo xtask`: railscope's developer tasks, one module per subcommand, each owning its
+//! options (the layout of aya's own xtask).
+
+mod build;
+mod cargo;
+mod run;
+mod setup;
+mod test;
+mod testbed;
+mod vm_test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "railscope developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install what the build and the tests need (idempotent; every other command runs it).
+    Setup(setup::Options),
+    /// Build the eBPF probes and the `railscope` binary that embeds them.
+    Build(build::Options),
+    /// Build, load the probes and run the agent on this node until Ctrl-C (needs root).
+    Run(run::Options),
+    /// Run every test: unit tests, host eBPF load tests and the soft-RoCE VM scenarios.
+    Test(test::Options),
+    /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
+    VmTest(vm_test::Options),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup(options) => setup::run(&options).map(drop),
+        Command::Build(options) => build::run(&options).map(drop),
+        Command::Run(options) => run::run(&options),
+        Command::Test(options) => test::run(&options),
+        Command::VmTest(options) => vm_test::run(&options),
+    }
+}

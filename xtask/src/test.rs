@@ -1,0 +1,27 @@
+//! `cargo xtask test`: every test, as CI runs them — the workspace's unit and host tests
+//! (including loading the eBPF object into this kernel's verifier), then the soft-RoCE
+//! scenarios in QEMU guests.
+
+use crate::{cargo, setup, vm_test};
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Skip the QEMU scenarios (unit and host tests only).
+    #[arg(long)]
+    pub no_vm: bool,
+    #[command(flatten)]
+    pub vm: vm_test::Options,
+}
+
+pub fn run(options: &Options) -> anyhow::Result<()> {
+    setup::require_root("loading eBPF programs in the host tests")?;
+    let tools = setup::run(&options.vm.setup)?;
+    setup::step("unit and host tests (cargo test)");
+    // The default members: every crate but the eBPF one, which only builds for the bpf target.
+    cargo::run(cargo::command(&tools).args(["test", "--release"]))?;
+    if options.no_vm {
+        setup::step("skipping the VM scenarios (--no-vm)");
+        return Ok(());
+    }
+    vm_test::run_with(&tools, &options.vm)
+}

@@ -1,0 +1,236 @@
+//! `cargo xtask vm-test`: the soft-RoCE scenarios (crate `railscope-tests`, module
+//! `scenarios`) run inside QEMU guests booted from stock Debian kernels, against the real
+//! rdma_rxe driver, rdma-core and perftest.
+//!
+//! One boot per kernel line runs the scenarios in order; the guest's init prints a
+//! `RAILSCOPE-SCENARIO <name> PASS|FAIL ...` line for each, and this command reports them and
+//! saves the whole serial log plus one log per scenario under `target/vm-test/<kernel>/`.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    build, cargo,
+    setup::{self, Tools},
+    testbed::{self, GuestFile, ImageSpec, KernelLine},
+};
+
+/// Every scenario, in the order one boot runs them. `port-events` comes first: it starts the
+/// agent before the RDMA modules are loaded.
+pub const SCENARIOS: &[&str] = &["port-events", "probe-table", "ib-core-btf"];
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Kernel lines to boot (repeatable).
+    #[arg(long, value_enum, default_values_t = [KernelLine::Bookworm])]
+    pub kernel: Vec<KernelLine>,
+    /// Boot every kernel line the test bed knows (Debian 6.1 and 6.12).
+    #[arg(long)]
+    pub all_kernels: bool,
+    /// Scenarios to run (repeatable; default: all).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    pub scenario: Vec<String>,
+    /// Kill a guest that has not powered off after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    #[command(flatten)]
+    pub setup: setup::Options,
+}
+
+pub fn run(options: &Options) -> anyhow::Result<()> {
+    setup::require_root("building the guest image")?;
+    let tools = setup::run(&options.setup)?;
+    run_with(&tools, options)
+}
+
+/// The host binaries that go into the guest.
+struct GuestBinaries {
+    init: PathBuf,
+    railscope: PathBuf,
+    unit_tests: PathBuf,
+}
+
+fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
+    let railscope = build::railscope_binary(tools, true)?;
+    setup::step("building the guest init (railscope-tests)");
+    let mut cmd = cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "railscope-tests", "--bin", "railscope-guest-init"]);
+    let init = cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "railscope-guest-init")
+        .map(|(_, p)| p)
+        .context("cargo did not report railscope-guest-init")?;
+    setup::step("building the agent's unit tests for the guest (they read ib_core's BTF there)");
+    let mut cmd = cargo::command(tools);
+    cmd.args(["test", "--release", "--package", "monitor-user", "--lib", "--no-run"]);
+    let unit_tests = cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "railscope")
+        .map(|(_, p)| p)
+        .context("cargo did not report the monitor-user unit test binary")?;
+    Ok(GuestBinaries {
+        init,
+        railscope,
+        unit_tests,
+    })
+}
+
+pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
+    let binaries = build_guest_binaries(tools)?;
+    let kernels: Vec<KernelLine> = if options.all_kernels {
+        vec![KernelLine::Bookworm, KernelLine::Bookworm612]
+    } else {
+        options.kernel.clone()
+    };
+    let scenarios: Vec<&str> = if options.scenario.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        SCENARIOS
+            .iter()
+            .copied()
+            .filter(|s| options.scenario.iter().any(|o| o == s))
+            .collect()
+    };
+    let mut failures = Vec::new();
+    for kernel in kernels {
+        let results = run_kernel(tools, &binaries, kernel, &scenarios, options)?;
+        for (scenario, result) in results {
+            if let Err(reason) = result {
+                failures.push(format!("{kernel:?}/{scenario}: {reason}"));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("VM scenarios failed:\n  {}", failures.join("\n  "));
+    }
+    setup::step("all VM scenarios passed");
+    Ok(())
+}
+
+type ScenarioResult = Result<(), String>;
+
+fn run_kernel(
+    tools: &Tools,
+    binaries: &GuestBinaries,
+    kernel: KernelLine,
+    scenarios: &[&str],
+    options: &Options,
+) -> anyhow::Result<Vec<(String, ScenarioResult)>> {
+    let name = format!("{kernel:?}").to_lowercase();
+    let work_dir = cargo::workspace_root().join("target/vm-test").join(&name);
+    std::fs::create_dir_all(&work_dir)?;
+    setup::step(&format!("building the {name} guest image"));
+    let spec = ImageSpec {
+        kernel,
+        init: binaries.init.clone(),
+        files: vec![
+            GuestFile {
+                host: binaries.railscope.clone(),
+                guest: "/usr/bin/railscope".into(),
+                with_libs: true,
+            },
+            GuestFile {
+                host: binaries.unit_tests.clone(),
+                guest: "/usr/bin/railscope-unit-tests".into(),
+                with_libs: true,
+            },
+        ],
+    };
+    let image = testbed::build_image(&tools.cache_dir.join("testbed"), &work_dir, &spec)?;
+    let serial_log = work_dir.join("guest.log");
+    setup::step(&format!(
+        "booting {} with scenarios {} (serial log: {})",
+        image.kernel_release,
+        scenarios.join(","),
+        serial_log.display()
+    ));
+    let outcome = testbed::boot(
+        &image,
+        &testbed::BootOptions {
+            mem: "1G".into(),
+            smp: 2,
+            timeout: Duration::from_secs(options.timeout),
+            cmdline_extra: format!("railscope.scenarios={}", scenarios.join(",")),
+            serial_log: serial_log.clone(),
+        },
+    )?;
+    setup::step(&format!(
+        "guest finished in {:.0?} ({:?}{})",
+        outcome.wall,
+        outcome.accel,
+        if outcome.timed_out { ", TIMED OUT" } else { "" }
+    ));
+    let mut results = Vec::new();
+    for scenario in scenarios {
+        let section = scenario_section(&outcome.log, scenario);
+        std::fs::write(work_dir.join(format!("{scenario}.log")), &section)?;
+        let result = scenario_result(&outcome.log, scenario, outcome.timed_out);
+        match &result {
+            Ok(()) => eprintln!("    PASS  {name}/{scenario}"),
+            Err(reason) => eprintln!("    FAIL  {name}/{scenario}: {reason}"),
+        }
+        results.push((scenario.to_string(), result));
+    }
+    Ok(results)
+}
+
+/// The scenario's verdict from the guest's `RAILSCOPE-SCENARIO` line.
+fn scenario_result(log: &str, scenario: &str, timed_out: bool) -> ScenarioResult {
+    let prefix = format!("RAILSCOPE-SCENARIO {scenario} ");
+    match log.lines().find_map(|l| l.strip_prefix(&prefix)) {
+        Some("PASS") => Ok(()),
+        Some(other) => Err(other.trim_start_matches("FAIL").trim().to_owned()),
+        None if timed_out => Err("no result: the guest timed out".into()),
+        None => Err("no result: the guest never reported it (see the serial log)".into()),
+    }
+}
+
+/// The lines between the scenario's BEGIN marker and its result line.
+fn scenario_section(log: &str, scenario: &str) -> String {
+    let begin = format!("RAILSCOPE-SCENARIO-BEGIN {scenario}");
+    let end = format!("RAILSCOPE-SCENARIO {scenario} ");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in log.lines() {
+        if line.starts_with(&begin) {
+            inside = true;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if line.starts_with(&end) {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "boot\nRAILSCOPE-SCENARIO-BEGIN port-events\nagent up\n\
+                       RAILSCOPE-SCENARIO port-events PASS\n\
+                       RAILSCOPE-SCENARIO-BEGIN ib-core-btf\n\
+                       RAILSCOPE-SCENARIO ib-core-btf FAIL test exited 101\n";
+
+    #[test]
+    fn reads_each_scenarios_verdict() {
+        assert_eq!(scenario_result(LOG, "port-events", false), Ok(()));
+        assert_eq!(
+            scenario_result(LOG, "ib-core-btf", false),
+            Err("test exited 101".into())
+        );
+        assert!(scenario_result(LOG, "other", true).unwrap_err().contains("timed out"));
+    }
+
+    #[test]
+    fn splits_the_log_per_scenario() {
+        let section = scenario_section(LOG, "port-events");
+        assert!(section.starts_with("RAILSCOPE-SCENARIO-BEGIN port-events"));
+        assert!(section.contains("agent up"));
+        assert!(!section.contains("ib-core-btf"));
+    }
+}
