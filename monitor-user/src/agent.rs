@@ -4,10 +4,7 @@
 //! A source that fails never stops the agent: a probe whose module is missing is retried every
 //! `rescan` interval, and one whose module goes away is dropped and retried the same way.
 
-use std::{
-    io::Write,
-    time::Duration,
-};
+use std::{io::Write, time::Duration};
 
 use tokio::{
     io::unix::AsyncFd,
@@ -146,7 +143,11 @@ fn rescan_ib(
     }
 }
 
-fn try_attach_ib(kernel: &Kernel, clock: WallClock, events: &mpsc::Sender<IbEvent>) -> IbEventState {
+fn try_attach_ib(
+    kernel: &Kernel,
+    clock: WallClock,
+    events: &mpsc::Sender<IbEvent>,
+) -> IbEventState {
     let probe = match IbEventProbe::attach(kernel) {
         Ok(probe) => probe,
         Err(reason) => return IbEventState::Unavailable(reason.to_string()),
@@ -158,9 +159,12 @@ fn try_attach_ib(kernel: &Kernel, clock: WallClock, events: &mpsc::Sender<IbEven
     } = probe;
     // SAFETY: the RingBuf owns its map fd and is neither closed nor replaced while the AsyncFd
     // owns it.
-    let ring = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
+    let ring = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+    {
         Ok(ring) => ring,
-        Err(e) => return IbEventState::Unavailable(format!("cannot poll the IB event ring buffer: {e}")),
+        Err(e) => {
+            return IbEventState::Unavailable(format!("cannot poll the IB event ring buffer: {e}"));
+        }
     };
     let tx = events.clone();
     let reader = tokio::spawn(async move {
@@ -173,7 +177,8 @@ fn try_attach_ib(kernel: &Kernel, clock: WallClock, events: &mpsc::Sender<IbEven
             while let Some(item) = ring.next() {
                 match monitor_common::ib_event::IbEventRecord::from_bytes(&item) {
                     Some(record) => {
-                        let event = IbEvent::decode(&record, &names, clock.unix_ns(record.timestamp_ns));
+                        let event =
+                            IbEvent::decode(&record, &names, clock.unix_ns(record.timestamp_ns));
                         if tx.send(event).await.is_err() {
                             return;
                         }
@@ -192,7 +197,11 @@ fn try_attach_ib(kernel: &Kernel, clock: WallClock, events: &mpsc::Sender<IbEven
 }
 
 /// Writes one event as a line: human-readable text or a JSON object.
-pub fn write_event(out: &mut impl Write, event: &IbEvent, format: OutputFormat) -> std::io::Result<()> {
+pub fn write_event(
+    out: &mut impl Write,
+    event: &IbEvent,
+    format: OutputFormat,
+) -> std::io::Result<()> {
     match format {
         OutputFormat::Json => {
             let mut value = serde_json::to_value(event).map_err(std::io::Error::other)?;
@@ -203,7 +212,11 @@ pub fn write_event(out: &mut impl Write, event: &IbEvent, format: OutputFormat) 
             let time = humantime::format_rfc3339_micros(
                 std::time::UNIX_EPOCH + Duration::from_nanos(event.unix_ns),
             );
-            let partial = if event.partial { " (partial record)" } else { "" };
+            let partial = if event.partial {
+                " (partial record)"
+            } else {
+                ""
+            };
             writeln!(
                 out,
                 "{time}  {} port {}  {}{partial}",

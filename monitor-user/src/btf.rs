@@ -191,16 +191,13 @@ fn extra_len(kind: u32, vlen: usize) -> Option<usize> {
 fn decode(types: &[u8], off: usize, id: u32) -> Result<Ty<'_>, String> {
     let head = |at| le32(types, off.saturating_add(at)).ok_or(format!("type {id} is truncated"));
     let (name_off, info, size_or_type) = (head(0)?, head(4)?, head(8)?);
-    let (kind, vlen, kflag) = (
-        (info >> 24) & 0x1f,
-        (info & 0xffff) as usize,
-        info >> 31 == 1,
-    );
+    let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
     let len = extra_len(kind, vlen).ok_or_else(|| format!("type {id} has unknown kind {kind}"))?;
     let start = off.saturating_add(12);
     let extra = types.get(start..start.saturating_add(len)).ok_or_else(|| {
         format!("type {id} (kind {kind}, vlen {vlen}) runs past the type section")
     })?;
+    let kflag = info >> 31 == 1;
     Ok(Ty {
         id,
         name_off,
@@ -231,19 +228,16 @@ impl Btf {
     /// Reads base BTF from `vmlinux` and, if given, split BTF from `module`.
     pub fn from_files(vmlinux: &Path, module: Option<&Path>) -> Result<Btf, BtfError> {
         let read = |p: &Path| {
-            let data = std::fs::read(p).map_err(|source| BtfError::Io {
+            std::fs::read(p).map_err(|source| BtfError::Io {
                 path: p.into(),
                 source,
-            });
-            Ok::<_, BtfError>((p.display().to_string(), data?))
+            })
         };
-        let (name, data) = read(vmlinux)?;
-        let base = Btf::layer(None, &name, data)?;
-        let Some(module) = module else {
-            return Ok(base);
-        };
-        let (name, data) = read(module)?;
-        Btf::layer(Some(base), &name, data)
+        let base = Btf::layer(None, &vmlinux.display().to_string(), read(vmlinux)?)?;
+        match module {
+            Some(m) => Btf::layer(Some(base), &m.display().to_string(), read(m)?),
+            None => Ok(base),
+        }
     }
 
     /// Reads the running kernel's BTF: `/sys/kernel/btf/vmlinux`, plus
@@ -271,12 +265,12 @@ impl Btf {
             if let Some(id) = member_type {
                 cur = self.skip_mods(self.ty(id)?)?;
                 if !is_composite(&cur) {
-                    let (input, ty, full) = self.context(struct_name, path);
+                    let (input, ty, path) = self.context(struct_name, path);
                     let prefix = path[..walked - 1].to_owned();
                     return Err(BtfError::NotComposite {
                         input,
                         ty,
-                        path: full,
+                        path,
                         prefix,
                     });
                 }
@@ -902,7 +896,7 @@ mod tests {
         check(&|b| b[24 + 7] = 0x1f, "type 1 has unknown kind 31"); // first type's info byte 3
         check(&|b| b[12] -= 1, "runs past the type section");
         check(&|b| b[52 + 2] = 0xff, "past the string sections"); // struct pair's name_off
-        check(&|b| b.push(b'x'), "does not end with a NUL");
+        check(&|b| *b.last_mut().unwrap() = b'x', "end with a NUL");
     }
 
     #[test]

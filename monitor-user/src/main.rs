@@ -67,7 +67,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent { json, rescan } => {
             let options = AgentOptions {
-                format: if json { OutputFormat::Json } else { OutputFormat::Text },
+                format: if json {
+                    OutputFormat::Json
+                } else {
+                    OutputFormat::Text
+                },
                 rescan: Duration::try_from_secs_f64(rescan)
                     .ok()
                     .filter(|d| !d.is_zero())

@@ -32,7 +32,11 @@ fn every_program_passes_this_kernels_verifier() {
     }
     let names: Vec<&str> = verdicts.iter().map(|v| v.program.as_str()).collect();
     for info in railscope::probes::CATALOGUE {
-        assert!(names.contains(&info.program), "{} not in the object", info.program);
+        assert!(
+            names.contains(&info.program),
+            "{} not in the object",
+            info.program
+        );
     }
 }
 
@@ -43,7 +47,11 @@ fn probes_command_prints_the_table_with_reasons() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut lines = stdout.lines();
     let header = lines.next().unwrap();
     assert!(header.starts_with("PROBE") && header.contains("HOOK") && header.contains("STATUS"));
@@ -51,7 +59,10 @@ fn probes_command_prints_the_table_with_reasons() {
     assert!(row.starts_with("ib_dispatch_event"), "{row}");
     assert!(row.contains("kprobe:ib_dispatch_event"), "{row}");
     assert!(row.contains(expected_ib_status()), "{row}");
-    assert!(stdout.contains("verifier: ib_dispatch_event accepted"), "{stdout}");
+    assert!(
+        stdout.contains("verifier: ib_dispatch_event accepted"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -91,11 +102,19 @@ fn agent_keeps_running_without_ib_and_stops_on_sigint() {
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     let status = child.wait().unwrap();
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     assert!(status.success(), "exit {status}: {stderr}");
     assert!(stderr.contains("ib_dispatch_event"), "{stderr}");
     if expected_ib_status() != "attached" {
-        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("unavailable")).collect();
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("unavailable"))
+            .collect();
         // The table row plus exactly one log line, not one per rescan.
         assert_eq!(warnings.len(), 2, "{stderr}");
         assert!(warnings[1].contains("WARN"), "{stderr}");

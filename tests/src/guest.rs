@@ -82,7 +82,10 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
         .output()
         .with_context(|| format!("starting {program}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    for line in stdout.lines().chain(String::from_utf8_lossy(&out.stderr).lines()) {
+    for line in stdout
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+    {
         println!("  {line}");
     }
     if !out.status.success() {
@@ -108,9 +111,20 @@ pub fn load_rdma_modules() -> anyhow::Result<()> {
 /// initial network namespace (rxe's UDP socket lives only there on 6.1).
 pub fn create_rxe_pair() -> anyhow::Result<()> {
     let ip = "/usr/bin/ip";
-    run(ip, &["link", "add", "vethA", "type", "veth", "peer", "name", "vethB"])?;
-    run(ip, &["addr", "add", &format!("{ADDR_A}/24"), "dev", "vethA"])?;
-    run(ip, &["addr", "add", &format!("{ADDR_B}/24"), "dev", "vethB"])?;
+    run(
+        ip,
+        &[
+            "link", "add", "vethA", "type", "veth", "peer", "name", "vethB",
+        ],
+    )?;
+    run(
+        ip,
+        &["addr", "add", &format!("{ADDR_A}/24"), "dev", "vethA"],
+    )?;
+    run(
+        ip,
+        &["addr", "add", &format!("{ADDR_B}/24"), "dev", "vethB"],
+    )?;
     // Both ends are local addresses: accept packets from them and skip reverse-path checks.
     for dev in ["all", "vethA", "vethB"] {
         write_sysctl(&format!("net.ipv4.conf.{dev}.accept_local"), "1")?;
@@ -119,8 +133,14 @@ pub fn create_rxe_pair() -> anyhow::Result<()> {
     run(ip, &["link", "set", "vethA", "up"])?;
     run(ip, &["link", "set", "vethB", "up"])?;
     thread::sleep(Duration::from_secs(1));
-    run("/usr/bin/rdma", &["link", "add", "rxe0", "type", "rxe", "netdev", "vethA"])?;
-    run("/usr/bin/rdma", &["link", "add", "rxe1", "type", "rxe", "netdev", "vethB"])?;
+    run(
+        "/usr/bin/rdma",
+        &["link", "add", "rxe0", "type", "rxe", "netdev", "vethA"],
+    )?;
+    run(
+        "/usr/bin/rdma",
+        &["link", "add", "rxe1", "type", "rxe", "netdev", "vethB"],
+    )?;
     wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE", || {
         port_state("rxe0").contains("ACTIVE")
     })
@@ -145,7 +165,11 @@ pub fn ipv4_gid_index(device: &str) -> anyhow::Result<u32> {
 }
 
 /// Polls `ready` every 100 ms until it holds or `timeout` passes.
-pub fn wait_for(timeout: Duration, what: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+pub fn wait_for(
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if ready() {
@@ -185,11 +209,17 @@ impl Agent {
     }
 
     pub fn stdout_lines(&self) -> Vec<String> {
-        self.stdout.lock().expect("reader thread never panics").clone()
+        self.stdout
+            .lock()
+            .expect("reader thread never panics")
+            .clone()
     }
 
     pub fn stderr_lines(&self) -> Vec<String> {
-        self.stderr.lock().expect("reader thread never panics").clone()
+        self.stderr
+            .lock()
+            .expect("reader thread never panics")
+            .clone()
     }
 
     /// Waits until a stderr line contains `needle`.
@@ -218,7 +248,10 @@ impl Agent {
     }
 }
 
-fn collect(pipe: impl std::io::Read + Send + 'static, prefix: &'static str) -> Arc<Mutex<Vec<String>>> {
+fn collect(
+    pipe: impl std::io::Read + Send + 'static,
+    prefix: &'static str,
+) -> Arc<Mutex<Vec<String>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&lines);
     thread::spawn(move || {

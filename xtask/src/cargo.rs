@@ -19,7 +19,8 @@ pub fn workspace_root() -> PathBuf {
 pub fn command(tools: &crate::setup::Tools) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace_root()).env("PATH", tools.path_with_bpf_linker());
+    cmd.current_dir(workspace_root())
+        .env("PATH", tools.path_with_bpf_linker());
     cmd
 }
 
@@ -63,7 +64,8 @@ pub fn build_executables(mut cmd: Command) -> anyhow::Result<Vec<(String, PathBu
         if msg["reason"] != "compiler-artifact" {
             continue;
         }
-        if let (Some(name), Some(exe)) = (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        if let (Some(name), Some(exe)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
         {
             executables.push((name.to_owned(), PathBuf::from(exe)));
         }

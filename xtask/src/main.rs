@@ -3,6 +3,7 @@
 
 mod build;
 mod cargo;
+mod lint;
 mod run;
 mod setup;
 mod test;
@@ -28,6 +29,8 @@ enum Command {
     Run(run::Options),
     /// Run every test: unit tests, host eBPF load tests and the soft-RoCE VM scenarios.
     Test(test::Options),
+    /// Check formatting and run clippy with warnings denied, as CI does.
+    Lint(lint::Options),
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
 }
@@ -38,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         Command::Build(options) => build::run(&options).map(drop),
         Command::Run(options) => run::run(&options),
         Command::Test(options) => test::run(&options),
+        Command::Lint(options) => lint::run(&options),
         Command::VmTest(options) => vm_test::run(&options),
     }
 }

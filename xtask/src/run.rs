@@ -20,7 +20,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("loading eBPF probes")?;
     let tools = setup::run(&options.setup)?;
     let railscope = build::railscope_binary(&tools, true)?;
-    setup::step(&format!("starting {} agent (Ctrl-C stops it)", railscope.display()));
+    setup::step(&format!(
+        "starting {} agent (Ctrl-C stops it)",
+        railscope.display()
+    ));
     // The agent prints the probe table itself, then events. exec() so Ctrl-C and the exit
     // status belong to the agent, not to this wrapper.
     let err = std::process::Command::new(&railscope)

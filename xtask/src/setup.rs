@@ -152,7 +152,8 @@ fn nightly_llvm() -> anyhow::Result<NightlyLlvm> {
     let version = verbose.lines().next().unwrap_or_default().trim().to_owned();
     let llvm = field("LLVM version:").context("rustc +nightly -vV shows no LLVM version")?;
     let major = llvm.split('.').next().unwrap_or_default().to_owned();
-    let sysroot = output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "--print", "sysroot"]))?;
+    let sysroot =
+        output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "--print", "sysroot"]))?;
     let lib_dir = Path::new(sysroot.trim()).join("lib");
     let prefix = format!("libLLVM-{major}-");
     let lib_name = std::fs::read_dir(&lib_dir)
@@ -180,7 +181,13 @@ fn ensure_bpf_linker(cache_dir: &Path) -> anyhow::Result<PathBuf> {
     let key: String = llvm
         .version
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     let root = cache_dir.join(format!("bpf-linker-{BPF_LINKER_VERSION}-{key}"));
     let bin_dir = root.join("bin");
@@ -191,7 +198,10 @@ fn ensure_bpf_linker(cache_dir: &Path) -> anyhow::Result<PathBuf> {
             .output()
             .is_ok_and(|o| o.status.success())
     {
-        step(&format!("bpf-linker {BPF_LINKER_VERSION}: {}", binary.display()));
+        step(&format!(
+            "bpf-linker {BPF_LINKER_VERSION}: {}",
+            binary.display()
+        ));
         return Ok(bin_dir);
     }
     step(&format!(
@@ -244,7 +254,10 @@ pub fn ensure_debian_packages(packages: &[&str]) -> anyhow::Result<()> {
         return Ok(());
     }
     require_root(&format!("installing {}", missing.join(", ")))?;
-    step(&format!("installing Debian packages: {}", missing.join(" ")));
+    step(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
     crate::cargo::run(Command::new("apt-get").args(["update", "-qq"]))
         .context("apt-get update failed")?;
     crate::cargo::run(

@@ -55,7 +55,14 @@ fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
     let railscope = build::railscope_binary(tools, true)?;
     setup::step("building the guest init (railscope-tests)");
     let mut cmd = cargo::command(tools);
-    cmd.args(["build", "--release", "--package", "railscope-tests", "--bin", "railscope-guest-init"]);
+    cmd.args([
+        "build",
+        "--release",
+        "--package",
+        "railscope-tests",
+        "--bin",
+        "railscope-guest-init",
+    ]);
     let init = cargo::build_executables(cmd)?
         .into_iter()
         .find(|(name, _)| name == "railscope-guest-init")
@@ -63,7 +70,14 @@ fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
         .context("cargo did not report railscope-guest-init")?;
     setup::step("building the agent's unit tests for the guest (they read ib_core's BTF there)");
     let mut cmd = cargo::command(tools);
-    cmd.args(["test", "--release", "--package", "monitor-user", "--lib", "--no-run"]);
+    cmd.args([
+        "test",
+        "--release",
+        "--package",
+        "monitor-user",
+        "--lib",
+        "--no-run",
+    ]);
     let unit_tests = cargo::build_executables(cmd)?
         .into_iter()
         .find(|(name, _)| name == "railscope")
@@ -223,7 +237,11 @@ mod tests {
             scenario_result(LOG, "ib-core-btf", false),
             Err("test exited 101".into())
         );
-        assert!(scenario_result(LOG, "other", true).unwrap_err().contains("timed out"));
+        assert!(
+            scenario_result(LOG, "other", true)
+                .unwrap_err()
+                .contains("timed out")
+        );
     }
 
     #[test]

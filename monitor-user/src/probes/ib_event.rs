@@ -157,7 +157,10 @@ mod tests {
         assert_eq!(event.port, 1);
         assert_eq!(event.ktime_ns, 42);
         assert_eq!(event.unix_ns, 7);
-        assert_eq!(IbEvent::decode(&record(99, 1, "x"), &names, 0).event, "UNKNOWN_99");
+        assert_eq!(
+            IbEvent::decode(&record(99, 1, "x"), &names, 0).event,
+            "UNKNOWN_99"
+        );
     }
 
     #[test]

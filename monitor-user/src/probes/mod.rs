@@ -125,11 +125,24 @@ impl ProbeReport {
 
 /// Renders the probe table as aligned text columns.
 pub fn render_table(rows: &[ProbeReport]) -> String {
-    let probe_w = rows.iter().map(|r| r.probe.len()).chain([5]).max().unwrap_or(5);
-    let hook_w = rows.iter().map(|r| r.hook.len()).chain([4]).max().unwrap_or(4);
+    let probe_w = rows
+        .iter()
+        .map(|r| r.probe.len())
+        .chain([5])
+        .max()
+        .unwrap_or(5);
+    let hook_w = rows
+        .iter()
+        .map(|r| r.hook.len())
+        .chain([4])
+        .max()
+        .unwrap_or(4);
     let mut out = format!("{:probe_w$}  {:hook_w$}  STATUS\n", "PROBE", "HOOK");
     for row in rows {
-        out += &format!("{:probe_w$}  {:hook_w$}  {}\n", row.probe, row.hook, row.status);
+        out += &format!(
+            "{:probe_w$}  {:hook_w$}  {}\n",
+            row.probe, row.hook, row.status
+        );
     }
     out
 }
@@ -192,7 +205,10 @@ impl IbEventProbe {
             });
         }
         // ib_core built into the kernel has its types in vmlinux; as a module, in its split BTF.
-        let btf = Btf::from_files(&kernel.vmlinux_btf(), kernel.module_btf(info.module).as_deref())?;
+        let btf = Btf::from_files(
+            &kernel.vmlinux_btf(),
+            kernel.module_btf(info.module).as_deref(),
+        )?;
         let layout = IbEventLayout::from_btf(&btf)?;
         let names = IbEventNames::from_btf(&btf)?;
         tracing::debug!(?layout, "resolved struct ib_event from BTF");
@@ -287,7 +303,11 @@ mod tests {
     fn catalogue_programs_exist_in_the_object() {
         let ebpf = aya_obj_programs();
         for info in CATALOGUE {
-            assert!(ebpf.contains(&info.program.to_owned()), "{} missing", info.program);
+            assert!(
+                ebpf.contains(&info.program.to_owned()),
+                "{} missing",
+                info.program
+            );
         }
     }
 

@@ -18,7 +18,10 @@ fn main() {
             Ok(()) => "PASS".to_owned(),
             Err(e) => format!("FAIL {}", format!("{e:#}").replace('\n', " | ")),
         };
-        println!("scenario {name} took {:.1} s", started.elapsed().as_secs_f64());
+        println!(
+            "scenario {name} took {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         println!("RAILSCOPE-SCENARIO {name} {verdict}");
     }
     guest::power_off();

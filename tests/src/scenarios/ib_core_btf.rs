@@ -9,7 +9,12 @@ pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     let out = guest::run(
         "/usr/bin/railscope-unit-tests",
-        &["--ignored", "--exact", "btf::tests::ib_core_ib_event_layout", "--nocapture"],
+        &[
+            "--ignored",
+            "--exact",
+            "btf::tests::ib_core_ib_event_layout",
+            "--nocapture",
+        ],
     )?;
     ensure!(out.contains("1 passed"), "the ib_core BTF test did not run");
     Ok(())

@@ -17,7 +17,10 @@ pub fn run() -> anyhow::Result<()> {
         "ib_core is already loaded: this scenario must run first in its boot"
     );
     let mut agent = Agent::start(&["--json"])?;
-    agent.wait_for_log("ib_core not loaded: IB event probes inactive", Duration::from_secs(20))?;
+    agent.wait_for_log(
+        "ib_core not loaded: IB event probes inactive",
+        Duration::from_secs(20),
+    )?;
 
     guest::load_rdma_modules()?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(20))?;
@@ -52,8 +55,14 @@ fn write_traffic() -> anyhow::Result<()> {
     client_args.extend(args);
     client_args.push(ADDR_B);
     guest::run("/usr/bin/ib_write_bw", &client_args).context("ib_write_bw client")?;
-    let server = server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
-    ensure!(server.status.success(), "ib_write_bw server failed ({})", server.status);
+    let server = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    ensure!(
+        server.status.success(),
+        "ib_write_bw server failed ({})",
+        server.status
+    );
     Ok(())
 }
 
@@ -93,7 +102,10 @@ fn check_events(lines: &[String]) -> anyhow::Result<()> {
         events.len(),
         rxe0.len()
     );
-    ensure!(errs >= FLAPS, "expected at least {FLAPS} PORT_ERR for rxe0 port 1, got {errs}");
+    ensure!(
+        errs >= FLAPS,
+        "expected at least {FLAPS} PORT_ERR for rxe0 port 1, got {errs}"
+    );
     ensure!(
         actives >= FLAPS,
         "expected at least {FLAPS} PORT_ACTIVE for rxe0 port 1, got {actives}"
@@ -110,7 +122,10 @@ fn check_events(lines: &[String]) -> anyhow::Result<()> {
         .windows(2)
         .filter(|w| w == &["PORT_ERR", "PORT_ACTIVE"])
         .count();
-    ensure!(flaps >= FLAPS, "expected {FLAPS} PORT_ERR -> PORT_ACTIVE transitions, got {transitions:?}");
+    ensure!(
+        flaps >= FLAPS,
+        "expected {FLAPS} PORT_ERR -> PORT_ACTIVE transitions, got {transitions:?}"
+    );
     let mut last = 0u64;
     for e in &rxe0 {
         let ts = e["ktime_ns"].as_u64().context("event without ktime_ns")?;

@@ -189,7 +189,7 @@ fn download(cache_dir: &Path, kernel_package: &str) -> Result<PathBuf> {
         .arg("download")
         .args(&packages)
         .current_dir(&partial))
-    .context("downloading the guest's debs failed")?;
+    .context("downloading the guest's debs failed (is the Debian archive reachable?)")?;
     let names = deb_names(&partial)?;
     for p in &packages {
         if !names.iter().any(|n| n.starts_with(&format!("{p}_"))) {
