@@ -37,7 +37,7 @@ pub struct AgentOptions {
 enum IbEventState {
     Unavailable(String),
     Attached {
-        attachment: Attachment,
+        attachment: Box<Attachment>,
         reader: JoinHandle<()>,
         dropped_reported: u64,
     },
@@ -190,7 +190,7 @@ fn try_attach_ib(
         }
     });
     IbEventState::Attached {
-        attachment,
+        attachment: Box::new(attachment),
         reader,
         dropped_reported: 0,
     }

@@ -45,3 +45,13 @@ fn main() -> anyhow::Result<()> {
         Command::VmTest(options) => vm_test::run(&options),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -22,6 +22,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
 
 #[derive(Debug, Clone, clap::Args)]
+#[group(skip)] // flattened into other commands' options
 pub struct Options {
     /// Skip installing Debian packages (when the caller has no root or manages them itself).
     #[arg(long)]

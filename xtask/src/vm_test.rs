@@ -21,6 +21,7 @@ use crate::{
 pub const SCENARIOS: &[&str] = &["port-events", "probe-table", "ib-core-btf"];
 
 #[derive(Debug, Clone, clap::Args)]
+#[group(skip)] // flattened into other commands' options
 pub struct Options {
     /// Kernel lines to boot (repeatable).
     #[arg(long, value_enum, default_values_t = [KernelLine::Bookworm])]
