@@ -9,4 +9,5 @@
 pub mod agent;
 pub mod btf;
 pub mod kernel;
+pub mod metrics;
 pub mod probes;

@@ -20,6 +20,9 @@ use crate::{
 /// agent before the RDMA modules are loaded.
 pub const SCENARIOS: &[&str] = &["port-events", "probe-table", "ib-core-btf"];
 
+/// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
+pub const ON_REQUEST: &[&str] = &["kernel-facts"];
+
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
 pub struct Options {
@@ -30,7 +33,7 @@ pub struct Options {
     #[arg(long)]
     pub all_kernels: bool,
     /// Scenarios to run (repeatable; default: all).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS.iter().chain(ON_REQUEST)))]
     pub scenario: Vec<String>,
     /// Kill a guest that has not powered off after this many seconds.
     #[arg(long, default_value_t = 600)]
@@ -103,6 +106,7 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     } else {
         SCENARIOS
             .iter()
+            .chain(ON_REQUEST)
             .copied()
             .filter(|s| options.scenario.iter().any(|o| o == s))
             .collect()

@@ -2,6 +2,7 @@
 //! soft-RoCE stack inside the guest. A scenario returns `Err` with the reason it failed.
 
 mod ib_core_btf;
+mod kernel_facts;
 mod port_events;
 mod probe_table;
 
@@ -11,6 +12,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "port-events" => port_events::run(),
         "ib-core-btf" => ib_core_btf::run(),
         "probe-table" => probe_table::run(),
+        "kernel-facts" => kernel_facts::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }

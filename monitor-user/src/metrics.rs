@@ -1,0 +1,86 @@
+//! The agent's data model between the sources and the sampler/wire format: a reading is one
+//! value of one metric series at one time; an event is something that happened once and must
+//! never be sampled away (a port going down, an XID error, a GPU falling off the bus).
+
+use std::fmt;
+
+/// How a series behaves, which decides how it may be sampled and sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Monotonic cumulative count (bytes sent, errors): the cumulative value is sent, rates
+    /// are derived at the receiver, so sampling loses nothing.
+    Counter,
+    /// Instantaneous value (utilization, temperature): sampling sends min/max/mean envelopes.
+    Gauge,
+}
+
+/// Label pairs, kept sorted by key so equal series compare equal.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Labels(Vec<(String, String)>);
+
+impl Labels {
+    pub fn new<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        let mut v: Vec<(String, String)> = pairs
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        v.sort();
+        Self(v)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+impl fmt::Display for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("{")?;
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{k}={v:?}")?;
+        }
+        f.write_str("}")
+    }
+}
+
+/// A series: metric name, labels and kind. Names follow Prometheus conventions
+/// (`railscope_ib_port_xmit_bytes_total`, `railscope_gpu_sm_util_ratio`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Series {
+    pub name: String,
+    pub labels: Labels,
+    pub kind: Kind,
+}
+
+/// One value of one series, read at `unix_ns`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    pub series: Series,
+    pub value: Value,
+    pub unix_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    U64(u64),
+    F64(f64),
+}
+
+impl Value {
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Value::U64(v) => v as f64,
+            Value::F64(v) => v,
+        }
+    }
+}
