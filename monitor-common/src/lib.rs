@@ -2,35 +2,70 @@
 //!
 //! Everything here is `#[repr(C)]` plain data: the kernel side writes it into maps and ring
 //! buffers, userspace reads the same bytes back. Field offsets of kernel structs are not here:
-//! they are resolved from the running kernel's BTF at load time and handed to the programs as
-//! globals (see [`globals`]).
+//! they are resolved from the running kernel's BTF (and tracefs formats) at load time and
+//! handed to the programs as globals (see [`globals`]).
 #![no_std]
 
-pub mod ib_event;
+pub mod events;
+pub mod verbs;
 
 /// Names of the load-time globals the programs read. Userspace sets them with
 /// `EbpfLoader::override_global`; a typo on either side would silently leave a default, so both
-/// sides use these constants.
+/// sides use these constants (and userspace sets them with `must_exist`).
 pub mod globals {
     /// Byte offset of `struct ib_event.device`.
     pub const IB_EVENT_DEVICE_OFFSET: &str = "IB_EVENT_DEVICE_OFFSET";
-    /// Byte offset of `struct ib_event.element.port_num`.
-    pub const IB_EVENT_PORT_OFFSET: &str = "IB_EVENT_PORT_OFFSET";
+    /// Byte offset of `struct ib_event.element` (port number, or the QP/CQ pointer).
+    pub const IB_EVENT_ELEMENT_OFFSET: &str = "IB_EVENT_ELEMENT_OFFSET";
     /// Size in bytes of `ib_event.element.port_num` (u8 before Linux 5.13, u32 after).
     pub const IB_EVENT_PORT_SIZE: &str = "IB_EVENT_PORT_SIZE";
     /// Byte offset of `struct ib_event.event` (an `enum ib_event_type`).
     pub const IB_EVENT_TYPE_OFFSET: &str = "IB_EVENT_TYPE_OFFSET";
-    /// How to read the device name from `struct ib_device`: see [`crate::ib_event::NameSource`].
+    /// How to read the device name from `struct ib_device`: see [`crate::events::NameSource`].
     pub const IB_DEVICE_NAME_SOURCE: &str = "IB_DEVICE_NAME_SOURCE";
     /// Byte offset of the name in `struct ib_device`: of the `name` char array, or of the
     /// `dev.kobj.name` pointer, depending on [`IB_DEVICE_NAME_SOURCE`].
     pub const IB_DEVICE_NAME_OFFSET: &str = "IB_DEVICE_NAME_OFFSET";
+    /// `struct ib_qp`: offsets of `device` and `qp_num`.
+    pub const IB_QP_DEVICE_OFFSET: &str = "IB_QP_DEVICE_OFFSET";
+    pub const IB_QP_NUM_OFFSET: &str = "IB_QP_NUM_OFFSET";
+    /// `struct ib_cq`: offset of `device`.
+    pub const IB_CQ_DEVICE_OFFSET: &str = "IB_CQ_DEVICE_OFFSET";
+    /// `struct ib_qp_attr`: offset of `qp_state`.
+    pub const QP_ATTR_STATE_OFFSET: &str = "QP_ATTR_STATE_OFFSET";
+    /// Value of `IB_QP_STATE` in `enum ib_qp_attr_mask`.
+    pub const QP_ATTR_MASK_STATE: &str = "QP_ATTR_MASK_STATE";
+    /// Value of `IB_QPS_ERR` in `enum ib_qp_state`.
+    pub const QP_STATE_ERR: &str = "QP_STATE_ERR";
+    /// `struct rdma_restrack_entry`: offsets of `type` (u32 enum) and `user` (bool).
+    pub const RESTRACK_TYPE_OFFSET: &str = "RESTRACK_TYPE_OFFSET";
+    pub const RESTRACK_USER_OFFSET: &str = "RESTRACK_USER_OFFSET";
+    /// Per `enum rdma_restrack_type` value: the verb counted when such a resource is added.
+    pub const RESTRACK_ADD_VERB: &str = "RESTRACK_ADD_VERB";
+    /// Per `enum rdma_restrack_type` value: the verb counted when such a resource is deleted.
+    pub const RESTRACK_DEL_VERB: &str = "RESTRACK_DEL_VERB";
+    /// Per `enum rdma_restrack_type` value: `offsetof(T, device) - offsetof(T, res)` for the
+    /// object type T embedding the entry, or [`crate::verbs::NO_DEVICE`].
+    pub const RESTRACK_DEVICE_DELTA: &str = "RESTRACK_DEVICE_DELTA";
+    /// `struct uverbs_attr_bundle`: offset of `context`; `struct ib_ucontext`: of `device`.
+    pub const ATTRS_CONTEXT_OFFSET: &str = "ATTRS_CONTEXT_OFFSET";
+    pub const UCONTEXT_DEVICE_OFFSET: &str = "UCONTEXT_DEVICE_OFFSET";
+    /// Tracepoint field offsets, from tracefs `format` files.
+    pub const CM_EVENT_FIELD_OFFSET: &str = "CM_EVENT_FIELD_OFFSET";
+    pub const CM_STATUS_FIELD_OFFSET: &str = "CM_STATUS_FIELD_OFFSET";
+    /// Value of `RDMA_CM_EVENT_REJECTED`.
+    pub const CM_EVENT_REJECTED: &str = "CM_EVENT_REJECTED";
+    pub const MAD_WC_STATUS_FIELD_OFFSET: &str = "MAD_WC_STATUS_FIELD_OFFSET";
 }
 
 /// Names of the maps the programs share with userspace.
 pub mod maps {
-    /// Ring buffer of [`crate::ib_event::IbEventRecord`].
-    pub const IB_EVENTS: &str = "IB_EVENTS";
+    /// Ring buffer of [`crate::events::EventRecord`].
+    pub const EVENTS: &str = "EVENTS";
+    /// Per-CPU hash of [`crate::verbs::CounterKey`] to a count.
+    pub const VERB_COUNTS: &str = "VERB_COUNTS";
+    /// `struct ib_device *` to its name, filled the first time a probe meets a device.
+    pub const DEVICE_NAMES: &str = "DEVICE_NAMES";
     /// Per-CPU array of counters about the probes themselves (see [`crate::ProbeStat`]).
     pub const PROBE_STATS: &str = "PROBE_STATS";
 }
@@ -39,11 +74,13 @@ pub mod maps {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeStat {
-    /// An IB event was seen but the ring buffer was full.
-    IbEventsDropped = 0,
-    /// An IB event was seen but a kernel read failed (the record is still sent, marked).
-    IbEventReadErrors = 1,
+    /// An event was seen but the ring buffer was full.
+    EventsDropped = 0,
+    /// An event was seen but a kernel read failed (the record is still sent, marked).
+    EventReadErrors = 1,
+    /// A verb was seen but the counter map was full.
+    CountsDropped = 2,
 }
 
 /// Number of slots in `PROBE_STATS`.
-pub const PROBE_STAT_SLOTS: u32 = 2;
+pub const PROBE_STAT_SLOTS: u32 = 3;

@@ -1,13 +1,20 @@
 //! railscope's kernel-side probes, compiled for the `bpfel-unknown-none` target by
 //! `monitor-user`'s build script and embedded in the `railscope` binary.
 //!
-//! One module per probe family. Kernel struct layouts are never assumed: every offset a program
-//! needs is a load-time global that userspace fills in from the running kernel's BTF.
+//! One module per hook family. Kernel struct layouts are never assumed: every offset a program
+//! needs is a load-time global that userspace fills in from the running kernel's BTF (or, for
+//! tracepoints, from the event's tracefs `format`).
 #![no_std]
 #![no_main]
 
+mod device;
 mod ib_event;
-mod stats;
+mod mad;
+mod modify_qp;
+mod rdma_cm;
+mod restrack;
+mod shared;
+mod uverbs;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -1,7 +1,8 @@
 //! The node agent's main loop: keeps each probe family attached when the kernel allows it,
-//! drains their ring buffers, and prints what they saw.
+//! drains their ring buffers, prints events (and port transitions), and, on request, the live
+//! verb counters.
 //!
-//! A source that fails never stops the agent: a probe whose module is missing is retried every
+//! A source that fails never stops the agent: a family whose module is missing is retried every
 //! `rescan` interval, and one whose module goes away is dropped and retried the same way.
 
 use std::{io::Write, time::Duration};
@@ -14,11 +15,17 @@ use tokio::{
 };
 
 use crate::{
+    cgroup::CgroupNames,
     kernel::{Kernel, WallClock},
-    probes::{Attachment, IbEventProbe, ProbeReport, Status, ib_event::IbEvent, render_table},
+    probes::{
+        AttachedFamily, Family, ProbeReport, Status,
+        decode::{self, Event, PortStates, PortTransition, VerbCount},
+        names::KernelNames,
+        render_table,
+    },
 };
 
-/// How the agent prints events.
+/// How the agent prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputFormat {
     Text,
@@ -30,143 +37,233 @@ pub struct AgentOptions {
     pub format: OutputFormat,
     /// How often to look for modules that appeared or disappeared.
     pub rescan: Duration,
+    /// Print the verb counters this often (None: never).
+    pub counters_every: Option<Duration>,
     pub kernel: Kernel,
 }
 
-/// The IB event family's state in the agent.
-enum IbEventState {
-    Unavailable(String),
+/// A family's state in the agent.
+enum FamilyState {
+    Unavailable {
+        reason: String,
+    },
     Attached {
-        attachment: Box<Attachment>,
+        attached: Box<AttachedFamily>,
         reader: JoinHandle<()>,
-        dropped_reported: u64,
+        reported_losses: (u64, u64),
     },
 }
 
+/// What reader tasks send to the main loop.
+type Record = (Family, monitor_common::events::EventRecord);
+
 pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     let clock = WallClock::now();
-    let (events_tx, mut events_rx) = mpsc::channel::<IbEvent>(4096);
-    let mut ib = try_attach_ib(&options.kernel, clock, &events_tx);
-    eprint!("{}", render_table(&[report(&ib)]));
-    log_state(&ib, true);
+    let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
+    let mut names = KernelNames::default();
+    let mut ports = PortStates::default();
+    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+
+    let mut families: Vec<(Family, FamilyState)> = Vec::new();
+    let mut rows: Vec<ProbeReport> = Vec::new();
+    for family in Family::ALL {
+        let (state, family_rows) = try_attach(family, &options.kernel, &records_tx);
+        log_state(family, &state, &family_rows, true);
+        if let FamilyState::Attached { attached, .. } = &state {
+            names.merge(&attached.names);
+        }
+        rows.extend(family_rows);
+        families.push((family, state));
+    }
+    eprint!("{}", render_table(&rows));
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut rescan = tokio::time::interval(options.rescan);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
+    counters.tick().await; // the first tick is immediate: skip it
     let stdout = std::io::stdout();
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
-            Some(event) = events_rx.recv() => {
+            Some((_family, record)) = records_rx.recv() => {
+                let event = Event::decode(&record, &names, &clock, &mut cgroups);
+                let transition = ports.observe(&event);
                 let mut out = stdout.lock();
                 // A closed stdout (the reader went away) is not a reason to stop monitoring.
-                let _ = write_event(&mut out, &event, options.format).and_then(|()| out.flush());
+                let _ = write_event(&mut out, &event, options.format)
+                    .and_then(|()| match &transition {
+                        Some(t) => write_transition(&mut out, t, options.format),
+                        None => Ok(()),
+                    })
+                    .and_then(|()| out.flush());
             }
             _ = rescan.tick() => {
-                ib = rescan_ib(ib, &options.kernel, clock, &events_tx);
+                for (family, state) in &mut families {
+                    rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
+                }
+            }
+            _ = counters.tick(), if options.counters_every.is_some() => {
+                let raw: Vec<_> = families
+                    .iter()
+                    .filter_map(|(_, s)| match s {
+                        FamilyState::Attached { attached, .. } => Some(attached.counts()),
+                        FamilyState::Unavailable { .. } => None,
+                    })
+                    .flatten()
+                    .collect();
+                let counts = decode::decode_counts(&raw, &names, &mut cgroups);
+                if counts.is_empty() {
+                    continue;
+                }
+                let mut out = stdout.lock();
+                let _ = write_counts(&mut out, &counts, options.format).and_then(|()| out.flush());
             }
         }
     }
     tracing::info!("stopping");
-    if let IbEventState::Attached { reader, .. } = ib {
-        reader.abort();
+    for (_, state) in families {
+        if let FamilyState::Attached { reader, .. } = state {
+            reader.abort();
+        }
     }
     Ok(())
 }
 
-fn report(state: &IbEventState) -> ProbeReport {
-    let status = match state {
-        IbEventState::Unavailable(reason) => Status::Unavailable(reason.clone()),
-        IbEventState::Attached { .. } => Status::Attached,
-    };
-    ProbeReport::new(IbEventProbe::INFO, status)
-}
-
-fn log_state(state: &IbEventState, at_start: bool) {
-    let probe = IbEventProbe::INFO.program;
+fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start: bool) {
     match state {
-        IbEventState::Unavailable(reason) if at_start => {
-            tracing::warn!("{probe} unavailable: {reason} (will attach when possible)")
+        FamilyState::Unavailable { reason } => {
+            let probes: Vec<&str> = rows.iter().map(|r| r.probe).collect();
+            let when = if at_start {
+                " (will attach when possible)"
+            } else {
+                ""
+            };
+            tracing::warn!("{} unavailable: {reason}{when}", probes.join(", "));
         }
-        IbEventState::Unavailable(reason) => tracing::warn!("{probe} detached: {reason}"),
-        IbEventState::Attached { .. } => tracing::info!("{probe} attached"),
-    }
-}
-
-fn rescan_ib(
-    state: IbEventState,
-    kernel: &Kernel,
-    clock: WallClock,
-    events: &mpsc::Sender<IbEvent>,
-) -> IbEventState {
-    match state {
-        IbEventState::Unavailable(old_reason) => {
-            let new = try_attach_ib(kernel, clock, events);
-            match &new {
-                IbEventState::Attached { .. } => log_state(&new, false),
-                IbEventState::Unavailable(reason) if *reason != old_reason => {
-                    tracing::warn!("{} still unavailable: {reason}", IbEventProbe::INFO.program)
+        FamilyState::Attached { .. } => {
+            for row in rows {
+                match &row.status {
+                    Status::Attached => tracing::info!("{} attached", row.probe),
+                    Status::Unavailable(reason) => {
+                        tracing::warn!("{} unavailable: {reason}", row.probe)
+                    }
                 }
-                IbEventState::Unavailable(_) => {}
             }
-            new
-        }
-        IbEventState::Attached {
-            attachment,
-            reader,
-            mut dropped_reported,
-        } => {
-            let info = IbEventProbe::INFO;
-            if !kernel.module_present(info.module) || reader.is_finished() {
-                reader.abort();
-                let reason = format!("{} unloaded: {} inactive", info.module, info.feature);
-                let new = IbEventState::Unavailable(reason);
-                log_state(&new, false);
-                return new;
-            }
-            let now = attachment.dropped_ib_events();
-            if now > dropped_reported {
-                tracing::warn!(
-                    "ring buffer full: {} IB events lost ({} in total)",
-                    now - dropped_reported,
-                    now
-                );
-                dropped_reported = now;
-            }
-            IbEventState::Attached {
-                attachment,
-                reader,
-                dropped_reported,
-            }
+            tracing::debug!(?family, "family attached");
         }
     }
 }
 
-fn try_attach_ib(
+fn rescan_family(
+    family: Family,
+    state: &mut FamilyState,
     kernel: &Kernel,
-    clock: WallClock,
-    events: &mpsc::Sender<IbEvent>,
-) -> IbEventState {
-    let probe = match IbEventProbe::attach(kernel) {
-        Ok(probe) => probe,
-        Err(reason) => return IbEventState::Unavailable(reason.to_string()),
+    records: &mpsc::Sender<Record>,
+    names: &mut KernelNames,
+) {
+    match state {
+        FamilyState::Unavailable { reason } => {
+            if !kernel.module_present(family.module()) {
+                return; // still missing: nothing new to say
+            }
+            let (new, rows) = try_attach(family, kernel, records);
+            match &new {
+                FamilyState::Attached { attached, .. } => {
+                    names.merge(&attached.names);
+                    log_state(family, &new, &rows, false);
+                }
+                FamilyState::Unavailable { reason: new_reason } if new_reason != reason => {
+                    log_state(family, &new, &rows, false);
+                }
+                FamilyState::Unavailable { .. } => {}
+            }
+            *state = new;
+        }
+        FamilyState::Attached {
+            attached,
+            reader,
+            reported_losses,
+        } => {
+            if !kernel.module_present(family.module()) || reader.is_finished() {
+                reader.abort();
+                let reason = format!(
+                    "{} unloaded: {} inactive",
+                    family.module(),
+                    family.feature()
+                );
+                tracing::warn!("{reason}");
+                *state = FamilyState::Unavailable { reason };
+                return;
+            }
+            let losses = attached.losses();
+            if losses.0 > reported_losses.0 {
+                tracing::warn!(
+                    "ring buffer full: {} events lost ({} in total, {})",
+                    losses.0 - reported_losses.0,
+                    losses.0,
+                    family.module()
+                );
+            }
+            if losses.1 > reported_losses.1 {
+                tracing::warn!(
+                    "counter map full: {} verb counts lost ({} in total, {})",
+                    losses.1 - reported_losses.1,
+                    losses.1,
+                    family.module()
+                );
+            }
+            *reported_losses = losses;
+        }
+    }
+}
+
+fn try_attach(
+    family: Family,
+    kernel: &Kernel,
+    records: &mpsc::Sender<Record>,
+) -> (FamilyState, Vec<ProbeReport>) {
+    let mut attached = match AttachedFamily::attach(family, kernel) {
+        Ok(attached) => attached,
+        Err((reason, rows)) => {
+            let reason = match reason {
+                crate::probes::Unavailable::NothingAttached => rows
+                    .iter()
+                    .find_map(|r| match &r.status {
+                        Status::Unavailable(why) => Some(why.clone()),
+                        Status::Attached => None,
+                    })
+                    .unwrap_or_else(|| reason.to_string()),
+                other => other.to_string(),
+            };
+            return (FamilyState::Unavailable { reason }, rows);
+        }
     };
-    let IbEventProbe {
-        attachment,
-        events: ring,
-        names,
-    } = probe;
+    let rows = attached.statuses.clone();
+    let Some(ring) = attached.take_events() else {
+        return (
+            FamilyState::Unavailable {
+                reason: "event ring buffer missing".into(),
+            },
+            rows,
+        );
+    };
     // SAFETY: the RingBuf owns its map fd and is neither closed nor replaced while the AsyncFd
     // owns it.
     let ring = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
     {
         Ok(ring) => ring,
         Err(e) => {
-            return IbEventState::Unavailable(format!("cannot poll the IB event ring buffer: {e}"));
+            return (
+                FamilyState::Unavailable {
+                    reason: format!("cannot poll the event ring buffer: {e}"),
+                },
+                rows,
+            );
         }
     };
-    let tx = events.clone();
+    let tx = records.clone();
     let reader = tokio::spawn(async move {
         let mut ring = ring;
         loop {
@@ -175,31 +272,36 @@ fn try_attach_ib(
             };
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
-                match monitor_common::ib_event::IbEventRecord::from_bytes(&item) {
+                match monitor_common::events::EventRecord::from_bytes(&item) {
                     Some(record) => {
-                        let event =
-                            IbEvent::decode(&record, &names, clock.unix_ns(record.timestamp_ns));
-                        if tx.send(event).await.is_err() {
+                        if tx.send((family, record)).await.is_err() {
                             return;
                         }
                     }
-                    None => tracing::warn!(len = item.len(), "short IB event record ignored"),
+                    None => tracing::warn!(len = item.len(), "short event record ignored"),
                 }
             }
             guard.clear_ready();
         }
     });
-    IbEventState::Attached {
-        attachment: Box::new(attachment),
-        reader,
-        dropped_reported: 0,
-    }
+    (
+        FamilyState::Attached {
+            attached: Box::new(attached),
+            reader,
+            reported_losses: (0, 0),
+        },
+        rows,
+    )
 }
 
-/// Writes one event as a line: human-readable text or a JSON object.
+fn rfc3339(unix_ns: u64) -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_micros(std::time::UNIX_EPOCH + Duration::from_nanos(unix_ns))
+}
+
+/// Writes one event as a line: human-readable text or a JSON object (`kind: ib_event`).
 pub fn write_event(
     out: &mut impl Write,
-    event: &IbEvent,
+    event: &Event,
     format: OutputFormat,
 ) -> std::io::Result<()> {
     match format {
@@ -209,20 +311,72 @@ pub fn write_event(
             writeln!(out, "{value}")
         }
         OutputFormat::Text => {
-            let time = humantime::format_rfc3339_micros(
-                std::time::UNIX_EPOCH + Duration::from_nanos(event.unix_ns),
-            );
             let partial = if event.partial {
                 " (partial record)"
             } else {
                 ""
             };
+            let place = match event.origin {
+                "port" => format!("port {}", event.port),
+                "cq_async" => "cq".to_owned(),
+                _ => format!("qp {}", event.qp_num),
+            };
+            let what = if event.origin == "qp_to_err" {
+                "QP moved to ERR".to_owned()
+            } else {
+                event.event.clone()
+            };
             writeln!(
                 out,
-                "{time}  {} port {}  {}{partial}",
-                event.device, event.port, event.event
+                "{}  {} {place}  {what}  cgroup {}{partial}",
+                rfc3339(event.unix_ns),
+                event.device,
+                event.cgroup
             )
         }
+    }
+}
+
+/// Writes a port state transition (`kind: port_transition`).
+pub fn write_transition(
+    out: &mut impl Write,
+    t: &PortTransition,
+    format: OutputFormat,
+) -> std::io::Result<()> {
+    match format {
+        OutputFormat::Json => {
+            let mut value = serde_json::to_value(t).map_err(std::io::Error::other)?;
+            value["kind"] = "port_transition".into();
+            writeln!(out, "{value}")
+        }
+        OutputFormat::Text => writeln!(
+            out,
+            "{}  {} port {}  {} -> {}",
+            rfc3339(t.unix_ns),
+            t.device,
+            t.port,
+            t.from,
+            t.to
+        ),
+    }
+}
+
+/// Writes a counter snapshot: a table, or one JSON line per counter (`kind: verb_count`).
+pub fn write_counts(
+    out: &mut impl Write,
+    counts: &[VerbCount],
+    format: OutputFormat,
+) -> std::io::Result<()> {
+    match format {
+        OutputFormat::Json => {
+            for c in counts {
+                let mut value = serde_json::to_value(c).map_err(std::io::Error::other)?;
+                value["kind"] = "verb_count".into();
+                writeln!(out, "{value}")?;
+            }
+            Ok(())
+        }
+        OutputFormat::Text => write!(out, "{}", decode::render_counts(counts)),
     }
 }
 
@@ -230,14 +384,17 @@ pub fn write_event(
 mod tests {
     use super::*;
 
-    fn event() -> IbEvent {
-        IbEvent {
+    fn event() -> Event {
+        Event {
             ktime_ns: 5_000,
             unix_ns: 1_700_000_000_123_456_000,
+            origin: "port",
             device: "rxe0".into(),
             port: 1,
+            qp_num: 0,
             event: "PORT_ERR".into(),
             code: 10,
+            cgroup: "/".into(),
             partial: false,
         }
     }
@@ -247,7 +404,10 @@ mod tests {
         let mut out = Vec::new();
         write_event(&mut out, &event(), OutputFormat::Text).unwrap();
         let line = String::from_utf8(out).unwrap();
-        assert_eq!(line, "2023-11-14T22:13:20.123456Z  rxe0 port 1  PORT_ERR\n");
+        assert_eq!(
+            line,
+            "2023-11-14T22:13:20.123456Z  rxe0 port 1  PORT_ERR  cgroup /\n"
+        );
     }
 
     #[test]
@@ -258,11 +418,29 @@ mod tests {
         assert_eq!(line.lines().count(), 1);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["kind"], "ib_event");
+        assert_eq!(v["origin"], "port");
         assert_eq!(v["device"], "rxe0");
         assert_eq!(v["port"], 1);
         assert_eq!(v["event"], "PORT_ERR");
         assert_eq!(v["code"], 10);
         assert_eq!(v["ktime_ns"], 5000);
         assert!(v.get("partial").is_none());
+    }
+
+    #[test]
+    fn counters_as_json_lines() {
+        let counts = vec![VerbCount {
+            device: "rxe0".into(),
+            verb: "create_qp",
+            detail: "user".into(),
+            cgroup: "/job1".into(),
+            value: 2,
+        }];
+        let mut out = Vec::new();
+        write_counts(&mut out, &counts, OutputFormat::Json).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["kind"], "verb_count");
+        assert_eq!(v["verb"], "create_qp");
+        assert_eq!(v["value"], 2);
     }
 }

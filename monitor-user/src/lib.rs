@@ -8,6 +8,8 @@
 
 pub mod agent;
 pub mod btf;
+pub mod cgroup;
 pub mod kernel;
 pub mod metrics;
 pub mod probes;
+pub mod tracefs;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use railscope::{
     agent::{self, AgentOptions, OutputFormat},
     kernel::Kernel,
-    probes::{self, IbEventProbe, ProbeReport, Status},
+    probes::{self, AttachedFamily, Family, ProbeReport},
 };
 
 #[derive(Debug, Parser)]
@@ -38,6 +38,9 @@ enum Command {
         /// Seconds between checks for kernel modules that appeared or went away.
         #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
         rescan: f64,
+        /// Also print the live verb counters (per device, verb and cgroup) this often.
+        #[arg(long, value_name = "SECONDS")]
+        counters: Option<f64>,
     },
     /// Show every probe, its hook and whether it attaches on this kernel (and why not).
     ///
@@ -65,17 +68,19 @@ fn main() -> anyhow::Result<()> {
         .init();
     raise_memlock_limit();
     match cli.command {
-        Command::Agent { json, rescan } => {
+        Command::Agent {
+            json,
+            rescan,
+            counters,
+        } => {
             let options = AgentOptions {
                 format: if json {
                     OutputFormat::Json
                 } else {
                     OutputFormat::Text
                 },
-                rescan: Duration::try_from_secs_f64(rescan)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .context("--rescan must be a positive number of seconds")?,
+                rescan: seconds(rescan, "--rescan")?,
+                counters_every: counters.map(|c| seconds(c, "--counters")).transpose()?,
                 kernel: Kernel::default(),
             };
             tokio::runtime::Builder::new_current_thread()
@@ -87,13 +92,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds"))
+}
+
 fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
     let kernel = Kernel::default();
-    let status = match IbEventProbe::attach(&kernel) {
-        Ok(_attached) => Status::Attached,
-        Err(reason) => Status::Unavailable(reason.to_string()),
-    };
-    let rows = [ProbeReport::new(IbEventProbe::INFO, status)];
+    let mut rows: Vec<ProbeReport> = Vec::new();
+    for family in Family::ALL {
+        match AttachedFamily::attach(family, &kernel) {
+            // Dropping the family right away detaches it again.
+            Ok(attached) => rows.extend(attached.statuses.iter().cloned()),
+            Err((_, family_rows)) => rows.extend(family_rows),
+        }
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {

@@ -1,27 +1,33 @@
 //! The probe catalogue and the loading/attaching of railscope's eBPF object.
 //!
-//! Probes come in families that share load-time globals and maps (today: the IB event family).
-//! A family is loaded as its own instance of the embedded object, with globals resolved from
-//! BTF at that moment, so a family whose kernel module appears later (ib_core loaded after the
-//! agent started) is loaded and attached then, with that module's layout.
+//! Probes come in families, one per kernel module that owns their hooks (ib_core, ib_uverbs,
+//! rdma_cm). A family is loaded as its own instance of the embedded object, with globals
+//! resolved from that module's BTF (and tracefs formats) at that moment, so a module loaded
+//! after the agent started is probed with its own layout; a module unloaded drops its family.
+//! Within a family each probe attaches on its own: a hook missing on one kernel leaves that
+//! probe unavailable and the rest working.
 
-pub mod ib_event;
+pub mod decode;
+pub mod layout;
+pub mod names;
 
-use std::fmt;
+use std::{collections::BTreeSet, fmt};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
-    programs::{KProbe, ProgramError},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{KProbe, ProgramError, TracePoint},
 };
-use monitor_common::{ProbeStat, maps};
+use monitor_common::{ProbeStat, events::DEVICE_NAME_LEN, maps, verbs::CounterKey};
 use serde::Serialize;
 
 use crate::{
     btf::{Btf, BtfError},
     kernel::Kernel,
+    tracefs::Tracefs,
 };
-use ib_event::{IbEventLayout, IbEventNames};
+use layout::{GlobalValue, Globals, LayoutError};
+use names::KernelNames;
 
 /// The eBPF object built from `monitor-ebpf` by build.rs.
 pub static PROBES_OBJECT: &[u8] =
@@ -31,14 +37,63 @@ pub static PROBES_OBJECT: &[u8] =
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
     Kprobe(&'static str),
+    Tracepoint {
+        system: &'static str,
+        event: &'static str,
+    },
 }
 
 impl fmt::Display for Hook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Hook::Kprobe(function) => write!(f, "kprobe:{function}"),
+            Hook::Tracepoint { system, event } => write!(f, "tracepoint:{system}:{event}"),
         }
     }
+}
+
+/// The kernel module whose code a family hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    IbCore,
+    IbUverbs,
+    RdmaCm,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::IbCore, Family::IbUverbs, Family::RdmaCm];
+
+    pub fn module(self) -> &'static str {
+        match self {
+            Family::IbCore => "ib_core",
+            Family::IbUverbs => "ib_uverbs",
+            Family::RdmaCm => "rdma_cm",
+        }
+    }
+
+    /// What the operator loses while the family is not attached.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Family::IbCore => "IB event and verb probes",
+            Family::IbUverbs => "user verbs probes",
+            Family::RdmaCm => "rdma_cm probes",
+        }
+    }
+
+    pub fn probes(self) -> impl Iterator<Item = &'static ProbeInfo> {
+        CATALOGUE.iter().filter(move |p| p.family == self)
+    }
+}
+
+/// Which layout (set of globals) a program needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Layout {
+    IbEvent,
+    Restrack,
+    ModifyQp,
+    Mad,
+    Uverbs,
+    RdmaCm,
 }
 
 /// One program of the object and what it needs.
@@ -47,21 +102,130 @@ pub struct ProbeInfo {
     /// The program's name in the object (the function name in monitor-ebpf).
     pub program: &'static str,
     pub hook: Hook,
-    /// The kernel module that defines the hooked function.
-    pub module: &'static str,
-    /// What the operator loses while it is not attached, for status lines.
-    pub feature: &'static str,
+    pub family: Family,
+    pub layout: Layout,
+    /// What it observes, for `railscope probes` and docs/probes.md.
+    pub observes: &'static str,
+}
+
+const fn kprobe(
+    program: &'static str,
+    function: &'static str,
+    family: Family,
+    layout: Layout,
+    observes: &'static str,
+) -> ProbeInfo {
+    ProbeInfo {
+        program,
+        hook: Hook::Kprobe(function),
+        family,
+        layout,
+        observes,
+    }
+}
+
+const fn tracepoint(
+    program: &'static str,
+    system: &'static str,
+    event: &'static str,
+    family: Family,
+    layout: Layout,
+    observes: &'static str,
+) -> ProbeInfo {
+    ProbeInfo {
+        program,
+        hook: Hook::Tracepoint { system, event },
+        family,
+        layout,
+        observes,
+    }
 }
 
 /// Every probe railscope has, in the order the table shows them.
-pub const CATALOGUE: &[ProbeInfo] = &[ProbeInfo {
-    program: "ib_dispatch_event",
-    hook: Hook::Kprobe("ib_dispatch_event"),
-    module: "ib_core",
-    feature: "IB event probes",
-}];
+pub const CATALOGUE: &[ProbeInfo] = &[
+    kprobe(
+        "ib_dispatch_event",
+        "ib_dispatch_event",
+        Family::IbCore,
+        Layout::IbEvent,
+        "port and device events (PORT_ACTIVE, PORT_ERR, DEVICE_FATAL, ...)",
+    ),
+    kprobe(
+        "rdma_restrack_add",
+        "rdma_restrack_add",
+        Family::IbCore,
+        Layout::Restrack,
+        "PD/CQ/QP/MR/SRQ/context/cm_id creation",
+    ),
+    kprobe(
+        "rdma_restrack_del",
+        "rdma_restrack_del",
+        Family::IbCore,
+        Layout::Restrack,
+        "PD/CQ/QP/MR/SRQ/context/cm_id destruction",
+    ),
+    kprobe(
+        "ib_modify_qp_with_udata",
+        "ib_modify_qp_with_udata",
+        Family::IbCore,
+        Layout::ModifyQp,
+        "modify_qp by target state; QP moves to ERR",
+    ),
+    tracepoint(
+        "ib_mad_send_done_handler",
+        "ib_mad",
+        "ib_mad_send_done_handler",
+        Family::IbCore,
+        Layout::Mad,
+        "MAD sends completed with an error",
+    ),
+    tracepoint(
+        "ib_mad_send_done_resend",
+        "ib_mad",
+        "ib_mad_send_done_resend",
+        Family::IbCore,
+        Layout::Mad,
+        "MAD retries",
+    ),
+    kprobe(
+        "ib_uverbs_post_send",
+        "ib_uverbs_post_send",
+        Family::IbUverbs,
+        Layout::Uverbs,
+        "post_send doorbells the kernel sees (none on mlx5)",
+    ),
+    kprobe(
+        "ib_uverbs_reg_dmabuf_mr",
+        "ib_uverbs_handler_UVERBS_METHOD_REG_DMABUF_MR",
+        Family::IbUverbs,
+        Layout::Uverbs,
+        "dmabuf (GPU memory) MR registrations",
+    ),
+    kprobe(
+        "ib_uverbs_qp_event_handler",
+        "ib_uverbs_qp_event_handler",
+        Family::IbUverbs,
+        Layout::Uverbs,
+        "async errors of user QPs (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, ...)",
+    ),
+    kprobe(
+        "ib_uverbs_cq_event_handler",
+        "ib_uverbs_cq_event_handler",
+        Family::IbUverbs,
+        Layout::Uverbs,
+        "async errors of user CQs (CQ_ERR)",
+    ),
+    tracepoint(
+        "cm_event_handler",
+        "rdma_cma",
+        "cm_event_handler",
+        Family::RdmaCm,
+        Layout::RdmaCm,
+        "rdma_cm events and rejects by reason",
+    ),
+];
 
-/// Why a probe is not attached.
+/// Why a probe (or a whole family) is not attached.
 #[derive(Debug, thiserror::Error)]
 pub enum Unavailable {
     #[error("{module} not loaded: {feature} inactive")]
@@ -69,22 +233,22 @@ pub enum Unavailable {
         module: &'static str,
         feature: &'static str,
     },
-    #[error("kernel has no kprobe support (CONFIG_KPROBES): {feature} inactive")]
-    NoKprobes { feature: &'static str },
+    #[error("kernel has no kprobe support (CONFIG_KPROBES)")]
+    NoKprobes,
     #[error("kernel BTF unusable, so struct offsets are unknown: {0}")]
     Btf(#[from] BtfError),
+    #[error("layout unknown: {0}")]
+    Layout(String),
     #[error("eBPF object failed to load: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {program} not in the eBPF object")]
     MissingProgram { program: &'static str },
-    #[error("program {program} rejected: {source}")]
-    Program {
-        program: &'static str,
-        #[source]
-        source: ProgramError,
-    },
+    #[error("{0}")]
+    Program(String),
     #[error("map {map}: {detail}")]
     Map { map: &'static str, detail: String },
+    #[error("no probe of the family attached")]
+    NothingAttached,
 }
 
 /// A probe's state, as `railscope probes` and the agent report it.
@@ -148,103 +312,247 @@ pub fn render_table(rows: &[ProbeReport]) -> String {
 }
 
 /// Loads a fresh instance of the object with the given load-time globals.
-fn load_object(globals: &[(&'static str, u32)]) -> Result<Ebpf, aya::EbpfError> {
+fn load_object(globals: &Globals) -> Result<Ebpf, aya::EbpfError> {
     let mut loader = EbpfLoader::new();
     for (name, value) in globals {
-        loader.override_global(name, value, true);
+        match value {
+            GlobalValue::U32(v) => loader.override_global(name, v, true),
+            GlobalValue::U32s(v) => loader.override_global(name, v, true),
+            GlobalValue::I32s(v) => loader.override_global(name, v, true),
+        };
     }
     loader.load(PROBES_OBJECT)
 }
 
-fn kprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut KProbe, Unavailable> {
-    ebpf.program_mut(program)
-        .ok_or(Unavailable::MissingProgram { program })?
-        .try_into()
-        .map_err(|source| Unavailable::Program { program, source })
-}
-
-/// The IB event family, attached: the loaded object, its ring buffer and the names to decode.
-pub struct IbEventProbe {
-    /// Holds the attachment: dropping it detaches the kprobe.
-    pub attachment: Attachment,
-    pub events: RingBuf<MapData>,
-    pub names: IbEventNames,
-}
-
-/// A loaded, attached object and its self-monitoring counters.
-pub struct Attachment {
+/// A family, loaded, with at least one probe attached.
+pub struct AttachedFamily {
+    pub family: Family,
+    /// Keeps the programs attached: dropping it detaches them.
     _ebpf: Ebpf,
+    /// One row per probe of the family (some may be unavailable).
+    pub statuses: Vec<ProbeReport>,
+    events: Option<RingBuf<MapData>>,
+    counts: PerCpuHashMap<MapData, CounterKey, u64>,
+    device_names: BpfHashMap<MapData, u64, [u8; DEVICE_NAME_LEN]>,
     stats: PerCpuArray<MapData, u64>,
+    pub names: KernelNames,
 }
 
-impl Attachment {
-    /// Events the probes saw but could not deliver because the ring buffer was full.
-    pub fn dropped_ib_events(&self) -> u64 {
-        self.stats
-            .get(&(ProbeStat::IbEventsDropped as u32), 0)
-            .map(|per_cpu| per_cpu.iter().sum())
-            .unwrap_or(0)
-    }
+/// One summed counter with the device's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawCount {
+    pub device: String,
+    pub key: CounterKey,
+    pub value: u64,
 }
 
-impl IbEventProbe {
-    pub const INFO: &'static ProbeInfo = &CATALOGUE[0];
-
-    /// Loads and attaches the kprobe on `ib_dispatch_event` if this kernel can have it now.
-    pub fn attach(kernel: &Kernel) -> Result<Self, Unavailable> {
-        let info = Self::INFO;
-        if !kernel.module_present(info.module) {
-            return Err(Unavailable::ModuleNotLoaded {
-                module: info.module,
-                feature: info.feature,
-            });
+impl AttachedFamily {
+    /// Loads the family's instance and attaches each of its probes that this kernel allows.
+    pub fn attach(
+        family: Family,
+        kernel: &Kernel,
+    ) -> Result<Self, (Unavailable, Vec<ProbeReport>)> {
+        let fail_all = |reason: Unavailable| {
+            let rows = family
+                .probes()
+                .map(|p| ProbeReport::new(p, Status::Unavailable(reason.to_string())))
+                .collect();
+            (reason, rows)
+        };
+        if !kernel.module_present(family.module()) {
+            return Err(fail_all(Unavailable::ModuleNotLoaded {
+                module: family.module(),
+                feature: family.feature(),
+            }));
         }
-        if !kernel.has_kprobes() {
-            return Err(Unavailable::NoKprobes {
-                feature: info.feature,
-            });
-        }
-        // ib_core built into the kernel has its types in vmlinux; as a module, in its split BTF.
+        // A module built into the kernel has its types in vmlinux; a loaded one, in its split BTF.
         let btf = Btf::from_files(
             &kernel.vmlinux_btf(),
-            kernel.module_btf(info.module).as_deref(),
-        )?;
-        let layout = IbEventLayout::from_btf(&btf)?;
-        let names = IbEventNames::from_btf(&btf)?;
-        tracing::debug!(?layout, "resolved struct ib_event from BTF");
+            kernel.module_btf(family.module()).as_deref(),
+        )
+        .map_err(|e| fail_all(e.into()))?;
+        let mut names = KernelNames::from_btf(&btf);
+        if family == Family::RdmaCm
+            && let Ok(cm) =
+                Btf::from_files(&kernel.vmlinux_btf(), kernel.module_btf("ib_cm").as_deref())
+        {
+            names.merge(&KernelNames::from_btf(&cm));
+        }
+        let tracefs = Tracefs::find_or_mount(kernel.sys_root()).map_err(|e| e.to_string());
 
-        let mut ebpf = load_object(&layout.globals())?;
-        let program = kprobe(&mut ebpf, info.program)?;
-        let Hook::Kprobe(function) = info.hook;
-        program
-            .load()
-            .and_then(|()| program.attach(function, 0).map(drop))
-            .map_err(|source| Unavailable::Program {
-                program: info.program,
-                source,
-            })?;
-        let events = take_map(&mut ebpf, maps::IB_EVENTS)?;
-        let stats = take_map(&mut ebpf, maps::PROBE_STATS)?;
+        let layouts: BTreeSet<Layout> = family.probes().map(|p| p.layout).collect();
+        let mut resolved = Vec::new();
+        for l in layouts {
+            let result: Result<Globals, LayoutError> = match l {
+                Layout::IbEvent => layout::ib_event(&btf).map_err(Into::into),
+                Layout::Restrack => layout::restrack(&btf)
+                    .and_then(|mut g| {
+                        g.extend(layout::device_name(&btf)?);
+                        Ok(g)
+                    })
+                    .map_err(Into::into),
+                Layout::ModifyQp => layout::modify_qp(&btf)
+                    .and_then(|mut g| {
+                        g.extend(layout::device_name(&btf)?);
+                        Ok(g)
+                    })
+                    .map_err(Into::into),
+                Layout::Uverbs => layout::uverbs(&btf).map_err(Into::into),
+                Layout::Mad => match &tracefs {
+                    Ok(t) => layout::mad(t),
+                    Err(e) => Err(LayoutError::NoTracefs(e.clone())),
+                },
+                Layout::RdmaCm => match &tracefs {
+                    Ok(t) => layout::rdma_cm(t, &btf),
+                    Err(e) => Err(LayoutError::NoTracefs(e.clone())),
+                },
+            };
+            resolved.push((l, result.map_err(|e| e.to_string())));
+        }
+        let mut globals: Globals = Vec::new();
+        for (_, result) in &resolved {
+            for (name, value) in result.iter().flatten() {
+                globals.retain(|(n, _)| n != name);
+                globals.push((name, value.clone()));
+            }
+        }
+        let mut ebpf = load_object(&globals).map_err(|e| fail_all(e.into()))?;
+
+        let mut statuses = Vec::new();
+        for probe in family.probes() {
+            let layout_result = resolved
+                .iter()
+                .find(|(l, _)| *l == probe.layout)
+                .map(|(_, r)| r.as_ref().map(drop));
+            let status = match layout_result {
+                Some(Err(reason)) => Status::Unavailable(format!("layout unknown: {reason}")),
+                _ => match attach_probe(&mut ebpf, probe, kernel, tracefs.as_ref().ok()) {
+                    Ok(()) => Status::Attached,
+                    Err(e) => Status::Unavailable(e.to_string()),
+                },
+            };
+            statuses.push(ProbeReport::new(probe, status));
+        }
+        if !statuses.iter().any(|s| s.status == Status::Attached) {
+            return Err((Unavailable::NothingAttached, statuses));
+        }
+        let take = |ebpf: &mut Ebpf, map: &'static str| {
+            ebpf.take_map(map).ok_or_else(|| Unavailable::Map {
+                map,
+                detail: "not in the eBPF object".into(),
+            })
+        };
+        let maps = (|| -> Result<_, Unavailable> {
+            let events =
+                RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?).map_err(map_err(maps::EVENTS))?;
+            let counts = PerCpuHashMap::try_from(take(&mut ebpf, maps::VERB_COUNTS)?)
+                .map_err(map_err(maps::VERB_COUNTS))?;
+            let device_names = BpfHashMap::try_from(take(&mut ebpf, maps::DEVICE_NAMES)?)
+                .map_err(map_err(maps::DEVICE_NAMES))?;
+            let stats = PerCpuArray::try_from(take(&mut ebpf, maps::PROBE_STATS)?)
+                .map_err(map_err(maps::PROBE_STATS))?;
+            Ok((events, counts, device_names, stats))
+        })();
+        let (events, counts, device_names, stats) = maps.map_err(fail_all)?;
         Ok(Self {
-            attachment: Attachment { _ebpf: ebpf, stats },
-            events,
+            family,
+            _ebpf: ebpf,
+            statuses,
+            events: Some(events),
+            counts,
+            device_names,
+            stats,
             names,
         })
     }
+
+    /// The ring buffer of events, for a reader task (taken once).
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+
+    /// What the probes saw but could not deliver: (events lost to a full ring buffer,
+    /// verb counts lost to a full counter map).
+    pub fn losses(&self) -> (u64, u64) {
+        (
+            self.stat(ProbeStat::EventsDropped),
+            self.stat(ProbeStat::CountsDropped),
+        )
+    }
+
+    fn stat(&self, stat: ProbeStat) -> u64 {
+        self.stats
+            .get(&(stat as u32), 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .unwrap_or(0)
+    }
+
+    /// Every counter, summed over CPUs, with device names resolved.
+    pub fn counts(&self) -> Vec<RawCount> {
+        let mut out = Vec::new();
+        for entry in self.counts.iter() {
+            let Ok((key, per_cpu)) = entry else { continue };
+            let device = if key.device == 0 {
+                String::new()
+            } else {
+                self.device_names
+                    .get(&key.device, 0)
+                    .map(|n| monitor_common::events::name_str(&n).to_owned())
+                    .unwrap_or_else(|_| format!("dev@{:x}", key.device))
+            };
+            out.push(RawCount {
+                device,
+                key,
+                value: per_cpu.iter().sum(),
+            });
+        }
+        out
+    }
 }
 
-fn take_map<T>(ebpf: &mut Ebpf, map: &'static str) -> Result<T, Unavailable>
-where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
-{
-    let raw = ebpf.take_map(map).ok_or_else(|| Unavailable::Map {
-        map,
-        detail: "not in the eBPF object".into(),
-    })?;
-    T::try_from(raw).map_err(|e| Unavailable::Map {
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Unavailable {
+    move |e| Unavailable::Map {
         map,
         detail: e.to_string(),
-    })
+    }
+}
+
+fn attach_probe(
+    ebpf: &mut Ebpf,
+    probe: &ProbeInfo,
+    kernel: &Kernel,
+    tracefs: Option<&Tracefs>,
+) -> Result<(), Unavailable> {
+    let program = ebpf
+        .program_mut(probe.program)
+        .ok_or(Unavailable::MissingProgram {
+            program: probe.program,
+        })?;
+    let rejected = |e: ProgramError| Unavailable::Program(format!("{}: {e}", probe.hook));
+    match probe.hook {
+        Hook::Kprobe(function) => {
+            if !kernel.has_kprobes() {
+                return Err(Unavailable::NoKprobes);
+            }
+            let p: &mut KProbe = program.try_into().map_err(rejected)?;
+            p.load().map_err(rejected)?;
+            p.attach(function, 0).map_err(rejected)?;
+        }
+        Hook::Tracepoint { system, event } => {
+            let Some(tracefs) = tracefs else {
+                return Err(Unavailable::Layout("tracefs is not mounted".into()));
+            };
+            if !tracefs.has_event(system, event) {
+                return Err(Unavailable::Program(format!(
+                    "tracepoint {system}:{event} does not exist on this kernel"
+                )));
+            }
+            let p: &mut TracePoint = program.try_into().map_err(rejected)?;
+            p.load().map_err(rejected)?;
+            p.attach(system, event).map_err(rejected)?;
+        }
+    }
+    Ok(())
 }
 
 /// Result of asking the kernel's verifier about one program.
@@ -258,20 +566,20 @@ pub struct VerifierResult {
 /// globals, and reports what the verifier said about each. Used by the host tests and by
 /// `railscope probes --verify`.
 pub fn verify_all() -> Result<Vec<VerifierResult>, aya::EbpfError> {
-    let mut ebpf = load_object(&[])?;
+    let mut ebpf = load_object(&Vec::new())?;
     let mut results = Vec::new();
     for (name, program) in ebpf.programs_mut() {
         let result = match program {
             aya::programs::Program::KProbe(p) => p.load(),
-            other => Err(ProgramError::UnexpectedProgramType).inspect_err(|_| {
-                tracing::warn!(program = name, kind = ?other.prog_type(), "unexpected program type")
-            }),
+            aya::programs::Program::TracePoint(p) => p.load(),
+            _ => Err(ProgramError::UnexpectedProgramType),
         };
         results.push(VerifierResult {
             program: name.to_owned(),
             result,
         });
     }
+    results.sort_by(|a, b| a.program.cmp(&b.program));
     Ok(results)
 }
 
@@ -286,7 +594,7 @@ mod tests {
             Status::Unavailable(
                 Unavailable::ModuleNotLoaded {
                     module: "ib_core",
-                    feature: "IB event probes",
+                    feature: "IB event and verb probes",
                 }
                 .to_string(),
             ),
@@ -296,28 +604,15 @@ mod tests {
         assert!(lines[0].starts_with("PROBE") && lines[0].contains("HOOK"));
         assert!(lines[1].contains("ib_dispatch_event"));
         assert!(lines[1].contains("kprobe:ib_dispatch_event"));
-        assert!(lines[1].ends_with("unavailable: ib_core not loaded: IB event probes inactive"));
+        assert!(lines[1].ends_with("unavailable: ib_core not loaded: IB event and verb probes inactive"));
     }
 
     #[test]
-    fn catalogue_programs_exist_in_the_object() {
-        let ebpf = aya_obj_programs();
-        for info in CATALOGUE {
-            assert!(
-                ebpf.contains(&info.program.to_owned()),
-                "{} missing",
-                info.program
-            );
+    fn every_family_has_probes_and_names_are_unique() {
+        for family in Family::ALL {
+            assert!(family.probes().count() > 0, "{family:?}");
         }
-    }
-
-    /// Program names in the embedded object, read without loading anything into the kernel.
-    fn aya_obj_programs() -> Vec<String> {
-        let ebpf = EbpfLoader::new().load(PROBES_OBJECT);
-        match ebpf {
-            Ok(ebpf) => ebpf.programs().map(|(n, _)| n.to_owned()).collect(),
-            // Without privileges maps cannot be created; the object still parses.
-            Err(e) => panic!("embedded eBPF object does not load its maps: {e}"),
-        }
+        let names: BTreeSet<&str> = CATALOGUE.iter().map(|p| p.program).collect();
+        assert_eq!(names.len(), CATALOGUE.len());
     }
 }

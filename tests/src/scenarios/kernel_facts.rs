@@ -28,8 +28,8 @@ const FUNCTIONS: &[&str] = &[
 
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
-    let available =
-        std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions").unwrap_or_default();
+    let available = std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions")
+        .unwrap_or_default();
     for f in FUNCTIONS {
         let found = available
             .lines()

@@ -1,0 +1,96 @@
+//! The maps every probe writes to, and the small helpers around them.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_cgroup_id,
+    macros::map,
+    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
+};
+use monitor_common::{
+    PROBE_STAT_SLOTS, ProbeStat,
+    events::EventRecord,
+    verbs::{CounterKey, Verb},
+};
+
+/// 256 KiB holds about 2,000 records: far more than a burst of port flaps between two reads.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Bounded by devices x verbs x details x cgroups (jobs), never by processes.
+#[map]
+static VERB_COUNTS: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
+
+#[map]
+static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STAT_SLOTS, 0);
+
+/// Adds one to a slot of this CPU's `PROBE_STATS` (per-CPU: no atomics needed).
+#[inline(always)]
+pub fn bump(stat: ProbeStat) {
+    if let Some(slot) = PROBE_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: the pointer comes from the map and is valid for this CPU while we run.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Counts one verb for the calling task's cgroup.
+#[inline(always)]
+pub fn count(device: u64, verb: Verb, detail: u32) {
+    count_raw(device, verb as u32, detail);
+}
+
+/// [`count`] with the verb's raw value (as stored in the restrack tables userspace fills).
+#[inline(always)]
+pub fn count_raw(device: u64, verb: u32, detail: u32) {
+    let key = CounterKey {
+        device,
+        // SAFETY: a helper without arguments.
+        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        verb,
+        detail,
+    };
+    match VERB_COUNTS.get_ptr_mut(&key) {
+        // SAFETY: this CPU's slot of an existing entry.
+        Some(value) => unsafe { *value += 1 },
+        None => {
+            if VERB_COUNTS.insert(&key, &1, 0).is_err() {
+                bump(ProbeStat::CountsDropped);
+            }
+        }
+    }
+}
+
+/// Sends an event, filled by `fill`, to the ring buffer; counts it when the buffer is full.
+#[inline(always)]
+pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
+    let Some(mut entry) = EVENTS.reserve::<EventRecord>(0) else {
+        bump(ProbeStat::EventsDropped);
+        return;
+    };
+    let mut record = EventRecord {
+        // SAFETY: helpers without arguments.
+        timestamp_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        origin: 0,
+        event_type: u32::MAX,
+        port: 0,
+        qp_num: 0,
+        read_error: 0,
+        _pad: 0,
+        device_name: [0; monitor_common::events::DEVICE_NAME_LEN],
+    };
+    if fill(&mut record).is_err() {
+        record.read_error = 1;
+        bump(ProbeStat::EventReadErrors);
+    }
+    entry.write(record);
+    entry.submit(0);
+}
+
+/// Reads a kernel value at `base + offset`.
+///
+/// # Safety
+/// `base` must be a kernel address (reads go through bpf_probe_read_kernel, which faults
+/// safely on a bad one).
+#[inline(always)]
+pub unsafe fn read_at<T>(base: *const u8, offset: u32) -> Result<T, i32> {
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(base.add(offset as usize).cast::<T>()) }
+}

@@ -1,0 +1,214 @@
+//! From the running kernel's BTF and tracefs to the globals each probe family needs.
+//!
+//! Each function reads one module's view (vmlinux plus that module's split BTF: module BTFs
+//! are based on vmlinux only, so ib_uverbs' structs are looked up in ib_uverbs' BTF).
+
+use monitor_common::{
+    events::NameSource,
+    globals as g,
+    verbs::{NO_DEVICE, RESTRACK_TYPES, Verb},
+};
+
+use crate::{
+    btf::{Btf, BtfError, Shape},
+    tracefs::{Tracefs, TracefsError},
+};
+
+/// A value for one global of the eBPF object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GlobalValue {
+    U32(u32),
+    U32s([u32; RESTRACK_TYPES]),
+    I32s([i32; RESTRACK_TYPES]),
+}
+
+pub type Globals = Vec<(&'static str, GlobalValue)>;
+
+fn u32g(name: &'static str, v: u32) -> (&'static str, GlobalValue) {
+    (name, GlobalValue::U32(v))
+}
+
+/// Offsets in `struct ib_event` and how to read an `ib_device`'s name.
+pub fn ib_event(btf: &Btf) -> Result<Globals, BtfError> {
+    let element = btf.field("ib_event", "element.port_num")?;
+    let mut globals = vec![
+        u32g(
+            g::IB_EVENT_DEVICE_OFFSET,
+            btf.field("ib_event", "device")?.offset,
+        ),
+        u32g(g::IB_EVENT_ELEMENT_OFFSET, element.offset),
+        u32g(g::IB_EVENT_PORT_SIZE, element.size),
+        u32g(
+            g::IB_EVENT_TYPE_OFFSET,
+            btf.field("ib_event", "event")?.offset,
+        ),
+    ];
+    globals.extend(device_name(btf)?);
+    Ok(globals)
+}
+
+/// The inline `ib_device.name` array, or `dev.kobj.name` on kernels without it.
+pub fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
+    let (source, offset) = match btf.field("ib_device", "name") {
+        Ok(f) if matches!(f.shape, Shape::Array { elem_size: 1, .. }) => {
+            (NameSource::InlineArray, f.offset)
+        }
+        _ => (
+            NameSource::Pointer,
+            btf.field("ib_device", "dev.kobj.name")?.offset,
+        ),
+    };
+    Ok(vec![
+        u32g(g::IB_DEVICE_NAME_SOURCE, source as u32),
+        u32g(g::IB_DEVICE_NAME_OFFSET, offset),
+    ])
+}
+
+/// `struct ib_qp` and the QP state values `ib_modify_qp_with_udata` needs.
+pub fn modify_qp(btf: &Btf) -> Result<Globals, BtfError> {
+    Ok(vec![
+        u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
+        u32g(g::IB_QP_NUM_OFFSET, btf.field("ib_qp", "qp_num")?.offset),
+        u32g(
+            g::QP_ATTR_STATE_OFFSET,
+            btf.field("ib_qp_attr", "qp_state")?.offset,
+        ),
+        u32g(
+            g::QP_ATTR_MASK_STATE,
+            btf.enum_value("ib_qp_attr_mask", "IB_QP_STATE")? as u32,
+        ),
+        u32g(
+            g::QP_STATE_ERR,
+            btf.enum_value("ib_qp_state", "IB_QPS_ERR")? as u32,
+        ),
+    ])
+}
+
+/// The resource tracker: per `enum rdma_restrack_type`, the verbs to count and where the
+/// embedding object keeps its device.
+pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
+    let mut add = [Verb::None as u32; RESTRACK_TYPES];
+    let mut del = [Verb::None as u32; RESTRACK_TYPES];
+    let mut delta = [NO_DEVICE; RESTRACK_TYPES];
+    // (enumerator, created verb, destroyed verb, embedding struct with `res` and `device`)
+    let table: [(&str, Verb, Verb, Option<&str>); 7] = [
+        (
+            "RDMA_RESTRACK_PD",
+            Verb::PdAlloc,
+            Verb::PdDealloc,
+            Some("ib_pd"),
+        ),
+        (
+            "RDMA_RESTRACK_CQ",
+            Verb::CqCreate,
+            Verb::CqDestroy,
+            Some("ib_cq"),
+        ),
+        (
+            "RDMA_RESTRACK_QP",
+            Verb::QpCreate,
+            Verb::QpDestroy,
+            Some("ib_qp"),
+        ),
+        (
+            "RDMA_RESTRACK_MR",
+            Verb::MrReg,
+            Verb::MrDereg,
+            Some("ib_mr"),
+        ),
+        (
+            "RDMA_RESTRACK_SRQ",
+            Verb::SrqCreate,
+            Verb::SrqDestroy,
+            Some("ib_srq"),
+        ),
+        (
+            "RDMA_RESTRACK_CTX",
+            Verb::ContextCreate,
+            Verb::ContextDestroy,
+            Some("ib_ucontext"),
+        ),
+        // rdma_id_private lives in rdma_cm, and its device is unset until the id is bound.
+        (
+            "RDMA_RESTRACK_CM_ID",
+            Verb::CmIdCreate,
+            Verb::CmIdDestroy,
+            None,
+        ),
+    ];
+    for (enumerator, created, destroyed, owner) in table {
+        let Ok(value) = btf.enum_value("rdma_restrack_type", enumerator) else {
+            continue; // not on this kernel: nothing to count
+        };
+        let Some(slot) = usize::try_from(value).ok().filter(|v| *v < RESTRACK_TYPES) else {
+            continue;
+        };
+        add[slot] = created as u32;
+        del[slot] = destroyed as u32;
+        if let Some(owner) = owner {
+            let res = btf.field(owner, "res")?.offset as i64;
+            let device = btf.field(owner, "device")?.offset as i64;
+            delta[slot] = (device - res) as i32;
+        }
+    }
+    Ok(vec![
+        u32g(
+            g::RESTRACK_TYPE_OFFSET,
+            btf.field("rdma_restrack_entry", "type")?.offset,
+        ),
+        u32g(
+            g::RESTRACK_USER_OFFSET,
+            btf.field("rdma_restrack_entry", "user")?.offset,
+        ),
+        (g::RESTRACK_ADD_VERB, GlobalValue::U32s(add)),
+        (g::RESTRACK_DEL_VERB, GlobalValue::U32s(del)),
+        (g::RESTRACK_DEVICE_DELTA, GlobalValue::I32s(delta)),
+    ])
+}
+
+/// ib_uverbs' view: the attr bundle's user context, and the QP/CQ layouts for async events.
+pub fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
+    let mut globals = vec![
+        u32g(
+            g::ATTRS_CONTEXT_OFFSET,
+            btf.field("uverbs_attr_bundle", "context")?.offset,
+        ),
+        u32g(
+            g::UCONTEXT_DEVICE_OFFSET,
+            btf.field("ib_ucontext", "device")?.offset,
+        ),
+        u32g(g::IB_CQ_DEVICE_OFFSET, btf.field("ib_cq", "device")?.offset),
+        u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
+        u32g(g::IB_QP_NUM_OFFSET, btf.field("ib_qp", "qp_num")?.offset),
+    ];
+    globals.extend(ib_event(btf)?);
+    Ok(globals)
+}
+
+/// `rdma_cma:cm_event_handler` record layout and the REJECTED value.
+pub fn rdma_cm(tracefs: &Tracefs, btf: &Btf) -> Result<Globals, LayoutError> {
+    let event = tracefs.field("rdma_cma", "cm_event_handler", "event")?;
+    let status = tracefs.field("rdma_cma", "cm_event_handler", "status")?;
+    let rejected = btf.enum_value("rdma_cm_event_type", "RDMA_CM_EVENT_REJECTED")? as u32;
+    Ok(vec![
+        u32g(g::CM_EVENT_FIELD_OFFSET, event.offset),
+        u32g(g::CM_STATUS_FIELD_OFFSET, status.offset),
+        u32g(g::CM_EVENT_REJECTED, rejected),
+    ])
+}
+
+/// `ib_mad:ib_mad_send_done_handler` record layout.
+pub fn mad(tracefs: &Tracefs) -> Result<Globals, LayoutError> {
+    let status = tracefs.field("ib_mad", "ib_mad_send_done_handler", "wc_status")?;
+    Ok(vec![u32g(g::MAD_WC_STATUS_FIELD_OFFSET, status.offset)])
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Btf(#[from] BtfError),
+    #[error(transparent)]
+    Tracefs(#[from] TracefsError),
+    #[error("{0}")]
+    NoTracefs(String),
+}
