@@ -47,9 +47,17 @@ pub mod globals {
     /// Per `enum rdma_restrack_type` value: `offsetof(T, device) - offsetof(T, res)` for the
     /// object type T embedding the entry, or [`crate::verbs::NO_DEVICE`].
     pub const RESTRACK_DEVICE_DELTA: &str = "RESTRACK_DEVICE_DELTA";
-    /// `struct uverbs_attr_bundle`: offset of `context`; `struct ib_ucontext`: of `device`.
-    pub const ATTRS_CONTEXT_OFFSET: &str = "ATTRS_CONTEXT_OFFSET";
+    /// `struct uverbs_attr_bundle`: offset of `ufile`; `struct ib_uverbs_file`: of
+    /// `ucontext`; `struct ib_ucontext`: of `device`.
+    pub const ATTRS_UFILE_OFFSET: &str = "ATTRS_UFILE_OFFSET";
+    pub const UFILE_UCONTEXT_OFFSET: &str = "UFILE_UCONTEXT_OFFSET";
     pub const UCONTEXT_DEVICE_OFFSET: &str = "UCONTEXT_DEVICE_OFFSET";
+    /// Offsets of `device` in the objects the destroy functions receive.
+    pub const IB_PD_DEVICE_OFFSET: &str = "IB_PD_DEVICE_OFFSET";
+    pub const IB_CQ_DEVICE_OFFSET_DESTROY: &str = "IB_CQ_DEVICE_OFFSET_DESTROY";
+    pub const IB_QP_DEVICE_OFFSET_DESTROY: &str = "IB_QP_DEVICE_OFFSET_DESTROY";
+    pub const IB_MR_DEVICE_OFFSET: &str = "IB_MR_DEVICE_OFFSET";
+    pub const IB_SRQ_DEVICE_OFFSET: &str = "IB_SRQ_DEVICE_OFFSET";
     /// Tracepoint field offsets, from tracefs `format` files.
     pub const CM_EVENT_FIELD_OFFSET: &str = "CM_EVENT_FIELD_OFFSET";
     pub const CM_STATUS_FIELD_OFFSET: &str = "CM_STATUS_FIELD_OFFSET";

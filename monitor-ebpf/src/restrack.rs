@@ -1,19 +1,23 @@
-//! Creation and destruction of every RDMA resource: kprobes on ib_core's
-//! `rdma_restrack_add(struct rdma_restrack_entry *)` and `rdma_restrack_del(...)`.
+//! Creation and destruction of RDMA resources.
 //!
-//! Every PD, CQ, QP, MR (including dmabuf MRs), SRQ, user context and rdma_cm id is added to
-//! the kernel's resource tracker when created and removed when destroyed, whether userspace
-//! made it through the legacy write() path or the ioctl path, and whatever the driver. Two
-//! exported functions cover them all on every kernel since 5.x, where per-verb handlers differ
-//! between paths and versions. The entry is embedded in the resource; the device is reached
-//! with a per-type offset from BTF (`offsetof(T, device) - offsetof(T, res)`).
+//! Creation: a kprobe on ib_core's `rdma_restrack_add(struct rdma_restrack_entry *)`. Every PD,
+//! CQ, QP, MR (including dmabuf MRs), SRQ, user context and rdma_cm id is added to the
+//! kernel's resource tracker once created, whether userspace made it through the legacy
+//! write() path or the ioctl path, and whatever the driver: one exported function where the
+//! per-verb handlers differ between paths and versions. The entry is embedded in the
+//! resource; the device is reached with a per-type offset from BTF
+//! (`offsetof(T, device) - offsetof(T, res)`).
+//!
+//! Destruction: kprobes on the exported `ib_dealloc_pd_user`, `ib_destroy_cq_user`,
+//! `ib_destroy_qp_user`, `ib_dereg_mr_user`, `ib_destroy_srq_user`; user contexts and cm ids,
+//! which have none, through `rdma_restrack_del`.
 
 use aya_ebpf::{Global, macros::kprobe, programs::ProbeContext};
 use monitor_common::verbs::{DETAIL_USER, NO_DEVICE, RESTRACK_TYPES, Verb};
 
 use crate::{
     device,
-    shared::{count_raw, read_at},
+    shared::{count, count_raw, read_at},
 };
 
 #[unsafe(no_mangle)]
@@ -74,4 +78,71 @@ fn on_restrack(ctx: &ProbeContext, verbs: &Global<[u32; RESTRACK_TYPES]>) {
     };
     let detail = if user != 0 { DETAIL_USER } else { 0 };
     count_raw(device, verb, detail);
+}
+
+/// The device pointer of a resource object (`struct ib_qp *`, `ib_cq`, `ib_pd`, `ib_mr`,
+/// `ib_srq`) at the BTF offset of its `device` field.
+#[inline(always)]
+fn object_device(object: *const u8, device_offset: u32) -> u64 {
+    // SAFETY: `object` is the kernel object the destroy function received.
+    match unsafe { read_at::<*const u8>(object, device_offset) } {
+        // SAFETY: a `struct ib_device *` read from the object.
+        Ok(dev) => unsafe { device::remember(dev) },
+        Err(_) => 0,
+    }
+}
+
+/// Counts a destroy verb: `fn(object, struct ib_udata *udata)`, user when udata is set.
+#[inline(always)]
+fn on_destroy(ctx: &ProbeContext, verb: Verb, device_offset: &Global<u32>) {
+    let (Some(object), Some(udata)) = (ctx.arg::<*const u8>(0), ctx.arg::<u64>(1)) else {
+        return;
+    };
+    let detail = if udata != 0 { DETAIL_USER } else { 0 };
+    count(object_device(object, device_offset.load()), verb, detail);
+}
+
+#[unsafe(no_mangle)]
+static IB_PD_DEVICE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_CQ_DEVICE_OFFSET_DESTROY: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_QP_DEVICE_OFFSET_DESTROY: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_MR_DEVICE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_SRQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
+
+// The exported destroy functions of ib_core, which every user and kernel destroy goes
+// through. (The resource tracker's own delete is not a reliable point for these: drivers
+// destroy the object first, and newer kernels split the delete in begin/commit steps.)
+
+#[kprobe]
+pub fn ib_dealloc_pd_user(ctx: ProbeContext) -> u32 {
+    on_destroy(&ctx, Verb::PdDealloc, &IB_PD_DEVICE_OFFSET);
+    0
+}
+
+#[kprobe]
+pub fn ib_destroy_cq_user(ctx: ProbeContext) -> u32 {
+    on_destroy(&ctx, Verb::CqDestroy, &IB_CQ_DEVICE_OFFSET_DESTROY);
+    0
+}
+
+#[kprobe]
+pub fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
+    on_destroy(&ctx, Verb::QpDestroy, &IB_QP_DEVICE_OFFSET_DESTROY);
+    0
+}
+
+#[kprobe]
+pub fn ib_dereg_mr_user(ctx: ProbeContext) -> u32 {
+    on_destroy(&ctx, Verb::MrDereg, &IB_MR_DEVICE_OFFSET);
+    0
+}
+
+#[kprobe]
+pub fn ib_destroy_srq_user(ctx: ProbeContext) -> u32 {
+    on_destroy(&ctx, Verb::SrqDestroy, &IB_SRQ_DEVICE_OFFSET);
+    0
 }

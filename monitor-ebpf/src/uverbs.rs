@@ -16,13 +16,16 @@ use crate::{
 };
 
 #[unsafe(no_mangle)]
-static ATTRS_CONTEXT_OFFSET: Global<u32> = Global::new(0);
+static ATTRS_UFILE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static UFILE_UCONTEXT_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static UCONTEXT_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static IB_CQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
 
-/// The device of a `struct uverbs_attr_bundle *`, through its user context.
+/// The device of a `struct uverbs_attr_bundle *`, through the file's user context
+/// (`attrs->context` is only set once the handler has looked up its object).
 #[inline(always)]
 fn bundle_device(ctx: &ProbeContext) -> u64 {
     let Some(attrs) = ctx.arg::<*const u8>(0) else {
@@ -30,7 +33,10 @@ fn bundle_device(ctx: &ProbeContext) -> u64 {
     };
     // SAFETY: the kernel's `struct uverbs_attr_bundle *`; reads are fault-safe.
     unsafe {
-        let Ok(context) = read_at::<*const u8>(attrs, ATTRS_CONTEXT_OFFSET.load()) else {
+        let Ok(ufile) = read_at::<*const u8>(attrs, ATTRS_UFILE_OFFSET.load()) else {
+            return 0;
+        };
+        let Ok(context) = read_at::<*const u8>(ufile, UFILE_UCONTEXT_OFFSET.load()) else {
             return 0;
         };
         match read_at::<*const u8>(context, UCONTEXT_DEVICE_OFFSET.load()) {

@@ -58,6 +58,9 @@ enum FamilyState {
 type Record = (Family, monitor_common::events::EventRecord);
 
 pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
+    // Handlers first: a stop request during the first attach must still stop us cleanly.
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
     let clock = WallClock::now();
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
     let mut names = KernelNames::default();
@@ -77,7 +80,6 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     }
     eprint!("{}", render_table(&rows));
 
-    let mut sigterm = signal(SignalKind::terminate())?;
     let mut rescan = tokio::time::interval(options.rescan);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
@@ -85,7 +87,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some((_family, record)) = records_rx.recv() => {
                 let event = Event::decode(&record, &names, &clock, &mut cgroups);
@@ -105,30 +107,44 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                 }
             }
             _ = counters.tick(), if options.counters_every.is_some() => {
-                let raw: Vec<_> = families
-                    .iter()
-                    .filter_map(|(_, s)| match s {
-                        FamilyState::Attached { attached, .. } => Some(attached.counts()),
-                        FamilyState::Unavailable { .. } => None,
-                    })
-                    .flatten()
-                    .collect();
-                let counts = decode::decode_counts(&raw, &names, &mut cgroups);
-                if counts.is_empty() {
-                    continue;
-                }
-                let mut out = stdout.lock();
-                let _ = write_counts(&mut out, &counts, options.format).and_then(|()| out.flush());
+                print_counts(&families, &names, &mut cgroups, options.format);
             }
         }
     }
     tracing::info!("stopping");
+    if options.counters_every.is_some() {
+        // A last snapshot, so a run's totals are on record.
+        print_counts(&families, &names, &mut cgroups, options.format);
+    }
     for (_, state) in families {
         if let FamilyState::Attached { reader, .. } = state {
             reader.abort();
         }
     }
     Ok(())
+}
+
+fn print_counts(
+    families: &[(Family, FamilyState)],
+    names: &KernelNames,
+    cgroups: &mut CgroupNames,
+    format: OutputFormat,
+) {
+    let raw: Vec<_> = families
+        .iter()
+        .filter_map(|(_, s)| match s {
+            FamilyState::Attached { attached, .. } => Some(attached.counts()),
+            FamilyState::Unavailable { .. } => None,
+        })
+        .flatten()
+        .collect();
+    let counts = decode::decode_counts(&raw, names, cgroups);
+    if counts.is_empty() {
+        return;
+    }
+    let snapshot = crate::kernel::realtime_ns();
+    let mut out = std::io::stdout().lock();
+    let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
 }
 
 fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start: bool) {
@@ -361,10 +377,12 @@ pub fn write_transition(
     }
 }
 
-/// Writes a counter snapshot: a table, or one JSON line per counter (`kind: verb_count`).
+/// Writes a counter snapshot: a table, or one JSON line per counter (`kind: verb_count`,
+/// with `snapshot` the snapshot's wall-clock time, shared by its lines).
 pub fn write_counts(
     out: &mut impl Write,
     counts: &[VerbCount],
+    snapshot_unix_ns: u64,
     format: OutputFormat,
 ) -> std::io::Result<()> {
     match format {
@@ -372,11 +390,15 @@ pub fn write_counts(
             for c in counts {
                 let mut value = serde_json::to_value(c).map_err(std::io::Error::other)?;
                 value["kind"] = "verb_count".into();
+                value["snapshot"] = snapshot_unix_ns.into();
                 writeln!(out, "{value}")?;
             }
             Ok(())
         }
-        OutputFormat::Text => write!(out, "{}", decode::render_counts(counts)),
+        OutputFormat::Text => {
+            writeln!(out, "verb counters at {}:", rfc3339(snapshot_unix_ns))?;
+            write!(out, "{}", decode::render_counts(counts))
+        }
     }
 }
 
@@ -437,9 +459,10 @@ mod tests {
             value: 2,
         }];
         let mut out = Vec::new();
-        write_counts(&mut out, &counts, OutputFormat::Json).unwrap();
+        write_counts(&mut out, &counts, 7, OutputFormat::Json).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["kind"], "verb_count");
+        assert_eq!(v["snapshot"], 7);
         assert_eq!(v["verb"], "create_qp");
         assert_eq!(v["value"], 2);
     }

@@ -46,6 +46,7 @@ pub fn init_system() -> anyhow::Result<()> {
     mount("nodev", "/sys/kernel/tracing", "tracefs")?;
     mount("nodev", "/sys/kernel/debug", "debugfs")?;
     mount("bpf", "/sys/fs/bpf", "bpf")?;
+    mount("cgroup2", "/sys/fs/cgroup", "cgroup2")?;
     // SAFETY: single-threaded at this point; nothing else reads the environment concurrently.
     unsafe { std::env::set_var("PATH", "/usr/bin:/bin:/sbin:/usr/sbin") };
     std::fs::write("/proc/sys/kernel/modprobe", "/bin/modprobe")?;
@@ -146,6 +147,88 @@ pub fn create_rxe_pair() -> anyhow::Result<()> {
     })
 }
 
+/// [`create_rxe_pair`] unless an earlier scenario of this boot already did.
+pub fn ensure_rxe_pair() -> anyhow::Result<()> {
+    if std::path::Path::new("/sys/class/infiniband/rxe0").exists() {
+        return Ok(());
+    }
+    create_rxe_pair()
+}
+
+/// Creates the cgroup `/sys/fs/cgroup/<name>` (a job, for attribution tests).
+pub fn cgroup(name: &str) -> anyhow::Result<String> {
+    let path = format!("/sys/fs/cgroup/{name}");
+    std::fs::create_dir_all(&path).with_context(|| format!("creating {path}"))?;
+    Ok(format!("/{name}"))
+}
+
+/// A command that runs inside the cgroup `/sys/fs/cgroup/<cgroup>` (it moves itself there
+/// before exec'ing the program).
+pub fn in_cgroup(cgroup: &str, program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "echo $$ > /sys/fs/cgroup{cgroup}/cgroup.procs && exec \"$0\" \"$@\""
+        ))
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+/// Runs a command to completion in the background, collecting its output.
+pub fn spawn_output(
+    mut cmd: Command,
+) -> anyhow::Result<thread::JoinHandle<std::io::Result<std::process::Output>>> {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting a background command")?;
+    Ok(thread::spawn(move || child.wait_with_output()))
+}
+
+/// Prints a finished command's output to the console and fails on a non-zero exit.
+pub fn check_output(
+    what: &str,
+    output: std::io::Result<std::process::Output>,
+) -> anyhow::Result<String> {
+    let output = output.with_context(|| format!("waiting for {what}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    for line in stdout
+        .lines()
+        .chain(String::from_utf8_lossy(&output.stderr).lines())
+    {
+        println!("  {what}: {line}");
+    }
+    if !output.status.success() {
+        bail!("{what} failed ({})", output.status);
+    }
+    Ok(stdout)
+}
+
+/// The last counter snapshot in the agent's JSON output: (device, verb, detail, cgroup) -> value.
+pub fn last_counter_snapshot(
+    lines: &[String],
+) -> std::collections::BTreeMap<(String, String, String, String), u64> {
+    let counts: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "verb_count")
+        .collect();
+    let last = counts.iter().filter_map(|v| v["snapshot"].as_u64()).max();
+    counts
+        .iter()
+        .filter(|v| v["snapshot"].as_u64() == last)
+        .map(|v| {
+            let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+            (
+                (s("device"), s("verb"), s("detail"), s("cgroup")),
+                v["value"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 /// `state` of port 1 of an RDMA device, e.g. "4: ACTIVE".
 pub fn port_state(device: &str) -> String {
     std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/1/state"))
@@ -235,7 +318,7 @@ impl Agent {
     }
 
     /// Stops the agent with SIGTERM and returns whether it exited successfully.
-    pub fn stop(mut self) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    pub fn stop(&mut self) -> anyhow::Result<(Vec<String>, Vec<String>)> {
         // SAFETY: kill with a pid we own.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let status = self.child.wait()?;

@@ -18,10 +18,16 @@ use crate::{
 
 /// Every scenario, in the order one boot runs them. `port-events` comes first: it starts the
 /// agent before the RDMA modules are loaded.
-pub const SCENARIOS: &[&str] = &["port-events", "probe-table", "ib-core-btf"];
+pub const SCENARIOS: &[&str] = &[
+    "port-events",
+    "probe-table",
+    "ib-core-btf",
+    "verbs",
+    "rdma-cm",
+];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
-pub const ON_REQUEST: &[&str] = &["kernel-facts"];
+pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options

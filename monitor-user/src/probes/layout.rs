@@ -14,6 +14,28 @@ use crate::{
     tracefs::{Tracefs, TracefsError},
 };
 
+/// The globals of one layout, from the module's BTF (vmlinux + its split BTF) and tracefs.
+pub fn resolve(
+    layout: super::Layout,
+    btf: &Btf,
+    tracefs: Result<&Tracefs, &str>,
+) -> Result<Globals, LayoutError> {
+    use super::Layout as L;
+    let with_name = |mut globals: Globals| -> Result<Globals, BtfError> {
+        globals.extend(device_name(btf)?);
+        Ok(globals)
+    };
+    let tracefs = || tracefs.map_err(|e| LayoutError::NoTracefs(e.to_owned()));
+    Ok(match layout {
+        L::IbEvent => ib_event(btf)?,
+        L::Restrack => with_name(restrack(btf)?)?,
+        L::ModifyQp => with_name(modify_qp(btf)?)?,
+        L::Uverbs => uverbs(btf)?,
+        L::Mad => mad(tracefs()?)?,
+        L::RdmaCm => rdma_cm(tracefs()?, btf)?,
+    })
+}
+
 /// A value for one global of the eBPF object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GlobalValue {
@@ -90,36 +112,29 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
     let mut add = [Verb::None as u32; RESTRACK_TYPES];
     let mut del = [Verb::None as u32; RESTRACK_TYPES];
     let mut delta = [NO_DEVICE; RESTRACK_TYPES];
-    // (enumerator, created verb, destroyed verb, embedding struct with `res` and `device`)
+    // (enumerator, created verb, destroyed verb, embedding struct with `res` and `device`).
+    // PD/CQ/QP/MR/SRQ destruction is counted at their destroy functions instead (Verb::None
+    // here): rdma_restrack_del is not called for all of them on every kernel (6.1 skips it
+    // for user PDs, CQs and QPs), and nothing may be counted twice.
     let table: [(&str, Verb, Verb, Option<&str>); 7] = [
-        (
-            "RDMA_RESTRACK_PD",
-            Verb::PdAlloc,
-            Verb::PdDealloc,
-            Some("ib_pd"),
-        ),
+        ("RDMA_RESTRACK_PD", Verb::PdAlloc, Verb::None, Some("ib_pd")),
         (
             "RDMA_RESTRACK_CQ",
             Verb::CqCreate,
-            Verb::CqDestroy,
+            Verb::None,
             Some("ib_cq"),
         ),
         (
             "RDMA_RESTRACK_QP",
             Verb::QpCreate,
-            Verb::QpDestroy,
+            Verb::None,
             Some("ib_qp"),
         ),
-        (
-            "RDMA_RESTRACK_MR",
-            Verb::MrReg,
-            Verb::MrDereg,
-            Some("ib_mr"),
-        ),
+        ("RDMA_RESTRACK_MR", Verb::MrReg, Verb::None, Some("ib_mr")),
         (
             "RDMA_RESTRACK_SRQ",
             Verb::SrqCreate,
-            Verb::SrqDestroy,
+            Verb::None,
             Some("ib_srq"),
         ),
         (
@@ -152,6 +167,20 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
         }
     }
     Ok(vec![
+        u32g(g::IB_PD_DEVICE_OFFSET, btf.field("ib_pd", "device")?.offset),
+        u32g(
+            g::IB_CQ_DEVICE_OFFSET_DESTROY,
+            btf.field("ib_cq", "device")?.offset,
+        ),
+        u32g(
+            g::IB_QP_DEVICE_OFFSET_DESTROY,
+            btf.field("ib_qp", "device")?.offset,
+        ),
+        u32g(g::IB_MR_DEVICE_OFFSET, btf.field("ib_mr", "device")?.offset),
+        u32g(
+            g::IB_SRQ_DEVICE_OFFSET,
+            btf.field("ib_srq", "device")?.offset,
+        ),
         u32g(
             g::RESTRACK_TYPE_OFFSET,
             btf.field("rdma_restrack_entry", "type")?.offset,
@@ -170,8 +199,12 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
 pub fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
     let mut globals = vec![
         u32g(
-            g::ATTRS_CONTEXT_OFFSET,
-            btf.field("uverbs_attr_bundle", "context")?.offset,
+            g::ATTRS_UFILE_OFFSET,
+            btf.field("uverbs_attr_bundle", "ufile")?.offset,
+        ),
+        u32g(
+            g::UFILE_UCONTEXT_OFFSET,
+            btf.field("ib_uverbs_file", "ucontext")?.offset,
         ),
         u32g(
             g::UCONTEXT_DEVICE_OFFSET,
@@ -211,4 +244,43 @@ pub enum LayoutError {
     Tracefs(#[from] TracefsError),
     #[error("{0}")]
     NoTracefs(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::{Family, Layout};
+
+    /// Inside the test bed (RDMA modules loaded): every layout resolves from the real module
+    /// BTF and tracefs and sets every global its programs read.
+    #[test]
+    #[ignore = "needs ib_core, ib_uverbs and rdma_cm: runs inside the soft-RoCE test bed"]
+    fn ib_core_layouts_cover_required_globals() {
+        let tracefs = Tracefs::find_or_mount(std::path::Path::new("/sys")).unwrap();
+        for family in Family::ALL {
+            let btf = Btf::from_sys_fs(Some(family.module())).unwrap();
+            let layouts: std::collections::BTreeSet<Layout> =
+                family.probes().map(|p| p.layout).collect();
+            for layout in layouts {
+                let globals = resolve(layout, &btf, Ok(&tracefs))
+                    .unwrap_or_else(|e| panic!("{family:?}/{layout:?}: {e}"));
+                for required in layout.required_globals() {
+                    assert!(
+                        globals.iter().any(|(name, _)| name == required),
+                        "{family:?}/{layout:?} does not set {required}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_layout_is_used_by_some_probe() {
+        for layout in Layout::ALL {
+            assert!(
+                crate::probes::CATALOGUE.iter().any(|p| p.layout == layout),
+                "{layout:?}"
+            );
+        }
+    }
 }

@@ -26,7 +26,7 @@ use crate::{
     kernel::Kernel,
     tracefs::Tracefs,
 };
-use layout::{GlobalValue, Globals, LayoutError};
+use layout::{GlobalValue, Globals};
 use names::KernelNames;
 
 /// The eBPF object built from `monitor-ebpf` by build.rs.
@@ -96,6 +96,74 @@ pub enum Layout {
     RdmaCm,
 }
 
+impl Layout {
+    pub const ALL: [Layout; 6] = [
+        Layout::IbEvent,
+        Layout::Restrack,
+        Layout::ModifyQp,
+        Layout::Mad,
+        Layout::Uverbs,
+        Layout::RdmaCm,
+    ];
+
+    /// Every global the programs of this layout read. A global left unset would silently
+    /// keep its compiled-in default, so a test checks that [`layout::resolve`] sets them all.
+    pub fn required_globals(self) -> &'static [&'static str] {
+        use monitor_common::globals::*;
+        match self {
+            Layout::IbEvent => &[
+                IB_EVENT_DEVICE_OFFSET,
+                IB_EVENT_ELEMENT_OFFSET,
+                IB_EVENT_PORT_SIZE,
+                IB_EVENT_TYPE_OFFSET,
+                IB_DEVICE_NAME_SOURCE,
+                IB_DEVICE_NAME_OFFSET,
+            ],
+            Layout::Restrack => &[
+                RESTRACK_TYPE_OFFSET,
+                RESTRACK_USER_OFFSET,
+                RESTRACK_ADD_VERB,
+                RESTRACK_DEL_VERB,
+                RESTRACK_DEVICE_DELTA,
+                IB_PD_DEVICE_OFFSET,
+                IB_CQ_DEVICE_OFFSET_DESTROY,
+                IB_QP_DEVICE_OFFSET_DESTROY,
+                IB_MR_DEVICE_OFFSET,
+                IB_SRQ_DEVICE_OFFSET,
+                IB_DEVICE_NAME_SOURCE,
+                IB_DEVICE_NAME_OFFSET,
+            ],
+            Layout::ModifyQp => &[
+                IB_QP_DEVICE_OFFSET,
+                IB_QP_NUM_OFFSET,
+                QP_ATTR_STATE_OFFSET,
+                QP_ATTR_MASK_STATE,
+                QP_STATE_ERR,
+                IB_DEVICE_NAME_SOURCE,
+                IB_DEVICE_NAME_OFFSET,
+            ],
+            Layout::Mad => &[MAD_WC_STATUS_FIELD_OFFSET],
+            Layout::Uverbs => &[
+                ATTRS_UFILE_OFFSET,
+                UFILE_UCONTEXT_OFFSET,
+                UCONTEXT_DEVICE_OFFSET,
+                IB_CQ_DEVICE_OFFSET,
+                IB_QP_DEVICE_OFFSET,
+                IB_QP_NUM_OFFSET,
+                IB_EVENT_TYPE_OFFSET,
+                IB_EVENT_ELEMENT_OFFSET,
+                IB_DEVICE_NAME_SOURCE,
+                IB_DEVICE_NAME_OFFSET,
+            ],
+            Layout::RdmaCm => &[
+                CM_EVENT_FIELD_OFFSET,
+                CM_STATUS_FIELD_OFFSET,
+                CM_EVENT_REJECTED,
+            ],
+        }
+    }
+}
+
 /// One program of the object and what it needs.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeInfo {
@@ -155,14 +223,49 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         "rdma_restrack_add",
         Family::IbCore,
         Layout::Restrack,
-        "PD/CQ/QP/MR/SRQ/context/cm_id creation",
+        "PD/CQ/QP/MR/SRQ/user context/cm_id creation",
     ),
     kprobe(
         "rdma_restrack_del",
         "rdma_restrack_del",
         Family::IbCore,
         Layout::Restrack,
-        "PD/CQ/QP/MR/SRQ/context/cm_id destruction",
+        "user context and cm_id destruction",
+    ),
+    kprobe(
+        "ib_dealloc_pd_user",
+        "ib_dealloc_pd_user",
+        Family::IbCore,
+        Layout::Restrack,
+        "PD deallocation",
+    ),
+    kprobe(
+        "ib_destroy_cq_user",
+        "ib_destroy_cq_user",
+        Family::IbCore,
+        Layout::Restrack,
+        "CQ destruction",
+    ),
+    kprobe(
+        "ib_destroy_qp_user",
+        "ib_destroy_qp_user",
+        Family::IbCore,
+        Layout::Restrack,
+        "QP destruction",
+    ),
+    kprobe(
+        "ib_dereg_mr_user",
+        "ib_dereg_mr_user",
+        Family::IbCore,
+        Layout::Restrack,
+        "MR deregistration",
+    ),
+    kprobe(
+        "ib_destroy_srq_user",
+        "ib_destroy_srq_user",
+        Family::IbCore,
+        Layout::Restrack,
+        "SRQ destruction",
     ),
     kprobe(
         "ib_modify_qp_with_udata",
@@ -381,34 +484,13 @@ impl AttachedFamily {
         let tracefs = Tracefs::find_or_mount(kernel.sys_root()).map_err(|e| e.to_string());
 
         let layouts: BTreeSet<Layout> = family.probes().map(|p| p.layout).collect();
-        let mut resolved = Vec::new();
-        for l in layouts {
-            let result: Result<Globals, LayoutError> = match l {
-                Layout::IbEvent => layout::ib_event(&btf).map_err(Into::into),
-                Layout::Restrack => layout::restrack(&btf)
-                    .and_then(|mut g| {
-                        g.extend(layout::device_name(&btf)?);
-                        Ok(g)
-                    })
-                    .map_err(Into::into),
-                Layout::ModifyQp => layout::modify_qp(&btf)
-                    .and_then(|mut g| {
-                        g.extend(layout::device_name(&btf)?);
-                        Ok(g)
-                    })
-                    .map_err(Into::into),
-                Layout::Uverbs => layout::uverbs(&btf).map_err(Into::into),
-                Layout::Mad => match &tracefs {
-                    Ok(t) => layout::mad(t),
-                    Err(e) => Err(LayoutError::NoTracefs(e.clone())),
-                },
-                Layout::RdmaCm => match &tracefs {
-                    Ok(t) => layout::rdma_cm(t, &btf),
-                    Err(e) => Err(LayoutError::NoTracefs(e.clone())),
-                },
-            };
-            resolved.push((l, result.map_err(|e| e.to_string())));
-        }
+        let resolved: Vec<(Layout, Result<Globals, String>)> = layouts
+            .into_iter()
+            .map(|l| {
+                let result = layout::resolve(l, &btf, tracefs.as_ref().map_err(String::as_str));
+                (l, result.map_err(|e| e.to_string()))
+            })
+            .collect();
         let mut globals: Globals = Vec::new();
         for (_, result) in &resolved {
             for (name, value) in result.iter().flatten() {
@@ -416,6 +498,7 @@ impl AttachedFamily {
                 globals.push((name, value.clone()));
             }
         }
+        tracing::debug!(?family, ?globals, "load-time globals");
         let mut ebpf = load_object(&globals).map_err(|e| fail_all(e.into()))?;
 
         let mut statuses = Vec::new();
@@ -604,7 +687,10 @@ mod tests {
         assert!(lines[0].starts_with("PROBE") && lines[0].contains("HOOK"));
         assert!(lines[1].contains("ib_dispatch_event"));
         assert!(lines[1].contains("kprobe:ib_dispatch_event"));
-        assert!(lines[1].ends_with("unavailable: ib_core not loaded: IB event and verb probes inactive"));
+        assert!(
+            lines[1]
+                .ends_with("unavailable: ib_core not loaded: IB event and verb probes inactive")
+        );
     }
 
     #[test]

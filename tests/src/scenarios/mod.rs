@@ -1,10 +1,13 @@
 //! The test bed's scenarios, one module per feature, each proving railscope against the real
 //! soft-RoCE stack inside the guest. A scenario returns `Err` with the reason it failed.
 
+mod hook_trace;
 mod ib_core_btf;
 mod kernel_facts;
 mod port_events;
 mod probe_table;
+mod rdma_cm;
+mod verbs;
 
 /// Runs the scenario called `name`.
 pub fn run(name: &str) -> anyhow::Result<()> {
@@ -13,6 +16,9 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "ib-core-btf" => ib_core_btf::run(),
         "probe-table" => probe_table::run(),
         "kernel-facts" => kernel_facts::run(),
+        "verbs" => verbs::run(),
+        "hook-trace" => hook_trace::run(),
+        "rdma-cm" => rdma_cm::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
