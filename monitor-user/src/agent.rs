@@ -18,7 +18,7 @@ use crate::{
     cgroup::CgroupNames,
     kernel::{Kernel, WallClock},
     probes::{
-        AttachedFamily, Family, ProbeReport, Status,
+        AttachedFamily, Family, FamilyUnavailable, ProbeReport, Status,
         decode::{self, Event, PortStates, PortTransition, VerbCount},
         names::KernelNames,
         render_table,
@@ -242,7 +242,8 @@ fn try_attach(
 ) -> (FamilyState, Vec<ProbeReport>) {
     let mut attached = match AttachedFamily::attach(family, kernel) {
         Ok(attached) => attached,
-        Err((reason, rows)) => {
+        Err(unavailable) => {
+            let FamilyUnavailable { reason, rows } = *unavailable;
             let reason = match reason {
                 crate::probes::Unavailable::NothingAttached => rows
                     .iter()

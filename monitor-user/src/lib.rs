@@ -4,6 +4,9 @@
 //! - [`btf`]: reads the running kernel's type information, so no struct offset is hard-coded.
 //! - [`kernel`]: what the running kernel offers (modules, kprobes, clocks).
 //! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
+//! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
+//!   [`metrics::Reading`]s.
+//! - [`sampler`]: Moneo-style adaptive sampling of those readings.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
 
 pub mod agent;
@@ -12,4 +15,6 @@ pub mod cgroup;
 pub mod kernel;
 pub mod metrics;
 pub mod probes;
+pub mod sampler;
+pub mod sources;
 pub mod tracefs;

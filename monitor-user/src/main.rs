@@ -106,7 +106,7 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
         match AttachedFamily::attach(family, &kernel) {
             // Dropping the family right away detaches it again.
             Ok(attached) => rows.extend(attached.statuses.iter().cloned()),
-            Err((_, family_rows)) => rows.extend(family_rows),
+            Err(unavailable) => rows.extend(unavailable.rows),
         }
     }
     if json {

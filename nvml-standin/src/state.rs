@@ -60,6 +60,14 @@ pub fn device_handle(index: usize) -> Handle {
     handle(DEVICE_TAG + index)
 }
 
+pub fn set_handle(id: usize) -> Handle {
+    handle(id)
+}
+
+pub fn sample_handle(id: usize) -> Handle {
+    handle(id)
+}
+
 /// One replay from `nvmlInit` to the last `nvmlShutdown`.
 pub struct Run {
     pub trace: Trace,
@@ -178,7 +186,11 @@ impl Run {
         let index = self.index_of(device)?;
         let step = self.calls[index];
         self.calls[index] += 1;
-        for xid in self.trace.gpus[index].xids.iter().filter(|x| x.step == step) {
+        for xid in self.trace.gpus[index]
+            .xids
+            .iter()
+            .filter(|x| x.step == step)
+        {
             for set in self.sets.values() {
                 let mut q = lock(&set.state);
                 let wanted = q.registered.iter().any(|&(gpu, types)| {
@@ -207,28 +219,20 @@ impl Run {
             .ok_or(ffi::ERROR_INVALID_ARGUMENT)
     }
 
-    pub fn register(&mut self, device: Handle, types: u64, set: Handle) -> NvmlReturn {
-        let index = match self.view(device) {
-            Ok(v) => v.index,
-            Err(e) => return e,
-        };
+    pub fn register(&mut self, device: Handle, types: u64, set: Handle) -> Result<(), NvmlReturn> {
+        let index = self.view(device)?.index;
         if types & !ffi::EVENT_TYPE_XID_CRITICAL_ERROR != 0 {
-            return ffi::ERROR_NOT_SUPPORTED;
+            return Err(ffi::ERROR_NOT_SUPPORTED);
         }
-        match self.set(set) {
-            Ok(queue) => {
-                lock(&queue.state).registered.push((index, types));
-                ffi::SUCCESS
-            }
-            Err(e) => e,
-        }
+        lock(&self.set(set)?.state).registered.push((index, types));
+        Ok(())
     }
 
-    pub fn free_set(&mut self, set: Handle) -> NvmlReturn {
-        match self.sets.remove(&set.addr()) {
-            Some(_) => ffi::SUCCESS,
-            None => ffi::ERROR_INVALID_ARGUMENT,
-        }
+    pub fn free_set(&mut self, set: Handle) -> Result<(), NvmlReturn> {
+        self.sets
+            .remove(&set.addr())
+            .map(drop)
+            .ok_or(ffi::ERROR_INVALID_ARGUMENT)
     }
 
     pub fn alloc_sample(&mut self) -> usize {
@@ -237,22 +241,21 @@ impl Run {
         id
     }
 
-    pub fn take_sample(&mut self, device: Handle, sample: Handle) -> NvmlReturn {
-        let taken = match self.view(device) {
-            Ok(v) if !v.gpu.gpm_supported => return ffi::ERROR_NOT_SUPPORTED,
-            Ok(v) => Sample {
-                gpu: v.index,
-                step: v.step,
-            },
-            Err(e) => return e,
-        };
-        match self.samples.get_mut(&sample.addr()) {
-            Some(slot) => {
-                *slot = Some(taken);
-                ffi::SUCCESS
-            }
-            None => ffi::ERROR_INVALID_ARGUMENT,
+    pub fn take_sample(&mut self, device: Handle, sample: Handle) -> Result<(), NvmlReturn> {
+        let v = self.view(device)?;
+        if !v.gpu.gpm_supported {
+            return Err(ffi::ERROR_NOT_SUPPORTED);
         }
+        let taken = Sample {
+            gpu: v.index,
+            step: v.step,
+        };
+        let slot = self
+            .samples
+            .get_mut(&sample.addr())
+            .ok_or(ffi::ERROR_INVALID_ARGUMENT)?;
+        *slot = Some(taken);
+        Ok(())
     }
 
     /// A sample that `nvmlGpmSampleGet` has filled.
@@ -264,11 +267,11 @@ impl Run {
             .ok_or(ffi::ERROR_INVALID_ARGUMENT)
     }
 
-    pub fn free_sample(&mut self, sample: Handle) -> NvmlReturn {
-        match self.samples.remove(&sample.addr()) {
-            Some(_) => ffi::SUCCESS,
-            None => ffi::ERROR_INVALID_ARGUMENT,
-        }
+    pub fn free_sample(&mut self, sample: Handle) -> Result<(), NvmlReturn> {
+        self.samples
+            .remove(&sample.addr())
+            .map(drop)
+            .ok_or(ffi::ERROR_INVALID_ARGUMENT)
     }
 }
 
@@ -346,8 +349,7 @@ fn library_dir() -> Option<PathBuf> {
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let addr = library_dir as fn() -> Option<PathBuf>;
     // SAFETY: dladdr only reads the address to find the object containing it.
-    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null()
-    {
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;
     }
     // SAFETY: dladdr succeeded, so dli_fname points to a NUL-terminated path owned by the

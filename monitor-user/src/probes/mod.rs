@@ -441,6 +441,13 @@ pub struct AttachedFamily {
     pub names: KernelNames,
 }
 
+/// Why a family did not attach, with a row per probe.
+#[derive(Debug)]
+pub struct FamilyUnavailable {
+    pub reason: Unavailable,
+    pub rows: Vec<ProbeReport>,
+}
+
 /// One summed counter with the device's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawCount {
@@ -451,16 +458,13 @@ pub struct RawCount {
 
 impl AttachedFamily {
     /// Loads the family's instance and attaches each of its probes that this kernel allows.
-    pub fn attach(
-        family: Family,
-        kernel: &Kernel,
-    ) -> Result<Self, (Unavailable, Vec<ProbeReport>)> {
+    pub fn attach(family: Family, kernel: &Kernel) -> Result<Self, Box<FamilyUnavailable>> {
         let fail_all = |reason: Unavailable| {
             let rows = family
                 .probes()
                 .map(|p| ProbeReport::new(p, Status::Unavailable(reason.to_string())))
                 .collect();
-            (reason, rows)
+            Box::new(FamilyUnavailable { reason, rows })
         };
         if !kernel.module_present(family.module()) {
             return Err(fail_all(Unavailable::ModuleNotLoaded {
@@ -517,7 +521,10 @@ impl AttachedFamily {
             statuses.push(ProbeReport::new(probe, status));
         }
         if !statuses.iter().any(|s| s.status == Status::Attached) {
-            return Err((Unavailable::NothingAttached, statuses));
+            return Err(Box::new(FamilyUnavailable {
+                reason: Unavailable::NothingAttached,
+                rows: statuses,
+            }));
         }
         let take = |ebpf: &mut Ebpf, map: &'static str| {
             ebpf.take_map(map).ok_or_else(|| Unavailable::Map {

@@ -1,0 +1,1071 @@
+//! Adaptive sampling, per series, after Moneo: while the peak of the recent values is stable
+//! the collection interval doubles (plus a little jitter) up to a cap; as soon as it is not,
+//! the series goes back to the minimum interval.
+//!
+//! # Reads and emission
+//!
+//! The agent asks [`AdaptiveSampler::due`] before reading a series and hands every value it
+//! read to [`AdaptiveSampler::observe`], which says what to send ([`Emit`]). Two schedules
+//! decide when a series is due:
+//!
+//! - the **collection interval**, adaptive, between `min_interval` and `max_interval`: at each
+//!   collection the series is sent. For a counter that is its cumulative value (rates are
+//!   derived at the receiver, so nothing is lost); for a gauge it is an [`Envelope`] (min, max,
+//!   mean, count) of *every* value read since the previous emission, so a peak read between
+//!   two collections is never lost;
+//! - the **ground-truth read**, at most `ground_truth_every` minimum intervals after the
+//!   previous read, whatever the collection interval. It is compared with the stable peak and
+//!   folded into the envelope; when it disagrees, the series is sent at once and drops to the
+//!   minimum interval. This read is what bounds how late a change is seen: a step is caught at
+//!   most `ground_truth_every` minimum intervals after it happens. With the default of 1 the
+//!   series is read every minimum interval and only the *sending* backs off; a larger value
+//!   reads less (e.g. for mlx5 `hw_counters`, where each uncached read is a firmware command)
+//!   and sees changes later; the minimum intervals before a change that were not read are
+//!   then in no envelope (the receiver sees a gap there, not a wrong value).
+//!
+//! Values read when the series was not due (a source that reads all its files at once) are
+//! observed too: they count for stability and go into the envelope.
+//!
+//! # Stability
+//!
+//! Each series keeps its last `window` observations (a gauge's value, a counter's rate between
+//! two reads). Two values are *close* when they differ by at most `peak_tolerance` of the
+//! smaller one, or by at most `abs_floor` (so an idle series with a little background noise
+//! counts as stable). The series becomes stable when the window is full and at least
+//! `density_threshold` of it is close to the window's peak (max); the peak then becomes the
+//! historical peak. A stable series becomes unstable when
+//!
+//! - the window's peak is no longer close to the historical peak (a shift up or a drift),
+//! - the density around the peak falls under `density_threshold` (values spread, or a drop:
+//!   with the defaults, window 4 and threshold 0.9, one value away from the peak is enough), or
+//! - the value would stretch the envelope being built beyond the tolerance (max and min no
+//!   longer close). This keeps the promise of every envelope: its max is within
+//!   `peak_tolerance` of every value it covers.
+//!
+//! When a series turns unstable, what was pending is sent first, then the value that broke it
+//! on its own, so the receiver can tell exactly when the change was seen.
+//!
+//! `enabled: false` gives the fixed-interval behaviour to compare with: sent every
+//! `min_interval`, read every `min_interval`.
+
+pub mod traces;
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::Duration,
+};
+
+use crate::metrics::{Kind, Series, Value};
+
+/// How one group of series is sampled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// Shortest interval: the fixed interval when disabled, the interval of an unstable series.
+    pub min_interval: Duration,
+    /// Longest collection interval of a stable series (before jitter is taken off).
+    pub max_interval: Duration,
+    /// Observations kept per series to judge stability.
+    pub window: usize,
+    /// Relative difference (of the smaller value) below which two values count as the same.
+    pub peak_tolerance: f64,
+    /// Minimum share of the window close to its peak for the series to be stable.
+    pub density_threshold: f64,
+    /// Absolute difference below which two values count as the same, in the series' unit
+    /// (its rate per second for counters). 0 compares relatively only.
+    pub abs_floor: f64,
+    /// Each backed-off interval is changed by a random fraction in `[-jitter, +jitter]` of
+    /// itself, so series do not stay in step with each other or with a periodic workload.
+    pub jitter: f64,
+    /// A ground-truth read at least every this many minimum intervals (>= 1).
+    pub ground_truth_every: u32,
+    /// `false`: fixed interval, read and sent every `min_interval`.
+    pub enabled: bool,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            min_interval: Duration::from_secs(1),
+            max_interval: Duration::from_secs(32),
+            window: 4,
+            peak_tolerance: 0.10,
+            density_threshold: 0.9,
+            abs_floor: 0.0,
+            jitter: 0.1,
+            ground_truth_every: 1,
+            enabled: true,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// The same group, sampled at a fixed `min_interval`.
+    pub fn fixed(&self) -> Self {
+        Self {
+            enabled: false,
+            ..self.clone()
+        }
+    }
+
+    fn min_ns(&self) -> u64 {
+        (self.min_interval.as_nanos() as u64).max(1)
+    }
+
+    fn max_ns(&self) -> u64 {
+        (self.max_interval.as_nanos() as u64).max(self.min_ns())
+    }
+
+    fn window(&self) -> usize {
+        self.window.max(1)
+    }
+
+    fn ground_truth_ns(&self) -> u64 {
+        self.min_ns()
+            .saturating_mul(u64::from(self.ground_truth_every.max(1)))
+    }
+
+    /// Whether `a` and `b` count as the same value.
+    fn close(&self, a: f64, b: f64) -> bool {
+        let smaller = a.abs().min(b.abs());
+        (a - b).abs() <= (self.peak_tolerance * smaller).max(self.abs_floor)
+    }
+}
+
+/// What to send for a gauge: every value read over `[start_ns, end_ns]` (the times of the
+/// first and the last read it covers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Envelope {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub count: u32,
+}
+
+/// One thing to send for a series.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Emit {
+    /// A counter's cumulative value as read at `unix_ns`.
+    Counter {
+        unix_ns: u64,
+        value: Value,
+    },
+    Gauge(Envelope),
+}
+
+impl Emit {
+    /// Time of the last read this covers.
+    pub fn end_ns(&self) -> u64 {
+        match self {
+            Emit::Counter { unix_ns, .. } => *unix_ns,
+            Emit::Gauge(e) => e.end_ns,
+        }
+    }
+}
+
+/// What one observation gives to send: nothing, one emit, or two when a change flushes what
+/// was pending before the value that changed. Iterate it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Emitted([Option<Emit>; 2]);
+
+impl Emitted {
+    fn push(&mut self, e: Emit) {
+        let slot = if self.0[0].is_none() { 0 } else { 1 };
+        self.0[slot] = Some(e);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0[0].is_none()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().flatten().count()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Emit> {
+        self.0.iter().flatten()
+    }
+}
+
+impl IntoIterator for Emitted {
+    type Item = Emit;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Emit>, 2>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}
+
+/// Whether a series is being read and sent at the minimum interval (`Fast`: unstable, new, or
+/// sampling disabled) or backing off (`Stable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Fast,
+    Stable,
+}
+
+/// Running min/max/sum of what was observed since the last emission.
+#[derive(Clone, Copy, Debug)]
+struct Acc {
+    start_ns: u64,
+    end_ns: u64,
+    min: f64,
+    max: f64,
+    sum: f64,
+    count: u32,
+}
+
+impl Acc {
+    fn new(ns: u64, v: f64) -> Self {
+        Self {
+            start_ns: ns,
+            end_ns: ns,
+            min: v,
+            max: v,
+            sum: v,
+            count: 1,
+        }
+    }
+
+    fn add(&mut self, ns: u64, v: f64) {
+        self.end_ns = ns;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn envelope(&self) -> Envelope {
+        Envelope {
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            min: self.min,
+            max: self.max,
+            mean: self.sum / f64::from(self.count),
+            count: self.count,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct State {
+    group: usize,
+    mode: Mode,
+    window: VecDeque<f64>,
+    hist_peak: f64,
+    /// Current collection interval, before jitter.
+    interval_ns: u64,
+    last_collect_ns: u64,
+    next_collect_ns: u64,
+    next_read_ns: u64,
+    last_read_ns: Option<u64>,
+    /// Gauges: the values read since the last emission. Counters: their rates, to judge the
+    /// spread of what the next emission covers.
+    pending: Option<Acc>,
+    /// Counters: the last value read, and whether it was sent.
+    last_counter: Option<(Value, bool)>,
+    rng: SplitMix64,
+}
+
+/// The sampler of every series the agent reads. Cheap per call: one hash lookup.
+#[derive(Debug)]
+pub struct AdaptiveSampler {
+    /// `(group name, metric name prefix, config)`; index 0 is the default, prefix "".
+    groups: Vec<(String, String, SamplerConfig)>,
+    series: HashMap<Series, State>,
+    seed: u64,
+}
+
+impl AdaptiveSampler {
+    /// A sampler where every series uses `default` until groups are added.
+    pub fn new(default: SamplerConfig) -> Self {
+        Self {
+            groups: vec![("default".into(), String::new(), default)],
+            series: HashMap::new(),
+            seed: 0x5eed_0f7a_115c_a1e5,
+        }
+    }
+
+    /// Series whose name starts with `prefix` (`railscope_ib_`, `railscope_gpu_`, or one
+    /// metric's full name) use `config`; the longest matching prefix wins. Add groups before
+    /// the first observation: a series keeps the group it was first seen with.
+    pub fn with_group(
+        mut self,
+        name: impl Into<String>,
+        prefix: impl Into<String>,
+        config: SamplerConfig,
+    ) -> Self {
+        self.groups.push((name.into(), prefix.into(), config));
+        self
+    }
+
+    /// Seed of the jitter (each series mixes in a hash of itself), for reproducible runs.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Name and config of the group a series belongs to.
+    pub fn group_of(&self, series: &Series) -> (&str, &SamplerConfig) {
+        let (name, _, config) = &self.groups[group_index(&self.groups, &series.name)];
+        (name, config)
+    }
+
+    /// Whether `series` should be read at `now_ns`. A series never observed is always due.
+    ///
+    /// A read up to a sixteenth of the minimum interval early counts as on time, so a timer
+    /// that fires at exact multiples of the interval never skips a turn because the previous
+    /// read was stamped a little late.
+    pub fn due(&self, series: &Series, now_ns: u64) -> bool {
+        self.series.get(series).is_none_or(|s| {
+            let slack = self.groups[s.group].2.min_ns() / 16;
+            now_ns.saturating_add(slack) >= s.next_read_ns
+        })
+    }
+
+    /// When the series is next due, if it has been observed.
+    pub fn next_due_ns(&self, series: &Series) -> Option<u64> {
+        self.series.get(series).map(|s| s.next_read_ns)
+    }
+
+    /// The earliest time any series is due: what to sleep until.
+    pub fn earliest_due_ns(&self) -> Option<u64> {
+        self.series.values().map(|s| s.next_read_ns).min()
+    }
+
+    /// Whether the series is backing off or at the minimum interval.
+    pub fn mode(&self, series: &Series) -> Option<Mode> {
+        self.series.get(series).map(|s| s.mode)
+    }
+
+    /// Time from the series' last collection to its next one, jitter included.
+    pub fn collection_interval(&self, series: &Series) -> Option<Duration> {
+        self.series
+            .get(series)
+            .map(|s| Duration::from_nanos(s.next_collect_ns - s.last_collect_ns))
+    }
+
+    /// Records a value read at `now_ns` and says what to send now. A value read no later than
+    /// the series' previous one is ignored, and so is a gauge value that is not finite.
+    pub fn observe(&mut self, series: &Series, value: Value, now_ns: u64) -> Emitted {
+        let state = match self.series.get_mut(series) {
+            Some(s) => s,
+            None => {
+                let group = group_index(&self.groups, &series.name);
+                let seed = self.seed ^ series_hash(series);
+                self.series
+                    .entry(series.clone())
+                    .or_insert_with(|| State::new(group, seed, now_ns))
+            }
+        };
+        let config = &self.groups[state.group].2;
+        state.observe(config, series.kind, value, now_ns)
+    }
+
+    /// Sends what was read but not yet sent, for every series (at shutdown, or to end a
+    /// comparison run). Sorted by series.
+    pub fn flush(&mut self) -> Vec<(Series, Emit)> {
+        let mut out = Vec::new();
+        for (series, state) in &mut self.series {
+            if let Some(e) = state.take_pending(series.kind) {
+                out.push((series.clone(), e));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Forgets the series not read for longer than `max_age` (a device removed, a process
+    /// gone) and returns what they still had to send.
+    pub fn remove_stale(&mut self, now_ns: u64, max_age: Duration) -> Vec<(Series, Emit)> {
+        let max_age = max_age.as_nanos() as u64;
+        let mut out = Vec::new();
+        self.series.retain(|series, state| {
+            let last = state.last_read_ns.unwrap_or(0);
+            if now_ns.saturating_sub(last) <= max_age {
+                return true;
+            }
+            if let Some(e) = state.take_pending(series.kind) {
+                out.push((series.clone(), e));
+            }
+            false
+        });
+        out
+    }
+
+    /// Number of series tracked.
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+}
+
+impl State {
+    fn new(group: usize, seed: u64, now_ns: u64) -> Self {
+        Self {
+            group,
+            mode: Mode::Fast,
+            window: VecDeque::new(),
+            hist_peak: 0.0,
+            interval_ns: 0,
+            last_collect_ns: now_ns,
+            next_collect_ns: now_ns,
+            next_read_ns: now_ns,
+            last_read_ns: None,
+            pending: None,
+            last_counter: None,
+            rng: SplitMix64::new(seed),
+        }
+    }
+
+    fn observe(&mut self, c: &SamplerConfig, kind: Kind, value: Value, now: u64) -> Emitted {
+        let mut out = Emitted::default();
+        if self.last_read_ns.is_some_and(|t| now <= t) {
+            return out;
+        }
+        // What stability is judged on: a gauge's value, a counter's rate since the last read.
+        let mut reset = false;
+        let x = match kind {
+            Kind::Gauge => {
+                let v = value.as_f64();
+                if !v.is_finite() {
+                    return out;
+                }
+                Some(v)
+            }
+            Kind::Counter => match (self.last_counter, self.last_read_ns) {
+                (Some((prev, _)), Some(t0)) => match increase(prev, value) {
+                    Some(d) => Some(d / ((now - t0) as f64 / 1e9)),
+                    None => {
+                        reset = true;
+                        None
+                    }
+                },
+                _ => None,
+            },
+        };
+        let prev_read = self.last_read_ns.replace(now);
+        let min = c.min_ns();
+        let on_time = now.saturating_add(min / 16) >= self.next_collect_ns;
+
+        if !c.enabled {
+            self.mode = Mode::Fast;
+            self.fold(kind, value, x, now);
+            if on_time {
+                out.push(self.take_pending(kind).expect("a value was just folded in"));
+                self.collected(now, min);
+            }
+            self.next_read_ns = self.next_collect_ns;
+            return out;
+        }
+
+        if reset {
+            self.window.clear();
+        }
+        let mut changed = reset;
+        if let Some(x) = x {
+            if self.window.len() >= c.window() {
+                self.window.pop_front();
+            }
+            self.window.push_back(x);
+            if self.mode == Mode::Stable {
+                let peak = peak(&self.window);
+                let stretched = self
+                    .pending
+                    .is_some_and(|a| !c.close(a.max.max(x), a.min.min(x)));
+                changed |= !c.close(peak, self.hist_peak)
+                    || density(c, &self.window, peak) < c.density_threshold
+                    || stretched;
+            }
+        }
+
+        if changed {
+            // Send what came before the change, then the value that showed it, alone.
+            if let Some(before) = self.take_pending_before(kind, prev_read) {
+                out.push(before);
+            }
+            self.mode = Mode::Fast;
+            self.interval_ns = min;
+            self.fold(kind, value, x, now);
+            out.push(self.take_pending(kind).expect("a value was just folded in"));
+            self.collected(now, min);
+        } else {
+            self.fold(kind, value, x, now);
+            if self.mode == Mode::Fast
+                && self.window.len() >= c.window()
+                && density(c, &self.window, peak(&self.window)) >= c.density_threshold
+            {
+                self.mode = Mode::Stable;
+                self.hist_peak = peak(&self.window);
+                self.interval_ns = min;
+            }
+            if on_time {
+                out.push(self.take_pending(kind).expect("a value was just folded in"));
+                let next = match self.mode {
+                    Mode::Fast => min,
+                    Mode::Stable => {
+                        self.interval_ns = self.interval_ns.saturating_mul(2).min(c.max_ns());
+                        self.jittered(c, self.interval_ns)
+                    }
+                };
+                self.collected(now, next);
+            }
+        }
+
+        // After a collection the next read comes one minimum interval later, so that the
+        // envelopes of a series leave no time between them unread.
+        let check = if out.is_empty() {
+            c.ground_truth_ns()
+        } else {
+            min
+        };
+        self.next_read_ns = self.next_collect_ns.min(now.saturating_add(check));
+        out
+    }
+
+    fn collected(&mut self, now: u64, next_in: u64) {
+        self.last_collect_ns = now;
+        self.next_collect_ns = now.saturating_add(next_in);
+    }
+
+    fn jittered(&mut self, c: &SamplerConfig, interval: u64) -> u64 {
+        let u = self.rng.next_f64() * 2.0 - 1.0;
+        let j = interval as f64 * (1.0 + c.jitter.clamp(0.0, 1.0) * u);
+        (j as u64).clamp(c.min_ns(), c.max_ns())
+    }
+
+    /// Adds one read to what the next emission covers.
+    fn fold(&mut self, kind: Kind, value: Value, x: Option<f64>, now: u64) {
+        if kind == Kind::Counter {
+            self.last_counter = Some((value, false));
+        }
+        if let Some(x) = x {
+            match &mut self.pending {
+                Some(acc) => acc.add(now, x),
+                None => self.pending = Some(Acc::new(now, x)),
+            }
+        }
+    }
+
+    /// What the next emission would send now, marking it sent.
+    fn take_pending(&mut self, kind: Kind) -> Option<Emit> {
+        let acc = self.pending.take();
+        match kind {
+            Kind::Gauge => acc.map(|a| Emit::Gauge(a.envelope())),
+            Kind::Counter => {
+                let (value, sent) = self.last_counter.as_mut()?;
+                if *sent {
+                    return None;
+                }
+                *sent = true;
+                Some(Emit::Counter {
+                    unix_ns: self.last_read_ns?,
+                    value: *value,
+                })
+            }
+        }
+    }
+
+    /// Like `take_pending`, for the reads before the current one (read at `prev_read`).
+    fn take_pending_before(&mut self, kind: Kind, prev_read: Option<u64>) -> Option<Emit> {
+        match kind {
+            Kind::Gauge => self.pending.take().map(|a| Emit::Gauge(a.envelope())),
+            Kind::Counter => {
+                self.pending = None;
+                let (value, sent) = self.last_counter.as_mut()?;
+                if *sent {
+                    return None;
+                }
+                *sent = true;
+                Some(Emit::Counter {
+                    unix_ns: prev_read?,
+                    value: *value,
+                })
+            }
+        }
+    }
+}
+
+/// The group whose prefix is the longest that `name` starts with; the last added on a tie.
+fn group_index(groups: &[(String, String, SamplerConfig)], name: &str) -> usize {
+    let mut best = 0;
+    for (i, (_, prefix, _)) in groups.iter().enumerate() {
+        if name.starts_with(prefix.as_str()) && prefix.len() >= groups[best].1.len() {
+            best = i;
+        }
+    }
+    best
+}
+
+/// How much a counter grew, as f64; `None` when it went backwards (reset).
+fn increase(prev: Value, now: Value) -> Option<f64> {
+    match (prev, now) {
+        (Value::U64(a), Value::U64(b)) => b.checked_sub(a).map(|d| d as f64),
+        (a, b) => {
+            let d = b.as_f64() - a.as_f64();
+            (d >= 0.0).then_some(d)
+        }
+    }
+}
+
+fn peak(window: &VecDeque<f64>) -> f64 {
+    window.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// Share of the window close to `peak`.
+fn density(c: &SamplerConfig, window: &VecDeque<f64>, peak: f64) -> f64 {
+    if window.is_empty() {
+        return 0.0;
+    }
+    let near = window.iter().filter(|&&v| c.close(v, peak)).count();
+    near as f64 / window.len() as f64
+}
+
+/// FNV-1a over the series' identity, to give each series its own jitter.
+fn series_hash(series: &Series) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    eat(series.name.as_bytes());
+    for (k, v) in series.labels.iter() {
+        eat(k.as_bytes());
+        eat(v.as_bytes());
+    }
+    h
+}
+
+/// SplitMix64: a small, fast, seeded generator; plenty for jitter and synthetic traces.
+#[derive(Clone, Debug)]
+pub(crate) struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub(crate) fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub(crate) fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.next_f64();
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Labels;
+
+    const S: u64 = 1_000_000_000;
+
+    fn series(name: &str, kind: Kind) -> Series {
+        Series {
+            name: name.into(),
+            labels: Labels::new([("gpu", "0")]),
+            kind,
+        }
+    }
+
+    fn config() -> SamplerConfig {
+        SamplerConfig::default()
+    }
+
+    /// Reads `f(second)` once a second for `secs` seconds whenever the series is due, as an
+    /// agent ticking at the minimum interval does. Returns (reads, emits with their second).
+    fn drive(
+        sampler: &mut AdaptiveSampler,
+        s: &Series,
+        secs: u64,
+        f: impl Fn(u64) -> Value,
+    ) -> (Vec<u64>, Vec<(u64, Emit)>) {
+        let mut reads = Vec::new();
+        let mut emits = Vec::new();
+        for sec in 1..=secs {
+            let now = sec * S;
+            if sampler.due(s, now) {
+                reads.push(sec);
+                for e in sampler.observe(s, f(sec), now) {
+                    emits.push((sec, e));
+                }
+            }
+        }
+        (reads, emits)
+    }
+
+    fn gauge(e: &Emit) -> Envelope {
+        match e {
+            Emit::Gauge(env) => *env,
+            Emit::Counter { .. } => panic!("counter emit for a gauge"),
+        }
+    }
+
+    #[test]
+    fn stable_signal_backs_off_exponentially_to_the_cap_with_bounded_jitter() {
+        let c = config();
+        let mut sampler = AdaptiveSampler::new(c.clone()).with_seed(7);
+        let s = series("railscope_gpu_power_watts", Kind::Gauge);
+        let mut intervals = Vec::new();
+        for sec in 1..=600 {
+            let now = sec * S;
+            if sampler.due(&s, now)
+                && !sampler.observe(&s, Value::F64(300.0), now).is_empty()
+                && sampler.mode(&s) == Some(Mode::Stable)
+            {
+                intervals.push(sampler.collection_interval(&s).unwrap().as_secs_f64());
+            }
+        }
+        // 2, 4, 8, 16, then the 32 s cap, each within +-10 % and never above the cap.
+        let mut base = 2.0f64;
+        for (i, &got) in intervals.iter().enumerate() {
+            assert!(
+                got >= base * 0.9 - 1e-9 && got <= (base * 1.1).min(32.0) + 1e-9,
+                "interval {i}: {got} s for a base of {base} s ({intervals:?})"
+            );
+            base = (base * 2.0).min(32.0);
+        }
+        let at_cap = &intervals[4..];
+        assert!(at_cap.len() >= 10, "{intervals:?}");
+        // Jitter: the intervals at the cap are not all the same.
+        assert!(
+            at_cap.iter().any(|&v| (v - at_cap[0]).abs() > 0.01),
+            "{intervals:?}"
+        );
+        // Another seed gives other intervals.
+        let mut other = AdaptiveSampler::new(c).with_seed(8);
+        let mut other_intervals = Vec::new();
+        for sec in 1..=600 {
+            let now = sec * S;
+            if other.due(&s, now)
+                && !other.observe(&s, Value::F64(300.0), now).is_empty()
+                && other.mode(&s) == Some(Mode::Stable)
+            {
+                other_intervals.push(other.collection_interval(&s).unwrap().as_secs_f64());
+            }
+        }
+        assert_ne!(intervals, other_intervals);
+    }
+
+    #[test]
+    fn a_20_percent_jump_drops_to_the_minimum_interval_at_once() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_sm_util_ratio", Kind::Gauge);
+        drive(&mut sampler, &s, 120, |_| Value::F64(0.5));
+        assert_eq!(sampler.mode(&s), Some(Mode::Stable));
+        assert!(sampler.collection_interval(&s).unwrap() > Duration::from_secs(8));
+
+        let emitted: Vec<Emit> = sampler
+            .observe(&s, Value::F64(0.6), 121 * S)
+            .into_iter()
+            .collect();
+        assert_eq!(sampler.mode(&s), Some(Mode::Fast));
+        assert_eq!(
+            sampler.collection_interval(&s),
+            Some(Duration::from_secs(1))
+        );
+        assert!(sampler.due(&s, 122 * S));
+        // What was pending goes first, then the jump on its own.
+        assert_eq!(emitted.len(), 2, "{emitted:?}");
+        let (before, jump) = (gauge(&emitted[0]), gauge(&emitted[1]));
+        assert_eq!((before.max, before.end_ns), (0.5, 120 * S));
+        assert_eq!(
+            jump,
+            Envelope {
+                start_ns: 121 * S,
+                end_ns: 121 * S,
+                min: 0.6,
+                max: 0.6,
+                mean: 0.6,
+                count: 1
+            }
+        );
+        // And the next reads are sent every second.
+        let (_, emits) = drive(&mut sampler, &s, 0, |_| Value::F64(0.6));
+        assert!(emits.is_empty());
+        for sec in 122..=124 {
+            assert_eq!(sampler.observe(&s, Value::F64(0.6), sec * S).len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_drop_is_caught_at_the_next_read() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_sm_util_ratio", Kind::Gauge);
+        drive(&mut sampler, &s, 120, |_| Value::F64(0.9));
+        assert_eq!(sampler.mode(&s), Some(Mode::Stable));
+        let emitted = sampler.observe(&s, Value::F64(0.7), 121 * S);
+        assert_eq!(sampler.mode(&s), Some(Mode::Fast));
+        assert_eq!(emitted.iter().last().map(|e| gauge(e).max), Some(0.7));
+    }
+
+    #[test]
+    fn spread_values_are_unstable() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_sm_util_ratio", Kind::Gauge);
+        // Compute and communication phases a few seconds long: every value is read and sent.
+        let (reads, emits) = drive(&mut sampler, &s, 300, |sec| {
+            Value::F64(if sec % 6 < 4 { 0.95 } else { 0.4 })
+        });
+        assert_eq!(reads.len(), 300);
+        assert_eq!(emits.len(), 300);
+        // Values spread within a window without one being far from the rest: unstable too.
+        let mut sampler = AdaptiveSampler::new(config());
+        let (_, emits) = drive(&mut sampler, &s, 300, |sec| {
+            Value::F64([0.5, 0.6, 0.7, 0.8][(sec % 4) as usize])
+        });
+        assert_eq!(emits.len(), 300);
+        assert_eq!(sampler.mode(&s), Some(Mode::Fast));
+    }
+
+    #[test]
+    fn small_noise_is_stable_and_each_envelope_stays_within_the_tolerance() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_power_watts", Kind::Gauge);
+        let mut rng = SplitMix64::new(3);
+        let values: Vec<f64> = (0..=900).map(|_| 300.0 + 12.0 * rng.next_f64()).collect();
+        let (reads, emits) = drive(&mut sampler, &s, 900, |sec| {
+            Value::F64(values[sec as usize])
+        });
+        assert_eq!(reads.len(), 900);
+        assert!(emits.len() < 90, "{} emits", emits.len());
+        for (_, e) in &emits {
+            let env = gauge(e);
+            assert!(env.max - env.min <= 0.1 * env.min, "{env:?}");
+        }
+    }
+
+    #[test]
+    fn envelopes_summarise_every_value_read() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_temp_celsius", Kind::Gauge);
+        let value = |sec: u64| 60.0 + (sec % 5) as f64 * 0.5;
+        let (reads, mut emits) = drive(&mut sampler, &s, 400, |sec| Value::F64(value(sec)));
+        emits.extend(sampler.flush().into_iter().map(|(_, e)| (0, e)));
+        let mut covered = 0;
+        let mut last_end = 0;
+        for (_, e) in &emits {
+            let env = gauge(e);
+            assert!(env.start_ns > last_end, "overlap at {env:?}");
+            last_end = env.end_ns;
+            let inside: Vec<f64> = reads
+                .iter()
+                .filter(|&&r| r * S >= env.start_ns && r * S <= env.end_ns)
+                .map(|&r| value(r))
+                .collect();
+            assert_eq!(env.count as usize, inside.len(), "{env:?}");
+            assert_eq!(
+                env.min,
+                inside.iter().copied().fold(f64::INFINITY, f64::min)
+            );
+            assert_eq!(
+                env.max,
+                inside.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+            );
+            let mean = inside.iter().sum::<f64>() / inside.len() as f64;
+            assert!((env.mean - mean).abs() < 1e-9, "{env:?} vs {mean}");
+            covered += inside.len();
+        }
+        // Nothing read is left out, nothing counted twice.
+        assert_eq!(covered, reads.len());
+        assert!(emits.len() < reads.len() / 4);
+    }
+
+    #[test]
+    fn ground_truth_reads_continue_while_backed_off() {
+        let c = SamplerConfig {
+            ground_truth_every: 4,
+            ..config()
+        };
+        let mut sampler = AdaptiveSampler::new(c);
+        let s = series("railscope_ib_port_rcv_bytes_total", Kind::Counter);
+        let (reads, _) = drive(&mut sampler, &s, 300, |sec| Value::U64(sec * 1_000_000));
+        assert_eq!(sampler.mode(&s), Some(Mode::Stable));
+        assert!(sampler.collection_interval(&s).unwrap() >= Duration::from_secs(16));
+        // Fewer reads than seconds, but never more than 4 s apart.
+        assert!(reads.len() < 150, "{} reads", reads.len());
+        assert!(reads.windows(2).all(|w| w[1] - w[0] <= 4), "{reads:?}");
+        // A read between collections that sees a change sends at once.
+        let last = *reads.last().unwrap();
+        let next = last + 4;
+        assert!(sampler.due(&s, next * S));
+        let emitted: Vec<Emit> = sampler
+            .observe(&s, Value::U64(last * 1_000_000 + 4 * 3_000_000), next * S)
+            .into_iter()
+            .collect();
+        assert_eq!(sampler.mode(&s), Some(Mode::Fast));
+        assert_eq!(
+            emitted.last(),
+            Some(&Emit::Counter {
+                unix_ns: next * S,
+                value: Value::U64(last * 1_000_000 + 12_000_000)
+            })
+        );
+    }
+
+    #[test]
+    fn counters_are_sent_losslessly() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_ib_port_xmit_bytes_total", Kind::Counter);
+        // 1 MB/s, then 5 MB/s from second 200, then a reset (driver reload) at 300.
+        let count = |sec: u64| -> u64 {
+            match sec {
+                0..200 => sec * 1_000_000,
+                200..300 => 200_000_000 + (sec - 200) * 5_000_000,
+                _ => (sec - 300) * 1_000,
+            }
+        };
+        let (reads, mut emits) = drive(&mut sampler, &s, 400, |sec| Value::U64(count(sec)));
+        emits.extend(sampler.flush().into_iter().map(|(_, e)| (0, e)));
+        assert_eq!(reads.len(), 400);
+        assert!(emits.len() < 100, "{} emits", emits.len());
+        let sent: Vec<(u64, u64)> = emits
+            .iter()
+            .map(|(_, e)| match e {
+                Emit::Counter {
+                    unix_ns,
+                    value: Value::U64(v),
+                } => (unix_ns / S, *v),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // Every value sent is a value read, unchanged, in time order; the last read is sent.
+        for (sec, v) in &sent {
+            assert_eq!(*v, count(*sec));
+        }
+        assert!(sent.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(sent.last(), Some(&(400, count(400))));
+        // The change of rate is pinned to the second it happened, the reset too.
+        // (The count at 200 still grew at 1 MB/s since 199; 201 is the first at 5 MB/s.)
+        for sec in [200, 201, 299, 300] {
+            assert!(
+                sent.iter().any(|&(t, _)| t == sec),
+                "{sec} not sent: {sent:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn disabled_is_a_fixed_interval() {
+        let c = SamplerConfig {
+            min_interval: Duration::from_secs(2),
+            ..config()
+        }
+        .fixed();
+        let mut sampler = AdaptiveSampler::new(c);
+        let s = series("railscope_gpu_power_watts", Kind::Gauge);
+        let (reads, emits) = drive(&mut sampler, &s, 100, |_| Value::F64(300.0));
+        assert_eq!(reads, (1..=99).step_by(2).collect::<Vec<_>>());
+        assert_eq!(emits.len(), reads.len());
+        assert_eq!(sampler.mode(&s), Some(Mode::Fast));
+        // Reads between collections are not lost: they go into the next envelope.
+        let e = sampler.observe(&s, Value::F64(500.0), 100 * S);
+        assert!(e.is_empty());
+        let e: Vec<Emit> = sampler
+            .observe(&s, Value::F64(300.0), 101 * S)
+            .into_iter()
+            .collect();
+        assert_eq!(gauge(&e[0]).max, 500.0);
+        assert_eq!(gauge(&e[0]).count, 2);
+    }
+
+    #[test]
+    fn groups_by_longest_prefix() {
+        let ib = SamplerConfig {
+            min_interval: Duration::from_secs(5),
+            ..config()
+        };
+        let fixed_errors = config().fixed();
+        let mut sampler = AdaptiveSampler::new(config())
+            .with_group("ib", "railscope_ib_", ib)
+            .with_group("ib-errors", "railscope_ib_symbol_error", fixed_errors);
+        let bytes = series("railscope_ib_port_rcv_bytes_total", Kind::Counter);
+        let errors = series("railscope_ib_symbol_error_total", Kind::Counter);
+        let gpu = series("railscope_gpu_power_watts", Kind::Gauge);
+        assert_eq!(sampler.group_of(&bytes).0, "ib");
+        assert_eq!(sampler.group_of(&errors).0, "ib-errors");
+        assert_eq!(sampler.group_of(&gpu).0, "default");
+
+        // The ib group's minimum interval is 5 s: read every 5 s while new, and at least every
+        // 5 s once backing off (a jittered collection may fall between two of those reads).
+        let (reads, _) = drive(&mut sampler, &bytes, 60, Value::U64);
+        assert_eq!(reads[..4], [1, 6, 11, 16]);
+        assert!(reads.windows(2).all(|w| w[1] - w[0] <= 5), "{reads:?}");
+        assert!(reads.len() <= 14, "{reads:?}");
+        let (reads, emits) = drive(&mut sampler, &errors, 60, |_| Value::U64(0));
+        assert_eq!((reads.len(), emits.len()), (60, 60));
+    }
+
+    #[test]
+    fn stale_series_are_forgotten_with_what_they_had_to_send() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let gone = series("railscope_gpu_power_watts", Kind::Gauge);
+        let kept = series("railscope_gpu_temp_celsius", Kind::Gauge);
+        // Read until a collection while stable; the read a second later is still pending.
+        let mut sec = 0;
+        loop {
+            sec += 1;
+            let sent = !sampler
+                .observe(&gone, Value::F64(300.0), sec * S)
+                .is_empty();
+            if sent && sampler.mode(&gone) == Some(Mode::Stable) && sec > 20 {
+                break;
+            }
+        }
+        assert!(
+            sampler
+                .observe(&gone, Value::F64(305.0), (sec + 1) * S)
+                .is_empty()
+        );
+        sampler.observe(&kept, Value::F64(50.0), (sec + 100) * S);
+
+        let flushed = sampler.remove_stale((sec + 100) * S, Duration::from_secs(60));
+        assert_eq!(flushed.len(), 1);
+        assert_eq!(flushed[0].0, gone);
+        let env = gauge(&flushed[0].1);
+        assert_eq!(
+            (env.start_ns, env.max, env.count),
+            ((sec + 1) * S, 305.0, 1)
+        );
+        assert_eq!(sampler.len(), 1);
+        assert!(sampler.due(&gone, (sec + 101) * S));
+        assert!(!sampler.due(&kept, (sec + 100) * S));
+    }
+
+    #[test]
+    fn out_of_order_and_non_finite_values_are_ignored() {
+        let mut sampler = AdaptiveSampler::new(config());
+        let s = series("railscope_gpu_power_watts", Kind::Gauge);
+        assert_eq!(sampler.observe(&s, Value::F64(300.0), 10 * S).len(), 1);
+        assert!(sampler.observe(&s, Value::F64(900.0), 10 * S).is_empty());
+        assert!(sampler.observe(&s, Value::F64(900.0), 9 * S).is_empty());
+        assert!(sampler.observe(&s, Value::F64(f64::NAN), 11 * S).is_empty());
+        let e: Vec<Emit> = sampler
+            .observe(&s, Value::F64(301.0), 12 * S)
+            .into_iter()
+            .collect();
+        assert_eq!(gauge(&e[0]).count, 1);
+        assert_eq!(gauge(&e[0]).max, 301.0);
+    }
+}

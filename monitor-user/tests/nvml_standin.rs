@@ -1,0 +1,595 @@
+//! The GPU source against the NVML stand-in (crate `nvml-standin`): a shared library that
+//! exports the NVML functions the source calls and replays a scripted multi-GPU trace. It is
+//! loaded through nvml-wrapper's real dynamic loading, as NVIDIA's library would be. No GPU is
+//! involved anywhere.
+//!
+//! Finding the stand-in: it is a dev-dependency of this crate, so cargo builds its cdylib into
+//! the same `target/<profile>/deps` directory as this test binary (`cargo build -p
+//! nvml-standin` puts one in `target/<profile>` too, also looked at). Each test copies it into
+//! a directory of its own as `libnvidia-ml.so.1`, with its script beside it as
+//! `nvml-standin.json`: every copy is a separately loaded library with its own replay, so the
+//! tests run in parallel.
+//!
+//! The stand-in's clock is the source's sweep: sweep n reads step n of the script.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    sync::mpsc::{self, Receiver},
+    thread,
+    time::Duration,
+};
+
+use railscope::{
+    metrics::{Kind, Reading, Value},
+    sources::gpu::{GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS},
+};
+use serde_json::{Value as Json, json};
+
+const STANDIN: &str = "libnvidia_ml_standin.so";
+
+fn standin_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps directory");
+    let candidates = [deps.join(STANDIN), deps.join("..").join(STANDIN)];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "the NVML stand-in is not built (looked for {candidates:?}): it is a \
+                 dev-dependency of monitor-user, or run `cargo build -p nvml-standin`"
+            )
+        })
+}
+
+/// A private copy of the stand-in replaying `script`.
+struct StandIn {
+    dir: PathBuf,
+}
+
+impl StandIn {
+    fn new(test: &str, script: &Json) -> StandIn {
+        let dir = std::env::temp_dir().join(format!(
+            "railscope-nvml-standin-{}-{test}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::copy(standin_library(), dir.join("libnvidia-ml.so.1")).unwrap();
+        fs::write(dir.join("nvml-standin.json"), script.to_string()).unwrap();
+        StandIn { dir }
+    }
+
+    fn open(&self) -> GpuSource {
+        GpuSource::open(Some(&self.dir.join("libnvidia-ml.so.1"))).expect("the stand-in loads")
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn uuid(i: usize) -> String {
+    format!("GPU-5eed{i:04}-0000-4000-8000-00000000000{i}")
+}
+
+/// The readings of GPU `gpu`, keyed by series name plus its labels other than gpu and uuid,
+/// checking on the way that each carries the GPU's uuid.
+fn of_gpu(readings: &[Reading], gpu: usize, uuid: &str) -> BTreeMap<String, (Kind, Value)> {
+    let mut out = BTreeMap::new();
+    for r in readings {
+        let labels = &r.series.labels;
+        let index: usize = labels.get("gpu").expect("gpu label").parse().unwrap();
+        if index != gpu {
+            continue;
+        }
+        assert_eq!(labels.get("uuid"), Some(uuid), "{}", r.series.name);
+        let extra: Vec<String> = labels
+            .iter()
+            .filter(|(k, _)| *k != "gpu" && *k != "uuid")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let key = if extra.is_empty() {
+            r.series.name.clone()
+        } else {
+            format!("{}{{{}}}", r.series.name, extra.join(","))
+        };
+        let previous = out.insert(key.clone(), (r.series.kind, r.value));
+        assert!(previous.is_none(), "{key} read twice in one sweep");
+    }
+    out
+}
+
+fn gpus_in(readings: &[Reading]) -> Vec<String> {
+    let mut gpus: Vec<String> = readings
+        .iter()
+        .map(|r| r.series.labels.get("gpu").unwrap().to_string())
+        .collect();
+    gpus.sort();
+    gpus.dedup();
+    gpus
+}
+
+/// Events until `n` have arrived, then make sure no more come.
+fn events(rx: &Receiver<GpuEvent>, n: usize) -> Vec<GpuEvent> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(e) => got.push(e),
+            Err(_) => panic!("expected {n} events, got {got:?}"),
+        }
+    }
+    if let Ok(extra) = rx.recv_timeout(Duration::from_millis(600)) {
+        panic!("one event too many: {extra:?} after {got:?}");
+    }
+    got
+}
+
+fn full_step(temperature: u32, energy_mj: u64) -> Json {
+    json!({
+        "gpu_util_pct": 97, "mem_util_pct": 55,
+        "memory_total_bytes": 85_520_809_984_u64, "memory_reserved_bytes": 553_648_128,
+        "memory_used_bytes": 77_846_282_240_u64,
+        "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
+        "temperature_c": temperature, "power_mw": 612_345, "energy_mj": energy_mj,
+        "ecc_corrected_volatile": 3, "ecc_uncorrected_volatile": 1,
+        "ecc_corrected_aggregate": 17, "ecc_uncorrected_aggregate": 2,
+        "remapped_rows_corrected": 4, "remapped_rows_uncorrected": 1,
+        "remap_pending": true, "remap_failure": false,
+        "throttle_reasons": ["sw_power_cap"],
+        "pcie_tx_kbps": 1_500_000, "pcie_rx_kbps": 1_200_000, "pcie_replays": 6,
+        "nvlink_tx_kib": 1_000_003, "nvlink_rx_kib": 2_000_001,
+        "nvlink_crc_flit_errors": 11, "nvlink_crc_data_errors": 12,
+        "nvlink_replay_errors": 13, "nvlink_recovery_errors": 14
+    })
+}
+
+#[test]
+fn scripted_values_come_back_under_their_names_and_gpu_labels() {
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0), "nvlink_links": 4,
+         "steps": [full_step(61, 5_000_000), {"temperature_c": 64, "energy_mj": 5_612_345}]},
+        {"name": "stand-in B", "uuid": uuid(1),
+         "steps": [{"gpu_util_pct": 12, "temperature_c": 40}]}
+    ]});
+    let standin = StandIn::new("values", &script);
+    let mut source = standin.open();
+    let names: Vec<(u32, &str, &str)> = source
+        .gpus()
+        .map(|g| (g.index, g.uuid.as_str(), g.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (0, uuid(0).as_str(), "stand-in A"),
+            (1, uuid(1).as_str(), "stand-in B")
+        ]
+    );
+
+    let first = source.read(1_000);
+    assert!(first.iter().all(|r| r.unix_ns == 1_000));
+    let gauge = |v| (Kind::Gauge, v);
+    let counter = |v| (Kind::Counter, v);
+    let mut expected: BTreeMap<String, (Kind, Value)> = [
+        ("railscope_gpu_utilization_ratio", gauge(Value::F64(0.97))),
+        (
+            "railscope_gpu_memory_utilization_ratio",
+            gauge(Value::F64(0.55)),
+        ),
+        (
+            "railscope_gpu_memory_total_bytes",
+            gauge(Value::U64(85_520_809_984)),
+        ),
+        (
+            "railscope_gpu_memory_reserved_bytes",
+            gauge(Value::U64(553_648_128)),
+        ),
+        (
+            "railscope_gpu_memory_used_bytes",
+            gauge(Value::U64(77_846_282_240)),
+        ),
+        (
+            "railscope_gpu_memory_free_bytes",
+            gauge(Value::U64(7_120_879_616)),
+        ),
+        (
+            "railscope_gpu_sm_clock_hertz",
+            gauge(Value::U64(1_980_000_000)),
+        ),
+        (
+            "railscope_gpu_memory_clock_hertz",
+            gauge(Value::U64(2_619_000_000)),
+        ),
+        ("railscope_gpu_temperature_celsius", gauge(Value::U64(61))),
+        ("railscope_gpu_power_watts", gauge(Value::F64(612.345))),
+        (
+            "railscope_gpu_energy_joules_total",
+            counter(Value::F64(5_000.0)),
+        ),
+        (
+            "railscope_gpu_pcie_tx_bytes_per_second",
+            gauge(Value::U64(1_536_000_000)),
+        ),
+        (
+            "railscope_gpu_pcie_rx_bytes_per_second",
+            gauge(Value::U64(1_228_800_000)),
+        ),
+        ("railscope_gpu_pcie_replays_total", counter(Value::U64(6))),
+        (
+            "railscope_gpu_ecc_errors_total{scope=volatile,type=corrected}",
+            counter(Value::U64(3)),
+        ),
+        (
+            "railscope_gpu_ecc_errors_total{scope=volatile,type=uncorrected}",
+            counter(Value::U64(1)),
+        ),
+        (
+            "railscope_gpu_ecc_errors_total{scope=aggregate,type=corrected}",
+            counter(Value::U64(17)),
+        ),
+        (
+            "railscope_gpu_ecc_errors_total{scope=aggregate,type=uncorrected}",
+            counter(Value::U64(2)),
+        ),
+        (
+            "railscope_gpu_remapped_rows_total{type=corrected}",
+            counter(Value::U64(4)),
+        ),
+        (
+            "railscope_gpu_remapped_rows_total{type=uncorrected}",
+            counter(Value::U64(1)),
+        ),
+        ("railscope_gpu_row_remap_pending", gauge(Value::U64(1))),
+        ("railscope_gpu_row_remap_failed", gauge(Value::U64(0))),
+        (
+            "railscope_gpu_nvlink_errors_total{type=crc_flit}",
+            counter(Value::U64(11)),
+        ),
+        (
+            "railscope_gpu_nvlink_errors_total{type=crc_data}",
+            counter(Value::U64(12)),
+        ),
+        (
+            "railscope_gpu_nvlink_errors_total{type=replay}",
+            counter(Value::U64(13)),
+        ),
+        (
+            "railscope_gpu_nvlink_errors_total{type=recovery}",
+            counter(Value::U64(14)),
+        ),
+        // Summed over the 4 links the stand-in splits the total across.
+        (
+            "railscope_gpu_nvlink_tx_bytes_total",
+            counter(Value::U64(1_000_003 * 1024)),
+        ),
+        (
+            "railscope_gpu_nvlink_rx_bytes_total",
+            counter(Value::U64(2_000_001 * 1024)),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for reason in [
+        "gpu_idle",
+        "applications_clocks_setting",
+        "sw_power_cap",
+        "hw_slowdown",
+        "sync_boost",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+        "display_clock_setting",
+    ] {
+        let active = u64::from(reason == "sw_power_cap");
+        expected.insert(
+            format!("railscope_gpu_throttle_active{{reason={reason}}}"),
+            gauge(Value::U64(active)),
+        );
+    }
+    assert_eq!(of_gpu(&first, 0, &uuid(0)), expected);
+
+    // GPU 1's script gives only utilization and temperature: the rest is not supported
+    // there and absent, not zero.
+    let b: Vec<String> = of_gpu(&first, 1, &uuid(1)).into_keys().collect();
+    assert_eq!(
+        b,
+        [
+            "railscope_gpu_memory_utilization_ratio",
+            "railscope_gpu_temperature_celsius",
+            "railscope_gpu_utilization_ratio"
+        ]
+    );
+
+    // Step 1 changes two values; the others carry over.
+    let second = of_gpu(&source.read(2_000), 0, &uuid(0));
+    expected.insert(
+        "railscope_gpu_temperature_celsius".into(),
+        gauge(Value::U64(64)),
+    );
+    expected.insert(
+        "railscope_gpu_energy_joules_total".into(),
+        counter(Value::F64(5_612.345)),
+    );
+    assert_eq!(second, expected);
+}
+
+#[test]
+fn gpm_ratios_match_the_script_and_need_two_samples_100_ms_apart() {
+    let gpm = |sm: f64, nvlink_mib: f64| {
+        json!({"sm_util": sm, "sm_occupancy": 51.5, "integer_util": 6.25, "any_tensor_util": 70.5,
+               "dfma_tensor_util": 0.0, "hmma_tensor_util": 69.75, "imma_tensor_util": 0.0,
+               "fp64_util": 0.125, "fp32_util": 12.5, "fp16_util": 27.0, "dram_bw_util": 61.0,
+               "pcie_tx_per_sec": 1400.5, "pcie_rx_per_sec": 1100.25,
+               "nvlink_total_tx_per_sec": nvlink_mib, "nvlink_total_rx_per_sec": nvlink_mib - 1.0})
+    };
+    let script = json!({"gpus": [
+        {"name": "stand-in GPM", "uuid": uuid(0), "gpm_supported": true,
+         "steps": [{"gpu_util_pct": 40, "gpm": gpm(35.0, 9000.0)},
+                   {"gpu_util_pct": 97, "gpm": gpm(94.5, 133_000.0)},
+                   {"gpm": gpm(93.0, 134_000.0)},
+                   {"gpm": gpm(92.25, 135_000.0)}]},
+        {"name": "stand-in without GPM", "uuid": uuid(1), "gpm_supported": false,
+         "steps": [{"gpu_util_pct": 50, "gpm": gpm(1.0, 1.0)}]}
+    ]});
+    let standin = StandIn::new("gpm", &script);
+    let mut source = standin.open();
+    let support: Vec<bool> = source.gpus().map(|g| g.gpm).collect();
+    assert_eq!(support, [true, false]);
+    let gpm_of = |readings: &[Reading], gpu| -> BTreeMap<String, Value> {
+        of_gpu(readings, gpu, &uuid(gpu))
+            .into_iter()
+            .filter(|(name, (kind, _))| {
+                *kind == Kind::Gauge
+                    && (name.ends_with("_util_ratio")
+                        || name.ends_with("_occupancy_ratio")
+                        || name.starts_with("railscope_gpu_gpm_"))
+            })
+            .map(|(name, (_, v))| (name, v))
+            .collect()
+    };
+    let expect = |sm: f64, nvlink_mib: f64| -> BTreeMap<String, Value> {
+        let mib = 1_048_576.0;
+        [
+            ("railscope_gpu_sm_util_ratio", sm / 100.0),
+            ("railscope_gpu_sm_occupancy_ratio", 51.5 / 100.0),
+            ("railscope_gpu_integer_util_ratio", 6.25 / 100.0),
+            ("railscope_gpu_tensor_util_ratio", 70.5 / 100.0),
+            ("railscope_gpu_tensor_dfma_util_ratio", 0.0),
+            ("railscope_gpu_tensor_hmma_util_ratio", 69.75 / 100.0),
+            ("railscope_gpu_tensor_imma_util_ratio", 0.0),
+            ("railscope_gpu_fp64_util_ratio", 0.125 / 100.0),
+            ("railscope_gpu_fp32_util_ratio", 12.5 / 100.0),
+            ("railscope_gpu_fp16_util_ratio", 27.0 / 100.0),
+            ("railscope_gpu_dram_bw_util_ratio", 61.0 / 100.0),
+            ("railscope_gpu_gpm_pcie_tx_bytes_per_second", 1400.5 * mib),
+            ("railscope_gpu_gpm_pcie_rx_bytes_per_second", 1100.25 * mib),
+            (
+                "railscope_gpu_gpm_nvlink_tx_bytes_per_second",
+                nvlink_mib * mib,
+            ),
+            (
+                "railscope_gpu_gpm_nvlink_rx_bytes_per_second",
+                (nvlink_mib - 1.0) * mib,
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Value::F64(v)))
+        .collect()
+    };
+
+    // Sweep 0: one sample, nothing to compare it with yet.
+    let sweep0 = source.read(1);
+    assert!(gpm_of(&sweep0, 0).is_empty());
+    assert!(!of_gpu(&sweep0, 0, &uuid(0)).is_empty());
+    thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
+    // Sweep 1: the interval ending at step 1.
+    let sweep1 = source.read(2);
+    assert_eq!(gpm_of(&sweep1, 0), expect(94.5, 133_000.0));
+    assert!(gpm_of(&sweep1, 1).is_empty(), "GPU 1 has no GPM");
+    assert_eq!(
+        of_gpu(&sweep1, 1, &uuid(1)).get("railscope_gpu_utilization_ratio"),
+        Some(&(Kind::Gauge, Value::F64(0.5)))
+    );
+    // Sweep 2 comes too soon after sweep 1: no GPM this time.
+    let sweep2 = source.read(3);
+    assert!(gpm_of(&sweep2, 0).is_empty());
+    thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
+    // Sweep 3: the interval from sweep 1's sample to this one, ending at step 3.
+    assert_eq!(gpm_of(&source.read(4), 0), expect(92.25, 135_000.0));
+}
+
+#[test]
+fn every_scripted_xid_arrives_as_its_own_event() {
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0),
+         "xids": [{"step": 1, "xid": 13}, {"step": 2, "xid": 48}, {"step": 2, "xid": 48}],
+         "steps": [{"gpu_util_pct": 90}]},
+        {"name": "stand-in B", "uuid": uuid(1),
+         "xids": [{"step": 3, "xid": 31}],
+         "steps": [{"gpu_util_pct": 91}]}
+    ]});
+    let standin = StandIn::new("xid", &script);
+    let mut source = standin.open();
+    let (tx, rx) = mpsc::channel();
+    let thread = source.spawn_event_thread(tx).expect("XID events register");
+    for sweep in 0..5 {
+        let readings = source.read(sweep);
+        assert!(
+            readings.iter().all(|r| !r.series.name.contains("xid")),
+            "an XID is an event, not a series"
+        );
+        assert_eq!(gpus_in(&readings), ["0", "1"]);
+    }
+    let got: Vec<(String, Option<u64>, String)> = events(&rx, 4)
+        .iter()
+        .map(|e| {
+            assert!(e.unix_ns() > 0);
+            let labels = e.labels();
+            (
+                e.kind().to_string(),
+                e.code(),
+                labels.get("uuid").unwrap().to_string(),
+            )
+        })
+        .collect();
+    let xid = |code, gpu| ("xid".to_string(), Some(code), uuid(gpu));
+    assert_eq!(got, [xid(13, 0), xid(48, 0), xid(48, 0), xid(31, 1)]);
+    thread.stop();
+}
+
+#[test]
+fn a_lost_gpu_sends_one_event_and_its_metrics_stop_while_the_others_go_on() {
+    let temps = |base: u32| -> Vec<Json> {
+        (0..6)
+            .map(|s| json!({"gpu_util_pct": 95, "temperature_c": base + s}))
+            .collect()
+    };
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0), "steps": temps(50)},
+        {"name": "stand-in B", "uuid": uuid(1), "lost_at_step": 2,
+         "xids": [{"step": 2, "xid": 79}], "steps": temps(60)},
+        {"name": "stand-in C", "uuid": uuid(2), "steps": temps(70)}
+    ]});
+    let standin = StandIn::new("lost", &script);
+    let mut source = standin.open();
+    let (tx, rx) = mpsc::channel();
+    let _thread = source.spawn_event_thread(tx).expect("XID events register");
+    let temperature = |readings: &[Reading], gpu| {
+        of_gpu(readings, gpu, &uuid(gpu))
+            .get("railscope_gpu_temperature_celsius")
+            .map(|(_, v)| *v)
+    };
+    for sweep in 0..6_u32 {
+        let readings = source.read(u64::from(sweep));
+        if sweep < 2 {
+            assert_eq!(gpus_in(&readings), ["0", "1", "2"], "sweep {sweep}");
+            assert_eq!(
+                temperature(&readings, 1),
+                Some(Value::U64((60 + sweep).into()))
+            );
+        } else {
+            assert_eq!(gpus_in(&readings), ["0", "2"], "sweep {sweep}");
+        }
+        assert_eq!(
+            temperature(&readings, 0),
+            Some(Value::U64((50 + sweep).into()))
+        );
+        assert_eq!(
+            temperature(&readings, 2),
+            Some(Value::U64((70 + sweep).into()))
+        );
+    }
+    // The XID from the event thread and the loss from the sweep, in either order; exactly
+    // one loss however many sweeps follow.
+    let mut got = events(&rx, 2);
+    got.sort_by_key(|e| e.kind());
+    assert!(
+        matches!(&got[0], GpuEvent::Lost { unix_ns: 2, gpu: 1, uuid: u, reason }
+            if *u == uuid(1) && reason.contains("lost")),
+        "{got:?}"
+    );
+    assert!(
+        matches!(&got[1], GpuEvent::Xid { gpu: 1, xid: 79, uuid: u, .. } if *u == uuid(1)),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_gpu_failing_sweep_after_sweep_is_declared_lost_once() {
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0), "error_from_step": 1,
+         "steps": [{"gpu_util_pct": 95}]},
+        {"name": "stand-in B", "uuid": uuid(1), "steps": [{"gpu_util_pct": 96}]}
+    ]});
+    let standin = StandIn::new("failing", &script);
+    let mut source = standin.open();
+    let (tx, rx) = mpsc::channel();
+    // Sweep 0 answers; sweeps 1.. fail. The loss comes with the LOST_AFTER_FAILED_SWEEPS-th
+    // failure, before the event channel exists: it is held and sent when it is given.
+    let failing = u64::from(LOST_AFTER_FAILED_SWEEPS);
+    for sweep in 0..=failing + 2 {
+        let readings = source.read(sweep);
+        let expected: &[&str] = if sweep == 0 { &["0", "1"] } else { &["1"] };
+        assert_eq!(gpus_in(&readings), expected, "sweep {sweep}");
+        if sweep == failing + 1 {
+            let _thread = source.spawn_event_thread(tx.clone()).unwrap();
+        }
+    }
+    let got = events(&rx, 1);
+    assert!(
+        matches!(&got[0], GpuEvent::Lost { unix_ns, gpu: 0, reason, .. }
+            if *unix_ns == failing && reason.contains(&format!("{failing} sweeps in a row"))),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn the_shipped_8_gpu_script_replays_as_an_8_gpu_node() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-standin/scripts/h100x8.json");
+    let script: Json = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    let gpus = script["gpus"].as_array().unwrap();
+    let standin = StandIn::new("h100x8", &script);
+    let mut source = standin.open();
+    assert_eq!(source.gpus().count(), 8);
+    assert!(
+        source
+            .gpus()
+            .all(|g| g.gpm && g.nvlink_links == 18 && g.name.contains("H100"))
+    );
+    let (tx, rx) = mpsc::channel();
+    let _thread = source.spawn_event_thread(tx).expect("XID events register");
+
+    let steps = gpus[0]["steps"].as_array().unwrap().len();
+    let mut expected_events = Vec::new();
+    for (i, gpu) in gpus.iter().enumerate() {
+        for x in gpu["xids"].as_array().into_iter().flatten() {
+            expected_events.push(("xid", i, x["xid"].as_u64()));
+        }
+        if gpu["lost_at_step"].is_u64() {
+            expected_events.push(("gpu_lost", i, None));
+        }
+    }
+    for sweep in 0..steps {
+        let readings = source.read(sweep as u64);
+        for (i, gpu) in gpus.iter().enumerate() {
+            let lost = gpu["lost_at_step"]
+                .as_u64()
+                .is_some_and(|s| sweep as u64 >= s);
+            let got = of_gpu(&readings, i, gpu["uuid"].as_str().unwrap());
+            assert_eq!(got.is_empty(), lost, "GPU {i} sweep {sweep}");
+            if lost {
+                continue;
+            }
+            let step = &gpu["steps"][sweep];
+            let util = step["gpu_util_pct"].as_u64().unwrap() as f64 / 100.0;
+            assert_eq!(
+                got["railscope_gpu_utilization_ratio"],
+                (Kind::Gauge, Value::F64(util))
+            );
+            if sweep > 0 {
+                let sm = step["gpm"]["sm_util"].as_f64().unwrap() / 100.0;
+                assert_eq!(
+                    got["railscope_gpu_sm_util_ratio"],
+                    (Kind::Gauge, Value::F64(sm))
+                );
+            }
+        }
+        thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(10));
+    }
+    let mut got: Vec<(&str, usize, Option<u64>)> = events(&rx, expected_events.len())
+        .iter()
+        .map(|e| {
+            let gpu = e.labels().get("gpu").unwrap().parse().unwrap();
+            (e.kind(), gpu, e.code())
+        })
+        .collect();
+    got.sort();
+    expected_events.sort();
+    assert_eq!(got, expected_events);
+}
