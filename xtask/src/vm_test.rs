@@ -32,8 +32,9 @@ pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace"];
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
 pub struct Options {
-    /// Kernel lines to boot (repeatable).
-    #[arg(long, value_enum, default_values_t = [KernelLine::Bookworm])]
+    /// Kernel lines to boot (repeatable; default: Debian 6.1 for `vm-test`, every line for
+    /// `test`).
+    #[arg(long, value_enum)]
     pub kernel: Vec<KernelLine>,
     /// Boot every kernel line the test bed knows (Debian 6.1 and 6.12).
     #[arg(long)]
@@ -104,6 +105,8 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     let binaries = build_guest_binaries(tools)?;
     let kernels: Vec<KernelLine> = if options.all_kernels {
         vec![KernelLine::Bookworm, KernelLine::Bookworm612]
+    } else if options.kernel.is_empty() {
+        vec![KernelLine::Bookworm]
     } else {
         options.kernel.clone()
     };
