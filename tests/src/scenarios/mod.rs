@@ -6,6 +6,7 @@ mod ib_core_btf;
 mod kernel_facts;
 mod port_events;
 mod probe_table;
+mod qp_errors;
 mod rdma_cm;
 mod verbs;
 
@@ -18,6 +19,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "kernel-facts" => kernel_facts::run(),
         "verbs" => verbs::run(),
         "hook-trace" => hook_trace::run(),
+        "qp-errors" => qp_errors::run(),
         "rdma-cm" => rdma_cm::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
