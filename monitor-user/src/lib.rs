@@ -7,14 +7,20 @@
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
 //!   [`metrics::Reading`]s.
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.
+//! - [`wire`]: the frame format between agent and collector (docs/wire-format.md).
+//! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
+//! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
 
 pub mod agent;
 pub mod btf;
 pub mod cgroup;
 pub mod kernel;
+pub mod listen;
 pub mod metrics;
 pub mod probes;
 pub mod sampler;
+pub mod sender;
 pub mod sources;
 pub mod tracefs;
+pub mod wire;

@@ -42,6 +42,22 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         counters: Option<f64>,
     },
+    /// Print the frames that arrive on a UDP port, decoded (one block per frame, or JSON
+    /// lines): for debugging an agent's output and for the tests.
+    Listen {
+        /// UDP port to listen on.
+        #[arg(long)]
+        port: u16,
+        /// Address to bind.
+        #[arg(long, default_value = "0.0.0.0")]
+        bind: std::net::IpAddr,
+        /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters.
+        #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
+        key: std::path::PathBuf,
+        /// Print each frame as a JSON line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show every probe, its hook and whether it attaches on this kernel (and why not).
     ///
     /// Each probe is attached for real and detached again, so "attached" means it works here.
@@ -89,6 +105,29 @@ fn main() -> anyhow::Result<()> {
                 .block_on(agent::run(options))
         }
         Command::Probes { json, verify } => show_probes(json, verify),
+        Command::Listen {
+            port,
+            bind,
+            key,
+            json,
+        } => {
+            let key = railscope::wire::Key::from_file(&key)?;
+            let format = if json {
+                railscope::listen::Format::Json
+            } else {
+                railscope::listen::Format::Text
+            };
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(railscope::listen::listen(
+                    (bind, port).into(),
+                    key,
+                    format,
+                    std::io::stdout(),
+                ))?;
+            Ok(())
+        }
     }
 }
 

@@ -1,0 +1,577 @@
+//! The agent's side of the frame format: [`FrameEncoder`] collects samples and events between
+//! flushes and cuts them into self-contained frames no larger than the MTU.
+
+use std::{collections::HashMap, time::Duration};
+
+use super::{
+    CounterSample, Encoded, Event, FrameView, GaugeSample, Key, Sample, SeriesData, SeriesSamples,
+    WireError, prim, series_display,
+};
+use crate::metrics::{Kind, Reading, Series, Value};
+
+/// How an agent's frames are made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncoderConfig {
+    /// This node's name in every frame (at most 255 bytes; unique in the cluster).
+    pub node: String,
+    /// Largest frame in bytes, MAC included.
+    pub mtu: usize,
+    /// A series' schema entry is sent again with its samples once this long has passed since
+    /// it was last sent, so a receiver that restarted learns every series within this time.
+    pub schema_refresh: Duration,
+    /// Sample times are rounded to this (1 ms: a rate over 1 s is then within 0.1%). Readings
+    /// of one sweep that share a rounded time share one entry of the frame's time table.
+    pub time_quantum_ns: u64,
+    /// Gauge values that are not integers are rounded to this many significant digits before
+    /// they are coded (`None`: sent bit for bit). Integers are never rounded.
+    pub gauge_digits: Option<u32>,
+    /// Most samples held between flushes; beyond it samples are dropped and counted.
+    pub max_pending_samples: usize,
+    /// A series with no sample for this long is forgotten, so series that come and go do
+    /// not pile up.
+    pub forget_after: Duration,
+}
+
+impl EncoderConfig {
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            mtu: super::DEFAULT_MTU,
+            schema_refresh: Duration::from_secs(30),
+            time_quantum_ns: 1_000_000,
+            gauge_digits: Some(6),
+            max_pending_samples: 200_000,
+            forget_after: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What an encoder has produced and dropped so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EncoderStats {
+    pub frames: u64,
+    /// Bytes of all frames, headers and MACs included.
+    pub bytes: u64,
+    /// Of those, the schema sections.
+    pub schema_bytes: u64,
+    /// Samples put into frames.
+    pub samples: u64,
+    pub events: u64,
+    /// Samples dropped because `max_pending_samples` were waiting for a flush.
+    pub dropped_samples: u64,
+    /// Events whose text was cut so that they fit in a frame.
+    pub truncated_events: u64,
+    /// Events that could not fit in a frame even without text.
+    pub dropped_events: u64,
+}
+
+struct Slot {
+    series: Series,
+    id: Option<u32>,
+    pending: SeriesData,
+    /// Flushes that carried its schema entry, and when the last one was.
+    schema_sends: u32,
+    schema_sent_ns: u64,
+    /// The last flush that carried samples of it.
+    flushed_ns: u64,
+}
+
+/// What goes into frames: an event, a schema entry, or (part of) one series' samples.
+enum Unit {
+    Event(Event),
+    Schema { id: u32, slot: usize },
+    Series(SeriesSamples),
+}
+
+/// Builds frames from readings and events. Push between flushes; each [`flush`] returns the
+/// frames (each at most `mtu` bytes) to hand to the sender.
+///
+/// Series get compact ids at the flush after they first appear, ordered by labels then name
+/// (so the series of one GPU or port have consecutive ids); a series with no sample for
+/// `forget_after` is forgotten (it gets a new id if it comes back). Within a flush, samples
+/// are grouped per series and coded against the series' previous sample in the same frame:
+/// batching several sweeps per flush is what makes samples small (docs/wire-format.md).
+///
+/// [`flush`]: FrameEncoder::flush
+pub struct FrameEncoder {
+    config: EncoderConfig,
+    key: Key,
+    session: u32,
+    next_seq: u64,
+    next_id: u32,
+    slots: Vec<Slot>,
+    index: HashMap<Series, usize>,
+    events: Vec<Event>,
+    pending: usize,
+    backlog_warned: bool,
+    last_frame_units: usize,
+    stats: EncoderStats,
+}
+
+impl FrameEncoder {
+    pub fn new(config: EncoderConfig, key: Key) -> Result<Self, WireError> {
+        if config.node.len() > 255 {
+            return Err(WireError::NodeName {
+                len: config.node.len(),
+                node: config.node,
+            });
+        }
+        if config.time_quantum_ns == 0 {
+            return Err(WireError::Quantum);
+        }
+        if !(256..=65_507).contains(&config.mtu) {
+            return Err(WireError::Mtu { mtu: config.mtu });
+        }
+        Ok(Self {
+            config,
+            key,
+            session: random_session(),
+            next_seq: 0,
+            next_id: 0,
+            slots: Vec::new(),
+            index: HashMap::new(),
+            events: Vec::new(),
+            pending: 0,
+            backlog_warned: false,
+            last_frame_units: 16,
+            stats: EncoderStats::default(),
+        })
+    }
+
+    pub fn session(&self) -> u32 {
+        self.session
+    }
+
+    pub fn config(&self) -> &EncoderConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> EncoderStats {
+        self.stats
+    }
+
+    /// Samples waiting for the next flush.
+    pub fn pending_samples(&self) -> usize {
+        self.pending
+    }
+
+    /// Adds one reading: a counter's cumulative value, or a gauge's single value.
+    pub fn push_reading(&mut self, reading: &Reading) -> Result<(), WireError> {
+        let sample = match (reading.series.kind, reading.value) {
+            (Kind::Counter, Value::U64(value)) => Sample::Counter(CounterSample {
+                unix_ns: reading.unix_ns,
+                value,
+            }),
+            (Kind::Counter, Value::F64(value)) => {
+                if !((0.0..18_446_744_073_709_551_616.0).contains(&value) && value.fract() == 0.0) {
+                    return Err(WireError::CounterValue {
+                        series: series_display(&reading.series),
+                        value,
+                    });
+                }
+                Sample::Counter(CounterSample {
+                    unix_ns: reading.unix_ns,
+                    value: value as u64,
+                })
+            }
+            (Kind::Gauge, value) => {
+                Sample::Gauge(GaugeSample::reading(reading.unix_ns, value.as_f64()))
+            }
+        };
+        self.push_sample(&reading.series, sample)
+    }
+
+    /// Adds one sample of `series` (a counter sample for a counter, a gauge envelope for a
+    /// gauge).
+    pub fn push_sample(&mut self, series: &Series, sample: Sample) -> Result<(), WireError> {
+        let given = match (&sample, series.kind) {
+            (Sample::Counter(_), Kind::Counter) | (Sample::Gauge(_), Kind::Gauge) => None,
+            (Sample::Counter(_), Kind::Gauge) => Some("counter"),
+            (Sample::Gauge(_), Kind::Counter) => Some("gauge"),
+        };
+        if let Some(given) = given {
+            return Err(WireError::KindMismatch {
+                series: series_display(series),
+                kind: series.kind,
+                given,
+            });
+        }
+        if let Sample::Gauge(g) = &sample
+            && g.start_unix_ns > g.end_unix_ns
+        {
+            return Err(WireError::Interval {
+                series: series_display(series),
+                start: g.start_unix_ns,
+                end: g.end_unix_ns,
+            });
+        }
+        let slot = match self.index.get(series) {
+            Some(&slot) => slot,
+            None => self.add_series(series)?,
+        };
+        if self.pending >= self.config.max_pending_samples {
+            self.stats.dropped_samples += 1;
+            if !self.backlog_warned {
+                self.backlog_warned = true;
+                tracing::warn!(
+                    "{} samples wait for a flush: dropping further samples until the next one",
+                    self.pending
+                );
+            }
+            return Ok(());
+        }
+        self.pending += 1;
+        match (&mut self.slots[slot].pending, sample) {
+            (SeriesData::Counter(v), Sample::Counter(c)) => v.push(c),
+            (SeriesData::Gauge(v), Sample::Gauge(mut g)) => {
+                if let Some(digits) = self.config.gauge_digits {
+                    g.min = prim::round_significant(g.min, digits);
+                    g.max = prim::round_significant(g.max, digits);
+                    g.mean = prim::round_significant(g.mean, digits);
+                }
+                v.push(g);
+            }
+            _ => unreachable!("kind checked above"),
+        }
+        Ok(())
+    }
+
+    fn add_series(&mut self, series: &Series) -> Result<usize, WireError> {
+        let labels = series.labels.iter().count();
+        // An entry on its own (strings unshared, indices of 3 bytes) must leave room in a
+        // frame for a sample of it and the header.
+        let len = series.name.len()
+            + series
+                .labels
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+            + 8 * (labels + 1)
+            + 16;
+        if len > self.config.mtu / 2 {
+            return Err(WireError::SeriesTooLarge {
+                series: series_display(series),
+                len,
+                mtu: self.config.mtu,
+            });
+        }
+        let pending = match series.kind {
+            Kind::Counter => SeriesData::Counter(Vec::new()),
+            Kind::Gauge => SeriesData::Gauge(Vec::new()),
+        };
+        self.slots.push(Slot {
+            series: series.clone(),
+            id: None,
+            pending,
+            schema_sends: 0,
+            schema_sent_ns: 0,
+            flushed_ns: 0,
+        });
+        self.index.insert(series.clone(), self.slots.len() - 1);
+        Ok(self.slots.len() - 1)
+    }
+
+    /// Adds an event; it goes out with the next [`flush`](FrameEncoder::flush) or
+    /// [`flush_events`](FrameEncoder::flush_events).
+    pub fn push_event(&mut self, event: Event) {
+        self.events.push(event);
+    }
+
+    /// Sends the pending events only, at once, leaving samples to batch until the next
+    /// [`flush`](FrameEncoder::flush): events want low latency, samples compress better in
+    /// larger batches.
+    pub fn flush_events(&mut self, now_unix_ns: u64) -> Vec<Vec<u8>> {
+        let units = self.events.drain(..).map(Unit::Event).collect();
+        self.pack(units, now_unix_ns)
+    }
+
+    /// Turns everything pushed since the last flush into frames stamped `now_unix_ns`:
+    /// events first, then the schema entries that are due, then samples, series by series in
+    /// id order. Every frame is at most `mtu` bytes and decodes on its own given the schema
+    /// entries the receiver has seen. A series' entry is due in the first two flushes that
+    /// carry its samples (so one lost frame does not hide a new series until the refresh),
+    /// then once every `schema_refresh`.
+    pub fn flush(&mut self, now_unix_ns: u64) -> Vec<Vec<u8>> {
+        self.forget_idle(now_unix_ns);
+        let mut new: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].id.is_none() && !self.slots[i].pending.is_empty())
+            .collect();
+        // Source-major: the series of one GPU or port get consecutive ids, so a frame holds
+        // few sources, whose samples share read times (one time pattern per source).
+        new.sort_by(|&a, &b| {
+            let (a, b) = (&self.slots[a].series, &self.slots[b].series);
+            (&a.labels, &a.name, a.kind).cmp(&(&b.labels, &b.name, b.kind))
+        });
+        for i in new {
+            self.slots[i].id = Some(self.next_id);
+            self.next_id = self.next_id.wrapping_add(1);
+        }
+        let mut order: Vec<(u32, usize)> = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].pending.is_empty())
+            .filter_map(|i| self.slots[i].id.map(|id| (id, i)))
+            .collect();
+        order.sort_unstable();
+
+        let refresh = u64::try_from(self.config.schema_refresh.as_nanos()).unwrap_or(u64::MAX);
+        let mut units: Vec<Unit> = self.events.drain(..).map(Unit::Event).collect();
+        for &(id, i) in &order {
+            let slot = &mut self.slots[i];
+            if slot.schema_sends < 2 || now_unix_ns.saturating_sub(slot.schema_sent_ns) >= refresh {
+                slot.schema_sends = slot.schema_sends.saturating_add(1);
+                slot.schema_sent_ns = now_unix_ns;
+                units.push(Unit::Schema { id, slot: i });
+            }
+        }
+        for (id, i) in order {
+            let slot = &mut self.slots[i];
+            let empty = match slot.pending {
+                SeriesData::Counter(_) => SeriesData::Counter(Vec::new()),
+                SeriesData::Gauge(_) => SeriesData::Gauge(Vec::new()),
+            };
+            slot.flushed_ns = now_unix_ns;
+            let mut data = std::mem::replace(&mut slot.pending, empty);
+            match &mut data {
+                SeriesData::Counter(v) => v.sort_by_key(|c| c.unix_ns),
+                SeriesData::Gauge(v) => v.sort_by_key(|g| g.end_unix_ns),
+            }
+            units.push(Unit::Series(SeriesSamples { id, data }));
+        }
+        self.pending = 0;
+        self.backlog_warned = false;
+        self.pack(units, now_unix_ns)
+    }
+
+    /// Drops the series that had ids but no samples since `forget_after`.
+    fn forget_idle(&mut self, now: u64) {
+        let after = u64::try_from(self.config.forget_after.as_nanos()).unwrap_or(u64::MAX);
+        let before = self.slots.len();
+        self.slots.retain(|s| {
+            s.id.is_none() || !s.pending.is_empty() || now.saturating_sub(s.flushed_ns) < after
+        });
+        if self.slots.len() != before {
+            tracing::debug!("forgot {} idle series", before - self.slots.len());
+            self.index = (self.slots.iter().enumerate())
+                .map(|(i, s)| (s.series.clone(), i))
+                .collect();
+        }
+    }
+
+    /// Series the encoder knows (pending or sent within `forget_after`).
+    pub fn known_series(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn pack(&mut self, mut units: Vec<Unit>, now: u64) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut pos = 0;
+        while pos < units.len() {
+            let remaining = units.len() - pos;
+            // Largest n such that units[pos..pos + n] fit: gallop from the last frame's
+            // count, then bisect.
+            let (mut lo, mut best, mut hi) = (0, None, remaining + 1);
+            let mut n = self.last_frame_units.clamp(1, remaining);
+            loop {
+                match self.try_frame(&units[pos..pos + n], now) {
+                    Ok(encoded) => {
+                        lo = n;
+                        best = Some(encoded);
+                    }
+                    Err(_) => hi = n,
+                }
+                if hi - lo <= 1 {
+                    break;
+                }
+                n = if hi == remaining + 1 {
+                    (lo * 2).min(remaining)
+                } else {
+                    lo + (hi - lo) / 2
+                };
+            }
+            let Some(encoded) = best else {
+                self.shrink(&mut units, pos, now);
+                continue;
+            };
+            self.last_frame_units = lo;
+            self.stats.frames += 1;
+            self.stats.bytes += encoded.bytes.len() as u64;
+            self.stats.schema_bytes += encoded.schema_bytes as u64;
+            for unit in &units[pos..pos + lo] {
+                match unit {
+                    Unit::Event(_) => self.stats.events += 1,
+                    Unit::Schema { .. } => {}
+                    Unit::Series(samples) => self.stats.samples += samples.data.len() as u64,
+                }
+            }
+            frames.push(encoded.bytes);
+            self.next_seq += 1;
+            pos += lo;
+        }
+        frames
+    }
+
+    /// The unit at `pos` does not fit in a frame on its own: split a series' samples in two,
+    /// cut an event's text, or drop what cannot be made to fit.
+    fn shrink(&mut self, units: &mut Vec<Unit>, pos: usize, now: u64) {
+        let overshoot = match self.try_frame(&units[pos..=pos], now) {
+            Err(Some(len)) => len.saturating_sub(self.config.mtu),
+            _ => 0,
+        };
+        match &mut units[pos] {
+            Unit::Series(samples) if samples.data.len() > 1 => {
+                let half = samples.data.len() / 2;
+                let rest = match &mut samples.data {
+                    SeriesData::Counter(v) => SeriesData::Counter(v.split_off(half)),
+                    SeriesData::Gauge(v) => SeriesData::Gauge(v.split_off(half)),
+                };
+                let id = samples.id;
+                units.insert(pos + 1, Unit::Series(SeriesSamples { id, data: rest }));
+            }
+            Unit::Event(event) if !event.text.is_empty() && overshoot > 0 => {
+                let mut keep = event.text.len().saturating_sub(overshoot + 3);
+                while !event.text.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+                event.text.truncate(keep);
+                event.text.push_str("...");
+                if keep == 0 {
+                    event.text.clear();
+                }
+                self.stats.truncated_events += 1;
+            }
+            unit => {
+                match unit {
+                    Unit::Event(e) => {
+                        tracing::warn!(
+                            "event {:?} {} too large for a frame: dropped",
+                            e.kind,
+                            e.labels
+                        );
+                        self.stats.dropped_events += 1;
+                    }
+                    Unit::Schema { id, .. } => {
+                        tracing::warn!(
+                            "the schema entry of series id {id} does not fit in a frame: dropped"
+                        );
+                    }
+                    Unit::Series(samples) => {
+                        tracing::warn!(
+                            "a sample of series id {} does not fit in a frame: dropped",
+                            samples.id
+                        );
+                        self.stats.dropped_samples += samples.data.len() as u64;
+                    }
+                }
+                units.remove(pos);
+            }
+        }
+    }
+
+    /// Encodes `units` as the next frame; `Err(Some(len))` if it is larger than the MTU,
+    /// `Err(None)` if it cannot be encoded at all.
+    fn try_frame(&self, units: &[Unit], now: u64) -> Result<Encoded, Option<usize>> {
+        let mut view = FrameView {
+            node: &self.config.node,
+            session: self.session,
+            seq: self.next_seq,
+            send_unix_ns: now,
+            time_quantum_ns: self.config.time_quantum_ns,
+            schema: Vec::new(),
+            samples: Vec::new(),
+            events: Vec::new(),
+        };
+        for unit in units {
+            match unit {
+                Unit::Event(e) => view.events.push(e),
+                Unit::Schema { id, slot } => view.schema.push((*id, &self.slots[*slot].series)),
+                Unit::Series(samples) => view.samples.push(samples),
+            }
+        }
+        match view.encode(&self.key) {
+            Ok(encoded) if encoded.bytes.len() <= self.config.mtu => Ok(encoded),
+            Ok(encoded) => Err(Some(encoded.bytes.len())),
+            Err(WireError::TooMany { .. }) => Err(None),
+            Err(e) => {
+                tracing::warn!("cannot encode a frame: {e}");
+                Err(None)
+            }
+        }
+    }
+}
+
+fn random_session() -> u32 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    // RandomState is seeded from the OS's random source once per process.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish() as u32
+}
+
+/// What a batch of readings costs on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WireCost {
+    /// Samples sent (one per reading).
+    pub samples: u64,
+    pub frames: u64,
+    /// All bytes of all frames: headers, schema, samples, MACs.
+    pub bytes: u64,
+    /// Of those, the schema sections (sent for new series and every `schema_refresh`).
+    pub schema_bytes: u64,
+    pub largest_frame: usize,
+}
+
+impl WireCost {
+    pub fn bytes_per_sample(&self) -> f64 {
+        self.bytes as f64 / self.samples.max(1) as f64
+    }
+
+    /// Steady state, once the receiver knows the series (schema refreshes excluded).
+    pub fn bytes_per_sample_without_schema(&self) -> f64 {
+        (self.bytes - self.schema_bytes) as f64 / self.samples.max(1) as f64
+    }
+}
+
+/// Encodes `readings` as an agent would, flushing every `flush_every` of reading time (from
+/// the earliest reading; `Duration::MAX` for one flush at the end), and reports the cost.
+/// For benchmarks: the frames themselves are discarded.
+pub fn measure(
+    readings: &[Reading],
+    config: EncoderConfig,
+    flush_every: Duration,
+) -> Result<WireCost, WireError> {
+    let mut encoder = FrameEncoder::new(config, Key::from_bytes([0; 32]))?;
+    let mut sorted: Vec<&Reading> = readings.iter().collect();
+    sorted.sort_by_key(|r| r.unix_ns);
+    let every = u64::try_from(flush_every.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut boundary = sorted
+        .first()
+        .map_or(0, |r| r.unix_ns)
+        .saturating_add(every);
+    let mut largest = 0;
+    let mut emit = |frames: Vec<Vec<u8>>| {
+        largest = frames.iter().map(Vec::len).fold(largest, usize::max);
+    };
+    for r in sorted {
+        while r.unix_ns >= boundary && boundary != u64::MAX {
+            emit(encoder.flush(boundary));
+            boundary = boundary.saturating_add(every);
+        }
+        encoder.push_reading(r)?;
+    }
+    emit(encoder.flush(boundary));
+    let stats = encoder.stats();
+    Ok(WireCost {
+        samples: stats.samples,
+        frames: stats.frames,
+        bytes: stats.bytes,
+        schema_bytes: stats.schema_bytes,
+        largest_frame: largest,
+    })
+}
