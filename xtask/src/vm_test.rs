@@ -24,10 +24,11 @@ pub const SCENARIOS: &[&str] = &[
     "ib-core-btf",
     "verbs",
     "rdma-cm",
+    "qp-errors",
 ];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
-pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace"];
+pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
@@ -56,13 +57,13 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 }
 
 /// The host binaries that go into the guest.
-struct GuestBinaries {
-    init: PathBuf,
-    railscope: PathBuf,
-    unit_tests: PathBuf,
+pub(crate) struct GuestBinaries {
+    pub(crate) init: PathBuf,
+    pub(crate) railscope: PathBuf,
+    pub(crate) unit_tests: PathBuf,
 }
 
-fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
+pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
     let railscope = build::railscope_binary(tools, true)?;
     setup::step("building the guest init (railscope-tests)");
     let mut cmd = cargo::command(tools);
@@ -136,7 +137,7 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-type ScenarioResult = Result<(), String>;
+pub(crate) type ScenarioResult = Result<(), String>;
 
 fn run_kernel(
     tools: &Tools,
@@ -204,7 +205,7 @@ fn run_kernel(
 }
 
 /// The scenario's verdict from the guest's `RAILSCOPE-SCENARIO` line.
-fn scenario_result(log: &str, scenario: &str, timed_out: bool) -> ScenarioResult {
+pub(crate) fn scenario_result(log: &str, scenario: &str, timed_out: bool) -> ScenarioResult {
     let prefix = format!("RAILSCOPE-SCENARIO {scenario} ");
     match log.lines().find_map(|l| l.strip_prefix(&prefix)) {
         Some("PASS") => Ok(()),
@@ -215,7 +216,7 @@ fn scenario_result(log: &str, scenario: &str, timed_out: bool) -> ScenarioResult
 }
 
 /// The lines between the scenario's BEGIN marker and its result line.
-fn scenario_section(log: &str, scenario: &str) -> String {
+pub(crate) fn scenario_section(log: &str, scenario: &str) -> String {
     let begin = format!("RAILSCOPE-SCENARIO-BEGIN {scenario}");
     let end = format!("RAILSCOPE-SCENARIO {scenario} ");
     let mut out = String::new();
