@@ -17,12 +17,16 @@ use tokio::{
 use crate::{
     cgroup::CgroupNames,
     kernel::{Kernel, WallClock},
+    metrics::Labels,
+    pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::{
         AttachedFamily, Family, FamilyUnavailable, ProbeReport, Status,
         decode::{self, Event, PortStates, PortTransition, VerbCount},
         names::KernelNames,
         render_table,
     },
+    sources::gpu::GpuEvent,
+    wire,
 };
 
 /// How the agent prints.
@@ -40,6 +44,8 @@ pub struct AgentOptions {
     /// Print the verb counters this often (None: never).
     pub counters_every: Option<Duration>,
     pub kernel: Kernel,
+    /// Send metrics and events to a collector (None: print only).
+    pub pipeline: Option<PipelineOptions>,
 }
 
 /// A family's state in the agent.
@@ -66,6 +72,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     let mut names = KernelNames::default();
     let mut ports = PortStates::default();
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
 
     let mut families: Vec<(Family, FamilyState)> = Vec::new();
     let mut rows: Vec<ProbeReport> = Vec::new();
@@ -84,6 +91,11 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
     counters.tick().await; // the first tick is immediate: skip it
+    let flush_every = pipeline
+        .as_ref()
+        .map_or(Duration::MAX / 4, |p| p.flush_every);
+    let mut flush = tokio::time::interval(flush_every);
+    flush.tick().await;
     let stdout = std::io::stdout();
     loop {
         tokio::select! {
@@ -92,6 +104,12 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
             Some((_family, record)) = records_rx.recv() => {
                 let event = Event::decode(&record, &names, &clock, &mut cgroups);
                 let transition = ports.observe(&event);
+                if let Some(p) = pipeline.as_mut() {
+                    p.on_event(ib_wire_event(&event));
+                    if let Some(t) = &transition {
+                        p.on_event(transition_wire_event(t));
+                    }
+                }
                 let mut out = stdout.lock();
                 // A closed stdout (the reader went away) is not a reason to stop monitoring.
                 let _ = write_event(&mut out, &event, options.format)
@@ -106,12 +124,46 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                     rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
                 }
             }
+            polled = next_polled(&mut pipeline) => match polled {
+                Polled::Readings(mut readings) => {
+                    let now = crate::kernel::realtime_ns();
+                    let counts = decode::decode_counts(&all_counts(&families), &names, &mut cgroups);
+                    readings.extend(pipeline::verb_readings(&counts, now));
+                    if let Some(p) = pipeline.as_mut() {
+                        p.on_readings(&readings);
+                    }
+                }
+                Polled::Gpu(event) => {
+                    let mut out = stdout.lock();
+                    let _ = write_gpu_event(&mut out, &event, options.format).and_then(|()| out.flush());
+                    if let Some(p) = pipeline.as_mut() {
+                        p.on_event(pipeline::gpu_event(&event));
+                    }
+                }
+            },
+            _ = flush.tick(), if pipeline.is_some() => {
+                if let Some(p) = pipeline.as_mut() {
+                    p.flush();
+                }
+            }
             _ = counters.tick(), if options.counters_every.is_some() => {
                 print_counts(&families, &names, &mut cgroups, options.format);
             }
         }
     }
     tracing::info!("stopping");
+    if let Some(p) = pipeline.as_mut() {
+        p.flush();
+        // Give the sender a moment to hand the last frames to the kernel.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = p.sender_stats();
+        tracing::info!(
+            "sent {} frames ({} dropped with the queue full, {} send errors)",
+            stats.sent,
+            stats.dropped_queue_full,
+            stats.send_errors
+        );
+    }
     if options.counters_every.is_some() {
         // A last snapshot, so a run's totals are on record.
         print_counts(&families, &names, &mut cgroups, options.format);
@@ -124,21 +176,104 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_counts(
-    families: &[(Family, FamilyState)],
-    names: &KernelNames,
-    cgroups: &mut CgroupNames,
-    format: OutputFormat,
-) {
-    let raw: Vec<_> = families
+/// Every attached family's raw counters.
+fn all_counts(families: &[(Family, FamilyState)]) -> Vec<crate::probes::RawCount> {
+    families
         .iter()
         .filter_map(|(_, s)| match s {
             FamilyState::Attached { attached, .. } => Some(attached.counts()),
             FamilyState::Unavailable { .. } => None,
         })
         .flatten()
-        .collect();
-    let counts = decode::decode_counts(&raw, names, cgroups);
+        .collect()
+}
+
+async fn next_polled(pipeline: &mut Option<Pipeline>) -> Polled {
+    match pipeline {
+        Some(p) => p.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An IB, QP or CQ event for the collector.
+fn ib_wire_event(event: &Event) -> wire::Event {
+    let mut labels = vec![
+        ("device", event.device.clone()),
+        ("cgroup", event.cgroup.clone()),
+    ];
+    match event.origin {
+        "port" => labels.push(("port", event.port.to_string())),
+        "cq_async" => {}
+        _ => labels.push(("qp", event.qp_num.to_string())),
+    }
+    wire::Event {
+        unix_ns: event.unix_ns,
+        kind: match event.origin {
+            "port" => "ib_port".into(),
+            origin => origin.into(),
+        },
+        labels: Labels::new(labels),
+        code: i64::from(event.code),
+        text: event.event.clone(),
+    }
+}
+
+/// A port going UP or DOWN, for the collector.
+fn transition_wire_event(t: &PortTransition) -> wire::Event {
+    wire::Event {
+        unix_ns: t.unix_ns,
+        kind: "port_transition".into(),
+        labels: Labels::new([
+            ("device", t.device.clone()),
+            ("port", t.port.to_string()),
+            ("from", t.from.to_owned()),
+        ]),
+        code: i64::from(t.to == "UP"),
+        text: t.to.into(),
+    }
+}
+
+/// Writes a GPU event (XID, GPU lost) as a line (`kind: gpu_event`).
+pub fn write_gpu_event(
+    out: &mut impl Write,
+    event: &GpuEvent,
+    format: OutputFormat,
+) -> std::io::Result<()> {
+    let labels = event.labels();
+    let gpu = labels.get("gpu").unwrap_or("?");
+    let uuid = labels.get("uuid").unwrap_or("?");
+    let what = match event {
+        GpuEvent::Xid { xid, .. } => format!("XID {xid}"),
+        GpuEvent::Lost { reason, .. } => format!("GPU lost: {reason}"),
+    };
+    match format {
+        OutputFormat::Json => {
+            let value = serde_json::json!({
+                "kind": "gpu_event",
+                "event": event.kind(),
+                "gpu": gpu,
+                "uuid": uuid,
+                "code": event.code(),
+                "text": what,
+                "unix_ns": event.unix_ns(),
+            });
+            writeln!(out, "{value}")
+        }
+        OutputFormat::Text => writeln!(
+            out,
+            "{}  GPU {gpu} ({uuid})  {what}",
+            rfc3339(event.unix_ns())
+        ),
+    }
+}
+
+fn print_counts(
+    families: &[(Family, FamilyState)],
+    names: &KernelNames,
+    cgroups: &mut CgroupNames,
+    format: OutputFormat,
+) {
+    let counts = decode::decode_counts(&all_counts(families), names, cgroups);
     if counts.is_empty() {
         return;
     }

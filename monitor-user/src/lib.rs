@@ -10,6 +10,7 @@
 //! - [`wire`]: the frame format between agent and collector (docs/wire-format.md).
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
+//! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
 
 pub mod agent;
@@ -18,6 +19,7 @@ pub mod cgroup;
 pub mod kernel;
 pub mod listen;
 pub mod metrics;
+pub mod pipeline;
 pub mod probes;
 pub mod sampler;
 pub mod sender;

@@ -41,6 +41,8 @@ enum Command {
         /// Also print the live verb counters (per device, verb and cgroup) this often.
         #[arg(long, value_name = "SECONDS")]
         counters: Option<f64>,
+        #[command(flatten)]
+        send: SendOptions,
     },
     /// Print the frames that arrive on a UDP port, decoded (one block per frame, or JSON
     /// lines): for debugging an agent's output and for the tests.
@@ -72,6 +74,64 @@ enum Command {
     },
 }
 
+/// Sending metrics (IB counters, GPU metrics, verb counters) and events to a collector.
+#[derive(Debug, clap::Args)]
+struct SendOptions {
+    /// Send to this collector (HOST:PORT, UDP). Without it the agent only prints events.
+    #[arg(long, value_name = "HOST:PORT")]
+    collector: Option<String>,
+    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters.
+    #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
+    key: std::path::PathBuf,
+    /// This node's name in the frames (default: the host name).
+    #[arg(long)]
+    node: Option<String>,
+    /// Directory holding `class/infiniband` (a fixture tree for tests).
+    #[arg(long, value_name = "PATH", default_value = "/sys")]
+    sysfs: std::path::PathBuf,
+    /// The NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<std::path::PathBuf>,
+    /// Do not read GPUs.
+    #[arg(long)]
+    no_gpu: bool,
+    /// Seconds between reads of the counters: the sampler's minimum interval.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    interval: f64,
+    /// Seconds between sends of the batched samples (events are sent at once).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    flush: f64,
+    /// Send every reading (fixed interval) instead of sampling adaptively.
+    #[arg(long)]
+    no_adaptive: bool,
+}
+
+impl SendOptions {
+    fn pipeline(&self) -> anyhow::Result<Option<railscope::pipeline::PipelineOptions>> {
+        let Some(collector) = &self.collector else {
+            return Ok(None);
+        };
+        let collector = std::net::ToSocketAddrs::to_socket_addrs(collector.as_str())
+            .with_context(|| format!("--collector {collector}: not HOST:PORT"))?
+            .next()
+            .with_context(|| format!("--collector {collector}: no address"))?;
+        Ok(Some(railscope::pipeline::PipelineOptions {
+            collector,
+            key: self.key.clone(),
+            node: self
+                .node
+                .clone()
+                .unwrap_or_else(railscope::pipeline::hostname),
+            sysfs_root: self.sysfs.clone(),
+            gpu: !self.no_gpu,
+            nvml_lib: self.nvml_lib.clone(),
+            interval: seconds(self.interval, "--interval")?,
+            flush_every: seconds(self.flush, "--flush")?,
+            adaptive: !self.no_adaptive,
+        }))
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -88,6 +148,7 @@ fn main() -> anyhow::Result<()> {
             json,
             rescan,
             counters,
+            send,
         } => {
             let options = AgentOptions {
                 format: if json {
@@ -98,6 +159,7 @@ fn main() -> anyhow::Result<()> {
                 rescan: seconds(rescan, "--rescan")?,
                 counters_every: counters.map(|c| seconds(c, "--counters")).transpose()?,
                 kernel: Kernel::default(),
+                pipeline: send.pipeline()?,
             };
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()

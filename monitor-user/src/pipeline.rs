@@ -1,0 +1,289 @@
+//! The node's metric pipeline, from sources to the collector:
+//!
+//! - a poller thread reads the polled sources (IB sysfs counters, NVML GPU metrics) every
+//!   minimum interval — off the async runtime, because sysfs reads and NVML calls block — and
+//!   a bridge thread forwards GPU events (XID, GPU lost) the moment NVML reports them;
+//! - the adaptive sampler decides, per series, what each reading adds to the next send;
+//! - the frame encoder batches samples until the flush interval and sends events at once;
+//! - the sender ships frames over UDP without ever blocking this loop.
+//!
+//! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::mpsc as std_mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+
+use crate::{
+    kernel::realtime_ns,
+    metrics::{Kind, Labels, Reading, Series, Value},
+    sampler::{AdaptiveSampler, Emit, SamplerConfig},
+    sender::{Sender, SenderHandle},
+    sources::{
+        gpu::{GpuEvent, GpuSource},
+        ib_sysfs::IbSysfs,
+    },
+    wire::{self, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Sample},
+};
+
+/// Where and how the agent sends its metrics.
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    pub collector: SocketAddr,
+    pub key: PathBuf,
+    /// This node's name in every frame.
+    pub node: String,
+    /// The directory holding `class/infiniband` (`/sys`; a fixture tree in tests).
+    pub sysfs_root: PathBuf,
+    /// Read GPUs through NVML.
+    pub gpu: bool,
+    /// The NVML library to load (None: the system's `libnvidia-ml.so.1`).
+    pub nvml_lib: Option<PathBuf>,
+    /// How often the sources are read: the sampler's minimum interval.
+    pub interval: Duration,
+    /// How often batched samples are sent (events are sent at once).
+    pub flush_every: Duration,
+    /// Adaptive sampling; off = every reading is sent (a fixed interval, for comparison).
+    pub adaptive: bool,
+}
+
+/// What the poller threads hand to the agent's loop.
+pub enum Polled {
+    Readings(Vec<Reading>),
+    Gpu(GpuEvent),
+}
+
+/// The running pipeline, driven by the agent's loop.
+pub struct Pipeline {
+    sampler: AdaptiveSampler,
+    encoder: FrameEncoder,
+    sender: SenderHandle,
+    polled: mpsc::Receiver<Polled>,
+    pub flush_every: Duration,
+    pub interval: Duration,
+}
+
+impl Pipeline {
+    /// Starts the sender, the poller and (when NVML answers) the GPU event bridge. Fails only
+    /// on what the operator must fix: an unreadable key file.
+    pub fn start(options: &PipelineOptions) -> anyhow::Result<Self> {
+        let key = Key::from_file(&options.key)?;
+        let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key)
+            .context("frame encoder")?;
+        let (sender, _task) = Sender::spawn(options.collector, 1024);
+        let config = SamplerConfig {
+            min_interval: options.interval,
+            ..SamplerConfig::default()
+        };
+        let config = if options.adaptive {
+            config
+        } else {
+            config.fixed()
+        };
+        let sampler = AdaptiveSampler::new(config);
+        let (tx, polled) = mpsc::channel(64);
+        spawn_poller(options.clone(), tx)?;
+        tracing::info!(
+            "sending to {} as node {:?} (read every {:?}, sent every {:?}, adaptive sampling {})",
+            options.collector,
+            options.node,
+            options.interval,
+            options.flush_every,
+            if options.adaptive { "on" } else { "off" }
+        );
+        Ok(Self {
+            sampler,
+            encoder,
+            sender,
+            polled,
+            flush_every: options.flush_every,
+            interval: options.interval,
+        })
+    }
+
+    /// The next batch of readings or GPU event (pending forever once the pollers stopped).
+    pub async fn next(&mut self) -> Polled {
+        match self.polled.recv().await {
+            Some(polled) => polled,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Feeds one read of every source through the sampler into the encoder.
+    pub fn on_readings(&mut self, readings: &[Reading]) {
+        for reading in readings {
+            let emitted = self
+                .sampler
+                .observe(&reading.series, reading.value, reading.unix_ns);
+            for emit in emitted.iter() {
+                self.push(&reading.series, emit);
+            }
+        }
+    }
+
+    fn push(&mut self, series: &Series, emit: &Emit) {
+        let sample = match *emit {
+            Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
+                unix_ns,
+                value: match value {
+                    Value::U64(v) => v,
+                    Value::F64(v) => v.max(0.0) as u64,
+                },
+            }),
+            Emit::Gauge(e) => Sample::Gauge(GaugeSample {
+                start_unix_ns: e.start_ns,
+                end_unix_ns: e.end_ns,
+                min: e.min,
+                max: e.max,
+                mean: e.mean,
+            }),
+        };
+        if let Err(e) = self.encoder.push_sample(series, sample) {
+            tracing::debug!("sample of {} not encoded: {e}", series.name);
+        }
+    }
+
+    /// Sends an event now (events are never batched or sampled).
+    pub fn on_event(&mut self, event: wire::Event) {
+        self.encoder.push_event(event);
+        let frames = self.encoder.flush_events(realtime_ns());
+        self.send(frames);
+    }
+
+    /// Sends everything batched since the last flush.
+    pub fn flush(&mut self) {
+        let frames = self.encoder.flush(realtime_ns());
+        self.send(frames);
+    }
+
+    fn send(&self, frames: Vec<Vec<u8>>) {
+        for frame in frames {
+            // A full queue is counted by the sender; sampling never waits for the network.
+            let _ = self.sender.try_send(frame);
+        }
+    }
+
+    /// (frames sent, dropped because the queue was full, send errors).
+    pub fn sender_stats(&self) -> crate::sender::SenderStats {
+        self.sender.stats()
+    }
+}
+
+/// Verb counters from the probes as readings (`railscope_rdma_verbs_total`).
+pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
+    counts
+        .iter()
+        .map(|c| Reading {
+            series: Series {
+                name: "railscope_rdma_verbs_total".into(),
+                labels: Labels::new([
+                    ("device", c.device.as_str()),
+                    ("verb", c.verb),
+                    ("detail", c.detail.as_str()),
+                    ("cgroup", c.cgroup.as_str()),
+                ]),
+                kind: Kind::Counter,
+            },
+            value: Value::U64(c.value),
+            unix_ns,
+        })
+        .collect()
+}
+
+/// A GPU event as a wire event.
+pub fn gpu_event(event: &GpuEvent) -> wire::Event {
+    let text = match event {
+        GpuEvent::Xid { xid, .. } => format!("XID {xid}"),
+        GpuEvent::Lost { reason, .. } => reason.clone(),
+    };
+    wire::Event {
+        unix_ns: event.unix_ns(),
+        kind: event.kind().into(),
+        labels: event.labels(),
+        code: event.code().map_or(0, |c| c as i64),
+        text,
+    }
+}
+
+/// This machine's host name, the default node name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn spawn_poller(options: PipelineOptions, tx: mpsc::Sender<Polled>) -> anyhow::Result<()> {
+    thread::Builder::new()
+        .name("railscope-poll".into())
+        .spawn(move || poll(options, tx))
+        .context("starting the poller thread")?;
+    Ok(())
+}
+
+fn poll(options: PipelineOptions, tx: mpsc::Sender<Polled>) {
+    let mut ib = IbSysfs::new(options.sysfs_root.clone());
+    let class = options.sysfs_root.join("class/infiniband");
+    if !class.is_dir() {
+        tracing::warn!(
+            "no RDMA devices ({} absent): IB counters off until a device appears",
+            class.display()
+        );
+    }
+    let mut gpu = None;
+    let mut _gpu_events = None;
+    if options.gpu {
+        match GpuSource::open(options.nvml_lib.as_deref()) {
+            Ok(mut source) => {
+                tracing::info!("NVML: {} GPUs", source.gpus().count());
+                let (event_tx, event_rx) = std_mpsc::channel();
+                match source.spawn_event_thread(event_tx) {
+                    Ok(thread) => {
+                        _gpu_events = Some(thread);
+                        bridge_gpu_events(event_rx, tx.clone());
+                    }
+                    Err(e) => tracing::warn!("{e}"),
+                }
+                gpu = Some(source);
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    loop {
+        let started = Instant::now();
+        let now = realtime_ns();
+        let mut readings = ib.read(now);
+        if let Some(source) = gpu.as_mut() {
+            readings.extend(source.read(now));
+        }
+        if tx.blocking_send(Polled::Readings(readings)).is_err() {
+            return; // the agent stopped
+        }
+        thread::sleep(options.interval.saturating_sub(started.elapsed()));
+    }
+}
+
+fn bridge_gpu_events(events: std_mpsc::Receiver<GpuEvent>, tx: mpsc::Sender<Polled>) {
+    let spawned = thread::Builder::new()
+        .name("railscope-gpu-events".into())
+        .spawn(move || {
+            for event in events {
+                if tx.blocking_send(Polled::Gpu(event)).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("GPU events off: cannot start their thread: {e}");
+    }
+}
