@@ -153,7 +153,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     if let Some(p) = pipeline.as_mut() {
-        p.flush();
+        p.flush_all();
         // Give the sender a moment to hand the last frames to the kernel.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let stats = p.sender_stats();

@@ -162,6 +162,15 @@ impl Pipeline {
         self.send(frames);
     }
 
+    /// At shutdown: also sends what the sampler read but had not sent yet (the latest value
+    /// of every series), so the collector ends with the node's final state.
+    pub fn flush_all(&mut self) {
+        for (series, emit) in self.sampler.flush() {
+            self.push(&series, &emit);
+        }
+        self.flush();
+    }
+
     fn send(&self, frames: Vec<Vec<u8>>) {
         for frame in frames {
             // A full queue is counted by the sender; sampling never waits for the network.

@@ -331,7 +331,52 @@ impl Agent {
     }
 }
 
-fn collect(
+impl Drop for Agent {
+    /// A scenario that fails half-way must not leave its agent running into the next one.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `railscope listen` running as a child, its JSON lines collected.
+pub struct Listener {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+}
+
+impl Listener {
+    pub fn start(args: &[&str]) -> anyhow::Result<Self> {
+        println!("+ railscope listen {}", args.join(" "));
+        let mut child = Command::new("/usr/bin/railscope")
+            .arg("listen")
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting /usr/bin/railscope listen")?;
+        let stdout = collect(child.stdout.take().expect("piped"), "listen> ");
+        collect(child.stderr.take().expect("piped"), "listen! ");
+        thread::sleep(Duration::from_millis(300));
+        Ok(Self { child, stdout })
+    }
+
+    /// Stops the listener and returns what it printed.
+    pub fn stop(mut self) -> anyhow::Result<Vec<String>> {
+        // SAFETY: kill with a pid we own.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.child.wait()?;
+        thread::sleep(Duration::from_millis(200));
+        Ok(self.stdout.lock().expect("no panics while locked").clone())
+    }
+}
+
+/// Reads `pipe` line by line in a thread, echoing each line to the console after `prefix`
+/// and collecting it.
+pub fn collect(
     pipe: impl std::io::Read + Send + 'static,
     prefix: &'static str,
 ) -> Arc<Mutex<Vec<String>>> {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: railscope's developer tasks, one module per subcommand, each owning its
 //! options (the layout of aya's own xtask).
 
+mod bench;
 mod build;
 mod cargo;
 mod lint;
@@ -33,6 +34,9 @@ enum Command {
     Lint(lint::Options),
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
+    /// Benchmark and write the results under bench/results/ (`probes`: eBPF cost per event vs
+    /// bpftrace, in the QEMU guest).
+    Bench(bench::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Command::Test(options) => test::run(&options),
         Command::Lint(options) => lint::run(&options),
         Command::VmTest(options) => vm_test::run(&options),
+        Command::Bench(options) => bench::run(&options),
     }
 }
 

@@ -25,6 +25,8 @@ pub const SCENARIOS: &[&str] = &[
     "verbs",
     "rdma-cm",
     "qp-errors",
+    "agent-frames",
+    "perftest",
 ];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
@@ -65,21 +67,7 @@ pub(crate) struct GuestBinaries {
 
 pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinaries> {
     let railscope = build::railscope_binary(tools, true)?;
-    setup::step("building the guest init (railscope-tests)");
-    let mut cmd = cargo::command(tools);
-    cmd.args([
-        "build",
-        "--release",
-        "--package",
-        "railscope-tests",
-        "--bin",
-        "railscope-guest-init",
-    ]);
-    let init = cargo::build_executables(cmd)?
-        .into_iter()
-        .find(|(name, _)| name == "railscope-guest-init")
-        .map(|(_, p)| p)
-        .context("cargo did not report railscope-guest-init")?;
+    let init = build_guest_init(tools)?;
     setup::step("building the agent's unit tests for the guest (they read ib_core's BTF there)");
     let mut cmd = cargo::command(tools);
     cmd.args([
@@ -100,6 +88,25 @@ pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinarie
         railscope,
         unit_tests,
     })
+}
+
+/// The guest's `/init` (crate `railscope-tests`), built for the host.
+pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
+    setup::step("building the guest init (railscope-tests)");
+    let mut cmd = cargo::command(tools);
+    cmd.args([
+        "build",
+        "--release",
+        "--package",
+        "railscope-tests",
+        "--bin",
+        "railscope-guest-init",
+    ]);
+    cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "railscope-guest-init")
+        .map(|(_, p)| p)
+        .context("cargo did not report railscope-guest-init")
 }
 
 pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {

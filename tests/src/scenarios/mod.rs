@@ -1,9 +1,12 @@
 //! The test bed's scenarios, one module per feature, each proving railscope against the real
 //! soft-RoCE stack inside the guest. A scenario returns `Err` with the reason it failed.
 
+mod agent_frames;
+mod bench_probes;
 mod hook_trace;
 mod ib_core_btf;
 mod kernel_facts;
+mod perftest;
 mod port_events;
 mod probe_table;
 mod qp_errors;
@@ -19,7 +22,10 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "kernel-facts" => kernel_facts::run(),
         "verbs" => verbs::run(),
         "hook-trace" => hook_trace::run(),
+        "bench-probes" => bench_probes::run(),
         "qp-errors" => qp_errors::run(),
+        "agent-frames" => agent_frames::run(),
+        "perftest" => perftest::run(),
         "rdma-cm" => rdma_cm::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::cpio::{NewcWriter, add_tree};
 use super::debs::{self, KernelLine};
+use super::extra::{self, ExtraDebs};
 use super::{Timer, mbytes, note, remove_dir_if_exists, run, spawn_error};
 
 /// A host file to put into the guest.
@@ -92,8 +93,20 @@ const LD_SO: &str = "lib64/ld-linux-x86-64.so.2";
 /// Builds the guest image of `spec`: debs from (or into) `cache_dir`, the staged root and the
 /// image files in `work_dir`.
 pub fn build_image(cache_dir: &Path, work_dir: &Path, spec: &ImageSpec) -> Result<GuestImage> {
+    build_image_with(cache_dir, work_dir, spec, None)
+}
+
+/// [`build_image`] plus, with `extra`, programs from further Debian packages (an image
+/// variant, e.g. the benchmark's with bpftrace).
+pub fn build_image_with(
+    cache_dir: &Path,
+    work_dir: &Path,
+    spec: &ImageSpec,
+    extra: Option<&ExtraDebs>,
+) -> Result<GuestImage> {
     check_spec(spec)?;
     let debs = debs::prepare(cache_dir, spec.kernel)?;
+    let extra_tree = extra.map(|e| extra::prepare(cache_dir, e)).transpose()?;
     let kver = &debs.kernel_release;
     let t = Timer::start();
     fs::create_dir_all(work_dir)
@@ -112,6 +125,9 @@ pub fn build_image(cache_dir: &Path, work_dir: &Path, spec: &ImageSpec) -> Resul
     stage.config_files(kver)?;
     for f in &spec.files {
         stage.guest_file(f)?;
+    }
+    if let (Some(extra), Some(tree)) = (extra, &extra_tree) {
+        stage.extra_tools(tree, extra.tools)?;
     }
     stage.install(&spec.init, "init", 0o755)?;
 
@@ -427,6 +443,32 @@ impl Stage {
         self.copy(&f.host, &rel)?;
         if f.with_libs {
             self.libs_of(&f.host, false)?;
+        }
+        Ok(())
+    }
+
+    /// Programs of an extra package set (see [`ExtraDebs`]) at /usr/bin, with their
+    /// libraries resolved against that set's tree, then the test bed's debs, then the host.
+    fn extra_tools(&self, extra_tree: &Path, tools: &[&str]) -> Result<()> {
+        let search = [extra_tree, &self.tree]
+            .iter()
+            .flat_map(|t| [t.join(ARCH_LIB), t.join("lib/x86_64-linux-gnu")])
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        for name in tools {
+            let src = BIN_DIRS
+                .iter()
+                .map(|d| extra_tree.join(d).join(name))
+                .find(|p| p.is_file())
+                .with_context(|| format!("no {name} in {}", extra_tree.display()))?;
+            self.install(&src, &format!("usr/bin/{name}"), 0o755)?;
+            for lib in ldd(&src, Some(&search))? {
+                let rel = guest_lib_path(&lib)?;
+                if !self.root.join(&rel).exists() {
+                    self.copy(&lib, &rel)?;
+                }
+            }
         }
         Ok(())
     }

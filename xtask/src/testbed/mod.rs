@@ -16,6 +16,7 @@
 
 mod cpio;
 mod debs;
+mod extra;
 mod image;
 mod qemu;
 
@@ -28,7 +29,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 pub use debs::KernelLine;
-pub use image::{GuestFile, GuestImage, ImageSpec, build_image};
+pub use extra::ExtraDebs;
+pub use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
 pub use qemu::{Accel, BootOptions, BootOutcome, HostFacts, boot, boot_with_accel};
 
 /// Host packages the test bed needs, for `cargo xtask setup` to install

@@ -1,0 +1,136 @@
+//! agent-frames: the node agent sending to a collector inside the guest. `railscope listen`
+//! receives the frames of `railscope agent --collector` while `ib_write_bw` runs and a link
+//! flaps: the real rxe hardware counters move in the frames (rxe0's sent packets equal
+//! rxe1's received ones), the verb counters travel as `railscope_rdma_verbs_total`, and port
+//! events arrive as events.
+
+use std::{collections::BTreeMap, thread, time::Duration};
+
+use anyhow::{Context as _, ensure};
+use serde_json::Value;
+
+use crate::guest::{self, ADDR_B, Agent};
+
+const PORT: &str = "17400";
+
+pub fn run() -> anyhow::Result<()> {
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    let key = "/tmp/wire.key";
+    std::fs::write(key, "5a".repeat(32))?;
+    std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+
+    let listener = guest::Listener::start(&[
+        "--port",
+        PORT,
+        "--bind",
+        "127.0.0.1",
+        "--key",
+        key,
+        "--json",
+    ])?;
+    let collector = format!("127.0.0.1:{PORT}");
+    let mut agent = Agent::start(&[
+        "--json",
+        "--collector",
+        &collector,
+        "--key",
+        key,
+        "--node",
+        "guest",
+        "--no-gpu",
+        "--interval",
+        "0.5",
+        "--flush",
+        "1",
+    ])?;
+    agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
+
+    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
+    let server = guest::spawn_output(guest::in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe1", "-x", &gid, "-F", "-n", "2000"],
+    ))?;
+    thread::sleep(Duration::from_secs(1));
+    let client = guest::spawn_output(guest::in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe0", "-x", &gid, "-F", "-n", "2000", ADDR_B],
+    ))?;
+    guest::check_output("ib_write_bw client", client.join().expect("no panic"))?;
+    guest::check_output("ib_write_bw server", server.join().expect("no panic"))?;
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
+    thread::sleep(Duration::from_secs(1));
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    thread::sleep(Duration::from_secs(3));
+    ensure!(agent.is_running(), "the agent died");
+    agent.stop()?;
+    thread::sleep(Duration::from_millis(500));
+    let frames: Vec<Value> = listener
+        .stop()?
+        .iter()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect::<anyhow::Result<_>>()?;
+    println!("listener decoded {} frames", frames.len());
+    ensure!(!frames.is_empty(), "no frame reached the collector");
+
+    // The last value of each (series name, device) counter the collector received.
+    let mut last: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    let mut first: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for frame in &frames {
+        for s in frame["samples"].as_array().into_iter().flatten() {
+            if s["kind"] != "counter" {
+                continue;
+            }
+            let key = (
+                s["name"].as_str().unwrap_or("?").to_owned(),
+                s["labels"]["device"].as_str().unwrap_or("").to_owned(),
+            );
+            for p in s["points"].as_array().into_iter().flatten() {
+                let (t, v) = (
+                    p["unix_ns"].as_u64().unwrap_or(0),
+                    p["value"].as_u64().unwrap_or(0),
+                );
+                first.entry(key.clone()).or_insert(v);
+                if last.get(&key).is_none_or(|(lt, _)| t >= *lt) {
+                    last.insert(key.clone(), (t, v));
+                }
+            }
+        }
+    }
+    // Deltas over this scenario: packets a killed peer never took (an earlier scenario) stay
+    // in rxe0's total but not in rxe1's.
+    let delta = |name: &str, device: &str| -> anyhow::Result<u64> {
+        let key = (name.to_owned(), device.to_owned());
+        let end = last
+            .get(&key)
+            .map(|(_, v)| *v)
+            .with_context(|| format!("{device} {name} never sent"))?;
+        Ok(end - first[&key])
+    };
+    let sent = delta("railscope_ib_sent_pkts_total", "rxe0")?;
+    let rcvd = delta("railscope_ib_rcvd_pkts_total", "rxe1")?;
+    println!("during the transfer: rxe0 sent {sent} packets, rxe1 received {rcvd}");
+    ensure!(sent > 0, "rxe0's sent packets did not move in the frames");
+    ensure!(
+        sent == rcvd,
+        "rxe0 sent {sent} packets but rxe1 received {rcvd}"
+    );
+    ensure!(
+        last.keys()
+            .any(|(name, _)| name == "railscope_rdma_verbs_total"),
+        "no verb counter reached the collector"
+    );
+    let port_events: Vec<&Value> = frames
+        .iter()
+        .flat_map(|f| f["events"].as_array().into_iter().flatten())
+        .filter(|e| e["kind"] == "ib_port" && e["labels"]["device"] == "rxe0")
+        .collect();
+    ensure!(
+        port_events.iter().any(|e| e["text"] == "PORT_ERR")
+            && port_events.iter().any(|e| e["text"] == "PORT_ACTIVE"),
+        "the link flap did not reach the collector as events: {port_events:?}"
+    );
+    Ok(())
+}
