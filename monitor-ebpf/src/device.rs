@@ -1,7 +1,12 @@
 //! `struct ib_device`: its name, read through BTF-resolved offsets, and the `DEVICE_NAMES` map
 //! that lets counters key on the device pointer instead of copying the name every time.
 
-use aya_ebpf::{Global, helpers::bpf_probe_read_kernel_str_bytes, macros::map, maps::HashMap};
+use aya_ebpf::{
+    Global,
+    helpers::bpf_probe_read_kernel_str_bytes,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
 use monitor_common::events::{DEVICE_NAME_LEN, NameSource};
 
 use crate::shared::read_at;
@@ -31,6 +36,11 @@ pub unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> R
     Ok(())
 }
 
+/// The device this CPU named last: a node has a handful of devices and a burst of verbs goes
+/// to one, so most events skip the `DEVICE_NAMES` hash lookup for an array read.
+#[map]
+static LAST_DEVICE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters.
 ///
 /// # Safety
@@ -38,11 +48,20 @@ pub unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> R
 #[inline(always)]
 pub unsafe fn remember(device: *const u8) -> u64 {
     let key = device as u64;
-    if key != 0 && unsafe { DEVICE_NAMES.get(&key) }.is_none() {
+    let Some(last) = LAST_DEVICE.get_ptr_mut(0) else {
+        return key;
+    };
+    // SAFETY: this CPU's slot, valid while the program runs.
+    if key == 0 || unsafe { *last } == key {
+        return key;
+    }
+    if unsafe { DEVICE_NAMES.get(&key) }.is_none() {
         let mut name = [0u8; DEVICE_NAME_LEN];
         if unsafe { read_name(device, &mut name) }.is_ok() {
             let _ = DEVICE_NAMES.insert(&key, &name, 0);
         }
     }
+    // SAFETY: as above.
+    unsafe { *last = key };
     key
 }

@@ -49,7 +49,7 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
         return 0;
     };
     // SAFETY: the kernel's `struct ib_qp *`.
-    let Ok((dev, qp_num)) = (unsafe { qp_device_and_num(qp) }) else {
+    let Ok(dev) = (unsafe { read_at::<*const u8>(qp, IB_QP_DEVICE_OFFSET.load()) }) else {
         return 0;
     };
     // SAFETY: as above.
@@ -65,7 +65,8 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
         send_event(|record| {
             record.origin = Origin::QpToErr as u32;
             record.event_type = state;
-            record.qp_num = qp_num;
+            // SAFETY: the kernel's `struct ib_qp *` (read only here: moves to ERR are rare).
+            record.qp_num = unsafe { read_at::<u32>(qp, IB_QP_NUM_OFFSET.load())? };
             // SAFETY: `dev` is the QP's `struct ib_device *`.
             unsafe { device::read_name(dev, &mut record.device_name) }
         });

@@ -206,27 +206,72 @@ pub fn check_output(
     Ok(stdout)
 }
 
-/// The last counter snapshot in the agent's JSON output: (device, verb, detail, cgroup) -> value.
-pub fn last_counter_snapshot(
-    lines: &[String],
-) -> std::collections::BTreeMap<(String, String, String, String), u64> {
-    let counts: Vec<serde_json::Value> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["kind"] == "verb_count")
-        .collect();
-    let last = counts.iter().filter_map(|v| v["snapshot"].as_u64()).max();
-    counts
-        .iter()
-        .filter(|v| v["snapshot"].as_u64() == last)
-        .map(|v| {
-            let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
-            (
-                (s("device"), s("verb"), s("detail"), s("cgroup")),
-                v["value"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect()
+/// The last verb-counter snapshot in the agent's JSON output.
+pub struct Counters(std::collections::BTreeMap<(String, String, String, String), u64>);
+
+impl Counters {
+    /// Reads the `verb_count` lines of the latest `snapshot` in `lines`.
+    pub fn last_snapshot(lines: &[String]) -> Self {
+        let counts: Vec<serde_json::Value> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["kind"] == "verb_count")
+            .collect();
+        let last = counts.iter().filter_map(|v| v["snapshot"].as_u64()).max();
+        Self(
+            counts
+                .iter()
+                .filter(|v| v["snapshot"].as_u64() == last)
+                .map(|v| {
+                    let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+                    (
+                        (s("device"), s("verb"), s("detail"), s("cgroup")),
+                        v["value"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// One counter: device, verb, detail and cgroup as the agent names them (0 if absent).
+    pub fn get(&self, device: &str, verb: &str, detail: &str, cgroup: &str) -> u64 {
+        self.0
+            .get(&(device.into(), verb.into(), detail.into(), cgroup.into()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The sum of a verb's counters that match `keep(device, detail, cgroup)`.
+    pub fn sum(&self, verb: &str, keep: impl Fn(&str, &str, &str) -> bool) -> u64 {
+        self.0
+            .iter()
+            .filter(|((d, v, t, c), _)| v == verb && keep(d, t, c))
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// A verb's total in one cgroup, over devices and details.
+    pub fn in_cgroup(&self, verb: &str, cgroup: &str) -> u64 {
+        self.sum(verb, |_, _, c| c == cgroup)
+    }
+
+    /// Prints the counters whose cgroup contains `filter` (all for ""), for the log.
+    pub fn print(&self, filter: &str) {
+        for ((device, verb, detail, cgroup), value) in &self.0 {
+            if cgroup.contains(filter) {
+                println!("counter {device:6} {verb:16} {detail:24} {cgroup:24} {value}");
+            }
+        }
+    }
+
+    /// Every counter with its verb == `verb`: ((device, detail, cgroup), value).
+    pub fn of(&self, verb: &str) -> Vec<((String, String, String), u64)> {
+        self.0
+            .iter()
+            .filter(|((_, v, _, _), _)| v == verb)
+            .map(|((d, _, t, c), n)| ((d.clone(), t.clone(), c.clone()), *n))
+            .collect()
+    }
 }
 
 /// `state` of port 1 of an RDMA device, e.g. "4: ACTIVE".

@@ -113,23 +113,18 @@ fn probes(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         image.kernel_release,
         serial_log.display()
     ));
-    let outcome = testbed::boot(
+    let outcome = vm_test::boot_scenarios(
         &image,
-        &testbed::BootOptions {
+        &[SCENARIO],
+        testbed::BootOptions {
             // The initramfs unpacks into RAM: bpftrace's libraries alone are ~200 MB.
             mem: "2G".into(),
             smp: options.smp,
             timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: format!("railscope.scenarios={SCENARIO}"),
+            cmdline_extra: String::new(),
             serial_log: serial_log.clone(),
         },
     )?;
-    setup::step(&format!(
-        "guest finished in {:.0?} ({:?}{})",
-        outcome.wall,
-        outcome.accel,
-        if outcome.timed_out { ", TIMED OUT" } else { "" }
-    ));
     std::fs::write(
         work_dir.join(format!("{SCENARIO}.log")),
         vm_test::scenario_section(&outcome.log, SCENARIO),

@@ -181,22 +181,17 @@ fn run_kernel(
         scenarios.join(","),
         serial_log.display()
     ));
-    let outcome = testbed::boot(
+    let outcome = boot_scenarios(
         &image,
-        &testbed::BootOptions {
+        scenarios,
+        testbed::BootOptions {
             mem: "1G".into(),
             smp: 2,
             timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: format!("railscope.scenarios={}", scenarios.join(",")),
+            cmdline_extra: String::new(),
             serial_log: serial_log.clone(),
         },
     )?;
-    setup::step(&format!(
-        "guest finished in {:.0?} ({:?}{})",
-        outcome.wall,
-        outcome.accel,
-        if outcome.timed_out { ", TIMED OUT" } else { "" }
-    ));
     let mut results = Vec::new();
     for scenario in scenarios {
         let section = scenario_section(&outcome.log, scenario);
@@ -209,6 +204,30 @@ fn run_kernel(
         results.push((scenario.to_string(), result));
     }
     Ok(results)
+}
+
+/// Boots `image` with the guest's init running `scenarios` (appended to the kernel command
+/// line), and says how the guest ended.
+pub(crate) fn boot_scenarios(
+    image: &testbed::GuestImage,
+    scenarios: &[&str],
+    mut options: testbed::BootOptions,
+) -> anyhow::Result<testbed::BootOutcome> {
+    options.cmdline_extra = format!(
+        "{} railscope.scenarios={}",
+        options.cmdline_extra,
+        scenarios.join(",")
+    )
+    .trim()
+    .to_owned();
+    let outcome = testbed::boot(image, &options)?;
+    setup::step(&format!(
+        "guest finished in {:.0?} ({:?}{})",
+        outcome.wall,
+        outcome.accel,
+        if outcome.timed_out { ", TIMED OUT" } else { "" }
+    ));
+    Ok(outcome)
 }
 
 /// The scenario's verdict from the guest's `RAILSCOPE-SCENARIO` line.

@@ -40,19 +40,9 @@ pub fn run() -> anyhow::Result<()> {
     thread::sleep(Duration::from_millis(500));
     ensure!(agent.is_running(), "the agent died");
     let (stdout, _) = agent.stop()?;
-    let counts = guest::last_counter_snapshot(&stdout);
-    for ((device, verb, detail, cgroup), value) in &counts {
-        if cgroup.contains("_bw_") {
-            println!("counter {device:6} {verb:16} {detail:16} {cgroup:24} {value}");
-        }
-    }
-    let get = |verb: &str, job: &str| {
-        counts
-            .iter()
-            .filter(|((_, v, _, c), _)| v == verb && c == job)
-            .map(|(_, n)| *n)
-            .sum::<u64>()
-    };
+    let counts = guest::Counters::last_snapshot(&stdout);
+    counts.print("_bw_");
+    let get = |verb: &str, job: &str| counts.in_cgroup(verb, job);
     let mut failures = Vec::new();
     for tool in ["ib_write_bw", "ib_send_bw"] {
         for side in ["server", "client"] {

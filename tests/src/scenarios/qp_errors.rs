@@ -54,19 +54,9 @@ pub fn run() -> anyhow::Result<()> {
     for e in &events {
         println!("qp/cq event: {e}");
     }
-    let counts = guest::last_counter_snapshot(&stdout);
-    for ((device, verb, detail, cgroup), value) in &counts {
-        if cgroup.contains("job_") {
-            println!("counter {device:6} {verb:16} {detail:16} {cgroup:20} {value}");
-        }
-    }
-    let get = |verb: &str, job: &str| {
-        counts
-            .iter()
-            .filter(|((_, v, _, c), _)| v == verb && c == job)
-            .map(|(_, n)| *n)
-            .sum::<u64>()
-    };
+    let counts = guest::Counters::last_snapshot(&stdout);
+    counts.print("job_");
+    let get = |verb: &str, job: &str| counts.in_cgroup(verb, job);
     for job in [&victim_job, &survivor_job] {
         ensure!(get("create_qp", job) >= 1, "no QP created in {job}");
         ensure!(

@@ -48,17 +48,9 @@ pub fn run() -> anyhow::Result<()> {
     thread::sleep(Duration::from_secs(2));
     ensure!(agent.is_running(), "the agent died during the scenario");
     let (stdout, _) = agent.stop()?;
-    let counts = guest::last_counter_snapshot(&stdout);
-    for ((device, verb, detail, cgroup), value) in &counts {
-        println!("counter {device:6} {verb:16} {detail:24} {cgroup:24} {value}");
-    }
-    let cm = |detail: &str| {
-        counts
-            .iter()
-            .filter(|((_, verb, d, _), _)| verb == "cm_event" && d == detail)
-            .map(|(_, v)| *v)
-            .sum::<u64>()
-    };
+    let counts = guest::Counters::last_snapshot(&stdout);
+    counts.print("");
+    let cm = |event: &str| counts.sum("cm_event", |_, detail, _| detail == event);
     // What the kernel delivers for one user-space connection: the passive side gets
     // CONNECT_REQUEST then ESTABLISHED; the active side CONNECT_RESPONSE (librdmacm turns it
     // into ESTABLISHED in userspace); a DISCONNECTED reaches at least the side that did not
@@ -72,14 +64,11 @@ pub fn run() -> anyhow::Result<()> {
     ] {
         ensure!(cm(event) >= 1, "no {event} counted");
     }
-    let rejects: Vec<_> = counts
-        .iter()
-        .filter(|((_, verb, _, _), _)| verb == "cm_reject")
-        .collect();
+    let rejects = counts.of("cm_reject");
     ensure!(
         rejects
             .iter()
-            .any(|((_, _, reason, _), _)| reason == "INVALID_SERVICE_ID"),
+            .any(|((_, reason, _), _)| reason == "INVALID_SERVICE_ID"),
         "the connect to a closed port was not counted as a reject for INVALID_SERVICE_ID: \
          {rejects:?}"
     );

@@ -3,15 +3,13 @@
 //! PD, one MR, one CQ and one RC QP, moves the QP through INIT, RTR and RTS, calls
 //! `ibv_post_send` exactly N times (one kernel doorbell each on rxe), and destroys it all.
 
-use std::{collections::BTreeMap, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use anyhow::ensure;
 
-use crate::guest::{self, ADDR_B, Agent};
+use crate::guest::{self, ADDR_B, Agent, Counters};
 
 const ITERS: u64 = 100;
-
-type Snapshot = BTreeMap<(String, String, String, String), u64>;
 
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
@@ -46,10 +44,8 @@ pub fn run() -> anyhow::Result<()> {
     thread::sleep(Duration::from_millis(500));
     ensure!(agent.is_running(), "the agent died during the scenario");
     let (stdout, _) = agent.stop()?;
-    let counts = guest::last_counter_snapshot(&stdout);
-    for ((device, verb, detail, cgroup), value) in &counts {
-        println!("counter {device:6} {verb:16} {detail:16} {cgroup:20} {value}");
-    }
+    let counts = guest::Counters::last_snapshot(&stdout);
+    counts.print("");
     let mut failures = Vec::new();
     for (device, job) in [("rxe1", &server_job), ("rxe0", &client_job)] {
         check_side(&counts, device, job, &mut failures);
@@ -58,13 +54,8 @@ pub fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_side(counts: &Snapshot, device: &str, job: &str, failures: &mut Vec<String>) {
-    let get = |verb: &str, detail: &str| {
-        counts
-            .get(&(device.into(), verb.into(), detail.into(), job.into()))
-            .copied()
-            .unwrap_or(0)
-    };
+fn check_side(counts: &Counters, device: &str, job: &str, failures: &mut Vec<String>) {
+    let get = |verb: &str, detail: &str| counts.get(device, verb, detail, job);
     let expected: [(&str, &str, u64); 13] = [
         ("alloc_ucontext", "user", 1),
         ("alloc_pd", "user", 1),
