@@ -53,6 +53,7 @@ impl Listener {
         let socket = UdpSocket::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on UDP {addr}: {e}")))?;
+        grow_receive_buffer(&socket);
         Ok(Self {
             socket,
             key,
@@ -298,6 +299,27 @@ fn points_text(out: &mut String, data: &SeriesData, send_ns: u64) {
 
 fn rfc3339(unix_ns: u64) -> String {
     humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(unix_ns)).to_string()
+}
+
+/// Bursts of frames (an agent's flush of hundreds of series, many agents at once) must wait in
+/// the socket while a frame is printed: ask for 8 MiB instead of the kernel's ~200 KiB default
+/// (capped by net.core.rmem_max; a failure only means the default stays).
+fn grow_receive_buffer(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd as _;
+    let size: libc::c_int = 8 << 20;
+    // SAFETY: a valid socket fd and a c_int option value of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!("SO_RCVBUF not raised: {}", io::Error::last_os_error());
+    }
 }
 
 #[cfg(test)]
