@@ -8,6 +8,11 @@
 //!   this command builds a guest image with bpftrace, boots it, and writes
 //!   `bench/results/probes.md` and `probes.json` from the guest's `BENCH` lines).
 //!   Goals: per hook, railscope's ns/event no more than bpftrace's, and at most 100 ns.
+//! - `agent`: the node agent on a fixture node (8 GPUs of the NVML stand-in, 8 mlx5-like HCA
+//!   ports whose counters move) on this host: bytes per sample against Prometheus text and
+//!   remote-write, CPU and peak RSS at a 1 s and a 100 ms interval next to
+//!   prometheus-node-exporter reading the same tree, and adaptive sampling on workload-shaped
+//!   traces; writes `bench/results/agent.md` and `agent.json` (module [`agent`]).
 
 use std::{
     collections::BTreeMap,
@@ -26,6 +31,11 @@ use crate::{
     vm_test,
 };
 
+mod agent;
+
+/// `--duration` by default: seconds each process of `bench agent` is measured.
+const DEFAULT_DURATION: u64 = 60;
+
 #[derive(Debug, clap::Args)]
 pub struct Options {
     /// What to benchmark.
@@ -41,6 +51,10 @@ pub struct Options {
     /// with the host for its two cores and makes the per-event times noisier.
     #[arg(long, default_value_t = 1)]
     pub smp: u32,
+    /// `agent`: seconds each process (railscope agent, node_exporter) is measured, after a
+    /// 5 s warm-up.
+    #[arg(long, default_value_t = DEFAULT_DURATION)]
+    pub duration: u64,
     #[command(flatten)]
     pub setup: setup::Options,
 }
@@ -49,6 +63,9 @@ pub struct Options {
 pub enum Target {
     /// Per-event cost of the eBPF probes next to bpftrace on the same hooks (QEMU guest).
     Probes,
+    /// The node agent: bytes per sample, CPU and memory next to node_exporter, adaptive
+    /// sampling (on this host).
+    Agent,
 }
 
 /// The guest scenario that measures the probes.
@@ -77,10 +94,14 @@ const BPFTRACE: ExtraDebs = ExtraDebs {
 };
 
 pub fn run(options: &Options) -> anyhow::Result<()> {
-    setup::require_root("building the guest image")?;
+    setup::require_root(match options.target {
+        Target::Probes => "building the guest image",
+        Target::Agent => "running the agent (it loads eBPF probes)",
+    })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
         Target::Probes => probes(&tools, options),
+        Target::Agent => agent::run(&tools, options),
     }
 }
 
@@ -671,6 +692,7 @@ fn utc(secs: u64) -> String {
 fn results_path(target: Target) -> PathBuf {
     let name = match target {
         Target::Probes => "probes",
+        Target::Agent => "agent",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

@@ -35,7 +35,8 @@ enum Command {
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
     /// Benchmark and write the results under bench/results/ (`probes`: eBPF cost per event vs
-    /// bpftrace, in the QEMU guest).
+    /// bpftrace, in the QEMU guest; `agent`: the node agent's wire size, CPU and memory next to
+    /// node_exporter, and adaptive sampling).
     Bench(bench::Options),
 }
 
