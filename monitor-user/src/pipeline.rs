@@ -128,23 +128,7 @@ impl Pipeline {
     }
 
     fn push(&mut self, series: &Series, emit: &Emit) {
-        let sample = match *emit {
-            Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
-                unix_ns,
-                value: match value {
-                    Value::U64(v) => v,
-                    Value::F64(v) => v.max(0.0) as u64,
-                },
-            }),
-            Emit::Gauge(e) => Sample::Gauge(GaugeSample {
-                start_unix_ns: e.start_ns,
-                end_unix_ns: e.end_ns,
-                min: e.min,
-                max: e.max,
-                mean: e.mean,
-            }),
-        };
-        if let Err(e) = self.encoder.push_sample(series, sample) {
+        if let Err(e) = self.encoder.push_sample(series, wire_sample(emit)) {
             tracing::debug!("sample of {} not encoded: {e}", series.name);
         }
     }
@@ -181,6 +165,27 @@ impl Pipeline {
     /// (frames sent, dropped because the queue was full, send errors).
     pub fn sender_stats(&self) -> crate::sender::SenderStats {
         self.sender.stats()
+    }
+}
+
+/// What the sampler emits, as a wire sample. Counters travel as whole numbers: a fractional
+/// cumulative value (NVML energy in joules) is truncated.
+pub fn wire_sample(emit: &Emit) -> Sample {
+    match *emit {
+        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
+            unix_ns,
+            value: match value {
+                Value::U64(v) => v,
+                Value::F64(v) => v.max(0.0) as u64,
+            },
+        }),
+        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
+            start_unix_ns: e.start_ns,
+            end_unix_ns: e.end_ns,
+            min: e.min,
+            max: e.max,
+            mean: e.mean,
+        }),
     }
 }
 

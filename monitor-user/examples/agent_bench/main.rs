@@ -33,7 +33,7 @@ use railscope::{
         traces::{self, Evaluation},
     },
     sources::{gpu::GpuSource, ib_sysfs::IbSysfs},
-    wire::{self, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Sample},
+    wire::{self, EncoderConfig, FrameEncoder, Key},
 };
 use serde_json::{Value as Json, json};
 
@@ -288,22 +288,7 @@ fn composition(readings: &[Reading]) -> Json {
 }
 
 fn push_emit(encoder: &mut FrameEncoder, series: &Series, emit: &Emit) {
-    let sample = match *emit {
-        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
-            unix_ns,
-            value: match value {
-                Value::U64(v) => v,
-                Value::F64(v) => v.max(0.0) as u64,
-            },
-        }),
-        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
-            start_unix_ns: e.start_ns,
-            end_unix_ns: e.end_ns,
-            min: e.min,
-            max: e.max,
-            mean: e.mean,
-        }),
-    };
+    let sample = railscope::pipeline::wire_sample(emit);
     let _ = encoder.push_sample(series, sample);
 }
 

@@ -213,7 +213,7 @@ fn download(cache_dir: &Path, kernel_package: &str) -> Result<PathBuf> {
 }
 
 /// Names of the `.deb` files in `dir`, sorted.
-fn deb_names(dir: &Path) -> Result<Vec<String>> {
+pub(super) fn deb_names(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let name = e?.file_name().to_string_lossy().into_owned();

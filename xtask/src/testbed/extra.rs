@@ -16,6 +16,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+use super::debs::deb_names;
 use super::{Timer, dir_size, mbytes, note, remove_dir_if_exists, run};
 
 /// Programs from Debian packages beyond the test bed's own, for one image variant.
@@ -141,19 +142,6 @@ fn extract(debs: &Path, tree: &Path) -> Result<()> {
         t.took()
     ));
     Ok(())
-}
-
-/// Names of the `.deb` files in `dir`, sorted.
-fn deb_names(dir: &Path) -> Result<Vec<String>> {
-    let mut names = Vec::new();
-    for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let name = e?.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".deb") {
-            names.push(name);
-        }
-    }
-    names.sort();
-    Ok(names)
 }
 
 #[cfg(test)]
