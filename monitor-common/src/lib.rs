@@ -52,10 +52,9 @@ pub mod globals {
     pub const ATTRS_UFILE_OFFSET: &str = "ATTRS_UFILE_OFFSET";
     pub const UFILE_UCONTEXT_OFFSET: &str = "UFILE_UCONTEXT_OFFSET";
     pub const UCONTEXT_DEVICE_OFFSET: &str = "UCONTEXT_DEVICE_OFFSET";
-    /// Offsets of `device` in the objects the destroy functions receive.
+    /// Offsets of `device` in the objects the destroy functions receive (QPs and CQs use
+    /// [`IB_QP_DEVICE_OFFSET`] and [`IB_CQ_DEVICE_OFFSET`]).
     pub const IB_PD_DEVICE_OFFSET: &str = "IB_PD_DEVICE_OFFSET";
-    pub const IB_CQ_DEVICE_OFFSET_DESTROY: &str = "IB_CQ_DEVICE_OFFSET_DESTROY";
-    pub const IB_QP_DEVICE_OFFSET_DESTROY: &str = "IB_QP_DEVICE_OFFSET_DESTROY";
     pub const IB_MR_DEVICE_OFFSET: &str = "IB_MR_DEVICE_OFFSET";
     pub const IB_SRQ_DEVICE_OFFSET: &str = "IB_SRQ_DEVICE_OFFSET";
     /// Tracepoint field offsets, from tracefs `format` files.

@@ -15,7 +15,7 @@ use crate::{
 };
 
 #[unsafe(no_mangle)]
-static IB_QP_DEVICE_OFFSET: Global<u32> = Global::new(0);
+pub(crate) static IB_QP_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static IB_QP_NUM_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]

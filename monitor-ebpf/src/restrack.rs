@@ -16,8 +16,9 @@ use aya_ebpf::{Global, macros::kprobe, programs::ProbeContext};
 use monitor_common::verbs::{DETAIL_USER, NO_DEVICE, RESTRACK_TYPES, Verb};
 
 use crate::{
-    device,
+    device, modify_qp,
     shared::{count, count_raw, read_at},
+    uverbs,
 };
 
 #[unsafe(no_mangle)]
@@ -105,10 +106,6 @@ fn on_destroy(ctx: &ProbeContext, verb: Verb, device_offset: &Global<u32>) {
 #[unsafe(no_mangle)]
 static IB_PD_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static IB_CQ_DEVICE_OFFSET_DESTROY: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static IB_QP_DEVICE_OFFSET_DESTROY: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
 static IB_MR_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static IB_SRQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
@@ -125,13 +122,13 @@ pub fn ib_dealloc_pd_user(ctx: ProbeContext) -> u32 {
 
 #[kprobe]
 pub fn ib_destroy_cq_user(ctx: ProbeContext) -> u32 {
-    on_destroy(&ctx, Verb::CqDestroy, &IB_CQ_DEVICE_OFFSET_DESTROY);
+    on_destroy(&ctx, Verb::CqDestroy, &uverbs::IB_CQ_DEVICE_OFFSET);
     0
 }
 
 #[kprobe]
 pub fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
-    on_destroy(&ctx, Verb::QpDestroy, &IB_QP_DEVICE_OFFSET_DESTROY);
+    on_destroy(&ctx, Verb::QpDestroy, &modify_qp::IB_QP_DEVICE_OFFSET);
     0
 }
 

@@ -22,7 +22,7 @@ static UFILE_UCONTEXT_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static UCONTEXT_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static IB_CQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
+pub(crate) static IB_CQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
 
 /// The device of a `struct uverbs_attr_bundle *`, through the file's user context
 /// (`attrs->context` is only set once the handler has looked up its object).

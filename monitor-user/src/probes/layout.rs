@@ -168,14 +168,8 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
     }
     Ok(vec![
         u32g(g::IB_PD_DEVICE_OFFSET, btf.field("ib_pd", "device")?.offset),
-        u32g(
-            g::IB_CQ_DEVICE_OFFSET_DESTROY,
-            btf.field("ib_cq", "device")?.offset,
-        ),
-        u32g(
-            g::IB_QP_DEVICE_OFFSET_DESTROY,
-            btf.field("ib_qp", "device")?.offset,
-        ),
+        u32g(g::IB_CQ_DEVICE_OFFSET, btf.field("ib_cq", "device")?.offset),
+        u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
         u32g(g::IB_MR_DEVICE_OFFSET, btf.field("ib_mr", "device")?.offset),
         u32g(
             g::IB_SRQ_DEVICE_OFFSET,
