@@ -88,6 +88,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     eprint!("{}", render_table(&rows));
 
     let mut rescan = tokio::time::interval(options.rescan);
+    let mut last_rescan = std::time::Instant::now();
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
     counters.tick().await; // the first tick is immediate: skip it
@@ -119,18 +120,26 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                     })
                     .and_then(|()| out.flush());
             }
-            _ = rescan.tick() => {
+            // With a pipeline, the poller's sweeps pace the rescans (one wake-up a second, not
+            // two).
+            _ = rescan.tick(), if pipeline.is_none() => {
                 for (family, state) in &mut families {
                     rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
                 }
             }
             polled = next_polled(&mut pipeline) => match polled {
-                Polled::Readings(mut readings) => {
+                Polled::Samples(samples) => {
+                    if last_rescan.elapsed() >= options.rescan {
+                        last_rescan = std::time::Instant::now();
+                        for (family, state) in &mut families {
+                            rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
+                        }
+                    }
                     let now = crate::kernel::realtime_ns();
                     let counts = decode::decode_counts(&all_counts(&families), &names, &mut cgroups);
-                    readings.extend(pipeline::verb_readings(&counts, now));
                     if let Some(p) = pipeline.as_mut() {
-                        p.on_readings(&readings);
+                        p.on_samples(&samples);
+                        p.on_readings(&pipeline::verb_readings(&counts, now));
                     }
                 }
                 Polled::Gpu(event) => {

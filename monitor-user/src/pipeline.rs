@@ -3,7 +3,9 @@
 //! - a poller thread reads the polled sources (IB sysfs counters, NVML GPU metrics) every
 //!   minimum interval — off the async runtime, because sysfs reads and NVML calls block — and
 //!   a bridge thread forwards GPU events (XID, GPU lost) the moment NVML reports them;
-//! - the adaptive sampler decides, per series, what each reading adds to the next send;
+//! - the adaptive sampler decides, per series, when to read it (the poller asks it before
+//!   reading each IB file) and what each reading adds to the next send. The poller owns the
+//!   sampler of what it reads; the agent's loop has one for the probes' verb counters;
 //! - the frame encoder batches samples until the flush interval and sends events at once;
 //! - the sender ships frames over UDP without ever blocking this loop.
 //!
@@ -27,7 +29,7 @@ use crate::{
     sender::{Sender, SenderHandle},
     sources::{
         gpu::{GpuEvent, GpuSource},
-        ib_sysfs::IbSysfs,
+        ib_sysfs::{IbSysfs, ReadingSink},
     },
     wire::{self, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Sample},
 };
@@ -55,18 +57,43 @@ pub struct PipelineOptions {
 
 /// What the poller threads hand to the agent's loop.
 pub enum Polled {
-    Readings(Vec<Reading>),
+    /// What the poller's sampler decided to send after one sweep of the sources.
+    Samples(Vec<(Series, Emit)>),
     Gpu(GpuEvent),
 }
 
+/// Asks the poller for what its sampler read but has not sent yet (at shutdown).
+type FlushRequest = std_mpsc::SyncSender<Vec<(Series, Emit)>>;
+
 /// The running pipeline, driven by the agent's loop.
 pub struct Pipeline {
+    /// Samples the readings handed to [`Pipeline::on_readings`] (the verb counters).
     sampler: AdaptiveSampler,
     encoder: FrameEncoder,
     sender: SenderHandle,
     polled: mpsc::Receiver<Polled>,
+    poller: std_mpsc::Sender<FlushRequest>,
     pub flush_every: Duration,
     pub interval: Duration,
+}
+
+/// The agent's sampling configuration: `interval` as the minimum, and IB sysfs series read
+/// at least every second minimum interval when stable (a changed counter or port attribute is
+/// then seen at most two intervals late, and counters lose nothing: their cumulative values
+/// are sent). GPU series are read every minimum interval.
+pub fn sampler_config(interval: Duration, adaptive: bool) -> AdaptiveSampler {
+    let config = SamplerConfig {
+        min_interval: interval,
+        ..SamplerConfig::default()
+    };
+    if !adaptive {
+        return AdaptiveSampler::new(config.fixed());
+    }
+    let ib = SamplerConfig {
+        ground_truth_every: 2,
+        ..config.clone()
+    };
+    AdaptiveSampler::new(config).with_group("ib", "railscope_ib_", ib)
 }
 
 impl Pipeline {
@@ -77,18 +104,10 @@ impl Pipeline {
         let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key)
             .context("frame encoder")?;
         let (sender, _task) = Sender::spawn(options.collector, 1024);
-        let config = SamplerConfig {
-            min_interval: options.interval,
-            ..SamplerConfig::default()
-        };
-        let config = if options.adaptive {
-            config
-        } else {
-            config.fixed()
-        };
-        let sampler = AdaptiveSampler::new(config);
+        let sampler = sampler_config(options.interval, options.adaptive);
         let (tx, polled) = mpsc::channel(64);
-        spawn_poller(options.clone(), tx)?;
+        let (poller, requests) = std_mpsc::channel();
+        spawn_poller(options.clone(), tx, requests)?;
         tracing::info!(
             "sending to {} as node {:?} (read every {:?}, sent every {:?}, adaptive sampling {})",
             options.collector,
@@ -102,6 +121,7 @@ impl Pipeline {
             encoder,
             sender,
             polled,
+            poller,
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -115,7 +135,15 @@ impl Pipeline {
         }
     }
 
-    /// Feeds one read of every source through the sampler into the encoder.
+    /// Hands what the poller's sampler decided to send to the encoder.
+    pub fn on_samples(&mut self, samples: &[(Series, Emit)]) {
+        for (series, emit) in samples {
+            self.push(series, emit);
+        }
+    }
+
+    /// Feeds readings taken on the agent's loop (the verb counters) through its sampler into
+    /// the encoder.
     pub fn on_readings(&mut self, readings: &[Reading]) {
         for reading in readings {
             let emitted = self
@@ -149,6 +177,14 @@ impl Pipeline {
     /// At shutdown: also sends what the sampler read but had not sent yet (the latest value
     /// of every series), so the collector ends with the node's final state.
     pub fn flush_all(&mut self) {
+        let (reply, pending) = std_mpsc::sync_channel(1);
+        if self.poller.send(reply).is_ok() {
+            // The poller answers between two sweeps; a sweep takes milliseconds.
+            match pending.recv_timeout(Duration::from_secs(2)) {
+                Ok(samples) => self.on_samples(&samples),
+                Err(e) => tracing::warn!("the poller's last samples are not sent: {e}"),
+            }
+        }
         for (series, emit) in self.sampler.flush() {
             self.push(&series, &emit);
         }
@@ -237,15 +273,24 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn spawn_poller(options: PipelineOptions, tx: mpsc::Sender<Polled>) -> anyhow::Result<()> {
+fn spawn_poller(
+    options: PipelineOptions,
+    tx: mpsc::Sender<Polled>,
+    requests: std_mpsc::Receiver<FlushRequest>,
+) -> anyhow::Result<()> {
     thread::Builder::new()
         .name("railscope-poll".into())
-        .spawn(move || poll(options, tx))
+        .spawn(move || poll(options, tx, requests))
         .context("starting the poller thread")?;
     Ok(())
 }
 
-fn poll(options: PipelineOptions, tx: mpsc::Sender<Polled>) {
+fn poll(
+    options: PipelineOptions,
+    tx: mpsc::Sender<Polled>,
+    requests: std_mpsc::Receiver<FlushRequest>,
+) {
+    let mut sampler = sampler_config(options.interval, options.adaptive);
     let mut ib = IbSysfs::new(options.sysfs_root.clone());
     let class = options.sysfs_root.join("class/infiniband");
     if !class.is_dir() {
@@ -273,17 +318,55 @@ fn poll(options: PipelineOptions, tx: mpsc::Sender<Polled>) {
             Err(e) => tracing::warn!("{e}"),
         }
     }
+    let mut samples = Vec::new();
     loop {
         let started = Instant::now();
         let now = realtime_ns();
-        let mut readings = ib.read(now);
+        let mut sink = SamplingSink {
+            sampler: &mut sampler,
+            unix_ns: now,
+            samples: &mut samples,
+        };
+        ib.read_into(&mut sink);
         if let Some(source) = gpu.as_mut() {
-            readings.extend(source.read(now));
+            for reading in source.read(now) {
+                sink.reading(&reading.series, reading.value);
+            }
         }
-        if tx.blocking_send(Polled::Readings(readings)).is_err() {
+        // Sent even when empty: each sweep is also the agent loop's cue to read the verb
+        // counters.
+        if tx
+            .blocking_send(Polled::Samples(std::mem::take(&mut samples)))
+            .is_err()
+        {
             return; // the agent stopped
         }
-        thread::sleep(options.interval.saturating_sub(started.elapsed()));
+        match requests.recv_timeout(options.interval.saturating_sub(started.elapsed())) {
+            Ok(reply) => {
+                let _ = reply.send(sampler.flush());
+            }
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return, // the agent stopped
+        }
+    }
+}
+
+/// Hands each value the poller reads straight to its sampler, and keeps what it says to send.
+struct SamplingSink<'a> {
+    sampler: &'a mut AdaptiveSampler,
+    unix_ns: u64,
+    samples: &'a mut Vec<(Series, Emit)>,
+}
+
+impl ReadingSink for SamplingSink<'_> {
+    fn due(&mut self, series: &Series) -> bool {
+        self.sampler.due(series, self.unix_ns)
+    }
+
+    fn reading(&mut self, series: &Series, value: Value) {
+        let emitted = self.sampler.observe(series, value, self.unix_ns);
+        self.samples
+            .extend(emitted.into_iter().map(|e| (series.clone(), e)));
     }
 }
 

@@ -305,7 +305,7 @@ struct State {
 pub struct AdaptiveSampler {
     /// `(group name, metric name prefix, config)`; index 0 is the default, prefix "".
     groups: Vec<(String, String, SamplerConfig)>,
-    series: HashMap<Series, State>,
+    series: HashMap<Series, State, foldhash::fast::RandomState>,
     seed: u64,
 }
 
@@ -314,7 +314,7 @@ impl AdaptiveSampler {
     pub fn new(default: SamplerConfig) -> Self {
         Self {
             groups: vec![("default".into(), String::new(), default)],
-            series: HashMap::new(),
+            series: HashMap::default(),
             seed: 0x5eed_0f7a_115c_a1e5,
         }
     }

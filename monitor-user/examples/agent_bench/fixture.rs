@@ -7,13 +7,16 @@
 //! counters (data, packets, RDMA requests, transmit wait) that grow at training rates whose
 //! level changes from second to second by up to ±20 %, about 10 *slow* error and management
 //! counters that tick now and then, and the rest constant. [`Fixture::advance`] moves the
-//! model on by a time step and rewrites the files that changed; each file is written to a
-//! staging directory outside `class/` and renamed into place, so a reader sees either the old
-//! or the new value, never a partial file.
+//! model on by a time step and rewrites the files that changed in place, as sysfs changes a
+//! file's contents but never the file: a reader that keeps a counter file open and reads it
+//! again from offset 0 sees each new value. Counter values are written zero-padded to 20
+//! digits with one `pwrite` at offset 0, so a file's length never changes and a reader never
+//! sees it empty or cut (node_exporter and railscope both parse `00000000000000001234` as
+//! 1234).
 
 use std::{
     fs,
-    io::Write as _,
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
 };
 
@@ -35,6 +38,8 @@ enum Motion {
 
 struct File {
     path: PathBuf,
+    /// Opened at the first rewrite.
+    handle: Option<fs::File>,
     value: u64,
     motion: Motion,
     /// Index of the port whose traffic level drives a fast counter.
@@ -45,7 +50,6 @@ struct File {
 /// so the same fixture serves a real-time writer and a simulated sweep.
 pub struct Fixture {
     root: PathBuf,
-    staging: PathBuf,
     files: Vec<File>,
     devices: usize,
     rng: Rng,
@@ -159,14 +163,11 @@ pub struct Shape {
 }
 
 impl Fixture {
-    /// Creates the tree under `root` (emptied first): `root/class/infiniband/...`, with the
-    /// staging directory `root/.staging`.
+    /// Creates the tree under `root` (emptied first): `root/class/infiniband/...`.
     pub fn create(root: &Path, devices: usize, seed: u64) -> std::io::Result<Self> {
         if root.exists() {
             fs::remove_dir_all(root)?;
         }
-        let staging = root.join(".staging");
-        fs::create_dir_all(&staging)?;
         let mut rng = Rng::new(seed);
         let mut files = Vec::new();
         for d in 0..devices {
@@ -207,9 +208,10 @@ impl Fixture {
                         _ => start,
                     };
                     let path = dir.join(name);
-                    fs::write(&path, format!("{value}\n"))?;
+                    fs::write(&path, counter_text(value))?;
                     files.push(File {
                         path,
+                        handle: None,
                         value,
                         motion,
                         port: d,
@@ -219,7 +221,6 @@ impl Fixture {
         }
         Ok(Self {
             root: root.to_path_buf(),
-            staging,
             files,
             devices,
             rng,
@@ -286,11 +287,17 @@ impl Fixture {
 
     fn write(&mut self, i: usize) -> std::io::Result<()> {
         self.writes += 1;
-        let tmp = self.staging.join(format!("w{}", self.writes));
-        {
-            let mut out = fs::File::create(&tmp)?;
-            writeln!(out, "{}", self.files[i].value)?;
-        }
-        fs::rename(&tmp, &self.files[i].path)
+        let f = &mut self.files[i];
+        let text = counter_text(f.value);
+        let handle = match &mut f.handle {
+            Some(h) => h,
+            slot => slot.insert(fs::OpenOptions::new().write(true).open(&f.path)?),
+        };
+        handle.write_all_at(text.as_bytes(), 0)
     }
+}
+
+/// A counter file's contents: fixed width, so rewriting in place never changes the length.
+fn counter_text(value: u64) -> String {
+    format!("{value:020}\n")
 }

@@ -9,6 +9,19 @@
 //! - `hw_counters/` at device level (mlx5),
 //! - the port attributes `state`, `phys_state`, `rate` and `link_layer`.
 //!
+//! [`IbSysfs::read_due`] reads only the files whose series the adaptive sampler wants now; the
+//! agent uses it, so a stable counter is read at its collection interval, not every sweep.
+//!
+//! # Cost
+//!
+//! The agent reads hundreds of these files a second on every node, so the source keeps them
+//! open and reads each again with one `pread` at offset 0: sysfs builds an attribute's text
+//! anew on every read from offset 0, and one system call replaces `open`, `read` and `close`
+//! (and the path walk). A device's directories are listed when it appears, again every
+//! `replan_every` (60 s) to pick up files that appeared, and at the next read after one of its
+//! files was found missing. A file whose read fails is closed and opened again by path at its
+//! next read.
+//!
 //! Counter files are not filtered against a list: a name this code has never seen (new
 //! firmware, another driver) becomes a series like any other. A file that cannot be read or
 //! holds something unexpected is reported once with `tracing::warn!` naming the file, listed in
@@ -48,9 +61,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs,
-    io::{self, Read as _},
+    fs, io,
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use crate::metrics::{Kind, Labels, Reading, Series, Value};
@@ -169,17 +183,18 @@ pub struct PortLink {
     pub link_layer: Option<LinkLayer>,
 }
 
-/// The IB sysfs source. Keeps only what it needs to report changes: the devices seen by the
-/// last scan and the files already warned about.
+/// The IB sysfs source: per device present, the files it reads, kept open; the problems of
+/// the files that are failing now, and the ones already warned about.
 #[derive(Debug)]
 pub struct IbSysfs {
     root: PathBuf,
-    devices: BTreeSet<String>,
+    devices: BTreeMap<String, DevicePlan>,
     class_seen: Option<bool>,
     warned: BTreeSet<PathBuf>,
-    problems: Vec<SysfsError>,
+    problems: BTreeMap<PathBuf, SysfsError>,
     links: Vec<PortLink>,
     buf: Vec<u8>,
+    replan_every: Duration,
 }
 
 impl Default for IbSysfs {
@@ -188,27 +203,168 @@ impl Default for IbSysfs {
     }
 }
 
+/// How a counter file's number becomes a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Convert {
+    Count,
+    /// `port_xmit_data` and `port_rcv_data` count 4-byte words.
+    Words,
+    /// `hw_counters/lifespan`: milliseconds, sent as a gauge in seconds.
+    LifespanMs,
+}
+
+/// A file kept open and read again from offset 0: sysfs builds an attribute's text anew on
+/// every read at offset 0, so one `pread` replaces `open`, `read` and `close`.
+#[derive(Debug)]
+struct OpenFile {
+    path: PathBuf,
+    file: Option<fs::File>,
+}
+
+impl OpenFile {
+    fn new(path: PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    /// The whole contents, (re)opening the file when needed. After an error the file is
+    /// closed, so the next read opens the path again (a file replaced, a device re-registered).
+    fn read<'b>(&mut self, buf: &'b mut [u8]) -> io::Result<&'b [u8]> {
+        let file = match &mut self.file {
+            Some(file) => file,
+            slot => slot.insert(fs::File::open(&self.path)?),
+        };
+        // One read: a sysfs attribute gives its whole text (at most a page) at once; reading
+        // on to see the end of the file would double the system calls.
+        loop {
+            match file.read_at(buf, 0) {
+                Ok(n) => return Ok(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.file = None;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CounterFile {
+    file: OpenFile,
+    series: Series,
+    convert: Convert,
+}
+
+#[derive(Debug)]
+struct PortPlan {
+    link: PortLink,
+    state: OpenFile,
+    phys_state: OpenFile,
+    rate: OpenFile,
+    link_layer: OpenFile,
+    state_series: Series,
+    phys_state_series: Series,
+    rate_series: Series,
+    width_series: Series,
+    /// `railscope_ib_port_link_layer_info` with the link layer last read as a label.
+    link_layer_series: Option<Series>,
+    counters: Vec<CounterFile>,
+}
+
+/// One device's files, from listing its directories.
+#[derive(Debug)]
+struct DevicePlan {
+    dir: PathBuf,
+    ports: Vec<PortPlan>,
+    counters: Vec<CounterFile>,
+    planned_at: Instant,
+    /// A file listed in the plan was gone: list the directories again at the next read.
+    stale: bool,
+}
+
+/// Where the values of a sweep go, and which series it reads: the agent hands them straight
+/// to its sampler, so no reading is built for a value the sampler only folds into a window.
+pub trait ReadingSink {
+    /// Whether to read the file of `series` in this sweep.
+    fn due(&mut self, series: &Series) -> bool;
+    /// A value read.
+    fn reading(&mut self, series: &Series, value: Value);
+}
+
+/// The sink of [`IbSysfs::read_due`]: readings in a vector.
+struct Collect<'a, F> {
+    out: &'a mut Vec<Reading>,
+    unix_ns: u64,
+    due: F,
+}
+
+impl<F: FnMut(&Series) -> bool> ReadingSink for Collect<'_, F> {
+    fn due(&mut self, series: &Series) -> bool {
+        (self.due)(series)
+    }
+
+    fn reading(&mut self, series: &Series, value: Value) {
+        self.out.push(Reading {
+            series: series.clone(),
+            value,
+            unix_ns: self.unix_ns,
+        });
+    }
+}
+
+/// What one read of the source touches: where values go (nowhere when only the link facts
+/// are read), the buffer and the problem list.
+struct Sweep<'a, 's> {
+    sink: Option<&'s mut dyn ReadingSink>,
+    buf: &'a mut [u8],
+    problems: &'a mut BTreeMap<PathBuf, SysfsError>,
+}
+
 impl IbSysfs {
     /// `root` is the directory holding `class/infiniband`: `/sys` on a node, a fixture tree in
     /// tests.
     pub fn new(root: PathBuf) -> Self {
         Self {
             root,
-            devices: BTreeSet::new(),
+            devices: BTreeMap::new(),
             class_seen: None,
             warned: BTreeSet::new(),
-            problems: Vec::new(),
+            problems: BTreeMap::new(),
             links: Vec::new(),
-            buf: Vec::with_capacity(64),
+            buf: vec![0; 4096],
+            replan_every: Duration::from_secs(60),
         }
+    }
+
+    /// How often each device's directories are listed again, to find counter files that
+    /// appeared (a firmware update, a driver reloaded between two reads). Default 60 s.
+    pub fn with_replan_every(mut self, every: Duration) -> Self {
+        self.replan_every = every;
+        self
     }
 
     /// Reads every counter and port attribute of every device present now, stamped `unix_ns`.
     /// Readings come sorted by device, port, then file name.
     pub fn read(&mut self, unix_ns: u64) -> Vec<Reading> {
+        self.read_due(unix_ns, |_| true)
+    }
+
+    /// Like [`read`](Self::read), but reads only the files whose series `due` asks for (the
+    /// adaptive sampler's read schedule). A port attribute is read when its first series is
+    /// due (`rate` for either of its two).
+    pub fn read_due(&mut self, unix_ns: u64, due: impl FnMut(&Series) -> bool) -> Vec<Reading> {
         let mut out = Vec::new();
-        self.scan(Some((&mut out, unix_ns)));
+        self.read_into(&mut Collect {
+            out: &mut out,
+            unix_ns,
+            due,
+        });
         out
+    }
+
+    /// Reads the files of the series `sink` says are due, handing it each value.
+    pub fn read_into(&mut self, sink: &mut dyn ReadingSink) {
+        self.scan(Some(sink));
     }
 
     /// Reads only the port attributes (`state`, `phys_state`, `rate`, `link_layer`) of every
@@ -225,21 +381,21 @@ impl IbSysfs {
         &self.links
     }
 
-    /// What went wrong in the last scan, one entry per file. Empty when everything was read.
-    pub fn problems(&self) -> &[SysfsError] {
-        &self.problems
+    /// The files failing now, one entry per file, each as of its last read. Empty when
+    /// everything was read.
+    pub fn problems(&self) -> Vec<&SysfsError> {
+        self.problems.values().collect()
     }
 
     /// The devices found by the last scan.
     pub fn devices(&self) -> impl Iterator<Item = &str> {
-        self.devices.iter().map(String::as_str)
+        self.devices.keys().map(String::as_str)
     }
 
-    fn scan(&mut self, mut counters: Option<(&mut Vec<Reading>, u64)>) {
-        let mut problems = Vec::new();
-        let mut links = Vec::new();
-        let mut present = BTreeSet::new();
+    fn scan(&mut self, sink: Option<&mut dyn ReadingSink>) {
         let class = self.root.join("class/infiniband");
+        let class_problem = class.clone();
+        self.problems.remove(&class_problem);
         let names = match list_dir(&class) {
             Ok(names) => {
                 if self.class_seen != Some(true) {
@@ -256,270 +412,423 @@ impl IbSysfs {
                 Vec::new()
             }
             Err(e) => {
-                problems.push(e);
-                Vec::new()
+                self.problems.insert(class_problem, e);
+                // Keep reading the devices already known.
+                self.devices.keys().cloned().collect()
             }
         };
 
-        for device in names {
-            let dir = class.join(&device);
-            let mut scan = DeviceScan {
-                device: &device,
-                dir: &dir,
-                buf: &mut self.buf,
-                problems: Vec::new(),
-                links: Vec::new(),
-                readings: counters.as_mut().map(|(_, ns)| (Vec::new(), *ns)),
+        let mut sweep = Sweep {
+            sink,
+            buf: &mut self.buf,
+            problems: &mut self.problems,
+        };
+        let before: BTreeSet<String> = self.devices.keys().cloned().collect();
+        let mut present = BTreeMap::new();
+        for name in names {
+            let dir = class.join(&name);
+            let plan = match self.devices.remove(&name) {
+                Some(plan) if !plan.stale && plan.planned_at.elapsed() < self.replan_every => {
+                    Some(plan)
+                }
+                _ => {
+                    forget_listing_problems(sweep.problems, &dir);
+                    plan_device(&name, dir.clone(), sweep.problems)
+                }
             };
-            scan.run();
-            let DeviceScan {
-                problems: dev_problems,
-                links: dev_links,
-                readings,
-                ..
-            } = scan;
+            let Some(mut plan) = plan else {
+                // Gone while being listed: a device unregistered during the scan.
+                tracing::debug!(device = name, "vanished while being listed");
+                forget_problems_under(sweep.problems, &dir);
+                continue;
+            };
+            let failed = sweep.device(&mut plan);
             // A device unregistered while it was being read leaves files that vanished; that
             // is the device going away, not a broken file.
-            if !dev_problems.is_empty() && !dir.is_dir() {
-                tracing::debug!(device, "vanished while being read");
+            if failed && !plan.dir.is_dir() {
+                tracing::debug!(device = name, "vanished while being read");
+                forget_problems_under(sweep.problems, &plan.dir);
                 continue;
             }
-            present.insert(device);
-            problems.extend(dev_problems);
-            links.extend(dev_links);
-            if let (Some((out, _)), Some((mut readings, _))) = (counters.as_mut(), readings) {
-                out.append(&mut readings);
-            }
+            present.insert(name, plan);
         }
 
-        for gone in self.devices.difference(&present) {
+        // What is left of the previous plans: devices no longer listed.
+        for (gone, plan) in &self.devices {
+            forget_problems_under(&mut self.problems, &plan.dir);
+            if before.contains(gone) {
+                tracing::info!(device = %gone, "RDMA device disappeared");
+            }
+        }
+        for gone in before.iter().filter(|d| !present.contains_key(*d) && !self.devices.contains_key(*d)) {
             tracing::info!(device = %gone, "RDMA device disappeared");
         }
-        for new in present.difference(&self.devices) {
+        for new in present.keys().filter(|d| !before.contains(*d)) {
             tracing::info!(device = %new, "RDMA device appeared");
         }
         self.devices = present;
+        self.links = self
+            .devices
+            .values()
+            .flat_map(|d| d.ports.iter().map(|p| p.link.clone()))
+            .collect();
 
-        let now: BTreeSet<PathBuf> = problems.iter().map(|p| p.path().to_path_buf()).collect();
-        for p in &problems {
-            if !self.warned.contains(p.path()) {
+        for (path, p) in &self.problems {
+            if !self.warned.contains(path) {
                 tracing::warn!("{p}; the other counters are still read");
             }
         }
-        for fixed in self.warned.difference(&now) {
-            tracing::info!("{} reads normally again", fixed.display());
+        for fixed in &self.warned {
+            if !self.problems.contains_key(fixed) {
+                tracing::info!("{} reads normally again", fixed.display());
+            }
         }
-        self.warned = now;
-        self.problems = problems;
-        self.links = links;
+        self.warned = self.problems.keys().cloned().collect();
     }
 }
 
-/// One device's part of a scan.
-struct DeviceScan<'a> {
-    device: &'a str,
-    dir: &'a Path,
-    buf: &'a mut Vec<u8>,
-    problems: Vec<SysfsError>,
-    links: Vec<PortLink>,
-    /// `None` when only the link facts are read.
-    readings: Option<(Vec<Reading>, u64)>,
-}
-
-impl DeviceScan<'_> {
-    fn run(&mut self) {
-        let ports_dir = self.dir.join("ports");
-        let mut ports: Vec<(u32, String)> = Vec::new();
-        match list_dir(&ports_dir) {
-            Ok(names) => {
-                for name in names {
-                    match name.parse::<u32>() {
-                        Ok(n) => ports.push((n, name)),
-                        Err(_) => self.problems.push(SysfsError::Malformed {
-                            path: ports_dir.join(&name),
-                            value: name,
-                            expected: "a port number",
-                        }),
+/// Lists a device's directories: its ports, each port's attributes and counter files, the
+/// device-level counters. `None` when the device directory itself is gone.
+fn plan_device(
+    device: &str,
+    dir: PathBuf,
+    problems: &mut BTreeMap<PathBuf, SysfsError>,
+) -> Option<DevicePlan> {
+    let ports_dir = dir.join("ports");
+    let mut port_names: Vec<(u32, String)> = Vec::new();
+    match list_dir(&ports_dir) {
+        Ok(names) => {
+            for name in names {
+                match name.parse::<u32>() {
+                    Ok(n) => port_names.push((n, name)),
+                    Err(_) => {
+                        let path = ports_dir.join(&name);
+                        problems.insert(
+                            path.clone(),
+                            SysfsError::Malformed {
+                                path,
+                                value: name,
+                                expected: "a port number",
+                            },
+                        );
                     }
                 }
             }
-            Err(e) => self.problems.push(e),
         }
-        ports.sort();
-        for (port, name) in ports {
-            self.port(port, &ports_dir.join(name));
+        Err(e) if !dir.is_dir() => {
+            drop(e);
+            return None;
         }
-        if self.readings.is_some() {
-            let labels = Labels::new([("device", self.device)]);
-            self.counter_dir(&self.dir.join("hw_counters"), &labels, None);
+        Err(e) => {
+            problems.insert(e.path().to_path_buf(), e);
         }
     }
-
-    fn port(&mut self, port: u32, dir: &Path) {
+    port_names.sort();
+    let mut ports = Vec::new();
+    for (port, name) in port_names {
+        let pdir = ports_dir.join(name);
         let port_label = port.to_string();
-        let labels = Labels::new([("device", self.device), ("port", port_label.as_str())]);
-        let mut link = PortLink {
-            device: self.device.to_string(),
-            port,
-            state: None,
-            phys_state: None,
-            rate: None,
-            link_layer: None,
+        let labels = Labels::new([("device", device), ("port", port_label.as_str())]);
+        let gauge = |name: &str| Series {
+            name: format!("{PREFIX}{name}"),
+            labels: labels.clone(),
+            kind: Kind::Gauge,
         };
-
-        link.state = self.coded(&dir.join("state"), &STATE_NAMES);
-        link.phys_state = self.coded(&dir.join("phys_state"), &PHYS_STATE_NAMES);
-        let path = dir.join("rate");
-        if let Some(text) = self.text(&path) {
-            match parse_rate(&text) {
-                Ok(rate) => link.rate = Some(rate),
-                Err(partial) => {
-                    link.rate = partial;
-                    self.problems.push(SysfsError::Malformed {
-                        path,
-                        value: text,
-                        expected: "\"<rate> Gb/sec (<width>X <speed>)\"",
-                    });
-                }
-            }
-        }
-        let path = dir.join("link_layer");
-        if let Some(text) = self.text(&path) {
-            match parse_link_layer(&text) {
-                LinkLayer::Other(s) if s.is_empty() => self.problems.push(SysfsError::Malformed {
-                    path,
-                    value: text,
-                    expected: "InfiniBand or Ethernet",
-                }),
-                LinkLayer::Other(s) => {
-                    self.problems.push(SysfsError::Malformed {
-                        path,
-                        value: text,
-                        expected: "InfiniBand or Ethernet",
-                    });
-                    link.link_layer = Some(LinkLayer::Other(s));
-                }
-                known => link.link_layer = Some(known),
-            }
-        }
-
-        if let Some((out, ns)) = self.readings.as_mut() {
-            let ns = *ns;
-            let mut gauge = |name: &str, value: Value, labels: Labels| {
-                out.push(Reading {
-                    series: Series {
-                        name: format!("{PREFIX}{name}"),
-                        labels,
-                        kind: Kind::Gauge,
-                    },
-                    value,
-                    unix_ns: ns,
-                });
-            };
-            if let Some(s) = &link.state {
-                gauge("port_state", Value::U64(s.code.into()), labels.clone());
-            }
-            if let Some(s) = &link.phys_state {
-                gauge("port_phys_state", Value::U64(s.code.into()), labels.clone());
-            }
-            if let Some(r) = &link.rate {
-                gauge("port_rate_gbps", Value::F64(r.gbps), labels.clone());
-                if let Some(w) = r.width_lanes {
-                    gauge("port_width_lanes", Value::U64(w.into()), labels.clone());
-                }
-            }
-            if let Some(l) = &link.link_layer {
-                let with_layer = Labels::new([
-                    ("device", self.device),
-                    ("port", port_label.as_str()),
-                    ("link_layer", l.as_str()),
-                ]);
-                gauge("port_link_layer_info", Value::U64(1), with_layer);
-            }
-            let taken = self.counter_dir(&dir.join("counters"), &labels, None);
-            self.counter_dir(&dir.join("hw_counters"), &labels, Some(&taken));
-        }
-        self.links.push(link);
+        let mut counters = counter_files(&pdir.join("counters"), &labels, None, problems);
+        let taken: BTreeSet<String> = counters.iter().map(|c| c.series.name.clone()).collect();
+        counters.extend(counter_files(
+            &pdir.join("hw_counters"),
+            &labels,
+            Some(&taken),
+            problems,
+        ));
+        ports.push(PortPlan {
+            link: PortLink {
+                device: device.to_string(),
+                port,
+                state: None,
+                phys_state: None,
+                rate: None,
+                link_layer: None,
+            },
+            state: OpenFile::new(pdir.join("state")),
+            phys_state: OpenFile::new(pdir.join("phys_state")),
+            rate: OpenFile::new(pdir.join("rate")),
+            link_layer: OpenFile::new(pdir.join("link_layer")),
+            state_series: gauge("port_state"),
+            phys_state_series: gauge("port_phys_state"),
+            rate_series: gauge("port_rate_gbps"),
+            width_series: gauge("port_width_lanes"),
+            link_layer_series: None,
+            counters,
+        });
     }
+    let labels = Labels::new([("device", device)]);
+    let counters = counter_files(&dir.join("hw_counters"), &labels, None, problems);
+    Some(DevicePlan {
+        dir,
+        ports,
+        counters,
+        planned_at: Instant::now(),
+        stale: false,
+    })
+}
 
-    /// Reads every file of a counter directory into readings; an absent directory is normal
-    /// (rxe has no `counters/`, IB-only drivers no `hw_counters/`). Returns the series names
-    /// used, so a second directory of the same port can avoid them.
-    fn counter_dir(
-        &mut self,
-        dir: &Path,
-        labels: &Labels,
-        taken: Option<&BTreeSet<String>>,
-    ) -> BTreeSet<String> {
-        let mut used = BTreeSet::new();
-        let names = match list_files(dir) {
-            Ok(names) => names,
-            Err(e) if e.not_found() && self.dir.is_dir() => return used,
-            Err(e) => {
-                self.problems.push(e);
-                return used;
-            }
-        };
-        let mut values = Vec::with_capacity(names.len());
-        for file in names {
-            let path = dir.join(&file);
-            let Some(text) = self.text(&path) else {
-                continue;
-            };
-            if file == "lifespan" {
-                match text.trim().parse::<u64>() {
-                    Ok(ms) => values.push((
-                        "hw_counters_lifespan_seconds".to_string(),
-                        Kind::Gauge,
-                        Value::F64(ms as f64 / 1000.0),
-                    )),
-                    Err(_) => self.problems.push(SysfsError::Malformed {
-                        path,
-                        value: text,
-                        expected: "milliseconds",
-                    }),
-                }
-                continue;
-            }
-            let Ok(raw) = text.trim().parse::<u64>() else {
-                self.problems.push(SysfsError::Malformed {
-                    path,
-                    value: text,
-                    expected: "an unsigned integer",
-                });
-                continue;
-            };
-            let (stem, value) = match file.as_str() {
-                "port_xmit_data" => ("port_xmit_bytes".to_string(), raw.saturating_mul(4)),
-                "port_rcv_data" => ("port_rcv_bytes".to_string(), raw.saturating_mul(4)),
-                _ => (metric_stem(&file), raw),
-            };
-            let mut name = format!("{stem}_total");
-            if taken.is_some_and(|t| t.contains(&name)) {
-                name = format!("hw_{name}");
-            }
-            used.insert(name.clone());
-            values.push((name, Kind::Counter, Value::U64(value)));
+/// The files of a counter directory, with their series; an absent directory is normal (rxe
+/// has no `counters/`, IB-only drivers no `hw_counters/`). `taken`: the series names of the
+/// port's `counters/`, which a `hw_counters/` file must not reuse.
+fn counter_files(
+    dir: &Path,
+    labels: &Labels,
+    taken: Option<&BTreeSet<String>>,
+    problems: &mut BTreeMap<PathBuf, SysfsError>,
+) -> Vec<CounterFile> {
+    let names = match list_files(dir) {
+        Ok(names) => names,
+        Err(e) if e.not_found() => return Vec::new(),
+        Err(e) => {
+            problems.insert(dir.to_path_buf(), e);
+            return Vec::new();
         }
-        if let Some((out, ns)) = self.readings.as_mut() {
-            out.extend(values.into_iter().map(|(name, kind, value)| Reading {
+    };
+    names
+        .into_iter()
+        .map(|file| {
+            let (name, kind, convert) = match file.as_str() {
+                "lifespan" => (
+                    "hw_counters_lifespan_seconds".to_string(),
+                    Kind::Gauge,
+                    Convert::LifespanMs,
+                ),
+                "port_xmit_data" => (
+                    "port_xmit_bytes_total".to_string(),
+                    Kind::Counter,
+                    Convert::Words,
+                ),
+                "port_rcv_data" => (
+                    "port_rcv_bytes_total".to_string(),
+                    Kind::Counter,
+                    Convert::Words,
+                ),
+                _ => (
+                    format!("{}_total", metric_stem(&file)),
+                    Kind::Counter,
+                    Convert::Count,
+                ),
+            };
+            let mut name = format!("{PREFIX}{name}");
+            if kind == Kind::Counter && taken.is_some_and(|t| t.contains(&name)) {
+                name = format!("{PREFIX}hw_{}", &name[PREFIX.len()..]);
+            }
+            CounterFile {
+                file: OpenFile::new(dir.join(&file)),
                 series: Series {
-                    name: format!("{PREFIX}{name}"),
+                    name,
                     labels: labels.clone(),
                     kind,
                 },
-                value,
-                unix_ns: *ns,
-            }));
-        }
-        used
+                convert,
+            }
+        })
+        .collect()
+}
+
+/// Drops the directory-listing problems under `dir` (they are found again when it is listed).
+fn forget_listing_problems(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Path) {
+    problems.retain(|path, p| {
+        !(path.starts_with(dir) && matches!(p, SysfsError::List { .. } | SysfsError::Malformed { expected: "a port number", .. }))
+    });
+}
+
+/// Drops every problem under `dir`: the device went away, and its files with it.
+fn forget_problems_under(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Path) {
+    problems.retain(|path, _| !path.starts_with(dir));
+}
+
+impl Sweep<'_, '_> {
+    /// Whether to read the file of `series` (always, when only the link facts are read).
+    fn due(&mut self, series: &Series) -> bool {
+        self.sink.as_mut().is_none_or(|sink| sink.due(series))
     }
 
-    fn coded(&mut self, path: &Path, names: &[&str]) -> Option<CodedState> {
-        let text = self.text(path)?;
+    /// Reads one device's due files. Returns whether any read failed.
+    fn device(&mut self, plan: &mut DevicePlan) -> bool {
+        let mut failed = false;
+        for port in &mut plan.ports {
+            failed |= self.port(port, &mut plan.stale);
+        }
+        if self.sink.is_some() {
+            for counter in &mut plan.counters {
+                failed |= self.counter(counter, &mut plan.stale);
+            }
+        }
+        failed
+    }
+
+    fn port(&mut self, port: &mut PortPlan, stale: &mut bool) -> bool {
+        let mut failed = false;
+        let counting = self.sink.is_some();
+        if self.due(&port.state_series) {
+            port.link.state = self.coded(&mut port.state, &STATE_NAMES, stale);
+            failed |= port.link.state.is_none();
+            if let Some(s) = &port.link.state {
+                self.gauge(&port.state_series, Value::U64(s.code.into()));
+            }
+        }
+        if self.due(&port.phys_state_series) {
+            port.link.phys_state = self.coded(&mut port.phys_state, &PHYS_STATE_NAMES, stale);
+            failed |= port.link.phys_state.is_none();
+            if let Some(s) = &port.link.phys_state {
+                self.gauge(&port.phys_state_series, Value::U64(s.code.into()));
+            }
+        }
+        if self.due(&port.rate_series) || self.due(&port.width_series) {
+            port.link.rate = None;
+            if let Some(text) = self.text(&mut port.rate, stale) {
+                match parse_rate(&text) {
+                    Ok(rate) => {
+                        self.ok(&port.rate.path);
+                        port.link.rate = Some(rate);
+                    }
+                    Err(partial) => {
+                        port.link.rate = partial;
+                        self.problem(SysfsError::Malformed {
+                            path: port.rate.path.clone(),
+                            value: text,
+                            expected: "\"<rate> Gb/sec (<width>X <speed>)\"",
+                        });
+                    }
+                }
+            } else {
+                failed = true;
+            }
+            if let Some(r) = &port.link.rate {
+                self.gauge(&port.rate_series, Value::F64(r.gbps));
+                if let Some(w) = r.width_lanes {
+                    self.gauge(&port.width_series, Value::U64(w.into()));
+                }
+            }
+        }
+        let layer_due = match &port.link_layer_series {
+            Some(series) => self.due(series),
+            None => true,
+        };
+        if layer_due {
+            port.link.link_layer = None;
+            if let Some(text) = self.text(&mut port.link_layer, stale) {
+                let path = &port.link_layer.path;
+                match parse_link_layer(&text) {
+                    LinkLayer::Other(s) => {
+                        self.problem(SysfsError::Malformed {
+                            path: path.clone(),
+                            value: text,
+                            expected: "InfiniBand or Ethernet",
+                        });
+                        if !s.is_empty() {
+                            port.link.link_layer = Some(LinkLayer::Other(s));
+                        }
+                    }
+                    known => {
+                        self.ok(path);
+                        port.link.link_layer = Some(known);
+                    }
+                }
+            } else {
+                failed = true;
+            }
+            if let Some(l) = &port.link.link_layer {
+                let current = port
+                    .link_layer_series
+                    .as_ref()
+                    .is_some_and(|s| s.labels.get("link_layer") == Some(l.as_str()));
+                if !current {
+                    port.link_layer_series = Some(Series {
+                        name: format!("{PREFIX}port_link_layer_info"),
+                        labels: Labels::new([
+                            ("device", port.link.device.as_str()),
+                            ("port", port.link.port.to_string().as_str()),
+                            ("link_layer", l.as_str()),
+                        ]),
+                        kind: Kind::Gauge,
+                    });
+                }
+                if let Some(series) = &port.link_layer_series {
+                    self.gauge(series, Value::U64(1));
+                }
+            }
+        }
+        if counting {
+            for counter in &mut port.counters {
+                failed |= self.counter(counter, stale);
+            }
+        }
+        failed
+    }
+
+    /// Reads one counter file when its series is due. Returns whether the read failed.
+    fn counter(&mut self, counter: &mut CounterFile, stale: &mut bool) -> bool {
+        if !self.due(&counter.series) {
+            return false;
+        }
+        let parsed = match counter.file.read(self.buf) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(bytes);
+                text.trim()
+                    .parse::<u64>()
+                    .map_err(|_| text.trim_end_matches('\n').to_string())
+            }
+            Err(source) => {
+                *stale |= source.kind() == io::ErrorKind::NotFound;
+                self.problem(SysfsError::Read {
+                    path: counter.file.path.clone(),
+                    source,
+                });
+                return true;
+            }
+        };
+        let raw = match parsed {
+            Ok(raw) => raw,
+            Err(value) => {
+                self.problem(SysfsError::Malformed {
+                    path: counter.file.path.clone(),
+                    value,
+                expected: match counter.convert {
+                    Convert::LifespanMs => "milliseconds",
+                        _ => "an unsigned integer",
+                    },
+                });
+                return false;
+            }
+        };
+        self.ok(&counter.file.path);
+        let value = match counter.convert {
+            Convert::Count => Value::U64(raw),
+            Convert::Words => Value::U64(raw.saturating_mul(4)),
+            Convert::LifespanMs => Value::F64(raw as f64 / 1000.0),
+        };
+        if let Some(sink) = self.sink.as_mut() {
+            sink.reading(&counter.series, value);
+        }
+        false
+    }
+
+    fn gauge(&mut self, series: &Series, value: Value) {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.reading(series, value);
+        }
+    }
+
+    fn coded(
+        &mut self,
+        file: &mut OpenFile,
+        names: &[&str],
+        stale: &mut bool,
+    ) -> Option<CodedState> {
+        let text = self.text(file, stale)?;
+        let path = &file.path;
         let Some(state) = parse_coded(&text) else {
-            self.problems.push(SysfsError::Malformed {
-                path: path.to_path_buf(),
+            self.problem(SysfsError::Malformed {
+                path: path.clone(),
                 value: text,
                 expected: "\"<code>: <name>\"",
             });
@@ -529,9 +838,11 @@ impl DeviceScan<'_> {
             .ok()
             .and_then(|i| names.get(i))
             .is_some_and(|n| !n.is_empty() && n.eq_ignore_ascii_case(&state.name));
-        if !known {
-            self.problems.push(SysfsError::UnknownName {
-                path: path.to_path_buf(),
+        if known {
+            self.ok(path);
+        } else {
+            self.problem(SysfsError::UnknownName {
+                path: path.clone(),
                 code: state.code,
                 name: state.name.clone(),
             });
@@ -540,24 +851,36 @@ impl DeviceScan<'_> {
     }
 
     /// The contents of one small file as text, or `None` with the problem recorded.
-    fn text(&mut self, path: &Path) -> Option<String> {
-        self.buf.clear();
-        let read = fs::File::open(path).and_then(|mut f| f.read_to_end(self.buf));
-        if let Err(source) = read {
-            self.problems.push(SysfsError::Read {
-                path: path.to_path_buf(),
-                source,
-            });
-            return None;
-        }
-        match std::str::from_utf8(self.buf) {
-            Ok(s) => Some(s.trim_end_matches('\n').to_string()),
-            Err(_) => {
-                self.problems.push(SysfsError::NotUtf8 {
-                    path: path.to_path_buf(),
+    fn text(&mut self, file: &mut OpenFile, stale: &mut bool) -> Option<String> {
+        match file.read(self.buf) {
+            Ok(bytes) => match std::str::from_utf8(bytes) {
+                Ok(s) => Some(s.trim_end_matches('\n').to_string()),
+                Err(_) => {
+                    self.problem(SysfsError::NotUtf8 {
+                        path: file.path.clone(),
+                    });
+                    None
+                }
+            },
+            Err(source) => {
+                *stale |= source.kind() == io::ErrorKind::NotFound;
+                self.problem(SysfsError::Read {
+                    path: file.path.clone(),
+                    source,
                 });
                 None
             }
+        }
+    }
+
+    fn problem(&mut self, p: SysfsError) {
+        self.problems.insert(p.path().to_path_buf(), p);
+    }
+
+    /// `path` read normally: it is no longer a problem.
+    fn ok(&mut self, path: &Path) {
+        if !self.problems.is_empty() {
+            self.problems.remove(path);
         }
     }
 }
@@ -1086,8 +1409,8 @@ mod tests {
             value(&map, "railscope_ib_port_state", &p).map(|v| v.0),
             Some(Value::U64(4))
         );
-        let state = src
-            .problems()
+        let problems = src.problems();
+        let state = problems
             .iter()
             .find(|e| e.path().ends_with("ports/1/state"))
             .unwrap();
@@ -1162,7 +1485,7 @@ mod tests {
         let (readings, logs) = logs_of(|| src.read(1));
         let map = by_series(&readings);
         let p = port_labels("mlx5_0", "1");
-        let mut bad: Vec<&Path> = src.problems().iter().map(SysfsError::path).collect();
+        let mut bad: Vec<&Path> = src.problems().iter().map(|p| p.path()).collect();
         bad.sort();
         assert_eq!(bad, [counter.as_path(), rate.as_path()]);
         assert!(
@@ -1278,6 +1601,76 @@ mod tests {
             readings
                 .iter()
                 .any(|r| r.series.labels.get("device") == Some("mlx5_1"))
+        );
+    }
+
+    #[test]
+    fn files_kept_open_show_values_written_in_place() {
+        // sysfs files change contents, never identity: the source keeps them open and reads
+        // each again from offset 0.
+        let tree = Scratch::of("mlx5", "in-place");
+        let data = tree.path("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
+        let state = tree.path("class/infiniband/mlx5_0/ports/1/state");
+        let mut src = IbSysfs::new(tree.0.clone());
+        let p = port_labels("mlx5_0", "1");
+        let before = by_series(&src.read(1));
+        let Some((Value::U64(bytes), _)) = value(&before, "railscope_ib_port_xmit_bytes_total", &p)
+        else {
+            panic!("no xmit bytes");
+        };
+        fs::write(&data, format!("{}\n", bytes / 4 + 1000)).unwrap();
+        fs::write(&state, "1: DOWN\n").unwrap();
+        let after = by_series(&src.read(2));
+        assert_eq!(
+            value(&after, "railscope_ib_port_xmit_bytes_total", &p).map(|v| v.0),
+            Some(Value::U64(bytes + 4000))
+        );
+        assert_eq!(
+            value(&after, "railscope_ib_port_state", &p).map(|v| v.0),
+            Some(Value::U64(1))
+        );
+        assert!(!src.links()[0].state.as_ref().unwrap().is_active());
+    }
+
+    #[test]
+    fn only_due_series_are_read() {
+        let tree = Scratch::of("broken", "due");
+        let mut src = IbSysfs::new(tree.0.clone());
+        let all = src.read(1);
+        let broken = src.problems().len();
+        assert!(broken > 0);
+        let wanted = |s: &Series| {
+            s.name == "railscope_ib_port_xmit_bytes_total" || s.name == "railscope_ib_port_state"
+        };
+        let some = src.read_due(2, wanted);
+        assert_eq!(
+            some.len(),
+            all.iter().filter(|r| wanted(&r.series)).count(),
+            "{some:?}"
+        );
+        assert!(some.iter().all(|r| wanted(&r.series)));
+        assert!(some.iter().any(|r| r.series.name == "railscope_ib_port_state"));
+        // Broken files that were not read stay reported: not read is not fixed.
+        assert_eq!(src.problems().len(), broken);
+        // Links keep what was read before for attributes not read now.
+        assert!(src.links().iter().all(|l| l.link_layer.is_some() || l.device == "mlx5_0"));
+    }
+
+    #[test]
+    fn counter_files_that_appear_are_found_at_the_next_listing() {
+        let tree = Scratch::of("mlx5", "new-file");
+        let mut src = IbSysfs::new(tree.0.clone()).with_replan_every(Duration::ZERO);
+        let p = port_labels("mlx5_0", "1");
+        assert!(value(&by_series(&src.read(1)), "railscope_ib_new_firmware_counter_total", &p).is_none());
+        fs::write(
+            tree.path("class/infiniband/mlx5_0/ports/1/hw_counters/new_firmware_counter"),
+            "7\n",
+        )
+        .unwrap();
+        assert_eq!(
+            value(&by_series(&src.read(2)), "railscope_ib_new_firmware_counter_total", &p)
+                .map(|v| v.0),
+            Some(Value::U64(7))
         );
     }
 
