@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::{
     kernel::realtime_ns,
     metrics::{Kind, Labels, Reading, Series, Value},
-    sampler::{AdaptiveSampler, Emit, SamplerConfig},
+    sampler::{AdaptiveSampler, Emit, SamplerConfig, Slot},
     sender::{Sender, SenderHandle},
     sources::{
         gpu::{GpuEvent, GpuSource},
@@ -291,7 +291,8 @@ fn poll(
     requests: std_mpsc::Receiver<FlushRequest>,
 ) {
     let mut sampler = sampler_config(options.interval, options.adaptive);
-    let mut ib = IbSysfs::new(options.sysfs_root.clone());
+    // Devices that appear are found within 5 s; one that goes away at its next read.
+    let mut ib = IbSysfs::new(options.sysfs_root.clone()).with_relist_every(Duration::from_secs(5));
     let class = options.sysfs_root.join("class/infiniband");
     if !class.is_dir() {
         tracing::warn!(
@@ -330,13 +331,17 @@ fn poll(
         ib.read_into(&mut sink);
         if let Some(source) = gpu.as_mut() {
             for reading in source.read(now) {
-                sink.reading(&reading.series, reading.value);
+                sink.reading(&reading.series, &mut Slot::default(), reading.value);
             }
         }
+        let capacity = samples.len();
         // Sent even when empty: each sweep is also the agent loop's cue to read the verb
         // counters.
         if tx
-            .blocking_send(Polled::Samples(std::mem::take(&mut samples)))
+            .blocking_send(Polled::Samples(std::mem::replace(
+                &mut samples,
+                Vec::with_capacity(capacity),
+            )))
             .is_err()
         {
             return; // the agent stopped
@@ -359,12 +364,12 @@ struct SamplingSink<'a> {
 }
 
 impl ReadingSink for SamplingSink<'_> {
-    fn due(&mut self, series: &Series) -> bool {
-        self.sampler.due(series, self.unix_ns)
+    fn due(&mut self, series: &Series, slot: &mut Slot) -> bool {
+        self.sampler.due_at(series, slot, self.unix_ns)
     }
 
-    fn reading(&mut self, series: &Series, value: Value) {
-        let emitted = self.sampler.observe(series, value, self.unix_ns);
+    fn reading(&mut self, series: &Series, slot: &mut Slot, value: Value) {
+        let emitted = self.sampler.observe_at(series, slot, value, self.unix_ns);
         self.samples
             .extend(emitted.into_iter().map(|e| (series.clone(), e)));
     }

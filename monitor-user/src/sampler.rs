@@ -299,14 +299,33 @@ struct State {
     rng: SplitMix64,
 }
 
-/// The sampler of every series the agent reads. Cheap per call: one hash lookup and a few
-/// passes over the series' window.
+/// The sampler of every series the agent reads. Cheap per call: one hash lookup (none with a
+/// [`Slot`]) and a few passes over the series' window.
 #[derive(Debug)]
 pub struct AdaptiveSampler {
     /// `(group name, metric name prefix, config)`; index 0 is the default, prefix "".
     groups: Vec<(String, String, SamplerConfig)>,
-    series: HashMap<Series, State, foldhash::fast::RandomState>,
+    /// Where each series' state is in `states`.
+    index: HashMap<Series, u32, foldhash::fast::RandomState>,
+    states: Vec<(Series, State)>,
+    /// Changes whenever `states` is reordered, so slots handed out before are not trusted.
+    generation: u32,
     seed: u64,
+}
+
+/// Where a series' state is kept in one [`AdaptiveSampler`], remembered by the caller next to
+/// the series (a source keeps one per file it reads), so the sampler finds it again without
+/// hashing the series' name and labels: with hundreds of reads a second, hashing and
+/// comparing strings was the agent's largest cost after the reads themselves. A slot given to
+/// another sampler, or from before [`AdaptiveSampler::remove_stale`], is not used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot(Option<(u32, u32)>);
+
+/// Generations are unique across samplers, so a slot of one sampler is never valid in another.
+static NEXT_GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+fn next_generation() -> u32 {
+    NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl AdaptiveSampler {
@@ -314,7 +333,9 @@ impl AdaptiveSampler {
     pub fn new(default: SamplerConfig) -> Self {
         Self {
             groups: vec![("default".into(), String::new(), default)],
-            series: HashMap::default(),
+            index: HashMap::default(),
+            states: Vec::new(),
+            generation: next_generation(),
             seed: 0x5eed_0f7a_115c_a1e5,
         }
     }
@@ -350,47 +371,86 @@ impl AdaptiveSampler {
     /// that fires at exact multiples of the interval never skips a turn because the previous
     /// read was stamped a little late.
     pub fn due(&self, series: &Series, now_ns: u64) -> bool {
-        self.series.get(series).is_none_or(|s| {
+        self.due_at(series, &mut Slot::default(), now_ns)
+    }
+
+    /// [`due`](Self::due), finding the series through `slot` (and remembering it there).
+    pub fn due_at(&self, series: &Series, slot: &mut Slot, now_ns: u64) -> bool {
+        self.find(series, slot).is_none_or(|i| {
+            let s = &self.states[i].1;
             let slack = self.groups[s.group].2.min_ns() / 16;
             now_ns.saturating_add(slack) >= s.next_read_ns
         })
     }
 
+    /// The state of `series`: through a valid slot, else by hashing (and the slot is set).
+    fn find(&self, series: &Series, slot: &mut Slot) -> Option<usize> {
+        if let Slot(Some((generation, i))) = *slot
+            && generation == self.generation
+            && (i as usize) < self.states.len()
+        {
+            return Some(i as usize);
+        }
+        let i = *self.index.get(series)?;
+        *slot = Slot(Some((self.generation, i)));
+        Some(i as usize)
+    }
+
+    fn state(&self, series: &Series) -> Option<&State> {
+        let i = self.find(series, &mut Slot::default())?;
+        Some(&self.states[i].1)
+    }
+
     /// When the series is next due, if it has been observed.
     pub fn next_due_ns(&self, series: &Series) -> Option<u64> {
-        self.series.get(series).map(|s| s.next_read_ns)
+        self.state(series).map(|s| s.next_read_ns)
     }
 
     /// The earliest time any series is due: what to sleep until.
     pub fn earliest_due_ns(&self) -> Option<u64> {
-        self.series.values().map(|s| s.next_read_ns).min()
+        self.states.iter().map(|(_, s)| s.next_read_ns).min()
     }
 
     /// Whether the series is backing off or at the minimum interval.
     pub fn mode(&self, series: &Series) -> Option<Mode> {
-        self.series.get(series).map(|s| s.mode)
+        self.state(series).map(|s| s.mode)
     }
 
     /// Time from the series' last collection to its next one, jitter included.
     pub fn collection_interval(&self, series: &Series) -> Option<Duration> {
-        self.series
-            .get(series)
+        self.state(series)
             .map(|s| Duration::from_nanos(s.next_collect_ns - s.last_collect_ns))
     }
 
     /// Records a value read at `now_ns` and says what to send now. A value read no later than
     /// the series' previous one is ignored, and so is a gauge value that is not finite.
     pub fn observe(&mut self, series: &Series, value: Value, now_ns: u64) -> Emitted {
-        let state = match self.series.get_mut(series) {
-            Some(s) => s,
+        self.observe_at(series, &mut Slot::default(), value, now_ns)
+    }
+
+    /// [`observe`](Self::observe), finding the series through `slot` (and remembering it
+    /// there).
+    pub fn observe_at(
+        &mut self,
+        series: &Series,
+        slot: &mut Slot,
+        value: Value,
+        now_ns: u64,
+    ) -> Emitted {
+        let i = match self.find(series, slot) {
+            Some(i) => i,
             None => {
                 let group = group_index(&self.groups, &series.name);
                 let seed = self.seed ^ series_hash(series);
-                self.series
-                    .entry(series.clone())
-                    .or_insert_with(|| State::new(group, seed, now_ns))
+                let i = self.states.len();
+                self.states
+                    .push((series.clone(), State::new(group, seed, now_ns)));
+                self.index.insert(series.clone(), i as u32);
+                *slot = Slot(Some((self.generation, i as u32)));
+                i
             }
         };
+        let state = &mut self.states[i].1;
         let config = &self.groups[state.group].2;
         state.observe(config, series.kind, value, now_ns)
     }
@@ -399,7 +459,7 @@ impl AdaptiveSampler {
     /// comparison run). Sorted by series.
     pub fn flush(&mut self) -> Vec<(Series, Emit)> {
         let mut out = Vec::new();
-        for (series, state) in &mut self.series {
+        for (series, state) in &mut self.states {
             if let Some(e) = state.take_pending(series.kind) {
                 out.push((series.clone(), e));
             }
@@ -409,11 +469,12 @@ impl AdaptiveSampler {
     }
 
     /// Forgets the series not read for longer than `max_age` (a device removed, a process
-    /// gone) and returns what they still had to send.
+    /// gone) and returns what they still had to send. Slots handed out before are no longer
+    /// used.
     pub fn remove_stale(&mut self, now_ns: u64, max_age: Duration) -> Vec<(Series, Emit)> {
         let max_age = max_age.as_nanos() as u64;
         let mut out = Vec::new();
-        self.series.retain(|series, state| {
+        self.states.retain_mut(|(series, state)| {
             let last = state.last_read_ns.unwrap_or(0);
             if now_ns.saturating_sub(last) <= max_age {
                 return true;
@@ -423,16 +484,23 @@ impl AdaptiveSampler {
             }
             false
         });
+        self.index = self
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, (series, _))| (series.clone(), i as u32))
+            .collect();
+        self.generation = next_generation();
         out
     }
 
     /// Number of series tracked.
     pub fn len(&self) -> usize {
-        self.series.len()
+        self.states.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
+        self.states.is_empty()
     }
 }
 
@@ -800,6 +868,42 @@ mod tests {
             }
         }
         (reads, emits)
+    }
+
+    #[test]
+    fn slots_find_the_same_state_as_the_series() {
+        let (a, b) = (
+            series("railscope_a_total", Kind::Counter),
+            series("railscope_b_total", Kind::Counter),
+        );
+        let mut sampler = AdaptiveSampler::new(config());
+        let (mut slot_a, mut slot_b) = (Slot::default(), Slot::default());
+        for sec in 1..=100 {
+            let now = sec * S;
+            // `a` through its slot, `b` by name: both must behave like the slot-less sampler.
+            if sampler.due_at(&a, &mut slot_a, now) {
+                sampler.observe_at(&a, &mut slot_a, Value::U64(sec * 10), now);
+            }
+            if sampler.due(&b, now) {
+                sampler.observe(&b, Value::U64(sec * 10), now);
+            }
+        }
+        assert_ne!(slot_a, Slot::default());
+        assert_eq!(sampler.next_due_ns(&a), sampler.next_due_ns(&b));
+        assert_eq!(sampler.mode(&a), Some(Mode::Stable));
+        // A slot that points at `a` says nothing about `b` in another sampler: it is not used.
+        let mut other = AdaptiveSampler::new(config());
+        other.observe(&b, Value::U64(1), S);
+        other.observe_at(&a, &mut slot_b, Value::U64(1), S);
+        assert!(other.due_at(&a, &mut slot_a, 2 * S));
+        assert_eq!(other.len(), 2);
+        // After series are forgotten, old slots are not trusted either.
+        sampler.remove_stale(1000 * S, std::time::Duration::from_secs(1));
+        assert!(sampler.is_empty());
+        assert!(sampler.due_at(&a, &mut slot_a, 1001 * S));
+        sampler.observe_at(&b, &mut slot_a, Value::U64(5), 1001 * S);
+        assert_eq!(sampler.len(), 1);
+        assert_eq!(sampler.mode(&a), None);
     }
 
     fn gauge(e: &Emit) -> Envelope {

@@ -67,7 +67,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::metrics::{Kind, Labels, Reading, Series, Value};
+use crate::{
+    metrics::{Kind, Labels, Reading, Series, Value},
+    sampler::Slot,
+};
 
 const PREFIX: &str = "railscope_ib_";
 
@@ -195,6 +198,9 @@ pub struct IbSysfs {
     links: Vec<PortLink>,
     buf: Vec<u8>,
     replan_every: Duration,
+    relist_every: Duration,
+    /// When `class/infiniband` was last listed, and what it held.
+    listed: Option<(Instant, Vec<String>)>,
 }
 
 impl Default for IbSysfs {
@@ -252,6 +258,7 @@ impl OpenFile {
 struct CounterFile {
     file: OpenFile,
     series: Series,
+    slot: Slot,
     convert: Convert,
 }
 
@@ -262,12 +269,12 @@ struct PortPlan {
     phys_state: OpenFile,
     rate: OpenFile,
     link_layer: OpenFile,
-    state_series: Series,
-    phys_state_series: Series,
-    rate_series: Series,
-    width_series: Series,
+    state_series: (Series, Slot),
+    phys_state_series: (Series, Slot),
+    rate_series: (Series, Slot),
+    width_series: (Series, Slot),
     /// `railscope_ib_port_link_layer_info` with the link layer last read as a label.
-    link_layer_series: Option<Series>,
+    link_layer_series: Option<(Series, Slot)>,
     counters: Vec<CounterFile>,
 }
 
@@ -284,11 +291,14 @@ struct DevicePlan {
 
 /// Where the values of a sweep go, and which series it reads: the agent hands them straight
 /// to its sampler, so no reading is built for a value the sampler only folds into a window.
+///
+/// Each series comes with its [`Slot`], kept by the source for as long as it reads the file,
+/// for the sink's sampler to find the series' state without hashing it.
 pub trait ReadingSink {
     /// Whether to read the file of `series` in this sweep.
-    fn due(&mut self, series: &Series) -> bool;
+    fn due(&mut self, series: &Series, slot: &mut Slot) -> bool;
     /// A value read.
-    fn reading(&mut self, series: &Series, value: Value);
+    fn reading(&mut self, series: &Series, slot: &mut Slot, value: Value);
 }
 
 /// The sink of [`IbSysfs::read_due`]: readings in a vector.
@@ -299,11 +309,11 @@ struct Collect<'a, F> {
 }
 
 impl<F: FnMut(&Series) -> bool> ReadingSink for Collect<'_, F> {
-    fn due(&mut self, series: &Series) -> bool {
+    fn due(&mut self, series: &Series, _: &mut Slot) -> bool {
         (self.due)(series)
     }
 
-    fn reading(&mut self, series: &Series, value: Value) {
+    fn reading(&mut self, series: &Series, _: &mut Slot, value: Value) {
         self.out.push(Reading {
             series: series.clone(),
             value,
@@ -333,6 +343,8 @@ impl IbSysfs {
             links: Vec::new(),
             buf: vec![0; 4096],
             replan_every: Duration::from_secs(60),
+            relist_every: Duration::ZERO,
+            listed: None,
         }
     }
 
@@ -340,6 +352,13 @@ impl IbSysfs {
     /// appeared (a firmware update, a driver reloaded between two reads). Default 60 s.
     pub fn with_replan_every(mut self, every: Duration) -> Self {
         self.replan_every = every;
+        self
+    }
+
+    /// How often `class/infiniband` is listed to find devices that appeared. Default: at every
+    /// read. A device that goes away is noticed at the first read of its files either way.
+    pub fn with_relist_every(mut self, every: Duration) -> Self {
+        self.relist_every = every;
         self
     }
 
@@ -394,6 +413,23 @@ impl IbSysfs {
 
     fn scan(&mut self, sink: Option<&mut dyn ReadingSink>) {
         let class = self.root.join("class/infiniband");
+        if let Some((at, names)) = &self.listed
+            && at.elapsed() < self.relist_every
+        {
+            // Between listings, one stat per device: a removed device's files may still read
+            // (an unlinked file does; sysfs gives ENODEV), its directory does not.
+            let names: Vec<String> = names
+                .iter()
+                .filter(|name| class.join(name).is_dir())
+                .cloned()
+                .collect();
+            if self.listed.as_ref().is_some_and(|(_, all)| all.len() != names.len()) {
+                // A device went away (a driver unloading?): list again at the next read.
+                self.listed = None;
+            }
+            self.scan_devices(&class, names, sink);
+            return;
+        }
         let class_problem = class.clone();
         self.problems.remove(&class_problem);
         let names = match list_dir(&class) {
@@ -417,13 +453,24 @@ impl IbSysfs {
                 self.devices.keys().cloned().collect()
             }
         };
+        self.listed = Some((Instant::now(), names.clone()));
+        self.scan_devices(&class, names, sink);
+    }
 
+    fn scan_devices(
+        &mut self,
+        class: &Path,
+        names: Vec<String>,
+        sink: Option<&mut dyn ReadingSink>,
+    ) {
         let mut sweep = Sweep {
             sink,
             buf: &mut self.buf,
             problems: &mut self.problems,
         };
         let before: BTreeSet<String> = self.devices.keys().cloned().collect();
+        // A device that went away: list the class directory again at the next read.
+        let mut relist = false;
         let mut present = BTreeMap::new();
         for name in names {
             let dir = class.join(&name);
@@ -440,6 +487,7 @@ impl IbSysfs {
                 // Gone while being listed: a device unregistered during the scan.
                 tracing::debug!(device = name, "vanished while being listed");
                 forget_problems_under(sweep.problems, &dir);
+                relist = true;
                 continue;
             };
             let failed = sweep.device(&mut plan);
@@ -448,11 +496,15 @@ impl IbSysfs {
             if failed && !plan.dir.is_dir() {
                 tracing::debug!(device = name, "vanished while being read");
                 forget_problems_under(sweep.problems, &plan.dir);
+                relist = true;
                 continue;
             }
             present.insert(name, plan);
         }
 
+        if relist {
+            self.listed = None;
+        }
         // What is left of the previous plans: devices no longer listed.
         for (gone, plan) in &self.devices {
             forget_problems_under(&mut self.problems, &plan.dir);
@@ -529,10 +581,13 @@ fn plan_device(
         let pdir = ports_dir.join(name);
         let port_label = port.to_string();
         let labels = Labels::new([("device", device), ("port", port_label.as_str())]);
-        let gauge = |name: &str| Series {
-            name: format!("{PREFIX}{name}"),
-            labels: labels.clone(),
-            kind: Kind::Gauge,
+        let gauge = |name: &str| {
+            let series = Series {
+                name: format!("{PREFIX}{name}"),
+                labels: labels.clone(),
+                kind: Kind::Gauge,
+            };
+            (series, Slot::default())
         };
         let mut counters = counter_files(&pdir.join("counters"), &labels, None, problems);
         let taken: BTreeSet<String> = counters.iter().map(|c| c.series.name.clone()).collect();
@@ -622,6 +677,7 @@ fn counter_files(
             }
             CounterFile {
                 file: OpenFile::new(dir.join(&file)),
+                slot: Slot::default(),
                 series: Series {
                     name,
                     labels: labels.clone(),
@@ -647,8 +703,8 @@ fn forget_problems_under(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Pat
 
 impl Sweep<'_, '_> {
     /// Whether to read the file of `series` (always, when only the link facts are read).
-    fn due(&mut self, series: &Series) -> bool {
-        self.sink.as_mut().is_none_or(|sink| sink.due(series))
+    fn due(&mut self, (series, slot): &mut (Series, Slot)) -> bool {
+        self.sink.as_mut().is_none_or(|sink| sink.due(series, slot))
     }
 
     /// Reads one device's due files. Returns whether any read failed.
@@ -668,21 +724,21 @@ impl Sweep<'_, '_> {
     fn port(&mut self, port: &mut PortPlan, stale: &mut bool) -> bool {
         let mut failed = false;
         let counting = self.sink.is_some();
-        if self.due(&port.state_series) {
+        if self.due(&mut port.state_series) {
             port.link.state = self.coded(&mut port.state, &STATE_NAMES, stale);
             failed |= port.link.state.is_none();
             if let Some(s) = &port.link.state {
-                self.gauge(&port.state_series, Value::U64(s.code.into()));
+                self.gauge(&mut port.state_series, Value::U64(s.code.into()));
             }
         }
-        if self.due(&port.phys_state_series) {
+        if self.due(&mut port.phys_state_series) {
             port.link.phys_state = self.coded(&mut port.phys_state, &PHYS_STATE_NAMES, stale);
             failed |= port.link.phys_state.is_none();
             if let Some(s) = &port.link.phys_state {
-                self.gauge(&port.phys_state_series, Value::U64(s.code.into()));
+                self.gauge(&mut port.phys_state_series, Value::U64(s.code.into()));
             }
         }
-        if self.due(&port.rate_series) || self.due(&port.width_series) {
+        if self.due(&mut port.rate_series) || self.due(&mut port.width_series) {
             port.link.rate = None;
             if let Some(text) = self.text(&mut port.rate, stale) {
                 match parse_rate(&text) {
@@ -703,13 +759,13 @@ impl Sweep<'_, '_> {
                 failed = true;
             }
             if let Some(r) = &port.link.rate {
-                self.gauge(&port.rate_series, Value::F64(r.gbps));
+                self.gauge(&mut port.rate_series, Value::F64(r.gbps));
                 if let Some(w) = r.width_lanes {
-                    self.gauge(&port.width_series, Value::U64(w.into()));
+                    self.gauge(&mut port.width_series, Value::U64(w.into()));
                 }
             }
         }
-        let layer_due = match &port.link_layer_series {
+        let layer_due = match &mut port.link_layer_series {
             Some(series) => self.due(series),
             None => true,
         };
@@ -740,9 +796,9 @@ impl Sweep<'_, '_> {
                 let current = port
                     .link_layer_series
                     .as_ref()
-                    .is_some_and(|s| s.labels.get("link_layer") == Some(l.as_str()));
+                    .is_some_and(|(s, _)| s.labels.get("link_layer") == Some(l.as_str()));
                 if !current {
-                    port.link_layer_series = Some(Series {
+                    let series = Series {
                         name: format!("{PREFIX}port_link_layer_info"),
                         labels: Labels::new([
                             ("device", port.link.device.as_str()),
@@ -750,9 +806,10 @@ impl Sweep<'_, '_> {
                             ("link_layer", l.as_str()),
                         ]),
                         kind: Kind::Gauge,
-                    });
+                    };
+                    port.link_layer_series = Some((series, Slot::default()));
                 }
-                if let Some(series) = &port.link_layer_series {
+                if let Some(series) = &mut port.link_layer_series {
                     self.gauge(series, Value::U64(1));
                 }
             }
@@ -767,7 +824,11 @@ impl Sweep<'_, '_> {
 
     /// Reads one counter file when its series is due. Returns whether the read failed.
     fn counter(&mut self, counter: &mut CounterFile, stale: &mut bool) -> bool {
-        if !self.due(&counter.series) {
+        if !self
+            .sink
+            .as_mut()
+            .is_none_or(|sink| sink.due(&counter.series, &mut counter.slot))
+        {
             return false;
         }
         let parsed = match counter.file.read(self.buf) {
@@ -807,14 +868,14 @@ impl Sweep<'_, '_> {
             Convert::LifespanMs => Value::F64(raw as f64 / 1000.0),
         };
         if let Some(sink) = self.sink.as_mut() {
-            sink.reading(&counter.series, value);
+            sink.reading(&counter.series, &mut counter.slot, value);
         }
         false
     }
 
-    fn gauge(&mut self, series: &Series, value: Value) {
+    fn gauge(&mut self, (series, slot): &mut (Series, Slot), value: Value) {
         if let Some(sink) = self.sink.as_mut() {
-            sink.reading(series, value);
+            sink.reading(series, slot, value);
         }
     }
 
@@ -1672,6 +1733,37 @@ mod tests {
                 .map(|v| v.0),
             Some(Value::U64(7))
         );
+    }
+
+    #[test]
+    fn with_a_relist_interval_devices_that_go_are_dropped_at_once() {
+        let tree = Scratch::of("mlx5", "relist");
+        let class = tree.path("class/infiniband");
+        let mut src = IbSysfs::new(tree.0.clone()).with_relist_every(Duration::from_secs(3600));
+        src.read(1);
+        fs::remove_dir_all(class.join("mlx5_1")).unwrap();
+        let readings = src.read(2);
+        assert_eq!(src.devices().collect::<Vec<_>>(), ["mlx5_0"]);
+        assert!(src.problems().is_empty(), "{:?}", src.problems());
+        assert!(
+            readings
+                .iter()
+                .all(|r| r.series.labels.get("device") == Some("mlx5_0"))
+        );
+        // A device that appears waits for the next listing (here: the one the vanished
+        // device asked for).
+        copy_tree(
+            &fixture("rxe").join("class/infiniband/rxe0"),
+            &class.join("rxe0"),
+        );
+        src.read(3);
+        assert_eq!(src.devices().collect::<Vec<_>>(), ["mlx5_0", "rxe0"]);
+        copy_tree(
+            &fixture("rxe").join("class/infiniband/rxe0"),
+            &class.join("rxe1"),
+        );
+        src.read(4);
+        assert_eq!(src.devices().collect::<Vec<_>>(), ["mlx5_0", "rxe0"]);
     }
 
     #[test]
