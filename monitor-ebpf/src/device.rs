@@ -1,12 +1,7 @@
 //! `struct ib_device`: its name, read through BTF-resolved offsets, and the `DEVICE_NAMES` map
 //! that lets counters key on the device pointer instead of copying the name every time.
 
-use aya_ebpf::{
-    Global,
-    helpers::bpf_probe_read_kernel_str_bytes,
-    macros::map,
-    maps::{HashMap, PerCpuArray},
-};
+use aya_ebpf::{Global, helpers::bpf_probe_read_kernel_str_bytes, macros::map, maps::HashMap};
 use monitor_common::events::{DEVICE_NAME_LEN, NameSource};
 
 use crate::shared::read_at;
@@ -36,10 +31,14 @@ pub unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> R
     Ok(())
 }
 
-/// The device this CPU named last: a node has a handful of devices and a burst of verbs goes
-/// to one, so most events skip the `DEVICE_NAMES` hash lookup for an array read.
-#[map]
-static LAST_DEVICE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// The device named last, by any CPU. A plain global (a `.bss` map the verifier turns into a
+/// direct memory access), not a map lookup: this runs on every counted verb, and under
+/// `cargo xtask bench probes` a helper call was the larger part of a probe's cost. Shared by
+/// all CPUs without a lock: the name is inserted into `DEVICE_NAMES` before the key is stored
+/// here, so a CPU that finds its device here knows the name is known; a race between CPUs
+/// only costs one more `DEVICE_NAMES` lookup.
+#[unsafe(no_mangle)]
+static mut LAST_DEVICE: u64 = 0;
 
 /// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters.
 ///
@@ -48,11 +47,8 @@ static LAST_DEVICE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[inline(always)]
 pub unsafe fn remember(device: *const u8) -> u64 {
     let key = device as u64;
-    let Some(last) = LAST_DEVICE.get_ptr_mut(0) else {
-        return key;
-    };
-    // SAFETY: this CPU's slot, valid while the program runs.
-    if key == 0 || unsafe { *last } == key {
+    // SAFETY: a global of this program's own; a torn or stale value only costs a lookup.
+    if key == 0 || unsafe { core::ptr::read_volatile(&raw const LAST_DEVICE) } == key {
         return key;
     }
     if unsafe { DEVICE_NAMES.get(&key) }.is_none() {
@@ -62,6 +58,6 @@ pub unsafe fn remember(device: *const u8) -> u64 {
         }
     }
     // SAFETY: as above.
-    unsafe { *last = key };
+    unsafe { core::ptr::write_volatile(&raw mut LAST_DEVICE, key) };
     key
 }

@@ -1,12 +1,15 @@
 //! `railscope listen`: receives frames on a UDP port, verifies and decodes them, and prints
 //! one readable block (or one JSON line) per frame, for debugging and for tests. A bad frame
 //! is reported in one line naming its sender and the listener goes on; per-node sequence
-//! gaps (lost frames) are shown with the frame that revealed them.
+//! gaps (lost frames) are shown with the frame that revealed them. When frames carry samples
+//! of series it has no schema entry for (it started after the agent), it sends the agent a
+//! schema request, at most once every 5 s per agent session.
 
 use std::{
+    collections::HashMap,
     io::{self, Write},
     net::SocketAddr,
-    time::{Duration, UNIX_EPOCH},
+    time::{Duration, Instant, UNIX_EPOCH},
 };
 
 use serde_json::{Value as Json, json};
@@ -14,7 +17,7 @@ use tokio::net::UdpSocket;
 
 use crate::{
     metrics::{Kind, Labels, Series},
-    wire::{self, Frame, Key, ReceiverState, SeriesData, WireError},
+    wire::{self, Frame, Key, ReceiverState, SchemaRequest, SeriesData, WireError},
 };
 
 /// How each frame is printed.
@@ -46,7 +49,12 @@ pub struct Listener {
     state: ReceiverState,
     buf: Vec<u8>,
     bad: u64,
+    /// When each (node, session) was last asked for its schema.
+    asked: HashMap<(String, u32), Instant>,
 }
+
+/// A node is asked for its schema at most this often (its answer comes with its next flush).
+const SCHEMA_REQUEST_EVERY: Duration = Duration::from_secs(5);
 
 impl Listener {
     pub async fn bind(addr: SocketAddr, key: Key, format: Format) -> io::Result<Self> {
@@ -61,6 +69,7 @@ impl Listener {
             state: ReceiverState::default(),
             buf: vec![0; 65_536],
             bad: 0,
+            asked: HashMap::new(),
         })
     }
 
@@ -83,6 +92,7 @@ impl Listener {
         let (len, from) = self.socket.recv_from(&mut self.buf).await?;
         match wire::decode(&self.buf[..len], &self.key, &mut self.state) {
             Ok(frame) => {
+                self.ask_for_schema(&frame, from).await;
                 out.write_all(
                     render_frame(&frame, from, len, &self.state, self.format).as_bytes(),
                 )?;
@@ -98,6 +108,44 @@ impl Listener {
                 tracing::warn!("bad frame from {from} ({len} bytes): {error}");
                 Ok(Received::Bad { from, len, error })
             }
+        }
+    }
+
+    /// Samples of series this receiver has no entry for (it started after the agent): ask the
+    /// agent to send its schema again, from the address the frame came from.
+    async fn ask_for_schema(&mut self, frame: &Frame, from: SocketAddr) {
+        let unknown = self
+            .state
+            .node(&frame.node)
+            .is_some_and(|n| n.last.unknown_samples > 0);
+        if !unknown {
+            return;
+        }
+        let now = Instant::now();
+        let key = (frame.node.clone(), frame.session);
+        if self
+            .asked
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < SCHEMA_REQUEST_EVERY)
+        {
+            return;
+        }
+        self.asked
+            .retain(|_, at| now.duration_since(*at) < SCHEMA_REQUEST_EVERY);
+        self.asked.insert(key, now);
+        let request = SchemaRequest {
+            node: frame.node.clone(),
+            session: frame.session,
+        };
+        match wire::encode_schema_request(&request, &self.key) {
+            Ok(bytes) => match self.socket.send_to(&bytes, from).await {
+                Ok(_) => tracing::info!(
+                    "asked {} ({from}) for its schema: samples of unknown series",
+                    frame.node
+                ),
+                Err(e) => tracing::debug!("schema request to {from}: {e}"),
+            },
+            Err(e) => tracing::debug!("schema request for {:?}: {e}", frame.node),
         }
     }
 

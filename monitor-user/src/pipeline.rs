@@ -73,6 +73,10 @@ pub struct Pipeline {
     sender: SenderHandle,
     polled: mpsc::Receiver<Polled>,
     poller: std_mpsc::Sender<FlushRequest>,
+    /// What the collector sent back: schema requests.
+    replies: mpsc::Receiver<Vec<u8>>,
+    key: Key,
+    collector: SocketAddr,
     pub flush_every: Duration,
     pub interval: Duration,
 }
@@ -101,9 +105,10 @@ impl Pipeline {
     /// on what the operator must fix: an unreadable key file.
     pub fn start(options: &PipelineOptions) -> anyhow::Result<Self> {
         let key = Key::from_file(&options.key)?;
-        let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key)
+        let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key.clone())
             .context("frame encoder")?;
-        let (sender, _task) = Sender::spawn(options.collector, 1024);
+        let (replies_tx, replies) = mpsc::channel(16);
+        let (sender, _task) = Sender::spawn_with_replies(options.collector, 1024, Some(replies_tx));
         let sampler = sampler_config(options.interval, options.adaptive);
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
@@ -122,6 +127,9 @@ impl Pipeline {
             sender,
             polled,
             poller,
+            replies,
+            key,
+            collector: options.collector,
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -168,10 +176,41 @@ impl Pipeline {
         self.send(frames);
     }
 
-    /// Sends everything batched since the last flush.
+    /// Sends everything batched since the last flush (with every schema entry again if the
+    /// collector asked for them).
     pub fn flush(&mut self) {
+        self.answer_schema_requests();
         let frames = self.encoder.flush(realtime_ns());
         self.send(frames);
+    }
+
+    /// A collector that restarted asks for the schema of this session; anything else that
+    /// comes back (another session's request, a forged or garbled datagram) is ignored.
+    fn answer_schema_requests(&mut self) {
+        let mut asked = false;
+        while let Ok(datagram) = self.replies.try_recv() {
+            match wire::decode_schema_request(&datagram, &self.key) {
+                Ok(r)
+                    if r.node == self.encoder.config().node
+                        && r.session == self.encoder.session() =>
+                {
+                    asked = true;
+                }
+                Ok(r) => tracing::debug!(
+                    "schema request for {:?} session {:08x} ignored: not this agent's",
+                    r.node,
+                    r.session
+                ),
+                Err(e) => tracing::debug!("datagram from {} ignored: {e}", self.collector),
+            }
+        }
+        if asked {
+            tracing::info!(
+                "{} asked for the schema (it restarted?): sending every entry again",
+                self.collector
+            );
+            self.encoder.resend_schema();
+        }
     }
 
     /// At shutdown: also sends what the sampler read but had not sent yet (the latest value

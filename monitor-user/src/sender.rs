@@ -3,13 +3,16 @@
 //! network: when the queue is full the frame is dropped and counted. A collector that is
 //! down (ICMP port unreachable, no route) costs counted send errors, logged once per change
 //! of state, and sending goes on, so frames arrive again as soon as it is back.
+//!
+//! Datagrams that come back on the socket (a collector's schema requests) are handed, as they
+//! are, to the channel given to [`Sender::spawn_with_replies`]; the sender does not read them.
 
 use std::{
     io,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -94,10 +97,20 @@ impl Sender {
     /// Starts the sending task on the current tokio runtime. It ends when every handle has
     /// been dropped and the queue is drained.
     pub fn spawn(target: SocketAddr, queue_capacity: usize) -> (SenderHandle, JoinHandle<()>) {
+        Self::spawn_with_replies(target, queue_capacity, None)
+    }
+
+    /// Like [`spawn`](Self::spawn); datagrams the target sends back go to `replies` (dropped
+    /// when it is full or absent).
+    pub fn spawn_with_replies(
+        target: SocketAddr,
+        queue_capacity: usize,
+        replies: Option<mpsc::Sender<Vec<u8>>>,
+    ) -> (SenderHandle, JoinHandle<()>) {
         let capacity = queue_capacity.max(1);
         let (tx, rx) = mpsc::channel(capacity);
         let counters = Arc::new(Counters::default());
-        let task = tokio::spawn(run(target, rx, Arc::clone(&counters)));
+        let task = tokio::spawn(run(target, rx, Arc::clone(&counters), replies));
         let handle = SenderHandle {
             tx,
             target,
@@ -120,14 +133,33 @@ async fn connect(target: SocketAddr) -> io::Result<UdpSocket> {
     Ok(socket)
 }
 
-async fn run(target: SocketAddr, mut rx: mpsc::Receiver<Vec<u8>>, counters: Arc<Counters>) {
-    let mut socket = None;
+async fn run(
+    target: SocketAddr,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    counters: Arc<Counters>,
+    replies: Option<mpsc::Sender<Vec<u8>>>,
+) {
+    let mut socket: Option<Arc<UdpSocket>> = None;
+    let mut reader: Option<JoinHandle<()>> = None;
+    // The reader saw ECONNREFUSED: an ICMP error of an earlier frame, which a send would
+    // otherwise have reported.
+    let refused = Arc::new(AtomicBool::new(false));
     // Errors since sending last worked; `None` while it works.
     let mut failing: Option<u64> = None;
     while let Some(frame) = rx.recv().await {
         if socket.is_none() {
             match connect(target).await {
-                Ok(s) => socket = Some(s),
+                Ok(s) => {
+                    let s = Arc::new(s);
+                    if let Some(replies) = &replies {
+                        reader = Some(tokio::spawn(read_replies(
+                            Arc::clone(&s),
+                            replies.clone(),
+                            Arc::clone(&refused),
+                        )));
+                    }
+                    socket = Some(s);
+                }
                 Err(e) => {
                     note_error(&counters, &mut failing, target, &e);
                     // Frames keep queueing (and overflowing, counted) while we wait.
@@ -139,12 +171,21 @@ async fn run(target: SocketAddr, mut rx: mpsc::Receiver<Vec<u8>>, counters: Arc<
         let Some(s) = &socket else { continue };
         // ECONNREFUSED reports the ICMP error of an earlier frame; this one was not sent
         // and gets one more try. Recovery is a send with no such report.
+        let earlier_refused = refused.swap(false, Ordering::Relaxed);
+        if earlier_refused {
+            note_error(
+                &counters,
+                &mut failing,
+                target,
+                &io::Error::from(io::ErrorKind::ConnectionRefused),
+            );
+        }
         let result = match s.send(&frame).await {
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 note_error(&counters, &mut failing, target, &e);
                 s.send(&frame).await.map(|_| false)
             }
-            other => other.map(|_| true),
+            other => other.map(|_| !earlier_refused),
         };
         match result {
             Ok(clean) => {
@@ -154,6 +195,35 @@ async fn run(target: SocketAddr, mut rx: mpsc::Receiver<Vec<u8>>, counters: Arc<
                 }
             }
             Err(e) => note_error(&counters, &mut failing, target, &e),
+        }
+    }
+    if let Some(reader) = reader {
+        reader.abort();
+    }
+}
+
+/// Hands what comes back on the socket to `replies`. A connected UDP socket receives only
+/// from its target; ECONNREFUSED (the target's port was closed when an earlier frame came)
+/// is left for the sending side through `refused`.
+async fn read_replies(
+    socket: Arc<UdpSocket>,
+    replies: mpsc::Sender<Vec<u8>>,
+    refused: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 2048];
+    loop {
+        match socket.recv(&mut buf).await {
+            Ok(n) => {
+                // A full channel drops the datagram: requests are repeated by the collector.
+                let _ = replies.try_send(buf[..n].to_vec());
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                refused.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!("reading replies from the collector: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }

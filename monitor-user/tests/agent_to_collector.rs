@@ -285,3 +285,65 @@ fn agent_without_rdma_or_nvml_says_so_and_keeps_sending() {
     );
     assert!(err.contains("no RDMA devices"), "{err}");
 }
+
+#[test]
+fn a_collector_started_after_the_agent_asks_for_the_schema_and_names_every_series() {
+    let dir = scratch_dir("late-collector");
+    let key = key_file(&dir);
+    let key_s = key.to_str().unwrap();
+    let port = free_udp_port().to_string();
+    let collector = format!("127.0.0.1:{port}");
+    let sysfs = fixture("mlx5");
+    let agent = spawn(&[
+        "agent",
+        "--collector",
+        &collector,
+        "--key",
+        key_s,
+        "--sysfs",
+        sysfs.to_str().unwrap(),
+        "--no-gpu",
+        "--interval",
+        "0.2",
+        "--flush",
+        "0.5",
+    ]);
+    // The first flushes, which carry the schema, go to a port nobody listens on.
+    thread::sleep(Duration::from_secs(3));
+    let listener = spawn(&[
+        "listen",
+        "--port",
+        &port,
+        "--bind",
+        "127.0.0.1",
+        "--key",
+        key_s,
+        "--json",
+    ]);
+    thread::sleep(Duration::from_secs(4));
+    let (agent_ok, _, agent_err) = interrupt(agent);
+    thread::sleep(Duration::from_millis(300));
+    let (_, frames, listen_err) = interrupt(listener);
+    assert!(agent_ok, "agent failed: {agent_err}");
+    assert!(listen_err.contains("asked"), "{listen_err}");
+    assert!(agent_err.contains("asked for the schema"), "{agent_err}");
+
+    // The schema refresh is minutes away: the names come from the request's answer.
+    let frames: Vec<serde_json::Value> = frames
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let last = frames.last().expect("frames arrived");
+    let samples = last["samples"].as_array().unwrap();
+    assert!(!samples.is_empty());
+    assert!(
+        samples.iter().all(|s| s["name"].is_string()),
+        "unnamed series in the last frame: {last}"
+    );
+    assert!(
+        frames
+            .iter()
+            .flat_map(|f| f["samples"].as_array().into_iter().flatten())
+            .any(|s| s["name"] == "railscope_ib_port_xmit_bytes_total")
+    );
+}

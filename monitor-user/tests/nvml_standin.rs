@@ -208,8 +208,8 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
         ("railscope_gpu_temperature_celsius", gauge(Value::U64(61))),
         ("railscope_gpu_power_watts", gauge(Value::F64(612.345))),
         (
-            "railscope_gpu_energy_joules_total",
-            counter(Value::F64(5_000.0)),
+            "railscope_gpu_energy_millijoules_total",
+            counter(Value::U64(5_000_000)),
         ),
         (
             "railscope_gpu_pcie_tx_bytes_per_second",
@@ -313,8 +313,8 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
         gauge(Value::U64(64)),
     );
     expected.insert(
-        "railscope_gpu_energy_joules_total".into(),
-        counter(Value::F64(5_612.345)),
+        "railscope_gpu_energy_millijoules_total".into(),
+        counter(Value::U64(5_612_345)),
     );
     assert_eq!(second, expected);
 }

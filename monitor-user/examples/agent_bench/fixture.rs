@@ -9,10 +9,10 @@
 //! counters that tick now and then, and the rest constant. [`Fixture::advance`] moves the
 //! model on by a time step and rewrites the files that changed in place, as sysfs changes a
 //! file's contents but never the file: a reader that keeps a counter file open and reads it
-//! again from offset 0 sees each new value. Counter values are written zero-padded to 20
-//! digits with one `pwrite` at offset 0, so a file's length never changes and a reader never
-//! sees it empty or cut (node_exporter and railscope both parse `00000000000000001234` as
-//! 1234).
+//! again from offset 0 sees each new value. Counter values are written right-aligned in 20
+//! characters with one `pwrite` at offset 0, so a file's length never changes and a reader
+//! never sees it empty or cut (node_exporter and railscope both trim the spaces; a zero
+//! padding would not do: node_exporter reads a leading 0 as octal).
 
 use std::{
     fs,
@@ -299,5 +299,5 @@ impl Fixture {
 
 /// A counter file's contents: fixed width, so rewriting in place never changes the length.
 fn counter_text(value: u64) -> String {
-    format!("{value:020}\n")
+    format!("{value:>20}\n")
 }

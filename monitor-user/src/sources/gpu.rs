@@ -693,10 +693,9 @@ impl Gpu {
             );
         }
         if let Some(mj) = self.check("energy", device.total_energy_consumption())? {
-            out.counter(
-                "railscope_gpu_energy_joules_total",
-                Value::F64(mj as f64 / 1000.0),
-            );
+            // In NVML's own unit, as dcgm-exporter does: an integer counter travels exactly,
+            // where joules would need a fraction the wire does not carry for counters.
+            out.counter("railscope_gpu_energy_millijoules_total", Value::U64(mj));
         }
         if let Some(reasons) = self.check("throttle reasons", device.current_throttle_reasons())? {
             for (flag, reason) in THROTTLE_REASONS {

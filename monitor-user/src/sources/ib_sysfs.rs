@@ -423,7 +423,11 @@ impl IbSysfs {
                 .filter(|name| class.join(name).is_dir())
                 .cloned()
                 .collect();
-            if self.listed.as_ref().is_some_and(|(_, all)| all.len() != names.len()) {
+            if self
+                .listed
+                .as_ref()
+                .is_some_and(|(_, all)| all.len() != names.len())
+            {
                 // A device went away (a driver unloading?): list again at the next read.
                 self.listed = None;
             }
@@ -512,7 +516,10 @@ impl IbSysfs {
                 tracing::info!(device = %gone, "RDMA device disappeared");
             }
         }
-        for gone in before.iter().filter(|d| !present.contains_key(*d) && !self.devices.contains_key(*d)) {
+        for gone in before
+            .iter()
+            .filter(|d| !present.contains_key(*d) && !self.devices.contains_key(*d))
+        {
             tracing::info!(device = %gone, "RDMA device disappeared");
         }
         for new in present.keys().filter(|d| !before.contains(*d)) {
@@ -692,7 +699,15 @@ fn counter_files(
 /// Drops the directory-listing problems under `dir` (they are found again when it is listed).
 fn forget_listing_problems(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Path) {
     problems.retain(|path, p| {
-        !(path.starts_with(dir) && matches!(p, SysfsError::List { .. } | SysfsError::Malformed { expected: "a port number", .. }))
+        !(path.starts_with(dir)
+            && matches!(
+                p,
+                SysfsError::List { .. }
+                    | SysfsError::Malformed {
+                        expected: "a port number",
+                        ..
+                    }
+            ))
     });
 }
 
@@ -853,8 +868,8 @@ impl Sweep<'_, '_> {
                 self.problem(SysfsError::Malformed {
                     path: counter.file.path.clone(),
                     value,
-                expected: match counter.convert {
-                    Convert::LifespanMs => "milliseconds",
+                    expected: match counter.convert {
+                        Convert::LifespanMs => "milliseconds",
                         _ => "an unsigned integer",
                     },
                 });
@@ -1710,11 +1725,18 @@ mod tests {
             "{some:?}"
         );
         assert!(some.iter().all(|r| wanted(&r.series)));
-        assert!(some.iter().any(|r| r.series.name == "railscope_ib_port_state"));
+        assert!(
+            some.iter()
+                .any(|r| r.series.name == "railscope_ib_port_state")
+        );
         // Broken files that were not read stay reported: not read is not fixed.
         assert_eq!(src.problems().len(), broken);
         // Links keep what was read before for attributes not read now.
-        assert!(src.links().iter().all(|l| l.link_layer.is_some() || l.device == "mlx5_0"));
+        assert!(
+            src.links()
+                .iter()
+                .all(|l| l.link_layer.is_some() || l.device == "mlx5_0")
+        );
     }
 
     #[test]
@@ -1722,15 +1744,26 @@ mod tests {
         let tree = Scratch::of("mlx5", "new-file");
         let mut src = IbSysfs::new(tree.0.clone()).with_replan_every(Duration::ZERO);
         let p = port_labels("mlx5_0", "1");
-        assert!(value(&by_series(&src.read(1)), "railscope_ib_new_firmware_counter_total", &p).is_none());
+        assert!(
+            value(
+                &by_series(&src.read(1)),
+                "railscope_ib_new_firmware_counter_total",
+                &p
+            )
+            .is_none()
+        );
         fs::write(
             tree.path("class/infiniband/mlx5_0/ports/1/hw_counters/new_firmware_counter"),
             "7\n",
         )
         .unwrap();
         assert_eq!(
-            value(&by_series(&src.read(2)), "railscope_ib_new_firmware_counter_total", &p)
-                .map(|v| v.0),
+            value(
+                &by_series(&src.read(2)),
+                "railscope_ib_new_firmware_counter_total",
+                &p
+            )
+            .map(|v| v.0),
             Some(Value::U64(7))
         );
     }

@@ -17,7 +17,9 @@ pub struct EncoderConfig {
     /// Largest frame in bytes, MAC included.
     pub mtu: usize,
     /// A series' schema entry is sent again with its samples once this long has passed since
-    /// it was last sent, so a receiver that restarted learns every series within this time.
+    /// it was last sent (default 5 min), so a receiver that restarted learns every series
+    /// within this time even if it cannot ask; one that sends a schema request gets them all
+    /// with the next flush ([`FrameEncoder::resend_schema`]).
     pub schema_refresh: Duration,
     /// Sample times are rounded to this (1 ms: a rate over 1 s is then within 0.1%). Readings
     /// of one sweep that share a rounded time share one entry of the frame's time table.
@@ -37,7 +39,7 @@ impl EncoderConfig {
         Self {
             node: node.into(),
             mtu: super::DEFAULT_MTU,
-            schema_refresh: Duration::from_secs(30),
+            schema_refresh: Duration::from_secs(300),
             time_quantum_ns: 1_000_000,
             gauge_digits: Some(6),
             max_pending_samples: 200_000,
@@ -339,6 +341,14 @@ impl FrameEncoder {
         self.pending = 0;
         self.backlog_warned = false;
         self.pack(units, now_unix_ns)
+    }
+
+    /// Sends every series' schema entry again, with its next samples: what a collector that
+    /// lost them (it restarted) asks for with a schema request.
+    pub fn resend_schema(&mut self) {
+        for slot in &mut self.slots {
+            slot.schema_sent_ns = 0;
+        }
     }
 
     /// Drops the series that had ids but no samples since `forget_after`.

@@ -1129,8 +1129,12 @@ fn parse_events(r: &mut Reader<'_>, send_ns: u64) -> Result<Vec<Event>, WireErro
 
 /// Checks the MAC and returns the authenticated bytes (everything before it).
 fn verify<'a>(bytes: &'a [u8], key: &Key) -> Result<&'a [u8], WireError> {
+    verify_at_least(bytes, key, MIN_FRAME_LEN)
+}
+
+fn verify_at_least<'a>(bytes: &'a [u8], key: &Key, min: usize) -> Result<&'a [u8], WireError> {
     let len = bytes.len();
-    if len < MIN_FRAME_LEN {
+    if len < min {
         return Err(WireError::TooShort { len });
     }
     let (body, tag) = bytes.split_at(len - MAC_LEN);
@@ -1221,6 +1225,69 @@ fn parse(body: &[u8]) -> Result<Frame, WireError> {
 /// else is read; then the frame's schema entries are merged into `state`, and its sequence
 /// number is checked against the node's (gaps are counted as lost frames, a frame seen
 /// before is refused).
+/// Magic of a schema request, the only message a collector sends back to an agent.
+pub const REQUEST_MAGIC: [u8; 4] = *b"RSWQ";
+/// The smallest schema request: magic, version, an empty node name, session, MAC.
+pub const MIN_REQUEST_LEN: usize = 4 + 1 + 1 + 4 + MAC_LEN;
+
+/// A collector's request to one agent session: "send every schema entry again". A collector
+/// that restarted receives samples of ids it has no entry for; it asks, and the agent sends
+/// the entries with its next flush, so schema refreshes can be rare (see
+/// docs/wire-format.md, "Schema requests").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaRequest {
+    pub node: String,
+    pub session: u32,
+}
+
+/// Encodes a schema request, authenticated like a frame.
+pub fn encode_schema_request(request: &SchemaRequest, key: &Key) -> Result<Vec<u8>, WireError> {
+    let node = request.node.as_bytes();
+    let Ok(node_len) = u8::try_from(node.len()) else {
+        return Err(WireError::NodeName {
+            node: request.node.clone(),
+            len: node.len(),
+        });
+    };
+    let mut out = Vec::with_capacity(MIN_REQUEST_LEN + node.len());
+    out.extend_from_slice(&REQUEST_MAGIC);
+    out.push(VERSION);
+    out.push(node_len);
+    out.extend_from_slice(node);
+    out.extend_from_slice(&request.session.to_le_bytes());
+    let mac = key.mac(&out);
+    out.extend_from_slice(&mac);
+    Ok(out)
+}
+
+/// Decodes a schema request: the MAC first, then the fields, all of them exactly.
+pub fn decode_schema_request(bytes: &[u8], key: &Key) -> Result<SchemaRequest, WireError> {
+    let body = verify_at_least(bytes, key, MIN_REQUEST_LEN)?;
+    let mut r = Reader::new(body, 0);
+    if r.bytes(4, "magic")? != REQUEST_MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let version = r.u8("version")?;
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion(version));
+    }
+    let node_len = usize::from(r.u8("node name length")?);
+    let offset = r.offset();
+    let node = std::str::from_utf8(r.bytes(node_len, "node name")?)
+        .map_err(|_| WireError::Malformed {
+            what: "node name",
+            offset,
+        })?
+        .to_owned();
+    let session = u32::from_le_bytes(
+        r.bytes(4, "session")?
+            .try_into()
+            .expect("4 bytes were read"),
+    );
+    r.finish("schema request")?;
+    Ok(SchemaRequest { node, session })
+}
+
 pub fn decode(bytes: &[u8], key: &Key, state: &mut ReceiverState) -> Result<Frame, WireError> {
     let body = verify(bytes, key)?;
     let frame = parse(body)?;

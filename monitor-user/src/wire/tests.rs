@@ -1131,3 +1131,55 @@ fn realistic_node_costs_at_most_two_bytes_per_sample() {
         cost.bytes_per_sample_without_schema()
     );
 }
+
+#[test]
+fn schema_requests_round_trip_and_refuse_anything_else() {
+    let request = SchemaRequest {
+        node: "gpu-node-017".into(),
+        session: 0xdead_beef,
+    };
+    let bytes = encode_schema_request(&request, &key()).unwrap();
+    assert_eq!(bytes.len(), MIN_REQUEST_LEN + request.node.len());
+    assert_eq!(decode_schema_request(&bytes, &key()), Ok(request.clone()));
+
+    let other_key = Key::from_bytes([7; 32]);
+    assert!(matches!(
+        decode_schema_request(&bytes, &other_key),
+        Err(WireError::BadMac { .. })
+    ));
+    // Every truncation and every single bit flip is refused, never a panic.
+    for len in 0..bytes.len() {
+        assert!(
+            decode_schema_request(&bytes[..len], &key()).is_err(),
+            "{len}"
+        );
+    }
+    for bit in 0..bytes.len() * 8 {
+        let mut flipped = bytes.clone();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        assert!(
+            decode_schema_request(&flipped, &key()).is_err(),
+            "bit {bit}"
+        );
+    }
+    // A frame is not a request, and a request is not a frame.
+    let frame = encode_frame(
+        &Frame {
+            node: "n".into(),
+            session: 1,
+            seq: 0,
+            send_unix_ns: 1,
+            time_quantum_ns: 1,
+            schema: Vec::new(),
+            samples: Vec::new(),
+            events: Vec::new(),
+        },
+        &key(),
+    )
+    .unwrap();
+    assert_eq!(
+        decode_schema_request(&frame, &key()),
+        Err(WireError::BadMagic)
+    );
+    assert!(decode(&bytes, &key(), &mut ReceiverState::default()).is_err());
+}
