@@ -104,6 +104,14 @@ struct SendOptions {
     /// Send every reading (fixed interval) instead of sampling adaptively.
     #[arg(long)]
     no_adaptive: bool,
+    /// Sampling of one metric group, `PREFIX:SETTING,...` (repeatable; later ones win), e.g.
+    /// `railscope_gpu_:max=60,ground-truth=4` or `railscope_ib_symbol_error_total:off`.
+    /// Settings: `off`/`on` (fixed interval or adaptive), `max=SECONDS` (longest collection
+    /// interval, default 32 intervals), `ground-truth=N` (a stable series is read at least
+    /// every N intervals; IB default 2, others 1), `window=N`, `tolerance=FRACTION`,
+    /// `density=FRACTION`, `jitter=FRACTION`, `floor=VALUE`.
+    #[arg(long, value_name = "PREFIX:SETTINGS")]
+    sampling: Vec<String>,
 }
 
 impl SendOptions {
@@ -128,6 +136,7 @@ impl SendOptions {
             interval: seconds(self.interval, "--interval")?,
             flush_every: seconds(self.flush, "--flush")?,
             adaptive: !self.no_adaptive,
+            sampling: self.sampling.clone(),
         }))
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::{
     kernel::realtime_ns,
     metrics::{Kind, Labels, Reading, Series, Value},
-    sampler::{AdaptiveSampler, Emit, SamplerConfig, Slot},
+    sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle},
     sources::{
         gpu::{GpuEvent, GpuSource},
@@ -53,6 +53,9 @@ pub struct PipelineOptions {
     pub flush_every: Duration,
     /// Adaptive sampling; off = every reading is sent (a fixed interval, for comparison).
     pub adaptive: bool,
+    /// Per metric group settings, `PREFIX:SETTING,...` ([`AdaptiveSampler::configure`]),
+    /// applied in order after the defaults.
+    pub sampling: Vec<String>,
 }
 
 /// What the poller threads hand to the agent's loop.
@@ -84,20 +87,30 @@ pub struct Pipeline {
 /// The agent's sampling configuration: `interval` as the minimum, and IB sysfs series read
 /// at least every second minimum interval when stable (a changed counter or port attribute is
 /// then seen at most two intervals late, and counters lose nothing: their cumulative values
-/// are sent). GPU series are read every minimum interval.
-pub fn sampler_config(interval: Duration, adaptive: bool) -> AdaptiveSampler {
+/// are sent). GPU series are read every minimum interval. Then the operator's `--sampling`
+/// settings, in order.
+pub fn sampler_config(
+    interval: Duration,
+    adaptive: bool,
+    sampling: &[String],
+) -> Result<AdaptiveSampler, SamplingSpecError> {
     let config = SamplerConfig {
         min_interval: interval,
         ..SamplerConfig::default()
     };
-    if !adaptive {
-        return AdaptiveSampler::new(config.fixed());
-    }
-    let ib = SamplerConfig {
-        ground_truth_every: 2,
-        ..config.clone()
+    let mut sampler = if adaptive {
+        let ib = SamplerConfig {
+            ground_truth_every: 2,
+            ..config.clone()
+        };
+        AdaptiveSampler::new(config).with_group("railscope_ib_", "railscope_ib_", ib)
+    } else {
+        AdaptiveSampler::new(config.fixed())
     };
-    AdaptiveSampler::new(config).with_group("ib", "railscope_ib_", ib)
+    for spec in sampling {
+        sampler.configure(spec)?;
+    }
+    Ok(sampler)
 }
 
 impl Pipeline {
@@ -109,7 +122,7 @@ impl Pipeline {
             .context("frame encoder")?;
         let (replies_tx, replies) = mpsc::channel(16);
         let (sender, _task) = Sender::spawn_with_replies(options.collector, 1024, Some(replies_tx));
-        let sampler = sampler_config(options.interval, options.adaptive);
+        let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
         spawn_poller(options.clone(), tx, requests)?;
@@ -329,7 +342,10 @@ fn poll(
     tx: mpsc::Sender<Polled>,
     requests: std_mpsc::Receiver<FlushRequest>,
 ) {
-    let mut sampler = sampler_config(options.interval, options.adaptive);
+    let Ok(mut sampler) = sampler_config(options.interval, options.adaptive, &options.sampling)
+    else {
+        return; // refused by Pipeline::start already
+    };
     // Devices that appear are found within 5 s; one that goes away at its next read.
     let mut ib = IbSysfs::new(options.sysfs_root.clone()).with_relist_every(Duration::from_secs(5));
     let class = options.sysfs_root.join("class/infiniband");

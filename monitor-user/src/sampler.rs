@@ -299,6 +299,14 @@ struct State {
     rng: SplitMix64,
 }
 
+/// A `--sampling` setting that cannot be used; the message names it and says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--sampling {spec:?}: {why}")]
+pub struct SamplingSpecError {
+    pub spec: String,
+    pub why: String,
+}
+
 /// The sampler of every series the agent reads. Cheap per call: one hash lookup (none with a
 /// [`Slot`]) and a few passes over the series' window.
 #[derive(Debug)]
@@ -351,6 +359,83 @@ impl AdaptiveSampler {
     ) -> Self {
         self.groups.push((name.into(), prefix.into(), config));
         self
+    }
+
+    /// Changes the sampling of a metric group as an operator writes it (`railscope agent
+    /// --sampling`): `PREFIX:SETTING,SETTING,...`, where the prefix selects series by name as
+    /// in [`with_group`](Self::with_group) and each setting is one of
+    ///
+    /// - `off`: a fixed interval, every reading sent (`on` undoes it);
+    /// - `max=SECONDS`: the longest collection interval of a stable series;
+    /// - `ground-truth=N`: a stable series is read at least every N minimum intervals;
+    /// - `window=N`, `tolerance=FRACTION`, `density=FRACTION`, `jitter=FRACTION`,
+    ///   `floor=VALUE`: the stability test (see [`SamplerConfig`]).
+    ///
+    /// The group starts from the settings its series had so far (the longest prefix that
+    /// matched before), so `railscope_ib_symbol_error_total:max=300` changes one metric and
+    /// keeps the rest of the IB group's settings. A prefix given twice: the later wins.
+    pub fn configure(&mut self, spec: &str) -> Result<(), SamplingSpecError> {
+        let bad = |why: String| SamplingSpecError {
+            spec: spec.to_string(),
+            why,
+        };
+        let (prefix, settings) = spec
+            .split_once(':')
+            .ok_or_else(|| bad("expected PREFIX:SETTING,...".into()))?;
+        let prefix = prefix.trim();
+        let mut config = self.groups[group_index(&self.groups, prefix)].2.clone();
+        for setting in settings.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, value) = match setting.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim())),
+                None => (setting, None),
+            };
+            let number = || -> Result<f64, SamplingSpecError> {
+                let v = value.ok_or_else(|| bad(format!("{name} needs a value ({name}=...)")))?;
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| bad(format!("{name}={v}: not a non-negative number")))
+            };
+            let whole = |x: f64| -> Result<u32, SamplingSpecError> {
+                if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
+                    Ok(x as u32)
+                } else {
+                    Err(bad(format!("{name}={x}: not a whole number >= 1")))
+                }
+            };
+            match name {
+                "off" if value.is_none() => config.enabled = false,
+                "on" if value.is_none() => config.enabled = true,
+                "max" => config.max_interval = Duration::from_secs_f64(number()?),
+                "ground-truth" => config.ground_truth_every = whole(number()?)?,
+                "window" => config.window = whole(number()?)? as usize,
+                "tolerance" => config.peak_tolerance = number()?,
+                "density" => config.density_threshold = number()?.min(1.0),
+                "jitter" => config.jitter = number()?.min(0.5),
+                "floor" => config.abs_floor = number()?,
+                _ => {
+                    return Err(bad(format!(
+                        "unknown setting {setting:?} (off, on, max, ground-truth, window, \
+                         tolerance, density, jitter, floor)"
+                    )));
+                }
+            }
+        }
+        if config.max_interval < config.min_interval {
+            return Err(bad(format!(
+                "max={:?} is below the minimum interval {:?}",
+                config.max_interval, config.min_interval
+            )));
+        }
+        self.groups
+            .retain(|(_, p, _)| p != prefix || prefix.is_empty());
+        if prefix.is_empty() {
+            self.groups[0].2 = config;
+        } else {
+            self.groups
+                .push((prefix.to_string(), prefix.to_string(), config));
+        }
+        Ok(())
     }
 
     /// Seed of the jitter (each series mixes in a hash of itself), for reproducible runs.
@@ -868,6 +953,54 @@ mod tests {
             }
         }
         (reads, emits)
+    }
+
+    #[test]
+    fn operators_configure_groups_by_prefix() {
+        let ib = SamplerConfig {
+            ground_truth_every: 2,
+            ..config()
+        };
+        let mut sampler =
+            AdaptiveSampler::new(config()).with_group("railscope_ib_", "railscope_ib_", ib);
+        sampler
+            .configure("railscope_ib_symbol_error_total:max=300")
+            .unwrap();
+        sampler
+            .configure("railscope_gpu_:off, window=12,tolerance=0.2")
+            .unwrap();
+        let errors = series("railscope_ib_symbol_error_total", Kind::Counter);
+        let (group, c) = sampler.group_of(&errors);
+        assert_eq!(group, "railscope_ib_symbol_error_total");
+        // The IB group's ground truth is kept; only the cap changed.
+        assert_eq!(
+            (c.max_interval, c.ground_truth_every),
+            (Duration::from_secs(300), 2)
+        );
+        let (_, c) = sampler.group_of(&series("railscope_gpu_power_watts", Kind::Gauge));
+        assert_eq!((c.enabled, c.window, c.peak_tolerance), (false, 12, 0.2));
+        let (_, c) = sampler.group_of(&series("railscope_ib_port_state", Kind::Gauge));
+        assert_eq!(c.max_interval, Duration::from_secs(32));
+        // A fixed-interval group reads and sends every interval.
+        let power = series("railscope_gpu_power_watts", Kind::Gauge);
+        let (reads, emits) = drive(&mut sampler, &power, 60, |_| Value::F64(300.0));
+        assert_eq!((reads.len(), emits.len()), (60, 60));
+
+        for (spec, why) in [
+            ("railscope_gpu_", "expected PREFIX:SETTING"),
+            ("railscope_gpu_:max", "needs a value"),
+            ("railscope_gpu_:max=-1", "not a non-negative number"),
+            ("railscope_gpu_:window=0.5", "not a whole number"),
+            ("railscope_gpu_:fast", "unknown setting"),
+            ("railscope_gpu_:max=0.5", "below the minimum interval"),
+        ] {
+            let e = sampler.configure(spec).unwrap_err();
+            assert!(e.to_string().contains(why), "{spec}: {e}");
+            assert!(
+                e.to_string().starts_with(&format!("--sampling {spec:?}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! `railscope-guest-init` as `/init`. The init mounts the kernel's filesystems and runs the
 //! [`scenarios`] named on the kernel command line against the real rdma_rxe driver, rdma-core
 //! and perftest, printing a verdict line per scenario on the serial console.
+//!
+//! The same binary is also the scenarios' own verbs program: run as `/init cq-overflow ...`
+//! (not as PID 1) it is [`cq_overflow`], which drives libibverbs through [`ibverbs`].
 
+pub mod cq_overflow;
 pub mod guest;
+pub mod ibverbs;
 pub mod scenarios;

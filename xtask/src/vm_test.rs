@@ -25,6 +25,7 @@ pub const SCENARIOS: &[&str] = &[
     "verbs",
     "rdma-cm",
     "qp-errors",
+    "async-errors",
     "agent-frames",
     "perftest",
 ];

@@ -1,11 +1,22 @@
 //! `/init` of the test bed's guest (PID 1): mounts the kernel filesystems, runs the scenarios
 //! named by `railscope.scenarios=a,b` on the kernel command line and powers off.
+//!
+//! Started by a scenario (so not as PID 1) with `cq-overflow ARGS`, it runs that verbs
+//! program instead ([`railscope_tests::cq_overflow`]).
 
 use std::time::Instant;
 
-use railscope_tests::{guest, scenarios};
+use railscope_tests::{cq_overflow, guest, scenarios};
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if std::process::id() != 1 && args.first().map(String::as_str) == Some(cq_overflow::COMMAND) {
+        if let Err(e) = cq_overflow::main(&args[1..]) {
+            eprintln!("cq-overflow: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = guest::init_system() {
         println!("guest-init: could not prepare the system: {e:#}");
     }

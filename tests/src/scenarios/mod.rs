@@ -2,6 +2,7 @@
 //! soft-RoCE stack inside the guest. A scenario returns `Err` with the reason it failed.
 
 mod agent_frames;
+mod async_errors;
 mod bench_probes;
 mod hook_trace;
 mod ib_core_btf;
@@ -24,6 +25,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "hook-trace" => hook_trace::run(),
         "bench-probes" => bench_probes::run(),
         "qp-errors" => qp_errors::run(),
+        "async-errors" => async_errors::run(),
         "agent-frames" => agent_frames::run(),
         "perftest" => perftest::run(),
         "rdma-cm" => rdma_cm::run(),
