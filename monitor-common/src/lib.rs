@@ -31,6 +31,15 @@ pub mod globals {
     pub const IB_QP_NUM_OFFSET: &str = "IB_QP_NUM_OFFSET";
     /// `struct ib_cq`: offset of `device`.
     pub const IB_CQ_DEVICE_OFFSET: &str = "IB_CQ_DEVICE_OFFSET";
+    /// Offsets of `res.task` (the restrack owner: the process that created the object) in
+    /// `struct ib_cq` and `struct ib_qp`, and the path from a task to its cgroup id:
+    /// `task_struct.cgroups`, `css_set.dfl_cgrp`, `cgroup.kn`, `kernfs_node.id`.
+    pub const IB_CQ_OWNER_OFFSET: &str = "IB_CQ_OWNER_OFFSET";
+    pub const IB_QP_OWNER_OFFSET: &str = "IB_QP_OWNER_OFFSET";
+    pub const TASK_CGROUPS_OFFSET: &str = "TASK_CGROUPS_OFFSET";
+    pub const CSS_SET_DFL_CGRP_OFFSET: &str = "CSS_SET_DFL_CGRP_OFFSET";
+    pub const CGROUP_KN_OFFSET: &str = "CGROUP_KN_OFFSET";
+    pub const KERNFS_NODE_ID_OFFSET: &str = "KERNFS_NODE_ID_OFFSET";
     /// `struct ib_qp_attr`: offset of `qp_state`.
     pub const QP_ATTR_STATE_OFFSET: &str = "QP_ATTR_STATE_OFFSET";
     /// Value of `IB_QP_STATE` in `enum ib_qp_attr_mask`.

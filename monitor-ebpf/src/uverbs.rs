@@ -23,6 +23,43 @@ static UFILE_UCONTEXT_OFFSET: Global<u32> = Global::new(0);
 static UCONTEXT_DEVICE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub(crate) static IB_CQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_CQ_OWNER_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_QP_OWNER_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_CGROUPS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CSS_SET_DFL_CGRP_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_KN_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
+
+/// The cgroup id of the process that created a QP or CQ (`res.task`, the restrack owner at
+/// `owner_offset` in the object), if the kernel recorded one.
+///
+/// Async events are raised by whichever task the driver runs in when it notices the error:
+/// the application's own system call on some kernels, a kernel worker on others (rxe on
+/// 6.12, hardware interrupts), so the current task's cgroup would blame the root cgroup.
+/// The object's owner is the job the event is about.
+///
+/// # Safety
+/// `object` is a kernel `struct ib_qp *` or `struct ib_cq *` matching `owner_offset`.
+#[inline(always)]
+unsafe fn owner_cgroup(object: *const u8, owner_offset: u32) -> Option<u64> {
+    // SAFETY: kernel pointers read through fault-safe helpers; a null link ends the walk.
+    unsafe {
+        let task = read_at::<*const u8>(object, owner_offset).ok()?;
+        if task.is_null() {
+            return None;
+        }
+        let cgroups = read_at::<*const u8>(task, TASK_CGROUPS_OFFSET.load()).ok()?;
+        let cgroup = read_at::<*const u8>(cgroups, CSS_SET_DFL_CGRP_OFFSET.load()).ok()?;
+        let kn = read_at::<*const u8>(cgroup, CGROUP_KN_OFFSET.load()).ok()?;
+        read_at::<u64>(kn, KERNFS_NODE_ID_OFFSET.load()).ok()
+    }
+}
 
 /// The device of a `struct uverbs_attr_bundle *`, through the file's user context
 /// (`attrs->context` is only set once the handler has looked up its object).
@@ -69,6 +106,9 @@ pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
         unsafe {
             record.event_type = ib_event::read_event_type(event)?;
             let qp = ib_event::read_element_ptr(event)?;
+            if let Some(cgroup) = owner_cgroup(qp, IB_QP_OWNER_OFFSET.load()) {
+                record.cgroup = cgroup;
+            }
             let (dev, qp_num) = modify_qp::qp_device_and_num(qp)?;
             record.qp_num = qp_num;
             device::read_name(dev, &mut record.device_name)
@@ -88,6 +128,9 @@ pub fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
         unsafe {
             record.event_type = ib_event::read_event_type(event)?;
             let cq = ib_event::read_element_ptr(event)?;
+            if let Some(cgroup) = owner_cgroup(cq, IB_CQ_OWNER_OFFSET.load()) {
+                record.cgroup = cgroup;
+            }
             let dev = read_at::<*const u8>(cq, IB_CQ_DEVICE_OFFSET.load())?;
             device::read_name(dev, &mut record.device_name)
         }

@@ -207,9 +207,38 @@ pub fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
         u32g(g::IB_CQ_DEVICE_OFFSET, btf.field("ib_cq", "device")?.offset),
         u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
         u32g(g::IB_QP_NUM_OFFSET, btf.field("ib_qp", "qp_num")?.offset),
+        u32g(
+            g::IB_CQ_OWNER_OFFSET,
+            btf.field("ib_cq", "res.task")?.offset,
+        ),
+        u32g(
+            g::IB_QP_OWNER_OFFSET,
+            btf.field("ib_qp", "res.task")?.offset,
+        ),
     ];
+    globals.extend(task_cgroup(btf)?);
     globals.extend(ib_event(btf)?);
     Ok(globals)
+}
+
+/// From a `struct task_struct *` to the id of its cgroup (v2): what
+/// `bpf_get_current_cgroup_id` gives for the current task.
+pub fn task_cgroup(btf: &Btf) -> Result<Globals, BtfError> {
+    Ok(vec![
+        u32g(
+            g::TASK_CGROUPS_OFFSET,
+            btf.field("task_struct", "cgroups")?.offset,
+        ),
+        u32g(
+            g::CSS_SET_DFL_CGRP_OFFSET,
+            btf.field("css_set", "dfl_cgrp")?.offset,
+        ),
+        u32g(g::CGROUP_KN_OFFSET, btf.field("cgroup", "kn")?.offset),
+        u32g(
+            g::KERNFS_NODE_ID_OFFSET,
+            btf.field("kernfs_node", "id")?.offset,
+        ),
+    ])
 }
 
 /// `rdma_cma:cm_event_handler` record layout and the REJECTED value.

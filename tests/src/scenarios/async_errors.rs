@@ -10,8 +10,9 @@
 //! - the kernel delivered one CQ_ERR per completion that did not fit, on the tiny CQ;
 //! - the agent reported exactly as many CQ_ERR events (`cq_async`), each from rxe0, with a
 //!   complete record, a kernel timestamp between the first send and the last event the
-//!   program read, and the cgroup of the task that raised the event (see [`expected_cgroup`]:
-//!   the job's on 6.1, the root cgroup on 6.12, where rxe raises it from a kworker);
+//!   program read, and the job's cgroup on every kernel: on 6.1 rxe raises the event in the
+//!   program's own system call, on 6.12 from a kworker, so the probe takes the cgroup of the
+//!   CQ's owner (its restrack `res.task`), not of the task that happens to run;
 //! - the QP async events the agent reported for the program's QPs are the ones the program
 //!   read (rxe does not move a QP to ERR for a full send CQ: it ignores the failed post, so
 //!   none are expected; any that come are printed);
@@ -114,7 +115,7 @@ pub fn run() -> anyhow::Result<()> {
         cq_errs.len()
     );
     let (start_ns, end_ns) = (num("start_ns"), num("end_ns"));
-    let cgroup = expected_cgroup(&job)?;
+    let cgroup = job.clone();
     for e in &cq_errs {
         let ktime = e["ktime_ns"].as_u64().unwrap_or(0);
         ensure!(
@@ -152,30 +153,4 @@ pub fn run() -> anyhow::Result<()> {
         "QP async events differ: the program read {read:?}, the agent reported {reported:?}"
     );
     Ok(())
-}
-
-/// The cgroup the agent gives the CQ_ERR events: that of the task running when the hook
-/// fires, which depends on where rxe raises the event (checked with kprobe stack traces of
-/// `ib_uverbs_cq_event_handler` in these guests, and in the modules' code):
-/// - Debian's 6.1: `rxe_post_send` runs the requester inline in the poster's `write()`; in
-///   loopback the responder, its ACK and the completer (`rxe_completer` -> `rxe_cq_post`)
-///   follow inline too, so the event comes in the job's process: the job's cgroup.
-/// - Debian's 6.12: `rxe_post_send`, `rxe_resp_queue_pkt` and `rxe_comp_queue_pkt` only
-///   `rxe_sched_task` (`queue_work_on` rxe_wq), so `rxe_completer` runs in a kworker: the
-///   root cgroup. This is a known gap of the probe, which attributes async events to the
-///   current task rather than to the CQ's owner (docs/probes.md, Attribution); asserted as
-///   it is so that a change on either side shows.
-///
-/// Any other kernel is expected to attribute to the job.
-fn expected_cgroup(job: &str) -> anyhow::Result<String> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
-    Ok(if release.starts_with("6.12.") {
-        println!(
-            "KNOWN GAP on {}: CQ_ERR is raised in rxe's work queue and attributed to the root cgroup",
-            release.trim()
-        );
-        "/".to_owned()
-    } else {
-        job.to_owned()
-    })
 }
