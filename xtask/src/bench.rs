@@ -159,6 +159,15 @@ fn probes(tools: &Tools, options: &Options) -> anyhow::Result<()> {
             serial_log.display()
         );
     }
+    // A run that stopped part-way measured fewer rounds, one attach order more than the
+    // other: keep the last complete report rather than replace it with that.
+    if let Err(e) = &verdict {
+        bail!(
+            "the guest's bench scenario failed ({e}); {} is left as it was; see {}",
+            results_path(options.target).display(),
+            serial_log.display()
+        );
+    }
     let run = Run {
         date: utc_now(),
         kernel_release: image.kernel_release.clone(),
