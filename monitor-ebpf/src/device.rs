@@ -31,14 +31,24 @@ pub unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> R
     Ok(())
 }
 
-/// The device named last, by any CPU. A plain global (a `.bss` map the verifier turns into a
-/// direct memory access), not a map lookup: this runs on every counted verb, and under
-/// `cargo xtask bench probes` a helper call was the larger part of a probe's cost. Shared by
+/// Devices already named, in a small direct-mapped table (a slot per device pointer hash):
+/// a node's job drives all its HCAs at once (a rail per GPU), so one "last device" would
+/// miss on nearly every verb. A plain global (a `.bss` map the verifier turns into a direct
+/// memory access), not a map lookup: this runs on every counted verb, and under
+/// `cargo xtask bench probes` a helper call is the larger part of a probe's cost. Shared by
 /// all CPUs without a lock: the name is inserted into `DEVICE_NAMES` before the key is stored
-/// here, so a CPU that finds its device here knows the name is known; a race between CPUs
+/// here, so a CPU that finds its device here knows the name is known; a race or a collision
 /// only costs one more `DEVICE_NAMES` lookup.
 #[unsafe(no_mangle)]
-static mut LAST_DEVICE: u64 = 0;
+static mut KNOWN_DEVICES: [u64; KNOWN_SLOTS] = [0; KNOWN_SLOTS];
+const KNOWN_SLOTS: usize = 16;
+
+/// The slot of a device pointer: Fibonacci hashing (device structs are large, page-aligned
+/// allocations, so the low bits say nothing).
+#[inline(always)]
+fn known_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize & (KNOWN_SLOTS - 1)
+}
 
 /// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters.
 ///
@@ -47,17 +57,23 @@ static mut LAST_DEVICE: u64 = 0;
 #[inline(always)]
 pub unsafe fn remember(device: *const u8) -> u64 {
     let key = device as u64;
-    // SAFETY: a global of this program's own; a torn or stale value only costs a lookup.
-    if key == 0 || unsafe { core::ptr::read_volatile(&raw const LAST_DEVICE) } == key {
+    if key == 0 {
         return key;
     }
-    if unsafe { DEVICE_NAMES.get(&key) }.is_none() {
-        let mut name = [0u8; DEVICE_NAME_LEN];
-        if unsafe { read_name(device, &mut name) }.is_ok() {
-            let _ = DEVICE_NAMES.insert(&key, &name, 0);
-        }
+    // SAFETY: an element of this program's own global array (the index is masked below its
+    // length); a torn or stale value only costs a lookup.
+    let slot = unsafe { (&raw mut KNOWN_DEVICES).cast::<u64>().add(known_slot(key)) };
+    if unsafe { core::ptr::read_volatile(slot) } == key {
+        return key;
     }
-    // SAFETY: as above.
-    unsafe { core::ptr::write_volatile(&raw mut LAST_DEVICE, key) };
+    let named = unsafe { DEVICE_NAMES.get(&key) }.is_some() || {
+        let mut name = [0u8; DEVICE_NAME_LEN];
+        unsafe { read_name(device, &mut name) }.is_ok()
+            && DEVICE_NAMES.insert(&key, &name, 0).is_ok()
+    };
+    if named {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(slot, key) };
+    }
     key
 }
