@@ -152,6 +152,7 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     raise_memlock_limit();
+    raise_open_files_limit();
     match cli.command {
         Command::Agent {
             json,
@@ -249,5 +250,24 @@ fn raise_memlock_limit() {
     // SAFETY: setrlimit reads a valid rlimit struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on kernels >= 5.11");
+    }
+}
+
+/// The IB source keeps its counter files open (one `pread` per read instead of three system
+/// calls), thousands on a large node: take the descriptors the hard limit allows.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::debug!("could not raise RLIMIT_NOFILE to {}", limit.rlim_max);
+            }
+        }
     }
 }

@@ -20,7 +20,8 @@
 //! (and the path walk). A device's directories are listed when it appears, again every
 //! `replan_every` (60 s) to pick up files that appeared, and at the next read after one of its
 //! files was found missing. A file whose read fails is closed and opened again by path at its
-//! next read.
+//! next read. At most half the process's descriptor limit is kept open (the agent raises its
+//! soft limit to the hard one); beyond that a file is opened, read and closed each time.
 //!
 //! Counter files are not filtered against a list: a name this code has never seen (new
 //! firmware, another driver) becomes a series like any other. A file that cannot be read or
@@ -64,6 +65,10 @@ use std::{
     fs, io,
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
+    sync::{
+        OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -227,6 +232,27 @@ struct OpenFile {
     file: Option<fs::File>,
 }
 
+/// Files kept open by every source of the process, against [`max_kept_files`]: a node with
+/// many ports has thousands of counter files, and an agent that ran out of descriptors could
+/// open nothing else. Beyond the budget a file is opened, read and closed each time.
+static KEPT_FILES: AtomicUsize = AtomicUsize::new(0);
+
+/// Half of the descriptor limit (the agent raises its soft limit to the hard one at start).
+fn max_kept_files() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes a valid rlimit struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return 256;
+        }
+        usize::try_from(limit.rlim_cur / 2).unwrap_or(usize::MAX)
+    })
+}
+
 impl OpenFile {
     fn new(path: PathBuf) -> Self {
         Self { path, file: None }
@@ -235,21 +261,46 @@ impl OpenFile {
     /// The whole contents, (re)opening the file when needed. After an error the file is
     /// closed, so the next read opens the path again (a file replaced, a device re-registered).
     fn read<'b>(&mut self, buf: &'b mut [u8]) -> io::Result<&'b [u8]> {
-        let file = match &mut self.file {
-            Some(file) => file,
-            slot => slot.insert(fs::File::open(&self.path)?),
-        };
-        // One read: a sysfs attribute gives its whole text (at most a page) at once; reading
-        // on to see the end of the file would double the system calls.
-        loop {
-            match file.read_at(buf, 0) {
-                Ok(n) => return Ok(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.file = None;
-                    return Err(e);
+        let result = match &self.file {
+            Some(file) => read_whole(file, buf),
+            None => {
+                let file = fs::File::open(&self.path)?;
+                let result = read_whole(&file, buf);
+                if result.is_ok() && KEPT_FILES.fetch_add(1, Ordering::Relaxed) < max_kept_files() {
+                    self.file = Some(file);
+                } else if result.is_ok() {
+                    KEPT_FILES.fetch_sub(1, Ordering::Relaxed);
                 }
+                return result;
             }
+        };
+        if result.is_err() {
+            self.close();
+        }
+        result
+    }
+
+    fn close(&mut self) {
+        if self.file.take().is_some() {
+            KEPT_FILES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// One read: a sysfs attribute gives its whole text (at most a page) at once; reading on to
+/// see the end of the file would double the system calls.
+fn read_whole<'b>(file: &fs::File, buf: &'b mut [u8]) -> io::Result<&'b [u8]> {
+    loop {
+        match file.read_at(buf, 0) {
+            Ok(n) => return Ok(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
