@@ -95,6 +95,20 @@ fn spawn(args: &[&str]) -> Running {
     Running { child, out, err }
 }
 
+/// `railscope listen` on loopback, printing JSON lines.
+fn spawn_listener(port: &str, key: &str) -> Running {
+    spawn(&[
+        "listen",
+        "--port",
+        port,
+        "--bind",
+        "127.0.0.1",
+        "--key",
+        key,
+        "--json",
+    ])
+}
+
 /// Stops the child with SIGINT: (exited successfully, stdout, stderr).
 fn interrupt(mut running: Running) -> (bool, String, String) {
     // SAFETY: signalling our own child.
@@ -114,16 +128,7 @@ fn agent_sends_ib_gpu_counters_and_gpu_events_to_a_collector() {
     let lib = standin_with_script(&dir);
     let port = free_udp_port().to_string();
     let key_s = key.to_str().unwrap();
-    let listener = spawn(&[
-        "listen",
-        "--port",
-        &port,
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key_s,
-        "--json",
-    ]);
+    let listener = spawn_listener(&port, key_s);
     thread::sleep(Duration::from_millis(300));
     let collector = format!("127.0.0.1:{port}");
     let sysfs = fixture("mlx5");
@@ -310,16 +315,7 @@ fn a_collector_started_after_the_agent_asks_for_the_schema_and_names_every_serie
     ]);
     // The first flushes, which carry the schema, go to a port nobody listens on.
     thread::sleep(Duration::from_secs(3));
-    let listener = spawn(&[
-        "listen",
-        "--port",
-        &port,
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key_s,
-        "--json",
-    ]);
+    let listener = spawn_listener(&port, key_s);
     thread::sleep(Duration::from_secs(4));
     let (agent_ok, _, agent_err) = interrupt(agent);
     thread::sleep(Duration::from_millis(300));

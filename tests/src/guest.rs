@@ -274,6 +274,20 @@ impl Counters {
     }
 }
 
+/// The QP and CQ events (everything but port events) among the agent's JSON lines, each
+/// printed to the scenario's log.
+pub fn qp_cq_events(agent_stdout: &[String]) -> Vec<serde_json::Value> {
+    let events: Vec<serde_json::Value> = agent_stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "ib_event" && v["origin"] != "port")
+        .collect();
+    for e in &events {
+        println!("qp/cq event: {e}");
+    }
+    events
+}
+
 /// `state` of port 1 of an RDMA device, e.g. "4: ACTIVE".
 pub fn port_state(device: &str) -> String {
     std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/1/state"))

@@ -97,14 +97,7 @@ pub fn run() -> anyhow::Result<()> {
     );
 
     // What the agent reported.
-    let events: Vec<Value> = stdout
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["kind"] == "ib_event" && v["origin"] != "port")
-        .collect();
-    for e in &events {
-        println!("qp/cq event: {e}");
-    }
+    let events = guest::qp_cq_events(&stdout);
     let cq_errs: Vec<&Value> = events
         .iter()
         .filter(|e| e["origin"] == "cq_async" && e["event"] == "CQ_ERR")
