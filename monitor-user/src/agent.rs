@@ -89,6 +89,9 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
 
     let mut rescan = tokio::time::interval(options.rescan);
     let mut last_rescan = std::time::Instant::now();
+    let sweeps_pace_rescans = pipeline
+        .as_ref()
+        .is_some_and(|p| p.interval <= options.rescan);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
     counters.tick().await; // the first tick is immediate: skip it
@@ -120,9 +123,10 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                     })
                     .and_then(|()| out.flush());
             }
-            // With a pipeline, the poller's sweeps pace the rescans (one wake-up a second, not
-            // two).
-            _ = rescan.tick(), if pipeline.is_none() => {
+            // With a pipeline that reads at least as often as the rescan interval, its sweeps
+            // pace the rescans (one wake-up a second, not two).
+            _ = rescan.tick(), if !sweeps_pace_rescans => {
+                last_rescan = std::time::Instant::now();
                 for (family, state) in &mut families {
                     rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
                 }
