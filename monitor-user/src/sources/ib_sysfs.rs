@@ -253,6 +253,16 @@ fn max_kept_files() -> usize {
     })
 }
 
+/// Counts one more kept file, if the budget allows it.
+fn reserve_kept_file() -> bool {
+    let max = max_kept_files();
+    KEPT_FILES
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 impl OpenFile {
     fn new(path: PathBuf) -> Self {
         Self { path, file: None }
@@ -266,10 +276,8 @@ impl OpenFile {
             None => {
                 let file = fs::File::open(&self.path)?;
                 let result = read_whole(&file, buf);
-                if result.is_ok() && KEPT_FILES.fetch_add(1, Ordering::Relaxed) < max_kept_files() {
+                if result.is_ok() && reserve_kept_file() {
                     self.file = Some(file);
-                } else if result.is_ok() {
-                    KEPT_FILES.fetch_sub(1, Ordering::Relaxed);
                 }
                 return result;
             }
@@ -305,11 +313,26 @@ fn read_whole<'b>(file: &fs::File, buf: &'b mut [u8]) -> io::Result<&'b [u8]> {
     }
 }
 
+/// A series this source reads, with the slot its sink keeps for it.
+#[derive(Debug)]
+struct Tracked {
+    series: Series,
+    slot: Slot,
+}
+
+impl Tracked {
+    fn new(series: Series) -> Self {
+        Self {
+            series,
+            slot: Slot::default(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct CounterFile {
     file: OpenFile,
-    series: Series,
-    slot: Slot,
+    tracked: Tracked,
     convert: Convert,
 }
 
@@ -320,12 +343,12 @@ struct PortPlan {
     phys_state: OpenFile,
     rate: OpenFile,
     link_layer: OpenFile,
-    state_series: (Series, Slot),
-    phys_state_series: (Series, Slot),
-    rate_series: (Series, Slot),
-    width_series: (Series, Slot),
+    state_series: Tracked,
+    phys_state_series: Tracked,
+    rate_series: Tracked,
+    width_series: Tracked,
     /// `railscope_ib_port_link_layer_info` with the link layer last read as a label.
-    link_layer_series: Option<(Series, Slot)>,
+    link_layer_series: Option<Tracked>,
     counters: Vec<CounterFile>,
 }
 
@@ -560,17 +583,12 @@ impl IbSysfs {
         if relist {
             self.listed = None;
         }
-        // What is left of the previous plans: devices no longer listed.
-        for (gone, plan) in &self.devices {
+        // What is left of the previous plans: devices no longer listed (those that vanished
+        // while being read have had their problems dropped already).
+        for plan in self.devices.values() {
             forget_problems_under(&mut self.problems, &plan.dir);
-            if before.contains(gone) {
-                tracing::info!(device = %gone, "RDMA device disappeared");
-            }
         }
-        for gone in before
-            .iter()
-            .filter(|d| !present.contains_key(*d) && !self.devices.contains_key(*d))
-        {
+        for gone in before.iter().filter(|d| !present.contains_key(*d)) {
             tracing::info!(device = %gone, "RDMA device disappeared");
         }
         for new in present.keys().filter(|d| !before.contains(*d)) {
@@ -618,7 +636,7 @@ fn plan_device(
                             SysfsError::Malformed {
                                 path,
                                 value: name,
-                                expected: "a port number",
+                                expected: PORT_NUMBER,
                             },
                         );
                     }
@@ -640,15 +658,17 @@ fn plan_device(
         let port_label = port.to_string();
         let labels = Labels::new([("device", device), ("port", port_label.as_str())]);
         let gauge = |name: &str| {
-            let series = Series {
+            Tracked::new(Series {
                 name: format!("{PREFIX}{name}"),
                 labels: labels.clone(),
                 kind: Kind::Gauge,
-            };
-            (series, Slot::default())
+            })
         };
         let mut counters = counter_files(&pdir.join("counters"), &labels, None, problems);
-        let taken: BTreeSet<String> = counters.iter().map(|c| c.series.name.clone()).collect();
+        let taken: BTreeSet<String> = counters
+            .iter()
+            .map(|c| c.tracked.series.name.clone())
+            .collect();
         counters.extend(counter_files(
             &pdir.join("hw_counters"),
             &labels,
@@ -735,12 +755,11 @@ fn counter_files(
             }
             CounterFile {
                 file: OpenFile::new(dir.join(&file)),
-                slot: Slot::default(),
-                series: Series {
+                tracked: Tracked::new(Series {
                     name,
                     labels: labels.clone(),
                     kind,
-                },
+                }),
                 convert,
             }
         })
@@ -748,6 +767,9 @@ fn counter_files(
 }
 
 /// Drops the directory-listing problems under `dir` (they are found again when it is listed).
+/// What a `ports/` entry should be; a problem with it comes from listing, not from reading.
+const PORT_NUMBER: &str = "a port number";
+
 fn forget_listing_problems(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Path) {
     problems.retain(|path, p| {
         !(path.starts_with(dir)
@@ -755,7 +777,7 @@ fn forget_listing_problems(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &P
                 p,
                 SysfsError::List { .. }
                     | SysfsError::Malformed {
-                        expected: "a port number",
+                        expected: PORT_NUMBER,
                         ..
                     }
             ))
@@ -769,8 +791,10 @@ fn forget_problems_under(problems: &mut BTreeMap<PathBuf, SysfsError>, dir: &Pat
 
 impl Sweep<'_, '_> {
     /// Whether to read the file of `series` (always, when only the link facts are read).
-    fn due(&mut self, (series, slot): &mut (Series, Slot)) -> bool {
-        self.sink.as_mut().is_none_or(|sink| sink.due(series, slot))
+    fn due(&mut self, tracked: &mut Tracked) -> bool {
+        self.sink
+            .as_mut()
+            .is_none_or(|sink| sink.due(&tracked.series, &mut tracked.slot))
     }
 
     /// Reads one device's due files. Returns whether any read failed.
@@ -794,14 +818,14 @@ impl Sweep<'_, '_> {
             port.link.state = self.coded(&mut port.state, &STATE_NAMES, stale);
             failed |= port.link.state.is_none();
             if let Some(s) = &port.link.state {
-                self.gauge(&mut port.state_series, Value::U64(s.code.into()));
+                self.emit(&mut port.state_series, Value::U64(s.code.into()));
             }
         }
         if self.due(&mut port.phys_state_series) {
             port.link.phys_state = self.coded(&mut port.phys_state, &PHYS_STATE_NAMES, stale);
             failed |= port.link.phys_state.is_none();
             if let Some(s) = &port.link.phys_state {
-                self.gauge(&mut port.phys_state_series, Value::U64(s.code.into()));
+                self.emit(&mut port.phys_state_series, Value::U64(s.code.into()));
             }
         }
         if self.due(&mut port.rate_series) || self.due(&mut port.width_series) {
@@ -825,9 +849,9 @@ impl Sweep<'_, '_> {
                 failed = true;
             }
             if let Some(r) = &port.link.rate {
-                self.gauge(&mut port.rate_series, Value::F64(r.gbps));
+                self.emit(&mut port.rate_series, Value::F64(r.gbps));
                 if let Some(w) = r.width_lanes {
-                    self.gauge(&mut port.width_series, Value::U64(w.into()));
+                    self.emit(&mut port.width_series, Value::U64(w.into()));
                 }
             }
         }
@@ -862,7 +886,7 @@ impl Sweep<'_, '_> {
                 let current = port
                     .link_layer_series
                     .as_ref()
-                    .is_some_and(|(s, _)| s.labels.get("link_layer") == Some(l.as_str()));
+                    .is_some_and(|t| t.series.labels.get("link_layer") == Some(l.as_str()));
                 if !current {
                     let series = Series {
                         name: format!("{PREFIX}port_link_layer_info"),
@@ -873,10 +897,10 @@ impl Sweep<'_, '_> {
                         ]),
                         kind: Kind::Gauge,
                     };
-                    port.link_layer_series = Some((series, Slot::default()));
+                    port.link_layer_series = Some(Tracked::new(series));
                 }
-                if let Some(series) = &mut port.link_layer_series {
-                    self.gauge(series, Value::U64(1));
+                if let Some(tracked) = &mut port.link_layer_series {
+                    self.emit(tracked, Value::U64(1));
                 }
             }
         }
@@ -890,11 +914,7 @@ impl Sweep<'_, '_> {
 
     /// Reads one counter file when its series is due. Returns whether the read failed.
     fn counter(&mut self, counter: &mut CounterFile, stale: &mut bool) -> bool {
-        if !self
-            .sink
-            .as_mut()
-            .is_none_or(|sink| sink.due(&counter.series, &mut counter.slot))
-        {
+        if !self.due(&mut counter.tracked) {
             return false;
         }
         let parsed = match counter.file.read(self.buf) {
@@ -933,15 +953,14 @@ impl Sweep<'_, '_> {
             Convert::Words => Value::U64(raw.saturating_mul(4)),
             Convert::LifespanMs => Value::F64(raw as f64 / 1000.0),
         };
-        if let Some(sink) = self.sink.as_mut() {
-            sink.reading(&counter.series, &mut counter.slot, value);
-        }
+        self.emit(&mut counter.tracked, value);
         false
     }
 
-    fn gauge(&mut self, (series, slot): &mut (Series, Slot), value: Value) {
+    /// Hands a value read to the sink (nowhere when only the link facts are read).
+    fn emit(&mut self, tracked: &mut Tracked, value: Value) {
         if let Some(sink) = self.sink.as_mut() {
-            sink.reading(series, slot, value);
+            sink.reading(&tracked.series, &mut tracked.slot, value);
         }
     }
 

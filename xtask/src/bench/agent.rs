@@ -623,13 +623,14 @@ impl LiveConfig {
 
 /// Where the moving fixture tree lives: on tmpfs (`/dev/shm`) where there is one, because
 /// sysfs is in memory too — on a disk file system every read would also update the file's
-/// access time in the journal, a cost no real node has.
-fn tree_dir(interval: f64) -> PathBuf {
+/// access time in the journal, a cost no real node has. Elsewhere, under `dir` (the
+/// interval's work directory).
+fn tree_dir(dir: &Path, interval: f64) -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.join(format!("railscope-bench-{}", slug(interval)))
     } else {
-        cargo::workspace_root().join(format!("target/bench/agent/live-{}/sys", slug(interval)))
+        dir.join("sys")
     }
 }
 
@@ -651,7 +652,7 @@ fn live_config(ctx: &Ctx, interval: f64) -> anyhow::Result<LiveConfig> {
             .as_str()
             .context("gpu-script printed no lib")?,
     );
-    let tree = tree_dir(interval);
+    let tree = tree_dir(&dir, interval);
     setup::step(&format!(
         "{}: starting the fixture writer (8 ports, counters moving 10 times a second)",
         label(interval)
