@@ -46,8 +46,13 @@ impl Origin {
 pub struct EventRecord {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds when the hook ran.
     pub timestamp_ns: u64,
-    /// cgroup v2 id of the task that was running (the job, for process-context hooks).
+    /// cgroup v2 id of the job: the task that was running, or the owner of the QP or CQ an
+    /// async event is about.
     pub cgroup: u64,
+    /// The `struct ib_device *`, as the key of the probes' `DEVICE_NAMES` map, which holds
+    /// its name by the time the record is written (userspace resolves it); 0 if unread.
+    /// A key, not the name: copying a string out of the kernel was most of an event's cost.
+    pub device: u64,
     /// An [`Origin`].
     pub origin: u32,
     /// Raw enum value; userspace names it from the kernel's BTF.
@@ -59,8 +64,6 @@ pub struct EventRecord {
     /// Non-zero when a kernel read failed and some fields are missing.
     pub read_error: u32,
     pub _pad: u32,
-    /// NUL-terminated device name, e.g. `mlx5_0` or `rxe0`.
-    pub device_name: [u8; DEVICE_NAME_LEN],
 }
 
 #[cfg(feature = "user")]
@@ -76,11 +79,6 @@ impl EventRecord {
         // SAFETY: the length is checked above; the type is plain old data, any bit pattern is
         // valid, and read_unaligned copes with any alignment.
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) })
-    }
-
-    /// The device name up to its first NUL.
-    pub fn device_name(&self) -> &str {
-        name_str(&self.device_name)
     }
 }
 

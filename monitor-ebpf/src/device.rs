@@ -1,5 +1,6 @@
 //! `struct ib_device`: its name, read through BTF-resolved offsets, and the `DEVICE_NAMES` map
-//! that lets counters key on the device pointer instead of copying the name every time.
+//! that lets counters and events key on the device pointer instead of copying the name every
+//! time.
 
 use aya_ebpf::{Global, helpers::bpf_probe_read_kernel_str_bytes, macros::map, maps::HashMap};
 use monitor_common::events::{DEVICE_NAME_LEN, NameSource};
@@ -19,7 +20,7 @@ static DEVICE_NAMES: HashMap<u64, [u8; DEVICE_NAME_LEN]> = HashMap::with_max_ent
 /// # Safety
 /// `device` is a kernel `struct ib_device *`.
 #[inline(always)]
-pub unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> Result<(), i32> {
+unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> Result<(), i32> {
     unsafe {
         let at = if IB_DEVICE_NAME_SOURCE.load() == NameSource::Pointer as u32 {
             read_at::<*const u8>(device, IB_DEVICE_NAME_OFFSET.load())?

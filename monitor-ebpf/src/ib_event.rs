@@ -56,7 +56,8 @@ pub fn ib_dispatch_event(ctx: ProbeContext) -> u32 {
                 read_at::<u32>(event, element)?
             };
             let dev = read_at::<*const u8>(event, IB_EVENT_DEVICE_OFFSET.load())?;
-            device::read_name(dev, &mut record.device_name)
+            record.device = device::remember(dev);
+            Ok(())
         }
     });
     0

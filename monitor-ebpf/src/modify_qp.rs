@@ -65,10 +65,10 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
         send_event(|record| {
             record.origin = Origin::QpToErr as u32;
             record.event_type = state;
+            record.device = device;
             // SAFETY: the kernel's `struct ib_qp *` (read only here: moves to ERR are rare).
             record.qp_num = unsafe { read_at::<u32>(qp, IB_QP_NUM_OFFSET.load())? };
-            // SAFETY: `dev` is the QP's `struct ib_device *`.
-            unsafe { device::read_name(dev, &mut record.device_name) }
+            Ok(())
         });
     }
     0

@@ -11,7 +11,10 @@ use monitor_common::{
     verbs::{CounterKey, Verb},
 };
 
-/// 256 KiB holds about 2,000 records: far more than a burst of port flaps between two reads.
+/// `bpf_ringbuf_submit` flag: do not wake the reader (see [`send_event`]).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
+/// 256 KiB holds about 4,500 records: far more than a burst of port flaps between two drains.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
@@ -59,6 +62,11 @@ pub fn count_raw(device: u64, verb: u32, detail: u32) {
 }
 
 /// Sends an event, filled by `fill`, to the ring buffer; counts it when the buffer is full.
+///
+/// The record is submitted without waking the reader (`BPF_RB_NO_WAKEUP`): the agent drains
+/// the buffer on a short timer instead. A wake-up queues an irq_work and raises a self-IPI on
+/// the CPU that runs the hook, which for events this rare is nearly every submit and most of
+/// what the program would cost; the record's own kernel timestamp keeps its time exact.
 #[inline(always)]
 pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
     let Some(mut entry) = EVENTS.reserve::<EventRecord>(0) else {
@@ -69,20 +77,20 @@ pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
         // SAFETY: helpers without arguments.
         timestamp_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
         cgroup: unsafe { bpf_get_current_cgroup_id() },
+        device: 0,
         origin: 0,
         event_type: u32::MAX,
         port: 0,
         qp_num: 0,
         read_error: 0,
         _pad: 0,
-        device_name: [0; monitor_common::events::DEVICE_NAME_LEN],
     };
     if fill(&mut record).is_err() {
         record.read_error = 1;
         bump(ProbeStat::EventReadErrors);
     }
     entry.write(record);
-    entry.submit(0);
+    entry.submit(BPF_RB_NO_WAKEUP);
 }
 
 /// Reads a kernel value at `base + offset`.

@@ -111,7 +111,8 @@ pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
             }
             let (dev, qp_num) = modify_qp::qp_device_and_num(qp)?;
             record.qp_num = qp_num;
-            device::read_name(dev, &mut record.device_name)
+            record.device = device::remember(dev);
+            Ok(())
         }
     });
     0
@@ -132,7 +133,8 @@ pub fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
                 record.cgroup = cgroup;
             }
             let dev = read_at::<*const u8>(cq, IB_CQ_DEVICE_OFFSET.load())?;
-            device::read_name(dev, &mut record.device_name)
+            record.device = device::remember(dev);
+            Ok(())
         }
     });
     0

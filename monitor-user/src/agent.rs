@@ -1,5 +1,5 @@
 //! The node agent's main loop: keeps each probe family attached when the kernel allows it,
-//! drains their ring buffers, prints events (and port transitions), and, on request, the live
+//! drains their ring buffers every [`EVENT_DRAIN_INTERVAL`], prints events (and port transitions), and, on request, the live
 //! verb counters.
 //!
 //! A source that fails never stops the agent: a family whose module is missing is retried every
@@ -8,7 +8,6 @@
 use std::{io::Write, time::Duration};
 
 use tokio::{
-    io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
     sync::mpsc,
     task::JoinHandle,
@@ -28,6 +27,12 @@ use crate::{
     sources::gpu::GpuEvent,
     wire,
 };
+
+/// How often each family's ring buffer is drained. The probes submit events without waking
+/// the reader (a wake-up is a self-IPI on the CPU that runs the hook, most of what a rare
+/// event would cost there), so events reach the agent up to this late; their kernel
+/// timestamps keep the time they happened.
+const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How the agent prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +110,17 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
-            Some((_family, record)) = records_rx.recv() => {
-                let event = Event::decode(&record, &names, &clock, &mut cgroups);
+            Some((family, record)) = records_rx.recv() => {
+                let device = families
+                    .iter()
+                    .find_map(|(f, state)| match state {
+                        FamilyState::Attached { attached, .. } if *f == family => {
+                            Some(attached.device_name(record.device))
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| format!("dev@{:x}", record.device));
+                let event = Event::decode(&record, device, &names, &clock, &mut cgroups);
                 let transition = ports.observe(&event);
                 if let Some(p) = pipeline.as_mut() {
                     p.on_event(ib_wire_event(&event));
@@ -414,28 +428,13 @@ fn try_attach(
             rows,
         );
     };
-    // SAFETY: the RingBuf owns its map fd and is neither closed nor replaced while the AsyncFd
-    // owns it.
-    let ring = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-    {
-        Ok(ring) => ring,
-        Err(e) => {
-            return (
-                FamilyState::Unavailable {
-                    reason: format!("cannot poll the event ring buffer: {e}"),
-                },
-                rows,
-            );
-        }
-    };
     let tx = records.clone();
     let reader = tokio::spawn(async move {
         let mut ring = ring;
+        let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let Ok(mut guard) = ring.readable_mut().await else {
-                return;
-            };
-            let ring = guard.get_inner_mut();
+            drain.tick().await;
             while let Some(item) = ring.next() {
                 match monitor_common::events::EventRecord::from_bytes(&item) {
                     Some(record) => {
@@ -446,7 +445,6 @@ fn try_attach(
                     None => tracing::warn!(len = item.len(), "short event record ignored"),
                 }
             }
-            guard.clear_ready();
         }
     });
     (

@@ -38,8 +38,11 @@ pub struct Event {
 }
 
 impl Event {
+    /// `device` is the record's device name, resolved by the caller from the family's
+    /// `DEVICE_NAMES` map (see [`super::AttachedFamily::device_name`]).
     pub fn decode(
         record: &EventRecord,
+        device: String,
         names: &KernelNames,
         clock: &WallClock,
         cgroups: &mut CgroupNames,
@@ -59,7 +62,7 @@ impl Event {
                 Some(Origin::QpToErr) => "qp_to_err",
                 None => "unknown",
             },
-            device: record.device_name().to_owned(),
+            device,
             port: record.port,
             qp_num: record.qp_num,
             event,

@@ -583,21 +583,25 @@ impl AttachedFamily {
             .unwrap_or(0)
     }
 
+    /// The name of the device a counter key or event record names by its `struct ib_device`
+    /// pointer: empty for 0, `dev@<pointer>` if the probes could not read its name.
+    pub fn device_name(&self, device: u64) -> String {
+        if device == 0 {
+            return String::new();
+        }
+        self.device_names
+            .get(&device, 0)
+            .map(|n| monitor_common::events::name_str(&n).to_owned())
+            .unwrap_or_else(|_| format!("dev@{device:x}"))
+    }
+
     /// Every counter, summed over CPUs, with device names resolved.
     pub fn counts(&self) -> Vec<RawCount> {
         let mut out = Vec::new();
         for entry in self.counts.iter() {
             let Ok((key, per_cpu)) = entry else { continue };
-            let device = if key.device == 0 {
-                String::new()
-            } else {
-                self.device_names
-                    .get(&key.device, 0)
-                    .map(|n| monitor_common::events::name_str(&n).to_owned())
-                    .unwrap_or_else(|_| format!("dev@{:x}", key.device))
-            };
             out.push(RawCount {
-                device,
+                device: self.device_name(key.device),
                 key,
                 value: per_cpu.iter().sum(),
             });
