@@ -25,13 +25,26 @@ use crate::{
 static RESTRACK_TYPE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static RESTRACK_USER_OFFSET: Global<u32> = Global::new(0);
+// Tables by `enum rdma_restrack_type`, set at load time. Plain statics read one element at a
+// time (see `element`): `Global::load` of an array copies all of it, 16 loads and stores per
+// table on every resource created.
 #[unsafe(no_mangle)]
-static RESTRACK_ADD_VERB: Global<[u32; RESTRACK_TYPES]> = Global::new([0; RESTRACK_TYPES]);
+static RESTRACK_ADD_VERB: [u32; RESTRACK_TYPES] = [0; RESTRACK_TYPES];
 #[unsafe(no_mangle)]
-static RESTRACK_DEL_VERB: Global<[u32; RESTRACK_TYPES]> = Global::new([0; RESTRACK_TYPES]);
+static RESTRACK_DEL_VERB: [u32; RESTRACK_TYPES] = [0; RESTRACK_TYPES];
 #[unsafe(no_mangle)]
-static RESTRACK_DEVICE_DELTA: Global<[i32; RESTRACK_TYPES]> =
-    Global::new([NO_DEVICE; RESTRACK_TYPES]);
+static RESTRACK_DEVICE_DELTA: [i32; RESTRACK_TYPES] = [NO_DEVICE; RESTRACK_TYPES];
+
+/// Element `kind` of a load-time table. The read is volatile so that the compiler does not
+/// fold in the compiled-in values, which the loader replaces.
+#[inline(always)]
+fn element<T: Copy>(table: &'static [T; RESTRACK_TYPES], kind: usize) -> Option<T> {
+    if kind >= RESTRACK_TYPES {
+        return None;
+    }
+    // SAFETY: in bounds (checked above) of a static that lives for the program's life.
+    Some(unsafe { core::ptr::read_volatile(table.as_ptr().add(kind)) })
+}
 
 #[kprobe]
 pub fn rdma_restrack_add(ctx: ProbeContext) -> u32 {
@@ -46,25 +59,21 @@ pub fn rdma_restrack_del(ctx: ProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn on_restrack(ctx: &ProbeContext, verbs: &Global<[u32; RESTRACK_TYPES]>) {
+fn on_restrack(ctx: &ProbeContext, verbs: &'static [u32; RESTRACK_TYPES]) {
     let Some(entry) = ctx.arg::<*const u8>(0) else {
         return;
     };
-    // SAFETY: `entry` is the kernel's `struct rdma_restrack_entry *`.
-    let Ok(kind) = (unsafe { read_at::<u32>(entry, RESTRACK_TYPE_OFFSET.load()) }) else {
+    let Some((kind, user)) = type_and_user(entry) else {
         return;
     };
     let kind = kind as usize;
-    if kind >= RESTRACK_TYPES {
+    let Some(verb) = element(verbs, kind) else {
         return;
-    }
-    let verb = verbs.load()[kind];
+    };
     if verb == Verb::None as u32 {
         return;
     }
-    // SAFETY: as above; `user` is a bool.
-    let user = unsafe { read_at::<u8>(entry, RESTRACK_USER_OFFSET.load()) }.unwrap_or(0);
-    let delta = RESTRACK_DEVICE_DELTA.load()[kind];
+    let delta = element(&RESTRACK_DEVICE_DELTA, kind).unwrap_or(NO_DEVICE);
     let device = if delta == NO_DEVICE {
         0
     } else {
@@ -77,8 +86,27 @@ fn on_restrack(ctx: &ProbeContext, verbs: &Global<[u32; RESTRACK_TYPES]>) {
             }
         }
     };
-    let detail = if user != 0 { DETAIL_USER } else { 0 };
+    let detail = if user { DETAIL_USER } else { 0 };
     count_raw(device, verb, detail);
+}
+
+/// The entry's `type` and `user` fields. They are neighbours on every kernel so far (`enum
+/// rdma_restrack_type type; bool user;`): then one read gets both, where two helper calls
+/// would be most of the probe's cost.
+#[inline(always)]
+fn type_and_user(entry: *const u8) -> Option<(u32, bool)> {
+    let (type_at, user_at) = (RESTRACK_TYPE_OFFSET.load(), RESTRACK_USER_OFFSET.load());
+    // SAFETY: `entry` is the kernel's `struct rdma_restrack_entry *`; reads are fault-safe.
+    unsafe {
+        if user_at == type_at + 4 {
+            let both = read_at::<u64>(entry, type_at).ok()?;
+            Some((both as u32, (both >> 32) as u8 != 0))
+        } else {
+            let kind = read_at::<u32>(entry, type_at).ok()?;
+            let user = read_at::<u8>(entry, user_at).unwrap_or(0);
+            Some((kind, user != 0))
+        }
+    }
 }
 
 /// The device pointer of a resource object (`struct ib_qp *`, `ib_cq`, `ib_pd`, `ib_mr`,

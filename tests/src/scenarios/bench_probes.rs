@@ -43,7 +43,7 @@ const RPING_CONNECTIONS: u32 = 10;
 const LINK_FLAPS: u32 = 3;
 /// Rounds of the workloads, each with a fresh agent and a fresh bpftrace, the two attached in
 /// alternating order.
-const ROUNDS: u32 = 4;
+const ROUNDS: u32 = 8;
 
 /// One hook railscope attaches a program to, and the bpftrace probe on the same hook.
 struct Hook {
