@@ -11,7 +11,7 @@ use monitor_common::{
 
 use crate::{
     device,
-    shared::{count, read_at, send_event},
+    shared::{count_in, current_cgroup, read_at, send_event_in},
 };
 
 #[unsafe(no_mangle)]
@@ -60,9 +60,10 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     } else {
         NO_STATE_CHANGE
     };
-    count(device, Verb::QpModify, state);
+    let cgroup = current_cgroup();
+    count_in(cgroup, device, Verb::QpModify as u32, state);
     if state == QP_STATE_ERR.load() {
-        send_event(|record| {
+        send_event_in(cgroup, |record| {
             record.origin = Origin::QpToErr as u32;
             record.event_type = state;
             record.device = device;

@@ -43,10 +43,22 @@ pub fn count(device: u64, verb: Verb, detail: u32) {
 /// [`count`] with the verb's raw value (as stored in the restrack tables userspace fills).
 #[inline(always)]
 pub fn count_raw(device: u64, verb: u32, detail: u32) {
+    count_in(current_cgroup(), device, verb, detail);
+}
+
+/// The cgroup v2 id of the running task.
+#[inline(always)]
+pub fn current_cgroup() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_get_current_cgroup_id() }
+}
+
+/// Counts one verb for `cgroup` (a probe that also sends an event reads it once for both).
+#[inline(always)]
+pub fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
     let key = CounterKey {
         device,
-        // SAFETY: a helper without arguments.
-        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        cgroup,
         verb,
         detail,
     };
@@ -61,7 +73,8 @@ pub fn count_raw(device: u64, verb: u32, detail: u32) {
     }
 }
 
-/// Sends an event, filled by `fill`, to the ring buffer; counts it when the buffer is full.
+/// Sends an event of the running task's cgroup, filled by `fill`, to the ring buffer; counts
+/// it when the buffer is full.
 ///
 /// The record is submitted without waking the reader (`BPF_RB_NO_WAKEUP`): the agent drains
 /// the buffer on a short timer instead. A wake-up queues an irq_work and raises a self-IPI on
@@ -69,14 +82,20 @@ pub fn count_raw(device: u64, verb: u32, detail: u32) {
 /// what the program would cost; the record's own kernel timestamp keeps its time exact.
 #[inline(always)]
 pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
+    send_event_in(current_cgroup(), fill);
+}
+
+/// [`send_event`] for a cgroup the probe already read.
+#[inline(always)]
+pub fn send_event_in(cgroup: u64, fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
     let Some(mut entry) = EVENTS.reserve::<EventRecord>(0) else {
         bump(ProbeStat::EventsDropped);
         return;
     };
     let mut record = EventRecord {
-        // SAFETY: helpers without arguments.
+        // SAFETY: a helper without arguments.
         timestamp_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
-        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        cgroup,
         device: 0,
         origin: 0,
         event_type: u32::MAX,

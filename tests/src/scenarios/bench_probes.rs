@@ -38,7 +38,7 @@ const PERFTEST_SIZE: u32 = 4096;
 const RPING_COUNT: u32 = 50;
 /// Short rping connections (one round trip each): the control path (contexts, PDs, MRs, CQs,
 /// QPs created and destroyed, QP state changes, rdma_cm events) gets tens of events per hook.
-const RPING_CONNECTIONS: u32 = 10;
+const RPING_CONNECTIONS: u32 = 25;
 /// Link flaps (each gives PORT_ERR and PORT_ACTIVE on both devices).
 const LINK_FLAPS: u32 = 3;
 /// Rounds of the workloads, each with a fresh agent and a fresh bpftrace, the two attached in
