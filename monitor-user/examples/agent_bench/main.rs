@@ -100,26 +100,7 @@ enum Command {
         seed: u64,
     },
     /// Bytes per sample: railscope frames vs Prometheus text vs remote-write.
-    Wire {
-        /// Scratch directory (the tree and the stand-in go under it).
-        #[arg(long)]
-        dir: PathBuf,
-        #[arg(long)]
-        standin: PathBuf,
-        /// Seconds between sweeps (of the node's time; the sweeps themselves run at least
-        /// 100 ms apart, as GPM needs).
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
-        #[arg(long, default_value_t = 300)]
-        sweeps: usize,
-        /// Seconds between flushes of the encoder.
-        #[arg(long, default_value_t = 10.0)]
-        flush: f64,
-        #[arg(long, default_value = "bench-node")]
-        node: String,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Wire(WireArgs),
     /// Adaptive sampling on the workload-shaped traces.
     Traces {
         #[arg(long, default_value_t = 1)]
@@ -156,24 +137,8 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Wire {
-            dir,
-            standin,
-            interval,
-            sweeps,
-            flush,
-            node,
-            seed,
-        } => {
-            let out = run_wire(&WireArgs {
-                dir,
-                standin,
-                interval,
-                sweeps,
-                flush,
-                node,
-                seed,
-            })?;
+        Command::Wire(args) => {
+            let out = run_wire(&args)?;
             println!("{out}");
             Ok(())
         }
@@ -215,13 +180,25 @@ fn run_fixture(dir: PathBuf, devices: usize, hz: f64, seed: u64) -> anyhow::Resu
     }
 }
 
+#[derive(clap::Args)]
 struct WireArgs {
+    /// Scratch directory (the tree and the stand-in go under it).
+    #[arg(long)]
     dir: PathBuf,
+    #[arg(long)]
     standin: PathBuf,
+    /// Seconds between sweeps (of the node's time; the sweeps themselves run at least
+    /// 100 ms apart, as GPM needs).
+    #[arg(long, default_value_t = 1.0)]
     interval: f64,
+    #[arg(long, default_value_t = 300)]
     sweeps: usize,
+    /// Seconds between flushes of the encoder.
+    #[arg(long, default_value_t = 10.0)]
     flush: f64,
+    #[arg(long, default_value = "bench-node")]
     node: String,
+    #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
