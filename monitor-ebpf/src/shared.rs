@@ -88,10 +88,6 @@ pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
 /// [`send_event`] for a cgroup the probe already read.
 #[inline(always)]
 pub fn send_event_in(cgroup: u64, fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
-    let Some(mut entry) = EVENTS.reserve::<EventRecord>(0) else {
-        bump(ProbeStat::EventsDropped);
-        return;
-    };
     let mut record = EventRecord {
         // SAFETY: a helper without arguments.
         timestamp_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
@@ -108,8 +104,14 @@ pub fn send_event_in(cgroup: u64, fill: impl FnOnce(&mut EventRecord) -> Result<
         record.read_error = 1;
         bump(ProbeStat::EventReadErrors);
     }
-    entry.write(record);
-    entry.submit(BPF_RB_NO_WAKEUP);
+    // One helper call (`bpf_ringbuf_output` copies the 48 bytes), where reserve and submit
+    // are two.
+    if EVENTS
+        .output::<EventRecord>(&record, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        bump(ProbeStat::EventsDropped);
+    }
 }
 
 /// Reads a kernel value at `base + offset`.
