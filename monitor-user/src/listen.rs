@@ -183,7 +183,7 @@ pub fn render_frame(
                     let known = series(s.id);
                     json!({
                         "id": s.id,
-                        "name": known.map(|k| k.name.as_str()),
+                        "name": known.map(|k| &*k.name),
                         "labels": known.map(|k| labels_json(&k.labels)),
                         "kind": kind_name(s.data.kind()),
                         "points": points_json(&s.data),

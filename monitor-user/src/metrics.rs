@@ -2,7 +2,7 @@
 //! value of one metric series at one time; an event is something that happened once and must
 //! never be sampled away (a port going down, an XID error, a GPU falling off the bus).
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 /// How a series behaves, which decides how it may be sampled and sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -14,9 +14,11 @@ pub enum Kind {
     Gauge,
 }
 
-/// Label pairs, kept sorted by key so equal series compare equal.
+/// Label pairs, kept sorted by key so equal series compare equal. Shared, like a
+/// [`Series`]' name: every sample the poller hands on carries its series, and a clone is then
+/// a reference count, not a copy of the strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Labels(Vec<(String, String)>);
+pub struct Labels(Arc<Vec<(String, String)>>);
 
 impl Labels {
     pub fn new<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
@@ -25,7 +27,7 @@ impl Labels {
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
         v.sort();
-        Self(v)
+        Self(Arc::new(v))
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -57,7 +59,7 @@ impl fmt::Display for Labels {
 /// (`railscope_ib_port_xmit_bytes_total`, `railscope_gpu_sm_util_ratio`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Series {
-    pub name: String,
+    pub name: Arc<str>,
     pub labels: Labels,
     pub kind: Kind,
 }

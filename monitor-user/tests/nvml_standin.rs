@@ -95,7 +95,7 @@ fn of_gpu(readings: &[Reading], gpu: usize, uuid: &str) -> BTreeMap<String, (Kin
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let key = if extra.is_empty() {
-            r.series.name.clone()
+            r.series.name.to_string()
         } else {
             format!("{}{{{}}}", r.series.name, extra.join(","))
         };

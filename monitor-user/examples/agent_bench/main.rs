@@ -380,7 +380,7 @@ fn run_wire(args: &WireArgs) -> anyhow::Result<Json> {
         .iter()
         .filter(|s| {
             s.iter()
-                .any(|r| r.series.name == "railscope_gpu_sm_util_ratio")
+                .any(|r| &*r.series.name == "railscope_gpu_sm_util_ratio")
         })
         .count();
 

@@ -87,7 +87,7 @@ fn value_f64(v: Value) -> f64 {
 pub fn text_exposition(sweep: &[Reading]) -> String {
     let mut families: BTreeMap<&str, Vec<&Reading>> = BTreeMap::new();
     for r in sweep {
-        families.entry(r.series.name.as_str()).or_default().push(r);
+        families.entry(&*r.series.name).or_default().push(r);
     }
     let mut out = String::new();
     for (name, mut readings) in families {
@@ -135,7 +135,7 @@ fn labels_of(series: &Series, node: &str) -> Vec<Label> {
         .chain([
             Label {
                 name: "__name__".into(),
-                value: series.name.clone(),
+                value: series.name.to_string(),
             },
             Label {
                 name: "instance".into(),

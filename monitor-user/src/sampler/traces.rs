@@ -355,7 +355,7 @@ struct Run {
 fn run(trace: &Trace, config: &SamplerConfig) -> Run {
     let dt = trace.dt.as_nanos() as u64;
     let series = Series {
-        name: format!("railscope_trace_{}", trace.name),
+        name: format!("railscope_trace_{}", trace.name).into(),
         labels: Labels::default(),
         kind: trace.kind,
     };

@@ -524,7 +524,7 @@ impl Out<'_> {
         };
         self.readings.push(Reading {
             series: Series {
-                name: name.to_string(),
+                name: name.into(),
                 labels,
                 kind,
             },

@@ -659,7 +659,7 @@ fn plan_device(
         let labels = Labels::new([("device", device), ("port", port_label.as_str())]);
         let gauge = |name: &str| {
             Tracked::new(Series {
-                name: format!("{PREFIX}{name}"),
+                name: format!("{PREFIX}{name}").into(),
                 labels: labels.clone(),
                 kind: Kind::Gauge,
             })
@@ -667,7 +667,7 @@ fn plan_device(
         let mut counters = counter_files(&pdir.join("counters"), &labels, None, problems);
         let taken: BTreeSet<String> = counters
             .iter()
-            .map(|c| c.tracked.series.name.clone())
+            .map(|c| c.tracked.series.name.to_string())
             .collect();
         counters.extend(counter_files(
             &pdir.join("hw_counters"),
@@ -756,7 +756,7 @@ fn counter_files(
             CounterFile {
                 file: OpenFile::new(dir.join(&file)),
                 tracked: Tracked::new(Series {
-                    name,
+                    name: name.into(),
                     labels: labels.clone(),
                     kind,
                 }),
@@ -889,7 +889,7 @@ impl Sweep<'_, '_> {
                     .is_some_and(|t| t.series.labels.get("link_layer") == Some(l.as_str()));
                 if !current {
                     let series = Series {
-                        name: format!("{PREFIX}port_link_layer_info"),
+                        name: format!("{PREFIX}port_link_layer_info").into(),
                         labels: Labels::new([
                             ("device", port.link.device.as_str()),
                             ("port", port.link.port.to_string().as_str()),
@@ -1208,7 +1208,7 @@ mod tests {
             .iter()
             .map(|r| {
                 (
-                    (r.series.name.clone(), r.series.labels.to_string()),
+                    (r.series.name.to_string(), r.series.labels.to_string()),
                     r.clone(),
                 )
             })
@@ -1786,7 +1786,8 @@ mod tests {
         let broken = src.problems().len();
         assert!(broken > 0);
         let wanted = |s: &Series| {
-            s.name == "railscope_ib_port_xmit_bytes_total" || s.name == "railscope_ib_port_state"
+            &*s.name == "railscope_ib_port_xmit_bytes_total"
+                || &*s.name == "railscope_ib_port_state"
         };
         let some = src.read_due(2, wanted);
         assert_eq!(
@@ -1797,7 +1798,7 @@ mod tests {
         assert!(some.iter().all(|r| wanted(&r.series)));
         assert!(
             some.iter()
-                .any(|r| r.series.name == "railscope_ib_port_state")
+                .any(|r| &*r.series.name == "railscope_ib_port_state")
         );
         // Broken files that were not read stay reported: not read is not fixed.
         assert_eq!(src.problems().len(), broken);

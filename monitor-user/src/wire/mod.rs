@@ -427,7 +427,7 @@ fn read_id(r: &mut Reader<'_>, explicit: bool, expected: i64) -> Result<u32, Wir
 fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
     let mut strings = BTreeSet::new();
     for (_, series) in entries {
-        strings.insert(series.name.as_str());
+        strings.insert(&*series.name);
         for (k, v) in series.labels.iter() {
             strings.insert(k);
             strings.insert(v);
@@ -475,7 +475,7 @@ fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
         });
         let group: Vec<u64> = run
             .iter()
-            .map(|(_, s)| index[s.name.as_str()] << 1 | u64::from(s.kind == Kind::Gauge))
+            .map(|(_, s)| index[&*s.name] << 1 | u64::from(s.kind == Kind::Gauge))
             .collect();
         let g = *group_index.entry(group.clone()).or_insert_with(|| {
             groups.push(group);
@@ -595,7 +595,7 @@ fn parse_schema(r: &mut Reader<'_>) -> Result<Vec<SchemaEntry>, WireError> {
             entries.push(SchemaEntry {
                 id: (first + i as i64) as u32,
                 series: Series {
-                    name: strings[name].clone(),
+                    name: strings[name].as_str().into(),
                     labels: labels.clone(),
                     kind,
                 },

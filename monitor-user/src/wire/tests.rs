@@ -167,7 +167,7 @@ fn hand_made_frame_round_trips() {
     let back = decode(&bytes, &key(), &mut state).unwrap();
     assert!(same(&frame, &back), "{frame:#?}\n{back:#?}");
     let node = state.node("gpu-node-017").unwrap();
-    assert_eq!(node.series(1).unwrap().name, "railscope_gpu_power_watts");
+    assert_eq!(&*node.series(1).unwrap().name, "railscope_gpu_power_watts");
     assert_eq!(node.frames, 1);
 }
 
@@ -338,7 +338,11 @@ fn arb_series() -> impl Strategy<Value = Series> {
         arb_labels(),
         prop_oneof![Just(Kind::Counter), Just(Kind::Gauge)],
     )
-        .prop_map(|(name, labels, kind)| Series { name, labels, kind })
+        .prop_map(|(name, labels, kind)| Series {
+            name: name.into(),
+            labels,
+            kind,
+        })
 }
 
 fn arb_time(q: u64) -> impl Strategy<Value = u64> {
@@ -571,7 +575,7 @@ proptest! {
             // The generated data decides the kind of the series it is pushed to.
             let mut s = series[*which].clone();
             s.kind = data.kind();
-            s.name.push_str(if s.kind == Kind::Gauge { "_g" } else { "_c" });
+            s.name = format!("{}{}", s.name, if s.kind == Kind::Gauge { "_g" } else { "_c" }).into();
             let samples: Vec<Sample> = match data {
                 SeriesData::Counter(v) => v.iter().copied().map(Sample::Counter).collect(),
                 SeriesData::Gauge(v) => v.iter().copied().map(Sample::Gauge).collect(),
@@ -1069,7 +1073,7 @@ fn node_batch(sweeps: u64) -> Vec<Reading> {
                 };
                 out.push(Reading {
                     series: Series {
-                        name: format!("railscope_gpu_{name}"),
+                        name: format!("railscope_gpu_{name}").into(),
                         labels: labels.clone(),
                         kind: Kind::Gauge,
                     },
@@ -1095,7 +1099,7 @@ fn node_batch(sweeps: u64) -> Vec<Reading> {
                 }
                 out.push(Reading {
                     series: Series {
-                        name: format!("railscope_ib_port_{name}_total"),
+                        name: format!("railscope_ib_port_{name}_total").into(),
                         labels: labels.clone(),
                         kind: Kind::Counter,
                     },
