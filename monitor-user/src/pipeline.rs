@@ -28,8 +28,9 @@ use crate::{
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle},
     sources::{
+        ReadingSink,
         gpu::{GpuEvent, GpuSource},
-        ib_sysfs::{IbSysfs, ReadingSink},
+        ib_sysfs::IbSysfs,
     },
     wire::{self, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Sample},
 };
@@ -385,9 +386,7 @@ fn poll(
         };
         ib.read_into(&mut sink);
         if let Some(source) = gpu.as_mut() {
-            for reading in source.read(now) {
-                sink.reading(&reading.series, &mut Slot::default(), reading.value);
-            }
+            source.read_into(now, &mut sink);
         }
         let capacity = samples.len();
         // Sent even when empty: each sweep is also the agent loop's cue to read the verb

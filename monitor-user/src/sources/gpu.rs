@@ -4,8 +4,10 @@
 //!   and does the slow, unchanging queries once: identity, GPM support, NVLink link count.
 //!   Without the library it fails with [`GpuError::NotFound`], which reads
 //!   "NVML not found: GPU metrics off"; the agent goes on without GPU metrics.
-//! - [`GpuSource::read`] is one sweep over the GPUs that still answer: utilization (always
-//!   first: it is also the clock of the test stand-in, see `docs/nvml-standin.md`), memory,
+//! - [`GpuSource::read_into`] (and [`GpuSource::read`], which collects) is one sweep over the
+//!   GPUs that still answer, each value handed on with its series and sampler slot, both
+//!   built once per GPU: utilization (always first: it is also the clock of the test
+//!   stand-in, see `docs/nvml-standin.md`), memory,
 //!   SM and memory clocks, temperature, power, energy, throttle reasons, PCIe throughput and
 //!   replays, one batched field-value call (ECC volatile and aggregate, remapped rows, NVLink
 //!   error counters, per-link NVLink data counters), and the GPM metrics of Hopper and newer
@@ -47,7 +49,11 @@ use nvml_wrapper::{
 };
 use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlGpmSample_t};
 
-use crate::metrics::{Kind, Labels, Reading, Series, Value};
+use super::{Collect, ReadingSink};
+use crate::{
+    metrics::{Kind, Labels, Reading, Series, Value},
+    sampler::Slot,
+};
 
 /// The library an NVIDIA driver installs (`libnvidia-ml.so` without the `.1` only comes with
 /// development packages).
@@ -176,6 +182,11 @@ struct Gpu {
     gpm_prev: Option<(RawSample, Instant)>,
     /// Metrics whose failure has been logged already.
     warned: HashSet<&'static str>,
+    /// Every series this GPU has given, with its sampler slot, in sweep order: built once,
+    /// as the IB source keeps one per file. Building a name and labels for each of a node's
+    /// ~400 GPU values per sweep, then hashing them in the sampler, was most of this source's
+    /// cost.
+    series: Vec<(Series, Slot)>,
 }
 
 /// A GPM sample kept across sweeps. `GpmSample` borrows the `Nvml` it came from, which
@@ -415,10 +426,18 @@ impl GpuSource {
     /// found lost in this sweep contributes nothing to it and sends one [`GpuEvent::Lost`].
     pub fn read(&mut self, unix_ns: u64) -> Vec<Reading> {
         let mut readings = Vec::new();
+        self.read_into(unix_ns, &mut Collect::new(&mut readings, unix_ns, |_| true));
+        readings
+    }
+
+    /// [`read`](Self::read), handing each value to `sink` with its series and slot. Every
+    /// metric is read at each sweep (NVML answers several in one call; the sink's `due` is
+    /// not asked).
+    pub fn read_into(&mut self, unix_ns: u64, sink: &mut dyn ReadingSink) {
         let mut lost = Vec::new();
         for gpu in self.gpus.iter_mut().filter(|g| !g.lost) {
-            match gpu.sweep(&self.nvml, unix_ns) {
-                Ok(mut r) => readings.append(&mut r),
+            match gpu.sweep(&self.nvml, sink) {
+                Ok(()) => {}
                 Err(Lost(reason)) => {
                     let (index, uuid) = (gpu.info.index, &gpu.info.uuid);
                     tracing::warn!(gpu = index, %uuid, "GPU lost: {reason}");
@@ -439,7 +458,6 @@ impl GpuSource {
         for event in lost {
             self.emit(event);
         }
-        readings
     }
 
     fn emit(&mut self, event: GpuEvent) {
@@ -508,29 +526,52 @@ impl Drop for GpuSource {
     }
 }
 
-/// Readings of one GPU in one sweep.
+/// Where the values of one GPU's sweep go: to the sink, each with its series and slot from
+/// the GPU's [`Gpu::series`].
 struct Out<'a> {
     labels: &'a Labels,
-    unix_ns: u64,
-    readings: Vec<Reading>,
+    series: &'a mut Vec<(Series, Slot)>,
+    /// Where the next value's series should be in `series`: sweeps read in the same order,
+    /// so it nearly always is, and a metric the GPU stopped giving only costs a search.
+    next: usize,
+    sink: &'a mut dyn ReadingSink,
 }
 
 impl Out<'_> {
     fn push(&mut self, name: &str, kind: Kind, extra: &[(&str, &str)], value: Value) {
+        let i = self.position(name, kind, extra);
+        let (series, slot) = &mut self.series[i];
+        self.sink.reading(series, slot, value);
+        self.next = i + 1;
+    }
+
+    /// The index of the series `name{gpu labels, extra}` in `self.series`, added if new.
+    fn position(&mut self, name: &str, kind: Kind, extra: &[(&str, &str)]) -> usize {
+        let base = self.labels.len();
+        let is = |s: &Series| {
+            &*s.name == name
+                && s.kind == kind
+                && s.labels.len() == base + extra.len()
+                && extra.iter().all(|&(k, v)| s.labels.get(k) == Some(v))
+        };
+        if self.series.get(self.next).is_some_and(|(s, _)| is(s)) {
+            return self.next;
+        }
+        if let Some(i) = self.series.iter().position(|(s, _)| is(s)) {
+            return i;
+        }
         let labels = if extra.is_empty() {
             self.labels.clone()
         } else {
             Labels::new(self.labels.iter().chain(extra.iter().copied()))
         };
-        self.readings.push(Reading {
-            series: Series {
-                name: name.into(),
-                labels,
-                kind,
-            },
-            value,
-            unix_ns: self.unix_ns,
-        });
+        let series = Series {
+            name: name.into(),
+            labels,
+            kind,
+        };
+        self.series.push((series, Slot::default()));
+        self.series.len() - 1
     }
 
     fn gauge(&mut self, name: &str, value: Value) {
@@ -595,6 +636,7 @@ impl Gpu {
             fields,
             gpm_prev: None,
             warned: HashSet::new(),
+            series: Vec::new(),
         })
     }
 
@@ -615,7 +657,7 @@ impl Gpu {
     }
 
     /// A sweep in which the GPU did not answer its first calls.
-    fn failed(&mut self, what: &str, e: NvmlError) -> Result<Vec<Reading>, Lost> {
+    fn failed(&mut self, what: &str, e: NvmlError) -> Result<(), Lost> {
         if matches!(e, NvmlError::GpuLost) {
             return Err(Lost(format!("{what}: GPU is lost (fell off the bus)")));
         }
@@ -631,19 +673,29 @@ impl Gpu {
                 self.failed_sweeps
             )));
         }
-        Ok(Vec::new())
+        Ok(())
     }
 
-    fn sweep(&mut self, nvml: &Nvml, unix_ns: u64) -> Result<Vec<Reading>, Lost> {
-        let device = match nvml.device_by_index(self.info.index) {
-            Ok(d) => d,
-            Err(e) => return self.failed("device handle", e),
-        };
+    /// One sweep of this GPU, its values handed to `sink`.
+    fn sweep(&mut self, nvml: &Nvml, sink: &mut dyn ReadingSink) -> Result<(), Lost> {
+        // Out of `self` while the sweep runs, which also borrows `self` for its checks.
+        let mut series = std::mem::take(&mut self.series);
         let labels = self.labels.clone();
         let mut out = Out {
             labels: &labels,
-            unix_ns,
-            readings: Vec::new(),
+            series: &mut series,
+            next: 0,
+            sink,
+        };
+        let result = self.sweep_into(nvml, &mut out);
+        self.series = series;
+        result
+    }
+
+    fn sweep_into(&mut self, nvml: &Nvml, out: &mut Out<'_>) -> Result<(), Lost> {
+        let device = match nvml.device_by_index(self.info.index) {
+            Ok(d) => d,
+            Err(e) => return self.failed("device handle", e),
         };
         // First in every sweep: cheap, and it tells whether the GPU answers at all.
         match device.utilization_rates() {
@@ -728,12 +780,12 @@ impl Gpu {
         }
         let fields = field_values(nvml, &device, &self.fields);
         if let Some(values) = self.check("field values", fields)? {
-            self.push_fields(&mut out, &values);
+            self.push_fields(out, &values);
         }
         if self.info.gpm {
-            self.gpm(nvml, &device, &mut out)?;
+            self.gpm(nvml, &device, out)?;
         }
-        Ok(out.readings)
+        Ok(())
     }
 
     fn push_fields(&self, out: &mut Out<'_>, values: &[Result<SampleValue, NvmlError>]) {
@@ -1034,6 +1086,93 @@ mod tests {
         assert_eq!(lost.kind(), "gpu_lost");
         assert_eq!(lost.code(), None);
         assert_eq!(lost.labels(), gpu_labels(5, "GPU-y"));
+    }
+
+    /// A sampler as the agent's sink has, and what each sweep handed on: (series, the slot
+    /// it came with, value) per value.
+    struct Seen<'s> {
+        sampler: &'s mut crate::sampler::AdaptiveSampler,
+        now_ns: u64,
+        values: Vec<(Series, Slot, Value)>,
+    }
+
+    impl ReadingSink for Seen<'_> {
+        fn due(&mut self, _: &Series, _: &mut Slot) -> bool {
+            true
+        }
+
+        fn reading(&mut self, series: &Series, slot: &mut Slot, value: Value) {
+            self.values.push((series.clone(), *slot, value));
+            self.sampler.observe_at(series, slot, value, self.now_ns);
+        }
+    }
+
+    #[test]
+    fn each_value_of_a_sweep_reaches_its_own_series_even_when_a_metric_goes_missing() {
+        let labels = gpu_labels(0, "GPU-a");
+        let mut sampler = crate::sampler::AdaptiveSampler::new(Default::default());
+        let mut series = Vec::new();
+        let mut sweep = |series: &mut Vec<(Series, Slot)>, with_power: bool, now_ns: u64| {
+            let mut seen = Seen {
+                sampler: &mut sampler,
+                now_ns,
+                values: Vec::new(),
+            };
+            let mut out = Out {
+                labels: &labels,
+                series,
+                next: 0,
+                sink: &mut seen,
+            };
+            out.gauge("railscope_gpu_utilization_ratio", Value::F64(0.5));
+            if with_power {
+                out.gauge("railscope_gpu_power_watts", Value::F64(300.0));
+            }
+            out.push(
+                "railscope_gpu_throttle_active",
+                Kind::Gauge,
+                &[("reason", "hw_slowdown")],
+                Value::U64(1),
+            );
+            out.push(
+                "railscope_gpu_throttle_active",
+                Kind::Gauge,
+                &[("reason", "sw_thermal")],
+                Value::U64(0),
+            );
+            out.counter("railscope_gpu_energy_millijoules_total", Value::U64(9));
+            seen.values
+        };
+        let first = sweep(&mut series, true, 1_000_000_000);
+        let name_of = |s: &Series| format!("{}{}", s.name, s.labels);
+        let names: Vec<String> = first.iter().map(|(s, _, _)| name_of(s)).collect();
+        assert_eq!(
+            names,
+            [
+                "railscope_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-a\"}",
+                "railscope_gpu_power_watts{gpu=\"0\",uuid=\"GPU-a\"}",
+                "railscope_gpu_throttle_active{gpu=\"0\",reason=\"hw_slowdown\",uuid=\"GPU-a\"}",
+                "railscope_gpu_throttle_active{gpu=\"0\",reason=\"sw_thermal\",uuid=\"GPU-a\"}",
+                "railscope_gpu_energy_millijoules_total{gpu=\"0\",uuid=\"GPU-a\"}",
+            ]
+        );
+        assert_eq!(first[4].0.kind, Kind::Counter);
+        assert!(first.iter().all(|(_, slot, _)| *slot == Slot::default()));
+        // The next sweep gives no power reading: every other value still goes to its own
+        // series, with the slot the sampler gave it, and no series is added.
+        let second = sweep(&mut series, false, 2_000_000_000);
+        assert_eq!(series.len(), 5);
+        let by_name: std::collections::HashMap<String, (Slot, Value)> = second
+            .iter()
+            .map(|(s, slot, v)| (name_of(s), (*slot, *v)))
+            .collect();
+        assert_eq!(by_name.len(), 4);
+        assert!(!by_name.contains_key(&names[1]));
+        for (i, (_, _, value)) in first.iter().enumerate().filter(|(i, _)| *i != 1) {
+            let (slot, v) = by_name[&names[i]];
+            assert_eq!(v, *value, "{}", names[i]);
+            assert_ne!(slot, Slot::default(), "{} lost its slot", names[i]);
+        }
     }
 
     #[test]

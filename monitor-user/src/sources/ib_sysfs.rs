@@ -72,6 +72,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::{Collect, ReadingSink};
 use crate::{
     metrics::{Kind, Labels, Reading, Series, Value},
     sampler::Slot,
@@ -363,39 +364,6 @@ struct DevicePlan {
     stale: bool,
 }
 
-/// Where the values of a sweep go, and which series it reads: the agent hands them straight
-/// to its sampler, so no reading is built for a value the sampler only folds into a window.
-///
-/// Each series comes with its [`Slot`], kept by the source for as long as it reads the file,
-/// for the sink's sampler to find the series' state without hashing it.
-pub trait ReadingSink {
-    /// Whether to read the file of `series` in this sweep.
-    fn due(&mut self, series: &Series, slot: &mut Slot) -> bool;
-    /// A value read.
-    fn reading(&mut self, series: &Series, slot: &mut Slot, value: Value);
-}
-
-/// The sink of [`IbSysfs::read_due`]: readings in a vector.
-struct Collect<'a, F> {
-    out: &'a mut Vec<Reading>,
-    unix_ns: u64,
-    due: F,
-}
-
-impl<F: FnMut(&Series) -> bool> ReadingSink for Collect<'_, F> {
-    fn due(&mut self, series: &Series, _: &mut Slot) -> bool {
-        (self.due)(series)
-    }
-
-    fn reading(&mut self, series: &Series, _: &mut Slot, value: Value) {
-        self.out.push(Reading {
-            series: series.clone(),
-            value,
-            unix_ns: self.unix_ns,
-        });
-    }
-}
-
 /// What one read of the source touches: where values go (nowhere when only the link facts
 /// are read), the buffer and the problem list.
 struct Sweep<'a, 's> {
@@ -447,11 +415,7 @@ impl IbSysfs {
     /// due (`rate` for either of its two).
     pub fn read_due(&mut self, unix_ns: u64, due: impl FnMut(&Series) -> bool) -> Vec<Reading> {
         let mut out = Vec::new();
-        self.read_into(&mut Collect {
-            out: &mut out,
-            unix_ns,
-            due,
-        });
+        self.read_into(&mut Collect::new(&mut out, unix_ns, due));
         out
     }
 
