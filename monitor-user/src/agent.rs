@@ -9,7 +9,7 @@ use std::{io::Write, time::Duration};
 
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
     task::JoinHandle,
 };
 
@@ -61,6 +61,8 @@ enum FamilyState {
     Attached {
         attached: Box<AttachedFamily>,
         reader: JoinHandle<()>,
+        /// Tells the reader to drain its ring buffer one last time and end.
+        stop: Option<oneshot::Sender<()>>,
         reported_losses: (u64, u64),
     },
 }
@@ -105,37 +107,14 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
         .map_or(Duration::MAX / 4, |p| p.flush_every);
     let mut flush = tokio::time::interval(flush_every);
     flush.tick().await;
-    let stdout = std::io::stdout();
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some((family, record)) = records_rx.recv() => {
-                let device = families
-                    .iter()
-                    .find_map(|(f, state)| match state {
-                        FamilyState::Attached { attached, .. } if *f == family => {
-                            Some(attached.device_name(record.device))
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or_else(|| format!("dev@{:x}", record.device));
+                let device = event_device(&families, family, record.device);
                 let event = Event::decode(&record, device, &names, &clock, &mut cgroups);
-                let transition = ports.observe(&event);
-                if let Some(p) = pipeline.as_mut() {
-                    p.on_event(ib_wire_event(&event));
-                    if let Some(t) = &transition {
-                        p.on_event(transition_wire_event(t));
-                    }
-                }
-                let mut out = stdout.lock();
-                // A closed stdout (the reader went away) is not a reason to stop monitoring.
-                let _ = write_event(&mut out, &event, options.format)
-                    .and_then(|()| match &transition {
-                        Some(t) => write_transition(&mut out, t, options.format),
-                        None => Ok(()),
-                    })
-                    .and_then(|()| out.flush());
+                report_event(&event, &mut ports, pipeline.as_mut(), options.format);
             }
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
             // pace the rescans (one wake-up a second, not two).
@@ -161,7 +140,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                     }
                 }
                 Polled::Gpu(event) => {
-                    let mut out = stdout.lock();
+                    let mut out = std::io::stdout().lock();
                     let _ = write_gpu_event(&mut out, &event, options.format).and_then(|()| out.flush());
                     if let Some(p) = pipeline.as_mut() {
                         p.on_event(pipeline::gpu_event(&event));
@@ -179,6 +158,26 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
         }
     }
     tracing::info!("stopping");
+    // What the probes wrote since the last drain is still in the ring buffers: each reader
+    // drains its buffer once more and ends, and those events go out like any other.
+    for (_, state) in &mut families {
+        if let FamilyState::Attached { reader, stop, .. } = state {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+            if tokio::time::timeout(Duration::from_secs(1), reader)
+                .await
+                .is_err()
+            {
+                tracing::warn!("an event reader did not finish: its last events are lost");
+            }
+        }
+    }
+    while let Ok((family, record)) = records_rx.try_recv() {
+        let device = event_device(&families, family, record.device);
+        let event = Event::decode(&record, device, &names, &clock, &mut cgroups);
+        report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+    }
     if let Some(p) = pipeline.as_mut() {
         p.flush_all();
         // Give the sender a moment to hand the last frames to the kernel.
@@ -363,6 +362,7 @@ fn rescan_family(
             attached,
             reader,
             reported_losses,
+            ..
         } => {
             if !kernel.module_present(family.module()) || reader.is_finished() {
                 reader.abort();
@@ -429,12 +429,17 @@ fn try_attach(
         );
     };
     let tx = records.clone();
+    let (stop, mut stopped) = oneshot::channel();
     let reader = tokio::spawn(async move {
         let mut ring = ring;
         let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
         drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            drain.tick().await;
+            // A stop (or the agent dropping its end) drains once more, then ends.
+            let last = tokio::select! {
+                _ = drain.tick() => false,
+                _ = &mut stopped => true,
+            };
             while let Some(item) = ring.next() {
                 match monitor_common::events::EventRecord::from_bytes(&item) {
                     Some(record) => {
@@ -445,16 +450,58 @@ fn try_attach(
                     None => tracing::warn!(len = item.len(), "short event record ignored"),
                 }
             }
+            if last {
+                return;
+            }
         }
     });
     (
         FamilyState::Attached {
             attached: Box::new(attached),
             reader,
+            stop: Some(stop),
             reported_losses: (0, 0),
         },
         rows,
     )
+}
+
+/// The name of an event's device, from the `DEVICE_NAMES` map of the family that sent it.
+fn event_device(families: &[(Family, FamilyState)], family: Family, device: u64) -> String {
+    families
+        .iter()
+        .find_map(|(f, state)| match state {
+            FamilyState::Attached { attached, .. } if *f == family => {
+                Some(attached.device_name(device))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| format!("dev@{device:x}"))
+}
+
+/// Prints an event (and the port transition it makes, if any) and sends both to the
+/// collector.
+fn report_event(
+    event: &Event,
+    ports: &mut PortStates,
+    pipeline: Option<&mut Pipeline>,
+    format: OutputFormat,
+) {
+    let transition = ports.observe(event);
+    if let Some(p) = pipeline {
+        p.on_event(ib_wire_event(event));
+        if let Some(t) = &transition {
+            p.on_event(transition_wire_event(t));
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (the reader went away) is not a reason to stop monitoring.
+    let _ = write_event(&mut out, event, format)
+        .and_then(|()| match &transition {
+            Some(t) => write_transition(&mut out, t, format),
+            None => Ok(()),
+        })
+        .and_then(|()| out.flush());
 }
 
 fn rfc3339(unix_ns: u64) -> humantime::Rfc3339Timestamp {

@@ -1,6 +1,8 @@
 //! port-events: the agent, started before any RDMA module is loaded, attaches its kprobe on
 //! `ib_dispatch_event` when ib_core appears, and reports every PORT_ERR/PORT_ACTIVE of real
 //! link flaps with the right device, port and increasing timestamps, while RDMA traffic runs.
+//! A last link-down just before the agent is stopped is reported too: the agent drains its
+//! ring buffers once more when it stops (between drains, events wait there up to 250 ms).
 
 use std::{process::Command, thread, time::Duration};
 
@@ -34,7 +36,12 @@ pub fn run() -> anyhow::Result<()> {
     }
     thread::sleep(Duration::from_secs(1));
     ensure!(agent.is_running(), "the agent died during the scenario");
+    // rxe raises PORT_ERR inside the netdev notifier, so it is in the ring buffer when `ip`
+    // returns; the agent is stopped at once, before its next periodic drain.
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
     let (stdout, _stderr) = agent.stop()?;
+    // Later scenarios of this boot need the link.
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
     check_events(&stdout)
 }
 
@@ -82,7 +89,8 @@ impl Background for Command {
     }
 }
 
-/// What a user checks in the agent's JSON lines after three flaps of rxe0's link.
+/// What a user checks in the agent's JSON lines after three flaps of rxe0's link and a last
+/// link-down.
 fn check_events(lines: &[String]) -> anyhow::Result<()> {
     let events: Vec<Value> = lines
         .iter()
@@ -100,8 +108,15 @@ fn check_events(lines: &[String]) -> anyhow::Result<()> {
         rxe0.len()
     );
     ensure!(
-        errs >= FLAPS,
-        "expected at least {FLAPS} PORT_ERR for rxe0 port 1, got {errs}"
+        errs > FLAPS,
+        "expected at least {} PORT_ERR for rxe0 port 1 ({FLAPS} flaps and a last link-down), \
+         got {errs}",
+        FLAPS + 1
+    );
+    ensure!(
+        rxe0.last().is_some_and(|e| e["event"] == "PORT_ERR"),
+        "the link-down just before the agent stopped was not reported (last event: {:?})",
+        rxe0.last().map(|e| &e["event"])
     );
     ensure!(
         actives >= FLAPS,
