@@ -11,7 +11,7 @@ use monitor_common::{
     verbs::{CounterKey, Verb},
 };
 
-/// `bpf_ringbuf_submit` flag: do not wake the reader (see [`send_event`]).
+/// Ring-buffer output flag: do not wake the reader (see [`send_event`]).
 const BPF_RB_NO_WAKEUP: u64 = 1;
 
 /// 256 KiB holds about 4,500 records: far more than a burst of port flaps between two drains.
@@ -76,9 +76,9 @@ pub fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
 /// Sends an event of the running task's cgroup, filled by `fill`, to the ring buffer; counts
 /// it when the buffer is full.
 ///
-/// The record is submitted without waking the reader (`BPF_RB_NO_WAKEUP`): the agent drains
+/// The record is written without waking the reader (`BPF_RB_NO_WAKEUP`): the agent drains
 /// the buffer on a short timer instead. A wake-up queues an irq_work and raises a self-IPI on
-/// the CPU that runs the hook, which for events this rare is nearly every submit and most of
+/// the CPU that runs the hook, which for events this rare is nearly every write and most of
 /// what the program would cost; the record's own kernel timestamp keeps its time exact.
 #[inline(always)]
 pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
