@@ -111,9 +111,8 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
-            Some((family, record)) = records_rx.recv() => {
-                let device = event_device(&families, family, record.device);
-                let event = Event::decode(&record, device, &names, &clock, &mut cgroups);
+            Some(record) = records_rx.recv() => {
+                let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
                 report_event(&event, &mut ports, pipeline.as_mut(), options.format);
             }
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
@@ -173,9 +172,8 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
             }
         }
     }
-    while let Ok((family, record)) = records_rx.try_recv() {
-        let device = event_device(&families, family, record.device);
-        let event = Event::decode(&record, device, &names, &clock, &mut cgroups);
+    while let Ok(record) = records_rx.try_recv() {
+        let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
         report_event(&event, &mut ports, pipeline.as_mut(), options.format);
     }
     if let Some(p) = pipeline.as_mut() {
@@ -466,17 +464,25 @@ fn try_attach(
     )
 }
 
-/// The name of an event's device, from the `DEVICE_NAMES` map of the family that sent it.
-fn event_device(families: &[(Family, FamilyState)], family: Family, device: u64) -> String {
-    families
+/// A record as an event, its device named from the `DEVICE_NAMES` map of the family that
+/// sent it.
+fn decode_record(
+    families: &[(Family, FamilyState)],
+    (family, record): &Record,
+    names: &KernelNames,
+    clock: &WallClock,
+    cgroups: &mut CgroupNames,
+) -> Event {
+    let device = families
         .iter()
         .find_map(|(f, state)| match state {
-            FamilyState::Attached { attached, .. } if *f == family => {
-                Some(attached.device_name(device))
+            FamilyState::Attached { attached, .. } if f == family => {
+                Some(attached.device_name(record.device))
             }
             _ => None,
         })
-        .unwrap_or_else(|| format!("dev@{device:x}"))
+        .unwrap_or_else(|| format!("dev@{:x}", record.device));
+    Event::decode(record, device, names, clock, cgroups)
 }
 
 /// Prints an event (and the port transition it makes, if any) and sends both to the

@@ -107,6 +107,11 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// (completions, completions with an error status) among polled work completions.
+fn tally(wc: &[ibv::IbvWc]) -> (usize, usize) {
+    (wc.len(), wc.iter().filter(|c| c.status != 0).count())
+}
+
 fn run(v: &Verbs, opts: &Options) -> anyhow::Result<()> {
     let sends = opts.sends as usize;
     // SAFETY (for the whole function): every pointer passed to libibverbs is either one it
@@ -216,10 +221,9 @@ fn run(v: &Verbs, opts: &Options) -> anyhow::Result<()> {
         loop {
             let n = v.poll_cq(big_cq, &mut wc);
             ensure!(n >= 0, "ibv_poll_cq (roomy) failed: {n}");
-            for c in &wc[..n as usize] {
-                recv_completions += 1;
-                recv_errors += usize::from(c.status != 0);
-            }
+            let (done, failed) = tally(&wc[..n as usize]);
+            recv_completions += done;
+            recv_errors += failed;
             if let Some(e) = next_event(v, ctx, 100, small_cq)? {
                 println!("async event {e}");
                 events.push(e);
@@ -242,10 +246,9 @@ fn run(v: &Verbs, opts: &Options) -> anyhow::Result<()> {
             if n == 0 {
                 break;
             }
-            for c in &wc[..n as usize] {
-                send_completions += 1;
-                send_errors += usize::from(c.status != 0);
-            }
+            let (done, failed) = tally(&wc[..n as usize]);
+            send_completions += done;
+            send_errors += failed;
         }
         // ibv_destroy_cq/qp wait until every async event of theirs has been acknowledged.
         while let Some(e) = next_event(v, ctx, 0, small_cq)? {

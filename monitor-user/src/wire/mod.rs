@@ -1163,16 +1163,23 @@ fn section<'a>(
     r.sub(len, what).map(Some)
 }
 
-/// Parses authenticated bytes (the frame without its MAC).
-fn parse(body: &[u8]) -> Result<Frame, WireError> {
-    let mut r = Reader::new(body, 0);
-    if r.bytes(4, "magic")? != MAGIC {
+/// The magic and version every datagram starts with (frames and schema requests differ only
+/// in their magic).
+fn read_header(r: &mut Reader<'_>, magic: [u8; 4]) -> Result<(), WireError> {
+    if r.bytes(4, "magic")? != magic {
         return Err(WireError::BadMagic);
     }
     let version = r.u8("version")?;
     if version != VERSION {
         return Err(WireError::UnsupportedVersion(version));
     }
+    Ok(())
+}
+
+/// Parses authenticated bytes (the frame without its MAC).
+fn parse(body: &[u8]) -> Result<Frame, WireError> {
+    let mut r = Reader::new(body, 0);
+    read_header(&mut r, MAGIC)?;
     let flags = r.u8("flags")?;
     if flags & !(FLAG_SCHEMA | FLAG_SAMPLES | FLAG_EVENTS) != 0 {
         return Err(r.malformed("flags"));
@@ -1264,13 +1271,7 @@ pub fn encode_schema_request(request: &SchemaRequest, key: &Key) -> Result<Vec<u
 pub fn decode_schema_request(bytes: &[u8], key: &Key) -> Result<SchemaRequest, WireError> {
     let body = verify_at_least(bytes, key, MIN_REQUEST_LEN)?;
     let mut r = Reader::new(body, 0);
-    if r.bytes(4, "magic")? != REQUEST_MAGIC {
-        return Err(WireError::BadMagic);
-    }
-    let version = r.u8("version")?;
-    if version != VERSION {
-        return Err(WireError::UnsupportedVersion(version));
-    }
+    read_header(&mut r, REQUEST_MAGIC)?;
     let node_len = usize::from(r.u8("node name length")?);
     let offset = r.offset();
     let node = std::str::from_utf8(r.bytes(node_len, "node name")?)
