@@ -12,10 +12,13 @@
 //!   (protobuf + snappy).
 //! - `traces`: the adaptive sampler against a fixed interval on the workload-shaped traces
 //!   of `railscope::sampler::traces`.
+//! - `read-floor`: only reads a fixture tree's IB files, as often as asked, until killed: the
+//!   least CPU any agent reading those files that often can cost here.
 
 mod fixture;
 mod gpu_script;
 mod prom;
+mod read_floor;
 
 use std::{
     collections::BTreeSet,
@@ -106,6 +109,20 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Only read the tree's IB files (kept open, one pread each) until killed.
+    ReadFloor {
+        /// Directory holding `class/infiniband`.
+        #[arg(long)]
+        sysfs: PathBuf,
+        #[arg(long, value_enum)]
+        files: read_floor::FileSet,
+        /// Seconds between passes.
+        #[arg(long)]
+        interval: f64,
+        /// Each file is read once every this many passes.
+        #[arg(long, default_value_t = 1)]
+        every: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -146,6 +163,12 @@ fn main() -> anyhow::Result<()> {
             println!("{}", run_traces(seed));
             Ok(())
         }
+        Command::ReadFloor {
+            sysfs,
+            files,
+            interval,
+            every,
+        } => read_floor::run(&sysfs, files, interval, every),
     }
 }
 
@@ -200,6 +223,9 @@ struct WireArgs {
     node: String,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also write railscope's frames (the default config's), back to back, to this file.
+    #[arg(long)]
+    frames_out: Option<PathBuf>,
 }
 
 /// Sweeps of the fixture node through railscope's real sources.
@@ -339,7 +365,13 @@ fn run_wire(args: &WireArgs) -> anyhow::Result<Json> {
         _ => r.clone(),
     };
     let as_sent: Vec<Reading> = flat.iter().map(as_sent_one).collect();
-    let ours = wire::measure(&as_sent, EncoderConfig::new(&args.node), flush)?;
+    let mut stream = Vec::new();
+    let ours = wire::measure_with(&as_sent, EncoderConfig::new(&args.node), flush, |f| {
+        stream.extend_from_slice(f)
+    })?;
+    if let Some(path) = &args.frames_out {
+        std::fs::write(path, &stream).with_context(|| format!("writing {}", path.display()))?;
+    }
     // The same per source, and the schema of every series sent once (one sweep, one flush).
     let mut by_source = serde_json::Map::new();
     for prefix in ["railscope_ib_", "railscope_gpu_"] {

@@ -554,6 +554,16 @@ pub fn measure(
     config: EncoderConfig,
     flush_every: Duration,
 ) -> Result<WireCost, WireError> {
+    measure_with(readings, config, flush_every, |_| {})
+}
+
+/// [`measure`], handing each frame to `on_frame` in the order it would be sent.
+pub fn measure_with(
+    readings: &[Reading],
+    config: EncoderConfig,
+    flush_every: Duration,
+    mut on_frame: impl FnMut(&[u8]),
+) -> Result<WireCost, WireError> {
     let mut encoder = FrameEncoder::new(config, Key::from_bytes([0; 32]))?;
     let mut sorted: Vec<&Reading> = readings.iter().collect();
     sorted.sort_by_key(|r| r.unix_ns);
@@ -566,7 +576,10 @@ pub fn measure(
         .saturating_add(every);
     let mut largest = 0;
     let mut emit = |frames: Vec<Vec<u8>>| {
-        largest = frames.iter().map(Vec::len).fold(largest, usize::max);
+        for frame in &frames {
+            largest = largest.max(frame.len());
+            on_frame(frame);
+        }
     };
     for r in sorted {
         while r.unix_ns >= boundary && boundary != u64::MAX {

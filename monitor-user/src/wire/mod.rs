@@ -22,7 +22,7 @@ use std::{
 
 use crate::metrics::{Kind, Labels, Series};
 
-pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder, WireCost, measure};
+pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder, WireCost, measure, measure_with};
 use prim::{Order, Reader, put_str, put_varint, unzigzag, zigzag};
 
 /// First bytes of every frame.
