@@ -76,7 +76,7 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
             bail!("{NODE_EXPORTER} is missing (install {NODE_EXPORTER_PACKAGE}, or drop --no-apt)");
         }
     } else {
-        setup::ensure_debian_packages(&[NODE_EXPORTER_PACKAGE])?;
+        setup::ensure_debian_packages(&[NODE_EXPORTER_PACKAGE, "xz-utils"])?;
     }
     let railscope = build::railscope_binary(tools, true)?;
     let standin = build_standin(tools)?;
@@ -1610,7 +1610,7 @@ impl Report {
             let rw = f(&w["remote_write_as_prometheus"]["bytes_per_sample"]);
             let _ = writeln!(
                 md,
-                "At {}, xz -9e over railscope's whole frame stream (a compressor that sees every \
+                "- At {}, xz -9e over railscope's whole frame stream (a compressor that sees every \
                  earlier frame, which a receiver of lossy UDP cannot rely on) leaves {} B/sample: \
                  remote-write as Prometheus sends it is {}× that. That is how far a lossless coding \
                  of these samples gets with every redundancy a strong general-purpose compressor \
@@ -1779,8 +1779,8 @@ impl Report {
     fn floor_markdown(&self, md: &mut String) {
         let _ = writeln!(
             md,
-            "**Reading alone.** The `floor` processes (`agent_bench read-floor`) only read the \
-             tree: every file opened once and kept open, one `pread` and an integer parse per \
+            "**Reading alone.** The rows \"reads alone\" are `agent_bench read-floor`, a process \
+             that only reads the tree: every file opened once and kept open, one `pread` and an integer parse per \
              read, nothing sampled, encoded or sent. A stable series must be read at least every \
              2nd interval for a step in it to be caught within 2 minimum intervals (the adaptive \
              sampling goal), which is what the first floor reads; the second reads \
