@@ -483,8 +483,10 @@ impl IbSysfs {
                 names
             }
             Err(e) if e.not_found() => {
-                if self.class_seen != Some(false) {
-                    tracing::info!("no RDMA devices: {} does not exist", class.display());
+                // Absent from the start is the caller's to say (the agent does, once); gone
+                // after it existed (the drivers unloaded) is news.
+                if self.class_seen == Some(true) {
+                    tracing::info!("no RDMA devices: {} no longer exists", class.display());
                 }
                 self.class_seen = Some(false);
                 Vec::new()
