@@ -381,6 +381,21 @@ impl Proc {
         })
     }
 
+    /// Starts `cmd` (an `agent_bench` subcommand) and waits for the JSON line with
+    /// `"ready": true` it prints on stdout once it is set up; returns that line.
+    fn spawn_ready(name: &str, cmd: &mut Command, dir: &Path) -> anyhow::Result<(Self, Value)> {
+        let mut proc = Self::spawn(name, cmd, dir, Some(Stdio::piped()))?;
+        let mut line = String::new();
+        BufReader::new(proc.child.stdout.take().context("no stdout")?).read_line(&mut line)?;
+        match serde_json::from_str::<Value>(&line) {
+            Ok(ready) if ready["ready"] == true => Ok((proc, ready)),
+            _ => bail!(
+                "{name} did not start: {line:?} (see {})",
+                dir.join(format!("{name}.err")).display()
+            ),
+        }
+    }
+
     fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -684,23 +699,14 @@ fn live_config(ctx: &Ctx, interval: f64) -> anyhow::Result<LiveConfig> {
         "{}: starting the fixture writer (8 ports, counters moving 10 times a second)",
         label(interval)
     ));
-    let mut writer = Proc::spawn(
+    let (mut writer, _) = Proc::spawn_ready(
         "fixture",
         Command::new(&ctx.example)
             .args(["fixture", "--dir"])
             .arg(&tree)
             .stdin(Stdio::piped()),
         &dir,
-        Some(Stdio::piped()),
     )?;
-    let mut ready = String::new();
-    BufReader::new(writer.child.stdout.take().context("fixture stdout")?).read_line(&mut ready)?;
-    if !ready.contains("\"ready\":true") {
-        bail!(
-            "the fixture writer did not start: {ready:?} (see {})",
-            dir.display()
-        );
-    }
     let writer_t0 = (Instant::now(), cpu_ticks(writer.pid())?.total());
 
     let mut subjects = Vec::new();
@@ -882,7 +888,7 @@ fn read_floor_run(
     interval: f64,
     floor: Floor,
 ) -> anyhow::Result<Subject> {
-    let mut proc = Proc::spawn(
+    let (mut proc, ready) = Proc::spawn_ready(
         floor.name,
         Command::new(&ctx.example)
             .args(["read-floor", "--sysfs"])
@@ -891,16 +897,7 @@ fn read_floor_run(
             .args(["--interval", &interval.to_string()])
             .args(["--every", &floor.every.to_string()]),
         dir,
-        Some(Stdio::piped()),
     )?;
-    let mut ready = String::new();
-    BufReader::new(proc.child.stdout.take().context("read-floor stdout")?).read_line(&mut ready)?;
-    let ready: Value = serde_json::from_str(&ready).with_context(|| {
-        format!(
-            "read-floor did not start: {ready:?} (see {})",
-            dir.join(format!("{}.err", floor.name)).display()
-        )
-    })?;
     let cost = measure(&mut proc, warmup(interval), ctx.duration)?;
     proc.stop(libc::SIGTERM, Duration::from_secs(5))?;
     Ok(Subject {
