@@ -1464,6 +1464,12 @@ impl Report {
         }
         let passed = goals.iter().filter(|g| g.pass == Some(true)).count();
         let _ = writeln!(md, "\n{passed} of {} goals met.\n", goals.len());
+        let _ = writeln!(
+            md,
+            "Two references show how far the goals are from what is possible here: the bytes \
+             that xz -9e leaves of railscope's whole frame stream (section 1), and the CPU of a \
+             process that does nothing but read the files (section 2, \"Reading alone\").\n"
+        );
 
         self.wire_markdown(&mut md);
         self.live_markdown(&mut md);
