@@ -13,10 +13,11 @@ use tokio::{
     task::JoinHandle,
 };
 
+use railscope_wire::{self as wire, Labels};
+
 use crate::{
     cgroup::CgroupNames,
     kernel::{Kernel, WallClock},
-    metrics::Labels,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::{
         AttachedFamily, Family, FamilyUnavailable, ProbeReport, Status,
@@ -25,7 +26,6 @@ use crate::{
         render_table,
     },
     sources::gpu::GpuEvent,
-    wire,
 };
 
 /// How often each family's ring buffer is drained. The probes submit events without waking

@@ -5,24 +5,24 @@
 //! - [`kernel`]: what the running kernel offers (modules, kprobes, clocks).
 //! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
-//!   [`metrics::Reading`]s.
+//!   [`railscope_wire::Reading`]s.
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.
-//! - [`wire`]: the frame format between agent and collector (docs/wire-format.md).
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+//!
+//! The series model and the frame format (encoder, decoder, receiver state) are the crate
+//! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
 
 pub mod agent;
 pub mod btf;
 pub mod cgroup;
 pub mod kernel;
 pub mod listen;
-pub mod metrics;
 pub mod pipeline;
 pub mod probes;
 pub mod sampler;
 pub mod sender;
 pub mod sources;
 pub mod tracefs;
-pub mod wire;

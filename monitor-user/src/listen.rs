@@ -15,9 +15,9 @@ use std::{
 use serde_json::{Value as Json, json};
 use tokio::net::UdpSocket;
 
-use crate::{
-    metrics::{Kind, Labels, Series},
-    wire::{self, Frame, Key, ReceiverState, SchemaRequest, SeriesData, WireError},
+use railscope_wire::{
+    self as wire, Frame, Key, Kind, Labels, ReceiverState, SchemaRequest, Series, SeriesData,
+    WireError,
 };
 
 /// How each frame is printed.
@@ -247,12 +247,13 @@ pub fn render_frame(
                 out.push_str(&format!(
                     "  schema #{} {} {}\n",
                     e.id,
-                    wire::series_display(&e.series),
+                    e.series,
                     kind_name(e.series.kind)
                 ));
             }
             for s in &frame.samples {
-                let name = series(s.id).map_or_else(|| "(unknown series)".into(), series_text);
+                let name =
+                    series(s.id).map_or_else(|| "(unknown series)".into(), Series::to_string);
                 out.push_str(&format!("  #{} {name} {}:", s.id, kind_name(s.data.kind())));
                 points_text(&mut out, &s.data, frame.send_unix_ns);
                 out.push('\n');
@@ -270,10 +271,6 @@ pub fn render_frame(
             out
         }
     }
-}
-
-fn series_text(s: &Series) -> String {
-    wire::series_display(s)
 }
 
 fn kind_name(kind: Kind) -> &'static str {
@@ -373,11 +370,9 @@ fn grow_receive_buffer(socket: &UdpSocket) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        metrics::{Reading, Value},
-        sender::Sender,
-        wire::{EncoderConfig, Event, FrameEncoder},
-    };
+    use railscope_wire::{EncoderConfig, Event, FrameEncoder, Reading, Value};
+
+    use crate::sender::Sender;
 
     const T0: u64 = 1_763_164_800_000_000_000; // 2025-11-15T00:00:00Z
 

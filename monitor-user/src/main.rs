@@ -183,7 +183,7 @@ fn main() -> anyhow::Result<()> {
             key,
             json,
         } => {
-            let key = railscope::wire::Key::from_file(&key)?;
+            let key = railscope_wire::Key::from_file(&key)?;
             let format = if json {
                 railscope::listen::Format::Json
             } else {

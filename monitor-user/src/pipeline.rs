@@ -20,11 +20,14 @@ use std::{
 };
 
 use anyhow::Context as _;
+use railscope_wire::{
+    self as wire, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels,
+    Reading, Sample, Series, Value,
+};
 use tokio::sync::mpsc;
 
 use crate::{
     kernel::realtime_ns,
-    metrics::{Kind, Labels, Reading, Series, Value},
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle},
     sources::{
@@ -32,7 +35,6 @@ use crate::{
         gpu::{GpuEvent, GpuSource},
         ib_sysfs::IbSysfs,
     },
-    wire::{self, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Sample},
 };
 
 /// Where and how the agent sends its metrics.

@@ -73,7 +73,7 @@ use std::{
     time::Duration,
 };
 
-use crate::metrics::{Kind, Series, Value};
+use railscope_wire::{Kind, Series, Value};
 
 /// Reads after a shift that decide whether it lasts: when one of them is back within the range
 /// the series had before, the shift was a transient (a stall of a training step or two) and
@@ -907,7 +907,7 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Labels;
+    use railscope_wire::Labels;
 
     const S: u64 = 1_000_000_000;
 

@@ -21,10 +21,8 @@ use std::{
     time::Duration,
 };
 
-use railscope::{
-    metrics::{Kind, Reading, Value},
-    sources::gpu::{GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS},
-};
+use railscope::sources::gpu::{GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS};
+use railscope_wire::{Kind, Reading, Value};
 use serde_json::{Value as Json, json};
 
 const STANDIN: &str = "libnvidia_ml_standin.so";

@@ -30,13 +30,14 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use railscope::{
-    metrics::{Kind, Reading, Series, Value},
     sampler::{
         AdaptiveSampler, Emit, SamplerConfig,
         traces::{self, Evaluation},
     },
     sources::{gpu::GpuSource, ib_sysfs::IbSysfs},
-    wire::{self, EncoderConfig, FrameEncoder, Key},
+};
+use railscope_wire::{
+    self as wire, EncoderConfig, FrameEncoder, Key, Kind, Reading, Series, Value,
 };
 use serde_json::{Value as Json, json};
 

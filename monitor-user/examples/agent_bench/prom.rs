@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use railscope::metrics::{Kind, Reading, Series, Value};
+use railscope_wire::{Kind, Reading, Series, Value};
 
 /// `prometheus.Label`.
 #[derive(Clone, PartialEq, prost::Message)]

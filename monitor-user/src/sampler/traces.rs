@@ -46,7 +46,7 @@
 use std::time::Duration;
 
 use super::{AdaptiveSampler, Emit, Mode, SamplerConfig, SplitMix64};
-use crate::metrics::{Kind, Labels, Series, Value};
+use railscope_wire::{Kind, Labels, Series, Value};
 
 /// Points of the fine model per tick.
 const SUB: usize = 100;

@@ -49,11 +49,10 @@ use nvml_wrapper::{
 };
 use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlGpmSample_t};
 
+use railscope_wire::{Kind, Labels, Reading, Series, Value};
+
 use super::{Collect, ReadingSink};
-use crate::{
-    metrics::{Kind, Labels, Reading, Series, Value},
-    sampler::Slot,
-};
+use crate::sampler::Slot;
 
 /// The library an NVIDIA driver installs (`libnvidia-ml.so` without the `.1` only comes with
 /// development packages).

@@ -72,11 +72,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use railscope_wire::{Kind, Labels, Reading, Series, Value};
+
 use super::{Collect, ReadingSink};
-use crate::{
-    metrics::{Kind, Labels, Reading, Series, Value},
-    sampler::Slot,
-};
+use crate::sampler::Slot;
 
 const PREFIX: &str = "railscope_ib_";
 

@@ -6,10 +6,9 @@ pub mod ib_sysfs;
 
 pub mod gpu;
 
-use crate::{
-    metrics::{Reading, Series, Value},
-    sampler::Slot,
-};
+use railscope_wire::{Reading, Series, Value};
+
+use crate::sampler::Slot;
 
 /// Where the values of a sweep go, and which series it reads: the agent hands them straight
 /// to its sampler, so no reading is built for a value the sampler only folds into a window.

@@ -1,6 +1,6 @@
-//! The agent's data model between the sources and the sampler/wire format: a reading is one
-//! value of one metric series at one time; an event is something that happened once and must
-//! never be sampled away (a port going down, an XID error, a GPU falling off the bus).
+//! The series model shared by the agent, the frame format and receivers: a series is a metric
+//! name, labels and a kind; a reading is one value of one series at one time. (Events, which
+//! happen once and are never sampled away, are part of the [frame model](crate::Event).)
 
 use std::{fmt, sync::Arc};
 
@@ -70,6 +70,13 @@ pub struct Series {
     pub name: Arc<str>,
     pub labels: Labels,
     pub kind: Kind,
+}
+
+/// `name{labels}`, as Prometheus writes a series.
+impl fmt::Display for Series {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.name, self.labels)
+    }
 }
 
 /// One value of one series, read at `unix_ns`.

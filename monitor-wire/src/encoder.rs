@@ -3,11 +3,14 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use super::{
-    CounterSample, Encoded, Event, FrameView, GaugeSample, Key, Sample, SeriesData, SeriesSamples,
-    WireError, prim, series_display,
+use crate::{
+    codec::{Encoded, FrameView},
+    error::WireError,
+    frame::{CounterSample, DEFAULT_MTU, Event, GaugeSample, Sample, SeriesData, SeriesSamples},
+    key::Key,
+    prim,
+    series::{Kind, Reading, Series, Value},
 };
-use crate::metrics::{Kind, Reading, Series, Value};
 
 /// How an agent's frames are made.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,7 +41,7 @@ impl EncoderConfig {
     pub fn new(node: impl Into<String>) -> Self {
         Self {
             node: node.into(),
-            mtu: super::DEFAULT_MTU,
+            mtu: DEFAULT_MTU,
             schema_refresh: Duration::from_secs(300),
             time_quantum_ns: 1_000_000,
             gauge_digits: Some(6),
@@ -167,7 +170,7 @@ impl FrameEncoder {
             (Kind::Counter, Value::F64(value)) => {
                 if !((0.0..18_446_744_073_709_551_616.0).contains(&value) && value.fract() == 0.0) {
                     return Err(WireError::CounterValue {
-                        series: series_display(&reading.series),
+                        series: reading.series.to_string(),
                         value,
                     });
                 }
@@ -193,7 +196,7 @@ impl FrameEncoder {
         };
         if let Some(given) = given {
             return Err(WireError::KindMismatch {
-                series: series_display(series),
+                series: series.to_string(),
                 kind: series.kind,
                 given,
             });
@@ -202,7 +205,7 @@ impl FrameEncoder {
             && g.start_unix_ns > g.end_unix_ns
         {
             return Err(WireError::Interval {
-                series: series_display(series),
+                series: series.to_string(),
                 start: g.start_unix_ns,
                 end: g.end_unix_ns,
             });
@@ -252,7 +255,7 @@ impl FrameEncoder {
             + 16;
         if len > self.config.mtu / 2 {
             return Err(WireError::SeriesTooLarge {
-                series: series_display(series),
+                series: series.to_string(),
                 len,
                 mtu: self.config.mtu,
             });
@@ -522,79 +525,5 @@ fn random_session() -> u32 {
     h.finish() as u32
 }
 
-/// What a batch of readings costs on the wire.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct WireCost {
-    /// Samples sent (one per reading).
-    pub samples: u64,
-    pub frames: u64,
-    /// All bytes of all frames: headers, schema, samples, MACs.
-    pub bytes: u64,
-    /// Of those, the schema sections (sent for new series and every `schema_refresh`).
-    pub schema_bytes: u64,
-    pub largest_frame: usize,
-}
-
-impl WireCost {
-    pub fn bytes_per_sample(&self) -> f64 {
-        self.bytes as f64 / self.samples.max(1) as f64
-    }
-
-    /// Steady state, once the receiver knows the series (schema refreshes excluded).
-    pub fn bytes_per_sample_without_schema(&self) -> f64 {
-        (self.bytes - self.schema_bytes) as f64 / self.samples.max(1) as f64
-    }
-}
-
-/// Encodes `readings` as an agent would, flushing every `flush_every` of reading time (from
-/// the earliest reading; `Duration::MAX` for one flush at the end), and reports the cost.
-/// For benchmarks: the frames themselves are discarded.
-pub fn measure(
-    readings: &[Reading],
-    config: EncoderConfig,
-    flush_every: Duration,
-) -> Result<WireCost, WireError> {
-    measure_with(readings, config, flush_every, |_| {})
-}
-
-/// [`measure`], handing each frame to `on_frame` in the order it would be sent.
-pub fn measure_with(
-    readings: &[Reading],
-    config: EncoderConfig,
-    flush_every: Duration,
-    mut on_frame: impl FnMut(&[u8]),
-) -> Result<WireCost, WireError> {
-    let mut encoder = FrameEncoder::new(config, Key::from_bytes([0; 32]))?;
-    let mut sorted: Vec<&Reading> = readings.iter().collect();
-    sorted.sort_by_key(|r| r.unix_ns);
-    let every = u64::try_from(flush_every.as_nanos())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    let mut boundary = sorted
-        .first()
-        .map_or(0, |r| r.unix_ns)
-        .saturating_add(every);
-    let mut largest = 0;
-    let mut emit = |frames: Vec<Vec<u8>>| {
-        for frame in &frames {
-            largest = largest.max(frame.len());
-            on_frame(frame);
-        }
-    };
-    for r in sorted {
-        while r.unix_ns >= boundary && boundary != u64::MAX {
-            emit(encoder.flush(boundary));
-            boundary = boundary.saturating_add(every);
-        }
-        encoder.push_reading(r)?;
-    }
-    emit(encoder.flush(boundary));
-    let stats = encoder.stats();
-    Ok(WireCost {
-        samples: stats.samples,
-        frames: stats.frames,
-        bytes: stats.bytes,
-        schema_bytes: stats.schema_bytes,
-        largest_frame: largest,
-    })
-}
+#[cfg(test)]
+mod tests;

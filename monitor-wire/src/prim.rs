@@ -1,12 +1,12 @@
 //! The frame format's building blocks: LEB128 varints, zig-zag, a bounds-checked reader, and
-//! the three value coders (integer streams of order 0/1/2, scaled decimals, XOR floats).
+//! the three value coders (integer streams of orders 0-3, scaled decimals, XOR floats).
 //!
 //! Every decoding step here checks its bounds and uses wrapping arithmetic: bytes that passed
 //! the MAC are trusted to come from a key holder, not to be well formed.
 
-use super::WireError;
+use crate::error::WireError;
 
-pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
@@ -14,25 +14,25 @@ pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-pub(super) fn varint_len(v: u64) -> usize {
+pub(crate) fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-pub(super) fn zigzag(v: i64) -> u64 {
+pub(crate) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
-pub(super) fn unzigzag(v: u64) -> i64 {
+pub(crate) fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_varint(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
 /// Reads a frame front to back; every error names what was being read and where.
-pub(super) struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
     /// Offset of `buf[0]` in the whole frame, for error messages.
@@ -40,33 +40,33 @@ pub(super) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(buf: &'a [u8], base: usize) -> Self {
+    pub(crate) fn new(buf: &'a [u8], base: usize) -> Self {
         Self { buf, pos: 0, base }
     }
 
-    pub(super) fn offset(&self) -> usize {
+    pub(crate) fn offset(&self) -> usize {
         self.base + self.pos
     }
 
-    pub(super) fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    pub(super) fn truncated(&self, what: &'static str) -> WireError {
+    pub(crate) fn truncated(&self, what: &'static str) -> WireError {
         WireError::Truncated {
             what,
             offset: self.offset(),
         }
     }
 
-    pub(super) fn malformed(&self, what: &'static str) -> WireError {
+    pub(crate) fn malformed(&self, what: &'static str) -> WireError {
         WireError::Malformed {
             what,
             offset: self.offset(),
         }
     }
 
-    pub(super) fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+    pub(crate) fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
         if n > self.remaining() {
             return Err(self.truncated(what));
         }
@@ -75,23 +75,23 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    pub(super) fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
         Ok(self.bytes(1, what)?[0])
     }
 
-    pub(super) fn u32_le(&mut self, what: &'static str) -> Result<u32, WireError> {
+    pub(crate) fn u32_le(&mut self, what: &'static str) -> Result<u32, WireError> {
         let b = self.bytes(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    pub(super) fn u64_le(&mut self, what: &'static str) -> Result<u64, WireError> {
+    pub(crate) fn u64_le(&mut self, what: &'static str) -> Result<u64, WireError> {
         let b = self.bytes(8, what)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
 
-    pub(super) fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
+    pub(crate) fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
         let mut v = 0u64;
         for i in 0..10 {
             let b = self.u8(what)?;
@@ -108,7 +108,7 @@ impl<'a> Reader<'a> {
 
     /// A count of items that each take at least one byte: never more than the bytes left, so
     /// no allocation is ever sized by a forged count.
-    pub(super) fn count(&mut self, what: &'static str) -> Result<usize, WireError> {
+    pub(crate) fn count(&mut self, what: &'static str) -> Result<usize, WireError> {
         let n = self.varint(what)?;
         if n > self.remaining() as u64 {
             return Err(self.malformed(what));
@@ -116,7 +116,7 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    pub(super) fn str(&mut self, what: &'static str) -> Result<String, WireError> {
+    pub(crate) fn str(&mut self, what: &'static str) -> Result<String, WireError> {
         let len = self.count(what)?;
         let offset = self.offset();
         let b = self.bytes(len, what)?;
@@ -124,13 +124,13 @@ impl<'a> Reader<'a> {
     }
 
     /// Splits off the next `len` bytes as a reader of their own (a section).
-    pub(super) fn sub(&mut self, len: usize, what: &'static str) -> Result<Reader<'a>, WireError> {
+    pub(crate) fn sub(&mut self, len: usize, what: &'static str) -> Result<Reader<'a>, WireError> {
         let base = self.offset();
         let b = self.bytes(len, what)?;
         Ok(Reader::new(b, base))
     }
 
-    pub(super) fn finish(&self, what: &'static str) -> Result<(), WireError> {
+    pub(crate) fn finish(&self, what: &'static str) -> Result<(), WireError> {
         if self.remaining() == 0 {
             Ok(())
         } else {
@@ -141,7 +141,7 @@ impl<'a> Reader<'a> {
 
 /// How an integer stream is coded (the two `order` bits of a block header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Order {
+pub(crate) enum Order {
     /// All values equal: the first value only.
     Const = 0,
     /// Every value on its own.
@@ -153,7 +153,7 @@ pub(super) enum Order {
 }
 
 impl Order {
-    pub(super) fn from_bits(bits: u8) -> Order {
+    pub(crate) fn from_bits(bits: u8) -> Order {
         match bits & 3 {
             0 => Order::Const,
             1 => Order::Raw,
@@ -208,7 +208,7 @@ fn for_each_coded(values: &[u64], signed: bool, order: Order, mut f: impl FnMut(
 }
 
 /// The cheapest order for `values` and its size in bytes.
-pub(super) fn best_int_order(values: &[u64], signed: bool) -> (Order, usize) {
+pub(crate) fn best_int_order(values: &[u64], signed: bool) -> (Order, usize) {
     let mut best = (Order::Raw, usize::MAX);
     for order in [Order::Const, Order::Delta, Order::DeltaDelta, Order::Raw] {
         let mut size = 0;
@@ -219,12 +219,12 @@ pub(super) fn best_int_order(values: &[u64], signed: bool) -> (Order, usize) {
     best
 }
 
-pub(super) fn put_ints(out: &mut Vec<u8>, values: &[u64], signed: bool, order: Order) {
+pub(crate) fn put_ints(out: &mut Vec<u8>, values: &[u64], signed: bool, order: Order) {
     let ok = for_each_coded(values, signed, order, |c| put_varint(out, c));
     debug_assert!(ok, "Const order chosen for unequal values");
 }
 
-pub(super) fn get_ints(
+pub(crate) fn get_ints(
     r: &mut Reader<'_>,
     n: usize,
     signed: bool,
@@ -265,17 +265,17 @@ pub(super) fn get_ints(
 
 /// Largest power of ten a scaled decimal may use, and the integer range it may reach (where
 /// every integer is an exact f64).
-pub(super) const MAX_DECIMALS: u8 = 15;
+pub(crate) const MAX_DECIMALS: u8 = 15;
 const MAX_SCALED: f64 = 9_007_199_254_740_992.0; // 2^53
 
-pub(super) fn pow10(k: u8) -> f64 {
+pub(crate) fn pow10(k: u8) -> f64 {
     10f64.powi(i32::from(k))
 }
 
 /// The smallest `k` such that every value is exactly `i / 10^k` for an integer `i` below 2^53,
 /// with those integers (as two's complement u64). `None` if there is none (NaN, -0.0, values
 /// with more digits): those go to the XOR coder.
-pub(super) fn decimal_scale(values: &[f64]) -> Option<(u8, Vec<u64>)> {
+pub(crate) fn decimal_scale(values: &[f64]) -> Option<(u8, Vec<u64>)> {
     'k: for k in 0..=MAX_DECIMALS {
         let p = pow10(k);
         let mut ints = Vec::with_capacity(values.len());
@@ -297,7 +297,7 @@ pub(super) fn decimal_scale(values: &[f64]) -> Option<(u8, Vec<u64>)> {
 
 /// Rounds a gauge value to `digits` significant decimal digits, leaving integers (and
 /// anything not finite) as they are, and never rounding coarser than an integer.
-pub(super) fn round_significant(v: f64, digits: u32) -> f64 {
+pub(crate) fn round_significant(v: f64, digits: u32) -> f64 {
     if !v.is_finite() || v == v.trunc() || digits == 0 {
         return v;
     }
@@ -311,7 +311,7 @@ pub(super) fn round_significant(v: f64, digits: u32) -> f64 {
 /// XOR float coding: each value's bits XOR the previous value's (0 before the first), sent as
 /// one control byte (high nibble: leading zero bytes, low nibble: bytes that follow) and the
 /// significant bytes, least significant first.
-pub(super) fn xor_size(values: &[f64]) -> usize {
+pub(crate) fn xor_size(values: &[f64]) -> usize {
     let mut prev = 0u64;
     let mut size = 0;
     for v in values {
@@ -332,7 +332,7 @@ fn xor_window(x: u64) -> (usize, usize) {
     (lead, 8 - lead - trail)
 }
 
-pub(super) fn put_xor(out: &mut Vec<u8>, values: &[f64]) {
+pub(crate) fn put_xor(out: &mut Vec<u8>, values: &[f64]) {
     let mut prev = 0u64;
     for v in values {
         let x = v.to_bits() ^ prev;
@@ -346,7 +346,7 @@ pub(super) fn put_xor(out: &mut Vec<u8>, values: &[f64]) {
     }
 }
 
-pub(super) fn get_xor(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, WireError> {
+pub(crate) fn get_xor(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, WireError> {
     const WHAT: &str = "XOR float";
     let mut out = Vec::new();
     let mut prev = 0u64;

@@ -1,0 +1,380 @@
+//! One frame as bytes: the header, the sections in order (each delegated to its codec:
+//! [`schema`](crate::schema), [`samples`](crate::samples), [`events`](crate::events)) and the
+//! MAC. [`decode`] is a receiver's entry point.
+
+use crate::{
+    error::WireError,
+    events::{encode_events, parse_events},
+    frame::{
+        DEFAULT_MTU, Event, FLAG_EVENTS, FLAG_SAMPLES, FLAG_SCHEMA, Frame, MAGIC,
+        MAX_FRAME_SAMPLES, MIN_FRAME_LEN, SeriesSamples, VERSION,
+    },
+    key::Key,
+    mac,
+    prim::{Reader, put_varint},
+    receiver::ReceiverState,
+    samples::{encode_samples, parse_samples},
+    schema::{encode_schema, parse_schema},
+    series::Series,
+};
+
+/// Writes `frame` as one datagram, MAC included. Sample times are rounded to the frame's
+/// time quantum; everything else round-trips exactly (floats bit for bit). Size is not
+/// limited here: [`FrameEncoder`](crate::FrameEncoder) is what keeps frames within an MTU.
+pub fn encode_frame(frame: &Frame, key: &Key) -> Result<Vec<u8>, WireError> {
+    let view = FrameView {
+        node: &frame.node,
+        session: frame.session,
+        seq: frame.seq,
+        send_unix_ns: frame.send_unix_ns,
+        time_quantum_ns: frame.time_quantum_ns,
+        schema: frame.schema.iter().map(|e| (e.id, &e.series)).collect(),
+        samples: frame.samples.iter().collect(),
+        events: frame.events.iter().collect(),
+    };
+    Ok(view.encode(key)?.bytes)
+}
+
+/// A frame to encode, by reference (the encoder tries several cuts of one batch).
+pub(crate) struct FrameView<'a> {
+    pub node: &'a str,
+    pub session: u32,
+    pub seq: u64,
+    pub send_unix_ns: u64,
+    pub time_quantum_ns: u64,
+    pub schema: Vec<(u32, &'a Series)>,
+    pub samples: Vec<&'a SeriesSamples>,
+    pub events: Vec<&'a Event>,
+}
+
+pub(crate) struct Encoded {
+    pub bytes: Vec<u8>,
+    /// Bytes of the schema section, its length prefix included.
+    pub schema_bytes: usize,
+}
+
+impl FrameView<'_> {
+    pub(crate) fn encode(&self, key: &Key) -> Result<Encoded, WireError> {
+        if self.node.len() > 255 {
+            return Err(WireError::NodeName {
+                node: self.node.to_owned(),
+                len: self.node.len(),
+            });
+        }
+        if self.time_quantum_ns == 0 {
+            return Err(WireError::Quantum);
+        }
+        if self.schema.len() > MAX_FRAME_SAMPLES {
+            return Err(WireError::TooMany {
+                what: "schema entries",
+                count: self.schema.len(),
+            });
+        }
+        let mut flags = 0;
+        let schema = (!self.schema.is_empty()).then(|| encode_schema(&self.schema));
+        let samples = (!self.samples.is_empty())
+            .then(|| encode_samples(&self.samples, self.send_unix_ns, self.time_quantum_ns))
+            .transpose()?;
+        let events =
+            (!self.events.is_empty()).then(|| encode_events(&self.events, self.send_unix_ns));
+        flags |= if schema.is_some() { FLAG_SCHEMA } else { 0 };
+        flags |= if samples.is_some() { FLAG_SAMPLES } else { 0 };
+        flags |= if events.is_some() { FLAG_EVENTS } else { 0 };
+
+        let mut out = Vec::with_capacity(DEFAULT_MTU);
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(flags);
+        out.push(self.node.len() as u8);
+        out.extend_from_slice(self.node.as_bytes());
+        out.extend_from_slice(&self.session.to_le_bytes());
+        put_varint(&mut out, self.seq);
+        out.extend_from_slice(&self.send_unix_ns.to_le_bytes());
+        put_varint(&mut out, self.time_quantum_ns);
+        let mut schema_bytes = 0;
+        for (i, section) in [schema, samples, events].into_iter().enumerate() {
+            if let Some(body) = section {
+                let start = out.len();
+                put_varint(&mut out, body.len() as u64);
+                out.extend_from_slice(&body);
+                if i == 0 {
+                    schema_bytes = out.len() - start;
+                }
+            }
+        }
+        mac::seal(&mut out, key);
+        Ok(Encoded {
+            bytes: out,
+            schema_bytes,
+        })
+    }
+}
+
+/// The next section (length-prefixed) if its flag is set.
+fn section<'a>(
+    r: &mut Reader<'a>,
+    present: u8,
+    what: &'static str,
+) -> Result<Option<Reader<'a>>, WireError> {
+    if present == 0 {
+        return Ok(None);
+    }
+    let len = r.count(what)?;
+    r.sub(len, what).map(Some)
+}
+
+/// The magic and version every datagram starts with (frames and schema requests differ only
+/// in their magic).
+pub(crate) fn read_header(r: &mut Reader<'_>, magic: [u8; 4]) -> Result<(), WireError> {
+    if r.bytes(4, "magic")? != magic {
+        return Err(WireError::BadMagic);
+    }
+    let version = r.u8("version")?;
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion(version));
+    }
+    Ok(())
+}
+
+/// Parses authenticated bytes (the frame without its MAC).
+pub(crate) fn parse(body: &[u8]) -> Result<Frame, WireError> {
+    let mut r = Reader::new(body, 0);
+    read_header(&mut r, MAGIC)?;
+    let flags = r.u8("flags")?;
+    if flags & !(FLAG_SCHEMA | FLAG_SAMPLES | FLAG_EVENTS) != 0 {
+        return Err(r.malformed("flags"));
+    }
+    let node_len = usize::from(r.u8("node name")?);
+    let offset = r.offset();
+    let node = String::from_utf8(r.bytes(node_len, "node name")?.to_vec()).map_err(|_| {
+        WireError::Malformed {
+            what: "node name",
+            offset,
+        }
+    })?;
+    let session = r.u32_le("session")?;
+    let seq = r.varint("sequence number")?;
+    let send_unix_ns = r.u64_le("send time")?;
+    let time_quantum_ns = r.varint("time quantum")?;
+    if time_quantum_ns == 0 {
+        return Err(r.malformed("time quantum"));
+    }
+    let schema = match section(&mut r, flags & FLAG_SCHEMA, "schema section")? {
+        Some(mut s) => parse_schema(&mut s)?,
+        None => Vec::new(),
+    };
+    let samples = match section(&mut r, flags & FLAG_SAMPLES, "samples section")? {
+        Some(mut s) => {
+            let samples = parse_samples(&mut s, send_unix_ns, time_quantum_ns)?;
+            s.finish("samples section length")?;
+            samples
+        }
+        None => Vec::new(),
+    };
+    let events = match section(&mut r, flags & FLAG_EVENTS, "events section")? {
+        Some(mut s) => parse_events(&mut s, send_unix_ns)?,
+        None => Vec::new(),
+    };
+    r.finish("frame length")?;
+    Ok(Frame {
+        node,
+        session,
+        seq,
+        send_unix_ns,
+        time_quantum_ns,
+        schema,
+        samples,
+        events,
+    })
+}
+
+/// Verifies, parses and accounts one received datagram: the MAC is checked before anything
+/// else is read; then the frame's schema entries are merged into `state`, and its sequence
+/// number is checked against the node's (gaps are counted as lost frames, a frame seen
+/// before is refused).
+pub fn decode(bytes: &[u8], key: &Key, state: &mut ReceiverState) -> Result<Frame, WireError> {
+    let body = mac::verify(bytes, key, MIN_FRAME_LEN)?;
+    let frame = parse(body)?;
+    state.accept(&frame)?;
+    Ok(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{
+        frame::{CounterSample, GaugeSample, SchemaEntry, SeriesData, SeriesSamples},
+        mac::MAC_LEN,
+        series::{Kind, Labels},
+        testing::{arb_frame, key, same, sample_frame, series},
+    };
+
+    #[test]
+    fn hand_made_frame_round_trips() {
+        let frame = sample_frame();
+        let bytes = encode_frame(&frame, &key()).unwrap();
+        let mut state = ReceiverState::default();
+        let back = decode(&bytes, &key(), &mut state).unwrap();
+        assert!(same(&frame, &back), "{frame:#?}\n{back:#?}");
+        let node = state.node("gpu-node-017").unwrap();
+        assert_eq!(&*node.series(1).unwrap().name, "railscope_gpu_power_watts");
+        assert_eq!(node.frames, 1);
+    }
+
+    /// The worked example at the end of docs/wire-format.md, byte for byte.
+    #[test]
+    fn worked_example_of_the_spec() {
+        const HEX: &str = "
+            52 53 57 46 01 07 02 6e 31 04 03 02 01 05 00 94 ae b7 0b 05 78 18 c0 84 3d 57 06 00 01 30
+            00 01 31 00 03 67 70 75 00 04 70 6f 72 74 00 1a 72 61 69 6c 73 63 6f 70 65 5f 67 70 75 5f
+            74 65 6d 70 5f 63 65 6c 73 69 75 73 0a 14 69 62 5f 6c 69 6e 6b 5f 64 6f 77 6e 65 64 5f 74
+            6f 74 61 6c 02 01 02 00 01 03 01 02 01 09 01 0a 02 00 00 00 00 01 01 13 02 a0 1f 00 e7 07
+            01 02 00 03 02 55 00 01 c4 09 1e 00 03 1f 01 80 ca b5 ee 01 03 78 69 64 01 03 67 70 75 01
+            30 9e 01 0b 6f 66 66 20 74 68 65 20 62 75 73 e4 98 2a 61 ad 98 4b 1f 7d a3 bf 33 91 86 74
+            22";
+        let expected: Vec<u8> = HEX
+            .split_whitespace()
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        let key = Key::from_bytes(std::array::from_fn(|i| i as u8));
+        let t0 = 1_763_164_800_000_000_000; // 2025-11-15T00:00:00Z
+        let frame = Frame {
+            node: "n1".into(),
+            session: 0x0102_0304,
+            seq: 5,
+            send_unix_ns: t0 + 2_000_000_000,
+            time_quantum_ns: 1_000_000,
+            schema: vec![
+                SchemaEntry {
+                    id: 0,
+                    series: series("railscope_gpu_temp_celsius", &[("gpu", "0")], Kind::Gauge),
+                },
+                SchemaEntry {
+                    id: 1,
+                    series: series(
+                        "railscope_ib_link_downed_total",
+                        &[("port", "1")],
+                        Kind::Counter,
+                    ),
+                },
+            ],
+            samples: vec![
+                SeriesSamples {
+                    id: 0,
+                    data: SeriesData::Gauge(vec![
+                        GaugeSample::reading(t0, 61.0),
+                        GaugeSample::reading(t0 + 1_000_000_000, 62.5),
+                    ]),
+                },
+                SeriesSamples {
+                    id: 1,
+                    data: SeriesData::Counter(vec![
+                        CounterSample {
+                            unix_ns: t0,
+                            value: 3,
+                        },
+                        CounterSample {
+                            unix_ns: t0 + 1_000_000_000,
+                            value: 3,
+                        },
+                    ]),
+                },
+            ],
+            events: vec![Event {
+                unix_ns: t0 + 1_500_000_000,
+                kind: "xid".into(),
+                labels: Labels::new([("gpu", "0")]),
+                code: 79,
+                text: "off the bus".into(),
+            }],
+        };
+        assert_eq!(encode_frame(&frame, &key).unwrap(), expected);
+        assert_eq!(
+            decode(&expected, &key, &mut ReceiverState::default()).unwrap(),
+            frame
+        );
+    }
+
+    #[test]
+    fn wrong_key_is_a_mac_error_before_anything_is_parsed() {
+        let bytes = encode_frame(&sample_frame(), &key()).unwrap();
+        let other = Key::from_bytes([1; 32]);
+        let mut state = ReceiverState::default();
+        let e = decode(&bytes, &other, &mut state).unwrap_err();
+        assert_eq!(e, WireError::BadMac { len: bytes.len() });
+        assert!(e.to_string().contains("MAC mismatch"));
+        assert!(state.node("gpu-node-017").is_none());
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_refused_by_name() {
+        // A body with the right MAC but another version: the key holder speaks a newer format.
+        let mut bytes = encode_frame(&sample_frame(), &key()).unwrap();
+        bytes.truncate(bytes.len() - MAC_LEN);
+        bytes[4] = 2;
+        mac::seal(&mut bytes, &key());
+        let e = decode(&bytes, &key(), &mut ReceiverState::default()).unwrap_err();
+        assert_eq!(e, WireError::UnsupportedVersion(2));
+        assert_eq!(
+            decode(b"hello", &key(), &mut ReceiverState::default()).unwrap_err(),
+            WireError::TooShort { len: 5 }
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_frame_round_trips(frame in arb_frame()) {
+            let bytes = encode_frame(&frame, &key()).unwrap();
+            let back = decode(&bytes, &key(), &mut ReceiverState::default()).unwrap();
+            prop_assert!(same(&frame, &back), "{:#?}\n{:#?}", frame, back);
+        }
+
+        #[test]
+        fn parser_never_panics_on_mutated_frames(
+            frame in arb_frame(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            // MAC checking bypassed: the parser alone must turn any bytes into Ok or Err.
+            let bytes = encode_frame(&frame, &key()).unwrap();
+            let mut body = bytes[..bytes.len() - MAC_LEN].to_vec();
+            for (at, byte) in edits {
+                let i = at.index(body.len());
+                body[i] ^= byte;
+            }
+            let _ = parse(&body);
+            let _ = parse(&body[..cut.index(body.len() + 1)]);
+        }
+
+        #[test]
+        fn parser_never_panics_on_garbage(tail in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse(&tail);
+            let mut body = MAGIC.to_vec();
+            body.push(VERSION);
+            body.extend_from_slice(&tail);
+            let _ = parse(&body);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn every_truncation_and_bit_flip_is_rejected(frame in arb_frame()) {
+            let bytes = encode_frame(&frame, &key()).unwrap();
+            for len in 0..bytes.len() {
+                let r = decode(&bytes[..len], &key(), &mut ReceiverState::default());
+                prop_assert!(r.is_err(), "truncated to {} of {} bytes", len, bytes.len());
+            }
+            let mut flipped = bytes.clone();
+            for bit in 0..bytes.len() * 8 {
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                let r = decode(&flipped, &key(), &mut ReceiverState::default());
+                prop_assert!(r.is_err(), "bit {} flipped", bit);
+                flipped[bit / 8] ^= 1 << (bit % 8);
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The events section: every event in full, its time exact to the ns
+//! (docs/wire-format.md, "Events section").
+
+use crate::{
+    error::WireError,
+    frame::Event,
+    prim::{Reader, put_str, put_varint, unzigzag, zigzag},
+    series::Labels,
+};
+
+pub(crate) fn encode_events(events: &[&Event], send_ns: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_varint(&mut out, events.len() as u64);
+    for e in events {
+        put_event(&mut out, e, send_ns);
+    }
+    out
+}
+
+fn put_event(out: &mut Vec<u8>, e: &Event, send_ns: u64) {
+    put_varint(out, send_ns.wrapping_sub(e.unix_ns));
+    put_str(out, &e.kind);
+    put_varint(out, e.labels.iter().count() as u64);
+    for (k, v) in e.labels.iter() {
+        put_str(out, k);
+        put_str(out, v);
+    }
+    put_varint(out, zigzag(e.code));
+    put_str(out, &e.text);
+}
+
+pub(crate) fn parse_events(r: &mut Reader<'_>, send_ns: u64) -> Result<Vec<Event>, WireError> {
+    let n = r.count("event count")?;
+    let mut events = Vec::new();
+    for _ in 0..n {
+        let unix_ns = send_ns.wrapping_sub(r.varint("event time")?);
+        let kind = r.str("event kind")?;
+        let n_labels = r.count("event label count")?;
+        let mut pairs = Vec::new();
+        for _ in 0..n_labels {
+            pairs.push((r.str("event label")?, r.str("event label")?));
+        }
+        let code = unzigzag(r.varint("event code")?);
+        let text = r.str("event text")?;
+        events.push(Event {
+            unix_ns,
+            kind,
+            labels: Labels::new(pairs),
+            code,
+            text,
+        });
+    }
+    r.finish("events section length")?;
+    Ok(events)
+}

@@ -1,0 +1,56 @@
+//! railscope's frame format between node agents and a collector (docs/wire-format.md is its
+//! byte-level spec): one UDP datagram is one frame, authenticated with a keyed BLAKE3 MAC,
+//! decodable on its own given the schema entries the receiver has seen. The agent, `railscope
+//! listen` and the collector share this crate; it has no eBPF, NVML or async runtime in it.
+//!
+//! A receiver needs:
+//! - [`Key`]: the cluster's pre-shared key, from its file;
+//! - [`decode`]: checks the MAC before reading anything else, parses the frame and accounts
+//!   it in a [`ReceiverState`] (per node: session, schema, lost, late, duplicate and replayed
+//!   frames, samples of unknown ids);
+//! - [`Frame`]: the decoded model (schema entries, samples grouped by series id, events), with
+//!   [`Series`] (name, [`Labels`], [`Kind`]) as the series model;
+//! - [`encode_schema_request`]: asks an agent for its whole schema after a restart.
+//!
+//! A sender uses [`FrameEncoder`]: it takes [`Reading`]s, [`Sample`]s and [`Event`]s, assigns
+//! ids, decides when schema entries are due and cuts each batch into frames no larger than
+//! the MTU; [`encode_frame`] writes one frame exactly as given.
+//!
+//! Modules, one concept each: `key`, `series` (the series model), `frame` (the frame model and
+//! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
+//! `events` (the section codecs), `prim` (varints and value coders), `request` (schema
+//! requests), `receiver` (receiver state), `encoder`, `measure` (cost of a batch).
+
+mod codec;
+mod encoder;
+mod error;
+mod events;
+mod frame;
+mod key;
+mod mac;
+mod measure;
+mod prim;
+mod receiver;
+mod request;
+mod samples;
+mod schema;
+mod series;
+
+#[cfg(test)]
+mod testing;
+
+pub use codec::{decode, encode_frame};
+pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
+pub use error::WireError;
+pub use frame::{
+    CounterSample, DEFAULT_MTU, Event, Frame, GaugeSample, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN,
+    Sample, SchemaEntry, SeriesData, SeriesSamples, VERSION,
+};
+pub use key::{Key, KeyError};
+pub use mac::MAC_LEN;
+pub use measure::{WireCost, measure, measure_with};
+pub use receiver::{LastFrame, NodeState, ReceiverState};
+pub use request::{
+    MIN_REQUEST_LEN, REQUEST_MAGIC, SchemaRequest, decode_schema_request, encode_schema_request,
+};
+pub use series::{Kind, Labels, Reading, Series, Value};

@@ -1,0 +1,510 @@
+//! The samples section: a time table, time patterns and one block of values per series
+//! (docs/wire-format.md, "Samples section").
+
+use std::collections::HashMap;
+
+use crate::{
+    error::WireError,
+    frame::{CounterSample, GaugeSample, MAX_FRAME_SAMPLES, SeriesData, SeriesSamples},
+    prim::{self, Order, Reader, put_varint, unzigzag, zigzag},
+};
+
+/// Rounds `t` to the nearest multiple of `q` that still fits in a u64.
+pub(crate) fn quantize(t: u64, q: u64) -> u64 {
+    let (d, rem) = (t / q, t % q);
+    if rem >= q - rem && d < u64::MAX / q {
+        d + 1
+    } else {
+        d
+    }
+}
+
+// Block header bits.
+const GAUGE: u8 = 0x01;
+const EXPLICIT_ID: u8 = 0x02;
+const NEW_PATTERN: u8 = 0x04;
+const ORDER_SHIFT: u8 = 3;
+const CODER_SHIFT: u8 = 5;
+/// Integers (counters; gauges: decimals with k = 0, single readings).
+const CODER_INT: u8 = 0;
+/// Gauges: f64 bits (order Const: one 8-byte value, Raw: XOR), single readings.
+const CODER_FLOAT: u8 = 1;
+/// Gauges: an extension byte follows (decimal digits, float, envelopes).
+const CODER_EXT: u8 = 2;
+// Extension byte bits (low nibble: decimal digits k).
+const EXT_FLOAT: u8 = 0x10;
+const EXT_ENVELOPES: u8 = 0x20;
+
+/// A block's bytes after its id: header bits (without the id and pattern bits), its time
+/// indices and its body (from the extension byte on).
+struct Block {
+    header: u8,
+    times: Vec<u32>,
+    body: Vec<u8>,
+}
+
+pub(crate) fn encode_samples(
+    samples: &[&SeriesSamples],
+    send_ns: u64,
+    q: u64,
+) -> Result<Vec<u8>, WireError> {
+    let count: usize = samples.iter().map(|s| s.data.len()).sum();
+    if count > MAX_FRAME_SAMPLES {
+        return Err(WireError::TooMany {
+            what: "samples",
+            count,
+        });
+    }
+    // Times table: every distinct (quantized) sample time of the frame, ascending.
+    let mut table: Vec<u64> = Vec::with_capacity(count);
+    for s in samples {
+        match &s.data {
+            SeriesData::Counter(v) => table.extend(v.iter().map(|c| quantize(c.unix_ns, q))),
+            SeriesData::Gauge(v) => table.extend(v.iter().map(|g| quantize(g.end_unix_ns, q))),
+        }
+    }
+    table.sort_unstable();
+    table.dedup();
+    let index = |t: u64| table.binary_search(&t).expect("time in table") as u32;
+
+    let mut blocks = Vec::with_capacity(samples.len());
+    for s in samples {
+        blocks.push(match &s.data {
+            SeriesData::Counter(v) => encode_counter_block(v, q, index),
+            SeriesData::Gauge(v) => encode_gauge_block(s.id, v, q, index)?,
+        });
+    }
+    let mut patterns: Vec<&[u32]> = Vec::new();
+    let mut pattern_index: HashMap<&[u32], u64> = HashMap::new();
+    let block_patterns: Vec<u64> = blocks
+        .iter()
+        .map(|b| {
+            *pattern_index.entry(&b.times).or_insert_with(|| {
+                patterns.push(&b.times);
+                patterns.len() as u64 - 1
+            })
+        })
+        .collect();
+
+    let mut out = Vec::new();
+    put_time_table(&mut out, &table, send_ns / q);
+    put_varint(&mut out, patterns.len() as u64);
+    for p in &patterns {
+        put_pattern(&mut out, p);
+    }
+    put_varint(&mut out, blocks.len() as u64);
+    let mut expected = 0i64;
+    let mut prev_pattern = None;
+    for ((s, block), pattern) in samples.iter().zip(&blocks).zip(block_patterns) {
+        let gap = id_gap(s.id, expected);
+        let new_pattern = prev_pattern != Some(pattern);
+        let mut header = block.header;
+        header |= if gap.is_some() { EXPLICIT_ID } else { 0 };
+        header |= if new_pattern { NEW_PATTERN } else { 0 };
+        out.push(header);
+        if let Some(gap) = gap {
+            put_varint(&mut out, gap);
+        }
+        if new_pattern {
+            put_varint(&mut out, pattern);
+        }
+        out.extend_from_slice(&block.body);
+        expected = i64::from(s.id) + 1;
+        prev_pattern = Some(pattern);
+    }
+    Ok(out)
+}
+
+fn encode_counter_block(samples: &[CounterSample], q: u64, index: impl Fn(u64) -> u32) -> Block {
+    let times = samples
+        .iter()
+        .map(|c| index(quantize(c.unix_ns, q)))
+        .collect();
+    let values: Vec<u64> = samples.iter().map(|c| c.value).collect();
+    let (order, _) = prim::best_int_order(&values, false);
+    let mut body = Vec::new();
+    prim::put_ints(&mut body, &values, false, order);
+    Block {
+        header: (order as u8) << ORDER_SHIFT,
+        times,
+        body,
+    }
+}
+
+fn encode_gauge_block(
+    id: u32,
+    samples: &[GaugeSample],
+    q: u64,
+    index: impl Fn(u64) -> u32,
+) -> Result<Block, WireError> {
+    let mut times = Vec::with_capacity(samples.len());
+    let mut durations = Vec::with_capacity(samples.len());
+    let mut values = Vec::with_capacity(samples.len());
+    let mut spread = vec![0u8; samples.len().div_ceil(8)];
+    for (i, g) in samples.iter().enumerate() {
+        let (start, end) = (quantize(g.start_unix_ns, q), quantize(g.end_unix_ns, q));
+        if g.start_unix_ns > g.end_unix_ns {
+            return Err(WireError::Interval {
+                series: format!("id {id}"),
+                start: g.start_unix_ns,
+                end: g.end_unix_ns,
+            });
+        }
+        times.push(index(end));
+        durations.push(end - start);
+        if g.is_single_value() {
+            values.push(g.mean);
+        } else {
+            spread[i / 8] |= 1 << (i % 8);
+            values.extend([g.min, g.max, g.mean]);
+        }
+    }
+    let envelopes = durations.iter().any(|&d| d != 0) || spread.iter().any(|&b| b != 0);
+    // Decimal integers or raw float bits, whichever is smaller (an extension byte counted
+    // where one is needed).
+    let decimal = prim::decimal_scale(&values).map(|(k, ints)| {
+        let (order, size) = prim::best_int_order(&ints, true);
+        (k, ints, order, size + usize::from(k > 0 || envelopes))
+    });
+    let float = if values.windows(2).all(|w| w[0].to_bits() == w[1].to_bits()) {
+        (Order::Const, 8)
+    } else {
+        (Order::Raw, prim::xor_size(&values))
+    };
+    let float_size = float.1 + usize::from(envelopes);
+    let decimal = decimal.filter(|d| d.3 <= float_size);
+
+    let mut body = Vec::new();
+    let order = decimal.as_ref().map_or(float.0, |d| d.2);
+    let mut header = GAUGE | (order as u8) << ORDER_SHIFT;
+    let ext = match &decimal {
+        Some((k, ..)) => *k,
+        None => EXT_FLOAT,
+    } | if envelopes { EXT_ENVELOPES } else { 0 };
+    header |= match ext {
+        0 => CODER_INT,
+        EXT_FLOAT => CODER_FLOAT,
+        _ => {
+            body.push(ext);
+            CODER_EXT
+        }
+    } << CODER_SHIFT;
+    if envelopes {
+        for d in durations {
+            put_varint(&mut body, d);
+        }
+        body.extend_from_slice(&spread);
+    }
+    match &decimal {
+        Some((_, ints, order, _)) => prim::put_ints(&mut body, ints, true, *order),
+        None if float.0 == Order::Const => {
+            if let Some(v) = values.first() {
+                body.extend_from_slice(&v.to_bits().to_le_bytes());
+            }
+        }
+        None => prim::put_xor(&mut body, &values),
+    }
+    Ok(Block {
+        header,
+        times,
+        body,
+    })
+}
+
+/// Time table: count, first time relative to the send time, then either deltas or deltas of
+/// deltas (whichever is smaller), all in quanta.
+fn put_time_table(out: &mut Vec<u8>, table: &[u64], send_q: u64) {
+    put_varint(out, table.len() as u64);
+    let Some(&t0) = table.first() else {
+        return;
+    };
+    put_varint(out, zigzag(send_q.wrapping_sub(t0) as i64));
+    if table.len() < 2 {
+        return;
+    }
+    let deltas: Vec<u64> = table.windows(2).map(|w| w[1] - w[0]).collect();
+    let delta_codes: Vec<u64> = deltas.iter().map(|d| d - 1).collect();
+    let mut dod_codes = vec![deltas[0] - 1];
+    dod_codes.extend(
+        deltas
+            .windows(2)
+            .map(|w| zigzag(w[1].wrapping_sub(w[0]) as i64)),
+    );
+    let size = |c: &[u64]| c.iter().map(|&v| prim::varint_len(v)).sum::<usize>();
+    let (mode, codes) = if size(&dod_codes) < size(&delta_codes) {
+        (1u8, dod_codes)
+    } else {
+        (0u8, delta_codes)
+    };
+    out.push(mode);
+    for c in codes {
+        put_varint(out, c);
+    }
+}
+
+fn parse_time_table(r: &mut Reader<'_>, send_q: u64, q: u64) -> Result<Vec<u64>, WireError> {
+    const WHAT: &str = "time table";
+    let m = r.count("time table length")?;
+    let mut table = Vec::new();
+    if m == 0 {
+        return Ok(table);
+    }
+    let max = u64::MAX / q;
+    let t0 = send_q.wrapping_sub(unzigzag(r.varint(WHAT)?) as u64);
+    if t0 > max {
+        return Err(r.malformed(WHAT));
+    }
+    table.push(t0);
+    if m == 1 {
+        return Ok(table);
+    }
+    let mode = r.u8("time table mode")?;
+    if mode > 1 {
+        return Err(r.malformed("time table mode"));
+    }
+    let mut prev = t0;
+    let mut delta = 0u64;
+    for i in 1..m {
+        let c = r.varint(WHAT)?;
+        delta = if mode == 0 || i == 1 {
+            c.checked_add(1).ok_or_else(|| r.malformed(WHAT))?
+        } else {
+            delta.wrapping_add(unzigzag(c) as u64)
+        };
+        let t = prev
+            .checked_add(delta)
+            .filter(|&t| delta >= 1 && t <= max)
+            .ok_or_else(|| r.malformed(WHAT))?;
+        table.push(t);
+        prev = t;
+    }
+    Ok(table)
+}
+
+/// A pattern: the time indices of one block's samples. Regular ones (a fixed stride, such
+/// as every sweep) cost 3 bytes whatever their length.
+fn put_pattern(out: &mut Vec<u8>, times: &[u32]) {
+    put_varint(out, times.len() as u64);
+    let Some(&first) = times.first() else {
+        return;
+    };
+    put_varint(out, u64::from(first));
+    if times.len() < 2 {
+        return;
+    }
+    let deltas: Vec<i64> = times
+        .windows(2)
+        .map(|w| i64::from(w[1]) - i64::from(w[0]))
+        .collect();
+    if deltas.iter().all(|&d| d == deltas[0]) {
+        put_varint(out, zigzag(deltas[0]) + 1);
+    } else {
+        put_varint(out, 0);
+        for d in deltas {
+            put_varint(out, zigzag(d));
+        }
+    }
+}
+
+fn parse_pattern(r: &mut Reader<'_>, m: usize, budget: &mut usize) -> Result<Vec<u32>, WireError> {
+    const WHAT: &str = "time pattern";
+    let offset = r.offset();
+    let n = r.varint(WHAT)?;
+    if n > *budget as u64 {
+        return Err(WireError::Malformed { what: WHAT, offset });
+    }
+    let n = n as usize;
+    *budget -= n;
+    let mut times = Vec::with_capacity(n);
+    if n == 0 {
+        return Ok(times);
+    }
+    let check = |r: &Reader<'_>, i: i64| -> Result<u32, WireError> {
+        if (0..m as i64).contains(&i) {
+            Ok(i as u32)
+        } else {
+            Err(r.malformed("time index"))
+        }
+    };
+    let first = r.varint(WHAT)?;
+    let mut prev = check(r, i64::try_from(first).unwrap_or(-1))?;
+    times.push(prev);
+    if n == 1 {
+        return Ok(times);
+    }
+    let stride = r.varint(WHAT)?;
+    for _ in 1..n {
+        let d = if stride == 0 {
+            unzigzag(r.varint(WHAT)?)
+        } else {
+            unzigzag(stride - 1)
+        };
+        prev = check(r, i64::from(prev).saturating_add(d))?;
+        times.push(prev);
+    }
+    Ok(times)
+}
+
+pub(crate) fn parse_samples(
+    r: &mut Reader<'_>,
+    send_ns: u64,
+    q: u64,
+) -> Result<Vec<SeriesSamples>, WireError> {
+    let table = parse_time_table(r, send_ns / q, q)?;
+    let n_patterns = r.count("pattern count")?;
+    let mut budget = MAX_FRAME_SAMPLES;
+    let mut patterns = Vec::new();
+    for _ in 0..n_patterns {
+        patterns.push(parse_pattern(r, table.len(), &mut budget)?);
+    }
+    let n_blocks = r.count("block count")?;
+    let mut budget = MAX_FRAME_SAMPLES;
+    let mut out = Vec::new();
+    let mut expected = 0i64;
+    let mut pattern: Option<&Vec<u32>> = None;
+    for _ in 0..n_blocks {
+        let header = r.u8("block header")?;
+        if header & 0x80 != 0 {
+            return Err(r.malformed("block header"));
+        }
+        let id = read_id(r, header & EXPLICIT_ID != 0, expected)?;
+        if header & NEW_PATTERN != 0 {
+            let offset = r.offset();
+            pattern = Some(
+                usize::try_from(r.varint("pattern index")?)
+                    .ok()
+                    .and_then(|p| patterns.get(p))
+                    .ok_or(WireError::Malformed {
+                        what: "pattern index",
+                        offset,
+                    })?,
+            );
+        }
+        let pattern = pattern.ok_or_else(|| r.malformed("block without a pattern"))?;
+        if pattern.len() > budget {
+            return Err(r.malformed("sample count"));
+        }
+        budget -= pattern.len();
+        let times = pattern.iter().map(|&i| table[i as usize]);
+        let order = Order::from_bits(header >> ORDER_SHIFT);
+        let coder = (header >> CODER_SHIFT) & 3;
+        let data = if header & GAUGE == 0 {
+            if coder != CODER_INT {
+                return Err(r.malformed("counter block header"));
+            }
+            let values = prim::get_ints(r, pattern.len(), false, order)?;
+            SeriesData::Counter(
+                times
+                    .zip(values)
+                    .map(|(t, value)| CounterSample {
+                        unix_ns: t * q,
+                        value,
+                    })
+                    .collect(),
+            )
+        } else {
+            let ext = match coder {
+                CODER_INT => 0,
+                CODER_FLOAT => EXT_FLOAT,
+                CODER_EXT => r.u8("block extension")?,
+                _ => return Err(r.malformed("block coder")),
+            };
+            SeriesData::Gauge(parse_gauge_body(r, ext, order, times, q)?)
+        };
+        out.push(SeriesSamples { id, data });
+        expected = i64::from(id) + 1;
+    }
+    Ok(out)
+}
+
+fn parse_gauge_body(
+    r: &mut Reader<'_>,
+    ext: u8,
+    order: Order,
+    times: impl ExactSizeIterator<Item = u64>,
+    q: u64,
+) -> Result<Vec<GaugeSample>, WireError> {
+    let n = times.len();
+    let k = ext & 0x0f;
+    if ext & 0xc0 != 0 || (ext & EXT_FLOAT != 0 && k != 0) || k > prim::MAX_DECIMALS {
+        return Err(r.malformed("block extension"));
+    }
+    let mut durations = vec![0u64; n];
+    let mut spread = vec![0u8; n.div_ceil(8)];
+    if ext & EXT_ENVELOPES != 0 {
+        for d in &mut durations {
+            *d = r.varint("gauge interval")?;
+        }
+        let len = spread.len();
+        spread.copy_from_slice(r.bytes(len, "gauge envelope flags")?);
+        if !n.is_multiple_of(8) && spread.last().is_some_and(|b| b >> (n % 8) != 0) {
+            return Err(r.malformed("gauge envelope flags"));
+        }
+    }
+    let is_spread = |i: usize| spread[i / 8] & (1 << (i % 8)) != 0;
+    let n_values = n + 2 * (0..n).filter(|&i| is_spread(i)).count();
+    let values: Vec<f64> = if ext & EXT_FLOAT == 0 {
+        let p = prim::pow10(k);
+        prim::get_ints(r, n_values, true, order)?
+            .into_iter()
+            .map(|i| i as i64 as f64 / p)
+            .collect()
+    } else {
+        match order {
+            Order::Const => {
+                let v = if n_values > 0 {
+                    f64::from_bits(r.u64_le("gauge value")?)
+                } else {
+                    0.0
+                };
+                vec![v; n_values]
+            }
+            Order::Raw => prim::get_xor(r, n_values)?,
+            _ => return Err(r.malformed("float coder order")),
+        }
+    };
+    let mut values = values.into_iter();
+    let mut out = Vec::with_capacity(n);
+    for (i, end) in times.enumerate() {
+        let start = end
+            .checked_sub(durations[i])
+            .ok_or_else(|| r.malformed("gauge interval"))?;
+        let mut next = || values.next().unwrap_or_default();
+        let (min, max, mean) = if is_spread(i) {
+            (next(), next(), next())
+        } else {
+            let v = next();
+            (v, v, v)
+        };
+        out.push(GaugeSample {
+            start_unix_ns: start * q,
+            end_unix_ns: end * q,
+            min,
+            max,
+            mean,
+        });
+    }
+    Ok(out)
+}
+
+/// A block's id relative to the expected one (the previous block's plus one, 0 for the
+/// first), zig-zag coded; `None` when it is the expected one and need not be written.
+fn id_gap(id: u32, expected: i64) -> Option<u64> {
+    let gap = i64::from(id) - expected;
+    (gap != 0).then(|| zigzag(gap))
+}
+
+fn read_id(r: &mut Reader<'_>, explicit: bool, expected: i64) -> Result<u32, WireError> {
+    if !explicit {
+        return u32::try_from(expected).map_err(|_| r.malformed("series id"));
+    }
+    let offset = r.offset();
+    let gap = unzigzag(r.varint("series id")?);
+    expected
+        .checked_add(gap)
+        .and_then(|id| u32::try_from(id).ok())
+        .ok_or(WireError::Malformed {
+            what: "series id",
+            offset,
+        })
+}

@@ -1,0 +1,198 @@
+//! The schema section: which series each compact id stands for (docs/wire-format.md,
+//! "Schema section").
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::{
+    error::WireError,
+    frame::{MAX_FRAME_SAMPLES, SchemaEntry},
+    prim::{Reader, put_varint, unzigzag, zigzag},
+    series::{Kind, Labels, Series},
+};
+
+/// Schema section: a string table (sorted, front-coded), label sets, name groups (a list of
+/// metric names with their kinds) and runs. A run gives consecutive ids to one label set
+/// crossed with one group: the 40 series of a GPU are one run, and the other GPUs' runs
+/// reuse the same group.
+pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
+    let mut strings = BTreeSet::new();
+    for (_, series) in entries {
+        strings.insert(&*series.name);
+        for (k, v) in series.labels.iter() {
+            strings.insert(k);
+            strings.insert(v);
+        }
+    }
+    let mut out = Vec::new();
+    put_varint(&mut out, strings.len() as u64);
+    let mut prev: &[u8] = &[];
+    for s in &strings {
+        let s = s.as_bytes();
+        let shared = prev.iter().zip(s).take_while(|(a, b)| a == b).count();
+        put_varint(&mut out, shared as u64);
+        put_varint(&mut out, (s.len() - shared) as u64);
+        out.extend_from_slice(&s[shared..]);
+        prev = s;
+    }
+    let index: HashMap<&str, u64> = strings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (*s, i as u64))
+        .collect();
+
+    // Runs: maximal stretches of consecutive ids with one label set.
+    let mut runs: Vec<&[(u32, &Series)]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=entries.len() {
+        let ends = i == entries.len()
+            || entries[i - 1].0.checked_add(1) != Some(entries[i].0)
+            || entries[i].1.labels != entries[i - 1].1.labels;
+        if ends {
+            runs.push(&entries[start..i]);
+            start = i;
+        }
+    }
+    let mut label_sets: Vec<&Labels> = Vec::new();
+    let mut label_set_index: HashMap<&Labels, u64> = HashMap::new();
+    let mut groups: Vec<Vec<u64>> = Vec::new();
+    let mut group_index: HashMap<Vec<u64>, u64> = HashMap::new();
+    let mut run_refs = Vec::with_capacity(runs.len());
+    for run in &runs {
+        let labels = &run[0].1.labels;
+        let l = *label_set_index.entry(labels).or_insert_with(|| {
+            label_sets.push(labels);
+            label_sets.len() as u64 - 1
+        });
+        let group: Vec<u64> = run
+            .iter()
+            .map(|(_, s)| index[&*s.name] << 1 | u64::from(s.kind == Kind::Gauge))
+            .collect();
+        let g = *group_index.entry(group.clone()).or_insert_with(|| {
+            groups.push(group);
+            groups.len() as u64 - 1
+        });
+        run_refs.push((run[0].0, l, g));
+    }
+    put_varint(&mut out, label_sets.len() as u64);
+    for labels in &label_sets {
+        put_varint(&mut out, labels.iter().count() as u64);
+        for (k, v) in labels.iter() {
+            put_varint(&mut out, index[k]);
+            put_varint(&mut out, index[v]);
+        }
+    }
+    put_varint(&mut out, groups.len() as u64);
+    for group in &groups {
+        put_varint(&mut out, group.len() as u64);
+        for &name in group {
+            put_varint(&mut out, name);
+        }
+    }
+    put_varint(&mut out, run_refs.len() as u64);
+    let mut expected = 0i64;
+    for ((first, l, g), run) in run_refs.into_iter().zip(&runs) {
+        put_varint(&mut out, zigzag(i64::from(first) - expected));
+        put_varint(&mut out, l);
+        put_varint(&mut out, g);
+        expected = i64::from(first) + run.len() as i64;
+    }
+    out
+}
+
+pub(crate) fn parse_schema(r: &mut Reader<'_>) -> Result<Vec<SchemaEntry>, WireError> {
+    const STRING: &str = "schema string";
+    let n = r.count("schema string count")?;
+    let mut strings: Vec<String> = Vec::new();
+    let mut prev: Vec<u8> = Vec::new();
+    for _ in 0..n {
+        let offset = r.offset();
+        let shared = r.varint(STRING)?;
+        if shared > prev.len() as u64 {
+            return Err(r.malformed(STRING));
+        }
+        let len = r.count(STRING)?;
+        let mut s = prev[..shared as usize].to_vec();
+        s.extend_from_slice(r.bytes(len, STRING)?);
+        let text = String::from_utf8(s.clone()).map_err(|_| WireError::Malformed {
+            what: STRING,
+            offset,
+        })?;
+        strings.push(text);
+        prev = s;
+    }
+    let index = |r: &mut Reader<'_>, len: usize, what: &'static str| -> Result<usize, WireError> {
+        let offset = r.offset();
+        usize::try_from(r.varint(what)?)
+            .ok()
+            .filter(|&i| i < len)
+            .ok_or(WireError::Malformed { what, offset })
+    };
+    let n = r.count("label set count")?;
+    let mut label_sets = Vec::new();
+    for _ in 0..n {
+        let pairs = r.count("label count")?;
+        let mut labels = Vec::new();
+        for _ in 0..pairs {
+            let k = index(r, strings.len(), "label string index")?;
+            let v = index(r, strings.len(), "label string index")?;
+            labels.push((strings[k].clone(), strings[v].clone()));
+        }
+        label_sets.push(Labels::new(labels));
+    }
+    let n = r.count("name group count")?;
+    let mut groups = Vec::new();
+    for _ in 0..n {
+        let len = r.count("name group length")?;
+        let mut group = Vec::new();
+        for _ in 0..len {
+            let offset = r.offset();
+            let code = r.varint("name group entry")?;
+            let name = usize::try_from(code >> 1)
+                .ok()
+                .filter(|&i| i < strings.len())
+                .ok_or(WireError::Malformed {
+                    what: "name group entry",
+                    offset,
+                })?;
+            let kind = if code & 1 != 0 {
+                Kind::Gauge
+            } else {
+                Kind::Counter
+            };
+            group.push((name, kind));
+        }
+        groups.push(group);
+    }
+    let n = r.count("schema run count")?;
+    let mut entries: Vec<SchemaEntry> = Vec::new();
+    let mut expected = 0i64;
+    for _ in 0..n {
+        let offset = r.offset();
+        let first = expected.wrapping_add(unzigzag(r.varint("schema run id")?));
+        let labels = &label_sets[index(r, label_sets.len(), "label set index")?];
+        let group = &groups[index(r, groups.len(), "name group index")?];
+        let last = first.checked_add(group.len() as i64 - 1);
+        if first < 0 || last.is_none_or(|l| l > i64::from(u32::MAX)) {
+            return Err(WireError::Malformed {
+                what: "schema run id",
+                offset,
+            });
+        }
+        if entries.len() + group.len() > MAX_FRAME_SAMPLES {
+            return Err(r.malformed("schema entry count"));
+        }
+        for (i, &(name, kind)) in group.iter().enumerate() {
+            entries.push(SchemaEntry {
+                id: (first + i as i64) as u32,
+                series: Series {
+                    name: strings[name].as_str().into(),
+                    labels: labels.clone(),
+                    kind,
+                },
+            });
+        }
+        expected = first + group.len() as i64;
+    }
+    r.finish("schema section length")?;
+    Ok(entries)
+}
