@@ -200,6 +200,7 @@ pub fn render_frame(
                 "lost_before": last.lost_before,
                 "new_session": last.new_session,
                 "unknown_samples": last.unknown_samples,
+                "schema_refused": last.schema_refused,
                 "schema": frame.schema.iter().map(|e| json!({
                     "id": e.id,
                     "name": e.series.name,
@@ -241,6 +242,12 @@ pub fn render_frame(
                 out.push_str(&format!(
                     "  ({} samples of series whose schema entry has not arrived yet)\n",
                     last.unknown_samples
+                ));
+            }
+            if last.schema_refused > 0 {
+                out.push_str(&format!(
+                    "  ({} schema entries refused: the node's schema is at its limit)\n",
+                    last.schema_refused
                 ));
             }
             for e in &frame.schema {

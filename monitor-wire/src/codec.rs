@@ -3,6 +3,7 @@
 //! MAC. [`decode`] is a receiver's entry point.
 
 use crate::{
+    budget::Budget,
     error::WireError,
     events::{encode_events, parse_events},
     frame::{
@@ -136,8 +137,13 @@ pub(crate) fn read_header(r: &mut Reader<'_>, magic: [u8; 4]) -> Result<(), Wire
     Ok(())
 }
 
-/// Parses authenticated bytes (the frame without its MAC).
+/// Parses authenticated bytes (the frame without its MAC), within the memory budget of a
+/// frame of their length.
 pub(crate) fn parse(body: &[u8]) -> Result<Frame, WireError> {
+    parse_within(body, &mut Budget::for_frame(body.len()))
+}
+
+pub(crate) fn parse_within(body: &[u8], budget: &mut Budget) -> Result<Frame, WireError> {
     let mut r = Reader::new(body, 0);
     read_header(&mut r, MAGIC)?;
     let flags = r.u8("flags")?;
@@ -160,19 +166,19 @@ pub(crate) fn parse(body: &[u8]) -> Result<Frame, WireError> {
         return Err(r.malformed("time quantum"));
     }
     let schema = match section(&mut r, flags & FLAG_SCHEMA, "schema section")? {
-        Some(mut s) => parse_schema(&mut s)?,
+        Some(mut s) => parse_schema(&mut s, budget)?,
         None => Vec::new(),
     };
     let samples = match section(&mut r, flags & FLAG_SAMPLES, "samples section")? {
         Some(mut s) => {
-            let samples = parse_samples(&mut s, send_unix_ns, time_quantum_ns)?;
+            let samples = parse_samples(&mut s, send_unix_ns, time_quantum_ns, budget)?;
             s.finish("samples section length")?;
             samples
         }
         None => Vec::new(),
     };
     let events = match section(&mut r, flags & FLAG_EVENTS, "events section")? {
-        Some(mut s) => parse_events(&mut s, send_unix_ns)?,
+        Some(mut s) => parse_events(&mut s, send_unix_ns, budget)?,
         None => Vec::new(),
     };
     r.finish("frame length")?;
@@ -205,10 +211,11 @@ mod tests {
 
     use super::*;
     use crate::{
+        budget::DECODE_BYTES_PER_FRAME_BYTE,
         frame::{CounterSample, GaugeSample, SchemaEntry, SeriesData, SeriesSamples},
         mac::MAC_LEN,
         series::{Kind, Labels},
-        testing::{arb_frame, key, same, sample_frame, series},
+        testing::{arb_frame, key, peak_allocation, same, sample_frame, series},
     };
 
     #[test]
@@ -355,6 +362,105 @@ mod tests {
             body.push(VERSION);
             body.extend_from_slice(&tail);
             let _ = parse(&body);
+        }
+    }
+
+    /// What decoding a frame of `len` bytes may allocate: its budget, plus the schema entries
+    /// and samples (at most 65,536 of each, with the decoder's temporaries), plus what a
+    /// receiver keeps of one frame's entries.
+    fn decode_bound(len: usize) -> usize {
+        let counted = MAX_FRAME_SAMPLES * (2 * size_of::<SchemaEntry>() + 128);
+        len * DECODE_BYTES_PER_FRAME_BYTE + counted
+    }
+
+    /// A header with these flags, then each present section from `sections` with its length:
+    /// random section bodies that reach the section parsers.
+    fn structured_garbage(flags: u8, node: &str, sections: &[Vec<u8>]) -> Vec<u8> {
+        let mut body = MAGIC.to_vec();
+        body.extend_from_slice(&[VERSION, flags, node.len() as u8]);
+        body.extend_from_slice(node.as_bytes());
+        body.extend_from_slice(&7u32.to_le_bytes());
+        put_varint(&mut body, 3);
+        body.extend_from_slice(&1_760_000_000_000_000_000u64.to_le_bytes());
+        put_varint(&mut body, 1_000_000);
+        for (bit, section) in sections.iter().enumerate() {
+            if flags & (1 << bit) != 0 {
+                put_varint(&mut body, section.len() as u64);
+                body.extend_from_slice(section);
+            }
+        }
+        body
+    }
+
+    proptest! {
+        /// Any datagram, forged (no key): refused by its MAC or length, never a panic.
+        #[test]
+        fn forged_datagrams_are_refused(bytes in prop::collection::vec(any::<u8>(), 0..2000)) {
+            let mut state = ReceiverState::default();
+            let e = decode(&bytes, &key(), &mut state).unwrap_err();
+            prop_assert!(
+                matches!(e, WireError::BadMac { .. } | WireError::TooShort { .. }),
+                "{}", e
+            );
+            prop_assert_eq!(state.nodes().count(), 0);
+        }
+
+        /// Any bytes sealed with the right key (a compromised node), raw or behind a valid
+        /// header: decoded or refused, never a panic, within the memory bound.
+        #[test]
+        fn sealed_garbage_decodes_or_is_refused_within_the_bound(
+            flags in 0u8..8,
+            node in "[a-z]{0,8}",
+            sections in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 3),
+            raw in prop::collection::vec(any::<u8>(), 0..600),
+        ) {
+            for mut body in [structured_garbage(flags, &node, &sections), raw.clone()] {
+                let (_, peak) = peak_allocation(|| parse(&body));
+                prop_assert!(peak <= decode_bound(body.len()), "{} bytes for {}", peak, body.len());
+                mac::seal(&mut body, &key());
+                let mut state = ReceiverState::default();
+                let _ = decode(&body, &key(), &mut state);
+            }
+        }
+
+        /// Valid frames with bytes changed and cut, resealed (a compromised node) or not (a
+        /// forgery or corruption), received after the original: never a panic; without a new
+        /// MAC every change is refused; with one, decoded or refused within the memory bound.
+        #[test]
+        fn mutated_frames_are_refused_or_decoded_within_the_bound(
+            frame in arb_frame(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..8),
+            cut in any::<prop::sample::Index>(),
+            reseal in any::<bool>(),
+        ) {
+            let original = encode_frame(&frame, &key()).unwrap();
+            let mut body = original[..original.len() - MAC_LEN].to_vec();
+            for (at, byte) in edits {
+                let i = at.index(body.len());
+                body[i] ^= byte;
+            }
+            body.truncate(cut.index(body.len() + 1).max(1));
+            let (_, peak) = peak_allocation(|| parse(&body));
+            prop_assert!(peak <= decode_bound(body.len()), "{} bytes for {}", peak, body.len());
+            let mut state = ReceiverState::default();
+            decode(&original, &key(), &mut state).unwrap();
+            let mutated = if reseal {
+                let mut sealed = body.clone();
+                mac::seal(&mut sealed, &key());
+                sealed
+            } else {
+                let mut unsealed = body.clone();
+                unsealed.extend_from_slice(&original[original.len() - MAC_LEN..]);
+                unsealed
+            };
+            let result = decode(&mutated, &key(), &mut state);
+            if !reseal {
+                prop_assert!(
+                    matches!(result, Err(WireError::BadMac { .. } | WireError::TooShort { .. })),
+                    "{:?}", result
+                );
+            }
+            prop_assert_eq!(state.node(&frame.node).map(|n| n.frames), Some(1 + u64::from(result.is_ok())));
         }
     }
 

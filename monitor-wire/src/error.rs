@@ -56,4 +56,12 @@ pub enum WireError {
     CounterValue { series: String, value: f64 },
     #[error("frame would carry {count} {what}, more than {MAX_FRAME_SAMPLES}")]
     TooMany { what: &'static str, count: usize },
+    #[error(
+        "frame of {len} bytes would take more than {limit} bytes of memory to decode (at its {what}): refused as hostile"
+    )]
+    OverBudget {
+        len: usize,
+        limit: usize,
+        what: &'static str,
+    },
 }

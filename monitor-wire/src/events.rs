@@ -2,6 +2,7 @@
 //! (docs/wire-format.md, "Events section").
 
 use crate::{
+    budget::Budget,
     error::WireError,
     frame::Event,
     prim::{Reader, put_str, put_varint, unzigzag, zigzag},
@@ -29,14 +30,28 @@ fn put_event(out: &mut Vec<u8>, e: &Event, send_ns: u64) {
     put_str(out, &e.text);
 }
 
-pub(crate) fn parse_events(r: &mut Reader<'_>, send_ns: u64) -> Result<Vec<Event>, WireError> {
+pub(crate) fn parse_events(
+    r: &mut Reader<'_>,
+    send_ns: u64,
+    budget: &mut Budget,
+) -> Result<Vec<Event>, WireError> {
+    const EVENT: &str = "event";
+    // Every string of an event is copied from the section once: together, at most its bytes.
+    budget.charge(r.remaining(), EVENT)?;
     let n = r.count("event count")?;
-    let mut events = Vec::new();
+    budget.charge_items::<Event>(n, EVENT)?;
+    let mut events = Vec::with_capacity(n);
     for _ in 0..n {
         let unix_ns = send_ns.wrapping_sub(r.varint("event time")?);
         let kind = r.str("event kind")?;
         let n_labels = r.count("event label count")?;
-        let mut pairs = Vec::new();
+        // The pairs' vector, and the shared block that holds it.
+        budget.charge_items::<(String, String)>(n_labels, EVENT)?;
+        budget.charge(
+            2 * size_of::<usize>() + size_of::<Vec<(String, String)>>(),
+            EVENT,
+        )?;
+        let mut pairs = Vec::with_capacity(n_labels);
         for _ in 0..n_labels {
             pairs.push((r.str("event label")?, r.str("event label")?));
         }

@@ -12,15 +12,23 @@
 //!   [`Series`] (name, [`Labels`], [`Kind`]) as the series model;
 //! - [`encode_schema_request`]: asks an agent for its whole schema after a restart.
 //!
+//! Decoding is bounded: a frame, even one with a valid MAC from a compromised node, may
+//! allocate at most [`DECODE_BYTES_PER_FRAME_BYTE`] bytes per byte for what it describes by
+//! reference, plus its schema entries and samples (at most [`MAX_FRAME_SAMPLES`] of each),
+//! or it is refused with [`WireError::OverBudget`]; a [`ReceiverState`] keeps at most
+//! [`ReceiverLimits`] of schema per node.
+//!
 //! A sender uses [`FrameEncoder`]: it takes [`Reading`]s, [`Sample`]s and [`Event`]s, assigns
 //! ids, decides when schema entries are due and cuts each batch into frames no larger than
 //! the MTU; [`encode_frame`] writes one frame exactly as given.
 //!
 //! Modules, one concept each: `key`, `series` (the series model), `frame` (the frame model and
 //! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
-//! `events` (the section codecs), `prim` (varints and value coders), `request` (schema
-//! requests), `receiver` (receiver state), `encoder`, `measure` (cost of a batch).
+//! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
+//! value coders), `request` (schema requests), `receiver` (receiver state), `encoder`,
+//! `measure` (cost of a batch).
 
+mod budget;
 mod codec;
 mod encoder;
 mod error;
@@ -39,6 +47,7 @@ mod series;
 #[cfg(test)]
 mod testing;
 
+pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
 pub use codec::{decode, encode_frame};
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
@@ -49,7 +58,7 @@ pub use frame::{
 pub use key::{Key, KeyError};
 pub use mac::MAC_LEN;
 pub use measure::{WireCost, measure, measure_with};
-pub use receiver::{LastFrame, NodeState, ReceiverState};
+pub use receiver::{LastFrame, NodeState, ReceiverLimits, ReceiverState, schema_entry_cost};
 pub use request::{
     MIN_REQUEST_LEN, REQUEST_MAGIC, SchemaRequest, decode_schema_request, encode_schema_request,
 };

@@ -1,5 +1,7 @@
 //! What a receiver knows of each sending node: its session, its schema, and which sequence
-//! numbers arrived (lost, late, duplicated and replayed frames).
+//! numbers arrived (lost, late, duplicated and replayed frames). What it keeps per node is
+//! bounded ([`ReceiverLimits`]): a node that sends more schema entries than that, even with a
+//! valid MAC, has the rest refused and counted.
 
 use std::collections::HashMap;
 
@@ -8,7 +10,40 @@ use crate::{error::WireError, frame::Frame, series::Series};
 /// What a receiver knows of each sending node.
 #[derive(Debug, Default)]
 pub struct ReceiverState {
+    limits: ReceiverLimits,
     nodes: HashMap<String, NodeState>,
+}
+
+/// How much schema a receiver keeps per node and session. A node of 8 GPUs and 8 ports has
+/// about 700 series of about 100 bytes each: the defaults leave room for a hundred times that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiverLimits {
+    /// Schema entries kept per node (default 65,536).
+    pub max_series_per_node: usize,
+    /// Bytes those entries may take, each counted as if none of its strings were shared with
+    /// another entry (default 16 MiB): see [`schema_entry_cost`].
+    pub max_schema_bytes_per_node: usize,
+}
+
+impl Default for ReceiverLimits {
+    fn default() -> Self {
+        Self {
+            max_series_per_node: 1 << 16,
+            max_schema_bytes_per_node: 16 << 20,
+        }
+    }
+}
+
+/// What one schema entry costs a receiver, at most: its strings and label pairs as if it
+/// shared none of them, its share of reference counts, and its slot in the node's table
+/// counted twice over (a hash table is at most about half full after it grows).
+pub fn schema_entry_cost(series: &Series) -> usize {
+    let labels: usize = series
+        .labels
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + size_of::<(String, String)>())
+        .sum();
+    series.name.len() + labels + 4 * size_of::<usize>() + 2 * (size_of::<(u32, Series)>() + 1)
 }
 
 /// Sessions remembered per node after they end, so a replayed old frame cannot reset a node.
@@ -21,6 +56,8 @@ pub struct NodeState {
     session: u32,
     retired: Vec<u32>,
     schema: HashMap<u32, Series>,
+    /// The schema's cost ([`schema_entry_cost`] of each entry).
+    schema_bytes: usize,
     highest_seq: u64,
     /// Bit i: frame `highest_seq - i` was received.
     seen: u64,
@@ -34,6 +71,9 @@ pub struct NodeState {
     pub unknown_samples: u64,
     /// Sessions seen (1 + sender restarts).
     pub sessions: u64,
+    /// Schema entries refused because the node's schema was at its limit
+    /// ([`ReceiverLimits`]); their samples count as unknown.
+    pub schema_refused: u64,
     /// About the last accepted frame.
     pub last: LastFrame,
 }
@@ -46,6 +86,8 @@ pub struct LastFrame {
     pub unknown_samples: u64,
     /// It started a new session (the sender restarted).
     pub new_session: bool,
+    /// Its schema entries refused because the node's schema was at its limit.
+    pub schema_refused: u64,
 }
 
 impl NodeState {
@@ -54,6 +96,7 @@ impl NodeState {
             session: frame.session,
             retired: Vec::new(),
             schema: HashMap::new(),
+            schema_bytes: 0,
             highest_seq: frame.seq,
             seen: 1,
             frames: 0,
@@ -61,6 +104,7 @@ impl NodeState {
             late: 0,
             unknown_samples: 0,
             sessions: 1,
+            schema_refused: 0,
             last: LastFrame {
                 new_session: true,
                 ..LastFrame::default()
@@ -80,9 +124,40 @@ impl NodeState {
     pub fn known_series(&self) -> usize {
         self.schema.len()
     }
+
+    /// What the node's schema costs ([`schema_entry_cost`] of each entry).
+    pub fn schema_bytes(&self) -> usize {
+        self.schema_bytes
+    }
+
+    /// Stores an entry if the limits allow it (an entry for a known id replaces the old one).
+    fn learn(&mut self, id: u32, series: &Series, limits: &ReceiverLimits) -> bool {
+        let cost = schema_entry_cost(series);
+        let old = self.schema.get(&id);
+        let bytes = self.schema_bytes - old.map_or(0, schema_entry_cost) + cost;
+        let count = self.schema.len() + usize::from(old.is_none());
+        if bytes > limits.max_schema_bytes_per_node || count > limits.max_series_per_node {
+            return false;
+        }
+        self.schema.insert(id, series.clone());
+        self.schema_bytes = bytes;
+        true
+    }
 }
 
 impl ReceiverState {
+    /// A receiver that keeps at most `limits` per node.
+    pub fn with_limits(limits: ReceiverLimits) -> Self {
+        Self {
+            limits,
+            nodes: HashMap::new(),
+        }
+    }
+
+    pub fn limits(&self) -> ReceiverLimits {
+        self.limits
+    }
+
     pub fn node(&self, name: &str) -> Option<&NodeState> {
         self.nodes.get(name)
     }
@@ -120,6 +195,7 @@ impl ReceiverState {
             node.retired.push(node.session);
             node.session = frame.session;
             node.schema.clear();
+            node.schema_bytes = 0;
             node.highest_seq = frame.seq;
             node.seen = 1;
             node.sessions += 1;
@@ -157,7 +233,20 @@ impl ReceiverState {
         }
         node.frames += 1;
         for entry in &frame.schema {
-            node.schema.insert(entry.id, entry.series.clone());
+            if !node.learn(entry.id, &entry.series, &self.limits) {
+                last.schema_refused += 1;
+            }
+        }
+        if last.schema_refused > 0 {
+            if node.schema_refused == 0 {
+                tracing::warn!(
+                    "node {:?}: schema at its limit ({} series, {} bytes): further entries refused",
+                    frame.node,
+                    node.schema.len(),
+                    node.schema_bytes
+                );
+            }
+            node.schema_refused += last.schema_refused;
         }
         for s in &frame.samples {
             if !node.schema.contains_key(&s.id) {
@@ -175,7 +264,9 @@ mod tests {
     use super::*;
     use crate::{
         codec::{decode, encode_frame},
-        testing::{key, sample_frame},
+        frame::{CounterSample, SchemaEntry, SeriesData, SeriesSamples},
+        series::Kind,
+        testing::{key, sample_frame, series},
     };
 
     #[test]
@@ -220,5 +311,72 @@ mod tests {
             send(&frame, &mut state).unwrap_err(),
             WireError::Stale { .. }
         ));
+    }
+
+    /// A frame of node `n` that names series `ids` and carries one sample of each.
+    fn naming(session: u32, seq: u64, ids: std::ops::Range<u32>, name_len: usize) -> Frame {
+        let name = format!("railscope_{}", "x".repeat(name_len));
+        Frame {
+            node: "n".into(),
+            session,
+            seq,
+            send_unix_ns: 1_000_000_000,
+            time_quantum_ns: 1,
+            schema: ids
+                .clone()
+                .map(|id| SchemaEntry {
+                    id,
+                    series: series(&name, &[("id", &id.to_string())], Kind::Counter),
+                })
+                .collect(),
+            samples: ids
+                .map(|id| SeriesSamples {
+                    id,
+                    data: SeriesData::Counter(vec![CounterSample {
+                        unix_ns: 1_000_000_000,
+                        value: 1,
+                    }]),
+                })
+                .collect(),
+            events: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_nodes_schema_is_held_to_its_limits_and_refusals_are_counted() {
+        let key = key();
+        let send = |f: &Frame, state: &mut ReceiverState| {
+            decode(&encode_frame(f, &key).unwrap(), &key, state).unwrap();
+        };
+        let mut state = ReceiverState::with_limits(ReceiverLimits {
+            max_series_per_node: 3,
+            max_schema_bytes_per_node: usize::MAX,
+        });
+        send(&naming(1, 0, 0..5, 4), &mut state);
+        let node = state.node("n").unwrap();
+        assert_eq!(node.known_series(), 3);
+        assert_eq!((node.schema_refused, node.last.schema_refused), (2, 2));
+        assert_eq!(node.last.unknown_samples, 2, "the refused ids' samples");
+        assert!(node.series(2).is_some() && node.series(3).is_none());
+        // At the limit, a known id's entry is still replaced.
+        send(&naming(1, 1, 1..2, 8), &mut state);
+        let node = state.node("n").unwrap();
+        assert_eq!(node.series(1).unwrap().name.len(), "railscope_".len() + 8);
+        assert_eq!((node.known_series(), node.schema_refused), (3, 2));
+        // A new session starts an empty schema.
+        send(&naming(2, 0, 10..12, 4), &mut state);
+        let node = state.node("n").unwrap();
+        assert_eq!((node.known_series(), node.last.schema_refused), (2, 0));
+
+        // The byte limit: room for two entries of this size, not three.
+        let cost = schema_entry_cost(&naming(1, 0, 0..1, 1000).schema[0].series);
+        let mut state = ReceiverState::with_limits(ReceiverLimits {
+            max_series_per_node: 100,
+            max_schema_bytes_per_node: 2 * cost + cost / 2,
+        });
+        send(&naming(1, 0, 0..3, 1000), &mut state);
+        let node = state.node("n").unwrap();
+        assert_eq!((node.known_series(), node.schema_refused), (2, 1));
+        assert_eq!(node.schema_bytes(), 2 * cost);
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::{
+    budget::Budget,
     error::WireError,
     frame::{CounterSample, GaugeSample, MAX_FRAME_SAMPLES, SeriesData, SeriesSamples},
     prim::{self, Order, Reader, put_varint, unzigzag, zigzag},
@@ -242,10 +243,16 @@ fn put_time_table(out: &mut Vec<u8>, table: &[u64], send_q: u64) {
     }
 }
 
-fn parse_time_table(r: &mut Reader<'_>, send_q: u64, q: u64) -> Result<Vec<u64>, WireError> {
+fn parse_time_table(
+    r: &mut Reader<'_>,
+    send_q: u64,
+    q: u64,
+    budget: &mut Budget,
+) -> Result<Vec<u64>, WireError> {
     const WHAT: &str = "time table";
     let m = r.count("time table length")?;
-    let mut table = Vec::new();
+    budget.charge_items::<u64>(m, WHAT)?;
+    let mut table = Vec::with_capacity(m);
     if m == 0 {
         return Ok(table);
     }
@@ -306,15 +313,19 @@ fn put_pattern(out: &mut Vec<u8>, times: &[u32]) {
     }
 }
 
-fn parse_pattern(r: &mut Reader<'_>, m: usize, budget: &mut usize) -> Result<Vec<u32>, WireError> {
+fn parse_pattern(
+    r: &mut Reader<'_>,
+    m: usize,
+    samples_left: &mut usize,
+) -> Result<Vec<u32>, WireError> {
     const WHAT: &str = "time pattern";
     let offset = r.offset();
     let n = r.varint(WHAT)?;
-    if n > *budget as u64 {
+    if n > *samples_left as u64 {
         return Err(WireError::Malformed { what: WHAT, offset });
     }
     let n = n as usize;
-    *budget -= n;
+    *samples_left -= n;
     let mut times = Vec::with_capacity(n);
     if n == 0 {
         return Ok(times);
@@ -345,21 +356,26 @@ fn parse_pattern(r: &mut Reader<'_>, m: usize, budget: &mut usize) -> Result<Vec
     Ok(times)
 }
 
+/// Parses the samples section. The time table, patterns and blocks are charged to `budget`;
+/// the samples themselves are bounded by [`MAX_FRAME_SAMPLES`] (see [`crate::budget`]).
 pub(crate) fn parse_samples(
     r: &mut Reader<'_>,
     send_ns: u64,
     q: u64,
+    budget: &mut Budget,
 ) -> Result<Vec<SeriesSamples>, WireError> {
-    let table = parse_time_table(r, send_ns / q, q)?;
+    let table = parse_time_table(r, send_ns / q, q, budget)?;
     let n_patterns = r.count("pattern count")?;
-    let mut budget = MAX_FRAME_SAMPLES;
-    let mut patterns = Vec::new();
+    budget.charge_items::<Vec<u32>>(n_patterns, "time pattern")?;
+    let mut samples_left = MAX_FRAME_SAMPLES;
+    let mut patterns = Vec::with_capacity(n_patterns);
     for _ in 0..n_patterns {
-        patterns.push(parse_pattern(r, table.len(), &mut budget)?);
+        patterns.push(parse_pattern(r, table.len(), &mut samples_left)?);
     }
     let n_blocks = r.count("block count")?;
-    let mut budget = MAX_FRAME_SAMPLES;
-    let mut out = Vec::new();
+    budget.charge_items::<SeriesSamples>(n_blocks, "block")?;
+    let mut samples_left = MAX_FRAME_SAMPLES;
+    let mut out = Vec::with_capacity(n_blocks);
     let mut expected = 0i64;
     let mut pattern: Option<&Vec<u32>> = None;
     for _ in 0..n_blocks {
@@ -381,10 +397,10 @@ pub(crate) fn parse_samples(
             );
         }
         let pattern = pattern.ok_or_else(|| r.malformed("block without a pattern"))?;
-        if pattern.len() > budget {
+        if pattern.len() > samples_left {
             return Err(r.malformed("sample count"));
         }
-        budget -= pattern.len();
+        samples_left -= pattern.len();
         let times = pattern.iter().map(|&i| table[i as usize]);
         let order = Order::from_bits(header >> ORDER_SHIFT);
         let coder = (header >> CODER_SHIFT) & 3;

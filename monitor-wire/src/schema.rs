@@ -1,9 +1,13 @@
 //! The schema section: which series each compact id stands for (docs/wire-format.md,
 //! "Schema section").
 
-use std::collections::{BTreeSet, HashMap};
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use crate::{
+    budget::Budget,
     error::WireError,
     frame::{MAX_FRAME_SAMPLES, SchemaEntry},
     prim::{Reader, put_varint, unzigzag, zigzag},
@@ -99,26 +103,33 @@ pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn parse_schema(r: &mut Reader<'_>) -> Result<Vec<SchemaEntry>, WireError> {
+pub(crate) fn parse_schema(
+    r: &mut Reader<'_>,
+    budget: &mut Budget,
+) -> Result<Vec<SchemaEntry>, WireError> {
     const STRING: &str = "schema string";
     let n = r.count("schema string count")?;
-    let mut strings: Vec<String> = Vec::new();
-    let mut prev: Vec<u8> = Vec::new();
+    budget.charge_items::<String>(n, STRING)?;
+    let mut strings: Vec<String> = Vec::with_capacity(n);
     for _ in 0..n {
         let offset = r.offset();
+        let prev = strings.last().map_or(&[][..], |s| s.as_bytes());
         let shared = r.varint(STRING)?;
         if shared > prev.len() as u64 {
             return Err(r.malformed(STRING));
         }
+        let shared = shared as usize;
         let len = r.count(STRING)?;
-        let mut s = prev[..shared as usize].to_vec();
+        // Each string is rebuilt in full: what front coding saves on the wire is charged here.
+        budget.charge(shared + len, STRING)?;
+        let mut s = Vec::with_capacity(shared + len);
+        s.extend_from_slice(&prev[..shared]);
         s.extend_from_slice(r.bytes(len, STRING)?);
-        let text = String::from_utf8(s.clone()).map_err(|_| WireError::Malformed {
+        let text = String::from_utf8(s).map_err(|_| WireError::Malformed {
             what: STRING,
             offset,
         })?;
         strings.push(text);
-        prev = s;
     }
     let index = |r: &mut Reader<'_>, len: usize, what: &'static str| -> Result<usize, WireError> {
         let offset = r.offset();
@@ -127,23 +138,34 @@ pub(crate) fn parse_schema(r: &mut Reader<'_>) -> Result<Vec<SchemaEntry>, WireE
             .filter(|&i| i < len)
             .ok_or(WireError::Malformed { what, offset })
     };
+
+    const LABELS: &str = "label set";
     let n = r.count("label set count")?;
-    let mut label_sets = Vec::new();
+    budget.charge_items::<Labels>(n, LABELS)?;
+    let mut label_sets = Vec::with_capacity(n);
     for _ in 0..n {
         let pairs = r.count("label count")?;
-        let mut labels = Vec::new();
+        // The pairs' vector, and the shared block that holds it.
+        budget.charge_items::<(String, String)>(pairs, LABELS)?;
+        budget.charge(ARC_HEADER + size_of::<Vec<(String, String)>>(), LABELS)?;
+        let mut labels = Vec::with_capacity(pairs);
         for _ in 0..pairs {
             let k = index(r, strings.len(), "label string index")?;
             let v = index(r, strings.len(), "label string index")?;
+            budget.charge(strings[k].len() + strings[v].len(), LABELS)?;
             labels.push((strings[k].clone(), strings[v].clone()));
         }
         label_sets.push(Labels::new(labels));
     }
+
+    const GROUP: &str = "name group";
     let n = r.count("name group count")?;
-    let mut groups = Vec::new();
+    budget.charge_items::<Vec<(usize, Kind)>>(n, GROUP)?;
+    let mut groups = Vec::with_capacity(n);
     for _ in 0..n {
         let len = r.count("name group length")?;
-        let mut group = Vec::new();
+        budget.charge_items::<(usize, Kind)>(len, GROUP)?;
+        let mut group = Vec::with_capacity(len);
         for _ in 0..len {
             let offset = r.offset();
             let code = r.varint("name group entry")?;
@@ -163,36 +185,65 @@ pub(crate) fn parse_schema(r: &mut Reader<'_>) -> Result<Vec<SchemaEntry>, WireE
         }
         groups.push(group);
     }
+
+    // The runs first, so the entries are counted (and charged) before any is made.
+    const RUN: &str = "schema run";
     let n = r.count("schema run count")?;
-    let mut entries: Vec<SchemaEntry> = Vec::new();
+    budget.charge_items::<(u32, usize, usize)>(n, RUN)?;
+    let mut runs = Vec::with_capacity(n);
     let mut expected = 0i64;
+    let mut total = 0usize;
     for _ in 0..n {
         let offset = r.offset();
         let first = expected.wrapping_add(unzigzag(r.varint("schema run id")?));
-        let labels = &label_sets[index(r, label_sets.len(), "label set index")?];
-        let group = &groups[index(r, groups.len(), "name group index")?];
-        let last = first.checked_add(group.len() as i64 - 1);
+        let labels = index(r, label_sets.len(), "label set index")?;
+        let group = index(r, groups.len(), "name group index")?;
+        let len = groups[group].len();
+        let last = first.checked_add(len as i64 - 1);
         if first < 0 || last.is_none_or(|l| l > i64::from(u32::MAX)) {
             return Err(WireError::Malformed {
                 what: "schema run id",
                 offset,
             });
         }
-        if entries.len() + group.len() > MAX_FRAME_SAMPLES {
+        total += len;
+        if total > MAX_FRAME_SAMPLES {
             return Err(r.malformed("schema entry count"));
         }
-        for (i, &(name, kind)) in group.iter().enumerate() {
+        runs.push((first as u32, labels, group));
+        expected = first + len as i64;
+    }
+    r.finish("schema section length")?;
+
+    // The entries are bounded by their count, as samples are (see `crate::budget`); a name
+    // is allocated once per frame and shared by every entry that has it.
+    const ENTRY: &str = "schema entry";
+    budget.charge_items::<Option<Arc<str>>>(strings.len(), ENTRY)?;
+    let mut names: Vec<Option<Arc<str>>> = vec![None; strings.len()];
+    let mut entries = Vec::with_capacity(total);
+    for (first, labels, group) in runs {
+        for (i, &(name, kind)) in groups[group].iter().enumerate() {
+            let name = match &names[name] {
+                Some(shared) => Arc::clone(shared),
+                None => {
+                    budget.charge(ARC_HEADER + strings[name].len(), ENTRY)?;
+                    let shared: Arc<str> = strings[name].as_str().into();
+                    names[name] = Some(Arc::clone(&shared));
+                    shared
+                }
+            };
             entries.push(SchemaEntry {
-                id: (first + i as i64) as u32,
+                id: first + i as u32,
                 series: Series {
-                    name: strings[name].as_str().into(),
-                    labels: labels.clone(),
+                    name,
+                    labels: label_sets[labels].clone(),
                     kind,
                 },
             });
         }
-        expected = first + group.len() as i64;
     }
-    r.finish("schema section length")?;
     Ok(entries)
 }
+
+/// The two reference counts in front of an `Arc`'s value.
+const ARC_HEADER: usize = 2 * size_of::<usize>();

@@ -538,3 +538,66 @@ pub(crate) fn node_batch(sweeps: u64) -> Vec<Reading> {
     }
     out
 }
+
+// ---------------------------------------------------------------------------------------------
+// Allocation accounting
+
+/// The system allocator, counting what each thread has allocated and not yet freed, so a test
+/// can measure the peak of one call ([`peak_allocation`]). Memory freed by another thread than
+/// the one that allocated it skews that thread's count; the calls measured here are
+/// single-threaded.
+struct CountingAllocator;
+
+thread_local! {
+    static LIVE: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+    static PEAK: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    // try_with: the counters may be gone while the thread ends.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged; only counters change.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as the caller promised for this layout.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as the caller promised: `ptr` came from `alloc` with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        count(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as the caller promised for `ptr`, `layout` and `new_size`.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Runs `f` and returns its result with the most memory it had allocated at once on this
+/// thread (beyond what was allocated before it started), in bytes.
+pub(crate) fn peak_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let start = LIVE.with(|l| l.get());
+    PEAK.with(|p| p.set(start));
+    let result = f();
+    let peak = PEAK.with(|p| p.get());
+    (result, (peak - start).max(0) as usize)
+}
