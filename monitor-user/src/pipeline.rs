@@ -12,7 +12,6 @@
 //! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
 
 use std::{
-    net::SocketAddr,
     path::PathBuf,
     sync::mpsc as std_mpsc,
     thread,
@@ -26,7 +25,7 @@ use crate::{
     kernel::realtime_ns,
     metrics::{Kind, Labels, Reading, Series, Value},
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
-    sender::{Sender, SenderHandle},
+    sender::{Sender, SenderHandle, Target},
     sources::{
         ReadingSink,
         gpu::{GpuEvent, GpuSource},
@@ -38,7 +37,7 @@ use crate::{
 /// Where and how the agent sends its metrics.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
-    pub collector: SocketAddr,
+    pub collector: Target,
     pub key: PathBuf,
     /// This node's name in every frame.
     pub node: String,
@@ -80,7 +79,7 @@ pub struct Pipeline {
     /// What the collector sent back: schema requests.
     replies: mpsc::Receiver<Vec<u8>>,
     key: Key,
-    collector: SocketAddr,
+    collector: Target,
     pub flush_every: Duration,
     pub interval: Duration,
 }
@@ -122,7 +121,8 @@ impl Pipeline {
         let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key.clone())
             .context("frame encoder")?;
         let (replies_tx, replies) = mpsc::channel(16);
-        let (sender, _task) = Sender::spawn_with_replies(options.collector, 1024, Some(replies_tx));
+        let (sender, _task) =
+            Sender::spawn_with_replies(options.collector.clone(), 1024, Some(replies_tx));
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
@@ -143,7 +143,7 @@ impl Pipeline {
             poller,
             replies,
             key,
-            collector: options.collector,
+            collector: options.collector.clone(),
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -251,7 +251,7 @@ impl Pipeline {
         }
     }
 
-    /// (frames sent, dropped because the queue was full, send errors).
+    /// Frames sent and dropped (by reason), send errors.
     pub fn sender_stats(&self) -> crate::sender::SenderStats {
         self.sender.stats()
     }
