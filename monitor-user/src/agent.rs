@@ -181,12 +181,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
         // Give the sender a moment to hand the last frames to the kernel.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let stats = p.sender_stats();
-        tracing::info!(
-            "sent {} frames ({} dropped with the queue full, {} send errors)",
-            stats.sent,
-            stats.dropped_queue_full,
-            stats.send_errors
-        );
+        tracing::info!("to the collector: {stats}");
     }
     if options.counters_every.is_some() {
         // A last snapshot, so a run's totals are on record.

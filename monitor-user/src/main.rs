@@ -119,10 +119,9 @@ impl SendOptions {
         let Some(collector) = &self.collector else {
             return Ok(None);
         };
-        let collector = std::net::ToSocketAddrs::to_socket_addrs(collector.as_str())
-            .with_context(|| format!("--collector {collector}: not HOST:PORT"))?
-            .next()
-            .with_context(|| format!("--collector {collector}: no address"))?;
+        // Only the form is checked: the name is resolved by the sender, again after failures,
+        // so a collector whose name does not resolve yet at boot is not fatal.
+        let collector = railscope::sender::Target::parse(collector).context("--collector")?;
         Ok(Some(railscope::pipeline::PipelineOptions {
             collector,
             key: self.key.clone(),

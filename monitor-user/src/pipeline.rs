@@ -12,7 +12,6 @@
 //! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
 
 use std::{
-    net::SocketAddr,
     path::PathBuf,
     sync::mpsc as std_mpsc,
     thread,
@@ -29,7 +28,7 @@ use tokio::sync::mpsc;
 use crate::{
     kernel::realtime_ns,
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
-    sender::{Sender, SenderHandle},
+    sender::{Sender, SenderHandle, Target},
     sources::{
         ReadingSink,
         gpu::{GpuEvent, GpuSource},
@@ -40,7 +39,7 @@ use crate::{
 /// Where and how the agent sends its metrics.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
-    pub collector: SocketAddr,
+    pub collector: Target,
     pub key: PathBuf,
     /// This node's name in every frame.
     pub node: String,
@@ -82,7 +81,7 @@ pub struct Pipeline {
     /// What the collector sent back: schema requests.
     replies: mpsc::Receiver<Vec<u8>>,
     key: Key,
-    collector: SocketAddr,
+    collector: Target,
     pub flush_every: Duration,
     pub interval: Duration,
 }
@@ -124,7 +123,8 @@ impl Pipeline {
         let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key.clone())
             .context("frame encoder")?;
         let (replies_tx, replies) = mpsc::channel(16);
-        let (sender, _task) = Sender::spawn_with_replies(options.collector, 1024, Some(replies_tx));
+        let (sender, _task) =
+            Sender::spawn_with_replies(options.collector.clone(), 1024, Some(replies_tx));
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
@@ -145,7 +145,7 @@ impl Pipeline {
             poller,
             replies,
             key,
-            collector: options.collector,
+            collector: options.collector.clone(),
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -253,7 +253,7 @@ impl Pipeline {
         }
     }
 
-    /// (frames sent, dropped because the queue was full, send errors).
+    /// Frames sent and dropped (by reason), send errors.
     pub fn sender_stats(&self) -> crate::sender::SenderStats {
         self.sender.stats()
     }
