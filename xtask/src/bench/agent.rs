@@ -10,7 +10,7 @@
 //!    reading the same moving tree (`--path.sysfs`) and scraped over loopback at the same
 //!    rate, as Prometheus scrapes (keep-alive, gzip). CPU is the scheduler's run time of every
 //!    thread (`/proc/<pid>/task/*/schedstat`) over the measured window, peak RSS is `VmHWM`.
-//! 3. **Adaptive sampling** on the workload-shaped traces of `railscope::sampler::traces`.
+//! 3. **Adaptive sampling** on the workload-shaped traces of the `sampler-traces` crate.
 //!
 //! The measuring that needs the railscope library is `monitor-user/examples/agent_bench`
 //! (xtask does not depend on monitor-user); this module builds it, runs it, runs the
@@ -1824,7 +1824,7 @@ impl Report {
         let _ = writeln!(md, "## 3. Adaptive sampling on workload-shaped traces\n");
         let _ = writeln!(
             md,
-            "`railscope::sampler::traces::standard({})` (one tick per second, about two hours \
+            "`sampler_traces::standard({})` (one tick per second, about two hours \
              each: training steps with compute and communication phases, data-loader stalls, \
              evaluation and checkpoint pauses, idle gaps, a thermal throttle, a link trained \
              down, error bursts), each through `evaluate` with the trace's default sampler \
