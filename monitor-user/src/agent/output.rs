@@ -4,7 +4,7 @@
 use std::{io::Write, time::Duration};
 
 use crate::{
-    probes::decode::{self, Event, PortTransition, VerbCount},
+    probes::decode::{self, Event, EventOrigin, PortTransition, VerbCount},
     sources::gpu::GpuEvent,
 };
 
@@ -72,11 +72,13 @@ pub fn write_event(
                 ""
             };
             let place = match event.origin {
-                "port" => format!("port {}", event.port),
-                "cq_async" => "cq".to_owned(),
-                _ => format!("qp {}", event.qp_num),
+                EventOrigin::Port => format!("port {}", event.port),
+                EventOrigin::CqAsync => "cq".to_owned(),
+                EventOrigin::QpAsync | EventOrigin::QpToErr | EventOrigin::Unknown => {
+                    format!("qp {}", event.qp_num)
+                }
             };
-            let what = if event.origin == "qp_to_err" {
+            let what = if event.origin == EventOrigin::QpToErr {
                 "QP moved to ERR".to_owned()
             } else {
                 event.event.clone()
@@ -144,12 +146,13 @@ pub fn write_counts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probes::decode::PortUpDown;
 
     fn event() -> Event {
         Event {
             ktime_ns: 5_000,
             unix_ns: 1_700_000_000_123_456_000,
-            origin: "port",
+            origin: EventOrigin::Port,
             device: "rxe0".into(),
             port: 1,
             qp_num: 0,
@@ -186,6 +189,46 @@ mod tests {
         assert_eq!(v["code"], 10);
         assert_eq!(v["ktime_ns"], 5000);
         assert!(v.get("partial").is_none());
+    }
+
+    #[test]
+    fn transitions_as_text_and_json() {
+        let t = PortTransition {
+            ktime_ns: 5_000,
+            unix_ns: 1_700_000_000_123_456_000,
+            device: "rxe0".into(),
+            port: 1,
+            from: PortUpDown::Unknown,
+            to: PortUpDown::Up,
+        };
+        let mut out = Vec::new();
+        write_transition(&mut out, &t, OutputFormat::Text).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "2023-11-14T22:13:20.123456Z  rxe0 port 1  UNKNOWN -> UP\n"
+        );
+        let mut out = Vec::new();
+        write_transition(&mut out, &t, OutputFormat::Json).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["kind"], "port_transition");
+        assert_eq!((&v["from"], &v["to"]), (&"UNKNOWN".into(), &"UP".into()));
+    }
+
+    #[test]
+    fn origins_keep_their_names_in_json() {
+        for (origin, name) in [
+            (EventOrigin::Port, "port"),
+            (EventOrigin::QpAsync, "qp_async"),
+            (EventOrigin::CqAsync, "cq_async"),
+            (EventOrigin::QpToErr, "qp_to_err"),
+            (EventOrigin::Unknown, "unknown"),
+        ] {
+            let mut out = Vec::new();
+            write_event(&mut out, &Event { origin, ..event() }, OutputFormat::Json).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["origin"], name);
+            assert_eq!(origin.as_str(), name);
+        }
     }
 
     #[test]

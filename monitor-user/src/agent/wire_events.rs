@@ -2,7 +2,7 @@
 
 use crate::{
     metrics::Labels,
-    probes::decode::{Event, PortTransition},
+    probes::decode::{Event, EventOrigin, PortTransition, PortUpDown},
     wire,
 };
 
@@ -13,15 +13,17 @@ pub(super) fn ib_wire_event(event: &Event) -> wire::Event {
         ("cgroup", event.cgroup.clone()),
     ];
     match event.origin {
-        "port" => labels.push(("port", event.port.to_string())),
-        "cq_async" => {}
-        _ => labels.push(("qp", event.qp_num.to_string())),
+        EventOrigin::Port => labels.push(("port", event.port.to_string())),
+        EventOrigin::CqAsync => {}
+        EventOrigin::QpAsync | EventOrigin::QpToErr | EventOrigin::Unknown => {
+            labels.push(("qp", event.qp_num.to_string()))
+        }
     }
     wire::Event {
         unix_ns: event.unix_ns,
         kind: match event.origin {
-            "port" => "ib_port".into(),
-            origin => origin.into(),
+            EventOrigin::Port => "ib_port".into(),
+            origin => origin.as_str().into(),
         },
         labels: Labels::new(labels),
         code: i64::from(event.code),
@@ -37,9 +39,9 @@ pub(super) fn transition_wire_event(t: &PortTransition) -> wire::Event {
         labels: Labels::new([
             ("device", t.device.clone()),
             ("port", t.port.to_string()),
-            ("from", t.from.to_owned()),
+            ("from", t.from.as_str().to_owned()),
         ]),
-        code: i64::from(t.to == "UP"),
-        text: t.to.into(),
+        code: i64::from(t.to == PortUpDown::Up),
+        text: t.to.as_str().into(),
     }
 }
