@@ -1,4 +1,5 @@
-//! A small seeded generator for the sampler's jitter.
+//! A small seeded generator for the sampler's jitter, public so the workload traces of the
+//! `sampler-traces` crate draw from the same one.
 
 /// SplitMix64: a small, fast, seeded generator; plenty for jitter and synthetic traces.
 #[derive(Clone, Debug)]
