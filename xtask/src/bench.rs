@@ -22,7 +22,8 @@ use std::{
 };
 
 use anyhow::bail;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::{
     build, cargo,
@@ -183,8 +184,7 @@ fn probes(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&md_path, markdown(&run, &guest, &comparisons))?;
-    let raw = raw_json(&run, &guest, &comparisons);
-    std::fs::write(&json_path, serde_json::to_string_pretty(&raw)? + "\n")?;
+    std::fs::write(&json_path, raw_json(&run, &guest, &comparisons)?)?;
     print_summary(&comparisons);
     setup::step(&format!(
         "wrote {} and {} in {:.0?}",
@@ -235,20 +235,6 @@ impl ProgramRow {
             run_time_ns: v["run_time_ns"].as_u64()?,
             round: v["round"].as_u64().unwrap_or(1),
             first: v["first"].as_str().unwrap_or("railscope").to_owned(),
-        })
-    }
-
-    fn to_json(&self) -> Value {
-        json!({
-            "tool": self.tool,
-            "program": self.program,
-            "hook": self.hook,
-            "ids": self.ids,
-            "run_cnt": self.run_cnt,
-            "run_time_ns": self.run_time_ns,
-            "ns_per_event": self.ns_per_event(),
-            "round": self.round,
-            "first": self.first,
         })
     }
 
@@ -320,12 +306,15 @@ impl Check {
             Check::NotJudged => "–",
         }
     }
+}
 
-    fn as_json(self) -> Value {
+/// `true`, `false`, or `null` when not judged.
+impl Serialize for Check {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Check::Pass => true.into(),
-            Check::Fail => false.into(),
-            Check::NotJudged => Value::Null,
+            Check::Pass => s.serialize_bool(true),
+            Check::Fail => s.serialize_bool(false),
+            Check::NotJudged => s.serialize_none(),
         }
     }
 }
@@ -612,33 +601,115 @@ Of {with_events} hooks with events, {} cost no more per event than bpftrace's pr
     md
 }
 
-fn raw_json(run: &Run, guest: &GuestOutput, comparisons: &[Comparison]) -> Value {
-    json!({
-        "command": COMMAND,
-        "date": run.date,
-        "kernel_release": run.kernel_release,
-        "accelerator": format!("{:?}", run.accel),
-        "host_cpu": run.host_cpu,
-        "guest_seconds": run.guest_seconds,
-        "goal_ns_per_event": GOAL_NS,
-        "scenario_error": run.scenario_error,
-        "guest": guest.info,
-        "programs": guest.rows.iter().map(ProgramRow::to_json).collect::<Vec<_>>(),
-        "bpftrace_map_totals": guest.bpftrace_counts,
-        "comparisons": comparisons.iter().map(|c| json!({
-            "hook": c.hook,
-            "railscope_ns_per_event": c.ours.ns_per_event(),
-            "bpftrace_ns_per_event": c.theirs.as_ref().and_then(ProgramRow::ns_per_event),
-            "ratio": c.ratio(),
-            "no_more_than_bpftrace": c.vs_bpftrace().as_json(),
-            "at_most_goal_ns": c.vs_goal_ns().as_json(),
-            "ratio_per_round": c.rounds.iter().map(|(round, first, ratio)| json!({
-                "round": round,
-                "first": first,
-                "ratio": ratio,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
+/// `bench/results/probes.json`.
+#[derive(Serialize)]
+struct ProbesJson<'a> {
+    command: &'static str,
+    date: &'a str,
+    kernel_release: &'a str,
+    accelerator: String,
+    host_cpu: &'a str,
+    guest_seconds: f64,
+    goal_ns_per_event: f64,
+    scenario_error: Option<&'a str>,
+    /// The guest's `BENCH-INFO` object, as it printed it.
+    guest: &'a Value,
+    programs: Vec<ProgramJson<'a>>,
+    bpftrace_map_totals: &'a BTreeMap<String, u64>,
+    comparisons: Vec<ComparisonJson<'a>>,
+}
+
+/// One program's row, with its cost per event.
+#[derive(Serialize)]
+struct ProgramJson<'a> {
+    tool: &'a str,
+    program: &'a str,
+    hook: &'a str,
+    ids: &'a [u64],
+    run_cnt: u64,
+    run_time_ns: u64,
+    ns_per_event: Option<f64>,
+    round: u64,
+    first: &'a str,
+}
+
+impl<'a> From<&'a ProgramRow> for ProgramJson<'a> {
+    fn from(r: &'a ProgramRow) -> Self {
+        Self {
+            tool: &r.tool,
+            program: &r.program,
+            hook: &r.hook,
+            ids: &r.ids,
+            run_cnt: r.run_cnt,
+            run_time_ns: r.run_time_ns,
+            ns_per_event: r.ns_per_event(),
+            round: r.round,
+            first: &r.first,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ComparisonJson<'a> {
+    hook: &'a str,
+    railscope_ns_per_event: Option<f64>,
+    bpftrace_ns_per_event: Option<f64>,
+    ratio: Option<f64>,
+    no_more_than_bpftrace: Check,
+    at_most_goal_ns: Check,
+    ratio_per_round: Vec<RoundJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct RoundJson<'a> {
+    round: u64,
+    first: &'a str,
+    ratio: Option<f64>,
+}
+
+/// The JSON written next to the markdown. Its objects' keys come out sorted, as they always
+/// were (see [`sorted_json`]).
+fn raw_json(run: &Run, guest: &GuestOutput, comparisons: &[Comparison]) -> anyhow::Result<String> {
+    sorted_json(&ProbesJson {
+        command: COMMAND,
+        date: &run.date,
+        kernel_release: &run.kernel_release,
+        accelerator: format!("{:?}", run.accel),
+        host_cpu: &run.host_cpu,
+        guest_seconds: run.guest_seconds,
+        goal_ns_per_event: GOAL_NS,
+        scenario_error: run.scenario_error.as_deref(),
+        guest: &guest.info,
+        programs: guest.rows.iter().map(ProgramJson::from).collect(),
+        bpftrace_map_totals: &guest.bpftrace_counts,
+        comparisons: comparisons
+            .iter()
+            .map(|c| ComparisonJson {
+                hook: &c.hook,
+                railscope_ns_per_event: c.ours.ns_per_event(),
+                bpftrace_ns_per_event: c.theirs.as_ref().and_then(ProgramRow::ns_per_event),
+                ratio: c.ratio(),
+                no_more_than_bpftrace: c.vs_bpftrace(),
+                at_most_goal_ns: c.vs_goal_ns(),
+                ratio_per_round: c
+                    .rounds
+                    .iter()
+                    .map(|(round, first, ratio)| RoundJson {
+                        round: *round,
+                        first,
+                        ratio: *ratio,
+                    })
+                    .collect(),
+            })
+            .collect(),
     })
+}
+
+/// A report as pretty JSON with every object's keys sorted (through `serde_json::Value`,
+/// whose maps are sorted), so a result file keeps the layout of the earlier ones whatever
+/// the order of the struct's fields.
+pub(crate) fn sorted_json(report: &impl Serialize) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(&serde_json::to_value(report)?)? + "\n")
 }
 
 fn print_summary(comparisons: &[Comparison]) {
@@ -785,9 +856,22 @@ mod tests {
             md.contains("Of 2 hooks with events, 1 cost no more"),
             "{md}"
         );
-        let raw = raw_json(&run, &g, &c);
+        let text = raw_json(&run, &g, &c).unwrap();
+        let raw: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(raw["command"], COMMAND);
         assert_eq!(raw["programs"].as_array().unwrap().len(), 7);
+        let post_send = raw["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["hook"] == "kprobe:ib_uverbs_post_send")
+            .unwrap();
+        assert_eq!(post_send["no_more_than_bpftrace"], true);
+        assert_eq!(post_send["at_most_goal_ns"], true);
+        assert!(
+            text.starts_with("{\n  \"accelerator\": \"Tcg\",\n  \"bpftrace_map_totals\""),
+            "keys sorted as before: {text}"
+        );
         assert!(md.contains("| hook | round 1 (railscope first) | round 2 (bpftrace first) |"));
         assert!(
             md.contains("| `kprobe:ib_uverbs_post_send` | 0.89 | 0.91 |"),

@@ -222,11 +222,15 @@ pub(crate) fn boot_scenarios(
     .trim()
     .to_owned();
     let outcome = testbed::boot(image, &options)?;
+    let ended = match (outcome.timed_out, outcome.exit_code) {
+        (true, _) => ", TIMED OUT".to_owned(),
+        (false, Some(0)) => String::new(),
+        (false, Some(code)) => format!(", QEMU exited with {code}"),
+        (false, None) => ", QEMU killed by a signal".to_owned(),
+    };
     setup::step(&format!(
-        "guest finished in {:.0?} ({:?}{})",
-        outcome.wall,
-        outcome.accel,
-        if outcome.timed_out { ", TIMED OUT" } else { "" }
+        "guest finished in {:.0?} ({:?}{ended})",
+        outcome.wall, outcome.accel
     ));
     Ok(outcome)
 }

@@ -11,7 +11,7 @@
 //!   Prometheus text exposition (one scrape per sweep) and as remote-write v1 requests
 //!   (protobuf + snappy).
 //! - `traces`: the adaptive sampler against a fixed interval on the workload-shaped traces
-//!   of `railscope::sampler::traces`.
+//!   of the `sampler-traces` crate.
 //! - `read-floor`: only reads a fixture tree's IB files, as often as asked, until killed: the
 //!   least CPU any agent reading those files that often can cost here.
 
@@ -30,15 +30,13 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use railscope::{
-    sampler::{
-        AdaptiveSampler, Emit, SamplerConfig,
-        traces::{self, Evaluation},
-    },
+    sampler::{AdaptiveSampler, Emit, SamplerConfig},
     sources::{gpu::GpuSource, ib_sysfs::IbSysfs},
 };
 use railscope_wire::{
     self as wire, EncoderConfig, FrameEncoder, Key, Kind, Reading, Series, Value,
 };
+use sampler_traces::{self as traces, Evaluation};
 use serde_json::{Value as Json, json};
 
 /// SplitMix64: small, deterministic for a seed.

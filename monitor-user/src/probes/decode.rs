@@ -12,6 +12,48 @@ use serde::Serialize;
 use super::{RawCount, names::KernelNames};
 use crate::{cgroup::CgroupNames, kernel::WallClock};
 
+/// Where an event comes from; serialised as the name the JSON lines and the collector's
+/// event kinds carry (`port`, `qp_async`, `cq_async`, `qp_to_err`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventOrigin {
+    /// `ib_dispatch_event`: a port or device event.
+    Port,
+    /// An async event of a user QP.
+    QpAsync,
+    /// An async event of a user CQ.
+    CqAsync,
+    /// A QP moved to ERR by `modify_qp`.
+    QpToErr,
+    /// An origin code this agent does not know (a record from a newer probe object).
+    Unknown,
+}
+
+impl EventOrigin {
+    /// The name it is serialised as.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventOrigin::Port => "port",
+            EventOrigin::QpAsync => "qp_async",
+            EventOrigin::CqAsync => "cq_async",
+            EventOrigin::QpToErr => "qp_to_err",
+            EventOrigin::Unknown => "unknown",
+        }
+    }
+}
+
+impl From<Option<Origin>> for EventOrigin {
+    fn from(origin: Option<Origin>) -> Self {
+        match origin {
+            Some(Origin::Dispatch) => EventOrigin::Port,
+            Some(Origin::QpAsync) => EventOrigin::QpAsync,
+            Some(Origin::CqAsync) => EventOrigin::CqAsync,
+            Some(Origin::QpToErr) => EventOrigin::QpToErr,
+            None => EventOrigin::Unknown,
+        }
+    }
+}
+
 /// One event, decoded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Event {
@@ -19,8 +61,7 @@ pub struct Event {
     pub ktime_ns: u64,
     /// Wall-clock nanoseconds since the Unix epoch, derived from `ktime_ns`.
     pub unix_ns: u64,
-    /// `port` (ib_dispatch_event), `qp_async`, `cq_async` or `qp_to_err`.
-    pub origin: &'static str,
+    pub origin: EventOrigin,
     pub device: String,
     /// Port number of port events (0 otherwise).
     pub port: u32,
@@ -55,13 +96,7 @@ impl Event {
         Self {
             ktime_ns: record.timestamp_ns,
             unix_ns: clock.unix_ns(record.timestamp_ns),
-            origin: match origin {
-                Some(Origin::Dispatch) => "port",
-                Some(Origin::QpAsync) => "qp_async",
-                Some(Origin::CqAsync) => "cq_async",
-                Some(Origin::QpToErr) => "qp_to_err",
-                None => "unknown",
-            },
+            origin: origin.into(),
             device,
             port: record.port,
             qp_num: record.qp_num,
@@ -73,6 +108,35 @@ impl Event {
     }
 }
 
+/// Whether a port is up or down, as its events last said; serialised `UP`, `DOWN`, `UNKNOWN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PortUpDown {
+    /// PORT_ACTIVE.
+    Up,
+    /// PORT_ERR.
+    Down,
+    /// No event seen on the port yet.
+    Unknown,
+}
+
+impl PortUpDown {
+    /// The name it is serialised as.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortUpDown::Up => "UP",
+            PortUpDown::Down => "DOWN",
+            PortUpDown::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+impl std::fmt::Display for PortUpDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A port going up or down, de-duplicated from the raw events (rxe sends PORT_ACTIVE twice
 /// per link-up; mlx5 may repeat events too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -81,30 +145,31 @@ pub struct PortTransition {
     pub unix_ns: u64,
     pub device: String,
     pub port: u32,
-    /// `UP`, `DOWN`, or `UNKNOWN` for the first event seen on a port.
-    pub from: &'static str,
-    pub to: &'static str,
+    /// `Unknown` for the first event seen on a port.
+    pub from: PortUpDown,
+    /// `Up` or `Down`.
+    pub to: PortUpDown,
 }
 
 /// Folds port events into transitions, keeping the last state of each port.
 #[derive(Debug, Default)]
 pub struct PortStates {
-    last: HashMap<(String, u32), &'static str>,
+    last: HashMap<(String, u32), PortUpDown>,
 }
 
 impl PortStates {
     /// The transition `event` causes, if it changes the port's state.
     pub fn observe(&mut self, event: &Event) -> Option<PortTransition> {
-        if event.origin != "port" {
+        if event.origin != EventOrigin::Port {
             return None;
         }
         let to = match event.event.as_str() {
-            "PORT_ACTIVE" => "UP",
-            "PORT_ERR" => "DOWN",
+            "PORT_ACTIVE" => PortUpDown::Up,
+            "PORT_ERR" => PortUpDown::Down,
             _ => return None,
         };
         let key = (event.device.clone(), event.port);
-        let from = self.last.insert(key, to).unwrap_or("UNKNOWN");
+        let from = self.last.insert(key, to).unwrap_or(PortUpDown::Unknown);
         (from != to).then(|| PortTransition {
             ktime_ns: event.ktime_ns,
             unix_ns: event.unix_ns,
@@ -221,7 +286,7 @@ mod tests {
         Event {
             ktime_ns: 1,
             unix_ns: 1,
-            origin: "port",
+            origin: EventOrigin::Port,
             device: device.into(),
             port,
             qp_num: 0,
@@ -246,7 +311,7 @@ mod tests {
         let transitions: Vec<(&str, &str)> = seq
             .iter()
             .filter_map(|e| states.observe(&event(e, "rxe0", 1)))
-            .map(|t| (t.from, t.to))
+            .map(|t| (t.from.as_str(), t.to.as_str()))
             .collect();
         assert_eq!(
             transitions,

@@ -64,8 +64,6 @@ const COMPLETE: &str = ".complete";
 
 /// The extracted packages of one kernel release.
 pub(crate) struct Debs {
-    /// The kernel image package, e.g. `linux-image-6.1.0-56-amd64`.
-    pub kernel_package: String,
     /// The kernel release, e.g. `6.1.0-56-amd64`.
     pub kernel_release: String,
     /// Every deb extracted into one tree, with `depmod` run over its modules.
@@ -106,7 +104,6 @@ pub(crate) fn prepare(cache_dir: &Path, line: KernelLine) -> Result<Debs> {
     let kernel_release = kernel_release_of(&kernel_package)?.to_owned();
     let tree = extract(cache_dir, &debs_dir, &kernel_release)?;
     Ok(Debs {
-        kernel_package,
         kernel_release,
         tree,
     })

@@ -40,8 +40,6 @@ pub struct ImageSpec {
 /// A built guest image, ready for [`super::boot`].
 #[derive(Clone, Debug)]
 pub struct GuestImage {
-    /// The kernel image package, e.g. `linux-image-6.1.0-56-amd64`.
-    pub kernel_package: String,
     /// The kernel release (`uname -r` in the guest), e.g. `6.1.0-56-amd64`.
     pub kernel_release: String,
     pub vmlinuz: PathBuf,
@@ -145,7 +143,6 @@ pub fn build_image_with(
         initramfs.display()
     ));
     Ok(GuestImage {
-        kernel_package: debs.kernel_package,
         kernel_release: debs.kernel_release,
         vmlinuz,
         initramfs,

@@ -11,9 +11,6 @@
 //!
 //! The guest's `/init` is not built here: the caller hands in a host binary.
 
-// The API is consumed by xtask's commands and the integration tests as they are wired up.
-#![allow(dead_code, unused_imports)]
-
 mod cpio;
 mod debs;
 mod extra;
@@ -31,7 +28,7 @@ use anyhow::{Context, Result, bail};
 pub use debs::KernelLine;
 pub use extra::ExtraDebs;
 pub use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
-pub use qemu::{Accel, BootOptions, BootOutcome, HostFacts, boot, boot_with_accel};
+pub use qemu::{Accel, BootOptions, BootOutcome, boot};
 
 /// Host packages the test bed needs, for `cargo xtask setup` to install
 /// (`apt-get install --no-install-recommends`): QEMU, a static busybox for the guest's

@@ -274,7 +274,6 @@ mod tests {
 
     fn image() -> GuestImage {
         GuestImage {
-            kernel_package: "linux-image-6.1.0-56-amd64".into(),
             kernel_release: "6.1.0-56-amd64".into(),
             vmlinuz: "/w/vmlinuz".into(),
             initramfs: "/w/initramfs.cpio.gz".into(),

@@ -1,5 +1,7 @@
-//! Workload-shaped traces, deterministic for a seed, and [`evaluate`]: the adaptive sampler
-//! against a fixed interval on one trace.
+//! Workload-shaped traces, deterministic for a seed, and [`evaluate`]: railscope's adaptive
+//! sampler against a fixed interval on one trace. Used by the agent bench
+//! (`monitor-user/examples/agent_bench`, `cargo xtask bench agent`) and by this crate's tests,
+//! which hold the sampler to its fidelity and detection goals; the agent itself never links it.
 //!
 //! A trace is what a reader polling every `dt` would see. It is rendered from a finer model
 //! (100 points per `dt`) of what the hardware does: training steps with a compute phase and a
@@ -45,7 +47,7 @@
 
 use std::time::Duration;
 
-use super::{AdaptiveSampler, Emit, Mode, SamplerConfig, SplitMix64};
+use railscope::sampler::{AdaptiveSampler, Emit, Mode, SamplerConfig, SplitMix64};
 use railscope_wire::{Kind, Labels, Series, Value};
 
 /// Points of the fine model per tick.

@@ -1,0 +1,224 @@
+//! The node agent's main loop: keeps each probe family attached when the kernel allows it,
+//! drains their ring buffers, prints events (and port transitions), and, on request, the live
+//! verb counters.
+//!
+//! A source that fails never stops the agent: a family whose module is missing is retried every
+//! `rescan` interval, and one whose module goes away is dropped and retried the same way.
+//!
+//! - [`families`]: each probe family attached, retried and detached as its module comes and
+//!   goes, and its ring buffer drained;
+//! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
+//! - [`wire_events`]: the same events as the collector receives them.
+
+mod families;
+pub mod output;
+mod wire_events;
+
+use std::{io::Write, time::Duration};
+
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+
+pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
+
+use crate::{
+    cgroup::CgroupNames,
+    kernel::{Kernel, WallClock},
+    pipeline::{self, Pipeline, PipelineOptions, Polled},
+    probes::{
+        Family, ProbeReport,
+        decode::{self, Event, PortStates},
+        names::KernelNames,
+        render_table,
+    },
+};
+use families::{
+    FamilyState, Record, all_counts, decode_record, log_state, rescan_family, try_attach,
+};
+use wire_events::{ib_wire_event, transition_wire_event};
+
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub format: OutputFormat,
+    /// How often to look for modules that appeared or disappeared.
+    pub rescan: Duration,
+    /// Print the verb counters this often (None: never).
+    pub counters_every: Option<Duration>,
+    pub kernel: Kernel,
+    /// Send metrics and events to a collector (None: print only).
+    pub pipeline: Option<PipelineOptions>,
+}
+
+pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
+    // Handlers first: a stop request during the first attach must still stop us cleanly.
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let clock = WallClock::now();
+    let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
+    let mut names = KernelNames::default();
+    let mut ports = PortStates::default();
+    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
+
+    let mut families: Vec<(Family, FamilyState)> = Vec::new();
+    let mut rows: Vec<ProbeReport> = Vec::new();
+    for family in Family::ALL {
+        let (state, family_rows) = try_attach(family, &options.kernel, &records_tx);
+        log_state(family, &state, &family_rows, true);
+        if let FamilyState::Attached { attached, .. } = &state {
+            names.merge(&attached.names);
+        }
+        rows.extend(family_rows);
+        families.push((family, state));
+    }
+    eprint!("{}", render_table(&rows));
+
+    let mut rescan = tokio::time::interval(options.rescan);
+    let mut last_rescan = std::time::Instant::now();
+    let sweeps_pace_rescans = pipeline
+        .as_ref()
+        .is_some_and(|p| p.interval <= options.rescan);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut counters = tokio::time::interval(options.counters_every.unwrap_or(Duration::MAX / 4));
+    counters.tick().await; // the first tick is immediate: skip it
+    let flush_every = pipeline
+        .as_ref()
+        .map_or(Duration::MAX / 4, |p| p.flush_every);
+    let mut flush = tokio::time::interval(flush_every);
+    flush.tick().await;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            Some(record) = records_rx.recv() => {
+                let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
+                report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+            }
+            // With a pipeline that reads at least as often as the rescan interval, its sweeps
+            // pace the rescans (one wake-up a second, not two).
+            _ = rescan.tick(), if !sweeps_pace_rescans => {
+                last_rescan = std::time::Instant::now();
+                for (family, state) in &mut families {
+                    rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
+                }
+            }
+            polled = next_polled(&mut pipeline) => match polled {
+                Polled::Samples(samples) => {
+                    if last_rescan.elapsed() >= options.rescan {
+                        last_rescan = std::time::Instant::now();
+                        for (family, state) in &mut families {
+                            rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
+                        }
+                    }
+                    let now = crate::kernel::realtime_ns();
+                    let counts = decode::decode_counts(&all_counts(&families), &names, &mut cgroups);
+                    if let Some(p) = pipeline.as_mut() {
+                        p.on_samples(&samples);
+                        p.on_readings(&pipeline::verb_readings(&counts, now));
+                    }
+                }
+                Polled::Gpu(event) => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = write_gpu_event(&mut out, &event, options.format).and_then(|()| out.flush());
+                    if let Some(p) = pipeline.as_mut() {
+                        p.on_event(pipeline::gpu_event(&event));
+                    }
+                }
+            },
+            _ = flush.tick(), if pipeline.is_some() => {
+                if let Some(p) = pipeline.as_mut() {
+                    p.flush();
+                }
+            }
+            _ = counters.tick(), if options.counters_every.is_some() => {
+                print_counts(&families, &names, &mut cgroups, options.format);
+            }
+        }
+    }
+    tracing::info!("stopping");
+    // What the probes wrote since the last drain is still in the ring buffers: each reader
+    // drains its buffer once more and ends, and those events go out like any other.
+    for (_, state) in &mut families {
+        if let FamilyState::Attached { reader, stop, .. } = state {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+            if tokio::time::timeout(Duration::from_secs(1), reader)
+                .await
+                .is_err()
+            {
+                tracing::warn!("an event reader did not finish: its last events are lost");
+            }
+        }
+    }
+    while let Ok(record) = records_rx.try_recv() {
+        let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
+        report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+    }
+    if let Some(p) = pipeline.as_mut() {
+        p.flush_all();
+        // Give the sender a moment to hand the last frames to the kernel.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = p.sender_stats();
+        tracing::info!("to the collector: {stats}");
+    }
+    if options.counters_every.is_some() {
+        // A last snapshot, so a run's totals are on record.
+        print_counts(&families, &names, &mut cgroups, options.format);
+    }
+    for (_, state) in families {
+        if let FamilyState::Attached { reader, .. } = state {
+            reader.abort();
+        }
+    }
+    Ok(())
+}
+
+async fn next_polled(pipeline: &mut Option<Pipeline>) -> Polled {
+    match pipeline {
+        Some(p) => p.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn print_counts(
+    families: &[(Family, FamilyState)],
+    names: &KernelNames,
+    cgroups: &mut CgroupNames,
+    format: OutputFormat,
+) {
+    let counts = decode::decode_counts(&all_counts(families), names, cgroups);
+    if counts.is_empty() {
+        return;
+    }
+    let snapshot = crate::kernel::realtime_ns();
+    let mut out = std::io::stdout().lock();
+    let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
+}
+
+/// Prints an event (and the port transition it makes, if any) and sends both to the
+/// collector.
+fn report_event(
+    event: &Event,
+    ports: &mut PortStates,
+    pipeline: Option<&mut Pipeline>,
+    format: OutputFormat,
+) {
+    let transition = ports.observe(event);
+    if let Some(p) = pipeline {
+        p.on_event(ib_wire_event(event));
+        if let Some(t) = &transition {
+            p.on_event(transition_wire_event(t));
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (the reader went away) is not a reason to stop monitoring.
+    let _ = write_event(&mut out, event, format)
+        .and_then(|()| match &transition {
+            Some(t) => write_transition(&mut out, t, format),
+            None => Ok(()),
+        })
+        .and_then(|()| out.flush());
+}

@@ -1,0 +1,69 @@
+//! What the sampler says to send for a series: a counter's value or a gauge's envelope.
+
+use railscope_wire::Value;
+
+/// What to send for a gauge: every value read over `[start_ns, end_ns]` (the times of the
+/// first and the last read it covers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Envelope {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub count: u32,
+}
+
+/// One thing to send for a series.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Emit {
+    /// A counter's cumulative value as read at `unix_ns`.
+    Counter {
+        unix_ns: u64,
+        value: Value,
+    },
+    Gauge(Envelope),
+}
+
+impl Emit {
+    /// Time of the last read this covers.
+    pub fn end_ns(&self) -> u64 {
+        match self {
+            Emit::Counter { unix_ns, .. } => *unix_ns,
+            Emit::Gauge(e) => e.end_ns,
+        }
+    }
+}
+
+/// What one observation gives to send: nothing, one emit, or two when a change flushes what
+/// was pending before the value that changed. Iterate it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Emitted([Option<Emit>; 2]);
+
+impl Emitted {
+    pub(super) fn push(&mut self, e: Emit) {
+        let slot = if self.0[0].is_none() { 0 } else { 1 };
+        self.0[slot] = Some(e);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0[0].is_none()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().flatten().count()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Emit> {
+        self.0.iter().flatten()
+    }
+}
+
+impl IntoIterator for Emitted {
+    type Item = Emit;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Emit>, 2>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}

@@ -1,0 +1,353 @@
+//! The state machine of one series: its window, whether it is stable, when it is next read
+//! and collected, and what it has read but not yet sent (see the module documentation of
+//! [`crate::sampler`]).
+
+use std::collections::VecDeque;
+
+use super::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64};
+use railscope_wire::{Kind, Value};
+
+/// Reads after a shift that decide whether it lasts: when one of them is back within the range
+/// the series had before, the shift was a transient (a stall of a training step or two) and
+/// the series resumes from its previous window. Also the number of lowest values the low edge
+/// of a window leaves out.
+pub(super) const TRANSIENT_READS: u32 = 2;
+
+/// Whether a series is being read and sent at the minimum interval (`Fast`: unstable, new, or
+/// sampling disabled) or backing off (`Stable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Fast,
+    Stable,
+}
+
+/// Running min/max/sum of what was observed since the last emission.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Acc {
+    pub(super) start_ns: u64,
+    pub(super) end_ns: u64,
+    pub(super) min: f64,
+    pub(super) max: f64,
+    pub(super) sum: f64,
+    pub(super) count: u32,
+}
+
+impl Acc {
+    pub(super) fn new(ns: u64, v: f64) -> Self {
+        Self {
+            start_ns: ns,
+            end_ns: ns,
+            min: v,
+            max: v,
+            sum: v,
+            count: 1,
+        }
+    }
+
+    pub(super) fn add(&mut self, ns: u64, v: f64) {
+        self.end_ns = ns;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.sum += v;
+        self.count += 1;
+    }
+
+    pub(super) fn envelope(&self) -> Envelope {
+        Envelope {
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            min: self.min,
+            max: self.max,
+            mean: self.sum / f64::from(self.count),
+            count: self.count,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct State {
+    pub(super) group: usize,
+    pub(super) mode: Mode,
+    /// What is judged (gauge values, counter rates), the last `window` of them.
+    pub(super) window: VecDeque<f64>,
+    /// After a shift, the window before it and how many reads may still bring it back.
+    pub(super) before_shift: Option<(VecDeque<f64>, u32)>,
+    /// The window's peak when the series last became stable.
+    pub(super) hist_peak: f64,
+    /// Current collection interval, before jitter.
+    pub(super) interval_ns: u64,
+    pub(super) last_collect_ns: u64,
+    pub(super) next_collect_ns: u64,
+    pub(super) next_read_ns: u64,
+    pub(super) last_read_ns: Option<u64>,
+    /// Gauges: the values read since the last emission.
+    pub(super) pending: Option<Acc>,
+    /// Counters: the last value read, and whether it was sent.
+    pub(super) last_counter: Option<(Value, bool)>,
+    pub(super) rng: SplitMix64,
+}
+
+impl State {
+    pub(super) fn new(group: usize, seed: u64, now_ns: u64) -> Self {
+        Self {
+            group,
+            mode: Mode::Fast,
+            window: VecDeque::new(),
+            before_shift: None,
+            hist_peak: 0.0,
+            interval_ns: 0,
+            last_collect_ns: now_ns,
+            next_collect_ns: now_ns,
+            next_read_ns: now_ns,
+            last_read_ns: None,
+            pending: None,
+            last_counter: None,
+            rng: SplitMix64::new(seed),
+        }
+    }
+
+    pub(super) fn observe(
+        &mut self,
+        c: &SamplerConfig,
+        kind: Kind,
+        value: Value,
+        now: u64,
+    ) -> Emitted {
+        let mut out = Emitted::default();
+        if self.last_read_ns.is_some_and(|t| now <= t) {
+            return out;
+        }
+        // What stability is judged on: a gauge's value, a counter's rate since the last read.
+        let mut reset = false;
+        let x = match kind {
+            Kind::Gauge => {
+                let v = value.as_f64();
+                if !v.is_finite() {
+                    return out;
+                }
+                Some(v)
+            }
+            Kind::Counter => match (self.last_counter, self.last_read_ns) {
+                (Some((prev, _)), Some(t0)) => match increase(prev, value) {
+                    Some(d) => Some(d / ((now - t0) as f64 / 1e9)),
+                    None => {
+                        reset = true;
+                        None
+                    }
+                },
+                _ => None,
+            },
+        };
+        let prev_read = self.last_read_ns.replace(now);
+        let min = c.min_ns();
+        let on_time = now.saturating_add(min / 16) >= self.next_collect_ns;
+
+        if !c.enabled {
+            self.mode = Mode::Fast;
+            self.fold(kind, value, x, now);
+            if on_time {
+                out.push(self.take_pending(kind).expect("a value was just folded in"));
+                self.collected(now, min);
+            }
+            self.next_read_ns = self.next_collect_ns;
+            return out;
+        }
+
+        if reset {
+            // A counter that went backwards (driver reload): what came before says nothing.
+            self.window.clear();
+            self.before_shift = None;
+        }
+        let changed = match x {
+            Some(x) => self.judge(c, x),
+            None => reset,
+        };
+
+        if changed {
+            // Send what came before the change, then the value that showed it, alone.
+            if let Some(before) = self.take_pending_before(kind, prev_read) {
+                out.push(before);
+            }
+            self.mode = Mode::Fast;
+            self.interval_ns = min;
+            self.fold(kind, value, x, now);
+            out.push(self.take_pending(kind).expect("a value was just folded in"));
+            self.collected(now, min);
+        } else {
+            self.fold(kind, value, x, now);
+            if self.mode == Mode::Fast
+                && self.window.len() >= c.window()
+                && density(c, &self.window, peak(&self.window)) >= c.density_threshold
+            {
+                self.mode = Mode::Stable;
+                self.hist_peak = peak(&self.window);
+                self.interval_ns = min;
+            }
+            if on_time {
+                out.push(self.take_pending(kind).expect("a value was just folded in"));
+                let next = match self.mode {
+                    Mode::Fast => min,
+                    Mode::Stable => {
+                        self.interval_ns = self.interval_ns.saturating_mul(2).min(c.max_ns());
+                        self.jittered(c, self.interval_ns)
+                    }
+                };
+                self.collected(now, next);
+            }
+        }
+
+        // An unstable series is read every minimum interval; a stable one at its collections
+        // and, between them, every `ground_truth_every` minimum intervals.
+        let read_every = match self.mode {
+            Mode::Fast => min,
+            Mode::Stable => c.ground_truth_ns(),
+        };
+        self.next_read_ns = self.next_collect_ns.min(now.saturating_add(read_every));
+        out
+    }
+
+    /// Adds `x` (a gauge's value, a counter's rate) to the window and says whether it shows a
+    /// change. See the module documentation.
+    pub(super) fn judge(&mut self, c: &SamplerConfig, x: f64) -> bool {
+        if let Some((mut before, left)) = self.before_shift.take() {
+            if !shifted(c, &before, x) {
+                // What looked like a shift did not last: the series is back where it was.
+                before.extend(self.window.drain(..));
+                self.window = before;
+            } else if left > 1 {
+                self.before_shift = Some((before, left - 1));
+            }
+        }
+        if self.mode == Mode::Stable && shifted(c, &self.window, x) {
+            self.before_shift = Some((std::mem::take(&mut self.window), TRANSIENT_READS));
+            self.window.push_back(x);
+            return true;
+        }
+        while self.window.len() >= c.window() {
+            self.window.pop_front();
+        }
+        self.window.push_back(x);
+        if self.mode != Mode::Stable {
+            return false;
+        }
+        let p = peak(&self.window);
+        !c.close(p, self.hist_peak) || density(c, &self.window, p) < c.density_threshold
+    }
+
+    pub(super) fn collected(&mut self, now: u64, next_in: u64) {
+        self.last_collect_ns = now;
+        self.next_collect_ns = now.saturating_add(next_in);
+    }
+
+    pub(super) fn jittered(&mut self, c: &SamplerConfig, interval: u64) -> u64 {
+        let u = self.rng.next_f64() * 2.0 - 1.0;
+        let j = interval as f64 * (1.0 + c.jitter.clamp(0.0, 1.0) * u);
+        (j as u64).clamp(c.min_ns(), c.max_ns())
+    }
+
+    /// Adds one read to what the next emission covers.
+    pub(super) fn fold(&mut self, kind: Kind, value: Value, x: Option<f64>, now: u64) {
+        match (kind, x) {
+            (Kind::Counter, _) => self.last_counter = Some((value, false)),
+            (Kind::Gauge, Some(x)) => match &mut self.pending {
+                Some(acc) => acc.add(now, x),
+                None => self.pending = Some(Acc::new(now, x)),
+            },
+            (Kind::Gauge, None) => {}
+        }
+    }
+
+    /// What the next emission would send now, marking it sent.
+    pub(super) fn take_pending(&mut self, kind: Kind) -> Option<Emit> {
+        let acc = self.pending.take();
+        match kind {
+            Kind::Gauge => acc.map(|a| Emit::Gauge(a.envelope())),
+            Kind::Counter => {
+                let (value, sent) = self.last_counter.as_mut()?;
+                if *sent {
+                    return None;
+                }
+                *sent = true;
+                Some(Emit::Counter {
+                    unix_ns: self.last_read_ns?,
+                    value: *value,
+                })
+            }
+        }
+    }
+
+    /// Like `take_pending`, for the reads before the current one (read at `prev_read`).
+    pub(super) fn take_pending_before(
+        &mut self,
+        kind: Kind,
+        prev_read: Option<u64>,
+    ) -> Option<Emit> {
+        match kind {
+            Kind::Gauge => self.pending.take().map(|a| Emit::Gauge(a.envelope())),
+            Kind::Counter => {
+                let (value, sent) = self.last_counter.as_mut()?;
+                if *sent {
+                    return None;
+                }
+                *sent = true;
+                Some(Emit::Counter {
+                    unix_ns: prev_read?,
+                    value: *value,
+                })
+            }
+        }
+    }
+}
+
+/// How much a counter grew, as f64; `None` when it went backwards (reset).
+pub(super) fn increase(prev: Value, now: Value) -> Option<f64> {
+    match (prev, now) {
+        (Value::U64(a), Value::U64(b)) => b.checked_sub(a).map(|d| d as f64),
+        (a, b) => {
+            let d = b.as_f64() - a.as_f64();
+            (d >= 0.0).then_some(d)
+        }
+    }
+}
+
+pub(super) fn peak(window: &VecDeque<f64>) -> f64 {
+    window.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// Whether `x` is outside the range of `window` by more than the tolerance.
+pub(super) fn shifted(c: &SamplerConfig, window: &VecDeque<f64>, x: f64) -> bool {
+    if window.is_empty() {
+        return false;
+    }
+    let (hi, lo) = (peak(window), low_edge(window));
+    (x > hi && !c.close(x, hi)) || (x < lo && !c.close(x, lo))
+}
+
+/// The low edge of the window's range: its lowest value once the lowest
+/// `TRANSIENT_READS` are left out (at most one in eight), so that a dip that came back (a
+/// data-loader stall) does not hide a drop while it is in the window.
+pub(super) fn low_edge(window: &VecDeque<f64>) -> f64 {
+    let skip = (TRANSIENT_READS as usize).min(window.len() / 8);
+    // The `skip + 1` lowest values, in order; `skip` is small.
+    let mut lowest = [f64::INFINITY; TRANSIENT_READS as usize + 1];
+    for &v in window {
+        if v < lowest[skip] {
+            let mut i = skip;
+            while i > 0 && lowest[i - 1] > v {
+                lowest[i] = lowest[i - 1];
+                i -= 1;
+            }
+            lowest[i] = v;
+        }
+    }
+    lowest[skip]
+}
+
+/// Share of the window close to `peak`.
+pub(super) fn density(c: &SamplerConfig, window: &VecDeque<f64>, peak: f64) -> f64 {
+    if window.is_empty() {
+        return 0.0;
+    }
+    let near = window.iter().filter(|&&v| c.close(v, peak)).count();
+    near as f64 / window.len() as f64
+}
