@@ -49,6 +49,10 @@ pub mod globals {
     /// `struct rdma_restrack_entry`: offsets of `type` (u32 enum) and `user` (bool).
     pub const RESTRACK_TYPE_OFFSET: &str = "RESTRACK_TYPE_OFFSET";
     pub const RESTRACK_USER_OFFSET: &str = "RESTRACK_USER_OFFSET";
+    /// `struct rdma_restrack_entry`: offsets of `valid` (bool: the entry was added) and
+    /// `task` (the owning process, null for kernel resources).
+    pub const RESTRACK_VALID_OFFSET: &str = "RESTRACK_VALID_OFFSET";
+    pub const RESTRACK_TASK_OFFSET: &str = "RESTRACK_TASK_OFFSET";
     /// Per `enum rdma_restrack_type` value: the verb counted when such a resource is added.
     pub const RESTRACK_ADD_VERB: &str = "RESTRACK_ADD_VERB";
     /// Per `enum rdma_restrack_type` value: the verb counted when such a resource is deleted.
@@ -66,11 +70,16 @@ pub mod globals {
     pub const IB_PD_DEVICE_OFFSET: &str = "IB_PD_DEVICE_OFFSET";
     pub const IB_MR_DEVICE_OFFSET: &str = "IB_MR_DEVICE_OFFSET";
     pub const IB_SRQ_DEVICE_OFFSET: &str = "IB_SRQ_DEVICE_OFFSET";
-    /// Tracepoint field offsets, from tracefs `format` files.
-    pub const CM_EVENT_FIELD_OFFSET: &str = "CM_EVENT_FIELD_OFFSET";
-    pub const CM_STATUS_FIELD_OFFSET: &str = "CM_STATUS_FIELD_OFFSET";
+    /// `offsetof(struct rdma_id_private, id.event_handler)` (rdma_cm's BTF).
+    pub const CM_ID_HANDLER_OFFSET: &str = "CM_ID_HANDLER_OFFSET";
+    /// The address of rdma_cm's `cma_listen_handler` (u64, from `/proc/kallsyms`).
+    pub const CM_LISTEN_HANDLER: &str = "CM_LISTEN_HANDLER";
+    /// `struct rdma_cm_event`: offsets of `event` and `status`.
+    pub const CM_EVENT_OFFSET: &str = "CM_EVENT_OFFSET";
+    pub const CM_STATUS_OFFSET: &str = "CM_STATUS_OFFSET";
     /// Value of `RDMA_CM_EVENT_REJECTED`.
     pub const CM_EVENT_REJECTED: &str = "CM_EVENT_REJECTED";
+    /// Tracepoint field offset, from the tracefs `format` file.
     pub const MAD_WC_STATUS_FIELD_OFFSET: &str = "MAD_WC_STATUS_FIELD_OFFSET";
 }
 

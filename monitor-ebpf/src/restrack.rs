@@ -10,14 +10,23 @@
 //!
 //! Destruction: kprobes on the exported `ib_dealloc_pd_user`, `ib_destroy_cq_user`,
 //! `ib_destroy_qp_user`, `ib_dereg_mr_user`, `ib_destroy_srq_user`; user contexts and cm ids,
-//! which have none, through `rdma_restrack_del`.
+//! which have none, through `rdma_restrack_del`. rdma_cm calls `rdma_restrack_del` for every
+//! id it destroys, also for ids it never added (an id never bound to a device, a listener on
+//! a wildcard address): the kernel returns at once for those (`res->valid` is false), and so
+//! does the count, so that destroyed ids equal created ones.
+//!
+//! Both are counted for the job that owns the resource: the entry's `task` (the process that
+//! created it, or for the ids of a listener's connections and per-device listens, the
+//! listener's process), falling back to the running task for kernel resources, which have
+//! none. rdma_cm adds and deletes ids in its work queues too (an id bound when its address
+//! resolves, the id of an incoming connection), where the running task is a kernel worker.
 
 use aya_ebpf::{Global, macros::kprobe, programs::ProbeContext};
 use monitor_common::verbs::{DETAIL_USER, NO_DEVICE, RESTRACK_TYPES, Verb};
 
 use crate::{
     device, modify_qp,
-    shared::{count, count_raw, read_at},
+    shared::{count, count_in, current_cgroup, read_at, task_cgroup},
     uverbs,
 };
 
@@ -25,6 +34,10 @@ use crate::{
 static RESTRACK_TYPE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static RESTRACK_USER_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RESTRACK_VALID_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RESTRACK_TASK_OFFSET: Global<u32> = Global::new(0);
 // Tables by `enum rdma_restrack_type`, set at load time. Plain statics read one element at a
 // time (see `element`): `Global::load` of an array copies all of it, 16 loads and stores per
 // table on every resource created.
@@ -48,21 +61,28 @@ fn element<T: Copy>(table: &'static [T; RESTRACK_TYPES], kind: usize) -> Option<
 
 #[kprobe]
 pub fn rdma_restrack_add(ctx: ProbeContext) -> u32 {
-    on_restrack(&ctx, &RESTRACK_ADD_VERB);
+    on_restrack(&ctx, &RESTRACK_ADD_VERB, false);
     0
 }
 
 #[kprobe]
 pub fn rdma_restrack_del(ctx: ProbeContext) -> u32 {
-    on_restrack(&ctx, &RESTRACK_DEL_VERB);
+    on_restrack(&ctx, &RESTRACK_DEL_VERB, true);
     0
 }
 
 #[inline(always)]
-fn on_restrack(ctx: &ProbeContext, verbs: &'static [u32; RESTRACK_TYPES]) {
+fn on_restrack(ctx: &ProbeContext, verbs: &'static [u32; RESTRACK_TYPES], only_valid: bool) {
     let Some(entry) = ctx.arg::<*const u8>(0) else {
         return;
     };
+    if only_valid {
+        // SAFETY: the kernel's `struct rdma_restrack_entry *`; the read is fault-safe.
+        let valid = unsafe { read_at::<u8>(entry, RESTRACK_VALID_OFFSET.load()) };
+        if valid != Ok(1) {
+            return; // never added: rdma_restrack_del returns at once
+        }
+    }
     let Some((kind, user)) = type_and_user(entry) else {
         return;
     };
@@ -87,7 +107,14 @@ fn on_restrack(ctx: &ProbeContext, verbs: &'static [u32; RESTRACK_TYPES]) {
         }
     };
     let detail = if user { DETAIL_USER } else { 0 };
-    count_raw(device, verb, detail);
+    // SAFETY: the entry's `task` is a `struct task_struct *` the entry holds a reference on,
+    // or null; reads are fault-safe.
+    let owner = unsafe {
+        read_at::<*const u8>(entry, RESTRACK_TASK_OFFSET.load())
+            .ok()
+            .and_then(|task| task_cgroup(task))
+    };
+    count_in(owner.unwrap_or_else(current_cgroup), device, verb, detail);
 }
 
 /// The entry's `type` and `user` fields. They are neighbours on every kernel so far (`enum

@@ -1,6 +1,7 @@
 //! The maps every probe writes to, and the small helpers around them.
 
 use aya_ebpf::{
+    Global,
     helpers::bpf_get_current_cgroup_id,
     macros::map,
     maps::{PerCpuArray, PerCpuHashMap, RingBuf},
@@ -51,6 +52,36 @@ pub fn count_raw(device: u64, verb: u32, detail: u32) {
 pub fn current_cgroup() -> u64 {
     // SAFETY: a helper without arguments.
     unsafe { bpf_get_current_cgroup_id() }
+}
+
+// From a `struct task_struct *` to its cgroup v2 id (`task_struct.cgroups` ->
+// `css_set.dfl_cgrp` -> `cgroup.kn` -> `kernfs_node.id`), set at load time from BTF.
+#[unsafe(no_mangle)]
+static TASK_CGROUPS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CSS_SET_DFL_CGRP_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_KN_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
+
+/// The cgroup v2 id of `task` (what `bpf_get_current_cgroup_id` gives for the current task),
+/// or `None` for a null task or a failed read.
+///
+/// # Safety
+/// `task` is a kernel `struct task_struct *` or null (reads are fault-safe).
+#[inline(always)]
+pub unsafe fn task_cgroup(task: *const u8) -> Option<u64> {
+    if task.is_null() {
+        return None;
+    }
+    // SAFETY: kernel pointers read through fault-safe helpers.
+    unsafe {
+        let cgroups = read_at::<*const u8>(task, TASK_CGROUPS_OFFSET.load()).ok()?;
+        let cgroup = read_at::<*const u8>(cgroups, CSS_SET_DFL_CGRP_OFFSET.load()).ok()?;
+        let kn = read_at::<*const u8>(cgroup, CGROUP_KN_OFFSET.load()).ok()?;
+        read_at::<u64>(kn, KERNFS_NODE_ID_OFFSET.load()).ok()
+    }
 }
 
 /// Counts one verb for `cgroup` (a probe that also sends an event reads it once for both).

@@ -12,7 +12,7 @@ use monitor_common::{events::Origin, verbs::Verb};
 
 use crate::{
     device, ib_event, modify_qp,
-    shared::{count, read_at, send_event},
+    shared::{count, read_at, send_event, task_cgroup},
 };
 
 #[unsafe(no_mangle)]
@@ -27,14 +27,6 @@ pub(crate) static IB_CQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
 static IB_CQ_OWNER_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static IB_QP_OWNER_OFFSET: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static TASK_CGROUPS_OFFSET: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static CSS_SET_DFL_CGRP_OFFSET: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static CGROUP_KN_OFFSET: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
 
 /// The cgroup id of the process that created a QP or CQ (`res.task`, the restrack owner at
 /// `owner_offset` in the object), if the kernel recorded one.
@@ -48,17 +40,8 @@ static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
 /// `object` is a kernel `struct ib_qp *` or `struct ib_cq *` matching `owner_offset`.
 #[inline(always)]
 unsafe fn owner_cgroup(object: *const u8, owner_offset: u32) -> Option<u64> {
-    // SAFETY: kernel pointers read through fault-safe helpers; a null link ends the walk.
-    unsafe {
-        let task = read_at::<*const u8>(object, owner_offset).ok()?;
-        if task.is_null() {
-            return None;
-        }
-        let cgroups = read_at::<*const u8>(task, TASK_CGROUPS_OFFSET.load()).ok()?;
-        let cgroup = read_at::<*const u8>(cgroups, CSS_SET_DFL_CGRP_OFFSET.load()).ok()?;
-        let kn = read_at::<*const u8>(cgroup, CGROUP_KN_OFFSET.load()).ok()?;
-        read_at::<u64>(kn, KERNFS_NODE_ID_OFFSET.load()).ok()
-    }
+    // SAFETY: kernel pointers read through fault-safe helpers; a null owner ends the walk.
+    unsafe { task_cgroup(read_at::<*const u8>(object, owner_offset).ok()?) }
 }
 
 /// The device of a `struct uverbs_attr_bundle *`, through the file's user context

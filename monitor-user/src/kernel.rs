@@ -47,6 +47,44 @@ impl Kernel {
     pub fn sys_root(&self) -> &Path {
         &self.sys
     }
+
+    /// `/proc/kallsyms`, next to the sysfs root (`/sys` -> `/proc/kallsyms`).
+    pub fn kallsyms(&self) -> PathBuf {
+        self.sys
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("proc/kallsyms")
+    }
+}
+
+/// The address of `symbol` of `module` in a kallsyms listing (`ADDRESS TYPE NAME [MODULE]`
+/// lines), for a static function a probe compares pointers with. An error names what is
+/// missing: the file, the symbol, or its address (all zeros when `kernel.kptr_restrict`
+/// hides addresses from us).
+pub fn module_symbol(kallsyms: &Path, module: &str, symbol: &str) -> Result<u64, String> {
+    let text = std::fs::read_to_string(kallsyms)
+        .map_err(|e| format!("cannot read {}: {e}", kallsyms.display()))?;
+    let tag = format!("[{module}]");
+    let address = text
+        .lines()
+        .filter(|l| l.ends_with(&tag))
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            let (address, _kind, name) = (words.next()?, words.next()?, words.next()?);
+            (name == symbol).then_some(address)
+        })
+        .ok_or_else(|| format!("{symbol} {tag} is not in {}", kallsyms.display()))?;
+    match u64::from_str_radix(address, 16) {
+        Ok(0) => Err(format!(
+            "{} hides the address of {symbol} (kernel.kptr_restrict)",
+            kallsyms.display()
+        )),
+        Ok(a) => Ok(a),
+        Err(_) => Err(format!(
+            "bad address {address:?} for {symbol} in {}",
+            kallsyms.display()
+        )),
+    }
 }
 
 /// The kernel's CLOCK_MONOTONIC, which `bpf_ktime_get_ns` reads, in nanoseconds.
@@ -105,6 +143,36 @@ mod tests {
         assert!(!kernel.has_kprobes());
         std::fs::create_dir_all(dir.join("bus/event_source/devices/kprobe")).unwrap();
         assert!(kernel.has_kprobes());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn module_symbol_is_found_by_module_and_name() {
+        let dir = std::env::temp_dir().join(format!("railscope-kallsyms-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kallsyms");
+        std::fs::write(
+            &path,
+            "ffffffff81000000 T _stext\n\
+             ffffffffc0a10000 t cma_listen_handler\t[other]\n\
+             ffffffffc0b2c3d0 t cma_listen_handler\t[rdma_cm]\n\
+             ffffffffc0b2c400 t cma_cm_event_handler\t[rdma_cm]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            module_symbol(&path, "rdma_cm", "cma_listen_handler"),
+            Ok(0xffff_ffff_c0b2_c3d0)
+        );
+        let missing = module_symbol(&path, "rdma_cm", "nope").unwrap_err();
+        assert!(missing.contains("nope [rdma_cm] is not in"), "{missing}");
+        std::fs::write(&path, "0000000000000000 t cma_listen_handler\t[rdma_cm]\n").unwrap();
+        let hidden = module_symbol(&path, "rdma_cm", "cma_listen_handler").unwrap_err();
+        assert!(hidden.contains("kptr_restrict"), "{hidden}");
+        assert!(module_symbol(&dir.join("absent"), "rdma_cm", "x").is_err());
+        assert_eq!(
+            Kernel::at("/sys").kallsyms(),
+            std::path::Path::new("/proc/kallsyms")
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

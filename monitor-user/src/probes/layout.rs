@@ -3,6 +3,8 @@
 //! Each function reads one module's view (vmlinux plus that module's split BTF: module BTFs
 //! are based on vmlinux only, so ib_uverbs' structs are looked up in ib_uverbs' BTF).
 
+use std::path::Path;
+
 use monitor_common::{
     events::NameSource,
     globals as g,
@@ -19,6 +21,7 @@ pub fn resolve(
     layout: super::Layout,
     btf: &Btf,
     tracefs: Result<&Tracefs, &str>,
+    kallsyms: &Path,
 ) -> Result<Globals, LayoutError> {
     use super::Layout as L;
     let with_name = |mut globals: Globals| -> Result<Globals, BtfError> {
@@ -32,7 +35,7 @@ pub fn resolve(
         L::ModifyQp => with_name(modify_qp(btf)?)?,
         L::Uverbs => uverbs(btf)?,
         L::Mad => mad(tracefs()?)?,
-        L::RdmaCm => rdma_cm(tracefs()?, btf)?,
+        L::RdmaCm => rdma_cm(btf, kallsyms)?,
     })
 }
 
@@ -40,6 +43,7 @@ pub fn resolve(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GlobalValue {
     U32(u32),
+    U64(u64),
     U32s([u32; RESTRACK_TYPES]),
     I32s([i32; RESTRACK_TYPES]),
 }
@@ -166,7 +170,7 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
             delta[slot] = (device - res) as i32;
         }
     }
-    Ok(vec![
+    Ok([
         u32g(g::IB_PD_DEVICE_OFFSET, btf.field("ib_pd", "device")?.offset),
         u32g(g::IB_CQ_DEVICE_OFFSET, btf.field("ib_cq", "device")?.offset),
         u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
@@ -183,10 +187,21 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
             g::RESTRACK_USER_OFFSET,
             btf.field("rdma_restrack_entry", "user")?.offset,
         ),
+        u32g(
+            g::RESTRACK_VALID_OFFSET,
+            btf.field("rdma_restrack_entry", "valid")?.offset,
+        ),
+        u32g(
+            g::RESTRACK_TASK_OFFSET,
+            btf.field("rdma_restrack_entry", "task")?.offset,
+        ),
         (g::RESTRACK_ADD_VERB, GlobalValue::U32s(add)),
         (g::RESTRACK_DEL_VERB, GlobalValue::U32s(del)),
         (g::RESTRACK_DEVICE_DELTA, GlobalValue::I32s(delta)),
-    ])
+    ]
+    .into_iter()
+    .chain(task_cgroup(btf)?)
+    .collect())
 }
 
 /// ib_uverbs' view: the attr bundle's user context, and the QP/CQ layouts for async events.
@@ -241,14 +256,27 @@ pub fn task_cgroup(btf: &Btf) -> Result<Globals, BtfError> {
     ])
 }
 
-/// `rdma_cma:cm_event_handler` record layout and the REJECTED value.
-pub fn rdma_cm(tracefs: &Tracefs, btf: &Btf) -> Result<Globals, LayoutError> {
-    let event = tracefs.field("rdma_cma", "cm_event_handler", "event")?;
-    let status = tracefs.field("rdma_cma", "cm_event_handler", "status")?;
+/// rdma_cm's view for the `cm_event_handler` raw tracepoint: where an id keeps its handler,
+/// the address of rdma_cm's internal `cma_listen_handler` (from kallsyms: a static function),
+/// and `struct rdma_cm_event`.
+pub fn rdma_cm(btf: &Btf, kallsyms: &Path) -> Result<Globals, LayoutError> {
     let rejected = btf.enum_value("rdma_cm_event_type", "RDMA_CM_EVENT_REJECTED")? as u32;
+    let listen_handler = crate::kernel::module_symbol(kallsyms, "rdma_cm", "cma_listen_handler")
+        .map_err(LayoutError::Symbol)?;
     Ok(vec![
-        u32g(g::CM_EVENT_FIELD_OFFSET, event.offset),
-        u32g(g::CM_STATUS_FIELD_OFFSET, status.offset),
+        u32g(
+            g::CM_ID_HANDLER_OFFSET,
+            btf.field("rdma_id_private", "id.event_handler")?.offset,
+        ),
+        (g::CM_LISTEN_HANDLER, GlobalValue::U64(listen_handler)),
+        u32g(
+            g::CM_EVENT_OFFSET,
+            btf.field("rdma_cm_event", "event")?.offset,
+        ),
+        u32g(
+            g::CM_STATUS_OFFSET,
+            btf.field("rdma_cm_event", "status")?.offset,
+        ),
         u32g(g::CM_EVENT_REJECTED, rejected),
     ])
 }
@@ -267,6 +295,8 @@ pub enum LayoutError {
     Tracefs(#[from] TracefsError),
     #[error("{0}")]
     NoTracefs(String),
+    #[error("{0}")]
+    Symbol(String),
 }
 
 #[cfg(test)]
@@ -285,7 +315,8 @@ mod tests {
             let layouts: std::collections::BTreeSet<Layout> =
                 family.probes().map(|p| p.layout).collect();
             for layout in layouts {
-                let globals = resolve(layout, &btf, Ok(&tracefs))
+                let kallsyms = Path::new("/proc/kallsyms");
+                let globals = resolve(layout, &btf, Ok(&tracefs), kallsyms)
                     .unwrap_or_else(|e| panic!("{family:?}/{layout:?}: {e}"));
                 for required in layout.required_globals() {
                     assert!(

@@ -16,7 +16,7 @@ use std::{collections::BTreeSet, fmt};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{KProbe, ProgramError, TracePoint},
+    programs::{KProbe, ProgramError, RawTracePoint, TracePoint},
 };
 use monitor_common::{ProbeStat, events::DEVICE_NAME_LEN, maps, verbs::CounterKey};
 use serde::Serialize;
@@ -41,6 +41,9 @@ pub enum Hook {
         system: &'static str,
         event: &'static str,
     },
+    /// A tracepoint whose program reads the tracepoint's arguments (kernel pointers) rather
+    /// than its record.
+    RawTracepoint(&'static str),
 }
 
 impl fmt::Display for Hook {
@@ -48,6 +51,7 @@ impl fmt::Display for Hook {
         match self {
             Hook::Kprobe(function) => write!(f, "kprobe:{function}"),
             Hook::Tracepoint { system, event } => write!(f, "tracepoint:{system}:{event}"),
+            Hook::RawTracepoint(name) => write!(f, "raw_tracepoint:{name}"),
         }
     }
 }
@@ -122,6 +126,12 @@ impl Layout {
             Layout::Restrack => &[
                 RESTRACK_TYPE_OFFSET,
                 RESTRACK_USER_OFFSET,
+                RESTRACK_VALID_OFFSET,
+                RESTRACK_TASK_OFFSET,
+                TASK_CGROUPS_OFFSET,
+                CSS_SET_DFL_CGRP_OFFSET,
+                CGROUP_KN_OFFSET,
+                KERNFS_NODE_ID_OFFSET,
                 RESTRACK_ADD_VERB,
                 RESTRACK_DEL_VERB,
                 RESTRACK_DEVICE_DELTA,
@@ -162,8 +172,10 @@ impl Layout {
                 IB_DEVICE_NAME_OFFSET,
             ],
             Layout::RdmaCm => &[
-                CM_EVENT_FIELD_OFFSET,
-                CM_STATUS_FIELD_OFFSET,
+                CM_ID_HANDLER_OFFSET,
+                CM_LISTEN_HANDLER,
+                CM_EVENT_OFFSET,
+                CM_STATUS_OFFSET,
                 CM_EVENT_REJECTED,
             ],
         }
@@ -236,7 +248,7 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         "rdma_restrack_del",
         Family::IbCore,
         Layout::Restrack,
-        "user context and cm_id destruction",
+        "user context and cm_id destruction (of added entries only)",
     ),
     kprobe(
         "ib_dealloc_pd_user",
@@ -324,14 +336,13 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         Layout::Uverbs,
         "async errors of user CQs (CQ_ERR)",
     ),
-    tracepoint(
-        "cm_event_handler",
-        "rdma_cma",
-        "cm_event_handler",
-        Family::RdmaCm,
-        Layout::RdmaCm,
-        "rdma_cm events and rejects by reason",
-    ),
+    ProbeInfo {
+        program: "cm_event_handler",
+        hook: Hook::RawTracepoint("cm_event_handler"),
+        family: Family::RdmaCm,
+        layout: Layout::RdmaCm,
+        observes: "rdma_cm events delivered to consumers, rejects by reason",
+    },
 ];
 
 /// Why a probe (or a whole family) is not attached.
@@ -426,6 +437,7 @@ fn load_object(globals: &Globals) -> Result<Ebpf, aya::EbpfError> {
     for (name, value) in globals {
         match value {
             GlobalValue::U32(v) => loader.override_global(name, v, true),
+            GlobalValue::U64(v) => loader.override_global(name, v, true),
             GlobalValue::U32s(v) => loader.override_global(name, v, true),
             GlobalValue::I32s(v) => loader.override_global(name, v, true),
         };
@@ -497,7 +509,12 @@ impl AttachedFamily {
         let resolved: Vec<(Layout, Result<Globals, String>)> = layouts
             .into_iter()
             .map(|l| {
-                let result = layout::resolve(l, &btf, tracefs.as_ref().map_err(String::as_str));
+                let result = layout::resolve(
+                    l,
+                    &btf,
+                    tracefs.as_ref().map_err(String::as_str),
+                    &kernel.kallsyms(),
+                );
                 (l, result.map_err(|e| e.to_string()))
             })
             .collect();
@@ -651,6 +668,11 @@ fn attach_probe(
             p.load().map_err(rejected)?;
             p.attach(system, event).map_err(rejected)?;
         }
+        Hook::RawTracepoint(name) => {
+            let p: &mut RawTracePoint = program.try_into().map_err(rejected)?;
+            p.load().map_err(rejected)?;
+            p.attach(name).map_err(rejected)?;
+        }
     }
     Ok(())
 }
@@ -672,6 +694,7 @@ pub fn verify_all() -> Result<Vec<VerifierResult>, aya::EbpfError> {
         let result = match program {
             aya::programs::Program::KProbe(p) => p.load(),
             aya::programs::Program::TracePoint(p) => p.load(),
+            aya::programs::Program::RawTracePoint(p) => p.load(),
             _ => Err(ProgramError::UnexpectedProgramType),
         };
         results.push(VerifierResult {

@@ -135,8 +135,10 @@ const HOOKS: &[Hook] = &[
     },
     Hook {
         program: "cm_event_handler",
-        probe: "tracepoint:rdma_cma:cm_event_handler",
-        action: "@cm_event_handler[cgroup, args->event] = count();",
+        // railscope's program is a raw tracepoint (it reads the cm id's handler); arg1 is the
+        // `struct rdma_cm_event *`, whose first field is the event.
+        probe: "rawtracepoint:cm_event_handler",
+        action: "@cm_event_handler[cgroup, *(uint32 *)arg1] = count();",
     },
 ];
 
@@ -466,6 +468,7 @@ fn program_rows(
                         .find(|probe| probe.ends_with(&format!(":{event}")))
                         .map_or_else(|| format!("tracepoint:{event}"), str::to_owned)
                 }
+                "raw_tracepoint" => format!("rawtracepoint:{}", p["tracepoint"].as_str()?),
                 _ => return None,
             };
             Some((id, hook))
@@ -635,7 +638,7 @@ mod tests {
         .unwrap();
         let perf: Value = serde_json::from_str(
             r#"[{"pid":7,"fd":3,"prog_id":20,"fd_type":"kprobe","func":"ib_uverbs_post_send","offset":0},
-                {"pid":7,"fd":4,"prog_id":21,"fd_type":"tracepoint","tracepoint":"cm_event_handler"}]"#,
+                {"pid":7,"fd":4,"prog_id":21,"fd_type":"raw_tracepoint","tracepoint":"cm_event_handler"}]"#,
         )
         .unwrap();
         let ours = BTreeSet::from([10, 11, 12]);
@@ -658,7 +661,7 @@ mod tests {
             4000
         );
         assert_eq!(
-            find("bpftrace", "tracepoint:rdma_cma:cm_event_handler")["run_cnt"],
+            find("bpftrace", "rawtracepoint:cm_event_handler")["run_cnt"],
             3
         );
     }
@@ -667,6 +670,8 @@ mod tests {
     fn script_has_one_probe_per_hook() {
         let s = script(&HOOKS.iter().collect::<Vec<_>>());
         assert_eq!(s.lines().count(), HOOKS.len());
-        assert!(s.contains("tracepoint:rdma_cma:cm_event_handler { @cm_event_handler[cgroup, args->event] = count(); }"));
+        assert!(s.contains(
+            "rawtracepoint:cm_event_handler { @cm_event_handler[cgroup, *(uint32 *)arg1] = count(); }"
+        ));
     }
 }

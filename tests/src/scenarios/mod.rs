@@ -4,6 +4,9 @@
 mod agent_frames;
 mod async_errors;
 mod bench_probes;
+mod cgroups_late;
+mod cm_ids;
+mod cm_wildcard;
 mod hook_trace;
 mod ib_core_btf;
 mod kernel_facts;
@@ -29,6 +32,9 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "agent-frames" => agent_frames::run(),
         "perftest" => perftest::run(),
         "rdma-cm" => rdma_cm::run(),
+        "cm-ids" => cm_ids::run(),
+        "cm-wildcard" => cm_wildcard::run(),
+        "cgroups-late" => cgroups_late::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
