@@ -41,7 +41,10 @@ pub fn run() -> anyhow::Result<()> {
     );
 
     let mut agent = Agent::start(&["--json"])?;
-    agent.wait_for_log("ib_uverbs_cq_event_handler attached", Duration::from_secs(20))?;
+    agent.wait_for_log(
+        "ib_uverbs_cq_event_handler attached",
+        Duration::from_secs(20),
+    )?;
     let gid = guest::ipv4_gid_index(DEVICE)?.to_string();
     let cq_errs_seen = |agent: &Agent| cq_errs(&agent.stdout_lines()).len();
 
@@ -86,14 +89,21 @@ pub fn run() -> anyhow::Result<()> {
     }
     let unnamed: Vec<&Value> = events
         .iter()
-        .filter(|e| e["cgroup"].as_str().is_none_or(|c| c.starts_with("cgroup:")))
+        .filter(|e| {
+            e["cgroup"]
+                .as_str()
+                .is_none_or(|c| c.starts_with("cgroup:"))
+        })
         .collect();
     ensure!(
         unnamed.is_empty(),
         "events of live jobs without their cgroup's path: {unnamed:?}"
     );
     for (job, n) in delivered {
-        let reported = events.iter().filter(|e| e["cgroup"] == job.as_str()).count();
+        let reported = events
+            .iter()
+            .filter(|e| e["cgroup"] == job.as_str())
+            .count();
         ensure!(
             reported == n,
             "{job}: the agent reported {reported} CQ_ERR with its path, the program read {n}"
