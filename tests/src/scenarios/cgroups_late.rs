@@ -31,14 +31,6 @@ const JOBS: usize = 4;
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    let out = guest::run(
-        "/usr/bin/railscope-unit-tests",
-        &["--ignored", "cgroup2", "--nocapture"],
-    )?;
-    ensure!(
-        out.contains("test result: ok. 1 passed"),
-        "expected the cgroup2 unit test to run and pass"
-    );
 
     let mut agent = Agent::start(&["--json"])?;
     agent.wait_for_log(
@@ -109,6 +101,14 @@ pub fn run() -> anyhow::Result<()> {
             "{job}: the agent reported {reported} CQ_ERR with its path, the program read {n}"
         );
     }
+    let out = guest::run(
+        "/usr/bin/railscope-unit-tests",
+        &["--ignored", "cgroup2", "--nocapture"],
+    )?;
+    ensure!(
+        out.contains("test result: ok. 1 passed"),
+        "expected the cgroup2 unit test to run and pass"
+    );
     Ok(())
 }
 
