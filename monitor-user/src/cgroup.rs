@@ -386,7 +386,11 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(names.name(u64::MAX), format!("cgroup:{}", u64::MAX));
         }
-        assert_eq!(names.stats().walks, walks, "a gone id is not walked for again");
+        assert_eq!(
+            names.stats().walks,
+            walks,
+            "a gone id is not walked for again"
+        );
         // A job's cgroup removed: seen gone by the next walk, its name kept for its last
         // counters until the agent forgets it.
         let job_2 = ino(&dir.join("job_2"));
@@ -414,7 +418,10 @@ mod tests {
         assert!(stats.names <= MAX_NAMES, "{stats:?}");
         assert_eq!(stats.evicted as usize + stats.names, MAX_NAMES + 10);
         // The most recent stay.
-        assert_eq!(names.name(MAX_NAMES as u64 + 9), format!("/job_{}", MAX_NAMES + 9));
+        assert_eq!(
+            names.name(MAX_NAMES as u64 + 9),
+            format!("/job_{}", MAX_NAMES + 9)
+        );
         for id in 0..(MAX_GONE as u64 * 2) {
             names.remember_gone(id, now);
         }

@@ -86,7 +86,10 @@ fn a_million_series_that_come_and_go_leave_memory_bounded() {
             for i in 0..SERIES_PER_JOB {
                 let s = series(job, i);
                 let value = Value::U64((sweep - job / JOBS_PER_SWEEP + 1) * (i + 1));
-                for emit in sampler.observe_at(&s, &mut Slot::default(), value, now).iter() {
+                for emit in sampler
+                    .observe_at(&s, &mut Slot::default(), value, now)
+                    .iter()
+                {
                     encoder.push_sample(&s, wire_sample(emit)).unwrap();
                 }
             }
@@ -109,7 +112,11 @@ fn a_million_series_that_come_and_go_leave_memory_bounded() {
             encoder.retire_where(ended);
         }
         frames += encoder.flush(now).len();
-        assert!(sampler.len() <= live_series, "sweep {sweep}: {}", sampler.len());
+        assert!(
+            sampler.len() <= live_series,
+            "sweep {sweep}: {}",
+            sampler.len()
+        );
         assert!(encoder.known_series() <= live_series);
         let bytes = LIVE_BYTES.load(Ordering::Relaxed);
         match warm {

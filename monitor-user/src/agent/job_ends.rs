@@ -156,7 +156,10 @@ pub(super) fn end_jobs(
             s.name.as_ref() == VERB_SERIES
                 && s.labels.get("cgroup").is_some_and(|c| ended.contains(c))
         });
-        tracing::debug!("{} job(s) ended: {series} series sent a last time", ended.len());
+        tracing::debug!(
+            "{} job(s) ended: {series} series sent a last time",
+            ended.len()
+        );
     }
     let mut keys = 0;
     for (_, state) in families.iter_mut() {
@@ -194,7 +197,8 @@ mod tests {
     fn a_gone_cgroup_ends_after_the_grace_period_and_late_counts_are_counted() {
         let dir = std::env::temp_dir().join(format!("railscope-jobs-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("live")).unwrap();
-        let live = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.join("live")).unwrap());
+        let live =
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.join("live")).unwrap());
         let gone = u64::MAX - 1;
         let mut cgroups = CgroupNames::new(&dir);
         let mut jobs = JobEnds::default();

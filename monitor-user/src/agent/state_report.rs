@@ -112,7 +112,12 @@ impl StateReport {
             entries("cgroup_names", self.cgroup_names),
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
-            reading("railscope_agent_rss_bytes", None, Kind::Gauge, self.rss_bytes),
+            reading(
+                "railscope_agent_rss_bytes",
+                None,
+                Kind::Gauge,
+                self.rss_bytes,
+            ),
             hits("verb_counts_map_full", self.verb_counts_map_full),
             hits("event_ring_full", self.event_ring_full),
             hits("cgroup_names_evicted", self.cgroup_names_evicted),

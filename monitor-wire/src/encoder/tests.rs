@@ -169,7 +169,11 @@ fn a_retired_series_sends_its_last_sample_then_is_forgotten() {
     // Job 1 ends: its final value is pushed, then it is retired.
     encoder.push_sample(&job(1), counter(T0 + 1, 7)).unwrap();
     encoder.retire_where(|s| s.labels.get("cgroup") == Some("/job_1"));
-    assert_eq!(encoder.known_series(), 2, "kept until its last sample is sent");
+    assert_eq!(
+        encoder.known_series(),
+        2,
+        "kept until its last sample is sent"
+    );
     let last = decode_all(&encoder.flush(T0 + 2), &mut state);
     let values: Vec<u64> = last
         .iter()
@@ -191,7 +195,10 @@ fn series_beyond_the_limit_are_counted_not_kept() {
     let mut encoder = FrameEncoder::new(config, key()).unwrap();
     for i in 0..5 {
         let s = series("railscope_x_total", &[("i", &i.to_string())], Kind::Counter);
-        let sample = Sample::Counter(CounterSample { unix_ns: T0, value: 1 });
+        let sample = Sample::Counter(CounterSample {
+            unix_ns: T0,
+            value: 1,
+        });
         encoder.push_sample(&s, sample).unwrap();
     }
     assert_eq!(encoder.known_series(), 3);
