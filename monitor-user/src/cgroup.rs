@@ -8,6 +8,12 @@
 //! do). A job whose cgroup was created a moment ago is named correctly in its first event.
 //! Where that is not possible (not a cgroup2 mount, no `CAP_DAC_READ_SEARCH`) the hierarchy is
 //! walked instead, at most once per `refresh_every`.
+//!
+//! Both tables are bounded and every entry has a lifetime: a name is kept while its job has
+//! counters (the agent [`forget`](CgroupNames::forget)s it once the job's final values are
+//! sent) and at most [`MAX_NAMES`] at once, the least recently used going first (counted); an
+//! id found gone is remembered as gone for [`GONE_LIFETIME`] (at most [`MAX_GONE`]), so a
+//! record of a job that ended costs no new lookup or walk.
 
 use std::{
     collections::HashMap,
@@ -24,17 +30,43 @@ use std::{
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// `FILEID_KERNFS` (include/linux/exportfs.h): a kernfs file handle is the node's 64-bit id.
 const FILEID_KERNFS: i32 = 0xfe;
-/// Names kept before the cache starts over (ids of cgroups since removed would otherwise pile
-/// up for as long as the agent runs).
-const MAX_CACHED: usize = 4096;
+/// Names kept at once; past it the least recently used half is evicted (and counted).
+pub const MAX_NAMES: usize = 16_384;
+/// Ids remembered as gone at once; past it the oldest are forgotten.
+pub const MAX_GONE: usize = 16_384;
+/// How long an id is remembered as gone. Kernfs never reuses an id, so this only bounds how
+/// long a late record of a gone job is named without a lookup.
+pub const GONE_LIFETIME: Duration = Duration::from_secs(3600);
+/// Where cgroups are found by walking the hierarchy: how often a walk checks which are gone.
+pub const WALK_LIVENESS_EVERY: Duration = Duration::from_secs(30);
 
 /// id -> path.
 pub struct CgroupNames {
     root: PathBuf,
-    names: HashMap<u64, String>,
+    /// Path and when it was last asked for.
+    names: HashMap<u64, (String, Instant)>,
+    /// Ids found gone, and when.
+    gone: HashMap<u64, Instant>,
+    /// Walking: the ids the last walk found.
+    walked: std::collections::HashSet<u64>,
     lookup: Lookup,
     last_walk: Option<Instant>,
     refresh_every: Duration,
+    stats: CgroupNameStats,
+}
+
+/// What the name tables hold and what their bounds cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupNameStats {
+    /// Names held now.
+    pub names: usize,
+    /// Ids remembered as gone now.
+    pub gone: usize,
+    /// Names evicted because [`MAX_NAMES`] were held (a job still counting may then be named
+    /// `cgroup:<id>` if its cgroup is gone by the next lookup).
+    pub evicted: u64,
+    /// Walks of the hierarchy (only where lookups by handle are not possible).
+    pub walks: u64,
 }
 
 /// How an id missing from the cache is resolved.
@@ -63,17 +95,115 @@ impl CgroupNames {
         Self {
             root: root.into(),
             names: HashMap::new(),
+            gone: HashMap::new(),
+            walked: Default::default(),
             lookup: Lookup::Untried,
             last_walk: None,
             refresh_every: Duration::from_secs(1),
+            stats: CgroupNameStats::default(),
         }
+    }
+
+    pub fn stats(&self) -> CgroupNameStats {
+        CgroupNameStats {
+            names: self.names.len(),
+            gone: self.gone.len(),
+            ..self.stats
+        }
+    }
+
+    /// Forgets the name of a cgroup whose job has ended (its final counters are sent): it is
+    /// remembered as gone instead.
+    pub fn forget(&mut self, id: u64) {
+        self.names.remove(&id);
+        self.remember_gone(id, Instant::now());
+    }
+
+    /// Whether the cgroup `id` no longer exists. By handle this asks the kernel each time;
+    /// walking, it is answered from the last walk, made anew at most every
+    /// [`WALK_LIVENESS_EVERY`] for this (so a job's end is seen that much later there).
+    pub fn is_gone(&mut self, id: u64) -> bool {
+        let now = Instant::now();
+        if self.known_gone(id, now) {
+            return true;
+        }
+        if matches!(self.lookup, Lookup::Untried) {
+            self.lookup = Lookup::open(&self.root);
+        }
+        let gone = match &self.lookup {
+            Lookup::ByHandle { mount, mount_path } => {
+                matches!(resolve_by_handle(mount, mount_path, id), Resolved::Gone)
+            }
+            _ => {
+                if self
+                    .last_walk
+                    .is_none_or(|t| t.elapsed() >= WALK_LIVENESS_EVERY)
+                {
+                    self.walk();
+                }
+                !self.walked.contains(&id)
+            }
+        };
+        if gone {
+            self.remember_gone(id, now);
+        }
+        gone
+    }
+
+    fn known_gone(&mut self, id: u64, now: Instant) -> bool {
+        match self.gone.get(&id) {
+            Some(t) if now.duration_since(*t) < GONE_LIFETIME => true,
+            Some(_) => {
+                self.gone.remove(&id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember_gone(&mut self, id: u64, now: Instant) {
+        if self.gone.len() >= MAX_GONE {
+            self.gone
+                .retain(|_, t| now.duration_since(*t) < GONE_LIFETIME / 2);
+            if self.gone.len() >= MAX_GONE {
+                // Still full of recent ones: forget the older half.
+                let mut times: Vec<Instant> = self.gone.values().copied().collect();
+                times.sort_unstable();
+                let median = times[times.len() / 2];
+                self.gone.retain(|_, t| *t > median);
+            }
+        }
+        self.gone.insert(id, now);
+    }
+
+    fn cache(&mut self, id: u64, name: String, now: Instant) {
+        if self.names.len() >= MAX_NAMES {
+            let mut used: Vec<Instant> = self.names.values().map(|(_, t)| *t).collect();
+            used.sort_unstable();
+            let median = used[used.len() / 2];
+            let before = self.names.len();
+            self.names.retain(|_, (_, t)| *t > median);
+            let evicted = before - self.names.len();
+            self.stats.evicted += evicted as u64;
+            tracing::warn!(
+                "{before} cgroup names held (the limit): the {evicted} least recently used \
+                 evicted ({} in total)",
+                self.stats.evicted
+            );
+        }
+        self.names.insert(id, (name, now));
     }
 
     /// The cgroup's path relative to the hierarchy root (`/` for the root), or `cgroup:<id>`
     /// for one that is gone or not on cgroup v2.
     pub fn name(&mut self, id: u64) -> String {
-        if let Some(name) = self.names.get(&id) {
+        let now = Instant::now();
+        if let Some((name, used)) = self.names.get_mut(&id) {
+            *used = now;
             return name.clone();
+        }
+        if self.known_gone(id, now) {
+            return format!("cgroup:{id}");
         }
         if matches!(self.lookup, Lookup::Untried) {
             self.lookup = Lookup::open(&self.root);
@@ -81,13 +211,13 @@ impl CgroupNames {
         if let Lookup::ByHandle { mount, mount_path } = &self.lookup {
             match resolve_by_handle(mount, mount_path, id) {
                 Resolved::Path(name) => {
-                    if self.names.len() >= MAX_CACHED {
-                        self.names.clear();
-                    }
-                    self.names.insert(id, name.clone());
+                    self.cache(id, name.clone(), now);
                     return name;
                 }
-                Resolved::Gone => return format!("cgroup:{id}"),
+                Resolved::Gone => {
+                    self.remember_gone(id, now);
+                    return format!("cgroup:{id}");
+                }
                 Resolved::Unsupported(e) => {
                     tracing::debug!(
                         "cgroup ids cannot be opened by handle under {} ({e}): walking the \
@@ -98,29 +228,41 @@ impl CgroupNames {
                 }
             }
         }
+        // An id a walk made after it was first asked for does not find is gone: remembered
+        // as such, it costs no further walk.
         if self
             .last_walk
             .is_none_or(|t| t.elapsed() >= self.refresh_every)
         {
             self.walk();
+            if !self.walked.contains(&id) {
+                self.remember_gone(id, now);
+            }
         }
-        self.names
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| format!("cgroup:{id}"))
+        match self.names.get_mut(&id) {
+            Some((name, used)) => {
+                *used = now;
+                name.clone()
+            }
+            None => format!("cgroup:{id}"),
+        }
     }
 
+    /// Names every cgroup of the hierarchy anew. Names of cgroups that are gone stay until
+    /// [`forget`](Self::forget) (their jobs' last counters still carry them).
     fn walk(&mut self) {
-        self.last_walk = Some(Instant::now());
-        self.names.clear();
+        let now = Instant::now();
+        self.last_walk = Some(now);
+        self.stats.walks += 1;
+        self.walked.clear();
         let mut stack = vec![self.root.clone()];
         while let Some(dir) = stack.pop() {
             let Ok(meta) = std::fs::metadata(&dir) else {
                 continue;
             };
             let relative = dir.strip_prefix(&self.root).unwrap_or(Path::new(""));
-            self.names
-                .insert(meta.ino(), format!("/{}", relative.display()));
+            self.walked.insert(meta.ino());
+            self.cache(meta.ino(), format!("/{}", relative.display()), now);
             if let Ok(entries) = std::fs::read_dir(&dir) {
                 stack.extend(
                     entries
@@ -239,6 +381,51 @@ mod tests {
         names.refresh_every = Duration::ZERO;
         assert_eq!(names.name(ino(&dir.join("job_2"))), "/job_2");
         assert_eq!(names.name(u64::MAX), format!("cgroup:{}", u64::MAX));
+        // An id a walk did not find is remembered as gone: asking again walks no more.
+        let walks = names.stats().walks;
+        for _ in 0..10 {
+            assert_eq!(names.name(u64::MAX), format!("cgroup:{}", u64::MAX));
+        }
+        assert_eq!(
+            names.stats().walks,
+            walks,
+            "a gone id is not walked for again"
+        );
+        // A job's cgroup removed: seen gone by the next walk, its name kept for its last
+        // counters until the agent forgets it.
+        let job_2 = ino(&dir.join("job_2"));
+        assert!(!names.is_gone(job_2));
+        std::fs::remove_dir(dir.join("job_2")).unwrap();
+        names.last_walk = None;
+        assert!(names.is_gone(job_2));
+        assert_eq!(names.name(job_2), "/job_2");
+        names.forget(job_2);
+        assert_eq!(names.name(job_2), format!("cgroup:{job_2}"));
+        assert_eq!(names.stats().walks, walks + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_name_table_is_bounded_and_evictions_are_counted() {
+        let dir = std::env::temp_dir().join(format!("railscope-cgroup-b-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut names = CgroupNames::new(&dir);
+        let now = Instant::now();
+        for id in 0..(MAX_NAMES as u64 + 10) {
+            names.cache(id, format!("/job_{id}"), now + Duration::from_nanos(id));
+        }
+        let stats = names.stats();
+        assert!(stats.names <= MAX_NAMES, "{stats:?}");
+        assert_eq!(stats.evicted as usize + stats.names, MAX_NAMES + 10);
+        // The most recent stay.
+        assert_eq!(
+            names.name(MAX_NAMES as u64 + 9),
+            format!("/job_{}", MAX_NAMES + 9)
+        );
+        for id in 0..(MAX_GONE as u64 * 2) {
+            names.remember_gone(id, now);
+        }
+        assert!(names.stats().gone <= MAX_GONE);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

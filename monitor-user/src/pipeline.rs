@@ -67,6 +67,11 @@ pub enum Polled {
     Gpu(GpuEvent),
 }
 
+/// A series not read for this long is forgotten by its sampler (a device removed, a GPU
+/// lost, a probe family detached), what it still held being sent. Longer than any read
+/// interval the sampling settings allow in practice, so a live series is never dropped.
+pub const STALE_AFTER: Duration = Duration::from_secs(3600);
+
 /// Asks the poller for what its sampler read but has not sent yet (at shutdown).
 type FlushRequest = std_mpsc::SyncSender<Vec<(Series, Emit)>>;
 
@@ -185,6 +190,38 @@ impl Pipeline {
         }
     }
 
+    /// Ends the series for which `ended` holds (the verb counters of a job whose cgroup is
+    /// gone): what the sampler read of them but had not sent goes into the next frames, then
+    /// the sampler and the encoder forget them. Returns how many series ended.
+    pub fn end_series(&mut self, ended: impl Fn(&Series) -> bool) -> usize {
+        let before = self.sampler.len();
+        let finals = self.sampler.remove_where(|s, _| ended(s));
+        for (series, emit) in &finals {
+            self.push(series, emit);
+        }
+        self.encoder.retire_where(&ended);
+        before - self.sampler.len()
+    }
+
+    /// Forgets series of the loop's sampler not read for [`STALE_AFTER`] (a family detached
+    /// with its counters), sending what they still held.
+    pub fn forget_stale(&mut self) {
+        let stale = self.sampler.remove_stale(realtime_ns(), STALE_AFTER);
+        for (series, emit) in &stale {
+            self.push(series, emit);
+        }
+    }
+
+    /// Series the loop's sampler and the encoder know.
+    pub fn series_counts(&self) -> (usize, usize) {
+        (self.sampler.len(), self.encoder.known_series())
+    }
+
+    /// What the encoder produced and dropped so far.
+    pub fn encoder_stats(&self) -> wire::EncoderStats {
+        self.encoder.stats()
+    }
+
     /// Sends an event now (events are never batched or sampled).
     pub fn on_event(&mut self, event: wire::Event) {
         self.encoder.push_event(event);
@@ -280,13 +317,16 @@ pub fn wire_sample(emit: &Emit) -> Sample {
     }
 }
 
-/// Verb counters from the probes as readings (`railscope_rdma_verbs_total`).
+/// The metric the probes' verb counters are sent as.
+pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";
+
+/// Verb counters from the probes as readings ([`VERB_SERIES`]).
 pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
     counts
         .iter()
         .map(|c| Reading {
             series: Series {
-                name: "railscope_rdma_verbs_total".into(),
+                name: VERB_SERIES.into(),
                 labels: Labels::new([
                     ("device", c.device.as_str()),
                     ("verb", c.verb),
@@ -378,9 +418,14 @@ fn poll(
         }
     }
     let mut samples = Vec::new();
+    let mut last_stale_check = Instant::now();
     loop {
         let started = Instant::now();
         let now = realtime_ns();
+        if last_stale_check.elapsed() >= Duration::from_secs(60) {
+            last_stale_check = started;
+            samples.extend(sampler.remove_stale(now, STALE_AFTER));
+        }
         let mut sink = SamplingSink {
             sampler: &mut sampler,
             unix_ns: now,

@@ -33,8 +33,12 @@ pub struct EncoderConfig {
     /// Most samples held between flushes; beyond it samples are dropped and counted.
     pub max_pending_samples: usize,
     /// A series with no sample for this long is forgotten, so series that come and go do
-    /// not pile up.
+    /// not pile up (series known to have ended are forgotten at once:
+    /// [`FrameEncoder::retire_where`]).
     pub forget_after: Duration,
+    /// Most series known at once (default 65,536: what a receiver keeps per node); samples
+    /// of a further series are dropped and counted until some are forgotten.
+    pub max_series: usize,
 }
 
 impl EncoderConfig {
@@ -47,6 +51,7 @@ impl EncoderConfig {
             gauge_digits: Some(6),
             max_pending_samples: 200_000,
             forget_after: Duration::from_secs(600),
+            max_series: 65_536,
         }
     }
 }
@@ -64,6 +69,10 @@ pub struct EncoderStats {
     pub events: u64,
     /// Samples dropped because `max_pending_samples` were waiting for a flush.
     pub dropped_samples: u64,
+    /// Samples of new series dropped because `max_series` were known.
+    pub refused_series_samples: u64,
+    /// Series forgotten: idle for `forget_after`, or retired once their last samples went out.
+    pub forgotten_series: u64,
     /// Events whose text was cut so that they fit in a frame.
     pub truncated_events: u64,
     /// Events that could not fit in a frame even without text.
@@ -79,6 +88,8 @@ struct Slot {
     schema_sent_ns: u64,
     /// The last flush that carried samples of it.
     flushed_ns: u64,
+    /// Ended ([`FrameEncoder::retire_where`]): forgotten once its pending samples are sent.
+    retired: bool,
 }
 
 /// What goes into frames: an event, a schema entry, or (part of) one series' samples.
@@ -109,6 +120,7 @@ pub struct FrameEncoder {
     events: Vec<Event>,
     pending: usize,
     backlog_warned: bool,
+    series_limit_warned: bool,
     last_frame_units: usize,
     stats: EncoderStats,
 }
@@ -138,6 +150,7 @@ impl FrameEncoder {
             events: Vec::new(),
             pending: 0,
             backlog_warned: false,
+            series_limit_warned: false,
             last_frame_units: 16,
             stats: EncoderStats::default(),
         })
@@ -212,8 +225,21 @@ impl FrameEncoder {
         }
         let slot = match self.index.get(series) {
             Some(&slot) => slot,
+            None if self.slots.len() >= self.config.max_series => {
+                self.stats.refused_series_samples += 1;
+                if !self.series_limit_warned {
+                    self.series_limit_warned = true;
+                    tracing::warn!(
+                        "{} series known (the limit): samples of new series are dropped until \
+                         some end or go idle",
+                        self.slots.len()
+                    );
+                }
+                return Ok(());
+            }
             None => self.add_series(series)?,
         };
+        self.slots[slot].retired = false;
         if self.pending >= self.config.max_pending_samples {
             self.stats.dropped_samples += 1;
             if !self.backlog_warned {
@@ -271,6 +297,7 @@ impl FrameEncoder {
             schema_sends: 0,
             schema_sent_ns: 0,
             flushed_ns: 0,
+            retired: false,
         });
         self.index.insert(series.clone(), self.slots.len() - 1);
         Ok(self.slots.len() - 1)
@@ -343,7 +370,9 @@ impl FrameEncoder {
         }
         self.pending = 0;
         self.backlog_warned = false;
-        self.pack(units, now_unix_ns)
+        let frames = self.pack(units, now_unix_ns);
+        self.forget_where(|s| s.retired);
+        frames
     }
 
     /// Sends every series' schema entry again, with its next samples: what a collector that
@@ -354,19 +383,46 @@ impl FrameEncoder {
         }
     }
 
+    /// Marks the series for which `ended` holds as ended (a job whose cgroup is gone): each is
+    /// forgotten after the next [`flush`](FrameEncoder::flush) has sent what it still holds,
+    /// so its last value goes out and its id is not kept. A retired series that gets a sample
+    /// again is kept.
+    ///
+    /// Receivers are not told: a series that ended simply has no further samples (its id may
+    /// come back with the next session only; ids are never reused within one).
+    pub fn retire_where(&mut self, mut ended: impl FnMut(&Series) -> bool) {
+        for slot in &mut self.slots {
+            if ended(&slot.series) {
+                slot.retired = true;
+            }
+        }
+    }
+
     /// Drops the series that had ids but no samples since `forget_after`.
     fn forget_idle(&mut self, now: u64) {
         let after = u64::try_from(self.config.forget_after.as_nanos()).unwrap_or(u64::MAX);
-        let before = self.slots.len();
-        self.slots.retain(|s| {
-            s.id.is_none() || !s.pending.is_empty() || now.saturating_sub(s.flushed_ns) < after
+        self.forget_where(|s| {
+            s.id.is_some() && s.pending.is_empty() && now.saturating_sub(s.flushed_ns) >= after
         });
-        if self.slots.len() != before {
-            tracing::debug!("forgot {} idle series", before - self.slots.len());
-            self.index = (self.slots.iter().enumerate())
-                .map(|(i, s)| (s.series.clone(), i))
-                .collect();
+    }
+
+    /// Drops the series with nothing pending for which `forget` holds.
+    fn forget_where(&mut self, forget: impl Fn(&Slot) -> bool) {
+        let before = self.slots.len();
+        self.slots.retain(|s| !(s.pending.is_empty() && forget(s)));
+        let forgotten = before - self.slots.len();
+        if forgotten == 0 {
+            return;
         }
+        tracing::debug!("forgot {forgotten} series");
+        self.stats.forgotten_series += forgotten as u64;
+        self.series_limit_warned = false;
+        if self.slots.capacity() > 4 * self.slots.len().max(64) {
+            self.slots.shrink_to_fit();
+        }
+        self.index = (self.slots.iter().enumerate())
+            .map(|(i, s)| (s.series.clone(), i))
+            .collect();
     }
 
     /// Series the encoder knows (pending or sent within `forget_after`).

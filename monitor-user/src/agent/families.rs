@@ -53,6 +53,18 @@ pub(super) fn all_counts(families: &[(Family, FamilyState)]) -> Vec<crate::probe
         .collect()
 }
 
+/// What every attached family's probes could not deliver: (events lost to a full ring
+/// buffer, verb counts lost to a full counter map).
+pub(super) fn all_losses(families: &[(Family, FamilyState)]) -> (u64, u64) {
+    families
+        .iter()
+        .filter_map(|(_, s)| match s {
+            FamilyState::Attached { attached, .. } => Some(attached.losses()),
+            FamilyState::Unavailable { .. } => None,
+        })
+        .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
+}
+
 pub(super) fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start: bool) {
     match state {
         FamilyState::Unavailable { reason } => {

@@ -8,10 +8,14 @@
 //! - [`families`]: each probe family attached, retried and detached as its module comes and
 //!   goes, and its ring buffer drained;
 //! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
-//! - [`wire_events`]: the same events as the collector receives them.
+//! - [`wire_events`]: the same events as the collector receives them;
+//! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
+//! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
 mod families;
+mod job_ends;
 pub mod output;
+mod state_report;
 mod wire_events;
 
 use std::{io::Write, time::Duration};
@@ -37,6 +41,7 @@ use crate::{
 use families::{
     FamilyState, Record, all_counts, decode_record, log_state, rescan_family, try_attach,
 };
+use state_report::StateReport;
 use wire_events::{ib_wire_event, transition_wire_event};
 
 #[derive(Clone, Debug)]
@@ -61,6 +66,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     let mut ports = PortStates::default();
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
+    let mut jobs = job_ends::JobEnds::default();
 
     let mut families: Vec<(Family, FamilyState)> = Vec::new();
     let mut rows: Vec<ProbeReport> = Vec::new();
@@ -103,6 +109,10 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                 for (family, state) in &mut families {
                     rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
                 }
+                if pipeline.is_none() {
+                    let raw = all_counts(&families);
+                    job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, None);
+                }
             }
             polled = next_polled(&mut pipeline) => match polled {
                 Polled::Samples(samples) => {
@@ -113,10 +123,18 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                         }
                     }
                     let now = crate::kernel::realtime_ns();
-                    let counts = decode::decode_counts(&all_counts(&families), &names, &mut cgroups);
+                    let raw = all_counts(&families);
+                    let counts = decode::decode_counts(&raw, &names, &mut cgroups);
                     if let Some(p) = pipeline.as_mut() {
                         p.on_samples(&samples);
                         p.on_readings(&pipeline::verb_readings(&counts, now));
+                    }
+                    // The counts just read are the final ones of jobs that end now.
+                    job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, pipeline.as_mut());
+                    if let Some(p) = pipeline.as_mut() {
+                        p.forget_stale();
+                        let report = StateReport::take(&families, &jobs, &cgroups, Some(p));
+                        p.on_readings(&report.readings(now));
                     }
                 }
                 Polled::Gpu(event) => {
@@ -137,7 +155,10 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
             }
         }
     }
-    tracing::info!("stopping");
+    tracing::info!(
+        "stopping; state: {}",
+        StateReport::take(&families, &jobs, &cgroups, pipeline.as_ref())
+    );
     // What the probes wrote since the last drain is still in the ring buffers: each reader
     // drains its buffer once more and ends, and those events go out like any other.
     for (_, state) in &mut families {

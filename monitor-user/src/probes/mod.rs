@@ -612,6 +612,25 @@ impl AttachedFamily {
             .unwrap_or_else(|_| format!("dev@{device:x}"))
     }
 
+    /// Deletes the counters of the given cgroups from `VERB_COUNTS` (their jobs ended and
+    /// their final values are sent) and returns how many keys went.
+    pub fn remove_counts(&mut self, cgroups: &std::collections::HashSet<u64>) -> usize {
+        let keys: Vec<CounterKey> = self
+            .counts
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| cgroups.contains(&k.cgroup))
+            .collect();
+        keys.iter()
+            .filter(|k| self.counts.remove(k).is_ok())
+            .count()
+    }
+
+    /// Keys in `VERB_COUNTS` now.
+    pub fn count_keys(&self) -> usize {
+        self.counts.keys().filter(Result::is_ok).count()
+    }
+
     /// Every counter, summed over CPUs, with device names resolved.
     pub fn counts(&self) -> Vec<RawCount> {
         let mut out = Vec::new();

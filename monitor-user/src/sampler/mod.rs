@@ -280,15 +280,25 @@ impl AdaptiveSampler {
         out
     }
 
-    /// Forgets the series not read for longer than `max_age` (a device removed, a process
-    /// gone) and returns what they still had to send. Slots handed out before are no longer
-    /// used.
+    /// Forgets the series not read for longer than `max_age` (a device removed, a GPU lost)
+    /// and returns what they still had to send. Slots handed out before are no longer used.
     pub fn remove_stale(&mut self, now_ns: u64, max_age: Duration) -> Vec<(Series, Emit)> {
         let max_age = max_age.as_nanos() as u64;
+        self.remove_where(|_, last_read_ns| now_ns.saturating_sub(last_read_ns) > max_age)
+    }
+
+    /// Forgets every series for which `ended(series, last read ns)` holds (a job whose cgroup
+    /// is gone) and returns what they still had to send: a counter's last value read, if it
+    /// was not sent yet, so the receiver ends with the series' final value. Slots handed out
+    /// before are no longer used.
+    pub fn remove_where(
+        &mut self,
+        mut ended: impl FnMut(&Series, u64) -> bool,
+    ) -> Vec<(Series, Emit)> {
         let mut out = Vec::new();
+        let before = self.states.len();
         self.states.retain_mut(|(series, state)| {
-            let last = state.last_read_ns.unwrap_or(0);
-            if now_ns.saturating_sub(last) <= max_age {
+            if !ended(series, state.last_read_ns.unwrap_or(0)) {
                 return true;
             }
             if let Some(e) = state.take_pending(series.kind) {
@@ -296,12 +306,19 @@ impl AdaptiveSampler {
             }
             false
         });
+        if self.states.len() == before {
+            return out;
+        }
         self.index = self
             .states
             .iter()
             .enumerate()
             .map(|(i, (series, _))| (series.clone(), i as u32))
             .collect();
+        // The index is built anew at its size; the states give back what they held at a peak.
+        if self.states.capacity() > 4 * self.states.len().max(64) {
+            self.states.shrink_to_fit();
+        }
         self.generation = next_generation();
         out
     }

@@ -152,6 +152,60 @@ fn idle_series_are_forgotten_and_come_back_with_a_new_id() {
 }
 
 #[test]
+fn a_retired_series_sends_its_last_sample_then_is_forgotten() {
+    let mut encoder = FrameEncoder::new(EncoderConfig::new("n"), key()).unwrap();
+    let job = |j: u64| {
+        series(
+            "railscope_rdma_verbs_total",
+            &[("cgroup", &format!("/job_{j}"))],
+            Kind::Counter,
+        )
+    };
+    let mut state = ReceiverState::default();
+    let counter = |t: u64, value: u64| Sample::Counter(CounterSample { unix_ns: t, value });
+    encoder.push_sample(&job(1), counter(T0, 1)).unwrap();
+    encoder.push_sample(&job(2), counter(T0, 1)).unwrap();
+    decode_all(&encoder.flush(T0), &mut state);
+    // Job 1 ends: its final value is pushed, then it is retired.
+    encoder.push_sample(&job(1), counter(T0 + 1, 7)).unwrap();
+    encoder.retire_where(|s| s.labels.get("cgroup") == Some("/job_1"));
+    assert_eq!(
+        encoder.known_series(),
+        2,
+        "kept until its last sample is sent"
+    );
+    let last = decode_all(&encoder.flush(T0 + 2), &mut state);
+    let values: Vec<u64> = last
+        .iter()
+        .flat_map(|f| f.samples.iter())
+        .flat_map(|s| match &s.data {
+            SeriesData::Counter(v) => v.iter().map(|c| c.value).collect::<Vec<_>>(),
+            SeriesData::Gauge(_) => Vec::new(),
+        })
+        .collect();
+    assert_eq!(values, vec![7], "the final value reached the receiver");
+    assert_eq!(encoder.known_series(), 1, "then the series is forgotten");
+    assert_eq!(encoder.stats().forgotten_series, 1);
+}
+
+#[test]
+fn series_beyond_the_limit_are_counted_not_kept() {
+    let mut config = EncoderConfig::new("n");
+    config.max_series = 3;
+    let mut encoder = FrameEncoder::new(config, key()).unwrap();
+    for i in 0..5 {
+        let s = series("railscope_x_total", &[("i", &i.to_string())], Kind::Counter);
+        let sample = Sample::Counter(CounterSample {
+            unix_ns: T0,
+            value: 1,
+        });
+        encoder.push_sample(&s, sample).unwrap();
+    }
+    assert_eq!(encoder.known_series(), 3);
+    assert_eq!(encoder.stats().refused_series_samples, 2);
+}
+
+#[test]
 fn kind_mismatch_and_fractional_counters_are_refused() {
     let mut encoder = FrameEncoder::new(EncoderConfig::new("n"), key()).unwrap();
     let counter = series("railscope_x_total", &[], Kind::Counter);

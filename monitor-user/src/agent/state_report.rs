@@ -1,0 +1,166 @@
+//! The agent's own state, reported: how many entries each bounded table holds, the agent's
+//! resident memory, and how often a bound was hit. Sent with the samples (so a collector sees
+//! a node whose agent grows or drops) and logged at stop.
+//!
+//! - `railscope_agent_entries{table}` (gauge): `verb_keys` (keys in the probes'
+//!   `VERB_COUNTS`), `verb_series` and `encoder_series` (series the loop's sampler and the
+//!   frame encoder know), `cgroup_names`, `cgroup_gone`, `jobs_ending` (gone, in the grace
+//!   period);
+//! - `railscope_agent_rss_bytes` (gauge);
+//! - `railscope_agent_bound_hits_total{bound}` (counter): `verb_counts_map_full`,
+//!   `event_ring_full` (from the probes' `PROBE_STATS`), `cgroup_names_evicted`,
+//!   `encoder_series_limit`, `encoder_pending_limit` (samples dropped), `late_verb_counts`
+//!   (counted in a job's cgroup after its end), and `jobs_ended` (not a bound: the jobs whose
+//!   state was released).
+
+use std::fmt;
+
+use railscope_wire::{Kind, Labels, Reading, Series, Value};
+
+use super::{
+    families::{FamilyState, all_losses},
+    job_ends::JobEnds,
+};
+use crate::{cgroup::CgroupNames, pipeline::Pipeline, probes::Family};
+
+/// One look at the agent's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateReport {
+    pub verb_keys: u64,
+    pub verb_series: u64,
+    pub encoder_series: u64,
+    pub cgroup_names: u64,
+    pub cgroup_gone: u64,
+    pub jobs_ending: u64,
+    pub rss_bytes: u64,
+    pub verb_counts_map_full: u64,
+    pub event_ring_full: u64,
+    pub cgroup_names_evicted: u64,
+    pub encoder_series_limit: u64,
+    pub encoder_pending_limit: u64,
+    pub late_verb_counts: u64,
+    pub jobs_ended: u64,
+}
+
+impl StateReport {
+    pub(super) fn take(
+        families: &[(Family, FamilyState)],
+        jobs: &JobEnds,
+        cgroups: &CgroupNames,
+        pipeline: Option<&Pipeline>,
+    ) -> Self {
+        let verb_keys = families
+            .iter()
+            .filter_map(|(_, s)| match s {
+                FamilyState::Attached { attached, .. } => Some(attached.count_keys() as u64),
+                FamilyState::Unavailable { .. } => None,
+            })
+            .sum();
+        let (events_lost, counts_lost) = all_losses(families);
+        let names = cgroups.stats();
+        let (verb_series, encoder_series) = pipeline.map_or((0, 0), Pipeline::series_counts);
+        let encoder = pipeline.map(Pipeline::encoder_stats).unwrap_or_default();
+        Self {
+            verb_keys,
+            verb_series: verb_series as u64,
+            encoder_series: encoder_series as u64,
+            cgroup_names: names.names as u64,
+            cgroup_gone: names.gone as u64,
+            jobs_ending: jobs.pending() as u64,
+            rss_bytes: rss_bytes().unwrap_or(0),
+            verb_counts_map_full: counts_lost,
+            event_ring_full: events_lost,
+            cgroup_names_evicted: names.evicted,
+            encoder_series_limit: encoder.refused_series_samples,
+            encoder_pending_limit: encoder.dropped_samples,
+            late_verb_counts: jobs.stats().late_counts,
+            jobs_ended: jobs.stats().ended,
+        }
+    }
+
+    /// The report as readings taken at `unix_ns`.
+    pub fn readings(&self, unix_ns: u64) -> Vec<Reading> {
+        let reading = |name: &str, label: Option<(&str, &str)>, kind, value| Reading {
+            series: Series {
+                name: name.into(),
+                labels: Labels::new(label),
+                kind,
+            },
+            value: Value::U64(value),
+            unix_ns,
+        };
+        let entries = |table, v| {
+            reading(
+                "railscope_agent_entries",
+                Some(("table", table)),
+                Kind::Gauge,
+                v,
+            )
+        };
+        let hits = |bound, v| {
+            reading(
+                "railscope_agent_bound_hits_total",
+                Some(("bound", bound)),
+                Kind::Counter,
+                v,
+            )
+        };
+        vec![
+            entries("verb_keys", self.verb_keys),
+            entries("verb_series", self.verb_series),
+            entries("encoder_series", self.encoder_series),
+            entries("cgroup_names", self.cgroup_names),
+            entries("cgroup_gone", self.cgroup_gone),
+            entries("jobs_ending", self.jobs_ending),
+            reading(
+                "railscope_agent_rss_bytes",
+                None,
+                Kind::Gauge,
+                self.rss_bytes,
+            ),
+            hits("verb_counts_map_full", self.verb_counts_map_full),
+            hits("event_ring_full", self.event_ring_full),
+            hits("cgroup_names_evicted", self.cgroup_names_evicted),
+            hits("encoder_series_limit", self.encoder_series_limit),
+            hits("encoder_pending_limit", self.encoder_pending_limit),
+            hits("late_verb_counts", self.late_verb_counts),
+            hits("jobs_ended", self.jobs_ended),
+        ]
+    }
+}
+
+/// `verb_keys=3 verb_series=12 ...`: the line the agent logs at stop.
+impl fmt::Display for StateReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "verb_keys={} verb_series={} encoder_series={} cgroup_names={} cgroup_gone={} \
+             jobs_ending={} rss_bytes={} verb_counts_map_full={} event_ring_full={} \
+             cgroup_names_evicted={} encoder_series_limit={} encoder_pending_limit={} \
+             late_verb_counts={} jobs_ended={}",
+            self.verb_keys,
+            self.verb_series,
+            self.encoder_series,
+            self.cgroup_names,
+            self.cgroup_gone,
+            self.jobs_ending,
+            self.rss_bytes,
+            self.verb_counts_map_full,
+            self.event_ring_full,
+            self.cgroup_names_evicted,
+            self.encoder_series_limit,
+            self.encoder_pending_limit,
+            self.late_verb_counts,
+            self.jobs_ended
+        )
+    }
+}
+
+/// The agent's resident memory, from `/proc/self/statm`.
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
