@@ -4,7 +4,29 @@
 //! collector needs, and the collector links no eBPF or NVML.
 //!
 //! The data's way through the crate:
+//! - [`udp`]: sockets sharing one port (`SO_REUSEPORT`), batched receives (`recvmmsg`);
+//! - [`ingest`]: a thread per socket: MAC check, decode and accounting by the [`nodes`]
+//!   table, drops counted by reason ([`drops`]), schema requests to agents;
+//! - [`nodes`]: per node, session, schema, sequence accounting, latest value of each series;
+//!   [`events`]: the recent events; together the live view;
+//! - [`writer`]: the archive queue and its writer thread, which hands every accepted frame to
+//!   [`archive`];
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
-//!   index; what queries and remote-write read back.
+//!   index; what queries and remote-write read back;
+//! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
+//! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds.
 
 pub mod archive;
+pub mod collector;
+pub mod config;
+pub mod drops;
+pub mod events;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod nodes;
+pub mod udp;
+pub mod writer;
+
+pub use collector::{Collector, Parts};
+pub use config::{CollectorConfig, Limits};
