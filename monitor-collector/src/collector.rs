@@ -22,7 +22,7 @@ use crate::{
     ingest::{self, IngestStats},
     nodes::NodeTable,
     udp,
-    writer::{self, ArchiveQueue, FrameArchive},
+    writer::{self, ArchiveQueue, FrameArchive, Writer},
 };
 
 /// What the receive threads, the writer and the HTTP server share.
@@ -52,7 +52,7 @@ pub struct Collector {
     stop: Arc<AtomicBool>,
     http_stop: tokio::sync::watch::Sender<bool>,
     receivers: Vec<JoinHandle<()>>,
-    writer: Option<JoinHandle<()>>,
+    writer: Option<Writer>,
     server: Option<JoinHandle<()>>,
 }
 
@@ -153,7 +153,7 @@ impl Collector {
         &self.shared
     }
 
-    /// Stops receiving, lets the writer archive what was queued, stops the HTTP server.
+    /// Stops receiving, stops the HTTP server, lets the writer archive what was queued.
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         for r in self.receivers.drain(..) {
@@ -163,11 +163,288 @@ impl Collector {
         if let Some(server) = self.server.take() {
             let _ = server.join();
         }
-        // The receive threads are gone; the last queue end goes with the shared state.
-        let writer = self.writer.take();
-        drop(self.shared);
-        if let Some(writer) = writer {
-            let _ = writer.join();
+        // Nothing is queued any more: the writer appends what is left and stops.
+        if let Some(writer) = self.writer.take() {
+            writer.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{Read as _, Write as _},
+        net::{TcpStream, UdpSocket},
+        time::Instant,
+    };
+
+    use railscope_wire::{
+        EncoderConfig, Event, FrameEncoder, Kind, Labels, Reading, ReceiverState, Series, Value,
+    };
+
+    use super::*;
+    use crate::{
+        config::Limits, drops::DropReason, ingest::unix_now_ns, writer::testing::RecordingArchive,
+    };
+
+    fn key() -> Key {
+        Key::from_bytes([5; 32])
+    }
+
+    fn start(archive: &RecordingArchive) -> Collector {
+        Collector::start(
+            CollectorConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                sockets: 2,
+                http: Some("127.0.0.1:0".parse().unwrap()),
+                data_dir: "/nonexistent".into(),
+                key: key(),
+                limits: Limits::default(),
+            },
+            Parts {
+                archive: Some(Box::new(archive.clone())),
+                api: None,
+            },
+        )
+        .unwrap()
+    }
+
+    pub(crate) fn http_get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap()
+    }
+
+    /// The value of one line of an exposition, found by its start.
+    fn metric(text: &str, start: &str) -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with(start) && l[start.len()..].starts_with(' '))
+            .map(|l| l[start.len() + 1..].split(' ').next().unwrap().to_owned())
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn readings(enc: &mut FrameEncoder, t: u64, step: u64) {
+        for port in 0..4 {
+            enc.push_reading(&Reading {
+                series: Series {
+                    name: "railscope_ib_port_xmit_bytes_total".into(),
+                    labels: Labels::new([
+                        ("device", "mlx5_0".to_owned()),
+                        ("port", port.to_string()),
+                    ]),
+                    kind: Kind::Counter,
+                },
+                value: Value::U64(1_000 * step + port),
+                unix_ns: t,
+            })
+            .unwrap();
+            enc.push_reading(&Reading {
+                series: Series {
+                    name: "railscope_gpu_power_watts".into(),
+                    labels: Labels::new([("gpu", port.to_string())]),
+                    kind: Kind::Gauge,
+                },
+                value: Value::F64(300.25 + step as f64),
+                unix_ns: t,
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn frames_are_accepted_archived_exposed_and_bad_datagrams_counted_by_reason() {
+        let archive = RecordingArchive::default();
+        let collector = start(&archive);
+        let to = collector.udp_addr();
+        let http = collector.http_addr().unwrap();
+        let agent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut enc = FrameEncoder::new(EncoderConfig::new("gpu-node-001"), key()).unwrap();
+        // Whole milliseconds, as the encoder's quantum keeps them.
+        let t0 = (unix_now_ns() - 5_000_000_000) / 1_000_000 * 1_000_000;
+        let mut sent = Vec::new();
+        for step in 0..3 {
+            readings(&mut enc, t0 + step * 1_000_000_000, step);
+            if step == 1 {
+                enc.push_event(Event {
+                    unix_ns: t0 + 1_500_000_000,
+                    kind: "xid".into(),
+                    labels: Labels::new([("gpu", "3")]),
+                    code: 79,
+                    text: "fallen off the bus".into(),
+                });
+            }
+            for f in enc.flush(t0 + step * 1_000_000_000 + 1) {
+                agent.send_to(&f, to).unwrap();
+                sent.push(f);
+            }
+        }
+        let shared = collector.shared().clone();
+        wait_for("frames accepted", || {
+            shared.stats.frames.load(Ordering::Relaxed) == sent.len() as u64
+        });
+
+        // Forged (another key), replayed, truncated and random datagrams, from another socket.
+        let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut stranger =
+            FrameEncoder::new(EncoderConfig::new("gpu-node-001"), Key::from_bytes([6; 32]))
+                .unwrap();
+        readings(&mut stranger, t0, 0);
+        let forged = stranger.flush(t0 + 1);
+        for f in &forged {
+            attacker.send_to(f, to).unwrap();
+        }
+        for f in &sent {
+            attacker.send_to(f, to).unwrap(); // replays
+        }
+        let mut short = 0;
+        for len in [0, 1, 10, 36, 37, 100, sent[0].len() - 1] {
+            attacker.send_to(&sent[0][..len], to).unwrap();
+            short += u64::from(len < railscope_wire::MIN_FRAME_LEN);
+        }
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..50 {
+            let random: Vec<u8> = (0..37 + i * 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            attacker.send_to(&random, to).unwrap();
+        }
+        let datagrams = sent.len() * 2 + forged.len() + 7 + 50;
+        wait_for("every datagram", || {
+            shared.stats.datagrams.load(Ordering::Relaxed) == datagrams as u64
+        });
+        let drops = &shared.drops;
+        assert_eq!(drops.count(DropReason::Duplicate), sent.len() as u64);
+        assert_eq!(drops.count(DropReason::TooShort), short);
+        assert_eq!(
+            drops.count(DropReason::BadMac),
+            forged.len() as u64 + (7 - short) + 50
+        );
+        assert_eq!(drops.total(), (datagrams - sent.len()) as u64);
+
+        // Every accepted frame reached the archive, as received, each with its node's schema.
+        wait_for("archived", || {
+            archive.appended.lock().unwrap().len() == sent.len()
+        });
+        let appended = archive.appended.lock().unwrap().clone();
+        for (a, s) in appended.iter().zip(&sent) {
+            assert_eq!(&a.bytes, s);
+            assert_eq!(a.node, "gpu-node-001");
+            assert!(a.received_ns > a.last_ns, "received after its samples were read");
+            // Sample times are rounded to the encoder's 1 ms quantum.
+            assert!(
+                a.first_ns + 1_000_000 >= t0 && a.last_ns <= t0 + 2_001_000_000,
+                "{a:?}"
+            );
+            let mut reader = ReceiverState::default();
+            if let Some(schema) = &a.schema {
+                let schema = railscope_wire::decode(schema, &key(), &mut reader).unwrap();
+                assert!(schema.samples.is_empty());
+                assert_eq!(schema.schema.len(), 8);
+            }
+            let frame = railscope_wire::decode(&a.bytes, &key(), &mut reader).unwrap();
+            // Decoded alone with its schema frame: every series is named.
+            assert_eq!(reader.node("gpu-node-001").unwrap().last.unknown_samples, 0);
+            assert_eq!(a.schema.is_none(), frame.seq == 0);
+        }
+        wait_for("the writer ticks the archive", || {
+            archive.ticks.load(Ordering::Relaxed) > 0
+        });
+
+        // /metrics: the latest value of each series with its timestamp, and the health.
+        let text = http_get(http, "/metrics");
+        let ts_ms = (t0 + 2_000_000_000) / 1_000_000;
+        assert!(
+            text.contains(&format!(
+                "railscope_ib_port_xmit_bytes_total{{node=\"gpu-node-001\",device=\"mlx5_0\",port=\"3\"}} 2003 {ts_ms}\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "railscope_gpu_power_watts{{node=\"gpu-node-001\",gpu=\"0\"}} 302.25 {ts_ms}\n"
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("# TYPE railscope_gpu_power_watts gauge")
+                .count(),
+            1
+        );
+        let reason = |r: &str| {
+            metric(
+                &text,
+                &format!("railscope_collector_frames_dropped_total{{reason=\"{r}\"}}"),
+            )
+            .unwrap()
+        };
+        assert_eq!(reason("duplicate"), sent.len().to_string());
+        assert_eq!(reason("too_short"), short.to_string());
+        assert_eq!(
+            metric(
+                &text,
+                "railscope_collector_node_frames_duplicated_total{node=\"gpu-node-001\"}"
+            ),
+            Some(sent.len().to_string())
+        );
+        assert_eq!(
+            metric(&text, "railscope_collector_samples_accepted_total"),
+            Some("24".into())
+        );
+        assert_eq!(
+            metric(&text, "railscope_collector_archive_frames_total"),
+            Some(sent.len().to_string())
+        );
+        let events = http_get(http, "/api/v1/live/events?kind=xid");
+        let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+        assert_eq!(events[0]["code"], 79);
+        assert_eq!(events[0]["node"], "gpu-node-001");
+        let nodes: serde_json::Value =
+            serde_json::from_str(&http_get(http, "/api/v1/live/nodes")).unwrap();
+        assert_eq!(nodes[0]["series"], 8);
+        assert_eq!(nodes[0]["duplicates"], sent.len());
+
+        // A full disk: appends fail, counted; the live view goes on.
+        archive.full.store(true, Ordering::Relaxed);
+        readings(&mut enc, t0 + 3_000_000_000, 3);
+        let more = enc.flush(t0 + 3_000_000_001);
+        for f in &more {
+            agent.send_to(f, to).unwrap();
+        }
+        let stats = shared.archive.as_ref().unwrap().stats().clone();
+        wait_for("append errors", || {
+            stats.append_errors.load(Ordering::Relaxed) == more.len() as u64
+        });
+        let text = http_get(http, "/metrics");
+        assert_eq!(
+            metric(&text, "railscope_collector_archive_failing"),
+            Some("1".into())
+        );
+        assert!(text.contains(" 3003 "), "the live view kept going: {text}");
+        collector.stop();
     }
 }

@@ -123,11 +123,17 @@ impl ArchiveQueue {
     }
 }
 
-/// A node's schema as one frame of schema entries only, in the session of the frames it
-/// precedes, with the sequence number just before `seq` (so a reader that decodes it and then
-/// the frame with one receiver state sees neither a duplicate nor a gap).
+/// How far below a frame's sequence number its schema frame is numbered: a reader that decodes
+/// the schema frame and then the segment's frames with one receiver state sees no duplicate
+/// (the collector refuses anything 64 or more behind its newest, so no archived frame after it
+/// has the schema frame's number, frames 1 to 63 of a session aside).
+pub const SCHEMA_SEQ_BEHIND: u64 = 64;
+
+/// A node's schema as one frame of schema entries only, in the session of the frame it goes
+/// before (`seq`), numbered [`SCHEMA_SEQ_BEHIND`] before it. None for a session's first frame
+/// (seq 0): the schema then holds only that frame's own entries, which it carries.
 pub fn schema_frame(schema: &Schema, seq: u64, send_unix_ns: u64, key: &Key) -> Option<Vec<u8>> {
-    if schema.entries.is_empty() {
+    if schema.entries.is_empty() || seq == 0 {
         return None;
     }
     let mut entries: Vec<SchemaEntry> = schema
@@ -142,7 +148,7 @@ pub fn schema_frame(schema: &Schema, seq: u64, send_unix_ns: u64, key: &Key) -> 
     let frame = Frame {
         node: schema.node.to_string(),
         session: schema.session,
-        seq: seq.saturating_sub(1),
+        seq: seq.saturating_sub(SCHEMA_SEQ_BEHIND),
         send_unix_ns,
         time_quantum_ns: 1_000_000,
         schema: entries,
@@ -158,13 +164,26 @@ pub fn schema_frame(schema: &Schema, seq: u64, send_unix_ns: u64, key: &Key) -> 
     }
 }
 
-/// Starts the writer thread; it stops once every queue end is dropped and it has written what
-/// was queued.
+/// The running writer thread.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Writer {
+    /// Appends what is queued, writes it out and stops.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Starts the writer thread.
 pub fn spawn(
     mut archive: Box<dyn FrameArchive>,
     key: Key,
     capacity_bytes: usize,
-) -> std::io::Result<(ArchiveQueue, JoinHandle<()>)> {
+) -> std::io::Result<(ArchiveQueue, Writer)> {
     // The byte bound is the real one; the channel's is a second guard (small frames).
     let (tx, rx) = sync_channel(capacity_bytes / 64 + 1);
     let stats = Arc::new(WriterStats::default());
@@ -173,10 +192,12 @@ pub fn spawn(
         stats: stats.clone(),
         capacity_bytes,
     };
-    let handle = std::thread::Builder::new()
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let thread = std::thread::Builder::new()
         .name("archive-writer".into())
-        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key))?;
-    Ok((queue, handle))
+        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key, &stopping))?;
+    Ok((queue, Writer { stop, thread }))
 }
 
 fn write_loop(
@@ -184,11 +205,18 @@ fn write_loop(
     rx: &Receiver<QueuedFrame>,
     stats: &WriterStats,
     key: &Key,
+    stop: &AtomicBool,
 ) {
     let mut last_tick = Instant::now();
     loop {
         let wait = TICK_EVERY.saturating_sub(last_tick.elapsed());
-        match rx.recv_timeout(wait) {
+        // Once stopping, what is left in the queue is appended without waiting for more.
+        let next = if stop.load(Ordering::Relaxed) {
+            rx.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(wait)
+        };
+        match next {
             Ok(item) => {
                 stats
                     .queued_bytes
