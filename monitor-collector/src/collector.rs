@@ -354,7 +354,10 @@ mod tests {
         for (a, s) in appended.iter().zip(&sent) {
             assert_eq!(&a.bytes, s);
             assert_eq!(a.node, "gpu-node-001");
-            assert!(a.received_ns > a.last_ns, "received after its samples were read");
+            assert!(
+                a.received_ns > a.last_ns,
+                "received after its samples were read"
+            );
             // Sample times are rounded to the encoder's 1 ms quantum.
             assert!(
                 a.first_ns + 1_000_000 >= t0 && a.last_ns <= t0 + 2_001_000_000,
