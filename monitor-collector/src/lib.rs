@@ -8,3 +8,4 @@
 //!   index; what queries and remote-write read back.
 
 pub mod archive;
+pub mod query;
