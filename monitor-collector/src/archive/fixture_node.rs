@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use railscope_wire::{
-    EncoderConfig, Frame, FrameEncoder, Key, Kind, Labels, ReceiverState, Reading, SchemaEntry,
+    EncoderConfig, Frame, FrameEncoder, Key, Kind, Labels, Reading, ReceiverState, SchemaEntry,
     Series, SeriesData, Value, decode, encode_frame,
 };
 
@@ -64,25 +64,94 @@ struct Metric {
 }
 
 const GPU_GAUGES: &[(&str, Model)] = &[
-    ("railscope_gpu_utilization_percent", Model::Noisy { level: 95.0, spread: 0.05 }),
-    ("railscope_gpu_memory_utilization_percent", Model::Noisy { level: 60.0, spread: 0.15 }),
+    (
+        "railscope_gpu_utilization_percent",
+        Model::Noisy {
+            level: 95.0,
+            spread: 0.05,
+        },
+    ),
+    (
+        "railscope_gpu_memory_utilization_percent",
+        Model::Noisy {
+            level: 60.0,
+            spread: 0.15,
+        },
+    ),
     ("railscope_gpu_sm_clock_hertz", Model::Constant(1.98e9)),
     ("railscope_gpu_memory_clock_hertz", Model::Constant(2.619e9)),
-    ("railscope_gpu_temperature_celsius", Model::Drift { level: 64.0 }),
-    ("railscope_gpu_memory_temperature_celsius", Model::Drift { level: 71.0 }),
-    ("railscope_gpu_power_milliwatts", Model::Noisy { level: 650_000.0, spread: 0.05 }),
-    ("railscope_gpu_power_limit_milliwatts", Model::Constant(700_000.0)),
-    ("railscope_gpu_memory_used_bytes", Model::Noisy { level: 7.1e10, spread: 0.0005 }),
-    ("railscope_gpu_memory_free_bytes", Model::Noisy { level: 1.0e10, spread: 0.003 }),
+    (
+        "railscope_gpu_temperature_celsius",
+        Model::Drift { level: 64.0 },
+    ),
+    (
+        "railscope_gpu_memory_temperature_celsius",
+        Model::Drift { level: 71.0 },
+    ),
+    (
+        "railscope_gpu_power_milliwatts",
+        Model::Noisy {
+            level: 650_000.0,
+            spread: 0.05,
+        },
+    ),
+    (
+        "railscope_gpu_power_limit_milliwatts",
+        Model::Constant(700_000.0),
+    ),
+    (
+        "railscope_gpu_memory_used_bytes",
+        Model::Noisy {
+            level: 7.1e10,
+            spread: 0.0005,
+        },
+    ),
+    (
+        "railscope_gpu_memory_free_bytes",
+        Model::Noisy {
+            level: 1.0e10,
+            spread: 0.003,
+        },
+    ),
     ("railscope_gpu_memory_total_bytes", Model::Constant(8.1e10)),
-    ("railscope_gpu_pcie_tx_bytes_per_second", Model::Noisy { level: 2.1e9, spread: 0.2 }),
-    ("railscope_gpu_pcie_rx_bytes_per_second", Model::Noisy { level: 1.9e9, spread: 0.2 }),
-    ("railscope_gpu_nvlink_tx_bytes_per_second", Model::Noisy { level: 1.1e11, spread: 0.2 }),
-    ("railscope_gpu_nvlink_rx_bytes_per_second", Model::Noisy { level: 1.1e11, spread: 0.2 }),
+    (
+        "railscope_gpu_pcie_tx_bytes_per_second",
+        Model::Noisy {
+            level: 2.1e9,
+            spread: 0.2,
+        },
+    ),
+    (
+        "railscope_gpu_pcie_rx_bytes_per_second",
+        Model::Noisy {
+            level: 1.9e9,
+            spread: 0.2,
+        },
+    ),
+    (
+        "railscope_gpu_nvlink_tx_bytes_per_second",
+        Model::Noisy {
+            level: 1.1e11,
+            spread: 0.2,
+        },
+    ),
+    (
+        "railscope_gpu_nvlink_rx_bytes_per_second",
+        Model::Noisy {
+            level: 1.1e11,
+            spread: 0.2,
+        },
+    ),
     ("railscope_gpu_performance_state", Model::Constant(0.0)),
     ("railscope_gpu_throttle_reasons", Model::Constant(0.0)),
-    ("railscope_gpu_encoder_utilization_percent", Model::Constant(0.0)),
-    ("railscope_gpu_decoder_utilization_percent", Model::Constant(0.0)),
+    (
+        "railscope_gpu_encoder_utilization_percent",
+        Model::Constant(0.0),
+    ),
+    (
+        "railscope_gpu_decoder_utilization_percent",
+        Model::Constant(0.0),
+    ),
     ("railscope_gpu_pcie_link_generation", Model::Constant(5.0)),
 ];
 
@@ -102,14 +171,26 @@ const GPM_RATIOS: &[&str] = &[
 ];
 
 const GPU_COUNTERS: &[(&str, Model)] = &[
-    ("railscope_gpu_energy_joules_total", Model::Fast { per_s: 650.0 }),
+    (
+        "railscope_gpu_energy_joules_total",
+        Model::Fast { per_s: 650.0 },
+    ),
     ("railscope_gpu_ecc_corrected_errors_total", Model::Still),
     ("railscope_gpu_ecc_uncorrected_errors_total", Model::Still),
     ("railscope_gpu_retired_pages_single_bit_total", Model::Still),
     ("railscope_gpu_retired_pages_double_bit_total", Model::Still),
-    ("railscope_gpu_remapped_rows_correctable_total", Model::Still),
-    ("railscope_gpu_remapped_rows_uncorrectable_total", Model::Still),
-    ("railscope_gpu_pcie_replays_total", Model::Slow { per_s: 0.01 }),
+    (
+        "railscope_gpu_remapped_rows_correctable_total",
+        Model::Still,
+    ),
+    (
+        "railscope_gpu_remapped_rows_uncorrectable_total",
+        Model::Still,
+    ),
+    (
+        "railscope_gpu_pcie_replays_total",
+        Model::Slow { per_s: 0.01 },
+    ),
 ];
 
 const PORT_FAST: &[(&str, f64)] = &[
@@ -181,10 +262,22 @@ impl FixtureNode {
         for p in 0..8 {
             let labels = Labels::new([("device", format!("mlx5_{p}")), ("port", "1".into())]);
             for &(name, per_s) in PORT_FAST {
-                add(name, &labels, Kind::Counter, Model::Fast { per_s }, &mut rng);
+                add(
+                    name,
+                    &labels,
+                    Kind::Counter,
+                    Model::Fast { per_s },
+                    &mut rng,
+                );
             }
             for &(name, per_s) in PORT_SLOW {
-                add(name, &labels, Kind::Counter, Model::Slow { per_s }, &mut rng);
+                add(
+                    name,
+                    &labels,
+                    Kind::Counter,
+                    Model::Slow { per_s },
+                    &mut rng,
+                );
             }
             for i in 0..PORT_STILL {
                 let name = format!("railscope_ib_hw_counter_{i:02}_total");
@@ -209,9 +302,7 @@ impl FixtureNode {
             let unix_ns = now_ns + source * 1_000_000;
             let value = match m.model {
                 Model::Constant(v) => Value::F64(v),
-                Model::Noisy { level, spread } => {
-                    Value::F64((level * rng.around(spread)).round())
-                }
+                Model::Noisy { level, spread } => Value::F64((level * rng.around(spread)).round()),
                 Model::Drift { level } => {
                     if rng.unit() < 0.1 {
                         m.value += if m.value > level { -1.0 } else { 1.0 };
@@ -342,10 +433,7 @@ impl FixtureSender {
 pub fn time_range(frame: &Frame) -> Option<(u64, u64)> {
     let sample_times = frame.samples.iter().flat_map(|s| match &s.data {
         SeriesData::Counter(v) => v.iter().map(|c| (c.unix_ns, c.unix_ns)).collect::<Vec<_>>(),
-        SeriesData::Gauge(v) => v
-            .iter()
-            .map(|g| (g.start_unix_ns, g.end_unix_ns))
-            .collect(),
+        SeriesData::Gauge(v) => v.iter().map(|g| (g.start_unix_ns, g.end_unix_ns)).collect(),
     });
     let event_times = frame.events.iter().map(|e| (e.unix_ns, e.unix_ns));
     sample_times

@@ -55,7 +55,8 @@ pub struct ArchiveConfig {
     /// Sealed segments whose newest record was received longer ago are deleted (default 30
     /// days; `None`: kept whatever their age).
     pub retention_age: Option<Duration>,
-    /// The oldest sealed segments are deleted while the archive takes more (default `None`).
+    /// The oldest sealed segments are deleted so that the archive, its open segment at its
+    /// largest included, takes at most this many bytes (default `None`).
     pub retention_bytes: Option<u64>,
     /// The open segment is fsynced this often when it changed (default 1 s).
     pub sync_interval: Duration,
@@ -197,6 +198,10 @@ fn unix_now_ns() -> u64 {
         .unwrap_or(0)
 }
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn parse_name(name: &str) -> Option<(u64, &str)> {
     let (id, ext) = name.split_once('.')?;
     (id.len() == 20).then_some(())?;
@@ -336,7 +341,10 @@ impl Archive {
             );
             return Err(self.dropped(frame.node, &why));
         }
-        let known = write_lock(&self.shared).open.node_ix.contains_key(frame.node);
+        let known = write_lock(&self.shared)
+            .open
+            .node_ix
+            .contains_key(frame.node);
         let schema_bytes = if known { None } else { schema(frame.node) };
         let mut view = RecordView {
             seq: 0,
@@ -365,8 +373,10 @@ impl Archive {
         };
         self.stats.frames_appended += 1;
         self.stats.frame_bytes_appended += frame.bytes.len() as u64;
-        if buffered >= self.config.write_out_bytes {
-            self.write_out()?;
+        if buffered >= self.config.write_out_bytes && self.stats.failing.is_none() {
+            // A failure is counted and logged there, and reported by the next tick: this
+            // record is kept in the buffer either way.
+            let _ = self.write_out();
         }
         Ok(())
     }
@@ -385,7 +395,7 @@ impl Archive {
             return false;
         }
         let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
-        let span = self.config.segment_span.as_nanos() as u64;
+        let span = nanos(self.config.segment_span);
         st.open.size() >= self.config.segment_bytes
             || st
                 .open
@@ -393,17 +403,15 @@ impl Archive {
                 .is_some_and(|first| now_ns.saturating_sub(first) >= span)
     }
 
-    /// Writes out what is buffered; on failure keeps it for the next try (up to the bound).
+    /// Writes out what is buffered; on failure keeps it for the next try (appends refuse new
+    /// records once `max_unwritten_bytes` wait).
     fn write_out(&mut self) -> Result<(), ArchiveError> {
         let mut st = write_lock(&self.shared);
         let result = st.open.write_out();
         match &result {
             Ok(()) => {
                 if self.stats.failing.take().is_some() {
-                    tracing::info!(
-                        "archive {}: writing again",
-                        self.config.dir.display()
-                    );
+                    tracing::info!("archive {}: writing again", self.config.dir.display());
                 }
             }
             Err(e) => {
@@ -412,14 +420,6 @@ impl Archive {
                     tracing::error!("{e}: records wait in memory and are retried every tick");
                 }
                 self.stats.failing = Some(e.to_string());
-                if st.open.buf.len() >= self.config.max_unwritten_bytes {
-                    let dropped = st.open.drop_unwritten();
-                    self.stats.dropped_records += dropped;
-                    tracing::error!(
-                        "archive {}: dropped {dropped} records that could not be written",
-                        self.config.dir.display()
-                    );
-                }
             }
         }
         result
@@ -489,7 +489,10 @@ impl Archive {
         }
         let sealed_seg = {
             let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
-            st.open.file.sync_data().map_err(|e| ArchiveError::io(&old_path, e))?;
+            st.open
+                .file
+                .sync_data()
+                .map_err(|e| ArchiveError::io(&old_path, e))?;
             seal_snapshot(&dir, &st.open, settings)?
         };
         sync_dir(&dir)?;
@@ -506,7 +509,8 @@ impl Archive {
     }
 
     /// Deletes the oldest sealed segments: those whose newest record was received before
-    /// `now_ns - retention_age`, then more while the archive is larger than `retention_bytes`.
+    /// `now_ns - retention_age`, then more while the sealed ones and a full open segment
+    /// would take more than `retention_bytes`.
     /// Returns how many were deleted.
     pub(crate) fn apply_retention(&mut self, now_ns: u64) -> usize {
         let doomed: Vec<Arc<SealedSegment>> = {
@@ -514,12 +518,18 @@ impl Archive {
             let cutoff = self
                 .config
                 .retention_age
-                .map(|age| now_ns.saturating_sub(age.as_nanos() as u64));
-            let mut total: u64 = st.sealed.iter().map(|s| s.bytes).sum::<u64>() + st.open.size();
+                .map(|age| now_ns.saturating_sub(nanos(age)));
+            // Sealed segments get what the open segment cannot take at its largest, so the
+            // archive as a whole stays within `retention_bytes`.
+            let budget = self
+                .config
+                .retention_bytes
+                .map(|max| max.saturating_sub(self.config.segment_bytes + 65_536));
+            let mut total: u64 = st.sealed.iter().map(|s| s.bytes).sum();
             let mut n = 0;
             for s in &st.sealed {
                 let too_old = cutoff.is_some_and(|c| s.max_received_ns < c);
-                let too_big = self.config.retention_bytes.is_some_and(|max| total > max);
+                let too_big = budget.is_some_and(|max| total > max);
                 if !(too_old || too_big) {
                     break;
                 }

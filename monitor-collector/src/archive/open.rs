@@ -82,7 +82,9 @@ impl OpenSegment {
             .open(&path)
             .map_err(io(&path))?;
         let seg = Self::with_file(id, path, file);
-        seg.file.write_all_at(&header(id), 0).map_err(io(&seg.path))?;
+        seg.file
+            .write_all_at(&header(id), 0)
+            .map_err(io(&seg.path))?;
         seg.file.sync_all().map_err(io(&seg.path))?;
         Ok(Self {
             written: HEADER_LEN as u64,
@@ -223,15 +225,6 @@ impl OpenSegment {
                 Err(ArchiveError::io(&self.path, e))
             }
         }
-    }
-
-    /// Forgets the records still in the buffer (writes keep failing); returns how many.
-    pub fn drop_unwritten(&mut self) -> u64 {
-        let keep = self.entries.partition_point(|e| e.offset < self.written);
-        let dropped = (self.entries.len() - keep) as u64;
-        self.entries.truncate(keep);
-        self.buf.clear();
-        dropped
     }
 
     /// The bytes of one entry, from the file or the buffer.

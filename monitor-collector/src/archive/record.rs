@@ -128,7 +128,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 fn fixed(b: &[u8]) -> Option<(u64, u64, u64, u64, RecordKind)> {
     let kind = RecordKind::from_code(b[32])?;
-    Some((u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24), kind))
+    Some((
+        u64_at(b, 0),
+        u64_at(b, 8),
+        u64_at(b, 16),
+        u64_at(b, 24),
+        kind,
+    ))
 }
 
 /// Reads the write-ahead entry at the start of `buf`; returns it and its total length.

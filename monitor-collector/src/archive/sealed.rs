@@ -66,7 +66,11 @@ pub(crate) struct NodeBlocks {
 
 impl NodeBlocks {
     pub fn min_ns(&self) -> u64 {
-        self.blocks.iter().map(|b| b.min_ns).min().unwrap_or(u64::MAX)
+        self.blocks
+            .iter()
+            .map(|b| b.min_ns)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     pub fn max_ns(&self) -> u64 {
@@ -250,7 +254,10 @@ impl SealedSegment {
         let file = File::open(path).map_err(io(path))?;
         let bytes = file.metadata().map_err(io(path))?.len();
         if bytes < (HEADER_LEN + TRAILER_LEN) as u64 {
-            return Err(corrupt(path, format!("{bytes} bytes, shorter than a segment")));
+            return Err(corrupt(
+                path,
+                format!("{bytes} bytes, shorter than a segment"),
+            ));
         }
         let mut header = [0u8; HEADER_LEN];
         file.read_exact_at(&mut header, 0).map_err(io(path))?;
@@ -334,7 +341,11 @@ impl SealedSegment {
     }
 
     /// Reads and decompresses one block, checking it holds the records the index says.
-    pub(crate) fn read_block(&self, file: &File, block: &BlockRef) -> Result<Vec<u8>, ArchiveError> {
+    pub(crate) fn read_block(
+        &self,
+        file: &File,
+        block: &BlockRef,
+    ) -> Result<Vec<u8>, ArchiveError> {
         let path = &self.path;
         let mut compressed = vec![0u8; block.compressed_len as usize];
         file.read_exact_at(&mut compressed, block.offset)
@@ -345,7 +356,10 @@ impl SealedSegment {
         let mut n = 0u32;
         for r in records {
             if r.is_none() {
-                return Err(corrupt(path, format!("records of block at {}", block.offset)));
+                return Err(corrupt(
+                    path,
+                    format!("records of block at {}", block.offset),
+                ));
             }
             n += 1;
         }
