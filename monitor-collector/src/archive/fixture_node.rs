@@ -366,10 +366,22 @@ impl FixtureSender {
     /// Sweeps once a second from `start_ns` for `seconds`, flushing every `flush_s` seconds;
     /// returns the frames, each with its sample time range.
     pub fn run(&mut self, start_ns: u64, seconds: u64, flush_s: u64) -> Vec<FixtureFrame> {
+        self.run_observed(start_ns, seconds, flush_s, &mut |_| {})
+    }
+
+    /// [`run`](Self::run), handing every reading to `observe` as it is sent.
+    pub fn run_observed(
+        &mut self,
+        start_ns: u64,
+        seconds: u64,
+        flush_s: u64,
+        observe: &mut dyn FnMut(&Reading),
+    ) -> Vec<FixtureFrame> {
         let mut frames = Vec::new();
         for s in 0..seconds {
             let now = start_ns + s * 1_000_000_000;
             for r in self.node.sweep(now) {
+                observe(&r);
                 self.encoder
                     .push_reading(&r)
                     .expect("fixture readings fit the format");
@@ -382,6 +394,14 @@ impl FixtureSender {
             }
         }
         frames
+    }
+
+    /// Sends `event` at once (as the agent does), as a frame of its own.
+    pub fn event(&mut self, event: railscope_wire::Event, received_ns: u64) -> FixtureFrame {
+        self.encoder.push_event(event);
+        let mut frames = self.encoder.flush_events(received_ns - 100_000);
+        assert_eq!(frames.len(), 1, "one event makes one frame");
+        self.accept(frames.remove(0), received_ns)
     }
 
     fn accept(&mut self, bytes: Vec<u8>, received_ns: u64) -> FixtureFrame {

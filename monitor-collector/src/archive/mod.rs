@@ -458,6 +458,11 @@ impl Archive {
         Ok(())
     }
 
+    /// Seals the open segment now and starts a new one (a planned shutdown, a measurement).
+    pub fn seal(&mut self) -> Result<(), ArchiveError> {
+        self.try_roll()
+    }
+
     /// Seals the open segment and starts a new one. A failure (a full disk) is logged and
     /// counted; appends go on into the same open segment and the seal is retried later.
     fn roll(&mut self) {
