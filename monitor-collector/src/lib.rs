@@ -25,6 +25,7 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod nodes;
+pub mod query;
 pub mod udp;
 pub mod writer;
 
