@@ -6,5 +6,8 @@
 //! The data's way through the crate:
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
 //!   index; what queries and remote-write read back.
+//! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
+//!   v1), each endpoint following the archive from its own persisted cursor.
 
 pub mod archive;
+pub mod remote_write;
