@@ -147,8 +147,8 @@ fn fleet(nodes: usize, sweeps: u64, start_ms: u64) -> Fleet {
 
 /// Mean `mean / scale`, `spread / scale` either side, over the 900 ms before `t`. Each value
 /// is the float nearest a short decimal, as the agent's rounding to significant digits makes
-/// them (VictoriaMetrics keeps about 15 significant digits, not every bit of an arbitrary
-/// float).
+/// them (VictoriaMetrics stores decimals: 0.7699999999999999, the difference of two short
+/// decimals, came back from it as 0.77).
 fn envelope(t: u64, mean: u64, spread: u64, scale: f64) -> GaugeSample {
     GaugeSample {
         start_unix_ns: t - 900_000_000,
