@@ -14,6 +14,8 @@
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
 //!   index; what queries and remote-write read back;
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
+//! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
+//!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds.
 
 pub mod archive;
@@ -26,6 +28,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod nodes;
 pub mod query;
+pub mod remote_write;
 pub mod udp;
 pub mod writer;
 
