@@ -34,7 +34,12 @@ pub struct Shared {
     pub stats: IngestStats,
     /// None: no archive (the live view only).
     pub archive: Option<ArchiveQueue>,
+    /// More `/metrics` families (the archive's files, remote-write), appended to the page.
+    pub extra_metrics: Option<ExtraMetrics>,
 }
+
+/// Writes more families onto the `/metrics` page.
+pub type ExtraMetrics = Box<dyn Fn(&mut String) + Send + Sync>;
 
 /// What a collector is started with beyond its configuration.
 #[derive(Default)]
@@ -43,6 +48,8 @@ pub struct Parts {
     pub archive: Option<Box<dyn FrameArchive>>,
     /// More HTTP routes (the query API), merged with `/metrics` and the live view.
     pub api: Option<axum::Router>,
+    /// More `/metrics` families (the archive's files, remote-write).
+    pub extra_metrics: Option<ExtraMetrics>,
 }
 
 pub struct Collector {
@@ -95,6 +102,7 @@ impl Collector {
             ),
             stats: IngestStats::default(),
             archive,
+            extra_metrics: parts.extra_metrics,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::new();
@@ -204,6 +212,7 @@ mod tests {
             Parts {
                 archive: Some(Box::new(archive.clone())),
                 api: None,
+                extra_metrics: None,
             },
         )
         .unwrap()

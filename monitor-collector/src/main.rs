@@ -1,10 +1,21 @@
 //! `railscope-collector`: the collector's binary (`railscope collector ...` runs it).
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use railscope_collector::{Collector, CollectorConfig, Limits, Parts};
+use railscope_collector::{
+    Collector, CollectorConfig, Limits, Parts,
+    archive::{Archive, ArchiveConfig},
+    metrics, query,
+    remote_write::{self, ArchiveSource, EndpointConfig, RemoteWriter},
+    writer::PublishingArchive,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,6 +37,8 @@ struct Cli {
 enum Command {
     /// Run the collector until Ctrl-C or SIGTERM.
     Run(RunOptions),
+    /// Ask a running collector (its HTTP API): series, events, nodes.
+    Query(query::cli::QueryArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -64,6 +77,22 @@ struct RunOptions {
     /// frames cannot be replayed).
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_frame_age.as_secs())]
     max_frame_age: u64,
+    /// Archive segments whose newest frame is older than this are deleted (e.g. 30d, 12h;
+    /// 0: kept whatever their age).
+    #[arg(long, value_name = "AGE", default_value = "30d", value_parser = humantime::parse_duration)]
+    retention_age: Duration,
+    /// The oldest archive segments are deleted to keep the archive under this many bytes.
+    #[arg(long, value_name = "BYTES")]
+    retention_bytes: Option<u64>,
+    /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
+    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics). Repeat
+    /// for several.
+    #[arg(long = "remote-write", value_name = "NAME=URL", value_parser = parse_endpoint)]
+    remote_write: Vec<EndpointConfig>,
+}
+
+fn parse_endpoint(spec: &str) -> Result<EndpointConfig, String> {
+    EndpointConfig::parse(spec).map_err(|e| e.to_string())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Run(options) => run(options),
+        Command::Query(args) => query::cli::run(&args),
     }
 }
 
@@ -105,10 +135,49 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         key,
         limits,
     };
-    let collector = Collector::start(config, Parts::default())?;
+    let mut archive_config = ArchiveConfig::new(&options.data);
+    archive_config.retention_age =
+        (!options.retention_age.is_zero()).then_some(options.retention_age);
+    archive_config.retention_bytes = options.retention_bytes;
+    let archive = Archive::open(archive_config)
+        .with_context(|| format!("opening the archive in {}", options.data.display()))?;
+    let reader = archive.reader();
+    let archive = PublishingArchive::new(archive);
+    let archive_stats = archive.stats();
+
+    let state_dir = options.data.join("remote_write");
+    let mut writers = Vec::new();
+    for endpoint in options.remote_write {
+        let source = ArchiveSource::new(reader.clone(), config.key.clone());
+        writers.push(RemoteWriter::start(endpoint, source, &state_dir)?);
+    }
+    let writers = Arc::new(Mutex::new(writers));
+    let shown = writers.clone();
+    let extra_metrics = Box::new(move |out: &mut String| {
+        metrics::write_archive_stats(
+            out,
+            &archive_stats.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        let writers = shown.lock().unwrap_or_else(|p| p.into_inner());
+        if !writers.is_empty() {
+            let stats: Vec<_> = writers.iter().map(|w| (w.name(), w.stats())).collect();
+            remote_write::write_metrics(out, &stats);
+        }
+    });
+    let engine = Arc::new(query::QueryEngine::new(reader, config.key.clone()));
+    let parts = Parts {
+        archive: Some(Box::new(archive)),
+        api: Some(query::api_router(engine)),
+        extra_metrics: Some(extra_metrics),
+    };
+    let collector = Collector::start(config, parts)?;
     wait_for_signal().context("waiting for a signal")?;
     tracing::info!("stopping");
     collector.stop();
+    let writers = std::mem::take(&mut *writers.lock().unwrap_or_else(|p| p.into_inner()));
+    for writer in writers {
+        writer.shutdown();
+    }
     Ok(())
 }
 

@@ -21,7 +21,68 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
     let mut out = String::new();
     render_series(&mut out, shared.table.live_series(now_unix_ns));
     render_health(&mut out, shared);
+    if let Some(extra) = &shared.extra_metrics {
+        extra(&mut out);
+    }
     out
+}
+
+/// The archive's files: bytes on disk, segments, records, torn tails cut, errors.
+pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
+    use Kind::{Counter, Gauge};
+    let families: [(&str, Kind, &str, u64); 8] = [
+        (
+            "railscope_collector_archive_disk_bytes",
+            Gauge,
+            "Bytes of all archive segment files.",
+            s.bytes_on_disk,
+        ),
+        (
+            "railscope_collector_archive_segments",
+            Gauge,
+            "Archive segments (sealed ones plus the open one).",
+            s.segments,
+        ),
+        (
+            "railscope_collector_archive_records",
+            Gauge,
+            "Records in the archive (frames and schema records).",
+            s.records,
+        ),
+        (
+            "railscope_collector_archive_torn_tails_cut_total",
+            Counter,
+            "Torn segment tails cut when the archive was opened.",
+            s.torn_tails_cut,
+        ),
+        (
+            "railscope_collector_archive_file_errors_total",
+            Counter,
+            "Failed archive file writes, syncs and seals.",
+            s.write_errors,
+        ),
+        (
+            "railscope_collector_archive_dropped_records_total",
+            Counter,
+            "Records the archive dropped because writes kept failing.",
+            s.dropped_records,
+        ),
+        (
+            "railscope_collector_archive_segments_deleted_total",
+            Counter,
+            "Segments deleted by retention.",
+            s.segments_deleted,
+        ),
+        (
+            "railscope_collector_archive_unwritten_bytes",
+            Gauge,
+            "Bytes appended to the archive and not yet written out.",
+            s.unwritten_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        one(out, name, kind, help, value);
+    }
 }
 
 fn render_series(out: &mut String, mut live: Vec<LiveSeries>) {

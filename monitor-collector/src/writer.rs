@@ -22,16 +22,7 @@ use railscope_wire::{Frame, Key, SchemaEntry};
 
 use crate::nodes::Schema;
 
-/// One accepted frame as the archive takes it: the datagram as received (MAC included), its
-/// node, when it arrived and the time range of its samples and events (unix ns).
-#[derive(Clone, Copy, Debug)]
-pub struct AcceptedFrame<'a> {
-    pub node: &'a str,
-    pub received_ns: u64,
-    pub first_ns: u64,
-    pub last_ns: u64,
-    pub bytes: &'a [u8],
-}
+pub use crate::archive::AcceptedFrame;
 
 /// An archive error, as the writer logs and counts it.
 pub type ArchiveError = Box<dyn std::error::Error + Send + Sync>;
@@ -48,6 +39,59 @@ pub trait FrameArchive: Send + 'static {
     ) -> Result<(), ArchiveError>;
     /// Writes out buffered data; called at least every 100 ms.
     fn tick(&mut self) -> Result<(), ArchiveError>;
+}
+
+impl FrameArchive for crate::archive::Archive {
+    fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError> {
+        crate::archive::Archive::append(self, frame, schema).map_err(Into::into)
+    }
+
+    fn tick(&mut self) -> Result<(), ArchiveError> {
+        crate::archive::Archive::tick(self).map_err(Into::into)
+    }
+}
+
+/// The archive with its [`ArchiveStats`](crate::archive::ArchiveStats) published after each
+/// append and tick, for `/metrics` (the archive itself belongs to the writer thread).
+pub struct PublishingArchive {
+    archive: crate::archive::Archive,
+    stats: Arc<Mutex<crate::archive::ArchiveStats>>,
+}
+
+impl PublishingArchive {
+    pub fn new(archive: crate::archive::Archive) -> Self {
+        let stats = Arc::new(Mutex::new(archive.stats()));
+        Self { archive, stats }
+    }
+
+    /// The latest stats, shared with whoever renders them.
+    pub fn stats(&self) -> Arc<Mutex<crate::archive::ArchiveStats>> {
+        self.stats.clone()
+    }
+
+    fn publish(&self) {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.archive.stats();
+    }
+}
+
+impl FrameArchive for PublishingArchive {
+    fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError> {
+        FrameArchive::append(&mut self.archive, frame, schema)
+    }
+
+    fn tick(&mut self) -> Result<(), ArchiveError> {
+        let result = FrameArchive::tick(&mut self.archive);
+        self.publish();
+        result
+    }
 }
 
 /// How often the writer ticks the archive at least.

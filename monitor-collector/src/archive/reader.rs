@@ -188,6 +188,17 @@ impl ArchiveReader {
             .unwrap_or(0)
     }
 
+    /// The sequence number of the first record of the segment that holds `seq`, where that
+    /// segment's schema records are (`seq` itself when no kept segment holds it): a reader
+    /// that resumes at `seq` reads from there to learn what the series ids stand for.
+    pub fn segment_start(&self, seq: u64) -> u64 {
+        let st = self.state();
+        match st.sealed.iter().find(|s| s.last_seq >= seq) {
+            Some(s) => s.first_seq.min(seq),
+            None => st.open.entries.first().map_or(seq, |e| e.seq.min(seq)),
+        }
+    }
+
     /// Reads every record from sequence number `from` on, in sequence order.
     pub fn sequential(&self, from: u64) -> SequentialReader {
         SequentialReader {

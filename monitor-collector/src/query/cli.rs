@@ -12,7 +12,7 @@ use super::time::format_time;
 #[derive(clap::Args, Debug, Clone)]
 pub struct QueryArgs {
     /// The collector's HTTP address.
-    #[arg(long, default_value = "http://127.0.0.1:9464")]
+    #[arg(long, default_value = "http://127.0.0.1:7671")]
     pub collector: String,
     /// Print the API's JSON answer instead of text.
     #[arg(long, global = true)]

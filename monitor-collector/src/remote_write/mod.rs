@@ -13,6 +13,7 @@
 //! moves only past batches the endpoint acknowledged (or refused for good: 4xx other than
 //! 429, counted and logged) and survives a collector restart ([`progress`]).
 
+pub mod archive_source;
 pub mod client;
 pub mod naming;
 pub mod progress;
@@ -33,6 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use archive_source::ArchiveSource;
 pub use progress::Progress;
 pub use source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 pub use stats::{EndpointStats, StatsSnapshot, write_metrics};
