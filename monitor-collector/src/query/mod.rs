@@ -19,3 +19,6 @@ pub mod time;
 pub use api::api_router;
 pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
 pub use selector::Matcher;
+
+#[cfg(test)]
+mod tests;
