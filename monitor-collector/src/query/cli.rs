@@ -57,9 +57,9 @@ pub enum QueryCommand {
 /// A time range: `now`, `-15m`, an RFC 3339 time or Unix seconds (default: the last hour).
 #[derive(clap::Args, Debug, Clone)]
 pub struct RangeArgs {
-    #[arg(long, default_value = "-1h")]
+    #[arg(long, default_value = "-1h", allow_hyphen_values = true)]
     pub start: String,
-    #[arg(long, default_value = "now")]
+    #[arg(long, default_value = "now", allow_hyphen_values = true)]
     pub end: String,
 }
 
