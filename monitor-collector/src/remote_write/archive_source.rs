@@ -158,3 +158,137 @@ impl SampleSource for ArchiveSource {
         Ok(batch)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::archive::{
+        AcceptedFrame, Archive, ArchiveConfig,
+        fixture_node::{FixtureFrame, FixtureSender},
+    };
+
+    const T0: u64 = 1_790_000_000_000_000_000;
+
+    /// Chunks as comparable text, counted: `node series data`.
+    fn tally(chunks: &[SeriesChunk], into: &mut BTreeMap<String, usize>) {
+        for c in chunks {
+            *into
+                .entry(format!("{} {} {:?}", c.node, c.series, c.data))
+                .or_default() += 1;
+        }
+    }
+
+    /// Reads to the end from `cursor`, `max` samples at a time: what it read and where it
+    /// stopped.
+    fn read_all(
+        source: &mut ArchiveSource,
+        mut cursor: Cursor,
+        max: usize,
+    ) -> (Vec<Batch>, Cursor) {
+        let mut batches = Vec::new();
+        loop {
+            let batch = source.read_after(cursor, max).unwrap();
+            if batch.chunks.is_empty() && batch.next == cursor {
+                return (batches, cursor);
+            }
+            cursor = batch.next;
+            batches.push(batch);
+        }
+    }
+
+    #[test]
+    fn every_archived_sample_is_read_once_with_its_series_also_when_resuming_mid_segment() {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = Key::from_bytes([7; 32]);
+        let config = ArchiveConfig {
+            segment_bytes: 256 << 10,
+            retention_age: None,
+            ..ArchiveConfig::new(tmp.path())
+        };
+        let mut archive = Archive::open(config).unwrap();
+        let mut senders = BTreeMap::new();
+        let mut frames: Vec<(String, FixtureFrame)> = Vec::new();
+        for n in 0..2u64 {
+            let name = format!("gpu-node-{n:03}");
+            let mut s = FixtureSender::new(&name, n + 1, key.clone());
+            frames.extend(s.run(T0, 300, 10).into_iter().map(|f| (name.clone(), f)));
+            senders.insert(name, s);
+        }
+        frames.sort_by_key(|(_, f)| f.received_ns);
+
+        // What a receiver of each node's frames decodes, in the form the source gives.
+        let mut expected = BTreeMap::new();
+        let mut states: BTreeMap<&str, ReceiverState> = BTreeMap::new();
+        for (node, f) in &frames {
+            let state = states.entry(node).or_default();
+            let frame = decode(&f.bytes, &key, state).unwrap();
+            let schema = state.node(node).unwrap();
+            let chunks: Vec<SeriesChunk> = frame
+                .samples
+                .into_iter()
+                .map(|s| SeriesChunk {
+                    node: Arc::from(node.as_str()),
+                    series: schema.series(s.id).unwrap().clone(),
+                    data: s.data,
+                })
+                .collect();
+            tally(&chunks, &mut expected);
+        }
+        let sent: usize = frames.iter().map(|(_, f)| f.samples).sum();
+
+        for (i, (node, f)) in frames.iter().enumerate() {
+            let accepted = AcceptedFrame {
+                node,
+                received_ns: f.received_ns,
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+                bytes: &f.bytes,
+            };
+            archive
+                .append(&accepted, &|n: &str| senders[n].schema_frame())
+                .unwrap();
+            if i % 10 == 9 {
+                archive.tick().unwrap();
+            }
+        }
+        archive.tick().unwrap();
+        assert!(
+            archive.stats().segments > 2,
+            "sealed segments and the open one"
+        );
+
+        let mut source = ArchiveSource::new(archive.reader(), key.clone());
+        let (batches, end) = read_all(&mut source, Cursor::START, 500);
+        let mut got = BTreeMap::new();
+        for b in &batches {
+            assert_eq!(b.skipped_samples, 0);
+            tally(&b.chunks, &mut got);
+        }
+        assert_eq!(
+            got.values().sum::<usize>(),
+            expected.values().sum::<usize>()
+        );
+        assert_eq!(got, expected, "every sample once, with its series");
+        assert_eq!(batches.iter().map(Batch::sample_count).sum::<usize>(), sent);
+        assert_eq!(end.offset, archive.reader().end_seq());
+
+        // A new source (a restarted collector) from a cursor in the middle of a segment reads
+        // exactly the rest, its series resolved from that segment's schema records.
+        let middle = batches[batches.len() / 2].next;
+        let mut resumed = ArchiveSource::new(archive.reader(), key);
+        let (rest, _) = read_all(&mut resumed, middle, 500);
+        let mut after_middle = BTreeMap::new();
+        for b in &batches[batches.len() / 2 + 1..] {
+            tally(&b.chunks, &mut after_middle);
+        }
+        let mut got_rest = BTreeMap::new();
+        for b in &rest {
+            assert_eq!(b.skipped_samples, 0, "no sample left unresolved");
+            tally(&b.chunks, &mut got_rest);
+        }
+        assert!(!got_rest.is_empty());
+        assert_eq!(got_rest, after_middle);
+    }
+}
