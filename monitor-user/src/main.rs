@@ -60,6 +60,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the collector (`railscope collector run --help`): the `railscope-collector` binary
+    /// installed next to this one (or on PATH), with these arguments. The agent itself links
+    /// nothing of the collector.
+    #[command(disable_help_flag = true)]
+    Collector {
+        /// Arguments for `railscope-collector` (e.g. `run --key FILE --data DIR`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Ask a collector (`railscope query --help`): runs `railscope-collector query` with these
+    /// arguments.
+    #[command(disable_help_flag = true)]
+    Query {
+        /// Arguments for `railscope-collector query`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Show every probe, its hook and whether it attaches on this kernel (and why not).
     ///
     /// Each probe is attached for real and detached again, so "attached" means it works here.
@@ -142,6 +159,12 @@ impl SendOptions {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The collector's subcommands belong to its own binary: hand over before anything else.
+    match &cli.command {
+        Command::Collector { args } => return run_collector(None, args),
+        Command::Query { args } => return run_collector(Some("query"), args),
+        _ => {}
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -176,6 +199,7 @@ fn main() -> anyhow::Result<()> {
                 .block_on(agent::run(options))
         }
         Command::Probes { json, verify } => show_probes(json, verify),
+        Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,
             bind,
@@ -200,6 +224,43 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The collector's binary: next to this one (as installed and as cargo builds them), else on
+/// PATH.
+fn collector_binary() -> anyhow::Result<std::path::PathBuf> {
+    const NAME: &str = "railscope-collector";
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name(NAME))
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(NAME))
+                .find(|p| p.is_file())
+        })
+    };
+    beside.or_else(on_path).with_context(|| {
+        format!(
+            "{NAME} not found next to {} or on PATH: install it with the agent (cargo build -p monitor-collector)",
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "railscope".into())
+        )
+    })
+}
+
+/// Runs `railscope-collector [first] args...` in place of this process (exec), so signals and
+/// the exit status are the collector's.
+fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let binary = collector_binary()?;
+    let err = std::process::Command::new(&binary)
+        .args(first)
+        .args(args)
+        .exec();
+    anyhow::bail!("could not run {}: {err}", binary.display())
 }
 
 fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {

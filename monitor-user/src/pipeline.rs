@@ -87,8 +87,20 @@ pub struct Pipeline {
     replies: mpsc::Receiver<Vec<u8>>,
     key: Key,
     collector: Target,
+    /// `railscope_agent_info{version}`: how a collector knows which agent version a node runs.
+    info: Series,
     pub flush_every: Duration,
     pub interval: Duration,
+}
+
+/// The series an agent reports its version in, a Prometheus-style `_info` gauge of 1 sent
+/// with every flush (a constant: about a byte per flush).
+pub fn agent_info_series() -> Series {
+    Series {
+        name: "railscope_agent_info".into(),
+        labels: Labels::new([("version", env!("CARGO_PKG_VERSION"))]),
+        kind: Kind::Gauge,
+    }
 }
 
 /// The agent's sampling configuration: `interval` as the minimum, and IB sysfs series read
@@ -151,6 +163,7 @@ impl Pipeline {
             replies,
             key,
             collector: options.collector.clone(),
+            info: agent_info_series(),
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -233,7 +246,14 @@ impl Pipeline {
     /// collector asked for them).
     pub fn flush(&mut self) {
         self.answer_schema_requests();
-        let frames = self.encoder.flush(realtime_ns());
+        let now = realtime_ns();
+        if let Err(e) = self
+            .encoder
+            .push_sample(&self.info, Sample::Gauge(GaugeSample::reading(now, 1.0)))
+        {
+            tracing::debug!("agent info not encoded: {e}");
+        }
+        let frames = self.encoder.flush(now);
         self.send(frames);
     }
 

@@ -26,7 +26,8 @@ enum Command {
     Setup(setup::Options),
     /// Build the eBPF probes and the `railscope` binary that embeds them.
     Build(build::Options),
-    /// Build, load the probes and run the agent on this node until Ctrl-C (needs root).
+    /// Build, start a local collector and the agent sending to it (probes loaded) until Ctrl-C
+    /// (needs root).
     Run(run::Options),
     /// Run every test: unit tests, host eBPF load tests and the soft-RoCE VM scenarios.
     Test(test::Options),

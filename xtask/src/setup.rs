@@ -3,7 +3,9 @@
 //! - the nightly toolchain's `rust-src` (eBPF programs are built with `-Z build-std=core`);
 //! - `bpf-linker`, built against the nightly toolchain's own libLLVM so its LLVM always matches
 //!   rustc's (no prebuilt binary can be downloaded here), cached per nightly version;
-//! - the Debian packages the test bed needs on the host.
+//! - the Debian packages the test bed needs on the host, and the TSDBs the collector's
+//!   remote-write tests write to (Prometheus and VictoriaMetrics, started by the tests
+//!   themselves on loopback ports, never as system services).
 //!
 //! Each step checks first and says what it found, so a second run takes about a second.
 
@@ -20,6 +22,9 @@ use crate::testbed;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
+
+/// The Prometheus-compatible servers the collector's remote-write tests start.
+pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
@@ -82,6 +87,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
     let bpf_linker_dir = ensure_bpf_linker(&cache_dir)?;
     if !options.no_apt {
         ensure_debian_packages(testbed::HOST_PACKAGES)?;
+        ensure_debian_packages(TSDB_PACKAGES)?;
     }
     Ok(Tools {
         bpf_linker_dir,

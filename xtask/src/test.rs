@@ -18,7 +18,13 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.vm.setup)?;
     setup::step("unit and host tests (cargo test)");
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
-    cargo::run(cargo::command(&tools).args(["test", "--release"]))?;
+    // The remote-write tests skip when Prometheus or VictoriaMetrics is missing under a
+    // plain `cargo test`; here setup installed them, so a missing server is a failure.
+    cargo::run(
+        cargo::command(&tools)
+            .args(["test", "--release"])
+            .env("RAILSCOPE_REQUIRE_TSDB", "1"),
+    )?;
     if options.no_vm {
         setup::step("skipping the VM scenarios (--no-vm)");
         return Ok(());

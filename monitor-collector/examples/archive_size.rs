@@ -1,0 +1,98 @@
+//! Bytes at rest per sample: frames of realistic nodes (the agent's own encoder, 8 GPUs x 40
+//! metrics and 8 IB ports x 40 counters, read every second, flushed every 10 s; see
+//! `railscope_collector::archive::fixture_node`) appended to an archive, then sealed. Prints
+//! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
+//!
+//! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M]`
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use railscope_collector::archive::{
+    AcceptedFrame, Archive, ArchiveConfig, fixture_node::FixtureSender,
+};
+use railscope_wire::Key;
+
+fn arg(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .with_context(|| format!("{name} needs a value"))?
+            .parse()
+            .with_context(|| format!("{name}: not a number")),
+        None => Ok(default),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let nodes = arg(&args, "--nodes", 4)?;
+    let seconds = arg(&args, "--seconds", 3600)?;
+    let level = arg(&args, "--level", 3)? as i32;
+    let block_kib = arg(&args, "--block-kib", 256)? as usize;
+    let segment_mib = arg(&args, "--segment-mib", 64)?;
+    let key = Key::from_bytes([7; 32]);
+    // The run ends now: the archive seals a segment once its span has passed on the clock.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let t0: u64 = (now_s - seconds) * 1_000_000_000;
+
+    let mut senders: Vec<FixtureSender> = (0..nodes)
+        .map(|n| FixtureSender::new(&format!("gpu-node-{n:04}"), n + 1, key.clone()))
+        .collect();
+    let dir = tempfile::tempdir()?;
+    let mut archive = Archive::open(ArchiveConfig {
+        segment_bytes: segment_mib << 20,
+        segment_span: Duration::from_secs(3600),
+        block_bytes: block_kib << 10,
+        compression_level: level,
+        retention_age: None,
+        ..ArchiveConfig::new(dir.path())
+    })?;
+    let (mut samples, mut frame_bytes, mut frames) = (0u64, 0u64, 0u64);
+    let started = Instant::now();
+    // Ten seconds of every node at a time, as frames arrive at a collector.
+    for chunk in 0..seconds.div_ceil(10) {
+        let start = t0 + chunk * 10_000_000_000;
+        let len = (seconds - chunk * 10).min(10);
+        for s in senders.iter_mut() {
+            let batch = s.run(start, len, 10);
+            for f in &batch {
+                let frame = AcceptedFrame {
+                    node: &s.name,
+                    received_ns: f.received_ns,
+                    first_ns: f.first_ns,
+                    last_ns: f.last_ns,
+                    bytes: &f.bytes,
+                };
+                archive.append(&frame, &|_| s.schema_frame())?;
+                samples += f.samples as u64;
+                frame_bytes += f.bytes.len() as u64;
+                frames += 1;
+            }
+        }
+        archive.tick()?;
+    }
+    archive.seal()?;
+    let sealed = archive.stats();
+    let per = |b: u64| b as f64 / samples.max(1) as f64;
+    println!(
+        "{}",
+        serde_json::json!({
+            "nodes": nodes,
+            "seconds": seconds,
+            "zstd_level": level,
+            "block_kib": block_kib,
+            "segment_mib": segment_mib,
+            "samples": samples,
+            "frames": frames,
+            "frame_bytes_per_sample": per(frame_bytes),
+            "sealed_segments": sealed.segments - 1,
+            "bytes_at_rest_per_sample": per(sealed.bytes_on_disk),
+            "elapsed_s": started.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,624 @@
+//! The durable archive: every accepted frame, as received, appended to segment files under
+//! the data directory (docs/archive-format.md).
+//!
+//! - An **open segment** (`<id>.wal`) takes every record first, as a CRC-checked entry.
+//!   Appends go to a buffer that [`Archive::tick`] (called at least every 100 ms) writes out,
+//!   so a killed process loses at most what was appended since the last tick; the file is
+//!   fsynced every [`ArchiveConfig::sync_interval`] (1 s), which bounds what a power loss
+//!   takes. At start-up a torn tail is cut, with one log line.
+//! - When it reaches [`ArchiveConfig::segment_bytes`] or spans
+//!   [`ArchiveConfig::segment_span`], it is **sealed** (`<id>.seg`): its records regrouped per
+//!   node into zstd blocks, with a per-node index of time and sequence ranges and a trailer,
+//!   so a query reads only the segments of its time range and in them only the blocks of its
+//!   nodes.
+//! - **Retention** deletes the oldest sealed segments by age and by total size.
+//! - A write that fails (a full disk) makes `append` and `tick` return the error, keeps the
+//!   unwritten records up to [`ArchiveConfig::max_unwritten_bytes`] and retries at each
+//!   tick; beyond that records are dropped and counted. Nothing panics: the caller's live
+//!   view goes on.
+//!
+//! Readers ([`ArchiveReader`]) see everything appended, written out or not.
+
+mod open;
+mod reader;
+mod record;
+mod sealed;
+
+#[doc(hidden)]
+pub mod fixture_node;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+pub use reader::{ArchiveReader, NodeSelector, ScanFilter, ScanStats, SequentialReader};
+pub use record::{Record, RecordKind, RecordView};
+pub use sealed::SealedSegment;
+
+use open::{OpenSegment, open_path};
+use sealed::{BlockSettings, sealed_path};
+
+/// Where the archive lives and how it behaves. [`ArchiveConfig::new`] gives the defaults.
+#[derive(Clone, Debug)]
+pub struct ArchiveConfig {
+    pub dir: PathBuf,
+    /// The open segment is sealed once it holds this many bytes (default 64 MiB).
+    pub segment_bytes: u64,
+    /// ... or once its first record was received this long ago (default 1 h).
+    pub segment_span: Duration,
+    /// Uncompressed size of a sealed block, one node's records (default 256 KiB).
+    pub block_bytes: usize,
+    /// zstd level of sealed blocks (default 3; docs/architecture.md gives the sizes).
+    pub compression_level: i32,
+    /// Sealed segments whose newest record was received longer ago are deleted (default 30
+    /// days; `None`: kept whatever their age).
+    pub retention_age: Option<Duration>,
+    /// The oldest sealed segments are deleted so that the archive, its open segment at its
+    /// largest included, takes at most this many bytes (default `None`).
+    pub retention_bytes: Option<u64>,
+    /// The open segment is fsynced this often when it changed (default 1 s).
+    pub sync_interval: Duration,
+    /// Appends are written out once this many bytes wait, without waiting for a tick
+    /// (default 1 MiB).
+    pub write_out_bytes: usize,
+    /// While writes fail, at most this many bytes of records wait for a retry (default 16
+    /// MiB); beyond, records are dropped and counted.
+    pub max_unwritten_bytes: usize,
+}
+
+impl ArchiveConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            segment_bytes: 64 << 20,
+            segment_span: Duration::from_secs(3600),
+            block_bytes: 256 << 10,
+            compression_level: 3,
+            retention_age: Some(Duration::from_secs(30 * 86_400)),
+            retention_bytes: None,
+            sync_interval: Duration::from_secs(1),
+            write_out_bytes: 1 << 20,
+            max_unwritten_bytes: 16 << 20,
+        }
+    }
+}
+
+/// One accepted frame, as ingest hands it to the archive.
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptedFrame<'a> {
+    pub node: &'a str,
+    /// When the collector received it (Unix ns).
+    pub received_ns: u64,
+    /// Time range of its samples and events (Unix ns), for the index.
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// The datagram as received, MAC included.
+    pub bytes: &'a [u8],
+}
+
+/// What went wrong in the archive. Each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error(
+        "archive {path}: disk full: archiving is stopped until space is freed (the live view goes on)"
+    )]
+    DiskFull { path: PathBuf },
+    #[error("archive {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("archive {path}: corrupt: {what}")]
+    Corrupt { path: PathBuf, what: String },
+    #[error("archive {path}: format version {version}, this build reads version 1")]
+    Version { path: PathBuf, version: u8 },
+    #[error("archive {dir}: record of node {node:?} dropped: {why}")]
+    Dropped {
+        dir: PathBuf,
+        node: String,
+        why: String,
+    },
+}
+
+impl ArchiveError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            ArchiveError::DiskFull {
+                path: path.to_owned(),
+            }
+        } else {
+            ArchiveError::Io {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+
+    /// True for a full disk (the archive stops; the caller's live view goes on).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, ArchiveError::DiskFull { .. })
+    }
+}
+
+/// The archive's own health, for `/metrics` and logs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveStats {
+    /// Bytes of all segment files.
+    pub bytes_on_disk: u64,
+    /// Sealed segments plus the open one.
+    pub segments: u64,
+    /// Records in the archive (frames and schema records).
+    pub records: u64,
+    /// Frames appended since the archive was opened.
+    pub frames_appended: u64,
+    /// Frame bytes appended since the archive was opened (the datagrams, as received).
+    pub frame_bytes_appended: u64,
+    /// Torn tails cut when the archive was opened.
+    pub torn_tails_cut: u64,
+    /// Failed writes, syncs and seals.
+    pub write_errors: u64,
+    /// Records dropped because writes kept failing.
+    pub dropped_records: u64,
+    /// Segments deleted by retention.
+    pub segments_deleted: u64,
+    /// Appended, not yet written out.
+    pub unwritten_bytes: u64,
+    /// The error writes are failing with, while they fail.
+    pub failing: Option<String>,
+}
+
+/// What the writer and the readers share.
+pub(crate) struct State {
+    pub sealed: Vec<Arc<SealedSegment>>,
+    pub open: OpenSegment,
+}
+
+/// The archive's writer: owned by one thread, which calls [`append`](Self::append) for each
+/// accepted frame and [`tick`](Self::tick) at least every 100 ms.
+pub struct Archive {
+    config: ArchiveConfig,
+    shared: Arc<RwLock<State>>,
+    next_seq: u64,
+    stats: ArchiveStats,
+    last_sync: Instant,
+    last_retention: Instant,
+    /// After a failed seal, when to try again.
+    seal_retry_at: Option<Instant>,
+}
+
+const SEAL_RETRY: Duration = Duration::from_secs(10);
+const RETENTION_EVERY: Duration = Duration::from_secs(10);
+
+fn unix_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn parse_name(name: &str) -> Option<(u64, &str)> {
+    let (id, ext) = name.split_once('.')?;
+    (id.len() == 20).then_some(())?;
+    Some((id.parse().ok()?, ext))
+}
+
+fn write_lock(shared: &RwLock<State>) -> std::sync::RwLockWriteGuard<'_, State> {
+    shared.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ArchiveError::io(dir, e))
+}
+
+impl Archive {
+    /// Opens or creates the archive under `config.dir`. Recovers what a crash left: an open
+    /// segment's torn tail is cut (one log line), a seal that finished but did not delete
+    /// its open segment is completed, an older open segment left by a failed seal is sealed.
+    pub fn open(config: ArchiveConfig) -> Result<Archive, ArchiveError> {
+        let dir = config.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| ArchiveError::io(&dir, e))?;
+        let mut sealed_ids = Vec::new();
+        let mut open_ids = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| ArchiveError::io(&dir, e))? {
+            let entry = entry.map_err(|e| ArchiveError::io(&dir, e))?;
+            let name = entry.file_name();
+            let Some((id, ext)) = name.to_str().and_then(parse_name) else {
+                continue;
+            };
+            match ext {
+                "seg" => sealed_ids.push(id),
+                "wal" => open_ids.push(id),
+                "seg.tmp" => {
+                    // A seal cut short: its open segment is still there.
+                    let _ = std::fs::remove_file(entry.path());
+                }
+                _ => {}
+            }
+        }
+        sealed_ids.sort_unstable();
+        open_ids.sort_unstable();
+        let mut stats = ArchiveStats::default();
+        let mut sealed = Vec::new();
+        for &id in &sealed_ids {
+            match SealedSegment::open(&sealed_path(&dir, id)) {
+                Ok(seg) => sealed.push(Arc::new(seg)),
+                Err(e) => {
+                    tracing::error!("{e}: segment left out of the archive");
+                    stats.write_errors += 1;
+                }
+            }
+        }
+        let settings = BlockSettings {
+            block_bytes: config.block_bytes,
+            level: config.compression_level,
+        };
+        let mut open = None;
+        for &id in &open_ids {
+            let path = open_path(&dir, id);
+            if sealed_ids.binary_search(&id).is_ok() {
+                // Sealed, but the crash came before its open segment was deleted.
+                std::fs::remove_file(&path).map_err(|e| ArchiveError::io(&path, e))?;
+                continue;
+            }
+            let (seg, torn) = OpenSegment::recover(&path, id)?;
+            if let Some(t) = torn {
+                tracing::warn!(
+                    "archive {}: cut a torn tail of {} bytes at byte {} ({}): the records before it are kept",
+                    path.display(),
+                    t.cut_bytes,
+                    t.at,
+                    t.why
+                );
+                stats.torn_tails_cut += 1;
+            }
+            if let Some(previous) = open.replace(seg) {
+                // Two open segments: a seal failed before the restart. Seal the older now.
+                sealed.extend(seal(&dir, previous, settings)?.map(Arc::new));
+            }
+        }
+        let next_id = sealed
+            .iter()
+            .map(|s| s.id)
+            .chain(open.iter().map(|o| o.id))
+            .max()
+            .map_or(1, |id| id + 1);
+        let open = match open {
+            Some(o) => o,
+            None => OpenSegment::create(&dir, next_id)?,
+        };
+        sealed.sort_by_key(|s| s.id);
+        let next_seq = sealed
+            .iter()
+            .map(|s| s.last_seq + 1)
+            .chain(open.entries.last().map(|e| e.seq + 1))
+            .max()
+            .unwrap_or(0);
+        let archive = Archive {
+            config,
+            shared: Arc::new(RwLock::new(State { sealed, open })),
+            next_seq,
+            stats,
+            last_sync: Instant::now(),
+            last_retention: Instant::now() - RETENTION_EVERY,
+            seal_retry_at: None,
+        };
+        sync_dir(&dir)?;
+        Ok(archive)
+    }
+
+    pub fn config(&self) -> &ArchiveConfig {
+        &self.config
+    }
+
+    /// Appends one accepted frame. `schema` is called when the node's first record goes into
+    /// a new segment: it returns the node's current schema as a frame of schema entries only,
+    /// written before the frame so every segment decodes on its own.
+    pub fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError> {
+        if frame.node.len() > 255 || frame.bytes.len() > 65_536 {
+            return Err(self.dropped(frame.node, "node name or frame longer than a frame allows"));
+        }
+        if self.needs_seal(frame.received_ns) {
+            self.roll();
+        }
+        let unwritten = write_lock(&self.shared).open.buf.len();
+        if self.stats.failing.is_some() && unwritten >= self.config.max_unwritten_bytes {
+            let why = format!(
+                "writes are failing ({}) and {} bytes already wait",
+                self.stats.failing.as_deref().unwrap_or_default(),
+                unwritten
+            );
+            return Err(self.dropped(frame.node, &why));
+        }
+        let known = write_lock(&self.shared)
+            .open
+            .node_ix
+            .contains_key(frame.node);
+        let schema_bytes = if known { None } else { schema(frame.node) };
+        let mut view = RecordView {
+            seq: 0,
+            kind: RecordKind::Schema,
+            node: frame.node,
+            received_ns: frame.received_ns,
+            first_ns: frame.first_ns,
+            last_ns: frame.first_ns,
+            bytes: &[],
+        };
+        let buffered = {
+            let mut st = write_lock(&self.shared);
+            if let Some(bytes) = &schema_bytes {
+                view.seq = self.next_seq;
+                view.bytes = bytes;
+                st.open.append(&view);
+                self.next_seq += 1;
+            }
+            view.seq = self.next_seq;
+            view.kind = RecordKind::Frame;
+            view.last_ns = frame.last_ns;
+            view.bytes = frame.bytes;
+            st.open.append(&view);
+            self.next_seq += 1;
+            st.open.buf.len()
+        };
+        self.stats.frames_appended += 1;
+        self.stats.frame_bytes_appended += frame.bytes.len() as u64;
+        if buffered >= self.config.write_out_bytes && self.stats.failing.is_none() {
+            // A failure is counted and logged there, and reported by the next tick: this
+            // record is kept in the buffer either way.
+            let _ = self.write_out();
+        }
+        Ok(())
+    }
+
+    fn dropped(&mut self, node: &str, why: &str) -> ArchiveError {
+        self.stats.dropped_records += 1;
+        ArchiveError::Dropped {
+            dir: self.config.dir.clone(),
+            node: node.to_owned(),
+            why: why.to_owned(),
+        }
+    }
+
+    fn needs_seal(&self, now_ns: u64) -> bool {
+        if self.seal_retry_at.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+        let span = nanos(self.config.segment_span);
+        st.open.size() >= self.config.segment_bytes
+            || st
+                .open
+                .first_received_ns()
+                .is_some_and(|first| now_ns.saturating_sub(first) >= span)
+    }
+
+    /// Writes out what is buffered; on failure keeps it for the next try (appends refuse new
+    /// records once `max_unwritten_bytes` wait).
+    fn write_out(&mut self) -> Result<(), ArchiveError> {
+        let mut st = write_lock(&self.shared);
+        let result = st.open.write_out();
+        match &result {
+            Ok(()) => {
+                if self.stats.failing.take().is_some() {
+                    tracing::info!("archive {}: writing again", self.config.dir.display());
+                }
+            }
+            Err(e) => {
+                self.stats.write_errors += 1;
+                if self.stats.failing.is_none() {
+                    tracing::error!("{e}: records wait in memory and are retried every tick");
+                }
+                self.stats.failing = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    /// Called by the writer at least every 100 ms: writes out what was appended (a process
+    /// kill then loses at most the records of the last tick), fsyncs the open segment every
+    /// `sync_interval`, seals it when its span has passed, and applies retention every 10 s.
+    pub fn tick(&mut self) -> Result<(), ArchiveError> {
+        self.write_out()?;
+        if self.last_sync.elapsed() >= self.config.sync_interval {
+            let mut st = write_lock(&self.shared);
+            if st.open.dirty {
+                let synced = st.open.file.sync_data();
+                match synced {
+                    Ok(()) => st.open.dirty = false,
+                    Err(e) => {
+                        let e = ArchiveError::io(&st.open.path, e);
+                        drop(st);
+                        self.stats.write_errors += 1;
+                        return Err(e);
+                    }
+                }
+            }
+            drop(st);
+            self.last_sync = Instant::now();
+        }
+        let now = unix_now_ns();
+        if self.needs_seal(now) {
+            self.roll();
+        }
+        if self.last_retention.elapsed() >= RETENTION_EVERY {
+            self.last_retention = Instant::now();
+            self.apply_retention(now);
+        }
+        Ok(())
+    }
+
+    /// Seals the open segment now and starts a new one (a planned shutdown, a measurement).
+    pub fn seal(&mut self) -> Result<(), ArchiveError> {
+        self.try_roll()
+    }
+
+    /// Seals the open segment and starts a new one. A failure (a full disk) is logged and
+    /// counted; appends go on into the same open segment and the seal is retried later.
+    fn roll(&mut self) {
+        match self.try_roll() {
+            Ok(()) => self.seal_retry_at = None,
+            Err(e) => {
+                self.stats.write_errors += 1;
+                tracing::error!("{e}: sealing the open segment failed, retrying in 10 s");
+                self.seal_retry_at = Some(Instant::now() + SEAL_RETRY);
+            }
+        }
+    }
+
+    fn try_roll(&mut self) -> Result<(), ArchiveError> {
+        self.write_out()?;
+        let dir = self.config.dir.clone();
+        let settings = BlockSettings {
+            block_bytes: self.config.block_bytes,
+            level: self.config.compression_level,
+        };
+        // The writer is this thread: the open segment changes only here, so it can be
+        // sealed from a snapshot of its file while readers go on reading it.
+        let (id, old_path, entries_empty) = {
+            let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+            (st.open.id, st.open.path.clone(), st.open.entries.is_empty())
+        };
+        if entries_empty {
+            return Ok(());
+        }
+        let sealed_seg = {
+            let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+            st.open
+                .file
+                .sync_data()
+                .map_err(|e| ArchiveError::io(&old_path, e))?;
+            seal_snapshot(&dir, &st.open, settings)?
+        };
+        sync_dir(&dir)?;
+        let fresh = OpenSegment::create(&dir, id + 1)?;
+        {
+            let mut st = write_lock(&self.shared);
+            st.sealed.push(Arc::new(sealed_seg));
+            st.open = fresh;
+        }
+        std::fs::remove_file(&old_path).map_err(|e| ArchiveError::io(&old_path, e))?;
+        sync_dir(&dir)?;
+        self.apply_retention(unix_now_ns());
+        Ok(())
+    }
+
+    /// Deletes the oldest sealed segments: those whose newest record was received before
+    /// `now_ns - retention_age`, then more while the sealed ones and a full open segment
+    /// would take more than `retention_bytes`.
+    /// Returns how many were deleted.
+    pub(crate) fn apply_retention(&mut self, now_ns: u64) -> usize {
+        let doomed: Vec<Arc<SealedSegment>> = {
+            let mut st = write_lock(&self.shared);
+            let cutoff = self
+                .config
+                .retention_age
+                .map(|age| now_ns.saturating_sub(nanos(age)));
+            // Sealed segments get what the open segment cannot take at its largest, so the
+            // archive as a whole stays within `retention_bytes`.
+            let budget = self
+                .config
+                .retention_bytes
+                .map(|max| max.saturating_sub(self.config.segment_bytes + 65_536));
+            let mut total: u64 = st.sealed.iter().map(|s| s.bytes).sum();
+            let mut n = 0;
+            for s in &st.sealed {
+                let too_old = cutoff.is_some_and(|c| s.max_received_ns < c);
+                let too_big = budget.is_some_and(|max| total > max);
+                if !(too_old || too_big) {
+                    break;
+                }
+                total -= s.bytes;
+                n += 1;
+            }
+            st.sealed.drain(..n).collect()
+        };
+        for s in &doomed {
+            if let Err(e) = std::fs::remove_file(&s.path) {
+                tracing::warn!("archive: removing {} (retention): {e}", s.path.display());
+            }
+        }
+        if !doomed.is_empty() {
+            tracing::info!(
+                "archive {}: retention deleted {} segment(s), up to record {}",
+                self.config.dir.display(),
+                doomed.len(),
+                doomed.last().map_or(0, |s| s.last_seq)
+            );
+        }
+        self.stats.segments_deleted += doomed.len() as u64;
+        doomed.len()
+    }
+
+    /// A reader that sees everything appended (Clone + Send).
+    pub fn reader(&self) -> ArchiveReader {
+        ArchiveReader::new(self.shared.clone())
+    }
+
+    /// Bytes on disk, segments, records, torn tails cut, errors.
+    pub fn stats(&self) -> ArchiveStats {
+        let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+        ArchiveStats {
+            bytes_on_disk: st.sealed.iter().map(|s| s.bytes).sum::<u64>() + st.open.written,
+            segments: st.sealed.len() as u64 + 1,
+            records: st.sealed.iter().map(|s| u64::from(s.records)).sum::<u64>()
+                + st.open.entries.len() as u64,
+            unwritten_bytes: st.open.buf.len() as u64,
+            ..self.stats.clone()
+        }
+    }
+}
+
+/// Seals a recovered open segment that is no longer the newest (start-up only).
+fn seal(
+    dir: &Path,
+    seg: OpenSegment,
+    settings: BlockSettings,
+) -> Result<Option<SealedSegment>, ArchiveError> {
+    let result = if seg.entries.is_empty() {
+        None
+    } else {
+        let s = seal_snapshot(dir, &seg, settings)?;
+        sync_dir(dir)?;
+        Some(s)
+    };
+    std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e))?;
+    Ok(result)
+}
+
+/// Writes the sealed form of an open segment (all its records written out).
+fn seal_snapshot(
+    dir: &Path,
+    open: &OpenSegment,
+    settings: BlockSettings,
+) -> Result<SealedSegment, ArchiveError> {
+    let bytes = std::fs::read(&open.path).map_err(|e| ArchiveError::io(&open.path, e))?;
+    let mut per_node: Vec<(&str, Vec<RecordView<'_>>)> =
+        open.nodes.iter().map(|n| (&**n, Vec::new())).collect();
+    for e in &open.entries {
+        let start = e.offset as usize;
+        let entry = bytes
+            .get(start..start + e.len as usize)
+            .and_then(|b| record::read_entry(b).ok())
+            .ok_or_else(|| ArchiveError::Corrupt {
+                path: open.path.clone(),
+                what: format!("entry at byte {} changed under the archive", e.offset),
+            })?;
+        per_node[e.node as usize].1.push(entry.0);
+    }
+    per_node.sort_by(|a, b| a.0.cmp(b.0));
+    sealed::write(dir, open.id, &per_node, settings)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,354 @@
+//! Reading the archive back: by node and time range for queries ([`ArchiveReader::scan`]),
+//! and in sequence order from a cursor for remote-write ([`SequentialReader`]).
+
+use std::{
+    cmp::Reverse,
+    collections::{BTreeSet, BinaryHeap, VecDeque},
+    fs::File,
+    sync::{Arc, RwLock, RwLockReadGuard},
+};
+
+use super::{
+    ArchiveError, Record, State,
+    record::{RecordView, read_block_records},
+    sealed::{BlockRef, NodeBlocks, SealedSegment},
+};
+
+/// Which nodes a scan reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeSelector {
+    All,
+    Only(BTreeSet<String>),
+}
+
+impl NodeSelector {
+    fn wants(&self, node: &str) -> bool {
+        match self {
+            NodeSelector::All => true,
+            NodeSelector::Only(set) => set.contains(node),
+        }
+    }
+}
+
+/// What a scan reads: nodes and a time range (Unix ns, inclusive).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanFilter {
+    pub nodes: NodeSelector,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// What a scan read: how much of the archive a query touched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanStats {
+    /// Sealed segments whose index was read.
+    pub segments: usize,
+    /// Blocks decompressed.
+    pub blocks: usize,
+    /// Records visited (from sealed blocks and the open segment).
+    pub records: usize,
+}
+
+/// Reads the archive; cheap to clone, and sees everything the writer appended.
+#[derive(Clone)]
+pub struct ArchiveReader {
+    shared: Arc<RwLock<State>>,
+}
+
+fn open_file(seg: &SealedSegment) -> Result<Option<File>, ArchiveError> {
+    match File::open(&seg.path) {
+        Ok(f) => Ok(Some(f)),
+        // Deleted by retention since the list was taken.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ArchiveError::io(&seg.path, e)),
+    }
+}
+
+impl ArchiveReader {
+    pub(crate) fn new(shared: Arc<RwLock<State>>) -> Self {
+        Self { shared }
+    }
+
+    fn state(&self) -> RwLockReadGuard<'_, State> {
+        self.shared.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Visits, segment by segment in time order and for each selected node, that node's
+    /// records of every segment overlapping the time range, in the order they were appended.
+    /// A node's records in a segment are visited from the segment's first one (its schema
+    /// record and the frames whose schema entries later frames rely on), up to the last block
+    /// that starts before the range ends: the caller filters samples by time.
+    pub fn scan(
+        &self,
+        filter: &ScanFilter,
+        visit: &mut dyn FnMut(&RecordView<'_>),
+    ) -> Result<ScanStats, ArchiveError> {
+        let mut stats = ScanStats::default();
+        let sealed: Vec<Arc<SealedSegment>> = self
+            .state()
+            .sealed
+            .iter()
+            .filter(|s| s.min_ns <= filter.end_ns && s.max_ns >= filter.start_ns)
+            .cloned()
+            .collect();
+        for seg in &sealed {
+            let Some(file) = open_file(seg)? else {
+                continue;
+            };
+            stats.segments += 1;
+            for nb in seg.index(&file)? {
+                if !filter.nodes.wants(&nb.node)
+                    || nb.min_ns() > filter.end_ns
+                    || nb.max_ns() < filter.start_ns
+                {
+                    continue;
+                }
+                for block in nb.blocks.iter().filter(|b| b.min_ns <= filter.end_ns) {
+                    let raw = seg.read_block(&file, block)?;
+                    stats.blocks += 1;
+                    for r in read_block_records(&raw, &nb.node).flatten() {
+                        stats.records += 1;
+                        visit(&r);
+                    }
+                }
+            }
+        }
+        let st = self.state();
+        let open = &st.open;
+        let wanted: Vec<bool> = open.nodes.iter().map(|n| filter.nodes.wants(n)).collect();
+        let mut in_range = vec![false; open.nodes.len()];
+        for e in &open.entries {
+            if e.first_ns <= filter.end_ns && e.last_ns >= filter.start_ns {
+                in_range[e.node as usize] = true;
+            }
+        }
+        for e in &open.entries {
+            let n = e.node as usize;
+            if !wanted[n] || !in_range[n] || e.first_ns > filter.end_ns {
+                continue;
+            }
+            let bytes = open.entry_bytes(e)?;
+            let (r, _) = super::record::read_entry(&bytes).map_err(|_| ArchiveError::Corrupt {
+                path: open.path.clone(),
+                what: format!("entry at byte {}", e.offset),
+            })?;
+            stats.records += 1;
+            visit(&r);
+        }
+        Ok(stats)
+    }
+
+    /// The nodes with records in the time range.
+    pub fn nodes(&self, start_ns: u64, end_ns: u64) -> Result<BTreeSet<String>, ArchiveError> {
+        let sealed: Vec<Arc<SealedSegment>> = self
+            .state()
+            .sealed
+            .iter()
+            .filter(|s| s.min_ns <= end_ns && s.max_ns >= start_ns)
+            .cloned()
+            .collect();
+        let mut nodes = BTreeSet::new();
+        for seg in &sealed {
+            let Some(file) = open_file(seg)? else {
+                continue;
+            };
+            for nb in seg.index(&file)? {
+                if nb.min_ns() <= end_ns && nb.max_ns() >= start_ns {
+                    nodes.insert(nb.node.to_string());
+                }
+            }
+        }
+        let st = self.state();
+        for e in &st.open.entries {
+            if e.first_ns <= end_ns && e.last_ns >= start_ns {
+                nodes.insert(st.open.nodes[e.node as usize].to_string());
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// The sequence number of the oldest record still kept (retention deletes from there).
+    pub fn oldest_seq(&self) -> Option<u64> {
+        let st = self.state();
+        st.sealed
+            .first()
+            .map(|s| s.first_seq)
+            .or_else(|| st.open.entries.first().map(|e| e.seq))
+    }
+
+    /// The sequence number the next appended record will get (a cursor there reads only
+    /// what comes after now).
+    pub fn end_seq(&self) -> u64 {
+        let st = self.state();
+        st.open
+            .entries
+            .last()
+            .map(|e| e.seq + 1)
+            .or_else(|| st.sealed.last().map(|s| s.last_seq + 1))
+            .unwrap_or(0)
+    }
+
+    /// The sequence number of the first record of the segment that holds `seq`, where that
+    /// segment's schema records are (`seq` itself when no kept segment holds it): a reader
+    /// that resumes at `seq` reads from there to learn what the series ids stand for.
+    pub fn segment_start(&self, seq: u64) -> u64 {
+        let st = self.state();
+        match st.sealed.iter().find(|s| s.last_seq >= seq) {
+            Some(s) => s.first_seq.min(seq),
+            None => st.open.entries.first().map_or(seq, |e| e.seq.min(seq)),
+        }
+    }
+
+    /// Reads every record from sequence number `from` on, in sequence order.
+    pub fn sequential(&self, from: u64) -> SequentialReader {
+        SequentialReader {
+            reader: self.clone(),
+            next: from,
+            skipped: 0,
+            merge: None,
+        }
+    }
+}
+
+/// Reads the archive in sequence (= append) order from a cursor, as remote-write follows it:
+/// [`position`](Self::position) is the cursor to resume from after a restart. Records that
+/// retention deleted before they were read are skipped and counted.
+pub struct SequentialReader {
+    reader: ArchiveReader,
+    next: u64,
+    skipped: u64,
+    merge: Option<Merge>,
+}
+
+/// A sealed segment read in sequence order: its blocks are per node, so the nodes' records
+/// are merged, holding one decompressed block per node.
+struct Merge {
+    seg: Arc<SealedSegment>,
+    file: File,
+    nodes: Vec<NodeCursor>,
+    heads: BinaryHeap<Reverse<(u64, usize)>>,
+}
+
+struct NodeCursor {
+    node: Arc<str>,
+    blocks: Vec<BlockRef>,
+    next_block: usize,
+    records: VecDeque<Record>,
+}
+
+impl Merge {
+    fn new(seg: Arc<SealedSegment>, file: File, from: u64) -> Result<Self, ArchiveError> {
+        let index: Vec<NodeBlocks> = seg.index(&file)?;
+        let mut merge = Merge {
+            seg,
+            file,
+            nodes: Vec::with_capacity(index.len()),
+            heads: BinaryHeap::new(),
+        };
+        for nb in index {
+            let next_block = nb.blocks.partition_point(|b| b.last_seq < from);
+            merge.nodes.push(NodeCursor {
+                node: nb.node,
+                blocks: nb.blocks,
+                next_block,
+                records: VecDeque::new(),
+            });
+            let ix = merge.nodes.len() - 1;
+            merge.refill(ix, from)?;
+        }
+        Ok(merge)
+    }
+
+    /// Loads node `ix`'s next block if its records ran out, and queues its head.
+    fn refill(&mut self, ix: usize, from: u64) -> Result<(), ArchiveError> {
+        let n = &mut self.nodes[ix];
+        while n.records.is_empty() && n.next_block < n.blocks.len() {
+            let raw = self.seg.read_block(&self.file, &n.blocks[n.next_block])?;
+            n.next_block += 1;
+            n.records.extend(
+                read_block_records(&raw, "")
+                    .flatten()
+                    .filter(|r| r.seq >= from)
+                    .map(|r| r.to_record(n.node.clone())),
+            );
+        }
+        if let Some(r) = n.records.front() {
+            self.heads.push(Reverse((r.seq, ix)));
+        }
+        Ok(())
+    }
+
+    fn pop(&mut self, from: u64) -> Result<Option<Record>, ArchiveError> {
+        let Some(Reverse((_, ix))) = self.heads.pop() else {
+            return Ok(None);
+        };
+        let r = self.nodes[ix].records.pop_front().expect("queued head");
+        self.refill(ix, from)?;
+        Ok(Some(r))
+    }
+}
+
+impl SequentialReader {
+    /// The cursor: the sequence number of the next record this reader returns.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+
+    /// Records retention deleted before this reader got to them.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// Up to `max` next records in sequence order; empty when it has read everything
+    /// appended so far (call again later for more).
+    pub fn next_batch(&mut self, max: usize) -> Result<Vec<Record>, ArchiveError> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            if let Some(merge) = &mut self.merge {
+                match merge.pop(self.next)? {
+                    Some(r) => {
+                        self.next = r.seq + 1;
+                        out.push(r);
+                    }
+                    None => {
+                        self.next = self.next.max(merge.seg.last_seq + 1);
+                        self.merge = None;
+                    }
+                }
+                continue;
+            }
+            let st = self.reader.state();
+            if let Some(seg) = st.sealed.iter().find(|s| s.last_seq >= self.next).cloned() {
+                drop(st);
+                if seg.first_seq > self.next {
+                    self.skipped += seg.first_seq - self.next;
+                    self.next = seg.first_seq;
+                }
+                match open_file(&seg)? {
+                    Some(file) => self.merge = Some(Merge::new(seg, file, self.next)?),
+                    None => continue, // deleted meanwhile: the next one is found next turn
+                }
+                continue;
+            }
+            let open = &st.open;
+            let start = open.entries.partition_point(|e| e.seq < self.next);
+            if let Some(first) = open.entries.get(start)
+                && first.seq > self.next
+                && st.sealed.is_empty()
+                && start == 0
+            {
+                self.skipped += first.seq - self.next;
+            }
+            let mut last = None;
+            for e in open.entries[start..].iter().take(max - out.len()) {
+                out.push(open.record(e)?);
+                last = Some(e.seq);
+            }
+            if let Some(seq) = last {
+                self.next = seq + 1;
+            }
+            break;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,371 @@
+//! Sealed segments: an open segment's records regrouped per node into zstd blocks, with a
+//! per-node index of the blocks (time and sequence ranges) and a trailer that summarises the
+//! segment, so opening the archive reads 64 bytes per segment and a query reads only the
+//! blocks of the nodes it asks for (docs/archive-format.md).
+
+use std::{
+    fs::File,
+    io::Write as _,
+    os::unix::fs::FileExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use super::{
+    ArchiveError,
+    record::{RecordView, read_block_records},
+};
+
+pub(crate) const SEALED_MAGIC: [u8; 4] = *b"RSAS";
+const TRAILER_MAGIC: [u8; 4] = *b"RSAX";
+pub(crate) const FORMAT_VERSION: u8 = 1;
+pub(crate) const HEADER_LEN: usize = 16;
+const TRAILER_LEN: usize = 64;
+/// Per block in the index: offset, compressed and raw length, records, seq range, time range.
+const BLOCK_INDEX_LEN: usize = 8 + 4 + 4 + 4 + 8 * 4;
+
+/// What the trailer says of a sealed segment: all the archive keeps in memory of it.
+#[derive(Clone, Debug)]
+pub struct SealedSegment {
+    pub id: u64,
+    pub path: PathBuf,
+    /// Size of the file.
+    pub bytes: u64,
+    pub records: u32,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Time range of the records' samples and events.
+    pub min_ns: u64,
+    pub max_ns: u64,
+    /// When the newest record was received: what retention by age looks at.
+    pub max_received_ns: u64,
+    index_offset: u64,
+    index_len: u32,
+    index_crc: u32,
+}
+
+/// One zstd block of one node's records.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockRef {
+    offset: u64,
+    compressed_len: u32,
+    raw_len: u32,
+    pub records: u32,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+}
+
+/// A node's blocks in a sealed segment, in record order.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeBlocks {
+    pub node: Arc<str>,
+    pub blocks: Vec<BlockRef>,
+}
+
+impl NodeBlocks {
+    pub fn min_ns(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|b| b.min_ns)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    pub fn max_ns(&self) -> u64 {
+        self.blocks.iter().map(|b| b.max_ns).max().unwrap_or(0)
+    }
+}
+
+pub(crate) fn sealed_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}.seg"))
+}
+
+fn corrupt(path: &Path, what: impl Into<String>) -> ArchiveError {
+    ArchiveError::Corrupt {
+        path: path.to_owned(),
+        what: what.into(),
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
+    move |source| ArchiveError::io(path, source)
+}
+
+/// How blocks are made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockSettings {
+    pub block_bytes: usize,
+    pub level: i32,
+}
+
+/// Writes a sealed segment of `nodes` (each node's records in order) to `<id>.seg.tmp`,
+/// fsyncs it and renames it to `<id>.seg`. The caller fsyncs the directory.
+pub(crate) fn write(
+    dir: &Path,
+    id: u64,
+    nodes: &[(&str, Vec<RecordView<'_>>)],
+    settings: BlockSettings,
+) -> Result<SealedSegment, ArchiveError> {
+    let path = sealed_path(dir, id);
+    let tmp = path.with_extension("seg.tmp");
+    let result = write_tmp(&tmp, id, nodes, settings).and_then(|mut seg| {
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        seg.path = path.clone();
+        Ok(seg)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_tmp(
+    tmp: &Path,
+    id: u64,
+    nodes: &[(&str, Vec<RecordView<'_>>)],
+    settings: BlockSettings,
+) -> Result<SealedSegment, ArchiveError> {
+    let mut compressor = zstd::bulk::Compressor::new(settings.level).map_err(io(tmp))?;
+    compressor
+        .include_checksum(true)
+        .and_then(|_| compressor.include_contentsize(true))
+        .map_err(io(tmp))?;
+    let mut out = Vec::with_capacity(1 << 20);
+    out.extend_from_slice(&SEALED_MAGIC);
+    out.extend_from_slice(&[FORMAT_VERSION, 0, 0, 0]);
+    out.extend_from_slice(&id.to_le_bytes());
+    let mut index = Vec::new();
+    index.extend_from_slice(&(nodes.len() as u32).to_le_bytes());
+    let mut seg = SealedSegment {
+        id,
+        path: tmp.to_owned(),
+        bytes: 0,
+        records: 0,
+        first_seq: u64::MAX,
+        last_seq: 0,
+        min_ns: u64::MAX,
+        max_ns: 0,
+        max_received_ns: 0,
+        index_offset: 0,
+        index_len: 0,
+        index_crc: 0,
+    };
+    let mut raw = Vec::with_capacity(settings.block_bytes + 70_000);
+    for (node, records) in nodes {
+        index.push(node.len() as u8);
+        index.extend_from_slice(node.as_bytes());
+        let blocks_at = index.len();
+        index.extend_from_slice(&0u32.to_le_bytes());
+        let mut blocks = 0u32;
+        let mut rest = &records[..];
+        while !rest.is_empty() {
+            raw.clear();
+            let mut block = BlockRef {
+                offset: out.len() as u64,
+                compressed_len: 0,
+                raw_len: 0,
+                records: 0,
+                first_seq: u64::MAX,
+                last_seq: 0,
+                min_ns: u64::MAX,
+                max_ns: 0,
+            };
+            let mut taken = 0;
+            for r in rest {
+                if taken > 0 && raw.len() + r.bytes.len() > settings.block_bytes {
+                    break;
+                }
+                r.put_block_record(&mut raw);
+                taken += 1;
+                block.first_seq = block.first_seq.min(r.seq);
+                block.last_seq = block.last_seq.max(r.seq);
+                block.min_ns = block.min_ns.min(r.first_ns);
+                block.max_ns = block.max_ns.max(r.last_ns);
+                seg.max_received_ns = seg.max_received_ns.max(r.received_ns);
+            }
+            rest = &rest[taken..];
+            let compressed = compressor.compress(&raw).map_err(io(tmp))?;
+            out.extend_from_slice(&compressed);
+            block.compressed_len = compressed.len() as u32;
+            block.raw_len = raw.len() as u32;
+            block.records = taken as u32;
+            put_block_index(&mut index, &block);
+            seg.records += block.records;
+            seg.first_seq = seg.first_seq.min(block.first_seq);
+            seg.last_seq = seg.last_seq.max(block.last_seq);
+            seg.min_ns = seg.min_ns.min(block.min_ns);
+            seg.max_ns = seg.max_ns.max(block.max_ns);
+            blocks += 1;
+        }
+        index[blocks_at..blocks_at + 4].copy_from_slice(&blocks.to_le_bytes());
+    }
+    seg.index_offset = out.len() as u64;
+    seg.index_len = index.len() as u32;
+    seg.index_crc = crc32fast::hash(&index);
+    out.extend_from_slice(&index);
+    put_trailer(&mut out, &seg);
+    seg.bytes = out.len() as u64;
+    let mut file = File::create(tmp).map_err(io(tmp))?;
+    file.write_all(&out).map_err(io(tmp))?;
+    file.sync_all().map_err(io(tmp))?;
+    Ok(seg)
+}
+
+fn put_block_index(out: &mut Vec<u8>, b: &BlockRef) {
+    out.extend_from_slice(&b.offset.to_le_bytes());
+    out.extend_from_slice(&b.compressed_len.to_le_bytes());
+    out.extend_from_slice(&b.raw_len.to_le_bytes());
+    out.extend_from_slice(&b.records.to_le_bytes());
+    for v in [b.first_seq, b.last_seq, b.min_ns, b.max_ns] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_trailer(out: &mut Vec<u8>, s: &SealedSegment) {
+    out.extend_from_slice(&s.index_offset.to_le_bytes());
+    out.extend_from_slice(&s.index_len.to_le_bytes());
+    out.extend_from_slice(&s.index_crc.to_le_bytes());
+    for v in [
+        s.first_seq,
+        s.last_seq,
+        s.min_ns,
+        s.max_ns,
+        s.max_received_ns,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&s.records.to_le_bytes());
+    out.extend_from_slice(&TRAILER_MAGIC);
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl SealedSegment {
+    /// Reads a sealed segment's header and trailer.
+    pub(crate) fn open(path: &Path) -> Result<Self, ArchiveError> {
+        let file = File::open(path).map_err(io(path))?;
+        let bytes = file.metadata().map_err(io(path))?.len();
+        if bytes < (HEADER_LEN + TRAILER_LEN) as u64 {
+            return Err(corrupt(
+                path,
+                format!("{bytes} bytes, shorter than a segment"),
+            ));
+        }
+        let mut header = [0u8; HEADER_LEN];
+        file.read_exact_at(&mut header, 0).map_err(io(path))?;
+        if header[0..4] != SEALED_MAGIC {
+            return Err(corrupt(path, "no sealed-segment magic"));
+        }
+        if header[4] != FORMAT_VERSION {
+            return Err(ArchiveError::Version {
+                path: path.to_owned(),
+                version: header[4],
+            });
+        }
+        let mut t = [0u8; TRAILER_LEN];
+        file.read_exact_at(&mut t, bytes - TRAILER_LEN as u64)
+            .map_err(io(path))?;
+        if t[60..64] != TRAILER_MAGIC {
+            return Err(corrupt(path, "no trailer (the file was cut)"));
+        }
+        let seg = SealedSegment {
+            id: u64_at(&header, 8),
+            path: path.to_owned(),
+            bytes,
+            index_offset: u64_at(&t, 0),
+            index_len: u32_at(&t, 8),
+            index_crc: u32_at(&t, 12),
+            first_seq: u64_at(&t, 16),
+            last_seq: u64_at(&t, 24),
+            min_ns: u64_at(&t, 32),
+            max_ns: u64_at(&t, 40),
+            max_received_ns: u64_at(&t, 48),
+            records: u32_at(&t, 56),
+        };
+        if seg.index_offset + u64::from(seg.index_len) + TRAILER_LEN as u64 != bytes {
+            return Err(corrupt(path, "index position"));
+        }
+        Ok(seg)
+    }
+
+    /// Reads the per-node index (checked against its CRC).
+    pub(crate) fn index(&self, file: &File) -> Result<Vec<NodeBlocks>, ArchiveError> {
+        let path = &self.path;
+        let mut b = vec![0u8; self.index_len as usize];
+        file.read_exact_at(&mut b, self.index_offset)
+            .map_err(io(path))?;
+        if crc32fast::hash(&b) != self.index_crc {
+            return Err(corrupt(path, "index checksum"));
+        }
+        let bad = || corrupt(path, "index entries");
+        let mut at = 0;
+        let take = |at: &mut usize, n: usize| -> Result<&[u8], ArchiveError> {
+            let s = b.get(*at..*at + n).ok_or_else(bad)?;
+            *at += n;
+            Ok(s)
+        };
+        let count = u32_at(take(&mut at, 4)?, 0);
+        let mut nodes = Vec::with_capacity(count.min(1 << 16) as usize);
+        for _ in 0..count {
+            let len = usize::from(take(&mut at, 1)?[0]);
+            let node = std::str::from_utf8(take(&mut at, len)?).map_err(|_| bad())?;
+            let blocks = u32_at(take(&mut at, 4)?, 0);
+            let mut list = Vec::with_capacity(blocks.min(1 << 16) as usize);
+            for _ in 0..blocks {
+                let e = take(&mut at, BLOCK_INDEX_LEN)?;
+                list.push(BlockRef {
+                    offset: u64_at(e, 0),
+                    compressed_len: u32_at(e, 8),
+                    raw_len: u32_at(e, 12),
+                    records: u32_at(e, 16),
+                    first_seq: u64_at(e, 20),
+                    last_seq: u64_at(e, 28),
+                    min_ns: u64_at(e, 36),
+                    max_ns: u64_at(e, 44),
+                });
+            }
+            nodes.push(NodeBlocks {
+                node: Arc::from(node),
+                blocks: list,
+            });
+        }
+        Ok(nodes)
+    }
+
+    /// Reads and decompresses one block, checking it holds the records the index says.
+    pub(crate) fn read_block(
+        &self,
+        file: &File,
+        block: &BlockRef,
+    ) -> Result<Vec<u8>, ArchiveError> {
+        let path = &self.path;
+        let mut compressed = vec![0u8; block.compressed_len as usize];
+        file.read_exact_at(&mut compressed, block.offset)
+            .map_err(io(path))?;
+        let raw = zstd::bulk::decompress(&compressed, block.raw_len as usize)
+            .map_err(|e| corrupt(path, format!("block at byte {}: {e}", block.offset)))?;
+        let records = read_block_records(&raw, "");
+        let mut n = 0u32;
+        for r in records {
+            if r.is_none() {
+                return Err(corrupt(
+                    path,
+                    format!("records of block at {}", block.offset),
+                ));
+            }
+            n += 1;
+        }
+        if n != block.records || raw.len() != block.raw_len as usize {
+            return Err(corrupt(path, format!("block at byte {}", block.offset)));
+        }
+        Ok(raw)
+    }
+}

@@ -1,0 +1,96 @@
+//! The collector's HTTP server (axum on a small tokio runtime of its own thread): `/metrics`,
+//! the live view (`/api/v1/live/nodes`, `/api/v1/live/events`) and whatever API router the
+//! collector is given (the query API).
+
+use std::{net::TcpListener, sync::Arc};
+
+use axum::{
+    Json, Router,
+    extract::{Query, State},
+    http::header,
+    response::IntoResponse,
+    routing::get,
+};
+use tokio::sync::watch;
+
+use crate::{collector::Shared, events::EventFilter, ingest::unix_now_ns, metrics};
+
+/// The routes of `/metrics` and the live view, merged with `api`.
+pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
+    let own = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/api/v1/live/nodes", get(nodes))
+        .route("/api/v1/live/events", get(events))
+        .with_state(shared);
+    match api {
+        Some(api) => own.merge(api),
+        None => own,
+    }
+}
+
+async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    // Rendering walks every node: off the async threads.
+    let body = tokio::task::spawn_blocking(move || metrics::render(&shared, unix_now_ns()))
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+}
+
+async fn nodes(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    Json(shared.table.summaries())
+}
+
+async fn events(
+    State(shared): State<Arc<Shared>>,
+    Query(filter): Query<EventFilter>,
+) -> impl IntoResponse {
+    Json(shared.events.matching(&filter))
+}
+
+/// Serves `router` on `listener` from a thread of its own until `stop` turns true.
+pub fn spawn(
+    listener: TcpListener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("HTTP server not started: {e}");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!("HTTP server not started: {e}");
+                        return;
+                    }
+                };
+                let shutdown = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                if let Err(e) = axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+                {
+                    tracing::error!("HTTP server stopped: {e}");
+                }
+            });
+        })
+}

@@ -1,0 +1,162 @@
+//! A receive thread: reads batches of datagrams from its socket, has the node table verify,
+//! decode and account each one, feeds the live view and the archive queue with what was
+//! accepted, counts what was not by reason, and asks senders for a schema it lacks (from the
+//! same socket, to the address the frame came from).
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use railscope_wire::{self as wire, SchemaRequest};
+
+use crate::{
+    collector::Shared,
+    drops::DropReason,
+    events::LiveEvent,
+    nodes::{Accepted, time_range},
+    udp::BatchReceiver,
+    writer::QueuedFrame,
+};
+
+/// Counters of everything that was received and accepted.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    pub datagrams: AtomicU64,
+    pub batches: AtomicU64,
+    pub frames: AtomicU64,
+    pub samples: AtomicU64,
+    pub events: AtomicU64,
+    pub bytes: AtomicU64,
+    pub schema_requests_sent: AtomicU64,
+    pub schema_request_errors: AtomicU64,
+}
+
+pub fn unix_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// How often the first receive thread forgets nodes silent for the node ttl.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(10);
+
+/// Receives on `socket` until `stop` is set.
+pub fn receive_loop(socket: UdpSocket, index: usize, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut receiver = BatchReceiver::new();
+    let mut housekeeping = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let n = match receiver.recv(&socket) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!("receive socket {index}: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                0
+            }
+        };
+        if n > 0 {
+            shared.stats.batches.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .datagrams
+                .fetch_add(n as u64, Ordering::Relaxed);
+            let now_ns = unix_now_ns();
+            for i in 0..n {
+                let (bytes, from) = receiver.datagram(i);
+                let from = from.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+                handle(&shared, &socket, bytes, from, now_ns);
+            }
+        }
+        let overflow = receiver.take_overflow();
+        if overflow > 0 {
+            shared.drops.add(DropReason::ReceiveBufferFull, overflow);
+            tracing::warn!(
+                "receive socket {index}: the kernel dropped {overflow} datagrams (receive buffer full: the collector is saturated, or net.core.rmem_max is small)"
+            );
+        }
+        if index == 0 && housekeeping.elapsed() >= HOUSEKEEPING_EVERY {
+            housekeeping = Instant::now();
+            shared.table.forget_silent(unix_now_ns());
+        }
+    }
+}
+
+/// One datagram, start to end.
+pub fn handle(shared: &Shared, socket: &UdpSocket, bytes: &[u8], from: SocketAddr, now_ns: u64) {
+    match shared.table.ingest(bytes, from, now_ns) {
+        Ok(accepted) => {
+            let ask = accepted.ask_schema;
+            let (node, session) = (accepted.node.clone(), accepted.frame.session);
+            take(shared, accepted, bytes, now_ns);
+            if ask {
+                ask_for_schema(shared, socket, &node, session, from);
+            }
+        }
+        Err(refused) => shared.drops.record(refused.reason, from, &refused.detail),
+    }
+}
+
+fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
+    let Accepted {
+        node,
+        frame,
+        schema,
+        ..
+    } = accepted;
+    let stats = &shared.stats;
+    stats.frames.fetch_add(1, Ordering::Relaxed);
+    stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    stats
+        .samples
+        .fetch_add(frame.sample_count() as u64, Ordering::Relaxed);
+    stats
+        .events
+        .fetch_add(frame.events.len() as u64, Ordering::Relaxed);
+    for event in &frame.events {
+        shared.events.push(LiveEvent::new(&node, event, now_ns));
+    }
+    if let Some(queue) = &shared.archive {
+        let (first_ns, last_ns) = time_range(&frame);
+        queue.push(QueuedFrame {
+            node,
+            received_ns: now_ns,
+            first_ns,
+            last_ns,
+            seq: frame.seq,
+            bytes: bytes.to_vec(),
+            schema,
+        });
+    }
+}
+
+fn ask_for_schema(shared: &Shared, socket: &UdpSocket, node: &str, session: u32, to: SocketAddr) {
+    let request = SchemaRequest {
+        node: node.to_owned(),
+        session,
+    };
+    let sent = wire::encode_schema_request(&request, &shared.key)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| socket.send_to(&bytes, to).map_err(|e| e.to_string()));
+    match sent {
+        Ok(_) => {
+            shared
+                .stats
+                .schema_requests_sent
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "asked {node} ({to}) for its schema: samples of series it has not named to this collector"
+            );
+        }
+        Err(e) => {
+            shared
+                .stats
+                .schema_request_errors
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("schema request to {node} ({to}): {e}");
+        }
+    }
+}

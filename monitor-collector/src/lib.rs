@@ -1,0 +1,36 @@
+//! railscope's collector: where a fleet's frames land, stay and are read back. It runs
+//! unprivileged on an ordinary server, one per few thousand nodes. It shares only the wire
+//! format (`railscope_wire`) with the node agent: the agent never links what only the
+//! collector needs, and the collector links no eBPF or NVML.
+//!
+//! The data's way through the crate:
+//! - [`udp`]: sockets sharing one port (`SO_REUSEPORT`), batched receives (`recvmmsg`);
+//! - [`ingest`]: a thread per socket: MAC check, decode and accounting by the [`nodes`]
+//!   table, drops counted by reason ([`drops`]), schema requests to agents;
+//! - [`nodes`]: per node, session, schema, sequence accounting, latest value of each series;
+//!   [`events`]: the recent events; together the live view;
+//! - [`writer`]: the archive queue and its writer thread, which hands every accepted frame to
+//!   [`archive`];
+//! - [`archive`]: every accepted frame, appended to segment files with a per-node time
+//!   index; what queries and remote-write read back;
+//! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
+//! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
+//!   v1), each endpoint following the archive from its own persisted cursor;
+//! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds.
+
+pub mod archive;
+pub mod collector;
+pub mod config;
+pub mod drops;
+pub mod events;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod nodes;
+pub mod query;
+pub mod remote_write;
+pub mod udp;
+pub mod writer;
+
+pub use collector::{Collector, Parts};
+pub use config::{CollectorConfig, Limits};

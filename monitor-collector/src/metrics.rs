@@ -1,0 +1,505 @@
+//! `/metrics` in the Prometheus text format: the latest value of every series of every node
+//! (the agents' own names, which follow Prometheus' conventions: `_total` counters, units in
+//! the name), with a `node` label and the sample's own timestamp, then the collector's health
+//! under `railscope_collector_`.
+//!
+//! Why timestamps: agents send samples in batches (every 10 s) and sample adaptively, so the
+//! time a value was read is not the time of the scrape; Prometheus keeps the read time.
+
+use std::{fmt::Write as _, sync::atomic::Ordering};
+
+use railscope_wire::Kind;
+
+use crate::{
+    collector::Shared,
+    drops::DropReason,
+    nodes::{LatestValue, LiveSeries, kind_name},
+};
+
+/// The whole exposition at `now_unix_ns`.
+pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
+    let mut out = String::new();
+    render_series(&mut out, shared.table.live_series(now_unix_ns));
+    render_health(&mut out, shared);
+    if let Some(extra) = &shared.extra_metrics {
+        extra(&mut out);
+    }
+    out
+}
+
+/// The archive's files: bytes on disk, segments, records, torn tails cut, errors.
+pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
+    use Kind::{Counter, Gauge};
+    let families: [(&str, Kind, &str, u64); 8] = [
+        (
+            "railscope_collector_archive_disk_bytes",
+            Gauge,
+            "Bytes of all archive segment files.",
+            s.bytes_on_disk,
+        ),
+        (
+            "railscope_collector_archive_segments",
+            Gauge,
+            "Archive segments (sealed ones plus the open one).",
+            s.segments,
+        ),
+        (
+            "railscope_collector_archive_records",
+            Gauge,
+            "Records in the archive (frames and schema records).",
+            s.records,
+        ),
+        (
+            "railscope_collector_archive_torn_tails_cut_total",
+            Counter,
+            "Torn segment tails cut when the archive was opened.",
+            s.torn_tails_cut,
+        ),
+        (
+            "railscope_collector_archive_file_errors_total",
+            Counter,
+            "Failed archive file writes, syncs and seals.",
+            s.write_errors,
+        ),
+        (
+            "railscope_collector_archive_dropped_records_total",
+            Counter,
+            "Records the archive dropped because writes kept failing.",
+            s.dropped_records,
+        ),
+        (
+            "railscope_collector_archive_segments_deleted_total",
+            Counter,
+            "Segments deleted by retention.",
+            s.segments_deleted,
+        ),
+        (
+            "railscope_collector_archive_unwritten_bytes",
+            Gauge,
+            "Bytes appended to the archive and not yet written out.",
+            s.unwritten_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        one(out, name, kind, help, value);
+    }
+}
+
+fn render_series(out: &mut String, mut live: Vec<LiveSeries>) {
+    live.sort_by(|a, b| {
+        (&a.series.name, &a.node, &a.series.labels).cmp(&(
+            &b.series.name,
+            &b.node,
+            &b.series.labels,
+        ))
+    });
+    let mut family: Option<(&str, Kind)> = None;
+    for l in &live {
+        let name = &*l.series.name;
+        let kind = match family {
+            Some((current, kind)) if current == name => kind,
+            _ => {
+                let kind = l.series.kind;
+                family = Some((name, kind));
+                let _ = writeln!(out, "# TYPE {} {}", metric_name(name), kind_name(kind));
+                kind
+            }
+        };
+        // One family has one type: a node that sends the name with the other kind is left out.
+        if l.series.kind != kind {
+            continue;
+        }
+        out.push_str(&metric_name(name));
+        out.push('{');
+        label(out, "node", &l.node, true);
+        for (k, v) in l.series.labels.iter() {
+            let key = if k == "node" { "exported_node" } else { k };
+            label(out, key, v, false);
+        }
+        out.push('}');
+        let value = match l.latest.value {
+            LatestValue::Counter(v) => v.to_string(),
+            LatestValue::Gauge { mean, .. } => float(mean),
+        };
+        let _ = writeln!(out, " {value} {}", l.latest.unix_ns / 1_000_000);
+    }
+}
+
+/// A metric name with anything Prometheus does not allow replaced by `_`.
+fn metric_name(name: &str) -> std::borrow::Cow<'_, str> {
+    let valid = |i: usize, c: char| {
+        c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+    };
+    if !name.is_empty() && name.chars().enumerate().all(|(i, c)| valid(i, c)) {
+        return name.into();
+    }
+    let mut s: String = name
+        .chars()
+        .enumerate()
+        .map(|(i, c)| if valid(i, c) { c } else { '_' })
+        .collect();
+    if s.is_empty() {
+        s.push('_');
+    }
+    s.into()
+}
+
+fn label(out: &mut String, key: &str, value: &str, first: bool) {
+    if !first {
+        out.push(',');
+    }
+    for (i, c) in key.chars().enumerate() {
+        let ok = c.is_ascii_alphabetic() || c == '_' || (i > 0 && c.is_ascii_digit());
+        out.push(if ok { c } else { '_' });
+    }
+    out.push_str("=\"");
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// A family of the collector's own: HELP, TYPE and its lines.
+fn family(out: &mut String, name: &str, kind: Kind, help: &str, lines: &[(String, String)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {}", kind_name(kind));
+    for (labels, value) in lines {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+fn one(out: &mut String, name: &str, kind: Kind, help: &str, value: impl ToString) {
+    family(out, name, kind, help, &[(String::new(), value.to_string())]);
+}
+
+fn render_health(out: &mut String, shared: &Shared) {
+    let s = &shared.stats;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    use Kind::{Counter, Gauge};
+    one(
+        out,
+        "railscope_collector_datagrams_received_total",
+        Counter,
+        "Datagrams read from the UDP sockets.",
+        get(&s.datagrams),
+    );
+    one(
+        out,
+        "railscope_collector_receive_batches_total",
+        Counter,
+        "recvmmsg calls that returned datagrams.",
+        get(&s.batches),
+    );
+    one(
+        out,
+        "railscope_collector_frames_accepted_total",
+        Counter,
+        "Frames authenticated, decoded and accepted.",
+        get(&s.frames),
+    );
+    one(
+        out,
+        "railscope_collector_samples_accepted_total",
+        Counter,
+        "Samples in accepted frames.",
+        get(&s.samples),
+    );
+    one(
+        out,
+        "railscope_collector_events_accepted_total",
+        Counter,
+        "Events in accepted frames.",
+        get(&s.events),
+    );
+    one(
+        out,
+        "railscope_collector_accepted_bytes_total",
+        Counter,
+        "Bytes of accepted frames.",
+        get(&s.bytes),
+    );
+    let drops: Vec<(String, String)> = DropReason::ALL
+        .iter()
+        .map(|r| {
+            (
+                format!("{{reason=\"{}\"}}", r.label()),
+                shared.drops.count(*r).to_string(),
+            )
+        })
+        .collect();
+    family(
+        out,
+        "railscope_collector_frames_dropped_total",
+        Counter,
+        "Datagrams dropped, by reason.",
+        &drops,
+    );
+    one(
+        out,
+        "railscope_collector_schema_requests_sent_total",
+        Counter,
+        "Schema requests sent to agents whose schema the collector lacked.",
+        get(&s.schema_requests_sent),
+    );
+    one(
+        out,
+        "railscope_collector_nodes",
+        Gauge,
+        "Nodes held.",
+        shared.table.node_count(),
+    );
+    one(
+        out,
+        "railscope_collector_series",
+        Gauge,
+        "Series held over all nodes.",
+        shared.table.series_count(),
+    );
+    let limits = shared.table.limits();
+    one(
+        out,
+        "railscope_collector_max_nodes",
+        Gauge,
+        "Bound on the nodes held.",
+        limits.max_nodes,
+    );
+    one(
+        out,
+        "railscope_collector_max_series",
+        Gauge,
+        "Bound on the series held over all nodes.",
+        limits.max_series,
+    );
+    let (events, event_bytes) = shared.events.held();
+    one(
+        out,
+        "railscope_collector_recent_events",
+        Gauge,
+        "Events held for the live view.",
+        events,
+    );
+    one(
+        out,
+        "railscope_collector_recent_event_bytes",
+        Gauge,
+        "Bytes the live view's events take.",
+        event_bytes,
+    );
+
+    match &shared.archive {
+        Some(queue) => {
+            let w = queue.stats();
+            one(
+                out,
+                "railscope_collector_archive_queue_frames",
+                Gauge,
+                "Accepted frames waiting for the archive writer.",
+                w.queued_frames.load(Ordering::Relaxed),
+            );
+            one(
+                out,
+                "railscope_collector_archive_queue_bytes",
+                Gauge,
+                "Bytes of frames waiting for the archive writer.",
+                w.queued_bytes.load(Ordering::Relaxed),
+            );
+            one(
+                out,
+                "railscope_collector_archive_queue_capacity_bytes",
+                Gauge,
+                "Bound of the archive queue.",
+                queue.capacity_bytes(),
+            );
+            one(
+                out,
+                "railscope_collector_archive_frames_total",
+                Counter,
+                "Frames appended to the archive.",
+                get(&w.appended),
+            );
+            family(
+                out,
+                "railscope_collector_archive_dropped_frames_total",
+                Counter,
+                "Accepted frames not archived, by reason (kept in the live view).",
+                &[
+                    (
+                        "{reason=\"queue_full\"}".into(),
+                        get(&w.dropped_queue_full).to_string(),
+                    ),
+                    (
+                        "{reason=\"error\"}".into(),
+                        get(&w.append_errors).to_string(),
+                    ),
+                ],
+            );
+            one(
+                out,
+                "railscope_collector_archive_write_errors_total",
+                Counter,
+                "Archive write-outs that failed.",
+                get(&w.tick_errors),
+            );
+            one(
+                out,
+                "railscope_collector_archive_failing",
+                Gauge,
+                "1 while the archive's last append or write-out failed (a full disk).",
+                u8::from(w.failing.load(Ordering::Relaxed)),
+            );
+        }
+        None => one(
+            out,
+            "railscope_collector_archive_enabled",
+            Gauge,
+            "0: this collector keeps no archive.",
+            0,
+        ),
+    }
+
+    let nodes = shared.table.summaries();
+    let per_node = |f: &dyn Fn(&crate::nodes::NodeSummary) -> String| -> Vec<(String, String)> {
+        nodes
+            .iter()
+            .map(|n| {
+                let mut labels = String::from("{");
+                label(&mut labels, "node", &n.node, true);
+                labels.push('}');
+                (labels, f(n))
+            })
+            .collect()
+    };
+    family(
+        out,
+        "railscope_collector_node_frames_total",
+        Counter,
+        "Frames accepted per node.",
+        &per_node(&|n| n.frames.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_samples_total",
+        Counter,
+        "Samples accepted per node.",
+        &per_node(&|n| n.samples.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_events_total",
+        Counter,
+        "Events accepted per node.",
+        &per_node(&|n| n.events.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_frames_lost_total",
+        Counter,
+        "Frames missing from a node's sequence (a late arrival is taken back off).",
+        &per_node(&|n| n.lost.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_frames_reordered_total",
+        Counter,
+        "Frames that arrived after a later one.",
+        &per_node(&|n| n.reordered.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_frames_duplicated_total",
+        Counter,
+        "Frames refused as already received.",
+        &per_node(&|n| n.duplicates.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_frames_replayed_total",
+        Counter,
+        "Frames refused as too old to place (old sequence numbers or sessions).",
+        &per_node(&|n| n.replayed.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_unknown_samples_total",
+        Counter,
+        "Samples of series the node had not named yet.",
+        &per_node(&|n| n.unknown_samples.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_sessions_total",
+        Counter,
+        "Sessions seen per node (1 + agent restarts).",
+        &per_node(&|n| n.sessions.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_series",
+        Gauge,
+        "Series held per node.",
+        &per_node(&|n| n.series.to_string()),
+    );
+    family(
+        out,
+        "railscope_collector_node_last_seen_timestamp_seconds",
+        Gauge,
+        "When the node's last frame was accepted.",
+        &per_node(&|n| float(n.last_seen_unix_ns as f64 / 1e9)),
+    );
+    let info: Vec<(String, String)> = nodes
+        .iter()
+        .map(|n| {
+            let mut labels = String::from("{");
+            label(&mut labels, "node", &n.node, true);
+            label(
+                &mut labels,
+                "agent_version",
+                n.agent_version.as_deref().unwrap_or(""),
+                false,
+            );
+            label(&mut labels, "address", &n.address, false);
+            label(&mut labels, "session", &format!("{:08x}", n.session), false);
+            labels.push('}');
+            (labels, "1".into())
+        })
+        .collect();
+    family(
+        out,
+        "railscope_collector_node_info",
+        Gauge,
+        "Each node's agent version, address and session.",
+        &info,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_label_values_are_escaped() {
+        assert_eq!(metric_name("railscope_ib_x_total"), "railscope_ib_x_total");
+        assert_eq!(metric_name("9bad-name"), "_bad_name");
+        let mut out = String::new();
+        label(&mut out, "de-vice", "a\"b\\c\nd", true);
+        assert_eq!(out, r#"de_vice="a\"b\\c\nd""#);
+        assert_eq!(float(f64::NAN), "NaN");
+        assert_eq!(float(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(float(312.456), "312.456");
+    }
+}

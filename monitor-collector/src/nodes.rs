@@ -1,0 +1,757 @@
+//! What the collector knows of each sending node: its session, schema and sequence
+//! accounting (a `railscope_wire::ReceiverState` per node), the latest value of each series,
+//! its frame, loss, duplicate and replay counts, last seen, address and agent version.
+//!
+//! Nodes are spread over shards, each behind its own lock, so receive threads rarely wait
+//! for one another; a datagram is routed to its shard by the node name in its header (read
+//! before the MAC is checked: routing only, nothing is created for an unauthenticated name).
+//! A node's frames are accounted under its shard's lock in one `decode`, so replays are
+//! refused whichever socket they come in on.
+
+use std::{
+    collections::HashMap,
+    hash::BuildHasher as _,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use railscope_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
+
+use crate::{config::Limits, drops::DropReason};
+
+/// The series a node session's ids stand for: the snapshot the archive writes at the start of
+/// a segment. Shared copy-on-write: a frame waiting for the archive keeps the schema it was
+/// accepted under, and the node's map is copied only if it changes meanwhile.
+#[derive(Clone, Debug, Default)]
+pub struct Schema {
+    pub node: Arc<str>,
+    pub session: u32,
+    pub entries: HashMap<u32, Series>,
+}
+
+/// The latest sample of a series (by sample time, not arrival).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Latest {
+    pub unix_ns: u64,
+    pub value: LatestValue,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LatestValue {
+    Counter(u64),
+    /// The envelope of the readings the sample covers (one reading: all three equal).
+    Gauge {
+        min: f64,
+        max: f64,
+        mean: f64,
+    },
+}
+
+/// Name of the series an agent reports its version in (a Prometheus `_info` gauge, 1, with a
+/// `version` label).
+pub const AGENT_INFO: &str = "railscope_agent_info";
+
+/// Counts of one node beyond the receiver state's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeCounts {
+    pub frames: u64,
+    pub samples: u64,
+    pub events: u64,
+    pub bytes: u64,
+    /// Frames refused as already received (duplicates, replays within the window).
+    pub duplicates: u64,
+    /// Frames refused as too old to place (replays of old sequence numbers or sessions).
+    pub replayed: u64,
+    /// Frames dropped while the node's session was refused for holding too many series.
+    pub refused: u64,
+    pub schema_requests: u64,
+}
+
+struct Node {
+    name: Arc<str>,
+    receiver: ReceiverState,
+    schema: Arc<Schema>,
+    latest: HashMap<u32, Latest>,
+    counts: NodeCounts,
+    /// Series held by the receiver state, as counted in the table's total.
+    footprint: usize,
+    last_seen_unix_ns: u64,
+    address: SocketAddr,
+    agent_version: Option<String>,
+    /// A session that went beyond the series bounds: its frames are dropped until the node
+    /// starts another session.
+    refused_session: Option<u32>,
+    /// When this session was last asked for its schema.
+    schema_asked: Option<(u32, Instant)>,
+}
+
+/// One node as the live view and `/metrics` show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NodeSummary {
+    pub node: String,
+    pub address: String,
+    pub agent_version: Option<String>,
+    pub session: u32,
+    pub last_seen_unix_ns: u64,
+    pub series: usize,
+    pub frames: u64,
+    pub samples: u64,
+    pub events: u64,
+    pub bytes: u64,
+    pub lost: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
+    pub replayed: u64,
+    pub unknown_samples: u64,
+    pub sessions: u64,
+    pub refused: u64,
+    pub schema_requests: u64,
+    pub series_refused: bool,
+}
+
+/// One series' latest value, for `/metrics` and the live view.
+#[derive(Clone, Debug)]
+pub struct LiveSeries {
+    pub node: Arc<str>,
+    pub series: Series,
+    pub latest: Latest,
+}
+
+/// A frame the table accepted.
+#[derive(Debug)]
+pub struct Accepted {
+    pub node: Arc<str>,
+    pub frame: Frame,
+    /// The node's schema as of this frame (its own entries merged).
+    pub schema: Arc<Schema>,
+    /// Ask the sender for its schema: samples of unknown ids came, and this session was not
+    /// asked in the last 5 s.
+    pub ask_schema: bool,
+}
+
+/// A dropped datagram: why, and what to log.
+#[derive(Debug)]
+pub struct Refused {
+    pub reason: DropReason,
+    pub detail: String,
+}
+
+impl Refused {
+    fn wire(error: &wire::WireError) -> Self {
+        Self {
+            reason: DropReason::of(error),
+            detail: error.to_string(),
+        }
+    }
+}
+
+/// A sender is asked for its schema at most this often per session (its answer comes with its
+/// next flush).
+pub const SCHEMA_REQUEST_EVERY: Duration = Duration::from_secs(5);
+
+const SHARDS: usize = 64;
+
+/// The nodes whose names hash to one shard.
+type Shard = Mutex<HashMap<Arc<str>, Node>>;
+
+/// Every node, sharded by name.
+pub struct NodeTable {
+    shards: Box<[Shard]>,
+    hasher: std::collections::hash_map::RandomState,
+    nodes: AtomicUsize,
+    series: AtomicUsize,
+    limits: Limits,
+    key: Key,
+}
+
+/// The node name of a frame's header, read before the MAC is checked (for routing only).
+fn peek_node(bytes: &[u8]) -> Option<&str> {
+    let len = usize::from(*bytes.get(6)?);
+    std::str::from_utf8(bytes.get(7..7 + len)?).ok()
+}
+
+/// The session of a frame's header, read before the MAC is checked.
+fn peek_session(bytes: &[u8]) -> Option<u32> {
+    let at = 7 + usize::from(*bytes.get(6)?);
+    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// The time range a frame's samples and events cover (its send time if it has none).
+pub fn time_range(frame: &Frame) -> (u64, u64) {
+    let mut range: Option<(u64, u64)> = None;
+    let mut add = |t0: u64, t1: u64| {
+        range = Some(match range {
+            None => (t0, t1),
+            Some((a, b)) => (a.min(t0), b.max(t1)),
+        });
+    };
+    for s in &frame.samples {
+        match &s.data {
+            SeriesData::Counter(v) => v.iter().for_each(|c| add(c.unix_ns, c.unix_ns)),
+            SeriesData::Gauge(v) => v
+                .iter()
+                .for_each(|g| add(g.start_unix_ns.min(g.end_unix_ns), g.end_unix_ns)),
+        }
+    }
+    for e in &frame.events {
+        add(e.unix_ns, e.unix_ns);
+    }
+    range.unwrap_or((frame.send_unix_ns, frame.send_unix_ns))
+}
+
+impl NodeTable {
+    pub fn new(key: Key, limits: Limits) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            nodes: AtomicUsize::new(0),
+            series: AtomicUsize::new(0),
+            limits,
+            key,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Nodes held.
+    pub fn node_count(&self) -> usize {
+        self.nodes.load(Ordering::Relaxed)
+    }
+
+    /// Series held over all nodes (schema entries of their current sessions).
+    pub fn series_count(&self) -> usize {
+        self.series.load(Ordering::Relaxed)
+    }
+
+    fn shard(&self, name: &str) -> &Shard {
+        &self.shards[self.hasher.hash_one(name) as usize % SHARDS]
+    }
+
+    /// Verifies, decodes and accounts one datagram received at `now_unix_ns` from `from`.
+    pub fn ingest(
+        &self,
+        bytes: &[u8],
+        from: SocketAddr,
+        now_unix_ns: u64,
+    ) -> Result<Accepted, Refused> {
+        let Some(name) = peek_node(bytes) else {
+            // Too short, or a name that is not UTF-8: the decoder says which (MAC first).
+            return Err(
+                match wire::decode(bytes, &self.key, &mut ReceiverState::default()) {
+                    Err(e) => Refused::wire(&e),
+                    Ok(_) => Refused {
+                        reason: DropReason::Malformed,
+                        detail: "unreadable header".into(),
+                    },
+                },
+            );
+        };
+        let mut shard = self.shard(name).lock().expect("node shard lock");
+        if let Some(node) = shard.get_mut(name) {
+            if node.refused_session.is_some() && node.refused_session == peek_session(bytes) {
+                // Authenticate it all the same, so forgeries are counted as such.
+                wire::decode(bytes, &self.key, &mut ReceiverState::default())
+                    .map_err(|e| Refused::wire(&e))?;
+                node.counts.refused += 1;
+                return Err(Refused {
+                    reason: DropReason::SeriesLimit,
+                    detail: format!(
+                        "node {name:?}'s session holds more series than the bounds allow"
+                    ),
+                });
+            }
+            let frame = match wire::decode(bytes, &self.key, &mut node.receiver) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    match e {
+                        wire::WireError::Duplicate { .. } => node.counts.duplicates += 1,
+                        wire::WireError::Stale { .. } => node.counts.replayed += 1,
+                        _ => {}
+                    }
+                    return Err(Refused::wire(&e));
+                }
+            };
+            self.check_time(&frame, now_unix_ns)?;
+            return self.absorb(node, frame, bytes.len(), from, now_unix_ns);
+        }
+        let mut receiver = ReceiverState::default();
+        let frame = wire::decode(bytes, &self.key, &mut receiver).map_err(|e| Refused::wire(&e))?;
+        self.check_time(&frame, now_unix_ns)?;
+        if self.nodes.load(Ordering::Relaxed) >= self.limits.max_nodes {
+            return Err(Refused {
+                reason: DropReason::TooManyNodes,
+                detail: format!(
+                    "new node {name:?}, but {} nodes are held already",
+                    self.limits.max_nodes
+                ),
+            });
+        }
+        self.nodes.fetch_add(1, Ordering::Relaxed);
+        let name: Arc<str> = Arc::from(name);
+        tracing::info!("new node {name:?} from {from}");
+        let node = shard.entry(name.clone()).or_insert(Node {
+            name: name.clone(),
+            receiver,
+            schema: Arc::new(Schema {
+                node: name,
+                session: frame.session,
+                entries: HashMap::new(),
+            }),
+            latest: HashMap::new(),
+            counts: NodeCounts::default(),
+            footprint: 0,
+            last_seen_unix_ns: now_unix_ns,
+            address: from,
+            agent_version: None,
+            refused_session: None,
+            schema_asked: None,
+        });
+        self.absorb(node, frame, bytes.len(), from, now_unix_ns)
+    }
+
+    fn check_time(&self, frame: &Frame, now_unix_ns: u64) -> Result<(), Refused> {
+        let oldest = now_unix_ns.saturating_sub(self.limits.max_frame_age.as_nanos() as u64);
+        let newest = now_unix_ns.saturating_add(self.limits.max_frame_ahead.as_nanos() as u64);
+        if frame.send_unix_ns < oldest || frame.send_unix_ns > newest {
+            let ahead = frame.send_unix_ns as i128 - now_unix_ns as i128;
+            return Err(Refused {
+                reason: DropReason::OutOfTimeRange,
+                detail: format!(
+                    "frame of node {:?} seq {} was sent {:.0} s {} the collector's clock",
+                    frame.node,
+                    frame.seq,
+                    (ahead.unsigned_abs() as f64) / 1e9,
+                    if ahead < 0 { "before" } else { "ahead of" }
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes an accepted frame into its node's state.
+    fn absorb(
+        &self,
+        node: &mut Node,
+        frame: Frame,
+        len: usize,
+        from: SocketAddr,
+        now_unix_ns: u64,
+    ) -> Result<Accepted, Refused> {
+        if frame.session != node.schema.session {
+            // The sender restarted: ids start over (the receiver state cleared its schema).
+            node.schema = Arc::new(Schema {
+                node: node.name.clone(),
+                session: frame.session,
+                entries: HashMap::new(),
+            });
+            node.latest.clear();
+            node.refused_session = None;
+            node.schema_asked = None;
+        }
+        for e in &frame.schema {
+            if node.schema.entries.get(&e.id) != Some(&e.series) {
+                Arc::make_mut(&mut node.schema)
+                    .entries
+                    .insert(e.id, e.series.clone());
+            }
+        }
+        let received = node.receiver.node(&node.name).expect("the frame's node");
+        let footprint = received.known_series();
+        let last = received.last;
+        if footprint >= node.footprint {
+            self.series
+                .fetch_add(footprint - node.footprint, Ordering::Relaxed);
+        } else {
+            self.series
+                .fetch_sub(node.footprint - footprint, Ordering::Relaxed);
+        }
+        node.footprint = footprint;
+        node.last_seen_unix_ns = now_unix_ns;
+        node.address = from;
+        if footprint > self.limits.max_series_per_node
+            || self.series.load(Ordering::Relaxed) > self.limits.max_series
+        {
+            tracing::warn!(
+                "node {:?} ({from}) session {:08x} holds {footprint} series (bounds: {} per node, {} in all, {} held): its frames are dropped until it restarts",
+                node.name,
+                frame.session,
+                self.limits.max_series_per_node,
+                self.limits.max_series,
+                self.series.load(Ordering::Relaxed),
+            );
+            node.refused_session = Some(frame.session);
+            node.schema = Arc::new(Schema {
+                node: node.name.clone(),
+                session: frame.session,
+                entries: HashMap::new(),
+            });
+            node.latest = HashMap::new();
+            node.counts.refused += 1;
+            return Err(Refused {
+                reason: DropReason::SeriesLimit,
+                detail: format!("node {:?} went beyond the series bounds", node.name),
+            });
+        }
+
+        node.counts.frames += 1;
+        node.counts.bytes += len as u64;
+        node.counts.events += frame.events.len() as u64;
+        for s in &frame.samples {
+            node.counts.samples += s.data.len() as u64;
+            let Some(series) = node.schema.entries.get(&s.id) else {
+                continue;
+            };
+            let newest = match &s.data {
+                SeriesData::Counter(v) => v.iter().max_by_key(|c| c.unix_ns).map(|c| Latest {
+                    unix_ns: c.unix_ns,
+                    value: LatestValue::Counter(c.value),
+                }),
+                SeriesData::Gauge(v) => v.iter().max_by_key(|g| g.end_unix_ns).map(|g| Latest {
+                    unix_ns: g.end_unix_ns,
+                    value: LatestValue::Gauge {
+                        min: g.min,
+                        max: g.max,
+                        mean: g.mean,
+                    },
+                }),
+            };
+            // A kind that does not match the schema entry is the sender's bug: not shown.
+            if newest.is_none() || s.data.kind() != series.kind {
+                continue;
+            }
+            let newest = newest.expect("checked");
+            if &*series.name == AGENT_INFO
+                && let Some(version) = series.labels.get("version")
+                && node.agent_version.as_deref() != Some(version)
+            {
+                node.agent_version = Some(version.to_owned());
+            }
+            match node.latest.get_mut(&s.id) {
+                Some(held) if held.unix_ns > newest.unix_ns => {}
+                Some(held) => *held = newest,
+                None => {
+                    node.latest.insert(s.id, newest);
+                }
+            }
+        }
+        let now = Instant::now();
+        let ask_schema = last.unknown_samples > 0
+            && !node.schema_asked.is_some_and(|(session, at)| {
+                session == frame.session && now.duration_since(at) < SCHEMA_REQUEST_EVERY
+            });
+        if ask_schema {
+            node.schema_asked = Some((frame.session, now));
+            node.counts.schema_requests += 1;
+        }
+        Ok(Accepted {
+            node: node.name.clone(),
+            frame,
+            schema: node.schema.clone(),
+            ask_schema,
+        })
+    }
+
+    /// Forgets nodes not heard from for the node ttl; returns how many.
+    pub fn forget_silent(&self, now_unix_ns: u64) -> usize {
+        let oldest = now_unix_ns.saturating_sub(self.limits.node_ttl.as_nanos() as u64);
+        let mut forgotten = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().expect("node shard lock");
+            shard.retain(|name, node| {
+                if node.last_seen_unix_ns >= oldest {
+                    return true;
+                }
+                tracing::info!(
+                    "forgot node {name:?}: silent for {:?}",
+                    self.limits.node_ttl
+                );
+                self.series.fetch_sub(node.footprint, Ordering::Relaxed);
+                forgotten += 1;
+                false
+            });
+        }
+        self.nodes.fetch_sub(forgotten, Ordering::Relaxed);
+        forgotten
+    }
+
+    /// Every node, sorted by name.
+    pub fn summaries(&self) -> Vec<NodeSummary> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("node shard lock");
+            for node in shard.values() {
+                let received = node.receiver.node(&node.name);
+                out.push(NodeSummary {
+                    node: node.name.to_string(),
+                    address: node.address.to_string(),
+                    agent_version: node.agent_version.clone(),
+                    session: node.schema.session,
+                    last_seen_unix_ns: node.last_seen_unix_ns,
+                    series: node.schema.entries.len(),
+                    frames: node.counts.frames,
+                    samples: node.counts.samples,
+                    events: node.counts.events,
+                    bytes: node.counts.bytes,
+                    lost: received.map_or(0, |r| r.lost),
+                    reordered: received.map_or(0, |r| r.late),
+                    duplicates: node.counts.duplicates,
+                    replayed: node.counts.replayed,
+                    unknown_samples: received.map_or(0, |r| r.unknown_samples),
+                    sessions: received.map_or(0, |r| r.sessions),
+                    refused: node.counts.refused,
+                    schema_requests: node.counts.schema_requests,
+                    series_refused: node.refused_session.is_some(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out
+    }
+
+    /// The latest value of every series whose latest sample is at most the live ttl old.
+    pub fn live_series(&self, now_unix_ns: u64) -> Vec<LiveSeries> {
+        let oldest = now_unix_ns.saturating_sub(self.limits.live_ttl.as_nanos() as u64);
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("node shard lock");
+            for node in shard.values() {
+                for (id, latest) in &node.latest {
+                    if latest.unix_ns < oldest {
+                        continue;
+                    }
+                    if let Some(series) = node.schema.entries.get(id) {
+                        out.push(LiveSeries {
+                            node: node.name.clone(),
+                            series: series.clone(),
+                            latest: *latest,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The kind's name as `/metrics` and the live view write it.
+pub fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railscope_wire::{EncoderConfig, FrameEncoder, Labels, Reading, Value};
+
+    const T0: u64 = 1_763_164_800_000_000_000;
+    const FROM: &str = "192.0.2.1:5000";
+
+    fn key() -> Key {
+        Key::from_bytes([9; 32])
+    }
+
+    fn series(name: &str, i: usize, kind: Kind) -> Series {
+        Series {
+            name: name.into(),
+            labels: Labels::new([("port", i.to_string())]),
+            kind,
+        }
+    }
+
+    /// One flush of `n` counters and a gauge per counter, at `t`.
+    fn flush(enc: &mut FrameEncoder, n: usize, t: u64, value: u64) -> Vec<Vec<u8>> {
+        for i in 0..n {
+            enc.push_reading(&Reading {
+                series: series("railscope_ib_port_xmit_bytes_total", i, Kind::Counter),
+                value: Value::U64(value + i as u64),
+                unix_ns: t,
+            })
+            .unwrap();
+            enc.push_reading(&Reading {
+                series: series("railscope_gpu_power_watts", i, Kind::Gauge),
+                value: Value::F64(300.5),
+                unix_ns: t,
+            })
+            .unwrap();
+        }
+        enc.flush(t + 1_000_000)
+    }
+
+    fn table(limits: Limits) -> NodeTable {
+        NodeTable::new(key(), limits)
+    }
+
+    #[test]
+    fn accepted_frames_update_latest_values_and_counts() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        for (s, frame) in flush(&mut enc, 3, T0, 100).iter().enumerate() {
+            let a = table.ingest(frame, FROM.parse().unwrap(), T0).unwrap();
+            assert_eq!(&*a.node, "n1");
+            assert!(!a.ask_schema, "frame {s}");
+        }
+        for frame in flush(&mut enc, 3, T0 + 1_000_000_000, 200) {
+            table.ingest(&frame, FROM.parse().unwrap(), T0).unwrap();
+        }
+        let mut live = table.live_series(T0);
+        live.sort_by(|a, b| a.series.cmp(&b.series));
+        assert_eq!(live.len(), 6);
+        let xmit0 = live
+            .iter()
+            .find(|l| {
+                &*l.series.name == "railscope_ib_port_xmit_bytes_total"
+                    && l.series.labels.get("port") == Some("0")
+            })
+            .unwrap();
+        assert_eq!(
+            xmit0.latest,
+            Latest {
+                unix_ns: T0 + 1_000_000_000,
+                value: LatestValue::Counter(200)
+            }
+        );
+        let summary = &table.summaries()[0];
+        assert_eq!(summary.samples, 12);
+        assert_eq!(summary.series, 6);
+        assert_eq!(table.series_count(), 6);
+        assert_eq!(summary.lost, 0);
+    }
+
+    #[test]
+    fn replays_from_any_address_are_refused_and_counted_per_node() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        let frames = flush(&mut enc, 2, T0, 1);
+        table.ingest(&frames[0], FROM.parse().unwrap(), T0).unwrap();
+        let other: SocketAddr = "198.51.100.9:7".parse().unwrap();
+        let e = table.ingest(&frames[0], other, T0).unwrap_err();
+        assert_eq!(e.reason, DropReason::Duplicate);
+        assert_eq!(table.summaries()[0].duplicates, 1);
+        // A frame sealed with another key never reaches the node's state.
+        let mut stranger =
+            FrameEncoder::new(EncoderConfig::new("n1"), Key::from_bytes([1; 32])).unwrap();
+        let forged = flush(&mut stranger, 2, T0, 1);
+        assert_eq!(
+            table.ingest(&forged[0], other, T0).unwrap_err().reason,
+            DropReason::BadMac
+        );
+        assert_eq!(table.summaries()[0].frames, 1);
+    }
+
+    #[test]
+    fn frames_out_of_the_time_window_are_dropped() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        let old = flush(&mut enc, 1, T0, 1);
+        let now = T0 + 2 * 3600 * 1_000_000_000;
+        let e = table
+            .ingest(&old[0], FROM.parse().unwrap(), now)
+            .unwrap_err();
+        assert_eq!(e.reason, DropReason::OutOfTimeRange);
+        assert!(e.detail.contains("7200 s before"), "{}", e.detail);
+        assert_eq!(table.node_count(), 0);
+    }
+
+    #[test]
+    fn node_and_series_bounds_hold() {
+        let limits = Limits {
+            max_nodes: 2,
+            max_series_per_node: 10,
+            ..Limits::default()
+        };
+        let table = table(limits);
+        for name in ["a", "b", "c"] {
+            let mut enc = FrameEncoder::new(EncoderConfig::new(name), key()).unwrap();
+            let r = table.ingest(&flush(&mut enc, 2, T0, 1)[0], FROM.parse().unwrap(), T0);
+            if name == "c" {
+                assert_eq!(r.unwrap_err().reason, DropReason::TooManyNodes);
+            } else {
+                r.unwrap();
+            }
+        }
+        assert_eq!(table.node_count(), 2);
+
+        // Node a grows to 12 series: refused until it restarts.
+        let mut enc = FrameEncoder::new(EncoderConfig::new("a"), key()).unwrap();
+        let frames = flush(&mut enc, 6, T0, 1);
+        let results: Vec<_> = frames
+            .iter()
+            .map(|f| table.ingest(f, FROM.parse().unwrap(), T0))
+            .collect();
+        assert_eq!(
+            results.last().unwrap().as_ref().unwrap_err().reason,
+            DropReason::SeriesLimit
+        );
+        let more = flush(&mut enc, 6, T0 + 1_000_000_000, 2);
+        assert_eq!(
+            table
+                .ingest(&more[0], FROM.parse().unwrap(), T0)
+                .unwrap_err()
+                .reason,
+            DropReason::SeriesLimit
+        );
+        let a = table
+            .summaries()
+            .into_iter()
+            .find(|s| s.node == "a")
+            .unwrap();
+        assert!(a.series_refused);
+        assert_eq!(a.series, 0);
+        // Restarted with fewer series: accepted again.
+        let mut enc = FrameEncoder::new(EncoderConfig::new("a"), key()).unwrap();
+        table
+            .ingest(&flush(&mut enc, 2, T0, 1)[0], FROM.parse().unwrap(), T0)
+            .unwrap();
+        let a = table
+            .summaries()
+            .into_iter()
+            .find(|s| s.node == "a")
+            .unwrap();
+        assert!(!a.series_refused);
+        assert_eq!(a.series, 4);
+        assert_eq!(table.series_count(), 8);
+    }
+
+    #[test]
+    fn unknown_ids_ask_for_the_schema_at_most_every_5_s() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        // The first two flushes carry the schema: this collector "missed" them.
+        let _ = flush(&mut enc, 2, T0, 1);
+        let _ = flush(&mut enc, 2, T0 + 1_000_000_000, 2);
+        let frames = flush(&mut enc, 2, T0 + 2_000_000_000, 3);
+        let a = table.ingest(&frames[0], FROM.parse().unwrap(), T0).unwrap();
+        assert!(a.ask_schema);
+        let frames = flush(&mut enc, 2, T0 + 3_000_000_000, 4);
+        let a = table.ingest(&frames[0], FROM.parse().unwrap(), T0).unwrap();
+        assert!(!a.ask_schema);
+        assert!(table.live_series(T0).is_empty());
+        enc.resend_schema();
+        let frames = flush(&mut enc, 2, T0 + 4_000_000_000, 5);
+        for f in &frames {
+            table.ingest(f, FROM.parse().unwrap(), T0).unwrap();
+        }
+        assert_eq!(table.live_series(T0).len(), 4);
+    }
+
+    #[test]
+    fn silent_nodes_are_forgotten() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        table
+            .ingest(&flush(&mut enc, 2, T0, 1)[0], FROM.parse().unwrap(), T0)
+            .unwrap();
+        assert_eq!(table.forget_silent(T0 + 1_000_000_000), 0);
+        assert_eq!(table.forget_silent(T0 + 25 * 3600 * 1_000_000_000), 1);
+        assert_eq!((table.node_count(), table.series_count()), (0, 0));
+    }
+}

@@ -1,0 +1,162 @@
+//! The HTTP JSON API of the query engine (docs/http-api.md): an `axum::Router` that the
+//! collector's HTTP server mounts. Queries run on tokio's blocking pool (they read files).
+
+use std::{sync::Arc, time::SystemTime};
+
+use axum::{
+    Json, Router,
+    extract::{RawQuery, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde_json::json;
+
+use super::{
+    engine::{EventQuery, QueryEngine, QueryError, SeriesQuery},
+    selector::Matcher,
+    time::{parse_time, unix_ns},
+};
+
+/// Default range of a query without `start`: the hour before `end`.
+const DEFAULT_RANGE_NS: u64 = 3_600_000_000_000;
+
+/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`.
+pub fn api_router(engine: Arc<QueryEngine>) -> Router {
+    Router::new()
+        .route("/api/v1/series", get(series))
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/nodes", get(nodes))
+        .with_state(engine)
+}
+
+/// A refused request: 400 with the reason, naming the parameter.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        match e {
+            QueryError::Range { .. } => bad(e.to_string()),
+            QueryError::Archive(_) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+}
+
+/// The query string's parameters, in order; only `allowed` names are accepted.
+fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+        .map_err(|e| bad(format!("query string: {e}")))?;
+    if let Some((name, _)) = pairs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+        return Err(bad(format!(
+            "unknown parameter {name:?} (accepted: {})",
+            allowed.join(", ")
+        )));
+    }
+    Ok(pairs)
+}
+
+fn one<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a str>, ApiError> {
+    let mut values = pairs
+        .iter()
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str());
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(bad(format!("parameter {name:?} given more than once")));
+    }
+    Ok(first)
+}
+
+/// `start` and `end` (default: the hour before now).
+fn range(pairs: &[(String, String)]) -> Result<(u64, u64), ApiError> {
+    let now = unix_ns(SystemTime::now());
+    let time = |name: &str| -> Result<Option<u64>, ApiError> {
+        one(pairs, name)?
+            .map(|t| parse_time(t, now).map_err(|e| bad(format!("parameter {name:?}: {e}"))))
+            .transpose()
+    };
+    let end = time("end")?.unwrap_or(now);
+    let start = time("start")?.unwrap_or(end.saturating_sub(DEFAULT_RANGE_NS));
+    if start > end {
+        return Err(bad(format!("start ({start} ns) is after end ({end} ns)")));
+    }
+    Ok((start, end))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("query failed: {e}"),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+async fn series(
+    State(engine): State<Arc<QueryEngine>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["metric", "match", "start", "end"])?;
+    let metric = one(&pairs, "metric")?
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| bad("parameter \"metric\" is required (a metric name)"))?
+        .to_owned();
+    let matchers = pairs
+        .iter()
+        .filter(|(k, _)| k == "match")
+        .map(|(_, v)| Matcher::parse(v).map_err(|e| bad(format!("parameter \"match\": {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (start_ns, end_ns) = range(&pairs)?;
+    let q = SeriesQuery {
+        metric,
+        matchers,
+        start_ns,
+        end_ns,
+    };
+    let (answers, cost) = blocking(move || engine.series(&q)).await?;
+    Ok(Json(json!({ "series": answers, "cost": cost })).into_response())
+}
+
+async fn events(
+    State(engine): State<Arc<QueryEngine>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["kind", "node", "device", "start", "end"])?;
+    let text =
+        |name| -> Result<Option<String>, ApiError> { Ok(one(&pairs, name)?.map(str::to_owned)) };
+    let (start_ns, end_ns) = range(&pairs)?;
+    let q = EventQuery {
+        kind: text("kind")?,
+        node: text("node")?,
+        device: text("device")?,
+        start_ns,
+        end_ns,
+    };
+    let (answers, cost) = blocking(move || engine.events(&q)).await?;
+    Ok(Json(json!({ "events": answers, "cost": cost })).into_response())
+}
+
+async fn nodes(
+    State(engine): State<Arc<QueryEngine>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["start", "end"])?;
+    let (start_ns, end_ns) = range(&pairs)?;
+    let nodes = blocking(move || engine.nodes(start_ns, end_ns)).await?;
+    Ok(Json(json!({ "nodes": nodes })).into_response())
+}

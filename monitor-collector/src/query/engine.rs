@@ -1,0 +1,363 @@
+//! The query engine: reads the archive (which includes what was appended and not yet written
+//! out) for a node set and time range, decodes the frames with the cluster key, and answers
+//! series by metric name and label matchers (counters as rates, gauges as their min/max/mean
+//! envelopes) and events by kind, node, device and time.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use railscope_wire::{Key, Kind, ReceiverState, Series, SeriesData, decode};
+use serde::Serialize;
+
+use super::selector::Matcher;
+use crate::archive::{ArchiveError, ArchiveReader, NodeSelector, RecordKind, ScanFilter};
+
+/// Series of one metric, selected by label matchers (the node is the `node` label), over a
+/// time range (Unix ns, inclusive).
+#[derive(Clone, Debug)]
+pub struct SeriesQuery {
+    pub metric: String,
+    pub matchers: Vec<Matcher>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// Events over a time range, optionally of one kind, one node, one device (the event's
+/// `device` or `gpu` label).
+#[derive(Clone, Debug, Default)]
+pub struct EventQuery {
+    pub kind: Option<String>,
+    pub node: Option<String>,
+    pub device: Option<String>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// One counter sample: its cumulative value and the rate since the previous sample (per
+/// second; `None` for the first sample the archive has of the series). A value below the
+/// previous one is a reset: the rate counts from zero, as Prometheus' `rate` does.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CounterPoint {
+    /// Unix time, ns.
+    pub t: u64,
+    pub value: u64,
+    pub rate: Option<f64>,
+}
+
+/// One gauge sample: the envelope of the readings of `[start, t]` (one reading: start = t,
+/// min = max = mean).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GaugePoint {
+    pub start: u64,
+    pub t: u64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", content = "points", rename_all = "lowercase")]
+pub enum Points {
+    Counter(Vec<CounterPoint>),
+    Gauge(Vec<GaugePoint>),
+}
+
+/// One series of an answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeriesAnswer {
+    pub metric: String,
+    /// The series' labels and its `node`.
+    pub labels: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub points: Points,
+}
+
+/// One event of an answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EventAnswer {
+    /// Unix time, ns.
+    pub t: u64,
+    pub node: String,
+    pub kind: String,
+    pub labels: BTreeMap<String, String>,
+    pub code: i64,
+    pub text: String,
+}
+
+/// What a query read, to judge its cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QueryCost {
+    pub segments: usize,
+    pub blocks: usize,
+    pub frames: usize,
+    /// Frames that did not decode (a key that changed, a corrupt record).
+    pub undecodable: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("time range: start {start} is after end {end}")]
+    Range { start: u64, end: u64 },
+}
+
+/// Answers queries from the archive. Cheap to share (`Arc`); every query reads on the
+/// caller's thread.
+pub struct QueryEngine {
+    reader: ArchiveReader,
+    key: Key,
+}
+
+/// The schema of each node and session, as read so far.
+type Schemas = HashMap<(Arc<str>, u32), HashMap<u32, Series>>;
+
+/// Samples of one series, gathered from all the frames read.
+enum Gathered {
+    Counter(Vec<(u64, u64)>),
+    Gauge(Vec<GaugePoint>),
+}
+
+/// How far before a query's start the sample that gives a counter's first point its rate is
+/// looked for (the agent reads a stable series at least every 2 x its interval cap).
+const COUNTER_LOOKBACK_NS: u64 = 300_000_000_000;
+
+/// The node a series belongs to is part of its identity.
+type SeriesKey = (Arc<str>, Series);
+
+impl QueryEngine {
+    pub fn new(reader: ArchiveReader, key: Key) -> Self {
+        Self { reader, key }
+    }
+
+    /// Reads every frame of the selected nodes over the range, in order, with the schema
+    /// each one's series ids stand for.
+    fn each_frame(
+        &self,
+        nodes: NodeSelector,
+        start_ns: u64,
+        end_ns: u64,
+        mut visit: impl FnMut(&Arc<str>, &railscope_wire::Frame, &HashMap<u32, Series>),
+    ) -> Result<QueryCost, QueryError> {
+        if start_ns > end_ns {
+            return Err(QueryError::Range {
+                start: start_ns,
+                end: end_ns,
+            });
+        }
+        let filter = ScanFilter {
+            nodes,
+            start_ns,
+            end_ns,
+        };
+        let mut schemas: Schemas = HashMap::new();
+        let mut names: HashMap<String, Arc<str>> = HashMap::new();
+        let mut cost = QueryCost::default();
+        let empty = HashMap::new();
+        let stats = self.reader.scan(&filter, &mut |r| {
+            cost.frames += 1;
+            let frame = match decode(r.bytes, &self.key, &mut ReceiverState::default()) {
+                Ok(f) => f,
+                Err(_) => {
+                    cost.undecodable += 1;
+                    return;
+                }
+            };
+            let node = names
+                .entry(r.node.to_owned())
+                .or_insert_with(|| Arc::from(r.node))
+                .clone();
+            let key = (node.clone(), frame.session);
+            if !frame.schema.is_empty() {
+                let schema = schemas.entry(key.clone()).or_default();
+                for e in &frame.schema {
+                    schema.insert(e.id, e.series.clone());
+                }
+            }
+            if r.kind == RecordKind::Frame {
+                visit(&node, &frame, schemas.get(&key).unwrap_or(&empty));
+            }
+        })?;
+        cost.segments = stats.segments;
+        cost.blocks = stats.blocks;
+        Ok(cost)
+    }
+
+    /// Series of `q.metric` whose labels (and node) match `q.matchers`, with their samples
+    /// in the range: counters with their rates, gauges with their envelopes.
+    pub fn series(&self, q: &SeriesQuery) -> Result<(Vec<SeriesAnswer>, QueryCost), QueryError> {
+        if q.start_ns > q.end_ns {
+            return Err(QueryError::Range {
+                start: q.start_ns,
+                end: q.end_ns,
+            });
+        }
+        let nodes = node_selector(&q.matchers, "node");
+        let mut gathered: HashMap<SeriesKey, Gathered> = HashMap::new();
+        let mut matched: HashMap<(Arc<str>, u32, u32), bool> = HashMap::new();
+        let from = q.start_ns.saturating_sub(COUNTER_LOOKBACK_NS);
+        let cost = self.each_frame(nodes, from, q.end_ns, |node, frame, schema| {
+            for s in &frame.samples {
+                let Some(series) = schema.get(&s.id) else {
+                    continue;
+                };
+                let wanted = *matched
+                    .entry((node.clone(), frame.session, s.id))
+                    .or_insert_with(|| {
+                        *series.name == *q.metric
+                            && q.matchers.iter().all(|m| {
+                                m.matches(if m.label == "node" {
+                                    Some(node)
+                                } else {
+                                    series.labels.get(&m.label)
+                                })
+                            })
+                    });
+                if !wanted {
+                    continue;
+                }
+                let entry = gathered
+                    .entry((node.clone(), series.clone()))
+                    .or_insert_with(|| match series.kind {
+                        Kind::Counter => Gathered::Counter(Vec::new()),
+                        Kind::Gauge => Gathered::Gauge(Vec::new()),
+                    });
+                match (&s.data, entry) {
+                    (SeriesData::Counter(v), Gathered::Counter(out)) => {
+                        out.extend(v.iter().map(|c| (c.unix_ns, c.value)));
+                    }
+                    (SeriesData::Gauge(v), Gathered::Gauge(out)) => {
+                        out.extend(
+                            v.iter()
+                                .filter(|g| {
+                                    g.end_unix_ns >= q.start_ns && g.end_unix_ns <= q.end_ns
+                                })
+                                .map(|g| GaugePoint {
+                                    start: g.start_unix_ns,
+                                    t: g.end_unix_ns,
+                                    min: g.min,
+                                    max: g.max,
+                                    mean: g.mean,
+                                }),
+                        );
+                    }
+                    _ => {} // a kind that disagrees with the schema: the block is ignored
+                }
+            }
+        })?;
+        let mut answers: Vec<SeriesAnswer> = gathered
+            .into_iter()
+            .filter_map(|((node, series), g)| {
+                let points = match g {
+                    Gathered::Counter(samples) => {
+                        let points = counter_points(samples, q.start_ns, q.end_ns);
+                        (!points.is_empty()).then_some(Points::Counter(points))?
+                    }
+                    Gathered::Gauge(mut points) => {
+                        points.sort_by_key(|p| p.t);
+                        points.dedup_by_key(|p| p.t);
+                        (!points.is_empty()).then_some(Points::Gauge(points))?
+                    }
+                };
+                let mut labels: BTreeMap<String, String> = series
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                labels.insert("node".into(), node.to_string());
+                Some(SeriesAnswer {
+                    metric: series.name.to_string(),
+                    labels,
+                    points,
+                })
+            })
+            .collect();
+        answers.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok((answers, cost))
+    }
+
+    /// Events in the range, oldest first.
+    pub fn events(&self, q: &EventQuery) -> Result<(Vec<EventAnswer>, QueryCost), QueryError> {
+        let nodes = match &q.node {
+            Some(n) => NodeSelector::Only([n.clone()].into()),
+            None => NodeSelector::All,
+        };
+        let mut out = Vec::new();
+        let cost = self.each_frame(nodes, q.start_ns, q.end_ns, |node, frame, _| {
+            for e in &frame.events {
+                if e.unix_ns < q.start_ns || e.unix_ns > q.end_ns {
+                    continue;
+                }
+                if q.kind.as_deref().is_some_and(|k| k != e.kind) {
+                    continue;
+                }
+                if let Some(d) = &q.device
+                    && e.labels.get("device") != Some(d)
+                    && e.labels.get("gpu") != Some(d)
+                {
+                    continue;
+                }
+                out.push(EventAnswer {
+                    t: e.unix_ns,
+                    node: node.to_string(),
+                    kind: e.kind.clone(),
+                    labels: e
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect(),
+                    code: e.code,
+                    text: e.text.clone(),
+                });
+            }
+        })?;
+        out.sort_by(|a, b| (a.t, &a.node).cmp(&(b.t, &b.node)));
+        Ok((out, cost))
+    }
+
+    /// The nodes with data in the range.
+    pub fn nodes(&self, start_ns: u64, end_ns: u64) -> Result<BTreeSet<String>, QueryError> {
+        Ok(self.reader.nodes(start_ns, end_ns)?)
+    }
+}
+
+/// Reads only the nodes an equality matcher on `node` names.
+fn node_selector(matchers: &[Matcher], label: &str) -> NodeSelector {
+    let named: Vec<&str> = matchers
+        .iter()
+        .filter(|m| m.label == label)
+        .filter_map(|m| m.equal_value())
+        .collect();
+    match named.as_slice() {
+        [] => NodeSelector::All,
+        names => NodeSelector::Only(names.iter().map(|n| (*n).to_owned()).collect()),
+    }
+}
+
+/// A counter's samples in `[start, end]` with their rates; the sample just before `start`,
+/// if the archive has it, gives the first one its rate.
+fn counter_points(mut samples: Vec<(u64, u64)>, start: u64, end: u64) -> Vec<CounterPoint> {
+    samples.sort_by_key(|&(t, _)| t);
+    samples.dedup_by_key(|&mut (t, _)| t);
+    let mut out = Vec::new();
+    let mut prev: Option<(u64, u64)> = None;
+    for (t, v) in samples {
+        if t > end {
+            break;
+        }
+        if t >= start {
+            let rate = prev.map(|(pt, pv)| {
+                let increase = if v >= pv { v - pv } else { v };
+                increase as f64 / ((t - pt) as f64 / 1e9)
+            });
+            out.push(CounterPoint { t, value: v, rate });
+        }
+        prev = Some((t, v));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,269 @@
+//! Queries against what the fixture nodes sent, sample by sample.
+
+use std::time::Duration;
+
+use railscope_wire::{Event, Labels, Reading, Value};
+
+use super::*;
+use crate::archive::{
+    AcceptedFrame, Archive, ArchiveConfig,
+    fixture_node::{FixtureFrame, FixtureSender},
+};
+
+const T0: u64 = 1_790_000_000_000_000_000;
+const S: u64 = 1_000_000_000;
+
+fn key() -> Key {
+    Key::from_bytes([7; 32])
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    archive: Archive,
+    engine: QueryEngine,
+    readings: Vec<(String, Reading)>,
+}
+
+fn append(archive: &mut Archive, sender: &FixtureSender, frames: &[FixtureFrame]) {
+    for f in frames {
+        let frame = AcceptedFrame {
+            node: &sender.name,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        archive.append(&frame, &|_| sender.schema_frame()).unwrap();
+    }
+}
+
+/// Two nodes, 300 s each, in small segments (several sealed, the rest open); events on the
+/// second node.
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let mut archive = Archive::open(ArchiveConfig {
+        segment_bytes: 128 << 10,
+        segment_span: Duration::from_secs(1 << 30),
+        retention_age: None,
+        ..ArchiveConfig::new(dir.path())
+    })
+    .unwrap();
+    let mut readings = Vec::new();
+    for n in 0..2 {
+        let name = format!("gpu-node-{n:03}");
+        let mut sender = FixtureSender::new(&name, n + 1, key());
+        let frames = sender.run_observed(T0, 300, 10, &mut |r| {
+            readings.push((name.clone(), r.clone()));
+        });
+        append(&mut archive, &sender, &frames);
+        if n == 1 {
+            for (i, (kind, labels)) in [
+                ("xid", Labels::new([("gpu", "3")])),
+                (
+                    "ib_port",
+                    Labels::new([("device", "mlx5_2"), ("port", "1")]),
+                ),
+                ("xid", Labels::new([("gpu", "5")])),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let at = T0 + (100 + 50 * i as u64) * S;
+                let event = Event {
+                    unix_ns: at,
+                    kind: kind.into(),
+                    labels,
+                    code: 79,
+                    text: format!("event {i}"),
+                };
+                let f = sender.event(event, at + 1_000_000);
+                append(&mut archive, &sender, &[f]);
+            }
+        }
+        archive.tick().unwrap();
+    }
+    let engine = QueryEngine::new(archive.reader(), key());
+    Setup {
+        _dir: dir,
+        archive,
+        engine,
+        readings,
+    }
+}
+
+fn matchers(list: &[&str]) -> Vec<Matcher> {
+    list.iter().map(|m| Matcher::parse(m).unwrap()).collect()
+}
+
+fn sent<'a>(
+    s: &'a Setup,
+    node: &'a str,
+    metric: &'a str,
+    label: (&'a str, &'a str),
+) -> impl Iterator<Item = &'a Reading> + 'a {
+    s.readings.iter().filter_map(move |(n, r)| {
+        (n == node && &*r.series.name == metric && r.series.labels.get(label.0) == Some(label.1))
+            .then_some(r)
+    })
+}
+
+#[test]
+fn a_counter_comes_back_with_every_value_and_its_rate() {
+    let s = setup();
+    assert!(
+        s.archive.stats().segments > 3,
+        "the test needs sealed segments"
+    );
+    let metric = "railscope_ib_port_xmit_data_bytes_total";
+    let q = SeriesQuery {
+        metric: metric.into(),
+        matchers: matchers(&["node=gpu-node-001", "device=mlx5_4"]),
+        start_ns: T0 + 100 * S,
+        end_ns: T0 + 160 * S,
+    };
+    let (answers, _) = s.engine.series(&q).unwrap();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].labels["node"], "gpu-node-001");
+    assert_eq!(answers[0].labels["device"], "mlx5_4");
+    let Points::Counter(points) = &answers[0].points else {
+        panic!("a counter")
+    };
+    let want: Vec<(u64, u64)> = sent(&s, "gpu-node-001", metric, ("device", "mlx5_4"))
+        .map(|r| match r.value {
+            Value::U64(v) => (r.unix_ns, v),
+            Value::F64(_) => panic!("counters are integers"),
+        })
+        .collect();
+    let in_range: Vec<(u64, u64)> = want
+        .iter()
+        .copied()
+        .filter(|&(t, _)| t >= q.start_ns && t <= q.end_ns)
+        .collect();
+    let got: Vec<(u64, u64)> = points.iter().map(|p| (p.t, p.value)).collect();
+    assert_eq!(got, in_range);
+    // Rates from consecutive sent values, the first one from the sample before the range.
+    for p in points {
+        let i = want.iter().position(|&(t, _)| t == p.t).unwrap();
+        let (pt, pv) = want[i - 1];
+        let rate = (p.value - pv) as f64 / ((p.t - pt) as f64 / 1e9);
+        assert_eq!(p.rate, Some(rate));
+    }
+}
+
+#[test]
+fn a_gauge_comes_back_with_its_envelopes_and_matchers_select_series() {
+    let s = setup();
+    let metric = "railscope_gpu_power_milliwatts";
+    let q = SeriesQuery {
+        metric: metric.into(),
+        matchers: matchers(&["node=~gpu-node-00[01]", "gpu!~[1-7]"]),
+        start_ns: T0,
+        end_ns: T0 + 300 * S,
+    };
+    let (answers, cost) = s.engine.series(&q).unwrap();
+    let who: Vec<(&str, &str)> = answers
+        .iter()
+        .map(|a| (a.labels["node"].as_str(), a.labels["gpu"].as_str()))
+        .collect();
+    assert_eq!(who, [("gpu-node-000", "0"), ("gpu-node-001", "0")]);
+    assert_eq!(cost.undecodable, 0);
+    let Points::Gauge(points) = &answers[1].points else {
+        panic!("a gauge")
+    };
+    let want: Vec<GaugePoint> = sent(&s, "gpu-node-001", metric, ("gpu", "0"))
+        .map(|r| GaugePoint {
+            start: r.unix_ns,
+            t: r.unix_ns,
+            min: r.value.as_f64(),
+            max: r.value.as_f64(),
+            mean: r.value.as_f64(),
+        })
+        .collect();
+    assert_eq!(points, &want);
+    assert_eq!(points.len(), 300);
+}
+
+#[test]
+fn events_by_kind_node_device_and_time() {
+    let s = setup();
+    let all = EventQuery {
+        start_ns: T0,
+        end_ns: T0 + 300 * S,
+        ..EventQuery::default()
+    };
+    let (events, _) = s.engine.events(&all).unwrap();
+    let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
+    assert_eq!(texts, ["event 0", "event 1", "event 2"]);
+    assert_eq!(events[0].t, T0 + 100 * S);
+    assert_eq!(events[0].node, "gpu-node-001");
+    let xid = EventQuery {
+        kind: Some("xid".into()),
+        ..all.clone()
+    };
+    assert_eq!(s.engine.events(&xid).unwrap().0.len(), 2);
+    let device = EventQuery {
+        device: Some("mlx5_2".into()),
+        ..all.clone()
+    };
+    let (events, _) = s.engine.events(&device).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, "ib_port");
+    let gpu5 = EventQuery {
+        device: Some("5".into()),
+        ..all.clone()
+    };
+    assert_eq!(s.engine.events(&gpu5).unwrap().0[0].text, "event 2");
+    let other_node = EventQuery {
+        node: Some("gpu-node-000".into()),
+        ..all.clone()
+    };
+    assert!(s.engine.events(&other_node).unwrap().0.is_empty());
+    let window = EventQuery {
+        start_ns: T0 + 120 * S,
+        end_ns: T0 + 150 * S,
+        ..all
+    };
+    let (events, _) = s.engine.events(&window).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].text, "event 1");
+}
+
+#[test]
+fn answers_include_what_was_appended_and_not_yet_written_out() {
+    let mut s = setup();
+    let name = "gpu-node-009";
+    let mut sender = FixtureSender::new(name, 9, key());
+    let frames = sender.run(T0 + 300 * S, 10, 10);
+    append(&mut s.archive, &sender, &frames); // no tick
+    assert!(s.archive.stats().unwritten_bytes > 0);
+    let q = SeriesQuery {
+        metric: "railscope_gpu_temperature_celsius".into(),
+        matchers: matchers(&["node=gpu-node-009"]),
+        start_ns: T0 + 300 * S,
+        end_ns: T0 + 310 * S,
+    };
+    let (answers, _) = s.engine.series(&q).unwrap();
+    assert_eq!(answers.len(), 8);
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(&a.points, Points::Gauge(p) if p.len() == 10))
+    );
+    let nodes = s.engine.nodes(T0 + 300 * S, T0 + 310 * S).unwrap();
+    assert!(nodes.contains(name));
+}
+
+#[test]
+fn a_reversed_time_range_is_refused() {
+    let s = setup();
+    let q = SeriesQuery {
+        metric: "x".into(),
+        matchers: vec![],
+        start_ns: 2,
+        end_ns: 1,
+    };
+    assert!(matches!(
+        s.engine.series(&q).unwrap_err(),
+        QueryError::Range { start: 2, end: 1 }
+    ));
+}

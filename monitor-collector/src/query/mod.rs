@@ -1,0 +1,24 @@
+//! Queries over the archive: series by metric name and label matchers over a time range
+//! (counters with their rates, gauges with their min/max/mean envelopes) and events by kind,
+//! node, device and time. Answers come from the archive, which includes what was appended
+//! and not yet written out.
+//!
+//! - [`engine`]: the query engine ([`QueryEngine`]) over an
+//!   [`ArchiveReader`](crate::archive::ArchiveReader) and the cluster key;
+//! - [`api`]: its HTTP JSON API, an `axum::Router` ([`api_router`]) that the collector's HTTP
+//!   server mounts (docs/http-api.md);
+//! - [`cli`]: the client, `railscope query`;
+//! - [`selector`]: label matchers; [`time`]: query times.
+
+pub mod api;
+pub mod cli;
+pub mod engine;
+pub mod selector;
+pub mod time;
+
+pub use api::api_router;
+pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
+pub use selector::Matcher;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+//! The HTTP API and `railscope query` together: a real server on loopback, the real client.
+
+use std::{sync::Arc, time::Duration};
+
+use railscope_wire::{Key, Value};
+
+use super::{
+    api_router,
+    cli::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_text, series_text},
+    engine::QueryEngine,
+};
+use crate::archive::{AcceptedFrame, Archive, ArchiveConfig, fixture_node::FixtureSender};
+
+const T0: u64 = 1_790_000_000_000_000_000;
+
+/// Serves the API of an archive holding one fixture node's minute, on a loopback port.
+fn serve() -> (String, Vec<(u64, f64)>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::from_bytes([7; 32]);
+    let mut archive = Archive::open(ArchiveConfig {
+        retention_age: None,
+        segment_span: Duration::from_secs(1 << 30),
+        ..ArchiveConfig::new(dir.path())
+    })
+    .unwrap();
+    let mut sender = FixtureSender::new("gpu-node-007", 7, key.clone());
+    let mut temps = Vec::new();
+    let frames = sender.run_observed(T0, 60, 10, &mut |r| {
+        if &*r.series.name == "railscope_gpu_temperature_celsius"
+            && r.series.labels.get("gpu") == Some("2")
+        {
+            temps.push((r.unix_ns, r.value.as_f64()));
+        }
+        assert!(!matches!(r.value, Value::F64(v) if v.is_nan()));
+    });
+    for f in &frames {
+        let frame = AcceptedFrame {
+            node: &sender.name,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        archive.append(&frame, &|_| sender.schema_frame()).unwrap();
+    }
+    archive.tick().unwrap();
+    let engine = Arc::new(QueryEngine::new(archive.reader(), key));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let _archive = archive;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, api_router(engine)).await.unwrap();
+        });
+    });
+    (url, temps, dir)
+}
+
+fn range() -> RangeArgs {
+    RangeArgs {
+        start: "1790000000".into(),
+        end: "1790000060".into(),
+    }
+}
+
+#[test]
+fn railscope_query_reads_series_and_nodes_through_the_api() {
+    let (url, temps, _dir) = serve();
+    let args = QueryArgs {
+        collector: url.clone(),
+        json: false,
+        what: QueryCommand::Series {
+            metric: "railscope_gpu_temperature_celsius".into(),
+            matchers: vec!["gpu=2".into(), "node=gpu-node-007".into()],
+            range: range(),
+        },
+    };
+    let json = fetch(&args).unwrap();
+    let series = json["series"].as_array().unwrap();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0]["kind"], "gauge");
+    assert_eq!(series[0]["labels"]["node"], "gpu-node-007");
+    let got: Vec<(u64, f64)> = series[0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["t"].as_u64().unwrap(), p["mean"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(got, temps);
+    let text = series_text(&json);
+    let first_line = format!(
+        "  2026-09-21T14:13:20.002Z  {:?}",
+        temps[0].1 // gpu 2 is read 2 ms into the sweep
+    );
+    assert!(
+        text.starts_with("railscope_gpu_temperature_celsius{gpu=\"2\",node=\"gpu-node-007\",uuid=")
+    );
+    assert!(text.contains(&first_line), "{text}");
+    assert_eq!(text.lines().count(), 61);
+
+    let nodes = QueryArgs {
+        what: QueryCommand::Nodes { range: range() },
+        ..args.clone()
+    };
+    assert_eq!(nodes_text(&fetch(&nodes).unwrap()), "gpu-node-007\n");
+}
+
+#[test]
+fn bad_queries_are_refused_with_the_reason() {
+    let (url, _, _dir) = serve();
+    let query = |matchers: Vec<String>, range: RangeArgs| QueryArgs {
+        collector: url.clone(),
+        json: false,
+        what: QueryCommand::Series {
+            metric: "railscope_gpu_power_milliwatts".into(),
+            matchers,
+            range,
+        },
+    };
+    let err = fetch(&query(vec!["gpu=~(".into()], range())).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the collector refused the query (400 Bad Request): parameter \"match\": matcher \"gpu=~(\": bad regular expression"),
+        "{err}"
+    );
+    let bad_time = RangeArgs {
+        start: "yesterday".into(),
+        end: "now".into(),
+    };
+    let err = fetch(&query(vec![], bad_time)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("parameter \"start\": time \"yesterday\""),
+        "{err}"
+    );
+    let reversed = RangeArgs {
+        start: "1790000060".into(),
+        end: "1790000000".into(),
+    };
+    let err = fetch(&query(vec![], reversed)).unwrap_err();
+    assert!(err.to_string().contains("is after end"), "{err}");
+    let nobody = QueryArgs {
+        collector: "http://127.0.0.1:1".into(),
+        ..query(vec![], range())
+    };
+    let err = fetch(&nobody).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("asking the collector at http://127.0.0.1:1/api/v1/series"),
+        "{err}"
+    );
+}

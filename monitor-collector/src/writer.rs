@@ -1,0 +1,380 @@
+//! The archive's writer thread and the queue that feeds it: receive threads hand every
+//! accepted frame over without waiting (a queue bounded in bytes; a frame that does not fit
+//! is counted and stays only in the live view), and one thread appends them to the archive,
+//! ticking it at least every 100 ms so buffered data reaches the disk. An archive error (a
+//! full disk) is counted and logged when it starts and when it ends; ingest and the live view
+//! go on.
+//!
+//! The archive is reached through [`FrameArchive`], the contract between ingest and archive
+//! (`Archive::append` and `Archive::tick`): the writer calls nothing else.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use railscope_wire::{Frame, Key, SchemaEntry};
+
+use crate::nodes::Schema;
+
+pub use crate::archive::AcceptedFrame;
+
+/// An archive error, as the writer logs and counts it.
+pub type ArchiveError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the writer thread needs of the archive.
+pub trait FrameArchive: Send + 'static {
+    /// Appends one accepted frame. `schema` returns, for the frame's node, its schema as a
+    /// frame of schema entries only (for the start of a segment, so that every segment
+    /// decodes on its own).
+    fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError>;
+    /// Writes out buffered data; called at least every 100 ms.
+    fn tick(&mut self) -> Result<(), ArchiveError>;
+}
+
+impl FrameArchive for crate::archive::Archive {
+    fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError> {
+        crate::archive::Archive::append(self, frame, schema).map_err(Into::into)
+    }
+
+    fn tick(&mut self) -> Result<(), ArchiveError> {
+        crate::archive::Archive::tick(self).map_err(Into::into)
+    }
+}
+
+/// The archive with its [`ArchiveStats`](crate::archive::ArchiveStats) published after each
+/// append and tick, for `/metrics` (the archive itself belongs to the writer thread).
+pub struct PublishingArchive {
+    archive: crate::archive::Archive,
+    stats: Arc<Mutex<crate::archive::ArchiveStats>>,
+}
+
+impl PublishingArchive {
+    pub fn new(archive: crate::archive::Archive) -> Self {
+        let stats = Arc::new(Mutex::new(archive.stats()));
+        Self { archive, stats }
+    }
+
+    /// The latest stats, shared with whoever renders them.
+    pub fn stats(&self) -> Arc<Mutex<crate::archive::ArchiveStats>> {
+        self.stats.clone()
+    }
+
+    fn publish(&self) {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.archive.stats();
+    }
+}
+
+impl FrameArchive for PublishingArchive {
+    fn append(
+        &mut self,
+        frame: &AcceptedFrame<'_>,
+        schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), ArchiveError> {
+        FrameArchive::append(&mut self.archive, frame, schema)
+    }
+
+    fn tick(&mut self) -> Result<(), ArchiveError> {
+        let result = FrameArchive::tick(&mut self.archive);
+        self.publish();
+        result
+    }
+}
+
+/// How often the writer ticks the archive at least.
+pub const TICK_EVERY: Duration = Duration::from_millis(100);
+
+/// A frame waiting for the writer.
+#[derive(Debug)]
+pub struct QueuedFrame {
+    pub node: Arc<str>,
+    pub received_ns: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub seq: u64,
+    pub bytes: Vec<u8>,
+    /// The node's schema when the frame was accepted.
+    pub schema: Arc<Schema>,
+}
+
+/// Counters of the queue and the writer, read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    pub queued_frames: AtomicUsize,
+    pub queued_bytes: AtomicUsize,
+    pub appended: AtomicU64,
+    pub dropped_queue_full: AtomicU64,
+    pub append_errors: AtomicU64,
+    pub tick_errors: AtomicU64,
+    /// The last append or tick failed (a full disk, for one).
+    pub failing: AtomicBool,
+    pub last_error: Mutex<Option<String>>,
+}
+
+/// The receive threads' end of the queue.
+#[derive(Debug, Clone)]
+pub struct ArchiveQueue {
+    tx: SyncSender<QueuedFrame>,
+    stats: Arc<WriterStats>,
+    capacity_bytes: usize,
+}
+
+impl ArchiveQueue {
+    /// Queues a frame for the archive; a full queue drops it (counted) and returns false.
+    pub fn push(&self, frame: QueuedFrame) -> bool {
+        let len = frame.bytes.len();
+        let held = self.stats.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        if held + len > self.capacity_bytes {
+            self.stats.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.stats
+                .dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.stats.queued_frames.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(frame) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.stats.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+                self.stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
+                self.stats
+                    .dropped_queue_full
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<WriterStats> {
+        &self.stats
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
+    }
+}
+
+/// How far below a frame's sequence number its schema frame is numbered: a reader that decodes
+/// the schema frame and then the segment's frames with one receiver state sees no duplicate
+/// (the collector refuses anything 64 or more behind its newest, so no archived frame after it
+/// has the schema frame's number, frames 1 to 63 of a session aside).
+pub const SCHEMA_SEQ_BEHIND: u64 = 64;
+
+/// A node's schema as one frame of schema entries only, in the session of the frame it goes
+/// before (`seq`), numbered [`SCHEMA_SEQ_BEHIND`] before it. None for a session's first frame
+/// (seq 0): the schema then holds only that frame's own entries, which it carries.
+pub fn schema_frame(schema: &Schema, seq: u64, send_unix_ns: u64, key: &Key) -> Option<Vec<u8>> {
+    if schema.entries.is_empty() || seq == 0 {
+        return None;
+    }
+    let mut entries: Vec<SchemaEntry> = schema
+        .entries
+        .iter()
+        .map(|(id, series)| SchemaEntry {
+            id: *id,
+            series: series.clone(),
+        })
+        .collect();
+    entries.sort_by_key(|e| e.id);
+    let frame = Frame {
+        node: schema.node.to_string(),
+        session: schema.session,
+        seq: seq.saturating_sub(SCHEMA_SEQ_BEHIND),
+        send_unix_ns,
+        time_quantum_ns: 1_000_000,
+        schema: entries,
+        samples: Vec::new(),
+        events: Vec::new(),
+    };
+    match railscope_wire::encode_frame(&frame, key) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::warn!("schema frame of node {:?} not encoded: {e}", schema.node);
+            None
+        }
+    }
+}
+
+/// The running writer thread.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Writer {
+    /// Appends what is queued, writes it out and stops.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Starts the writer thread.
+pub fn spawn(
+    mut archive: Box<dyn FrameArchive>,
+    key: Key,
+    capacity_bytes: usize,
+) -> std::io::Result<(ArchiveQueue, Writer)> {
+    // The byte bound is the real one; the channel's is a second guard (small frames).
+    let (tx, rx) = sync_channel(capacity_bytes / 64 + 1);
+    let stats = Arc::new(WriterStats::default());
+    let queue = ArchiveQueue {
+        tx,
+        stats: stats.clone(),
+        capacity_bytes,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("archive-writer".into())
+        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key, &stopping))?;
+    Ok((queue, Writer { stop, thread }))
+}
+
+fn write_loop(
+    archive: &mut dyn FrameArchive,
+    rx: &Receiver<QueuedFrame>,
+    stats: &WriterStats,
+    key: &Key,
+    stop: &AtomicBool,
+) {
+    let mut last_tick = Instant::now();
+    loop {
+        let wait = TICK_EVERY.saturating_sub(last_tick.elapsed());
+        // Once stopping, what is left in the queue is appended without waiting for more.
+        let next = if stop.load(Ordering::Relaxed) {
+            rx.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(wait)
+        };
+        match next {
+            Ok(item) => {
+                stats
+                    .queued_bytes
+                    .fetch_sub(item.bytes.len(), Ordering::Relaxed);
+                stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
+                let schema = |node: &str| {
+                    (node == &*item.node)
+                        .then(|| schema_frame(&item.schema, item.seq, item.first_ns, key))
+                        .flatten()
+                };
+                let frame = AcceptedFrame {
+                    node: &item.node,
+                    received_ns: item.received_ns,
+                    first_ns: item.first_ns,
+                    last_ns: item.last_ns,
+                    bytes: &item.bytes,
+                };
+                let result = archive.append(&frame, &schema);
+                match &result {
+                    Ok(()) => {
+                        stats.appended.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        stats.append_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                note(stats, "append", result);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                let result = archive.tick();
+                note(stats, "write-out", result);
+                return;
+            }
+        }
+        if last_tick.elapsed() >= TICK_EVERY {
+            last_tick = Instant::now();
+            let result = archive.tick();
+            if result.is_err() {
+                stats.tick_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            note(stats, "write-out", result);
+        }
+    }
+}
+
+/// Logs when the archive starts failing and when it works again (not every failure).
+fn note(stats: &WriterStats, what: &str, result: Result<(), ArchiveError>) {
+    match result {
+        Ok(()) => {
+            if stats.failing.swap(false, Ordering::Relaxed) {
+                tracing::info!("archive works again: frames are archived");
+            }
+        }
+        Err(e) => {
+            let text = e.to_string();
+            if !stats.failing.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    "archive {what} failed: {text}; frames are not archived until it works again (the live view goes on)"
+                );
+            }
+            *stats.last_error.lock().expect("writer error lock") = Some(text);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A test double of the archive: it records what the writer hands it.
+
+    use super::*;
+
+    /// What one append received.
+    #[derive(Clone, Debug)]
+    pub struct Appended {
+        pub node: String,
+        pub received_ns: u64,
+        pub first_ns: u64,
+        pub last_ns: u64,
+        pub bytes: Vec<u8>,
+        pub schema: Option<Vec<u8>>,
+    }
+
+    #[derive(Clone, Default)]
+    pub struct RecordingArchive {
+        pub appended: Arc<Mutex<Vec<Appended>>>,
+        pub ticks: Arc<AtomicU64>,
+        /// Appends fail while set (a full disk).
+        pub full: Arc<AtomicBool>,
+    }
+
+    impl FrameArchive for RecordingArchive {
+        fn append(
+            &mut self,
+            frame: &AcceptedFrame<'_>,
+            schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+        ) -> Result<(), ArchiveError> {
+            if self.full.load(Ordering::Relaxed) {
+                return Err("no space left on device (os error 28)".into());
+            }
+            self.appended.lock().unwrap().push(Appended {
+                node: frame.node.to_owned(),
+                received_ns: frame.received_ns,
+                first_ns: frame.first_ns,
+                last_ns: frame.last_ns,
+                bytes: frame.bytes.to_vec(),
+                schema: schema(frame.node),
+            });
+            Ok(())
+        }
+
+        fn tick(&mut self) -> Result<(), ArchiveError> {
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,797 @@
+//! The collector as an operator runs it, fed by the real node agent: `railscope agent` reads
+//! an mlx5-modelled sysfs tree and the NVML stand-in (a scripted 8-GPU replay, not a GPU) and
+//! sends to `railscope collector run` (the agent's binary hands the subcommand to
+//! `railscope-collector`). A relay between them keeps a copy of every datagram, so what the
+//! collector holds and shows on `/metrics` is checked against what was sent. Also: forged,
+//! replayed, truncated and random datagrams counted exactly by reason, and a collector killed
+//! mid-stream that asks the agent for its schema when it comes back.
+//!
+//! The agent's binary is found next to the collector's (`cargo test` of the workspace builds
+//! both; `cargo build -p monitor-user` otherwise).
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use railscope_wire::{
+    EncoderConfig, Frame, FrameEncoder, Key, Labels, ReceiverState, SeriesData, WireError,
+};
+
+const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
+const STANDIN: &str = "libnvidia_ml_standin.so";
+const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+fn key() -> Key {
+    let bytes: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&KEY_HEX[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    Key::from_bytes(bytes.try_into().unwrap())
+}
+
+/// `railscope`, next to `railscope-collector`.
+fn railscope() -> PathBuf {
+    let path = Path::new(COLLECTOR).with_file_name("railscope");
+    assert!(
+        path.is_file(),
+        "{} is missing: build the agent too (cargo build -p monitor-user, or cargo test for the workspace)",
+        path.display()
+    );
+    path
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn key_file(dir: &Path) -> PathBuf {
+    let path = dir.join("wire.key");
+    std::fs::write(&path, format!("{KEY_HEX}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn fixture_sysfs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../monitor-user/tests/fixtures/sysfs/mlx5")
+}
+
+/// The stand-in library (a dev-dependency, built next to this test) with the shipped 8-GPU
+/// script, copied so this test has its own replay.
+fn standin_with_script(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let built = [deps.join(STANDIN), deps.join("..").join(STANDIN)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect(
+            "the NVML stand-in is built as a dev-dependency; run `cargo build -p nvml-standin`",
+        );
+    let lib = dir.join(STANDIN);
+    std::fs::copy(built, &lib).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-standin/scripts/h100x8.json");
+    std::fs::copy(script, dir.join("nvml-standin.json")).unwrap();
+    lib
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child whose stdout and stderr are drained by threads as it runs.
+struct Running {
+    child: Child,
+    out: thread::JoinHandle<String>,
+    err: thread::JoinHandle<String>,
+}
+
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+fn spawn(program: &Path, args: &[&str]) -> Running {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
+    Running { child, out, err }
+}
+
+/// Stops the child with `signal`: (exited successfully, stdout, stderr).
+fn signal(mut running: Running, signal: libc::c_int) -> (bool, String, String) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(running.child.id() as libc::pid_t, signal) };
+    let status = running.child.wait().unwrap();
+    (
+        status.success(),
+        running.out.join().unwrap(),
+        running.err.join().unwrap(),
+    )
+}
+
+/// `railscope collector run` on loopback ports, through the agent binary's hand-over.
+fn start_collector(udp: u16, http: u16, key: &Path, data: &Path) -> Running {
+    let running = spawn(
+        &railscope(),
+        &[
+            "collector",
+            "run",
+            "--listen",
+            &format!("127.0.0.1:{udp}"),
+            "--http",
+            &format!("127.0.0.1:{http}"),
+            "--sockets",
+            "2",
+            "--key",
+            key.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ],
+    );
+    let http: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(http).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the collector's HTTP port never opened"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    running
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// The value of the exposition line `start VALUE`.
+fn metric(text: &str, start: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(start) && l[start.len()..].starts_with(' '))
+        .map(|l| l[start.len() + 1..].to_owned())
+}
+
+fn agent_args<'a>(relay: &'a str, key: &'a str, sysfs: &'a str) -> Vec<&'a str> {
+    vec![
+        "agent",
+        "--collector",
+        relay,
+        "--key",
+        key,
+        "--node",
+        "gpu-node-001",
+        "--sysfs",
+        sysfs,
+    ]
+}
+
+/// A UDP relay between agent and collector that keeps every datagram the agent sent, and
+/// passes the collector's schema requests back.
+struct Relay {
+    addr: SocketAddr,
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(collector: SocketAddr) -> Self {
+        let front = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let back = UdpSocket::bind("127.0.0.1:0").unwrap();
+        back.connect(collector).unwrap();
+        for s in [&front, &back] {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+        }
+        let addr = front.local_addr().unwrap();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let agent: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let (front2, back2) = (front.try_clone().unwrap(), back.try_clone().unwrap());
+        let (sent2, stop2, agent2) = (sent.clone(), stop.clone(), agent.clone());
+        let forward = thread::spawn(move || {
+            let mut buf = vec![0; 65_536];
+            while !stop2.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = front.recv_from(&mut buf) {
+                    *agent2.lock().unwrap() = Some(from);
+                    sent2.lock().unwrap().push(buf[..n].to_vec());
+                    let _ = back.send(&buf[..n]);
+                }
+            }
+        });
+        let stop3 = stop.clone();
+        let back_channel = thread::spawn(move || {
+            let mut buf = vec![0; 65_536];
+            while !stop3.load(Ordering::Relaxed) {
+                if let Ok(n) = back2.recv(&mut buf)
+                    && let Some(agent) = *agent.lock().unwrap()
+                {
+                    let _ = front2.send_to(&buf[..n], agent);
+                }
+            }
+        });
+        Self {
+            addr,
+            sent,
+            stop,
+            threads: vec![forward, back_channel],
+        }
+    }
+
+    fn stop(self) -> Vec<Vec<u8>> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        Arc::try_unwrap(self.sent).unwrap().into_inner().unwrap()
+    }
+}
+
+/// What the agent sent, as a receiver decodes it.
+struct Sent {
+    state: ReceiverState,
+    frames: Vec<Frame>,
+    /// `name{node="..",labels}` -> `value timestamp_ms`, the newest sample of each series.
+    latest: BTreeMap<String, (u64, String)>,
+}
+
+fn decode_sent(datagrams: &[Vec<u8>]) -> Sent {
+    let mut state = ReceiverState::default();
+    let mut frames = Vec::new();
+    let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    for d in datagrams {
+        let frame = railscope_wire::decode(d, &key(), &mut state)
+            .unwrap_or_else(|e| panic!("the agent sent a datagram that does not decode: {e}"));
+        let node = state.node(&frame.node).unwrap();
+        for s in &frame.samples {
+            let series = node.series(s.id).expect("every sample named (loopback)");
+            let line = format!(
+                "{}{}",
+                series.name,
+                exposition_labels(&frame.node, &series.labels)
+            );
+            let newest = match &s.data {
+                SeriesData::Counter(v) => v
+                    .iter()
+                    .max_by_key(|c| c.unix_ns)
+                    .map(|c| (c.unix_ns, c.value.to_string())),
+                SeriesData::Gauge(v) => v
+                    .iter()
+                    .max_by_key(|g| g.end_unix_ns)
+                    .map(|g| (g.end_unix_ns, g.mean.to_string())),
+            };
+            if let Some((t, value)) = newest
+                && latest.get(&line).is_none_or(|(held, _)| *held <= t)
+            {
+                latest.insert(line, (t, format!("{value} {}", t / 1_000_000)));
+            }
+        }
+        frames.push(frame);
+    }
+    Sent {
+        state,
+        frames,
+        latest,
+    }
+}
+
+fn exposition_labels(node: &str, labels: &Labels) -> String {
+    let mut out = format!("{{node=\"{node}\"");
+    for (k, v) in labels.iter() {
+        out.push_str(&format!(",{k}=\"{v}\""));
+    }
+    out.push('}');
+    out
+}
+
+/// The node series lines of an exposition: `name{labels}` -> `value timestamp_ms`.
+fn node_series(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| l.starts_with("railscope_") && !l.starts_with("railscope_collector_"))
+        .map(|l| {
+            let (series, rest) = l.split_once("} ").unwrap();
+            (format!("{series}}}"), rest.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
+    let dir = scratch_dir("collector-e2e");
+    let key_path = key_file(&dir);
+    let key_s = key_path.to_str().unwrap();
+    let lib = standin_with_script(&dir);
+    let (udp, http) = (free_udp_port(), free_tcp_port());
+    let collector = start_collector(udp, http, &key_path, &dir.join("data"));
+    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
+    let relay_addr = relay.addr.to_string();
+    let sysfs = fixture_sysfs();
+    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
+    args.extend([
+        "--nvml-lib",
+        lib.to_str().unwrap(),
+        "--interval",
+        "0.3",
+        "--flush",
+        "1",
+    ]);
+    let agent = spawn(&railscope(), &args);
+    // The stand-in's 10 scripted steps (one per read) and a few flushes.
+    thread::sleep(Duration::from_secs(6));
+    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    assert!(agent_ok, "agent failed: {agent_err}");
+    thread::sleep(Duration::from_millis(500));
+    let datagrams = relay.stop();
+    let sent = decode_sent(&datagrams);
+    assert!(sent.frames.len() > 3, "{} frames", sent.frames.len());
+    let samples: usize = sent.frames.iter().map(Frame::sample_count).sum();
+    let events: usize = sent.frames.iter().map(|f| f.events.len()).sum();
+    let node = sent.state.node("gpu-node-001").unwrap();
+    assert_eq!(node.lost, 0, "loopback loses nothing");
+
+    let text = http_get(http, "/metrics");
+    let node_label = "{node=\"gpu-node-001\"}";
+    let get = |name: &str| metric(&text, &format!("{name}{node_label}"));
+    assert_eq!(
+        get("railscope_collector_node_frames_total"),
+        Some(sent.frames.len().to_string()),
+        "{text}"
+    );
+    assert_eq!(
+        get("railscope_collector_node_samples_total"),
+        Some(samples.to_string())
+    );
+    assert_eq!(
+        get("railscope_collector_node_events_total"),
+        Some(events.to_string())
+    );
+    assert_eq!(
+        get("railscope_collector_node_frames_lost_total"),
+        Some("0".into())
+    );
+    assert_eq!(
+        get("railscope_collector_node_unknown_samples_total"),
+        Some("0".into())
+    );
+    assert_eq!(
+        metric(&text, "railscope_collector_samples_accepted_total"),
+        Some(samples.to_string())
+    );
+    for reason in [
+        "bad_mac",
+        "duplicate",
+        "stale",
+        "malformed",
+        "receive_buffer_full",
+    ] {
+        assert_eq!(
+            metric(
+                &text,
+                &format!("railscope_collector_frames_dropped_total{{reason=\"{reason}\"}}")
+            ),
+            Some("0".into()),
+            "{reason}"
+        );
+    }
+    // The agent's version, from its railscope_agent_info series.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("railscope_collector_node_info{")
+                && l.contains(&format!("agent_version=\"{}\"", env!("CARGO_PKG_VERSION")))),
+        "{text}"
+    );
+
+    // Every series the agent sent, with its newest value and time, and nothing else.
+    let shown = node_series(&text);
+    let expected: BTreeMap<String, String> = sent
+        .latest
+        .iter()
+        .map(|(k, (_, line))| (k.clone(), line.clone()))
+        .collect();
+    assert!(expected.len() > 100, "{} series", expected.len());
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|(k, v)| shown.get(*k) != Some(v))
+        .take(5)
+        .collect();
+    assert!(missing.is_empty(), "not shown as sent: {missing:?}");
+    assert_eq!(shown.len(), expected.len());
+    for name in [
+        "railscope_ib_port_xmit_bytes_total",
+        "railscope_gpu_power_watts",
+        "railscope_gpu_utilization_ratio",
+    ] {
+        assert!(
+            shown.keys().any(|k| k.starts_with(&format!("{name}{{"))),
+            "{name}"
+        );
+    }
+
+    // The events, in the live view: every XID the stand-in scripted.
+    let live: serde_json::Value =
+        serde_json::from_str(&http_get(http, "/api/v1/live/events?limit=10000")).unwrap();
+    let live = live.as_array().unwrap();
+    assert_eq!(live.len(), events);
+    let xids = live.iter().filter(|e| e["kind"] == "xid").count();
+    let sent_xids = sent
+        .frames
+        .iter()
+        .flat_map(|f| &f.events)
+        .filter(|e| e.kind == "xid")
+        .count();
+    assert_eq!(xids, sent_xids);
+    assert!(xids >= 5, "{xids}");
+
+    // Now the bad ones, from elsewhere: each counted under its reason, exactly.
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = ("127.0.0.1", udp);
+    let mut expect: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut state = sent.state;
+    let mut paced = 0;
+    let mut send = |bytes: &[u8]| {
+        attacker.send_to(bytes, to).unwrap();
+        paced += 1;
+        if paced % 32 == 0 {
+            thread::sleep(Duration::from_millis(2));
+        }
+    };
+    // Replays: what a receiver that took every frame says of each (duplicate or stale).
+    for d in &datagrams {
+        let reason = match railscope_wire::decode(d, &key(), &mut state) {
+            Err(WireError::Duplicate { .. }) => "duplicate",
+            Err(WireError::Stale { .. }) => "stale",
+            other => panic!("a replay is refused: {other:?}"),
+        };
+        *expect.entry(reason).or_default() += 1;
+        send(d);
+    }
+    // Forged: the same node's frames sealed with another key.
+    let mut forger =
+        FrameEncoder::new(EncoderConfig::new("gpu-node-001"), Key::from_bytes([3; 32])).unwrap();
+    forger.push_event(railscope_wire::Event {
+        unix_ns: 1,
+        kind: "xid".into(),
+        labels: Labels::new([("gpu", "0")]),
+        code: 79,
+        text: "forged".into(),
+    });
+    for f in forger.flush_events(2) {
+        send(&f);
+        *expect.entry("bad_mac").or_default() += 1;
+    }
+    // Truncated: every length of one real frame.
+    let frame = &datagrams[datagrams.len() / 2];
+    for len in 0..frame.len() {
+        send(&frame[..len]);
+        let reason = if len < railscope_wire::MIN_FRAME_LEN {
+            "too_short"
+        } else {
+            "bad_mac"
+        };
+        *expect.entry(reason).or_default() += 1;
+    }
+    // Random bytes of every length up to 1400.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for len in (0..1400).step_by(7) {
+        let random: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        send(&random);
+        let reason = if len < railscope_wire::MIN_FRAME_LEN {
+            "too_short"
+        } else {
+            "bad_mac"
+        };
+        *expect.entry(reason).or_default() += 1;
+    }
+    let total: u64 = expect.values().sum();
+    let start = Instant::now();
+    let dropped = |text: &str, reason: &str| {
+        metric(
+            text,
+            &format!("railscope_collector_frames_dropped_total{{reason=\"{reason}\"}}"),
+        )
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+    };
+    let text = loop {
+        let text = http_get(http, "/metrics");
+        let counted: u64 = [
+            "too_short",
+            "bad_mac",
+            "duplicate",
+            "stale",
+            "bad_magic",
+            "malformed",
+            "receive_buffer_full",
+        ]
+        .iter()
+        .map(|r| dropped(&text, r))
+        .sum();
+        if counted >= total || start.elapsed() > Duration::from_secs(10) {
+            break text;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        dropped(&text, "receive_buffer_full"),
+        0,
+        "paced sends overflowed"
+    );
+    for (reason, count) in &expect {
+        assert_eq!(dropped(&text, reason), *count, "{reason}");
+    }
+    assert_eq!(
+        get("railscope_collector_node_frames_total"),
+        Some(sent.frames.len().to_string()),
+        "nothing bad was accepted"
+    );
+    let (_, _, collector_err) = signal(collector, libc::SIGTERM);
+    assert!(
+        collector_err.contains("dropped a datagram from 127.0.0.1:"),
+        "{collector_err}"
+    );
+    // Rate-limited: a few lines for hundreds of drops.
+    let drop_lines = collector_err.matches("dropped a datagram").count();
+    assert!(drop_lines <= 8, "{drop_lines} lines:\n{collector_err}");
+}
+
+#[test]
+fn a_collector_killed_mid_stream_asks_for_the_schema_when_it_is_back() {
+    let dir = scratch_dir("collector-restart");
+    let key_path = key_file(&dir);
+    let key_s = key_path.to_str().unwrap();
+    let (udp, http) = (free_udp_port(), free_tcp_port());
+    let data = dir.join("data");
+    let collector = start_collector(udp, http, &key_path, &data);
+    let to = format!("127.0.0.1:{udp}");
+    let sysfs = fixture_sysfs();
+    let mut args = agent_args(&to, key_s, sysfs.to_str().unwrap());
+    args.extend(["--no-gpu", "--interval", "0.2", "--flush", "0.5"]);
+    let agent = spawn(&railscope(), &args);
+    thread::sleep(Duration::from_secs(3));
+    let before = node_series(&http_get(http, "/metrics"));
+    assert!(before.len() > 50, "{} series before the kill", before.len());
+    let (_, _, _) = signal(collector, libc::SIGKILL);
+
+    // Back on the same ports: the schema went out in the agent's first flushes, long ago.
+    let collector = start_collector(udp, http, &key_path, &data);
+    thread::sleep(Duration::from_secs(4));
+    let text = http_get(http, "/metrics");
+    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    let (_, _, collector_err) = signal(collector, libc::SIGTERM);
+    assert!(agent_ok, "{agent_err}");
+    assert!(
+        collector_err.contains("asked gpu-node-001"),
+        "{collector_err}"
+    );
+    assert!(agent_err.contains("asked for the schema"), "{agent_err}");
+    let requests: u64 = metric(&text, "railscope_collector_schema_requests_sent_total")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&requests), "{requests} requests");
+    let unknown: u64 = metric(
+        &text,
+        "railscope_collector_node_unknown_samples_total{node=\"gpu-node-001\"}",
+    )
+    .unwrap()
+    .parse()
+    .unwrap();
+    assert!(
+        unknown > 0,
+        "the restarted collector first got unnamed samples"
+    );
+    // Named again: the same series as before the kill.
+    let after = node_series(&text);
+    let before_names: Vec<_> = before.keys().collect();
+    let after_names: Vec<_> = after.keys().collect();
+    assert_eq!(before_names, after_names);
+}
+
+/// Every sample of the sent frames, per series (`name` and labels with the node), as the
+/// query API answers it: counters `t value`, gauges `start t min max mean`.
+fn sent_points(sent: &Sent) -> BTreeMap<String, Vec<String>> {
+    let mut points: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for frame in &sent.frames {
+        let node = sent.state.node(&frame.node).unwrap();
+        for s in &frame.samples {
+            let series = node.series(s.id).unwrap();
+            let mut labels: BTreeMap<String, String> = series
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            labels.insert("node".into(), frame.node.clone());
+            let key = format!("{}{labels:?}", series.name);
+            let list = points.entry(key).or_default();
+            match &s.data {
+                SeriesData::Counter(v) => {
+                    list.extend(v.iter().map(|c| format!("{} {}", c.unix_ns, c.value)));
+                }
+                SeriesData::Gauge(v) => list.extend(v.iter().map(|g| {
+                    format!(
+                        "{} {} {} {} {}",
+                        g.start_unix_ns, g.end_unix_ns, g.min, g.max, g.mean
+                    )
+                })),
+            }
+        }
+    }
+    for list in points.values_mut() {
+        list.sort();
+    }
+    points
+}
+
+/// What `railscope query --json series METRIC` answers for each metric, in the form of
+/// [`sent_points`].
+fn queried_points(http: u16, metrics: &[String]) -> BTreeMap<String, Vec<String>> {
+    let mut points: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for metric in metrics {
+        let out = Command::new(railscope())
+            .args([
+                "query",
+                "--collector",
+                &format!("http://127.0.0.1:{http}"),
+                "--json",
+                "series",
+                metric,
+                "--start",
+                "-1h",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "railscope query series {metric}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for s in json["series"].as_array().unwrap() {
+            let labels: BTreeMap<String, String> = s["labels"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            let key = format!("{}{labels:?}", s["metric"].as_str().unwrap());
+            let list = points.entry(key).or_default();
+            for p in s["points"].as_array().unwrap() {
+                let t = p["t"].as_u64().unwrap();
+                list.push(match s["kind"].as_str().unwrap() {
+                    "counter" => format!("{t} {}", p["value"].as_u64().unwrap()),
+                    _ => format!(
+                        "{} {t} {} {} {}",
+                        p["start"].as_u64().unwrap(),
+                        p["min"].as_f64().unwrap(),
+                        p["max"].as_f64().unwrap(),
+                        p["mean"].as_f64().unwrap()
+                    ),
+                });
+            }
+        }
+    }
+    for list in points.values_mut() {
+        list.sort();
+    }
+    points
+}
+
+/// The agent -> the collector with its archive -> `railscope query`: every series the agent
+/// sent, each sample exact, none missing, none extra; and the same after the collector was
+/// killed with SIGKILL and started again on its data directory.
+#[test]
+fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
+    let dir = scratch_dir("collector-archive-e2e");
+    let key_path = key_file(&dir);
+    let key_s = key_path.to_str().unwrap();
+    let lib = standin_with_script(&dir);
+    let data = dir.join("data");
+    let (udp, http) = (free_udp_port(), free_tcp_port());
+    let collector = start_collector(udp, http, &key_path, &data);
+    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
+    let relay_addr = relay.addr.to_string();
+    let sysfs = fixture_sysfs();
+    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
+    args.extend([
+        "--nvml-lib",
+        lib.to_str().unwrap(),
+        "--interval",
+        "0.3",
+        "--flush",
+        "1",
+    ]);
+    let agent = spawn(&railscope(), &args);
+    thread::sleep(Duration::from_secs(5));
+    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    assert!(agent_ok, "agent failed: {agent_err}");
+    thread::sleep(Duration::from_millis(500));
+    let sent = decode_sent(&relay.stop());
+    let expected = sent_points(&sent);
+    let metrics: Vec<String> = expected
+        .keys()
+        .map(|k| k.split_once('{').unwrap().0.to_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(
+        metrics.iter().any(|m| m.starts_with("railscope_ib_"))
+            && metrics.iter().any(|m| m.starts_with("railscope_gpu_")),
+        "the agent sent IB and GPU series: {metrics:?}"
+    );
+    let samples: usize = expected.values().map(Vec::len).sum();
+    assert!(samples > 100, "{samples} samples sent");
+
+    let answered = queried_points(http, &metrics);
+    assert_eq!(
+        answered, expected,
+        "the archive answers exactly what was sent"
+    );
+    // The archive's files are on /metrics.
+    let text = http_get(http, "/metrics");
+    let records: u64 = metric(&text, "railscope_collector_archive_records")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(records >= sent.frames.len() as u64, "{text}");
+
+    // SIGKILL: no shutdown, no last write-out. What was written out (every 100 ms) is kept.
+    let (_, _, err) = signal(collector, libc::SIGKILL);
+    let collector = start_collector(udp, http, &key_path, &data);
+    let again = queried_points(http, &metrics);
+    let (ok, _, err2) = signal(collector, libc::SIGTERM);
+    assert!(ok, "collector failed after restart: {err2}");
+    assert_eq!(
+        again, expected,
+        "after SIGKILL and restart the archive answers the same\nfirst run: {err}\nsecond: {err2}"
+    );
+}
