@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
+use aya::maps::{MapData, RingBuf};
 use tokio::{
+    io::{Interest, unix::AsyncFd},
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
@@ -18,10 +20,11 @@ use crate::{
     },
 };
 
-/// How often each family's ring buffer is drained. The probes submit events without waking
-/// the reader (a wake-up is a self-IPI on the CPU that runs the hook, most of what a rare
-/// event would cost there), so events reach the agent up to this late; their kernel
-/// timestamps keep the time they happened.
+/// How often each family's ring buffer is drained. Frequent events (QPs moved to ERR) are
+/// submitted without waking the reader (a wake-up is a self-IPI on the CPU that runs the
+/// hook, most of what the probe would cost there), so they reach the agent up to this late;
+/// their kernel timestamps keep the time they happened. Rare ones (port and device events,
+/// async errors) wake the reader and are read at once.
 pub(super) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// A family's state in the agent.
@@ -173,33 +176,8 @@ pub(super) fn try_attach(
             rows,
         );
     };
-    let tx = records.clone();
-    let (stop, mut stopped) = oneshot::channel();
-    let reader = tokio::spawn(async move {
-        let mut ring = ring;
-        let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
-        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            // A stop (or the agent dropping its end) drains once more, then ends.
-            let last = tokio::select! {
-                _ = drain.tick() => false,
-                _ = &mut stopped => true,
-            };
-            while let Some(item) = ring.next() {
-                match monitor_common::events::EventRecord::from_bytes(&item) {
-                    Some(record) => {
-                        if tx.send((family, record)).await.is_err() {
-                            return;
-                        }
-                    }
-                    None => tracing::warn!(len = item.len(), "short event record ignored"),
-                }
-            }
-            if last {
-                return;
-            }
-        }
-    });
+    let (stop, stopped) = oneshot::channel();
+    let reader = tokio::spawn(read_events(family, ring, records.clone(), stopped));
     (
         FamilyState::Attached {
             attached: Box::new(attached),
@@ -209,6 +187,98 @@ pub(super) fn try_attach(
         },
         rows,
     )
+}
+
+/// Drains a family's ring buffer into the loop's channel: at once when the probes wake it
+/// (rare events: port, device, async errors), and every [`EVENT_DRAIN_INTERVAL`] for what
+/// they write without a wake-up. A stop (or the agent dropping its end) drains once more,
+/// then ends.
+async fn read_events(
+    family: Family,
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<Record>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    // SAFETY: the ring buffer owns its map's file descriptor: it stays open, and `as_raw_fd`
+    // returns it, for as long as the `RingBuf` lives, which the `AsyncFd` owns.
+    let registered = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) };
+    let mut ring = match registered {
+        Ok(ring) => Ring::Woken(ring),
+        Err(e) => {
+            let (ring, e) = e.into_parts();
+            tracing::warn!(
+                "{}: cannot wait on the event ring buffer ({e}): events arrive within {:?}",
+                family.module(),
+                EVENT_DRAIN_INTERVAL
+            );
+            Ring::Timed(ring)
+        }
+    };
+    let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last = tokio::select! {
+            _ = drain.tick() => false,
+            _ = &mut stopped => true,
+            woken = ring.woken() => {
+                if let Err(e) = woken {
+                    tracing::warn!(
+                        "{}: waiting on the event ring buffer failed ({e}): events arrive \
+                         within {:?}",
+                        family.module(),
+                        EVENT_DRAIN_INTERVAL
+                    );
+                    ring = ring.into_timed();
+                }
+                false
+            }
+        };
+        let buffer = ring.buffer();
+        while let Some(item) = buffer.next() {
+            match monitor_common::events::EventRecord::from_bytes(&item) {
+                Some(record) => {
+                    if tx.send((family, record)).await.is_err() {
+                        return;
+                    }
+                }
+                None => tracing::warn!(len = item.len(), "short event record ignored"),
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// A family's ring buffer as its reader waits on it: through epoll (the probes' wake-ups),
+/// or, where that failed, on the drain timer only.
+enum Ring {
+    Woken(AsyncFd<RingBuf<MapData>>),
+    Timed(RingBuf<MapData>),
+}
+
+impl Ring {
+    /// Resolves when the probes woke the reader (never for [`Ring::Timed`]).
+    async fn woken(&self) -> std::io::Result<()> {
+        match self {
+            Ring::Woken(fd) => fd.readable().await.map(|mut guard| guard.clear_ready()),
+            Ring::Timed(_) => std::future::pending().await,
+        }
+    }
+
+    fn into_timed(self) -> Self {
+        match self {
+            Ring::Woken(fd) => Ring::Timed(fd.into_inner()),
+            timed => timed,
+        }
+    }
+
+    fn buffer(&mut self) -> &mut RingBuf<MapData> {
+        match self {
+            Ring::Woken(fd) => fd.get_mut(),
+            Ring::Timed(ring) => ring,
+        }
+    }
 }
 
 /// A record as an event, its device named from the `DEVICE_NAMES` map of the family that
