@@ -34,6 +34,12 @@ impl Kernel {
             || self.sys.join("kernel/debug/tracing/kprobe_events").exists()
     }
 
+    /// Which load of a module is present: a module unloaded and loaded again (between two
+    /// looks, even) gets a new `/sys/module/<module>` directory and so a new identity.
+    pub fn module_identity(&self, module: &str) -> Option<FileIdentity> {
+        FileIdentity::of(&self.sys.join("module").join(module))
+    }
+
     /// The split BTF of a module, if the kernel exposes one (CONFIG_DEBUG_INFO_BTF_MODULES).
     pub fn module_btf(&self, module: &str) -> Option<PathBuf> {
         let path = self.sys.join("kernel/btf").join(module);
@@ -54,6 +60,27 @@ impl Kernel {
             .parent()
             .unwrap_or(Path::new("/"))
             .join("proc/kallsyms")
+    }
+}
+
+/// Which file a path names now: sysfs gives a file or directory that is removed and created
+/// again a new inode, so a reloaded module (or its BTF) is told from the one before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    ctime_ns: i128,
+}
+
+impl FileIdentity {
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
     }
 }
 
