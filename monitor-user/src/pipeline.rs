@@ -26,7 +26,7 @@ use railscope_wire::{
 use tokio::sync::mpsc;
 
 use crate::{
-    kernel::realtime_ns,
+    time_base::TimeBase,
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle, Target},
     sources::{
@@ -180,7 +180,8 @@ impl Pipeline {
     }
 
     fn push(&mut self, series: &Series, emit: &Emit) {
-        if let Err(e) = self.encoder.push_sample(series, wire_sample(emit)) {
+        let sample = wire_sample(&on_wall_clock(emit, TimeBase::global()));
+        if let Err(e) = self.encoder.push_sample(series, sample) {
             tracing::debug!("sample of {} not encoded: {e}", series.name);
         }
     }
@@ -188,7 +189,7 @@ impl Pipeline {
     /// Sends an event now (events are never batched or sampled).
     pub fn on_event(&mut self, event: wire::Event) {
         self.encoder.push_event(event);
-        let frames = self.encoder.flush_events(realtime_ns());
+        let frames = self.encoder.flush_events(TimeBase::global().now_unix_ns());
         self.send(frames);
     }
 
@@ -196,7 +197,7 @@ impl Pipeline {
     /// collector asked for them).
     pub fn flush(&mut self) {
         self.answer_schema_requests();
-        let frames = self.encoder.flush(realtime_ns());
+        let frames = self.encoder.flush(TimeBase::global().now_unix_ns());
         self.send(frames);
     }
 
@@ -259,6 +260,22 @@ impl Pipeline {
     }
 }
 
+/// An emit of the sampler, which runs on CLOCK_MONOTONIC, with its times on the wall clock of
+/// `time` (the offset in force when each was read, as events get).
+pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
+    match *emit {
+        Emit::Counter { unix_ns, value } => Emit::Counter {
+            unix_ns: time.unix_ns(unix_ns),
+            value,
+        },
+        Emit::Gauge(mut e) => {
+            e.start_ns = time.unix_ns(e.start_ns);
+            e.end_ns = time.unix_ns(e.end_ns);
+            Emit::Gauge(e)
+        }
+    }
+}
+
 /// What the sampler emits, as a wire sample. Counters travel as whole numbers: a fractional
 /// cumulative value (NVML energy in joules) is truncated.
 pub fn wire_sample(emit: &Emit) -> Sample {
@@ -280,7 +297,8 @@ pub fn wire_sample(emit: &Emit) -> Sample {
     }
 }
 
-/// Verb counters from the probes as readings (`railscope_rdma_verbs_total`).
+/// Verb counters from the probes as readings (`railscope_rdma_verbs_total`), read at `unix_ns`
+/// (the agent passes CLOCK_MONOTONIC, the sampler's clock).
 pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
     counts
         .iter()
@@ -380,7 +398,10 @@ fn poll(
     let mut samples = Vec::new();
     loop {
         let started = Instant::now();
-        let now = realtime_ns();
+        // The sampler runs on CLOCK_MONOTONIC, so a step of the wall clock neither stalls nor
+        // rushes it; what it emits is converted when encoded (`on_wall_clock`). Each sweep
+        // measures the wall clock's offset again.
+        let now = TimeBase::global().refresh();
         let mut sink = SamplingSink {
             sampler: &mut sampler,
             unix_ns: now,

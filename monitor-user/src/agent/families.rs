@@ -25,11 +25,12 @@ use tokio::{
 
 use crate::{
     cgroup::CgroupNames,
-    kernel::{FileIdentity, Kernel, WallClock},
+    kernel::{FileIdentity, Kernel},
     probes::{
         AttachedFamily, Family, FamilyUnavailable, ProbeReport, RawCount, Status, Unavailable,
         btf_cache::BtfCache, decode::Event, names::KernelNames, render_table,
     },
+    time_base::TimeBase,
 };
 
 /// How often each family's ring buffer is drained. Frequent events (QPs moved to ERR) are
@@ -396,7 +397,7 @@ impl Families {
     pub(super) fn decode(
         &self,
         (family, record): &Record,
-        clock: &WallClock,
+        clock: &TimeBase,
         cgroups: &mut CgroupNames,
     ) -> Event {
         let device = self

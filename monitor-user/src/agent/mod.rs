@@ -27,9 +27,10 @@ pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write
 
 use crate::{
     cgroup::CgroupNames,
-    kernel::{Kernel, WallClock},
+    kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::decode::{self, Event, PortStates},
+    time_base::{TimeBase, monotonic_ns},
 };
 use families::{AttachFn, Families, Record};
 use wire_events::{ib_wire_event, transition_wire_event};
@@ -56,7 +57,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     // Handlers first: a stop request during the first attach must still stop us cleanly.
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    let clock = WallClock::now();
+    let clock = TimeBase::global();
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
     let mut ports = PortStates::default();
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
@@ -82,7 +83,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(record) = records_rx.recv() => {
-                let event = families.decode(&record, &clock, &mut cgroups);
+                let event = families.decode(&record, clock, &mut cgroups);
                 report_event(&event, &mut ports, pipeline.as_mut(), options.format);
             }
             attempt = families.next_attempt() => families.on_attempt(attempt),
@@ -90,6 +91,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             // pace the rescans (one wake-up a second, not two).
             _ = rescan.tick(), if !sweeps_pace_rescans => {
                 last_rescan = std::time::Instant::now();
+                clock.refresh();
                 families.rescan();
             }
             polled = next_polled(&mut pipeline) => match polled {
@@ -98,7 +100,9 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                         last_rescan = std::time::Instant::now();
                         families.rescan();
                     }
-                    let now = crate::kernel::realtime_ns();
+                    // The sampler runs on the monotonic clock (the poller refreshed the time
+                    // base at this sweep); the pipeline converts what it sends.
+                    let now = monotonic_ns();
                     let counts = decode::decode_counts(&families.counts(), &families.names, &mut cgroups);
                     if let Some(p) = pipeline.as_mut() {
                         p.on_samples(&samples);
@@ -128,7 +132,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     // drains its buffer once more and ends, and those events go out like any other.
     families.stop_readers().await;
     while let Ok(record) = records_rx.try_recv() {
-        let event = families.decode(&record, &clock, &mut cgroups);
+        let event = families.decode(&record, clock, &mut cgroups);
         report_event(&event, &mut ports, pipeline.as_mut(), options.format);
     }
     if let Some(p) = pipeline.as_mut() {
@@ -158,7 +162,7 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
     if counts.is_empty() {
         return;
     }
-    let snapshot = crate::kernel::realtime_ns();
+    let snapshot = TimeBase::global().now_unix_ns();
     let mut out = std::io::stdout().lock();
     let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
 }
