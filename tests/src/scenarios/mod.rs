@@ -3,9 +3,12 @@
 
 mod agent_frames;
 mod async_errors;
+mod attach_pace;
+mod bench_events;
 mod bench_probes;
 mod cgroups_late;
 mod cm_ids;
+mod clock_step;
 mod cm_wildcard;
 mod hook_trace;
 mod ib_core_btf;
@@ -35,6 +38,9 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "cm-ids" => cm_ids::run(),
         "cm-wildcard" => cm_wildcard::run(),
         "cgroups-late" => cgroups_late::run(),
+        "attach-pace" => attach_pace::run(),
+        "clock-step" => clock_step::run(),
+        "bench-events" => bench_events::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }

@@ -1,0 +1,63 @@
+//! attach-pace: attaching runs off the agent's loop. While ib_uverbs and rdma_cm are unloaded
+//! and loaded again three times (their families detach and attach anew: BTF, object load,
+//! verifier), the ib_core family's reader keeps draining its ring buffer every 250 ms: the
+//! longest gap between two drains, which the agent reports when it stops, stays under a
+//! second, and a link flap in the middle of it is reported.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context as _, ensure};
+
+use crate::guest::{self, Agent};
+
+const RELOADS: usize = 3;
+/// Four drain intervals: a loop blocked by an attach misses several drains.
+const LONGEST_GAP_MS: u64 = 1000;
+
+pub fn run() -> anyhow::Result<()> {
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    let mut agent = Agent::start(&["--json"])?;
+    agent.wait_for_log("cm_event_handler attached", Duration::from_secs(30))?;
+    agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(30))?;
+    for round in 1..=RELOADS {
+        for module in ["rdma_ucm", "rdma_cm", "iw_cm", "ib_cm", "ib_uverbs"] {
+            if Path::new("/sys/module").join(module).exists() {
+                guest::run("/bin/rmmod", &[module])?;
+            }
+        }
+        let unloaded = |l: &String| l.contains("ib_uverbs unloaded");
+        guest::wait_for(Duration::from_secs(10), "the agent to see ib_uverbs go", || {
+            agent.stderr_lines().iter().filter(|l| unloaded(l)).count() >= round
+        })?;
+        guest::run("/bin/modprobe", &["rdma_ucm"])?;
+        if round == 2 {
+            guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
+            guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+        }
+        let attached = |l: &String| l.contains("cm_event_handler attached");
+        guest::wait_for(Duration::from_secs(30), "rdma_cm's family again", || {
+            agent.stderr_lines().iter().filter(|l| attached(l)).count() > round
+        })?;
+    }
+    ensure!(agent.is_running(), "the agent died");
+    let (stdout, stderr) = agent.stop()?;
+    let gap = stderr
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("ib_core event drain: ").nth(1)?;
+            let ms = rest.split("longest gap between two ").nth(1)?;
+            ms.trim_end_matches(" ms").trim().parse::<u64>().ok()
+        })
+        .context("the agent did not report ib_core's drain pace")?;
+    println!("ib_core's longest gap between two drains: {gap} ms");
+    ensure!(
+        gap < LONGEST_GAP_MS,
+        "ib_core's event drain paused {gap} ms while other families attached"
+    );
+    let err = stdout
+        .iter()
+        .any(|l| l.contains("\"PORT_ERR\"") && l.contains("\"rxe0\""));
+    ensure!(err, "the link flap during the reloads was not reported");
+    Ok(())
+}
