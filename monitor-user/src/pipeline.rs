@@ -269,8 +269,10 @@ pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
             value,
         },
         Emit::Gauge(mut e) => {
-            e.start_ns = time.unix_ns(e.start_ns);
             e.end_ns = time.unix_ns(e.end_ns);
+            // An envelope read across a step of the wall clock back in time would start after
+            // it ends: it is kept, as ending where it ends.
+            e.start_ns = time.unix_ns(e.start_ns).min(e.end_ns);
             Emit::Gauge(e)
         }
     }
