@@ -26,7 +26,6 @@ use railscope_wire::{
 use tokio::sync::mpsc;
 
 use crate::{
-    time_base::TimeBase,
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle, Target},
     sources::{
@@ -34,6 +33,7 @@ use crate::{
         gpu::{GpuEvent, GpuSource},
         ib_sysfs::IbSysfs,
     },
+    time_base::TimeBase,
 };
 
 /// Where and how the agent sends its metrics.

@@ -480,7 +480,9 @@ pub fn collect_timed(
             if !prefix.is_empty() {
                 println!("{prefix}{line}");
             }
-            sink.lock().expect("no panics while locked").push((at, line));
+            sink.lock()
+                .expect("no panics while locked")
+                .push((at, line));
         }
     });
     lines

@@ -166,11 +166,7 @@ pub(super) struct Families {
 impl Families {
     /// Starts a first attempt for every family; the probe table is printed (to stderr) when
     /// all of them are in.
-    pub(super) fn start(
-        kernel: Kernel,
-        attach: AttachFn,
-        records: mpsc::Sender<Record>,
-    ) -> Self {
+    pub(super) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
         let (attempts_tx, attempts) = mpsc::channel(Family::ALL.len());
         let mut families = Self {
             kernel,

@@ -27,9 +27,11 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
         let unloaded = |l: &String| l.contains("ib_uverbs unloaded");
-        guest::wait_for(Duration::from_secs(10), "the agent to see ib_uverbs go", || {
-            agent.stderr_lines().iter().filter(|l| unloaded(l)).count() >= round
-        })?;
+        guest::wait_for(
+            Duration::from_secs(10),
+            "the agent to see ib_uverbs go",
+            || agent.stderr_lines().iter().filter(|l| unloaded(l)).count() >= round,
+        )?;
         guest::run("/bin/modprobe", &["rdma_ucm"])?;
         if round == 2 {
             guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;

@@ -25,7 +25,15 @@ pub fn run() -> anyhow::Result<()> {
     std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     // Neither process echoes to the (slow, serial) console: it would delay their pipes.
     let listener = guest::Listener::start_with(
-        &["--port", PORT, "--bind", "127.0.0.1", "--key", key, "--json"],
+        &[
+            "--port",
+            PORT,
+            "--bind",
+            "127.0.0.1",
+            "--key",
+            key,
+            "--json",
+        ],
         false,
     )?;
     let collector = format!("127.0.0.1:{PORT}");
@@ -64,8 +72,11 @@ pub fn run() -> anyhow::Result<()> {
 
     let (mut to_frame, mut to_print) = (Vec::new(), Vec::new());
     for (read_ns, line) in &lines {
-        let frame: Value = serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
-        let send = frame["send_unix_ns"].as_u64().context("frame without send time")?;
+        let frame: Value =
+            serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
+        let send = frame["send_unix_ns"]
+            .as_u64()
+            .context("frame without send time")?;
         for e in frame["events"].as_array().into_iter().flatten() {
             if e["kind"] != "ib_port" || e["labels"]["device"] != "rxe0" {
                 continue;

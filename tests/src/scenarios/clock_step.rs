@@ -22,7 +22,13 @@ pub fn run() -> anyhow::Result<()> {
     std::fs::write(key, "5a".repeat(32))?;
     std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     let listener = guest::Listener::start(&[
-        "--port", PORT, "--bind", "127.0.0.1", "--key", key, "--json",
+        "--port",
+        PORT,
+        "--bind",
+        "127.0.0.1",
+        "--key",
+        key,
+        "--json",
     ])?;
     let collector = format!("127.0.0.1:{PORT}");
     // Every reading sent (no adaptive sampling), so the port state has a point every 0.5 s.
@@ -107,7 +113,9 @@ fn check(frames: &[Value], flaps: &[u64]) -> anyhow::Result<()> {
     // Every event no later than the frame that carries it, and sent at once.
     let mut errs = Vec::new();
     for frame in frames {
-        let send = frame["send_unix_ns"].as_u64().context("frame without send time")?;
+        let send = frame["send_unix_ns"]
+            .as_u64()
+            .context("frame without send time")?;
         for e in frame["events"].as_array().into_iter().flatten() {
             let t = e["unix_ns"].as_u64().context("event without time")?;
             ensure!(

@@ -72,7 +72,8 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         )
     })?;
     let p99 = |key: &str| measured[key]["p99"].as_f64().unwrap_or(f64::INFINITY);
-    let goal_met = p99("kernel_to_frame_ms") < GOAL_P99_MS && p99("kernel_to_listen_ms") < GOAL_P99_MS;
+    let goal_met =
+        p99("kernel_to_frame_ms") < GOAL_P99_MS && p99("kernel_to_listen_ms") < GOAL_P99_MS;
     let report = json!({
         "command": command(options),
         "date": utc_now(),
@@ -124,7 +125,11 @@ fn table(report: &Value) -> String {
         ("kernel_to_frame_ms", "the frame leaving the agent"),
         ("kernel_to_listen_ms", "`railscope listen` printing it"),
     ] {
-        let v = |q: &str| m[key][q].as_f64().map_or("–".into(), |x| format!("{x:.2} ms"));
+        let v = |q: &str| {
+            m[key][q]
+                .as_f64()
+                .map_or("–".into(), |x| format!("{x:.2} ms"))
+        };
         out += &format!(
             "| {what} | {} | {} | {} | {} |\n",
             v("p50"),
@@ -141,7 +146,9 @@ fn markdown(report: &Value, accel: Accel) -> String {
     let m = &report["measured"];
     let accel_note = match accel {
         Accel::Kvm => "KVM (hardware virtualisation)",
-        Accel::Tcg => "TCG (QEMU's emulator: everything in the guest runs several times slower than on hardware)",
+        Accel::Tcg => {
+            "TCG (QEMU's emulator: everything in the guest runs several times slower than on hardware)"
+        }
     };
     format!(
         "# Event latency: kernel to collector\n\n\
@@ -189,8 +196,14 @@ mod tests {
         let report = json!({"measured": measured, "command": "cargo xtask bench events",
                             "goal_met": true});
         let md = markdown(&report, Accel::Kvm);
-        assert!(md.contains("| the frame leaving the agent | 0.50 ms | 1.00 ms | 2.25 ms | 3.00 ms |"), "{md}");
-        assert!(md.contains("`cargo xtask bench events`") && md.contains("**met**"), "{md}");
+        assert!(
+            md.contains("| the frame leaving the agent | 0.50 ms | 1.00 ms | 2.25 ms | 3.00 ms |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("`cargo xtask bench events`") && md.contains("**met**"),
+            "{md}"
+        );
         assert!(guest_report("no line").is_none());
     }
 }
