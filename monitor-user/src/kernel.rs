@@ -63,13 +63,14 @@ impl Kernel {
     }
 }
 
-/// Which file a path names now: sysfs gives a file or directory that is removed and created
-/// again a new inode, so a reloaded module (or its BTF) is told from the one before.
+/// Which file a path names now, by device and inode number: sysfs numbers each file or
+/// directory it creates anew (a 64-bit id, not reused), so a reloaded module (or its BTF) is
+/// told from the one before. Times are no help: sysfs sets them when the inode is brought into
+/// memory, which happens again after the cache drops it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileIdentity {
     dev: u64,
     ino: u64,
-    ctime_ns: i128,
 }
 
 impl FileIdentity {
@@ -79,7 +80,6 @@ impl FileIdentity {
         Some(Self {
             dev: m.dev(),
             ino: m.ino(),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
         })
     }
 }

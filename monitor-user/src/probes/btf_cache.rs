@@ -122,10 +122,10 @@ mod tests {
             }
         );
 
-        // The module is loaded again: its BTF is a new file, parsed on top of the same vmlinux.
-        std::fs::remove_file(btf_dir.join("ib_core")).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        std::fs::write(btf_dir.join("ib_core"), &split).unwrap();
+        // The module is loaded again: its BTF is a new file (another inode, as sysfs gives
+        // it), parsed on top of the same vmlinux.
+        std::fs::write(btf_dir.join("ib_core.next"), &split).unwrap();
+        std::fs::rename(btf_dir.join("ib_core.next"), btf_dir.join("ib_core")).unwrap();
         assert!(cache.module("ib_core").unwrap().has_function("split_fn"));
         assert_eq!(
             cache.parses(),

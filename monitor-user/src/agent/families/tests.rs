@@ -23,12 +23,14 @@ impl FakeSys {
         Self(dir)
     }
 
-    /// Unloads and loads `module` again.
+    /// Unloads and loads `module` again: a new directory (made before the old one goes, so
+    /// that it gets another inode, as sysfs gives it).
     fn reload(&self, module: &str) {
         let path = self.0.join("module").join(module);
+        let next = path.with_extension("next");
+        std::fs::create_dir(&next).unwrap();
         std::fs::remove_dir(&path).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-        std::fs::create_dir(&path).unwrap();
+        std::fs::rename(&next, &path).unwrap();
     }
 }
 
