@@ -1,9 +1,9 @@
-//! attach-pace: attaching runs off the agent's loop. While ib_uverbs is unloaded and loaded
-//! again three times (its family detaches and attaches anew: BTF, object load, verifier), the
-//! ib_core family's reader keeps draining its ring buffer every 250 ms: the longest gap between
-//! two drains, which the agent reports when it stops, stays under a second, and a link flap in
-//! the middle of it is reported. (rdma_cm cannot be unloaded under the agent: its raw
-//! tracepoint holds a reference to the module.)
+//! attach-pace: attaching runs off the agent's loop. While rdma_rxe and ib_uverbs (which rxe
+//! needs) are unloaded and loaded again three times (ib_uverbs' family detaches and attaches
+//! anew: BTF, object load, verifier), the ib_core family's reader keeps draining its ring
+//! buffer every 250 ms: the longest gap between two drains, which the agent reports when it
+//! stops, stays under a second, and a link flap in the middle of it is reported. (rdma_cm
+//! cannot be unloaded under the agent: its raw tracepoint holds a reference to the module.)
 
 use std::{path::Path, time::Duration};
 
@@ -22,7 +22,7 @@ pub fn run() -> anyhow::Result<()> {
     agent.wait_for_log("cm_event_handler attached", Duration::from_secs(30))?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(30))?;
     for round in 1..=RELOADS {
-        for module in ["rdma_ucm", "ib_uverbs"] {
+        for module in ["rdma_ucm", "rdma_rxe", "ib_uverbs"] {
             if Path::new("/sys/module").join(module).exists() {
                 guest::run("/bin/rmmod", &[module])?;
             }
@@ -33,7 +33,10 @@ pub fn run() -> anyhow::Result<()> {
             "the agent to see ib_uverbs go",
             || agent.stderr_lines().iter().filter(|l| unloaded(l)).count() >= round,
         )?;
-        guest::run("/bin/modprobe", &["rdma_ucm"])?;
+        for module in ["rdma_rxe", "rdma_ucm"] {
+            guest::run("/bin/modprobe", &[module])?;
+        }
+        add_rxe_links()?;
         if round == 2 {
             guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
             guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
@@ -63,4 +66,17 @@ pub fn run() -> anyhow::Result<()> {
         .any(|l| l.contains("\"PORT_ERR\"") && l.contains("\"rxe0\""));
     ensure!(err, "the link flap during the reloads was not reported");
     Ok(())
+}
+
+/// rxe0 and rxe1 on the veth pair again, after rdma_rxe was reloaded.
+fn add_rxe_links() -> anyhow::Result<()> {
+    for (rxe, netdev) in [("rxe0", "vethA"), ("rxe1", "vethB")] {
+        guest::run(
+            "/usr/bin/rdma",
+            &["link", "add", rxe, "type", "rxe", "netdev", netdev],
+        )?;
+    }
+    guest::wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE", || {
+        guest::port_state("rxe0").contains("ACTIVE")
+    })
 }
