@@ -10,7 +10,7 @@ use monitor_common::events::Origin;
 
 use crate::{
     device,
-    shared::{read_at, send_event},
+    shared::{Delivery, read_at, send_event},
 };
 
 #[unsafe(no_mangle)]
@@ -43,7 +43,7 @@ pub fn ib_dispatch_event(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };
-    send_event(|record| {
+    send_event(Delivery::Wake, |record| {
         record.origin = Origin::Dispatch as u32;
         // SAFETY: `event` is the kernel's `struct ib_event *`; every read goes through
         // bpf_probe_read_kernel.

@@ -11,7 +11,7 @@ use monitor_common::{
 
 use crate::{
     device,
-    shared::{count_in, current_cgroup, read_at, send_event_in},
+    shared::{Delivery, count_in, current_cgroup, read_at, send_event_in},
 };
 
 #[unsafe(no_mangle)]
@@ -63,7 +63,7 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     let cgroup = current_cgroup();
     count_in(cgroup, device, Verb::QpModify as u32, state);
     if state == QP_STATE_ERR.load() {
-        send_event_in(cgroup, |record| {
+        send_event_in(cgroup, Delivery::Batched, |record| {
             record.origin = Origin::QpToErr as u32;
             record.event_type = state;
             record.device = device;

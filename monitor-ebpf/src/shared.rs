@@ -14,6 +14,21 @@ use monitor_common::{
 
 /// Ring-buffer output flag: do not wake the reader (see [`send_event`]).
 const BPF_RB_NO_WAKEUP: u64 = 1;
+/// Ring-buffer output flag: wake the reader whatever it has left unread.
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+/// Whether the agent is woken for an event or finds it at its next periodic drain.
+#[derive(Clone, Copy)]
+pub enum Delivery {
+    /// Rare events whose lateness matters (port and device events, async errors): the
+    /// reader is woken at once. A plain wake-up (flags 0) only fires when the reader has
+    /// consumed everything before this record, which records written without wake-up
+    /// prevent, so this forces it.
+    Wake,
+    /// Events that come in numbers with the traffic (QPs moved to ERR at every job's end):
+    /// no wake-up, the agent drains them within 250 ms.
+    Batched,
+}
 
 /// 256 KiB holds about 4,500 records: far more than a burst of port flaps between two drains.
 #[map]
@@ -107,18 +122,23 @@ pub fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
 /// Sends an event of the running task's cgroup, filled by `fill`, to the ring buffer; counts
 /// it when the buffer is full.
 ///
-/// The record is written without waking the reader (`BPF_RB_NO_WAKEUP`): the agent drains
-/// the buffer on a short timer instead. A wake-up queues an irq_work and raises a self-IPI on
-/// the CPU that runs the hook, which for events this rare is nearly every write and most of
-/// what the program would cost; the record's own kernel timestamp keeps its time exact.
+/// `delivery` says whether the reader is woken. A wake-up queues an irq_work and raises a
+/// self-IPI on the CPU that runs the hook, most of what the program costs, so frequent events
+/// are written without it (`BPF_RB_NO_WAKEUP`) and the agent drains them on a short timer
+/// (their kernel timestamps keep their time exact); rare ones, whose lateness matters more
+/// than their cost, wake it (`BPF_RB_FORCE_WAKEUP`).
 #[inline(always)]
-pub fn send_event(fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
-    send_event_in(current_cgroup(), fill);
+pub fn send_event(delivery: Delivery, fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
+    send_event_in(current_cgroup(), delivery, fill);
 }
 
 /// [`send_event`] for a cgroup the probe already read.
 #[inline(always)]
-pub fn send_event_in(cgroup: u64, fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
+pub fn send_event_in(
+    cgroup: u64,
+    delivery: Delivery,
+    fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>,
+) {
     let mut record = EventRecord {
         // SAFETY: a helper without arguments.
         timestamp_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
@@ -137,10 +157,11 @@ pub fn send_event_in(cgroup: u64, fill: impl FnOnce(&mut EventRecord) -> Result<
     }
     // One helper call (`bpf_ringbuf_output` copies the 48 bytes), where reserve and submit
     // are two.
-    if EVENTS
-        .output::<EventRecord>(&record, BPF_RB_NO_WAKEUP)
-        .is_err()
-    {
+    let flags = match delivery {
+        Delivery::Wake => BPF_RB_FORCE_WAKEUP,
+        Delivery::Batched => BPF_RB_NO_WAKEUP,
+    };
+    if EVENTS.output::<EventRecord>(&record, flags).is_err() {
         bump(ProbeStat::EventsDropped);
     }
 }

@@ -12,7 +12,7 @@ use monitor_common::{events::Origin, verbs::Verb};
 
 use crate::{
     device, ib_event, modify_qp,
-    shared::{count, read_at, send_event, task_cgroup},
+    shared::{Delivery, count, read_at, send_event, task_cgroup},
 };
 
 #[unsafe(no_mangle)]
@@ -83,7 +83,7 @@ pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };
-    send_event(|record| {
+    send_event(Delivery::Wake, |record| {
         record.origin = Origin::QpAsync as u32;
         // SAFETY: the kernel's `struct ib_event *` whose element is a `struct ib_qp *`.
         unsafe {
@@ -106,7 +106,7 @@ pub fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };
-    send_event(|record| {
+    send_event(Delivery::Wake, |record| {
         record.origin = Origin::CqAsync as u32;
         // SAFETY: the kernel's `struct ib_event *` whose element is a `struct ib_cq *`.
         unsafe {

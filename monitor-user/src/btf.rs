@@ -7,7 +7,10 @@
 //! Only the lookups the agent needs are implemented; every offset read from the blob is checked,
 //! so a truncated or corrupted file yields an error, never a panic or an endless loop.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 const MAGIC: u16 = 0xEB9F;
 const HEADER_LEN: usize = 24;
@@ -111,9 +114,13 @@ pub enum Shape {
 }
 
 /// Parsed kernel BTF: a base blob and, optionally, split blobs layered on top of it.
+///
+/// Parts are shared: a clone costs a few reference counts, so vmlinux is parsed once and each
+/// module's split BTF is layered on a clone of it ([`Btf::with_split`]).
+#[derive(Clone)]
 pub struct Btf {
     /// `parts[0]` is the base; each later part continues the ids and strings of the one before.
-    parts: Vec<Part>,
+    parts: Vec<Arc<Part>>,
 }
 
 /// One blob (base or split) with the positions of its type records.
@@ -227,17 +234,21 @@ impl Btf {
 
     /// Reads base BTF from `vmlinux` and, if given, split BTF from `module`.
     pub fn from_files(vmlinux: &Path, module: Option<&Path>) -> Result<Btf, BtfError> {
-        let read = |p: &Path| {
-            std::fs::read(p).map_err(|source| BtfError::Io {
-                path: p.into(),
-                source,
-            })
-        };
-        let base = Btf::layer(None, &vmlinux.display().to_string(), read(vmlinux)?)?;
+        let base = Btf::layer(None, &vmlinux.display().to_string(), read_file(vmlinux)?)?;
         match module {
-            Some(m) => Btf::layer(Some(base), &m.display().to_string(), read(m)?),
+            Some(m) => base.with_split(m),
             None => Ok(base),
         }
+    }
+
+    /// This BTF (a parsed vmlinux, shared, not copied) with the split BTF of the file `module`
+    /// on top.
+    pub fn with_split(&self, module: &Path) -> Result<Btf, BtfError> {
+        Btf::layer(
+            Some(self.clone()),
+            &module.display().to_string(),
+            read_file(module)?,
+        )
     }
 
     /// Reads the running kernel's BTF: `/sys/kernel/btf/vmlinux`, plus
@@ -362,7 +373,7 @@ impl Btf {
         let part = Part::parse(input, data, (first_id, str_base), base.is_none())
             .map_err(|reason| malformed(input, reason))?;
         let mut btf = base.unwrap_or(Btf { parts: Vec::new() });
-        btf.parts.push(part);
+        btf.parts.push(Arc::new(part));
         btf.index_last()?;
         Ok(btf)
     }
@@ -382,7 +393,8 @@ impl Btf {
             }
         }
         names.sort_unstable();
-        if let Some(last) = self.parts.last_mut() {
+        // The newest part was just pushed and is not shared yet.
+        if let Some(last) = self.parts.last_mut().and_then(Arc::get_mut) {
             last.names = names;
         }
         Ok(())
@@ -560,6 +572,19 @@ impl Btf {
     }
 }
 
+/// A synthetic base and split BTF blob, for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn synthetic_blobs() -> (Vec<u8>, Vec<u8>) {
+    tests::synthetic()
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, BtfError> {
+    std::fs::read(path).map_err(|source| BtfError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
 fn malformed(input: &str, reason: String) -> BtfError {
     BtfError::Malformed {
         input: input.to_owned(),
@@ -703,7 +728,7 @@ mod tests {
 
     /// Base: ids 1..=22 covering every kind; split: ids 23..=27 using base types and strings
     /// from both sections.
-    fn synthetic() -> (Vec<u8>, Vec<u8>) {
+    pub(super) fn synthetic() -> (Vec<u8>, Vec<u8>) {
         use kind::*;
         let mut b = Enc::base();
         b.t("int", INT, false, 0, 4, &[(1 << 24) | 32]); // 1

@@ -34,6 +34,12 @@ impl Kernel {
             || self.sys.join("kernel/debug/tracing/kprobe_events").exists()
     }
 
+    /// Which load of a module is present: a module unloaded and loaded again (between two
+    /// looks, even) gets a new `/sys/module/<module>` directory and so a new identity.
+    pub fn module_identity(&self, module: &str) -> Option<FileIdentity> {
+        FileIdentity::of(&self.sys.join("module").join(module))
+    }
+
     /// The split BTF of a module, if the kernel exposes one (CONFIG_DEBUG_INFO_BTF_MODULES).
     pub fn module_btf(&self, module: &str) -> Option<PathBuf> {
         let path = self.sys.join("kernel/btf").join(module);
@@ -54,6 +60,27 @@ impl Kernel {
             .parent()
             .unwrap_or(Path::new("/"))
             .join("proc/kallsyms")
+    }
+}
+
+/// Which file a path names now, by device and inode number: sysfs numbers each file or
+/// directory it creates anew (a 64-bit id, not reused), so a reloaded module (or its BTF) is
+/// told from the one before. Times are no help: sysfs sets them when the inode is brought into
+/// memory, which happens again after the cache drops it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileIdentity {
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
     }
 }
 
@@ -84,48 +111,6 @@ pub fn module_symbol(kallsyms: &Path, module: &str, symbol: &str) -> Result<u64,
             "bad address {address:?} for {symbol} in {}",
             kallsyms.display()
         )),
-    }
-}
-
-/// The kernel's CLOCK_MONOTONIC, which `bpf_ktime_get_ns` reads, in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-/// Wall-clock time in nanoseconds since the Unix epoch.
-pub fn realtime_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; these clocks always exist on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Converts kernel monotonic timestamps to wall-clock time, with the offset taken once: the
-/// events of one run keep their exact spacing even if NTP steps the wall clock meanwhile.
-#[derive(Clone, Copy, Debug)]
-pub struct WallClock {
-    realtime_minus_monotonic: i128,
-}
-
-impl WallClock {
-    pub fn now() -> Self {
-        let mono = monotonic_ns();
-        let real = realtime_ns();
-        Self {
-            realtime_minus_monotonic: i128::from(real) - i128::from(mono),
-        }
-    }
-
-    /// Unix nanoseconds for a kernel monotonic timestamp.
-    pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
-        (i128::from(monotonic_ns) + self.realtime_minus_monotonic).max(0) as u64
     }
 }
 
@@ -174,17 +159,5 @@ mod tests {
             std::path::Path::new("/proc/kallsyms")
         );
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn wall_clock_keeps_event_spacing() {
-        let clock = WallClock::now();
-        let a = clock.unix_ns(1_000_000_000);
-        let b = clock.unix_ns(1_000_000_500);
-        assert_eq!(b - a, 500);
-        // A monotonic timestamp of now maps to about now on the wall clock.
-        let now = clock.unix_ns(monotonic_ns());
-        let real = realtime_ns();
-        assert!(now.abs_diff(real) < 1_000_000_000, "{now} vs {real}");
     }
 }

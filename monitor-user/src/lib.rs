@@ -2,7 +2,8 @@
 //! integration tests drive the same code.
 //!
 //! - [`btf`]: reads the running kernel's type information, so no struct offset is hard-coded.
-//! - [`kernel`]: what the running kernel offers (modules, kprobes, clocks).
+//! - [`kernel`]: what the running kernel offers (modules, kprobes).
+//! - [`time_base`]: one conversion from CLOCK_MONOTONIC to wall-clock time for everything.
 //! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
 //!   [`railscope_wire::Reading`]s.
@@ -25,4 +26,5 @@ pub mod probes;
 pub mod sampler;
 pub mod sender;
 pub mod sources;
+pub mod time_base;
 pub mod tracefs;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use railscope::{
     agent::{self, AgentOptions, OutputFormat},
     kernel::Kernel,
-    probes::{self, AttachedFamily, Family, ProbeReport},
+    probes::{self, AttachedFamily, Family, ProbeReport, btf_cache::BtfCache},
 };
 
 #[derive(Debug, Parser)]
@@ -193,10 +193,13 @@ fn main() -> anyhow::Result<()> {
                 kernel: Kernel::default(),
                 pipeline: send.pipeline()?,
             };
-            tokio::runtime::Builder::new_current_thread()
+            let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build()?
-                .block_on(agent::run(options))
+                .build()?;
+            let result = runtime.block_on(agent::run(options));
+            // An attach still running on a blocking thread is not waited for.
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            result
         }
         Command::Probes { json, verify } => show_probes(json, verify),
         Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
@@ -272,9 +275,10 @@ fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
 
 fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
     let kernel = Kernel::default();
+    let btfs = BtfCache::new(kernel.clone());
     let mut rows: Vec<ProbeReport> = Vec::new();
     for family in Family::ALL {
-        match AttachedFamily::attach(family, &kernel) {
+        match AttachedFamily::attach(family, &kernel, &btfs) {
             // Dropping the family right away detaches it again.
             Ok(attached) => rows.extend(attached.statuses.iter().cloned()),
             Err(unavailable) => rows.extend(unavailable.rows),

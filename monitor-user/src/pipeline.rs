@@ -26,7 +26,6 @@ use railscope_wire::{
 use tokio::sync::mpsc;
 
 use crate::{
-    kernel::realtime_ns,
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle, Target},
     sources::{
@@ -34,6 +33,7 @@ use crate::{
         gpu::{GpuEvent, GpuSource},
         ib_sysfs::IbSysfs,
     },
+    time_base::TimeBase,
 };
 
 /// Where and how the agent sends its metrics.
@@ -198,7 +198,8 @@ impl Pipeline {
     }
 
     fn push(&mut self, series: &Series, emit: &Emit) {
-        if let Err(e) = self.encoder.push_sample(series, wire_sample(emit)) {
+        let sample = wire_sample(&on_wall_clock(emit, TimeBase::global()));
+        if let Err(e) = self.encoder.push_sample(series, sample) {
             tracing::debug!("sample of {} not encoded: {e}", series.name);
         }
     }
@@ -219,7 +220,10 @@ impl Pipeline {
     /// Forgets series of the loop's sampler not read for [`STALE_AFTER`] (a family detached
     /// with its counters), sending what they still held.
     pub fn forget_stale(&mut self) {
-        let stale = self.sampler.remove_stale(realtime_ns(), STALE_AFTER);
+        // The loop's sampler runs on CLOCK_MONOTONIC, like the poller's.
+        let stale = self
+            .sampler
+            .remove_stale(crate::time_base::monotonic_ns(), STALE_AFTER);
         for (series, emit) in &stale {
             self.push(series, emit);
         }
@@ -238,7 +242,7 @@ impl Pipeline {
     /// Sends an event now (events are never batched or sampled).
     pub fn on_event(&mut self, event: wire::Event) {
         self.encoder.push_event(event);
-        let frames = self.encoder.flush_events(realtime_ns());
+        let frames = self.encoder.flush_events(TimeBase::global().now_unix_ns());
         self.send(frames);
     }
 
@@ -246,7 +250,7 @@ impl Pipeline {
     /// collector asked for them).
     pub fn flush(&mut self) {
         self.answer_schema_requests();
-        let now = realtime_ns();
+        let now = TimeBase::global().now_unix_ns();
         if let Err(e) = self
             .encoder
             .push_sample(&self.info, Sample::Gauge(GaugeSample::reading(now, 1.0)))
@@ -316,6 +320,24 @@ impl Pipeline {
     }
 }
 
+/// An emit of the sampler, which runs on CLOCK_MONOTONIC, with its times on the wall clock of
+/// `time` (the offset in force when each was read, as events get).
+pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
+    match *emit {
+        Emit::Counter { unix_ns, value } => Emit::Counter {
+            unix_ns: time.unix_ns(unix_ns),
+            value,
+        },
+        Emit::Gauge(mut e) => {
+            e.end_ns = time.unix_ns(e.end_ns);
+            // An envelope read across a step of the wall clock back in time would start after
+            // it ends: it is kept, as ending where it ends.
+            e.start_ns = time.unix_ns(e.start_ns).min(e.end_ns);
+            Emit::Gauge(e)
+        }
+    }
+}
+
 /// What the sampler emits, as a wire sample. Counters travel as whole numbers: a fractional
 /// cumulative value (NVML energy in joules) is truncated.
 pub fn wire_sample(emit: &Emit) -> Sample {
@@ -340,7 +362,8 @@ pub fn wire_sample(emit: &Emit) -> Sample {
 /// The metric the probes' verb counters are sent as.
 pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";
 
-/// Verb counters from the probes as readings ([`VERB_SERIES`]).
+/// Verb counters from the probes as readings ([`VERB_SERIES`]), read at `unix_ns` (the agent
+/// passes CLOCK_MONOTONIC, the sampler's clock).
 pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
     counts
         .iter()
@@ -441,7 +464,10 @@ fn poll(
     let mut last_stale_check = Instant::now();
     loop {
         let started = Instant::now();
-        let now = realtime_ns();
+        // The sampler runs on CLOCK_MONOTONIC, so a step of the wall clock neither stalls nor
+        // rushes it; what it emits is converted when encoded (`on_wall_clock`). Each sweep
+        // measures the wall clock's offset again.
+        let now = TimeBase::global().refresh();
         if last_stale_check.elapsed() >= Duration::from_secs(60) {
             last_stale_check = started;
             samples.extend(sampler.remove_stale(now, STALE_AFTER));

@@ -332,6 +332,12 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with(args, true)
+    }
+
+    /// [`Agent::start`], its output echoed to the console or not (the serial console is slow:
+    /// a bench does not echo).
+    pub fn start_with(args: &[&str], echo: bool) -> anyhow::Result<Self> {
         println!("+ railscope agent {}", args.join(" "));
         let mut child = Command::new("/usr/bin/railscope")
             .arg("agent")
@@ -341,8 +347,13 @@ impl Agent {
             .stderr(Stdio::piped())
             .spawn()
             .context("starting /usr/bin/railscope agent")?;
-        let stdout = collect(child.stdout.take().expect("piped"), "agent> ");
-        let stderr = collect(child.stderr.take().expect("piped"), "agent! ");
+        let (out, err) = if echo {
+            ("agent> ", "agent! ")
+        } else {
+            ("", "")
+        };
+        let stdout = collect(child.stdout.take().expect("piped"), out);
+        let stderr = collect(child.stderr.take().expect("piped"), err);
         Ok(Self {
             child,
             stdout,
@@ -400,14 +411,20 @@ impl Drop for Agent {
     }
 }
 
-/// `railscope listen` running as a child, its JSON lines collected.
+/// `railscope listen` running as a child, its JSON lines collected with the wall-clock time
+/// each was read from its stdout.
 pub struct Listener {
     child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
+    stdout: Arc<Mutex<Vec<(u64, String)>>>,
 }
 
 impl Listener {
     pub fn start(args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with(args, true)
+    }
+
+    /// [`Listener::start`], its frames echoed to the console or not.
+    pub fn start_with(args: &[&str], echo: bool) -> anyhow::Result<Self> {
         println!("+ railscope listen {}", args.join(" "));
         let mut child = Command::new("/usr/bin/railscope")
             .arg("listen")
@@ -417,14 +434,23 @@ impl Listener {
             .stderr(Stdio::piped())
             .spawn()
             .context("starting /usr/bin/railscope listen")?;
-        let stdout = collect(child.stdout.take().expect("piped"), "listen> ");
+        let stdout = collect_timed(
+            child.stdout.take().expect("piped"),
+            if echo { "listen> " } else { "" },
+        );
         collect(child.stderr.take().expect("piped"), "listen! ");
         thread::sleep(Duration::from_millis(300));
         Ok(Self { child, stdout })
     }
 
     /// Stops the listener and returns what it printed.
-    pub fn stop(mut self) -> anyhow::Result<Vec<String>> {
+    pub fn stop(self) -> anyhow::Result<Vec<String>> {
+        Ok(self.stop_timed()?.into_iter().map(|(_, l)| l).collect())
+    }
+
+    /// Stops the listener and returns what it printed, each line with the CLOCK_REALTIME
+    /// nanoseconds at which it was read.
+    pub fn stop_timed(mut self) -> anyhow::Result<Vec<(u64, String)>> {
         // SAFETY: kill with a pid we own.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let _ = self.child.wait()?;
@@ -433,8 +459,37 @@ impl Listener {
     }
 }
 
+/// CLOCK_REALTIME in nanoseconds since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// Reads `pipe` line by line in a thread, echoing each line to the console after `prefix`
-/// and collecting it.
+/// (unless it is empty) and collecting it with the time it was read.
+pub fn collect_timed(
+    pipe: impl std::io::Read + Send + 'static,
+    prefix: &'static str,
+) -> Arc<Mutex<Vec<(u64, String)>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let at = realtime_ns();
+            if !prefix.is_empty() {
+                println!("{prefix}{line}");
+            }
+            sink.lock()
+                .expect("no panics while locked")
+                .push((at, line));
+        }
+    });
+    lines
+}
+
+/// Reads `pipe` line by line in a thread, echoing each line to the console after `prefix`
+/// (unless it is empty) and collecting it.
 pub fn collect(
     pipe: impl std::io::Read + Send + 'static,
     prefix: &'static str,
@@ -443,7 +498,9 @@ pub fn collect(
     let sink = Arc::clone(&lines);
     thread::spawn(move || {
         for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            println!("{prefix}{line}");
+            if !prefix.is_empty() {
+                println!("{prefix}{line}");
+            }
             sink.lock().expect("no panics while locked").push(line);
         }
     });

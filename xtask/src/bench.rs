@@ -13,6 +13,9 @@
 //!   remote-write, CPU and peak RSS at a 1 s and a 100 ms interval next to
 //!   prometheus-node-exporter reading the same tree, and adaptive sampling on workload-shaped
 //!   traces; writes `bench/results/agent.md` and `agent.json` (module [`agent`]).
+//! - `events`: how late IB port events reach the collector over a few hundred link flaps in
+//!   the guest (kernel timestamp to frame sent, and to `railscope listen` printing it);
+//!   writes `bench/results/events.md` and `events.json` (module [`events`]).
 
 use std::{
     collections::BTreeMap,
@@ -33,6 +36,7 @@ use crate::{
 };
 
 mod agent;
+mod events;
 
 /// `--duration` by default: seconds each process of `bench agent` is measured.
 const DEFAULT_DURATION: u64 = 60;
@@ -67,6 +71,8 @@ pub enum Target {
     /// The node agent: bytes per sample, CPU and memory next to node_exporter, adaptive
     /// sampling (on this host).
     Agent,
+    /// How late port events reach the collector, over a few hundred link flaps (QEMU guest).
+    Events,
 }
 
 /// The guest scenario that measures the probes.
@@ -98,11 +104,13 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root(match options.target {
         Target::Probes => "building the guest image",
         Target::Agent => "running the agent (it loads eBPF probes)",
+        Target::Events => "building the guest image",
     })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
         Target::Probes => probes(&tools, options),
         Target::Agent => agent::run(&tools, options),
+        Target::Events => events::run(&tools, options),
     }
 }
 
@@ -773,6 +781,7 @@ fn results_path(target: Target) -> PathBuf {
     let name = match target {
         Target::Probes => "probes",
         Target::Agent => "agent",
+        Target::Events => "events",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

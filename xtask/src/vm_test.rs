@@ -30,11 +30,14 @@ pub const SCENARIOS: &[&str] = &[
     "qp-errors",
     "async-errors",
     "agent-frames",
+    "clock-step",
     "perftest",
+    // Last: it unloads and reloads ib_uverbs and rdma_cm.
+    "attach-pace",
 ];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
-pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes"];
+pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options

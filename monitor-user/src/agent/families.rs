@@ -1,73 +1,516 @@
 //! The probe families in the agent: each attached when its kernel module is present, retried
 //! while it is not, detached when the module goes away, with a reader task per attached family
 //! draining its ring buffer.
+//!
+//! Attaching (BTF, loading the object, the verifier) blocks for a while, so it runs on a
+//! blocking thread and its result comes back to the loop through a channel: the loop, the
+//! event readers and the sender keep their pace meanwhile. A family whose module is present
+//! but that fails to attach is retried after 1 s, then 2 s, 4 s, ... up to a minute; one whose
+//! module appears or is loaded again is retried at the next rescan.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
+use aya::maps::{MapData, RingBuf};
 use tokio::{
+    io::{Interest, unix::AsyncFd},
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
 
 use crate::{
     cgroup::CgroupNames,
-    kernel::{Kernel, WallClock},
+    kernel::{FileIdentity, Kernel},
     probes::{
-        AttachedFamily, Family, FamilyUnavailable, ProbeReport, Status, decode::Event,
-        names::KernelNames,
+        AttachedFamily, Family, FamilyUnavailable, ProbeReport, RawCount, Status, Unavailable,
+        btf_cache::BtfCache, decode::Event, names::KernelNames, render_table,
     },
+    time_base::TimeBase,
 };
 
-/// How often each family's ring buffer is drained. The probes submit events without waking
-/// the reader (a wake-up is a self-IPI on the CPU that runs the hook, most of what a rare
-/// event would cost there), so events reach the agent up to this late; their kernel
-/// timestamps keep the time they happened.
+/// How often each family's ring buffer is drained. Frequent events (QPs moved to ERR) are
+/// submitted without waking the reader (a wake-up is a self-IPI on the CPU that runs the
+/// hook, most of what the probe would cost there), so they reach the agent up to this late;
+/// their kernel timestamps keep the time they happened. Rare ones (port and device events,
+/// async errors) wake the reader and are read at once.
 pub(super) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
-/// A family's state in the agent.
-pub(super) enum FamilyState {
-    Unavailable {
-        reason: String,
-    },
-    Attached {
-        attached: Box<AttachedFamily>,
-        reader: JoinHandle<()>,
-        /// Tells the reader to drain its ring buffer one last time and end.
-        stop: Option<oneshot::Sender<()>>,
-        reported_losses: (u64, u64),
-    },
+/// The first wait before a family that failed to attach is tried again; it doubles at each
+/// failure up to [`RETRY_CAP`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// Attaches a family (blocking): [`AttachedFamily::attach`] in the agent, a stand-in in tests.
+pub(super) type AttachFn =
+    Arc<dyn Fn(Family) -> Result<AttachedFamily, Box<FamilyUnavailable>> + Send + Sync>;
+
+/// The attach the agent uses: the real kernel, BTF parsed once and shared by every attempt.
+pub(super) fn kernel_attach(kernel: Kernel) -> AttachFn {
+    let btfs = BtfCache::new(kernel.clone());
+    Arc::new(move |family| AttachedFamily::attach(family, &kernel, &btfs))
 }
 
 /// What reader tasks send to the main loop.
 pub(super) type Record = (Family, monitor_common::events::EventRecord);
 
-/// Every attached family's raw counters.
-pub(super) fn all_counts(families: &[(Family, FamilyState)]) -> Vec<crate::probes::RawCount> {
-    families
-        .iter()
-        .filter_map(|(_, s)| match s {
-            FamilyState::Attached { attached, .. } => Some(attached.counts()),
-            FamilyState::Unavailable { .. } => None,
-        })
-        .flatten()
-        .collect()
+/// The result of one attempt to attach a family, handed back to the loop.
+pub(super) struct Attempt {
+    family: Family,
+    /// Which load of the module the attempt saw.
+    module: Option<FileIdentity>,
+    result: Result<AttachedFamily, Box<FamilyUnavailable>>,
 }
 
-/// What every attached family's probes could not deliver: (events lost to a full ring
-/// buffer, verb counts lost to a full counter map).
-pub(super) fn all_losses(families: &[(Family, FamilyState)]) -> (u64, u64) {
-    families
-        .iter()
-        .filter_map(|(_, s)| match s {
-            FamilyState::Attached { attached, .. } => Some(attached.losses()),
-            FamilyState::Unavailable { .. } => None,
-        })
-        .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
+/// When a family that failed to attach is tried again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Backoff {
+    delay: Duration,
+    next: Option<Instant>,
 }
 
-pub(super) fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start: bool) {
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            delay: RETRY_FIRST,
+            next: None,
+        }
+    }
+}
+
+impl Backoff {
+    /// An attempt failed at `now`: the next one waits the current delay, which then doubles.
+    pub(super) fn failed(&mut self, now: Instant) {
+        self.next = Some(now + self.delay);
+        self.delay = (self.delay * 2).min(RETRY_CAP);
+    }
+
+    pub(super) fn due(&self, now: Instant) -> bool {
+        self.next.is_none_or(|at| now >= at)
+    }
+
+    pub(super) fn delay(&self) -> Duration {
+        self.delay
+    }
+}
+
+/// A family's state in the agent.
+pub(super) enum FamilyState {
+    Unavailable {
+        reason: String,
+        /// The load of the module the last attempt saw (None: not loaded): another load is
+        /// tried at once.
+        module: Option<FileIdentity>,
+        retry: Backoff,
+    },
+    /// An attempt runs on a blocking thread.
+    Attaching {
+        /// What the family was before, to log only what changed.
+        reason: Option<String>,
+        retry: Backoff,
+    },
+    Attached {
+        attached: Box<AttachedFamily>,
+        module: Option<FileIdentity>,
+        reader: JoinHandle<()>,
+        /// Tells the reader to drain its ring buffer one last time and end.
+        stop: Option<oneshot::Sender<()>>,
+        drains: Arc<DrainPace>,
+        reported_losses: (u64, u64),
+    },
+}
+
+/// How regularly a reader drained its ring buffer: the longest time between two drains, the
+/// measure of a loop that stalls.
+#[derive(Default)]
+pub(super) struct DrainPace {
+    drains: AtomicU64,
+    longest_gap_us: AtomicU64,
+}
+
+impl DrainPace {
+    fn record(&self, gap: Duration) {
+        self.drains.fetch_add(1, Ordering::Relaxed);
+        let us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
+        self.longest_gap_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    fn log(&self, family: Family) {
+        tracing::info!(
+            "{} event drain: {} drains, longest gap between two {} ms",
+            family.module(),
+            self.drains.load(Ordering::Relaxed),
+            self.longest_gap_us.load(Ordering::Relaxed) / 1000
+        );
+    }
+}
+
+/// Every probe family, its state, and the names their BTF gave.
+pub(super) struct Families {
+    kernel: Kernel,
+    attach: AttachFn,
+    records: mpsc::Sender<Record>,
+    attempts_tx: mpsc::Sender<Attempt>,
+    attempts: mpsc::Receiver<Attempt>,
+    states: Vec<(Family, FamilyState)>,
+    /// Enum names (event types, QP states, ...) from every attached family's BTF.
+    pub names: KernelNames,
+    /// The probe table's rows while the first attempts are still running.
+    table: Option<Vec<ProbeReport>>,
+}
+
+impl Families {
+    /// Starts a first attempt for every family; the probe table is printed (to stderr) when
+    /// all of them are in.
+    pub(super) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
+        let (attempts_tx, attempts) = mpsc::channel(Family::ALL.len());
+        let mut families = Self {
+            kernel,
+            attach,
+            records,
+            attempts_tx,
+            attempts,
+            states: Vec::new(),
+            names: KernelNames::default(),
+            table: Some(Vec::new()),
+        };
+        for family in Family::ALL {
+            let module = families.kernel.module_identity(family.module());
+            families.spawn_attempt(family, module);
+            families.states.push((
+                family,
+                FamilyState::Attaching {
+                    reason: None,
+                    retry: Backoff::default(),
+                },
+            ));
+        }
+        families
+    }
+
+    /// Whether every family's first attempt is in (the probe table is printed).
+    #[cfg(test)]
+    pub(super) fn started(&self) -> bool {
+        self.table.is_none()
+    }
+
+    fn spawn_attempt(&self, family: Family, module: Option<FileIdentity>) {
+        let (attach, done) = (Arc::clone(&self.attach), self.attempts_tx.clone());
+        tokio::task::spawn_blocking(move || {
+            let result = attach(family);
+            // The loop stopped meanwhile: dropping the result detaches the family.
+            let _ = done.blocking_send(Attempt {
+                family,
+                module,
+                result,
+            });
+        });
+    }
+
+    /// The next attempt that finished.
+    pub(super) async fn next_attempt(&mut self) -> Attempt {
+        match self.attempts.recv().await {
+            Some(attempt) => attempt,
+            // Never: `self` holds a sender.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Takes an attempt's result: the family attached (its reader started), or unavailable
+    /// with the reason and a time for the next try.
+    pub(super) fn on_attempt(&mut self, attempt: Attempt) {
+        let Attempt {
+            family,
+            module,
+            result,
+        } = attempt;
+        let Some(index) = self.states.iter().position(|(f, _)| *f == family) else {
+            return;
+        };
+        let (previous, mut retry) = match &self.states[index].1 {
+            FamilyState::Attaching { reason, retry } => (reason.clone(), *retry),
+            _ => return, // not asked for (cannot happen): dropping it detaches it
+        };
+        let at_start = self.table.is_some();
+        let now_loaded = self.kernel.module_identity(family.module());
+        let (state, rows) = match result {
+            Ok(attached) if now_loaded == module => {
+                self.names.merge(&attached.names);
+                start_reader(family, attached, module, &self.records)
+            }
+            Ok(attached) => {
+                // The module went away or was loaded again while we attached: drop this
+                // one (it detaches), the next rescan attaches to the new load at once.
+                let reason = format!("{} changed while attaching", family.module());
+                let rows = attached.statuses.clone();
+                (
+                    FamilyState::Unavailable {
+                        reason,
+                        module: None,
+                        retry: Backoff::default(),
+                    },
+                    rows,
+                )
+            }
+            Err(unavailable) => {
+                let FamilyUnavailable { reason, rows } = *unavailable;
+                if module.is_some() {
+                    retry.failed(Instant::now());
+                }
+                (
+                    FamilyState::Unavailable {
+                        reason: unavailable_reason(reason, &rows),
+                        module,
+                        retry,
+                    },
+                    rows,
+                )
+            }
+        };
+        match &state {
+            FamilyState::Unavailable { reason, .. } if previous.as_ref() == Some(reason) => {
+                tracing::debug!(
+                    "{} still unavailable, next try in {:?}: {reason}",
+                    family.module(),
+                    retry.delay()
+                );
+            }
+            _ => log_state(family, &state, &rows, at_start),
+        }
+        self.states[index].1 = state;
+        if let Some(table) = self.table.as_mut() {
+            table.extend(rows);
+            if self
+                .states
+                .iter()
+                .all(|(_, s)| !matches!(s, FamilyState::Attaching { .. }))
+            {
+                let mut table = self.table.take().unwrap_or_default();
+                // In the catalogue's order, whatever order the attempts finished in.
+                table.sort_by_key(|row| {
+                    crate::probes::CATALOGUE
+                        .iter()
+                        .position(|p| p.program == row.probe)
+                });
+                eprint!("{}", render_table(&table));
+            }
+        }
+    }
+
+    /// Looks at every family's module: one that appeared or was loaded again is attached at
+    /// once, one that failed is retried when its backoff is due, one whose module went away
+    /// is detached. Reports what the attached ones lost to full maps.
+    pub(super) fn rescan(&mut self) {
+        let now = Instant::now();
+        let mut attempts = Vec::new();
+        for (family, state) in &mut self.states {
+            let family = *family;
+            let loaded = self.kernel.module_identity(family.module());
+            match state {
+                FamilyState::Unavailable {
+                    reason,
+                    module,
+                    retry,
+                } => {
+                    let Some(present) = loaded else {
+                        *module = None; // still missing: nothing new to say
+                        continue;
+                    };
+                    if *module != Some(present) {
+                        *retry = Backoff::default(); // appeared, or loaded again
+                    } else if !retry.due(now) {
+                        continue;
+                    }
+                    attempts.push((family, loaded));
+                    *state = FamilyState::Attaching {
+                        reason: Some(std::mem::take(reason)),
+                        retry: *retry,
+                    };
+                }
+                FamilyState::Attaching { .. } => {}
+                FamilyState::Attached {
+                    attached,
+                    module,
+                    reader,
+                    drains,
+                    reported_losses,
+                    ..
+                } => {
+                    if loaded != *module || reader.is_finished() {
+                        reader.abort();
+                        drains.log(family);
+                        let reason = match loaded {
+                            None => format!(
+                                "{} unloaded: {} inactive",
+                                family.module(),
+                                family.feature()
+                            ),
+                            Some(_) => format!("{} loaded again: attaching anew", family.module()),
+                        };
+                        tracing::warn!("{reason}");
+                        if loaded.is_some() {
+                            attempts.push((family, loaded));
+                            *state = FamilyState::Attaching {
+                                reason: Some(reason),
+                                retry: Backoff::default(),
+                            };
+                        } else {
+                            *state = FamilyState::Unavailable {
+                                reason,
+                                module: None,
+                                retry: Backoff::default(),
+                            };
+                        }
+                        continue;
+                    }
+                    report_losses(family, attached, reported_losses);
+                }
+            }
+        }
+        for (family, module) in attempts {
+            self.spawn_attempt(family, module);
+        }
+    }
+
+    /// Every attached family's raw counters.
+    pub(super) fn counts(&self) -> Vec<RawCount> {
+        self.attached().flat_map(|(_, a)| a.counts()).collect()
+    }
+
+    /// What every attached family's probes could not deliver: (events lost to a full ring
+    /// buffer, verb counts lost to a full counter map).
+    pub(super) fn losses(&self) -> (u64, u64) {
+        self.attached()
+            .map(|(_, a)| a.losses())
+            .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
+    }
+
+    /// Keys in every attached family's `VERB_COUNTS`.
+    pub(super) fn count_keys(&self) -> u64 {
+        self.attached().map(|(_, a)| a.count_keys() as u64).sum()
+    }
+
+    /// Deletes the counter keys of these cgroups from every attached family's `VERB_COUNTS`;
+    /// returns how many keys went.
+    pub(super) fn remove_counts(&mut self, cgroups: &std::collections::HashSet<u64>) -> usize {
+        self.states
+            .iter_mut()
+            .filter_map(|(_, s)| match s {
+                FamilyState::Attached { attached, .. } => Some(attached.remove_counts(cgroups)),
+                _ => None,
+            })
+            .sum()
+    }
+
+    fn attached(&self) -> impl Iterator<Item = (Family, &AttachedFamily)> {
+        self.states.iter().filter_map(|(f, s)| match s {
+            FamilyState::Attached { attached, .. } => Some((*f, attached.as_ref())),
+            _ => None,
+        })
+    }
+
+    /// A record as an event, its device named from the `DEVICE_NAMES` map of the family that
+    /// sent it.
+    pub(super) fn decode(
+        &self,
+        (family, record): &Record,
+        clock: &TimeBase,
+        cgroups: &mut CgroupNames,
+    ) -> Event {
+        let device = self
+            .attached()
+            .find(|(f, _)| f == family)
+            .map(|(_, a)| a.device_name(record.device))
+            .unwrap_or_else(|| format!("dev@{:x}", record.device));
+        Event::decode(record, device, &self.names, clock, cgroups)
+    }
+
+    /// Asks every reader to drain its ring buffer once more and end, and waits (at most a
+    /// second each) for them.
+    pub(super) async fn stop_readers(&mut self) {
+        for (family, state) in &mut self.states {
+            if let FamilyState::Attached {
+                reader,
+                stop,
+                drains,
+                ..
+            } = state
+            {
+                if let Some(stop) = stop.take() {
+                    let _ = stop.send(());
+                }
+                if tokio::time::timeout(Duration::from_secs(1), &mut *reader)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("an event reader did not finish: its last events are lost");
+                }
+                drains.log(*family);
+            }
+        }
+    }
+
+    /// Ends what is left of the readers.
+    pub(super) fn abort_readers(self) {
+        for (_, state) in self.states {
+            if let FamilyState::Attached { reader, .. } = state {
+                reader.abort();
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn state(&self, family: Family) -> Option<&FamilyState> {
+        self.states
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map(|(_, s)| s)
+    }
+}
+
+/// The reason to report for a family that did not attach: when no probe attached, the first
+/// probe's own reason says more than "nothing attached".
+fn unavailable_reason(reason: Unavailable, rows: &[ProbeReport]) -> String {
+    match reason {
+        Unavailable::NothingAttached => rows
+            .iter()
+            .find_map(|r| match &r.status {
+                Status::Unavailable(why) => Some(why.clone()),
+                Status::Attached => None,
+            })
+            .unwrap_or_else(|| reason.to_string()),
+        other => other.to_string(),
+    }
+}
+
+fn report_losses(family: Family, attached: &AttachedFamily, reported: &mut (u64, u64)) {
+    let losses = attached.losses();
+    if losses.0 > reported.0 {
+        tracing::warn!(
+            "ring buffer full: {} events lost ({} in total, {})",
+            losses.0 - reported.0,
+            losses.0,
+            family.module()
+        );
+    }
+    if losses.1 > reported.1 {
+        tracing::warn!(
+            "counter map full: {} verb counts lost ({} in total, {})",
+            losses.1 - reported.1,
+            losses.1,
+            family.module()
+        );
+    }
+    *reported = losses;
+}
+
+fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start: bool) {
     match state {
-        FamilyState::Unavailable { reason } => {
+        FamilyState::Unavailable { reason, .. } => {
             let probes: Vec<&str> = rows.iter().map(|r| r.probe).collect();
             let when = if at_start {
                 " (will attach when possible)"
@@ -87,159 +530,144 @@ pub(super) fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport
             }
             tracing::debug!(?family, "family attached");
         }
+        FamilyState::Attaching { .. } => {}
     }
 }
 
-pub(super) fn rescan_family(
+/// An attached family with its reader task started on the loop's runtime.
+fn start_reader(
     family: Family,
-    state: &mut FamilyState,
-    kernel: &Kernel,
-    records: &mpsc::Sender<Record>,
-    names: &mut KernelNames,
-) {
-    match state {
-        FamilyState::Unavailable { reason } => {
-            if !kernel.module_present(family.module()) {
-                return; // still missing: nothing new to say
-            }
-            let (new, rows) = try_attach(family, kernel, records);
-            match &new {
-                FamilyState::Attached { attached, .. } => {
-                    names.merge(&attached.names);
-                    log_state(family, &new, &rows, false);
-                }
-                FamilyState::Unavailable { reason: new_reason } if new_reason != reason => {
-                    log_state(family, &new, &rows, false);
-                }
-                FamilyState::Unavailable { .. } => {}
-            }
-            *state = new;
-        }
-        FamilyState::Attached {
-            attached,
-            reader,
-            reported_losses,
-            ..
-        } => {
-            if !kernel.module_present(family.module()) || reader.is_finished() {
-                reader.abort();
-                let reason = format!(
-                    "{} unloaded: {} inactive",
-                    family.module(),
-                    family.feature()
-                );
-                tracing::warn!("{reason}");
-                *state = FamilyState::Unavailable { reason };
-                return;
-            }
-            let losses = attached.losses();
-            if losses.0 > reported_losses.0 {
-                tracing::warn!(
-                    "ring buffer full: {} events lost ({} in total, {})",
-                    losses.0 - reported_losses.0,
-                    losses.0,
-                    family.module()
-                );
-            }
-            if losses.1 > reported_losses.1 {
-                tracing::warn!(
-                    "counter map full: {} verb counts lost ({} in total, {})",
-                    losses.1 - reported_losses.1,
-                    losses.1,
-                    family.module()
-                );
-            }
-            *reported_losses = losses;
-        }
-    }
-}
-
-pub(super) fn try_attach(
-    family: Family,
-    kernel: &Kernel,
+    mut attached: AttachedFamily,
+    module: Option<FileIdentity>,
     records: &mpsc::Sender<Record>,
 ) -> (FamilyState, Vec<ProbeReport>) {
-    let mut attached = match AttachedFamily::attach(family, kernel) {
-        Ok(attached) => attached,
-        Err(unavailable) => {
-            let FamilyUnavailable { reason, rows } = *unavailable;
-            let reason = match reason {
-                crate::probes::Unavailable::NothingAttached => rows
-                    .iter()
-                    .find_map(|r| match &r.status {
-                        Status::Unavailable(why) => Some(why.clone()),
-                        Status::Attached => None,
-                    })
-                    .unwrap_or_else(|| reason.to_string()),
-                other => other.to_string(),
-            };
-            return (FamilyState::Unavailable { reason }, rows);
-        }
-    };
     let rows = attached.statuses.clone();
     let Some(ring) = attached.take_events() else {
-        return (
-            FamilyState::Unavailable {
-                reason: "event ring buffer missing".into(),
-            },
-            rows,
-        );
+        let state = FamilyState::Unavailable {
+            reason: "event ring buffer missing".into(),
+            module,
+            retry: Backoff::default(),
+        };
+        return (state, rows);
     };
-    let tx = records.clone();
-    let (stop, mut stopped) = oneshot::channel();
-    let reader = tokio::spawn(async move {
-        let mut ring = ring;
-        let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
-        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            // A stop (or the agent dropping its end) drains once more, then ends.
-            let last = tokio::select! {
-                _ = drain.tick() => false,
-                _ = &mut stopped => true,
-            };
-            while let Some(item) = ring.next() {
-                match monitor_common::events::EventRecord::from_bytes(&item) {
-                    Some(record) => {
-                        if tx.send((family, record)).await.is_err() {
-                            return;
-                        }
-                    }
-                    None => tracing::warn!(len = item.len(), "short event record ignored"),
-                }
-            }
-            if last {
-                return;
-            }
-        }
-    });
-    (
-        FamilyState::Attached {
-            attached: Box::new(attached),
-            reader,
-            stop: Some(stop),
-            reported_losses: (0, 0),
-        },
-        rows,
-    )
+    let (stop, stopped) = oneshot::channel();
+    let drains = Arc::new(DrainPace::default());
+    let reader = tokio::spawn(read_events(
+        family,
+        ring,
+        records.clone(),
+        stopped,
+        Arc::clone(&drains),
+    ));
+    let state = FamilyState::Attached {
+        attached: Box::new(attached),
+        module,
+        reader,
+        stop: Some(stop),
+        drains,
+        reported_losses: (0, 0),
+    };
+    (state, rows)
 }
 
-/// A record as an event, its device named from the `DEVICE_NAMES` map of the family that
-/// sent it.
-pub(super) fn decode_record(
-    families: &[(Family, FamilyState)],
-    (family, record): &Record,
-    names: &KernelNames,
-    clock: &WallClock,
-    cgroups: &mut CgroupNames,
-) -> Event {
-    let device = families
-        .iter()
-        .find_map(|(f, state)| match state {
-            FamilyState::Attached { attached, .. } if f == family => {
-                Some(attached.device_name(record.device))
+/// Drains a family's ring buffer into the loop's channel: at once when the probes wake it
+/// (rare events: port, device, async errors), and every [`EVENT_DRAIN_INTERVAL`] for what
+/// they write without a wake-up. A stop (or the agent dropping its end) drains once more,
+/// then ends.
+async fn read_events(
+    family: Family,
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<Record>,
+    mut stopped: oneshot::Receiver<()>,
+    pace: Arc<DrainPace>,
+) {
+    // SAFETY: the ring buffer owns its map's file descriptor: it stays open, and `as_raw_fd`
+    // returns it, for as long as the `RingBuf` lives, which the `AsyncFd` owns.
+    let registered = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) };
+    let mut ring = match registered {
+        Ok(ring) => Ring::Woken(ring),
+        Err(e) => {
+            let (ring, e) = e.into_parts();
+            tracing::warn!(
+                "{}: cannot wait on the event ring buffer ({e}): events arrive within {:?}",
+                family.module(),
+                EVENT_DRAIN_INTERVAL
+            );
+            Ring::Timed(ring)
+        }
+    };
+    let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    drain.tick().await;
+    let mut last_drain = Instant::now();
+    loop {
+        let last = tokio::select! {
+            _ = drain.tick() => {
+                pace.record(last_drain.elapsed());
+                last_drain = Instant::now();
+                false
             }
-            _ => None,
-        })
-        .unwrap_or_else(|| format!("dev@{:x}", record.device));
-    Event::decode(record, device, names, clock, cgroups)
+            _ = &mut stopped => true,
+            woken = ring.woken() => {
+                if let Err(e) = woken {
+                    tracing::warn!(
+                        "{}: waiting on the event ring buffer failed ({e}): events arrive \
+                         within {:?}",
+                        family.module(),
+                        EVENT_DRAIN_INTERVAL
+                    );
+                    ring = ring.into_timed();
+                }
+                false
+            }
+        };
+        let buffer = ring.buffer();
+        while let Some(item) = buffer.next() {
+            match monitor_common::events::EventRecord::from_bytes(&item) {
+                Some(record) => {
+                    if tx.send((family, record)).await.is_err() {
+                        return;
+                    }
+                }
+                None => tracing::warn!(len = item.len(), "short event record ignored"),
+            }
+        }
+        if last {
+            return;
+        }
+    }
 }
+
+/// A family's ring buffer as its reader waits on it: through epoll (the probes' wake-ups),
+/// or, where that failed, on the drain timer only.
+enum Ring {
+    Woken(AsyncFd<RingBuf<MapData>>),
+    Timed(RingBuf<MapData>),
+}
+
+impl Ring {
+    /// Resolves when the probes woke the reader (never for [`Ring::Timed`]).
+    async fn woken(&self) -> std::io::Result<()> {
+        match self {
+            Ring::Woken(fd) => fd.readable().await.map(|mut guard| guard.clear_ready()),
+            Ring::Timed(_) => std::future::pending().await,
+        }
+    }
+
+    fn into_timed(self) -> Self {
+        match self {
+            Ring::Woken(fd) => Ring::Timed(fd.into_inner()),
+            timed => timed,
+        }
+    }
+
+    fn buffer(&mut self) -> &mut RingBuf<MapData> {
+        match self {
+            Ring::Woken(fd) => fd.get_mut(),
+            Ring::Timed(ring) => ring,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,11 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::families::FamilyState;
+use super::families::Families;
 use crate::{
     cgroup::{CgroupNames, GONE_LIFETIME, MAX_GONE},
     pipeline::{Pipeline, VERB_SERIES},
-    probes::{Family, RawCount},
+    probes::RawCount,
 };
 
 /// How long a cgroup must have been gone before its counters are final: a task that is
@@ -124,7 +124,7 @@ impl JobEnds {
 pub(super) fn end_jobs(
     jobs: &mut JobEnds,
     counts: &[RawCount],
-    families: &mut [(Family, FamilyState)],
+    families: &mut Families,
     cgroups: &mut CgroupNames,
     pipeline: Option<&mut Pipeline>,
 ) {
@@ -161,12 +161,7 @@ pub(super) fn end_jobs(
             ended.len()
         );
     }
-    let mut keys = 0;
-    for (_, state) in families.iter_mut() {
-        if let FamilyState::Attached { attached, .. } = state {
-            keys += attached.remove_counts(&delete);
-        }
-    }
+    let keys = families.remove_counts(&delete);
     for id in delete {
         cgroups.forget(id);
     }

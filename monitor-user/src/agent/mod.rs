@@ -2,8 +2,10 @@
 //! drains their ring buffers, prints events (and port transitions), and, on request, the live
 //! verb counters.
 //!
-//! A source that fails never stops the agent: a family whose module is missing is retried every
-//! `rescan` interval, and one whose module goes away is dropped and retried the same way.
+//! A source that fails never stops the agent: a family whose module is missing is looked for
+//! every `rescan` interval, one that fails to attach is retried with a backoff, and one whose
+//! module goes away is dropped and waited for the same way. Attaching runs on a blocking
+//! thread, so the loop keeps its pace meanwhile.
 //!
 //! - [`families`]: each probe family attached, retried and detached as its module comes and
 //!   goes, and its ring buffer drained;
@@ -29,18 +31,12 @@ pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write
 
 use crate::{
     cgroup::CgroupNames,
-    kernel::{Kernel, WallClock},
+    kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
-    probes::{
-        Family, ProbeReport,
-        decode::{self, Event, PortStates},
-        names::KernelNames,
-        render_table,
-    },
+    probes::decode::{self, Event, PortStates},
+    time_base::{TimeBase, monotonic_ns},
 };
-use families::{
-    FamilyState, Record, all_counts, decode_record, log_state, rescan_family, try_attach,
-};
+use families::{AttachFn, Families, Record};
 use state_report::StateReport;
 use wire_events::{ib_wire_event, transition_wire_event};
 
@@ -57,29 +53,23 @@ pub struct AgentOptions {
 }
 
 pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
+    let attach = families::kernel_attach(options.kernel.clone());
+    run_with(options, attach).await
+}
+
+/// [`run`] with the given way to attach a family (a stand-in in tests).
+async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()> {
     // Handlers first: a stop request during the first attach must still stop us cleanly.
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    let clock = WallClock::now();
+    let clock = TimeBase::global();
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
-    let mut names = KernelNames::default();
     let mut ports = PortStates::default();
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
-
-    let mut families: Vec<(Family, FamilyState)> = Vec::new();
-    let mut rows: Vec<ProbeReport> = Vec::new();
-    for family in Family::ALL {
-        let (state, family_rows) = try_attach(family, &options.kernel, &records_tx);
-        log_state(family, &state, &family_rows, true);
-        if let FamilyState::Attached { attached, .. } = &state {
-            names.merge(&attached.names);
-        }
-        rows.extend(family_rows);
-        families.push((family, state));
-    }
-    eprint!("{}", render_table(&rows));
+    // The first attempts run on blocking threads; the probe table is printed when they are in.
+    let mut families = Families::start(options.kernel.clone(), attach, records_tx);
 
     let mut rescan = tokio::time::interval(options.rescan);
     let mut last_rescan = std::time::Instant::now();
@@ -99,18 +89,18 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(record) = records_rx.recv() => {
-                let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
+                let event = families.decode(&record, clock, &mut cgroups);
                 report_event(&event, &mut ports, pipeline.as_mut(), options.format);
             }
+            attempt = families.next_attempt() => families.on_attempt(attempt),
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
             // pace the rescans (one wake-up a second, not two).
             _ = rescan.tick(), if !sweeps_pace_rescans => {
                 last_rescan = std::time::Instant::now();
-                for (family, state) in &mut families {
-                    rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
-                }
+                clock.refresh();
+                families.rescan();
                 if pipeline.is_none() {
-                    let raw = all_counts(&families);
+                    let raw = families.counts();
                     job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, None);
                 }
             }
@@ -118,13 +108,13 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                 Polled::Samples(samples) => {
                     if last_rescan.elapsed() >= options.rescan {
                         last_rescan = std::time::Instant::now();
-                        for (family, state) in &mut families {
-                            rescan_family(*family, state, &options.kernel, &records_tx, &mut names);
-                        }
+                        families.rescan();
                     }
-                    let now = crate::kernel::realtime_ns();
-                    let raw = all_counts(&families);
-                    let counts = decode::decode_counts(&raw, &names, &mut cgroups);
+                    // The sampler runs on the monotonic clock (the poller refreshed the time
+                    // base at this sweep); the pipeline converts what it sends.
+                    let now = monotonic_ns();
+                    let raw = families.counts();
+                    let counts = decode::decode_counts(&raw, &families.names, &mut cgroups);
                     if let Some(p) = pipeline.as_mut() {
                         p.on_samples(&samples);
                         p.on_readings(&pipeline::verb_readings(&counts, now));
@@ -151,7 +141,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
                 }
             }
             _ = counters.tick(), if options.counters_every.is_some() => {
-                print_counts(&families, &names, &mut cgroups, options.format);
+                print_counts(&families, &mut cgroups, options.format);
             }
         }
     }
@@ -161,21 +151,9 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     );
     // What the probes wrote since the last drain is still in the ring buffers: each reader
     // drains its buffer once more and ends, and those events go out like any other.
-    for (_, state) in &mut families {
-        if let FamilyState::Attached { reader, stop, .. } = state {
-            if let Some(stop) = stop.take() {
-                let _ = stop.send(());
-            }
-            if tokio::time::timeout(Duration::from_secs(1), reader)
-                .await
-                .is_err()
-            {
-                tracing::warn!("an event reader did not finish: its last events are lost");
-            }
-        }
-    }
+    families.stop_readers().await;
     while let Ok(record) = records_rx.try_recv() {
-        let event = decode_record(&families, &record, &names, &clock, &mut cgroups);
+        let event = families.decode(&record, clock, &mut cgroups);
         report_event(&event, &mut ports, pipeline.as_mut(), options.format);
     }
     if let Some(p) = pipeline.as_mut() {
@@ -187,13 +165,9 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     }
     if options.counters_every.is_some() {
         // A last snapshot, so a run's totals are on record.
-        print_counts(&families, &names, &mut cgroups, options.format);
+        print_counts(&families, &mut cgroups, options.format);
     }
-    for (_, state) in families {
-        if let FamilyState::Attached { reader, .. } = state {
-            reader.abort();
-        }
-    }
+    families.abort_readers();
     Ok(())
 }
 
@@ -204,17 +178,12 @@ async fn next_polled(pipeline: &mut Option<Pipeline>) -> Polled {
     }
 }
 
-fn print_counts(
-    families: &[(Family, FamilyState)],
-    names: &KernelNames,
-    cgroups: &mut CgroupNames,
-    format: OutputFormat,
-) {
-    let counts = decode::decode_counts(&all_counts(families), names, cgroups);
+fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFormat) {
+    let counts = decode::decode_counts(&families.counts(), &families.names, cgroups);
     if counts.is_empty() {
         return;
     }
-    let snapshot = crate::kernel::realtime_ns();
+    let snapshot = TimeBase::global().now_unix_ns();
     let mut out = std::io::stdout().lock();
     let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
 }

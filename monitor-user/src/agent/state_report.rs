@@ -17,11 +17,8 @@ use std::fmt;
 
 use railscope_wire::{Kind, Labels, Reading, Series, Value};
 
-use super::{
-    families::{FamilyState, all_losses},
-    job_ends::JobEnds,
-};
-use crate::{cgroup::CgroupNames, pipeline::Pipeline, probes::Family};
+use super::{families::Families, job_ends::JobEnds};
+use crate::{cgroup::CgroupNames, pipeline::Pipeline};
 
 /// One look at the agent's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,19 +41,13 @@ pub struct StateReport {
 
 impl StateReport {
     pub(super) fn take(
-        families: &[(Family, FamilyState)],
+        families: &Families,
         jobs: &JobEnds,
         cgroups: &CgroupNames,
         pipeline: Option<&Pipeline>,
     ) -> Self {
-        let verb_keys = families
-            .iter()
-            .filter_map(|(_, s)| match s {
-                FamilyState::Attached { attached, .. } => Some(attached.count_keys() as u64),
-                FamilyState::Unavailable { .. } => None,
-            })
-            .sum();
-        let (events_lost, counts_lost) = all_losses(families);
+        let verb_keys = families.count_keys();
+        let (events_lost, counts_lost) = families.losses();
         let names = cgroups.stats();
         let (verb_series, encoder_series) = pipeline.map_or((0, 0), Pipeline::series_counts);
         let encoder = pipeline.map(Pipeline::encoder_stats).unwrap_or_default();

@@ -10,7 +10,7 @@ use monitor_common::{
 use serde::Serialize;
 
 use super::{RawCount, names::KernelNames};
-use crate::{cgroup::CgroupNames, kernel::WallClock};
+use crate::{cgroup::CgroupNames, time_base::TimeBase};
 
 /// Where an event comes from; serialised as the name the JSON lines and the collector's
 /// event kinds carry (`port`, `qp_async`, `cq_async`, `qp_to_err`).
@@ -59,7 +59,8 @@ impl From<Option<Origin>> for EventOrigin {
 pub struct Event {
     /// Kernel CLOCK_MONOTONIC nanoseconds when the hook ran.
     pub ktime_ns: u64,
-    /// Wall-clock nanoseconds since the Unix epoch, derived from `ktime_ns`.
+    /// Wall-clock nanoseconds since the Unix epoch, from `ktime_ns` on the agent's time
+    /// base ([`TimeBase`]).
     pub unix_ns: u64,
     pub origin: EventOrigin,
     pub device: String,
@@ -85,7 +86,7 @@ impl Event {
         record: &EventRecord,
         device: String,
         names: &KernelNames,
-        clock: &WallClock,
+        clock: &TimeBase,
         cgroups: &mut CgroupNames,
     ) -> Self {
         let origin = Origin::from_u32(record.origin);

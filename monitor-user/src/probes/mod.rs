@@ -7,6 +7,7 @@
 //! Within a family each probe attaches on its own: a hook missing on one kernel leaves that
 //! probe unavailable and the rest working.
 
+pub mod btf_cache;
 pub mod decode;
 pub mod layout;
 pub mod names;
@@ -21,11 +22,8 @@ use aya::{
 use monitor_common::{ProbeStat, events::DEVICE_NAME_LEN, maps, verbs::CounterKey};
 use serde::Serialize;
 
-use crate::{
-    btf::{Btf, BtfError},
-    kernel::Kernel,
-    tracefs::Tracefs,
-};
+use crate::{btf::BtfError, kernel::Kernel, tracefs::Tracefs};
+use btf_cache::BtfCache;
 use layout::{GlobalValue, Globals};
 use names::KernelNames;
 
@@ -476,7 +474,12 @@ pub struct RawCount {
 
 impl AttachedFamily {
     /// Loads the family's instance and attaches each of its probes that this kernel allows.
-    pub fn attach(family: Family, kernel: &Kernel) -> Result<Self, Box<FamilyUnavailable>> {
+    /// Blocks (BTF, object load, verifier): the agent calls it on a blocking thread.
+    pub fn attach(
+        family: Family,
+        kernel: &Kernel,
+        btfs: &BtfCache,
+    ) -> Result<Self, Box<FamilyUnavailable>> {
         let fail_all = |reason: Unavailable| {
             let rows = family
                 .probes()
@@ -491,15 +494,13 @@ impl AttachedFamily {
             }));
         }
         // A module built into the kernel has its types in vmlinux; a loaded one, in its split BTF.
-        let btf = Btf::from_files(
-            &kernel.vmlinux_btf(),
-            kernel.module_btf(family.module()).as_deref(),
-        )
-        .map_err(|e| fail_all(e.into()))?;
+        let btf = btfs
+            .module(family.module())
+            .map_err(|e| fail_all(e.into()))?;
         let mut names = KernelNames::from_btf(&btf);
         if family == Family::RdmaCm
-            && let Ok(cm) =
-                Btf::from_files(&kernel.vmlinux_btf(), kernel.module_btf("ib_cm").as_deref())
+            && kernel.module_btf("ib_cm").is_some()
+            && let Ok(cm) = btfs.module("ib_cm")
         {
             names.merge(&KernelNames::from_btf(&cm));
         }

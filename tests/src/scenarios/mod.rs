@@ -3,8 +3,11 @@
 
 mod agent_frames;
 mod async_errors;
+mod attach_pace;
+mod bench_events;
 mod bench_probes;
 mod cgroups_late;
+mod clock_step;
 mod cm_ids;
 mod cm_wildcard;
 mod hook_trace;
@@ -35,6 +38,9 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "cm-ids" => cm_ids::run(),
         "cm-wildcard" => cm_wildcard::run(),
         "cgroups-late" => cgroups_late::run(),
+        "attach-pace" => attach_pace::run(),
+        "clock-step" => clock_step::run(),
+        "bench-events" => bench_events::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }

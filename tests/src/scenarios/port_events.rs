@@ -1,8 +1,8 @@
 //! port-events: the agent, started before any RDMA module is loaded, attaches its kprobe on
 //! `ib_dispatch_event` when ib_core appears, and reports every PORT_ERR/PORT_ACTIVE of real
 //! link flaps with the right device, port and increasing timestamps, while RDMA traffic runs.
-//! A last link-down just before the agent is stopped is reported too: the agent drains its
-//! ring buffers once more when it stops (between drains, events wait there up to 250 ms).
+//! A last link-down just before the agent is stopped is reported too: the probe wakes the
+//! agent for it, and the agent drains its ring buffers once more when it stops.
 
 use std::{process::Command, thread, time::Duration};
 

@@ -35,7 +35,7 @@ use std::{
     ffi::OsStr,
     path::Path,
     sync::{Arc, mpsc::Sender},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use nvml_wrapper::{GpmSample, Nvml, error::NvmlError};
@@ -80,10 +80,9 @@ pub(super) fn gpu_labels(gpu: u32, uuid: &str) -> Labels {
     Labels::new([("gpu", gpu.to_string()), ("uuid", uuid.to_string())])
 }
 
+/// Now, on the agent's time base (what its events and samples use).
 pub(super) fn now_unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    crate::time_base::TimeBase::global().now_unix_ns()
 }
 
 /// What [`GpuSource::open`] found about one GPU.

@@ -1,0 +1,82 @@
+//! attach-pace: attaching runs off the agent's loop. While rdma_rxe and ib_uverbs (which rxe
+//! needs) are unloaded and loaded again three times (ib_uverbs' family detaches and attaches
+//! anew: BTF, object load, verifier), the ib_core family's reader keeps draining its ring
+//! buffer every 250 ms: the longest gap between two drains, which the agent reports when it
+//! stops, stays under a second, and a link flap in the middle of it is reported. (rdma_cm
+//! cannot be unloaded under the agent: its raw tracepoint holds a reference to the module.)
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context as _, ensure};
+
+use crate::guest::{self, Agent};
+
+const RELOADS: usize = 3;
+/// Four drain intervals: a loop blocked by an attach misses several drains.
+const LONGEST_GAP_MS: u64 = 1000;
+
+pub fn run() -> anyhow::Result<()> {
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    let mut agent = Agent::start(&["--json"])?;
+    agent.wait_for_log("cm_event_handler attached", Duration::from_secs(30))?;
+    agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(30))?;
+    for round in 1..=RELOADS {
+        for module in ["rdma_ucm", "rdma_rxe", "ib_uverbs"] {
+            if Path::new("/sys/module").join(module).exists() {
+                guest::run("/bin/rmmod", &[module])?;
+            }
+        }
+        let unloaded = |l: &String| l.contains("ib_uverbs unloaded");
+        guest::wait_for(
+            Duration::from_secs(10),
+            "the agent to see ib_uverbs go",
+            || agent.stderr_lines().iter().filter(|l| unloaded(l)).count() >= round,
+        )?;
+        for module in ["rdma_rxe", "rdma_ucm"] {
+            guest::run("/bin/modprobe", &[module])?;
+        }
+        add_rxe_links()?;
+        if round == 2 {
+            guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
+            guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+        }
+        let attached = |l: &String| l.contains("ib_uverbs_post_send attached");
+        guest::wait_for(Duration::from_secs(30), "ib_uverbs' family again", || {
+            agent.stderr_lines().iter().filter(|l| attached(l)).count() > round
+        })?;
+    }
+    ensure!(agent.is_running(), "the agent died");
+    let (stdout, stderr) = agent.stop()?;
+    let gap = stderr
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("ib_core event drain: ").nth(1)?;
+            let ms = rest.split("longest gap between two ").nth(1)?;
+            ms.trim_end_matches(" ms").trim().parse::<u64>().ok()
+        })
+        .context("the agent did not report ib_core's drain pace")?;
+    println!("ib_core's longest gap between two drains: {gap} ms");
+    ensure!(
+        gap < LONGEST_GAP_MS,
+        "ib_core's event drain paused {gap} ms while other families attached"
+    );
+    let err = stdout
+        .iter()
+        .any(|l| l.contains("\"PORT_ERR\"") && l.contains("\"rxe0\""));
+    ensure!(err, "the link flap during the reloads was not reported");
+    Ok(())
+}
+
+/// rxe0 and rxe1 on the veth pair again, after rdma_rxe was reloaded.
+fn add_rxe_links() -> anyhow::Result<()> {
+    for (rxe, netdev) in [("rxe0", "vethA"), ("rxe1", "vethB")] {
+        guest::run(
+            "/usr/bin/rdma",
+            &["link", "add", rxe, "type", "rxe", "netdev", netdev],
+        )?;
+    }
+    guest::wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE", || {
+        guest::port_state("rxe0").contains("ACTIVE")
+    })
+}

@@ -1,0 +1,127 @@
+//! bench-events (on request, for `cargo xtask bench events`): how late port events reach the
+//! collector. The agent sends to `railscope listen` while rxe0's link flaps a few hundred
+//! times; for every port event that arrives, the time from the kernel's timestamp to the
+//! frame leaving the agent (the frame's send time, on the agent's clock) and to `listen`
+//! printing it (the time this scenario reads the line from listen's stdout, on the same
+//! guest clock). Prints one `BENCH-EVENTS` JSON line with the percentiles.
+
+use std::{process::Command, thread, time::Duration};
+
+use anyhow::{Context as _, ensure};
+use serde_json::{Value, json};
+
+use crate::guest::{self, Agent};
+
+const PORT: &str = "17402";
+const FLAPS: usize = 300;
+/// Time between a link change and the next, so each event is alone in the ring buffer.
+const PAUSE: Duration = Duration::from_millis(30);
+
+pub fn run() -> anyhow::Result<()> {
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    let key = "/tmp/wire.key";
+    std::fs::write(key, "5a".repeat(32))?;
+    std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    // Neither process echoes to the (slow, serial) console: it would delay their pipes.
+    let listener = guest::Listener::start_with(
+        &[
+            "--port",
+            PORT,
+            "--bind",
+            "127.0.0.1",
+            "--key",
+            key,
+            "--json",
+        ],
+        false,
+    )?;
+    let collector = format!("127.0.0.1:{PORT}");
+    let mut agent = Agent::start_with(
+        &[
+            "--json",
+            "--collector",
+            &collector,
+            "--key",
+            key,
+            "--node",
+            "guest",
+            "--no-gpu",
+        ],
+        false,
+    )?;
+    agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(30))?;
+    thread::sleep(Duration::from_secs(2));
+    let start = std::time::Instant::now();
+    for _ in 0..FLAPS {
+        for state in ["down", "up"] {
+            let status = Command::new("/usr/bin/ip")
+                .args(["link", "set", "vethA", state])
+                .status()
+                .context("ip link set")?;
+            ensure!(status.success(), "ip link set vethA {state}: {status}");
+            thread::sleep(PAUSE);
+        }
+    }
+    let flapping = start.elapsed();
+    thread::sleep(Duration::from_secs(2));
+    ensure!(agent.is_running(), "the agent died");
+    agent.stop()?;
+    thread::sleep(Duration::from_millis(500));
+    let lines = listener.stop_timed()?;
+
+    let (mut to_frame, mut to_print) = (Vec::new(), Vec::new());
+    for (read_ns, line) in &lines {
+        let frame: Value =
+            serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
+        let send = frame["send_unix_ns"]
+            .as_u64()
+            .context("frame without send time")?;
+        for e in frame["events"].as_array().into_iter().flatten() {
+            if e["kind"] != "ib_port" || e["labels"]["device"] != "rxe0" {
+                continue;
+            }
+            let t = e["unix_ns"].as_u64().context("event without time")?;
+            to_frame.push(ms(send.saturating_sub(t)));
+            to_print.push(ms(read_ns.saturating_sub(t)));
+        }
+    }
+    println!(
+        "{FLAPS} flaps in {flapping:?}: {} rxe0 port events at the collector",
+        to_frame.len()
+    );
+    ensure!(
+        to_frame.len() >= 2 * FLAPS,
+        "expected at least {} port events (a PORT_ERR and a PORT_ACTIVE per flap), got {}",
+        2 * FLAPS,
+        to_frame.len()
+    );
+    let report = json!({
+        "flaps": FLAPS,
+        "pause_ms": PAUSE.as_millis() as u64,
+        "events": to_frame.len(),
+        "kernel_to_frame_ms": percentiles(&mut to_frame),
+        "kernel_to_listen_ms": percentiles(&mut to_print),
+    });
+    println!("BENCH-EVENTS {report}");
+    Ok(())
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// p50, p90, p99 and the maximum (nearest rank).
+fn percentiles(values: &mut [f64]) -> Value {
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+        values[rank - 1]
+    };
+    json!({
+        "p50": at(0.50),
+        "p90": at(0.90),
+        "p99": at(0.99),
+        "max": values.last().copied().unwrap_or(0.0),
+    })
+}
