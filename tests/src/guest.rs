@@ -411,6 +411,50 @@ impl Drop for Agent {
     }
 }
 
+/// The key file the scenarios' agent and `railscope listen` share.
+const WIRE_KEY: &str = "/tmp/wire.key";
+
+/// Starts `railscope listen --json` on 127.0.0.1:`port` and an agent sending to it as node
+/// `guest`, without GPUs, with `extra` agent options, both echoing to the console or not.
+/// Writes the shared key file first (mode 600, as both require).
+pub fn agent_and_listener(
+    port: &str,
+    extra: &[&str],
+    echo: bool,
+) -> anyhow::Result<(Agent, Listener)> {
+    std::fs::write(WIRE_KEY, "5a".repeat(32))?;
+    std::fs::set_permissions(
+        WIRE_KEY,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    let listener = Listener::start_with(
+        &[
+            "--port",
+            port,
+            "--bind",
+            "127.0.0.1",
+            "--key",
+            WIRE_KEY,
+            "--json",
+        ],
+        echo,
+    )?;
+    let collector = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--json",
+        "--collector",
+        &collector,
+        "--key",
+        WIRE_KEY,
+        "--node",
+        "guest",
+        "--no-gpu",
+    ];
+    args.extend_from_slice(extra);
+    let agent = Agent::start_with(&args, echo)?;
+    Ok((agent, listener))
+}
+
 /// `railscope listen` running as a child, its JSON lines collected with the wall-clock time
 /// each was read from its stdout.
 pub struct Listener {
@@ -419,11 +463,7 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn start(args: &[&str]) -> anyhow::Result<Self> {
-        Self::start_with(args, true)
-    }
-
-    /// [`Listener::start`], its frames echoed to the console or not.
+    /// `railscope listen ARGS`, its frames echoed to the console or not.
     pub fn start_with(args: &[&str], echo: bool) -> anyhow::Result<Self> {
         println!("+ railscope listen {}", args.join(" "));
         let mut child = Command::new("/usr/bin/railscope")

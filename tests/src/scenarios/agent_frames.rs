@@ -9,41 +9,15 @@ use std::{collections::BTreeMap, thread, time::Duration};
 use anyhow::{Context as _, ensure};
 use serde_json::Value;
 
-use crate::guest::{self, ADDR_B, Agent};
+use crate::guest::{self, ADDR_B};
 
 const PORT: &str = "17400";
 
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    let key = "/tmp/wire.key";
-    std::fs::write(key, "5a".repeat(32))?;
-    std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-
-    let listener = guest::Listener::start(&[
-        "--port",
-        PORT,
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key,
-        "--json",
-    ])?;
-    let collector = format!("127.0.0.1:{PORT}");
-    let mut agent = Agent::start(&[
-        "--json",
-        "--collector",
-        &collector,
-        "--key",
-        key,
-        "--node",
-        "guest",
-        "--no-gpu",
-        "--interval",
-        "0.5",
-        "--flush",
-        "1",
-    ])?;
+    let (mut agent, listener) =
+        guest::agent_and_listener(PORT, &["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
 
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();

@@ -10,7 +10,7 @@ use std::{process::Command, thread, time::Duration};
 use anyhow::{Context as _, ensure};
 use serde_json::{Value, json};
 
-use crate::guest::{self, Agent};
+use crate::guest;
 
 const PORT: &str = "17402";
 const FLAPS: usize = 300;
@@ -20,36 +20,8 @@ const PAUSE: Duration = Duration::from_millis(30);
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    let key = "/tmp/wire.key";
-    std::fs::write(key, "5a".repeat(32))?;
-    std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     // Neither process echoes to the (slow, serial) console: it would delay their pipes.
-    let listener = guest::Listener::start_with(
-        &[
-            "--port",
-            PORT,
-            "--bind",
-            "127.0.0.1",
-            "--key",
-            key,
-            "--json",
-        ],
-        false,
-    )?;
-    let collector = format!("127.0.0.1:{PORT}");
-    let mut agent = Agent::start_with(
-        &[
-            "--json",
-            "--collector",
-            &collector,
-            "--key",
-            key,
-            "--node",
-            "guest",
-            "--no-gpu",
-        ],
-        false,
-    )?;
+    let (mut agent, listener) = guest::agent_and_listener(PORT, &[], false)?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(30))?;
     thread::sleep(Duration::from_secs(2));
     let start = std::time::Instant::now();

@@ -9,7 +9,7 @@ use std::{thread, time::Duration};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
-use crate::guest::{self, Agent};
+use crate::guest;
 
 const PORT: &str = "17401";
 const HOUR_NS: i64 = 3_600_000_000_000;
@@ -18,35 +18,12 @@ const S: u64 = 1_000_000_000;
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    let key = "/tmp/wire.key";
-    std::fs::write(key, "5a".repeat(32))?;
-    std::fs::set_permissions(key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    let listener = guest::Listener::start(&[
-        "--port",
-        PORT,
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key,
-        "--json",
-    ])?;
-    let collector = format!("127.0.0.1:{PORT}");
     // Every reading sent (no adaptive sampling), so the port state has a point every 0.5 s.
-    let mut agent = Agent::start(&[
-        "--json",
-        "--collector",
-        &collector,
-        "--key",
-        key,
-        "--node",
-        "guest",
-        "--no-gpu",
-        "--no-adaptive",
-        "--interval",
-        "0.5",
-        "--flush",
-        "1",
-    ])?;
+    let (mut agent, listener) = guest::agent_and_listener(
+        PORT,
+        &["--no-adaptive", "--interval", "0.5", "--flush", "1"],
+        true,
+    )?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(20))?;
     thread::sleep(Duration::from_secs(2));
 
