@@ -39,32 +39,8 @@ use railscope_wire::{
 use sampler_traces::{self as traces, Evaluation};
 use serde_json::{Value as Json, json};
 
-/// SplitMix64: small, deterministic for a seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in [0, n).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The sampler's seeded generator, so fixtures and traces draw from one implementation.
+pub use railscope::sampler::SplitMix64 as Rng;
 
 #[derive(Parser)]
 #[command(about = "measurements for `cargo xtask bench agent`")]

@@ -1,5 +1,5 @@
 //! A small seeded generator for the sampler's jitter, public so the workload traces of the
-//! `sampler-traces` crate draw from the same one.
+//! `sampler-traces` crate and the agent bench's fixtures draw from the same one.
 
 /// SplitMix64: a small, fast, seeded generator; plenty for jitter and synthetic traces.
 #[derive(Clone, Debug)]
@@ -21,6 +21,11 @@ impl SplitMix64 {
     /// Uniform in `[0, 1)`.
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[0, n)` (modulo bias is irrelevant for fixtures).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 
     /// Standard normal (Box-Muller).
