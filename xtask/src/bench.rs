@@ -36,6 +36,7 @@ use crate::{
 };
 
 mod agent;
+mod collector;
 mod events;
 
 /// `--duration` by default: seconds each process of `bench agent` is measured.
@@ -61,6 +62,8 @@ pub struct Options {
     #[arg(long, default_value_t = DEFAULT_DURATION)]
     pub duration: u64,
     #[command(flatten)]
+    pub collector: collector::CollectorOptions,
+    #[command(flatten)]
     pub setup: setup::Options,
 }
 
@@ -73,6 +76,9 @@ pub enum Target {
     Agent,
     /// How late port events reach the collector, over a few hundred link flaps (QEMU guest).
     Events,
+    /// The collector under simulated agents on loopback, next to VictoriaMetrics (on this
+    /// host).
+    Collector,
 }
 
 /// The guest scenario that measures the probes.
@@ -105,12 +111,14 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Probes => "building the guest image",
         Target::Agent => "running the agent (it loads eBPF probes)",
         Target::Events => "building the guest image",
+        Target::Collector => "installing VictoriaMetrics (setup)",
     })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
         Target::Probes => probes(&tools, options),
         Target::Agent => agent::run(&tools, options),
         Target::Events => events::run(&tools, options),
+        Target::Collector => collector::run(&tools, options),
     }
 }
 
@@ -782,6 +790,7 @@ fn results_path(target: Target) -> PathBuf {
         Target::Probes => "probes",
         Target::Agent => "agent",
         Target::Events => "events",
+        Target::Collector => "collector",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

@@ -22,7 +22,7 @@
 
 mod http;
 mod live;
-mod process;
+pub(super) mod process;
 mod report;
 
 use std::{
@@ -284,7 +284,7 @@ fn with_stream_xz(mut wire: Value, frames: &Path) -> anyhow::Result<Value> {
     Ok(wire)
 }
 
-fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let key = dir.join("wire.key");
     let mut bytes = [0u8; 32];

@@ -18,16 +18,16 @@ use serde_json::Value;
 use crate::cargo;
 
 /// A child process that is stopped (SIGKILL) if still running when dropped.
-pub(super) struct Proc {
-    pub(super) name: String,
-    pub(super) child: Child,
-    pub(super) started: Instant,
+pub(in crate::bench) struct Proc {
+    pub(in crate::bench) name: String,
+    pub(in crate::bench) child: Child,
+    pub(in crate::bench) started: Instant,
 }
 
 impl Proc {
     /// Starts `cmd` with stdout and stderr to `<dir>/<name>.out` and `.err` (unless the
     /// caller set stdout).
-    pub(super) fn spawn(
+    pub(in crate::bench) fn spawn(
         name: &str,
         cmd: &mut Command,
         dir: &Path,
@@ -52,7 +52,7 @@ impl Proc {
 
     /// Starts `cmd` (an `agent_bench` subcommand) and waits for the JSON line with
     /// `"ready": true` it prints on stdout once it is set up; returns that line.
-    pub(super) fn spawn_ready(
+    pub(in crate::bench) fn spawn_ready(
         name: &str,
         cmd: &mut Command,
         dir: &Path,
@@ -69,16 +69,20 @@ impl Proc {
         }
     }
 
-    pub(super) fn pid(&self) -> i32 {
+    pub(in crate::bench) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
-    pub(super) fn alive(&mut self) -> bool {
+    pub(in crate::bench) fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Sends `signal`, waits up to `timeout`, then kills.
-    pub(super) fn stop(&mut self, signal: i32, timeout: Duration) -> anyhow::Result<ExitStatus> {
+    pub(in crate::bench) fn stop(
+        &mut self,
+        signal: i32,
+        timeout: Duration,
+    ) -> anyhow::Result<ExitStatus> {
         if let Some(status) = self.child.try_wait()? {
             return Ok(status);
         }
@@ -109,7 +113,7 @@ impl Drop for Proc {
     }
 }
 
-pub(super) fn clock_ticks_per_second() -> f64 {
+pub(in crate::bench) fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
@@ -118,20 +122,20 @@ pub(super) fn clock_ticks_per_second() -> f64 {
 /// CPU time of a process or thread, in clock ticks (for a process: all its threads, those
 /// that exited included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Ticks {
-    pub(super) user: u64,
-    pub(super) system: u64,
-    pub(super) threads: u64,
+pub(in crate::bench) struct Ticks {
+    pub(in crate::bench) user: u64,
+    pub(in crate::bench) system: u64,
+    pub(in crate::bench) threads: u64,
 }
 
 impl Ticks {
-    pub(super) fn total(self) -> u64 {
+    pub(in crate::bench) fn total(self) -> u64 {
         self.user + self.system
     }
 }
 
 /// utime, stime and the thread count from the text of `/proc/<pid>/stat`.
-pub(super) fn parse_stat(stat: &str) -> Option<Ticks> {
+pub(in crate::bench) fn parse_stat(stat: &str) -> Option<Ticks> {
     // The command name (field 2) is in parentheses and may hold spaces: fields after it.
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -142,7 +146,7 @@ pub(super) fn parse_stat(stat: &str) -> Option<Ticks> {
     })
 }
 
-pub(super) fn cpu_ticks(pid: i32) -> anyhow::Result<Ticks> {
+pub(in crate::bench) fn cpu_ticks(pid: i32) -> anyhow::Result<Ticks> {
     let path = format!("/proc/{pid}/stat");
     let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     parse_stat(&stat).with_context(|| format!("{path}: unexpected contents"))
@@ -150,7 +154,7 @@ pub(super) fn cpu_ticks(pid: i32) -> anyhow::Result<Ticks> {
 
 /// Per thread id, the name and the run time in ns (`/proc/<pid>/task/<tid>/schedstat`, first
 /// field) of the process's threads now alive.
-pub(super) fn thread_run_ns(pid: i32) -> BTreeMap<u64, (String, u64)> {
+pub(in crate::bench) fn thread_run_ns(pid: i32) -> BTreeMap<u64, (String, u64)> {
     let mut out = BTreeMap::new();
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
@@ -172,7 +176,7 @@ pub(super) fn thread_run_ns(pid: i32) -> BTreeMap<u64, (String, u64)> {
 
 /// A counter of the `Udp:` lines of `/proc/net/snmp` (`RcvbufErrors`: datagrams dropped
 /// because a socket's receive buffer was full).
-pub(super) fn udp_counter(name: &str) -> Option<u64> {
+pub(in crate::bench) fn udp_counter(name: &str) -> Option<u64> {
     let snmp = fs::read_to_string("/proc/net/snmp").ok()?;
     let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
     let (header, values) = (udp.next()?, udp.next()?);
@@ -181,7 +185,7 @@ pub(super) fn udp_counter(name: &str) -> Option<u64> {
 }
 
 /// A `kB` field of `/proc/<pid>/status` (`VmHWM`, `VmRSS`).
-pub(super) fn status_kb(pid: i32, field: &str) -> Option<u64> {
+pub(in crate::bench) fn status_kb(pid: i32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| {
         let rest = l.strip_prefix(field)?.strip_prefix(':')?;
@@ -189,7 +193,7 @@ pub(super) fn status_kb(pid: i32, field: &str) -> Option<u64> {
     })
 }
 
-pub(super) fn unix_ns() -> u64 {
+pub(in crate::bench) fn unix_ns() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -197,36 +201,36 @@ pub(super) fn unix_ns() -> u64 {
 
 /// One process's cost over the measured window.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Cost {
-    pub(super) window_s: f64,
-    pub(super) cpu_s: f64,
+pub(in crate::bench) struct Cost {
+    pub(in crate::bench) window_s: f64,
+    pub(in crate::bench) cpu_s: f64,
     /// Of `cpu_s`, in the kernel (system calls: here mostly reading files).
-    pub(super) system_cpu_s: f64,
+    pub(in crate::bench) system_cpu_s: f64,
     /// Since the process started (start-up included).
-    pub(super) lifetime_s: f64,
-    pub(super) lifetime_cpu_s: f64,
-    pub(super) hwm_kb: u64,
-    pub(super) rss_kb: u64,
-    pub(super) threads: u64,
+    pub(in crate::bench) lifetime_s: f64,
+    pub(in crate::bench) lifetime_cpu_s: f64,
+    pub(in crate::bench) hwm_kb: u64,
+    pub(in crate::bench) rss_kb: u64,
+    pub(in crate::bench) threads: u64,
     /// Unix ns of the window's start and end.
-    pub(super) from_ns: u64,
-    pub(super) to_ns: u64,
+    pub(in crate::bench) from_ns: u64,
+    pub(in crate::bench) to_ns: u64,
     /// The window, on the monotonic clock.
-    pub(super) window: Option<(Instant, Instant)>,
+    pub(in crate::bench) window: Option<(Instant, Instant)>,
     /// CPU seconds in the window per thread name (threads alive at its end).
-    pub(super) per_thread: BTreeMap<String, f64>,
+    pub(in crate::bench) per_thread: BTreeMap<String, f64>,
 }
 
 impl Cost {
-    pub(super) fn cpu_pct(&self) -> f64 {
+    pub(in crate::bench) fn cpu_pct(&self) -> f64 {
         100.0 * self.cpu_s / self.window_s.max(1e-9)
     }
 
-    pub(super) fn hwm_mb(&self) -> f64 {
+    pub(in crate::bench) fn hwm_mb(&self) -> f64 {
         self.hwm_kb as f64 / 1024.0
     }
 
-    pub(super) fn json(&self) -> CostJson<'_> {
+    pub(in crate::bench) fn json(&self) -> CostJson<'_> {
         CostJson {
             window_s: self.window_s,
             cpu_s: self.cpu_s,
@@ -244,21 +248,21 @@ impl Cost {
 
 /// A [`Cost`] in the report.
 #[derive(Serialize)]
-pub(super) struct CostJson<'a> {
-    pub(super) window_s: f64,
-    pub(super) cpu_s: f64,
-    pub(super) system_cpu_s: f64,
-    pub(super) cpu_pct_of_one_core: f64,
-    pub(super) lifetime_s: f64,
-    pub(super) lifetime_cpu_s: f64,
-    pub(super) peak_rss_kb: u64,
-    pub(super) rss_kb: u64,
-    pub(super) threads: u64,
-    pub(super) cpu_s_per_thread: &'a BTreeMap<String, f64>,
+pub(in crate::bench) struct CostJson<'a> {
+    pub(in crate::bench) window_s: f64,
+    pub(in crate::bench) cpu_s: f64,
+    pub(in crate::bench) system_cpu_s: f64,
+    pub(in crate::bench) cpu_pct_of_one_core: f64,
+    pub(in crate::bench) lifetime_s: f64,
+    pub(in crate::bench) lifetime_cpu_s: f64,
+    pub(in crate::bench) peak_rss_kb: u64,
+    pub(in crate::bench) rss_kb: u64,
+    pub(in crate::bench) threads: u64,
+    pub(in crate::bench) cpu_s_per_thread: &'a BTreeMap<String, f64>,
 }
 
 /// Lets `proc` warm up, then measures its CPU over `duration`.
-pub(super) fn measure(
+pub(in crate::bench) fn measure(
     proc: &mut Proc,
     warmup: Duration,
     duration: Duration,
@@ -320,11 +324,11 @@ pub(super) fn measure(
     })
 }
 
-pub(super) fn free_udp_port() -> anyhow::Result<u16> {
+pub(in crate::bench) fn free_udp_port() -> anyhow::Result<u16> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-pub(super) fn free_tcp_port() -> anyhow::Result<u16> {
+pub(in crate::bench) fn free_tcp_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

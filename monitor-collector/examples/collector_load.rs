@@ -1,0 +1,340 @@
+//! The load generator of `cargo xtask bench collector`: simulated agents on loopback.
+//!
+//! It makes the frames of a fleet of realistic nodes up front (the agent's own encoder through
+//! `railscope_collector::archive::fixture_node`: 8 GPUs x 40 metrics and 8 IB ports x 40
+//! counters, read every second, flushed every 10 s), then sends them to a collector when told,
+//! each node from its own UDP socket (so the kernel spreads the nodes over the collector's
+//! `SO_REUSEPORT` sockets as it does a fleet's), paced at a given number of samples per second.
+//! The bench (xtask/src/bench/collector.rs) drives it over stdin, one command a line, and reads
+//! one JSON line back per command:
+//!
+//! - `hour`: sends the frames of one node over the hour before the fleet's data (`hour-node`),
+//!   for the node-hour query;
+//! - `send RATE SECONDS`: sends the next RATE x SECONDS samples of the fleet, in whole frames,
+//!   paced every millisecond;
+//! - `flood RATE SECONDS`: sends datagrams that must all be refused, RATE a second, in turn
+//!   forged (a valid frame with a byte changed), replayed (a frame of the hour node, already
+//!   accepted), truncated and random bytes, and says how many of each;
+//! - `quit`.
+//!
+//! `cargo run --release -p monitor-collector --example collector_load -- --target ADDR --key
+//! FILE [--nodes N] [--rounds R] [--threads T]`
+
+use std::{
+    io::{BufRead, Write as _},
+    net::{SocketAddr, UdpSocket},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use railscope_collector::archive::fixture_node::FixtureSender;
+use railscope_wire::Key;
+
+/// Sending sockets: nodes share them round-robin (a node always sends from the same one).
+const SOCKETS: usize = 256;
+
+/// Seconds of readings in one frame round (the agent's flush interval).
+const ROUND_S: u64 = 10;
+
+struct Args {
+    target: SocketAddr,
+    key: Key,
+    nodes: usize,
+    rounds: u64,
+    threads: usize,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<&String> {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let number = |name: &str, default: u64| -> anyhow::Result<u64> {
+        value(name).map_or(Ok(default), |v| {
+            v.parse()
+                .with_context(|| format!("{name} {v}: not a number"))
+        })
+    };
+    Ok(Args {
+        target: value("--target")
+            .context("--target ADDR:PORT is required")?
+            .parse()
+            .context("--target: not an ADDR:PORT")?,
+        key: Key::from_file(value("--key").context("--key FILE is required")?)?,
+        nodes: number("--nodes", 2000)? as usize,
+        rounds: number("--rounds", 6)?,
+        threads: number("--threads", 2)?.max(1) as usize,
+    })
+}
+
+/// One datagram of the fleet: its node (which socket sends it) and its sample count.
+struct Datagram {
+    node: usize,
+    samples: usize,
+    bytes: Vec<u8>,
+}
+
+fn unix_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn node_name(n: usize) -> String {
+    format!("gpu-node-{n:04}")
+}
+
+/// The fleet's frames, round by round (every node's frames of one 10 s round, node by node),
+/// made on `threads` threads.
+fn make_fleet(args: &Args, t0_ns: u64) -> Vec<Datagram> {
+    let per_thread: Vec<Vec<(u64, usize, Vec<Datagram>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let key = args.key.clone();
+                let (nodes, rounds, threads) = (args.nodes, args.rounds, args.threads);
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    for n in (t..nodes).step_by(threads) {
+                        let mut sender =
+                            FixtureSender::new(&node_name(n), n as u64 + 1, key.clone());
+                        for r in 0..rounds {
+                            let start = t0_ns + r * ROUND_S * 1_000_000_000;
+                            let frames = sender
+                                .run(start, ROUND_S, ROUND_S)
+                                .into_iter()
+                                .map(|f| Datagram {
+                                    node: n,
+                                    samples: f.samples,
+                                    bytes: f.bytes,
+                                })
+                                .collect();
+                            out.push((r, n, frames));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a generator thread panicked"))
+            .collect()
+    });
+    let mut all: Vec<(u64, usize, Vec<Datagram>)> = per_thread.into_iter().flatten().collect();
+    all.sort_by_key(|(r, n, _)| (*r, *n));
+    all.into_iter().flat_map(|(_, _, d)| d).collect()
+}
+
+/// One node's frames over the hour that ends at `end_ns`.
+fn make_hour(key: &Key, end_ns: u64) -> Vec<Datagram> {
+    let mut sender = FixtureSender::new("hour-node", 1_000_000, key.clone());
+    sender
+        .run(end_ns - 3600 * 1_000_000_000, 3600, ROUND_S)
+        .into_iter()
+        .map(|f| Datagram {
+            node: 0,
+            samples: f.samples,
+            bytes: f.bytes,
+        })
+        .collect()
+}
+
+/// Sends `datagrams` paced at `rate` samples a second (every millisecond, as many as are due).
+fn send_paced(
+    sockets: &[UdpSocket],
+    target: SocketAddr,
+    datagrams: &[Datagram],
+    rate: f64,
+) -> anyhow::Result<serde_json::Value> {
+    let started = Instant::now();
+    let (mut samples, mut bytes, mut errors) = (0u64, 0u64, 0u64);
+    let mut i = 0;
+    while i < datagrams.len() {
+        let due = started.elapsed().as_secs_f64() * rate;
+        while i < datagrams.len() && (samples as f64) <= due {
+            let d = &datagrams[i];
+            if sockets[d.node % SOCKETS].send_to(&d.bytes, target).is_err() {
+                errors += 1;
+            }
+            samples += d.samples as u64;
+            bytes += d.bytes.len() as u64;
+            i += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(serde_json::json!({
+        "datagrams": datagrams.len(),
+        "samples": samples,
+        "bytes": bytes,
+        "send_errors": errors,
+        "elapsed_s": started.elapsed().as_secs_f64(),
+    }))
+}
+
+/// A splitmix64 for the flood's random choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Datagrams that must all be refused, `rate` a second for `seconds`: in turn forged,
+/// replayed, truncated and random, made from frames the collector has accepted (`sent`: the
+/// hour node's, sent at a modest rate), then, after 300 ms, one random datagram from each
+/// socket, so that every receive socket of the collector reads the kernel's count of the
+/// datagrams it dropped (it comes with the next datagram received).
+fn flood(
+    sockets: &[UdpSocket],
+    target: SocketAddr,
+    sent: &[Datagram],
+    rate: f64,
+    seconds: f64,
+) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(!sent.is_empty(), "flood: no frames to make datagrams from");
+    let mut rng = Rng(0x5eed);
+    let mut counts = [0u64; 4];
+    let mut buf = Vec::with_capacity(2048);
+    let total = (rate * seconds) as u64;
+    let started = Instant::now();
+    let mut done = 0u64;
+    while done < total {
+        let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(total);
+        while done < due {
+            let d = &sent[(rng.next() % sent.len() as u64) as usize];
+            let kind = (done % 4) as usize;
+            buf.clear();
+            match kind {
+                0 => {
+                    buf.extend_from_slice(&d.bytes);
+                    let at = (rng.next() % buf.len() as u64) as usize;
+                    buf[at] ^= 1 + (rng.next() % 255) as u8;
+                }
+                1 => buf.extend_from_slice(&d.bytes),
+                2 => {
+                    let len = 1 + (rng.next() % (d.bytes.len() as u64 - 1)) as usize;
+                    buf.extend_from_slice(&d.bytes[..len]);
+                }
+                _ => {
+                    let len = 1 + (rng.next() % 1400) as usize;
+                    buf.extend((0..len).map(|_| rng.next() as u8));
+                }
+            }
+            // Errors (ENOBUFS) are counted as not sent.
+            if sockets[(rng.next() % SOCKETS as u64) as usize]
+                .send_to(&buf, target)
+                .is_ok()
+            {
+                counts[kind] += 1;
+            }
+            done += 1;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    for socket in sockets {
+        let len = 1 + (rng.next() % 1400) as usize;
+        buf.clear();
+        buf.extend((0..len).map(|_| rng.next() as u8));
+        if socket.send_to(&buf, target).is_ok() {
+            counts[3] += 1;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(serde_json::json!({
+        "forged": counts[0],
+        "replayed": counts[1],
+        "truncated": counts[2],
+        "random": counts[3],
+        "datagrams": counts.iter().sum::<u64>(),
+        "elapsed_s": elapsed.as_secs_f64(),
+    }))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let started = Instant::now();
+    // The fleet's data ends a minute before now; the hour node's hour ends where it starts.
+    let span_ns = args.rounds * ROUND_S * 1_000_000_000;
+    let t0_ns = (unix_now_ns() / 1_000_000_000) * 1_000_000_000 - span_ns - 60_000_000_000;
+    let fleet = make_fleet(&args, t0_ns);
+    let hour = make_hour(&args.key, t0_ns);
+    let sockets = (0..SOCKETS)
+        .map(|_| UdpSocket::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("binding the sending sockets")?;
+    let fleet_samples: usize = fleet.iter().map(|d| d.samples).sum();
+    let hour_samples: usize = hour.iter().map(|d| d.samples).sum();
+    let metrics: std::collections::BTreeSet<String> = {
+        let mut node = railscope_collector::archive::fixture_node::FixtureNode::new(1);
+        node.sweep(0)
+            .into_iter()
+            .map(|r| r.series.name.to_string())
+            .collect()
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({
+            "ready": true,
+            "nodes": args.nodes,
+            "fleet_datagrams": fleet.len(),
+            "fleet_samples": fleet_samples,
+            "fleet_bytes": fleet.iter().map(|d| d.bytes.len()).sum::<usize>(),
+            "hour_samples": hour_samples,
+            "series_per_node": railscope_collector::archive::fixture_node::FixtureNode::new(1).series(),
+            "t0_ns": t0_ns,
+            "end_ns": t0_ns + span_ns,
+            "hour_node": "hour-node",
+            "metrics": metrics,
+            "generate_s": started.elapsed().as_secs_f64(),
+        })
+    )?;
+    out.flush()?;
+    let mut next = 0usize;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.as_slice() {
+            ["hour"] => send_paced(&sockets, args.target, &hour, 2_000_000.0)?,
+            ["send", rate, seconds] => {
+                let rate: f64 = rate.parse().context("send: RATE")?;
+                let seconds: f64 = seconds.parse().context("send: SECONDS")?;
+                let want = (rate * seconds) as usize;
+                let (mut end, mut samples) = (next, 0usize);
+                while end < fleet.len() && samples < want {
+                    samples += fleet[end].samples;
+                    end += 1;
+                }
+                anyhow::ensure!(
+                    samples >= want,
+                    "send: only {samples} of the {want} samples asked for are left (--rounds)"
+                );
+                let reply = send_paced(&sockets, args.target, &fleet[next..end], rate)?;
+                next = end;
+                reply
+            }
+            ["flood", rate, seconds] => flood(
+                &sockets,
+                args.target,
+                &hour,
+                rate.parse().context("flood: RATE")?,
+                seconds.parse().context("flood: SECONDS")?,
+            )?,
+            ["quit"] => break,
+            _ => anyhow::bail!("unknown command {line:?}"),
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,990 @@
+//! `cargo xtask bench collector`: the collector under simulated agents on loopback, next to
+//! VictoriaMetrics fed the same samples.
+//!
+//! A release build of `railscope-collector run` is started as its own process (a fresh data
+//! directory, the bench's key). The load generator (`monitor-collector/examples/
+//! collector_load.rs`) makes the frames of a fleet of realistic nodes with the agent's own
+//! encoder (8 GPUs x 40 metrics, 8 IB ports x 40 counters, read every second, flushed every
+//! 10 s), plus one node over a whole hour, and sends them from its own UDP sockets when told.
+//! The bench then
+//!
+//! 1. sends the hour node, then the fleet at rising rates (`--rates`, samples a second, each
+//!    for `--step-seconds`) until the collector saturates (a step loses datagrams, or takes
+//!    more than half as long again as it should to archive them). For each step: the
+//!    collector's CPU time (utime + stime of `/proc/<pid>/stat`) from the step's start until
+//!    every accepted frame is archived and one fsync interval has passed, samples accepted
+//!    and archived (its `/metrics`), and the loss;
+//! 2. RSS growth per node, bytes at rest per sample (the data directory's allocated blocks
+//!    over the samples accepted), query latency through the HTTP API (one metric of one node
+//!    over its hour, every metric of that node-hour, one metric across 1,000 nodes);
+//! 3. a flood at ten times the saturation rate in datagrams of forged, replayed, truncated and
+//!    random datagrams: the collector must stay up, within its memory bound, and count every
+//!    datagram it was sent as a drop by reason;
+//! 4. VictoriaMetrics (`/usr/bin/victoria-metrics`, a fresh `-storageDataPath`): the collector
+//!    is started again on the same archive with `--remote-write` to it and sends it every
+//!    archived sample; VictoriaMetrics' CPU over that ingest per sample, and its bytes at rest
+//!    per sample after `/internal/force_flush`, `/internal/force_merge` and its active merges
+//!    falling to zero (then 5 s more).
+//!
+//! Writes `bench/results/collector.md` and `collector.json`.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{BufRead, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    process::{ChildStdin, ChildStdout, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use super::{
+    agent::process::{
+        Proc, clock_ticks_per_second, cpu_ticks, free_tcp_port, free_udp_port, status_kb,
+    },
+    host_cpu, sorted_json, utc_now,
+};
+use crate::{
+    cargo,
+    setup::{self, Tools},
+};
+
+/// Options of `cargo xtask bench collector`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CollectorOptions {
+    /// `collector`: simulated nodes (node identities) of the fleet.
+    #[arg(long, default_value_t = 2000)]
+    pub nodes: usize,
+    /// `collector`: the rising rates, in samples a second, sent until the collector saturates.
+    #[arg(long, value_delimiter = ',', default_values_t = [500_000u64, 1_000_000, 2_000_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000])]
+    pub rates: Vec<u64>,
+    /// `collector`: seconds each rate is sent for.
+    #[arg(long, default_value_t = 2.0)]
+    pub step_seconds: f64,
+    /// `collector`: receive sockets of the collector (default: one per core).
+    #[arg(long)]
+    pub sockets: Option<usize>,
+}
+
+/// The goals of issue 11.
+const GOAL_SAMPLES_PER_CORE_S: f64 = 2_000_000.0;
+const GOAL_CPU_RATIO_VS_VM: f64 = 5.0;
+
+/// The collector's archive syncs its open segment this often (ArchiveConfig::sync_interval).
+const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The flood runs at this multiple of the saturation rate (in datagrams a second).
+const FLOOD_FACTOR: f64 = 10.0;
+
+const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
+
+pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
+    let o = &options.collector;
+    if o.rates.is_empty() || o.nodes < 1000 {
+        bail!("--rates must not be empty and --nodes at least 1000 (the 1,000-node query)");
+    }
+    let (collector_bin, load_bin) = build(tools)?;
+    let dir = cargo::workspace_root().join("target/bench/collector");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::create_dir_all(&dir)?;
+    let key = super::agent::write_key(&dir)?;
+    let data = dir.join("data");
+    let sockets = o
+        .sockets
+        .unwrap_or_else(|| thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
+    let udp = free_udp_port()?;
+    let http_port = free_tcp_port()?;
+    let http: SocketAddr = ([127, 0, 0, 1], http_port).into();
+    let collector_args = |extra: &[String]| {
+        let mut cmd = Command::new(&collector_bin);
+        cmd.args(["run", "--listen", &format!("127.0.0.1:{udp}")])
+            .args([
+                "--http",
+                &http.to_string(),
+                "--sockets",
+                &sockets.to_string(),
+            ])
+            .arg("--key")
+            .arg(&key)
+            .arg("--data")
+            .arg(&data)
+            // The hour node's frames are up to 1 h 2 min old when sent.
+            .args(["--max-frame-age", "7200"])
+            .args(extra);
+        cmd
+    };
+
+    // The fleet's frames: enough rounds of 10 s for every step at its rate.
+    let wanted: f64 = o.rates.iter().map(|&r| r as f64 * o.step_seconds).sum();
+    let per_round = o.nodes as f64 * 640.0 * 10.0;
+    let rounds = (wanted / per_round).ceil() as u64 + 1;
+    setup::step(&format!(
+        "making the frames of {} nodes x {} s (+ one node-hour) with the agent's encoder",
+        o.nodes,
+        rounds * 10
+    ));
+    let mut collector = Proc::spawn("collector", &mut collector_args(&[]), &dir, None)?;
+    wait_http(http, Duration::from_secs(20))?;
+    let mut load_cmd = Command::new(&load_bin);
+    load_cmd
+        .args(["--target", &format!("127.0.0.1:{udp}")])
+        .arg("--key")
+        .arg(&key)
+        .args([
+            "--nodes",
+            &o.nodes.to_string(),
+            "--rounds",
+            &rounds.to_string(),
+        ]);
+    let mut load = Proc::spawn(
+        "load",
+        load_cmd.stdin(Stdio::piped()),
+        &dir,
+        Some(Stdio::piped()),
+    )?;
+    let mut load_in = load.child.stdin.take().context("no stdin")?;
+    let mut load_out = BufReader::new(load.child.stdout.take().context("no stdout")?);
+    let ready = read_json(&mut load_out)?;
+    if ready["ready"] != true {
+        bail!("the load generator did not start: {ready}");
+    }
+    eprintln!(
+        "    {} samples in {} datagrams made in {:.0} s",
+        ready["fleet_samples"],
+        ready["fleet_datagrams"],
+        f64_of(&ready["generate_s"])
+    );
+    let pid = collector.pid();
+    let rss_empty_kb = status_kb(pid, "VmRSS").unwrap_or(0);
+
+    // The node-hour first, at a modest rate.
+    setup::step("sending one node over an hour");
+    let hour = command(&mut load_in, &mut load_out, "hour")?;
+    settle(
+        http,
+        &metrics(http)?,
+        u64_of(&hour["datagrams"]),
+        Duration::from_secs(60),
+    )?;
+
+    // Rising rates.
+    let mut steps = Vec::new();
+    let mut saturation: Option<Value> = None;
+    for &rate in &o.rates {
+        setup::step(&format!(
+            "sending {rate} samples/s for {} s",
+            o.step_seconds
+        ));
+        let before = metrics(http)?;
+        let cpu_before = cpu_ticks(pid)?.total();
+        let started = Instant::now();
+        let sent = command(
+            &mut load_in,
+            &mut load_out,
+            &format!("send {rate} {}", o.step_seconds),
+        )?;
+        let datagrams = u64_of(&sent["datagrams"]);
+        let after = settle(http, &before, datagrams, Duration::from_secs(120))?;
+        let archived_after = started.elapsed();
+        thread::sleep(SYNC_INTERVAL);
+        let cpu_s = (cpu_ticks(pid)?.total() - cpu_before) as f64 / clock_ticks_per_second();
+        let delta = |name: &str| metric_sum(&after, name) - metric_sum(&before, name);
+        let accepted = delta("railscope_collector_samples_accepted_total");
+        let frames = delta("railscope_collector_frames_accepted_total");
+        let archived = delta("railscope_collector_archive_frames_total");
+        let lost = datagrams as f64 - frames;
+        let send_s = f64_of(&sent["elapsed_s"]);
+        let saturated = lost > 0.0 || archived_after.as_secs_f64() > 1.5 * o.step_seconds;
+        let step = json!({
+            "rate_samples_per_s": rate,
+            "sent_samples": sent["samples"],
+            "sent_datagrams": datagrams,
+            "send_s": send_s,
+            "accepted_samples": accepted,
+            "accepted_frames": frames,
+            "archived_frames": archived,
+            "lost_datagrams": lost,
+            "drops": drops(&after, &before),
+            "until_archived_s": archived_after.as_secs_f64(),
+            "collector_cpu_s": cpu_s,
+            "samples_per_cpu_s": accepted / cpu_s.max(1e-9),
+            "achieved_samples_per_s": accepted / archived_after.as_secs_f64(),
+            "saturated": saturated,
+        });
+        eprintln!(
+            "    accepted {accepted:.0} samples, lost {lost:.0} datagrams, {cpu_s:.2} CPU s: {:.2} M samples per CPU s, archived after {:.2} s{}",
+            accepted / cpu_s.max(1e-9) / 1e6,
+            archived_after.as_secs_f64(),
+            if saturated { " (saturated)" } else { "" }
+        );
+        steps.push(step.clone());
+        if saturated {
+            saturation = Some(step);
+            break;
+        }
+    }
+    let unsaturated: Vec<&Value> = steps.iter().filter(|s| s["saturated"] == false).collect();
+    let best = unsaturated
+        .iter()
+        .map(|s| f64_of(&s["samples_per_cpu_s"]))
+        .fold(0.0, f64::max);
+    // The throughput per core at the highest unsaturated rate (where fixed costs weigh least).
+    let top = unsaturated.last().copied();
+    let loss_below: f64 = unsaturated
+        .iter()
+        .map(|s| f64_of(&s["lost_datagrams"]))
+        .sum();
+    let saturation_rate = saturation
+        .as_ref()
+        .map(|s| f64_of(&s["achieved_samples_per_s"]))
+        .or(top.map(|s| f64_of(&s["rate_samples_per_s"])));
+
+    // Memory, bytes at rest, queries.
+    let after_steps = metrics(http)?;
+    let nodes_held = metric_sum(&after_steps, "railscope_collector_nodes");
+    let rss_kb = status_kb(pid, "VmRSS").unwrap_or(0);
+    let hwm_kb = status_kb(pid, "VmHWM").unwrap_or(0);
+    let samples_total = metric_sum(&after_steps, "railscope_collector_samples_accepted_total");
+    let data_bytes = allocated_bytes(&data)?;
+    setup::step("timing queries through the HTTP API");
+    let queries = time_queries(http, &ready)?;
+
+    // The flood, at ten times the saturation rate in datagrams.
+    let samples_per_datagram =
+        f64_of(&ready["fleet_samples"]) / f64_of(&ready["fleet_datagrams"]).max(1.0);
+    let flood_rate =
+        FLOOD_FACTOR * saturation_rate.unwrap_or(o.rates[0] as f64) / samples_per_datagram;
+    setup::step(&format!(
+        "flooding with forged, replayed, truncated and random datagrams at {flood_rate:.0}/s for 3 s"
+    ));
+    let before = metrics(http)?;
+    let flood = command(
+        &mut load_in,
+        &mut load_out,
+        &format!("flood {flood_rate:.0} 3"),
+    )?;
+    let flood_sent = u64_of(&flood["datagrams"]);
+    thread::sleep(Duration::from_secs(2));
+    let alive = collector.alive();
+    let after = metrics(http)?;
+    let flood_drops = drops(&after, &before);
+    let counted: f64 = flood_drops.values().sum();
+    let accepted_in_flood = metric_sum(&after, "railscope_collector_frames_accepted_total")
+        - metric_sum(&before, "railscope_collector_frames_accepted_total");
+    let flood_hwm_kb = status_kb(pid, "VmHWM").unwrap_or(0);
+    let flood_json = json!({
+        "rate_datagrams_per_s": flood_rate,
+        "achieved_datagrams_per_s": flood_sent as f64 / f64_of(&flood["elapsed_s"]).max(1e-9),
+        "sent": flood,
+        "drops": flood_drops,
+        "counted": counted,
+        "accepted": accepted_in_flood,
+        "all_counted": counted == flood_sent as f64 && accepted_in_flood == 0.0,
+        "collector_alive": alive,
+        "rss_peak_kb_before": hwm_kb,
+        "rss_peak_kb_after": flood_hwm_kb,
+    });
+    eprintln!("    flood: {flood_json}");
+    let _ = command(&mut load_in, &mut load_out, "quit");
+    collector.stop(libc::SIGTERM, Duration::from_secs(30))?;
+
+    // VictoriaMetrics fed the same samples by remote-write from the archive.
+    setup::step("VictoriaMetrics: remote-writing every archived sample to it");
+    let vm = victoria_metrics(&dir, &collector_args, http, samples_total)?;
+
+    let per_core = top.map(|s| f64_of(&s["samples_per_cpu_s"]));
+    let our_cpu_per_sample = per_core.map(|p| 1e9 / p);
+    let vm_cpu_per_sample = f64_of(&vm["cpu_ns_per_sample"]);
+    let ours_at_rest = data_bytes as f64 / samples_total.max(1.0);
+    let vm_at_rest = f64_of(&vm["bytes_at_rest_per_sample"]);
+    let goals = json!({
+        "samples_per_core_s": {
+            "goal": GOAL_SAMPLES_PER_CORE_S,
+            "value": per_core,
+            "met": per_core.is_some_and(|p| p >= GOAL_SAMPLES_PER_CORE_S),
+        },
+        "cpu_vs_victoria_metrics": {
+            "goal": GOAL_CPU_RATIO_VS_VM,
+            "value": our_cpu_per_sample.map(|c| vm_cpu_per_sample / c),
+            "met": our_cpu_per_sample.is_some_and(|c| vm_cpu_per_sample / c >= GOAL_CPU_RATIO_VS_VM),
+        },
+        "bytes_at_rest_vs_victoria_metrics": {
+            "goal": "<= VictoriaMetrics",
+            "value": ours_at_rest,
+            "victoria_metrics": vm_at_rest,
+            "met": ours_at_rest <= vm_at_rest,
+        },
+        "no_loss_below_saturation": { "value": loss_below, "met": loss_below == 0.0 },
+        "flood_counted_and_survived": {
+            "met": flood_json["all_counted"] == true && alive,
+        },
+    });
+    let report = json!({
+        "command": command_line(options),
+        "date": utc_now(),
+        "machine": {
+            "cpu": host_cpu(),
+            "cores": thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            "loadavg_at_end": fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+            "net.core.rmem_max": fs::read_to_string("/proc/sys/net/core/rmem_max").unwrap_or_default().trim(),
+        },
+        "collector": {
+            "sockets": sockets,
+            "nodes": o.nodes + 1,
+            "series_per_node": ready["series_per_node"],
+            "steps": steps,
+            "samples_per_cpu_s_at_top_rate": per_core,
+            "samples_per_cpu_s_best": best,
+            "saturation_samples_per_s": saturation_rate,
+            "saturated": saturation.is_some(),
+            "loss_below_saturation": loss_below,
+            "nodes_held": nodes_held,
+            "rss_empty_kb": rss_empty_kb,
+            "rss_kb": rss_kb,
+            "rss_peak_kb": hwm_kb,
+            "rss_growth_per_node_kb": (rss_kb.saturating_sub(rss_empty_kb)) as f64 / nodes_held.max(1.0),
+            "samples": samples_total,
+            "data_dir_bytes": data_bytes,
+            "bytes_at_rest_per_sample": ours_at_rest,
+            "queries": queries,
+            "flood": flood_json,
+        },
+        "victoria_metrics": vm,
+        "goals": goals,
+    });
+    let md_path = cargo::workspace_root().join(super::results_path(super::Target::Collector));
+    fs::write(&md_path, markdown(&report))?;
+    fs::write(md_path.with_extension("json"), sorted_json(&report)?)?;
+    eprintln!("    wrote {}", md_path.display());
+    Ok(())
+}
+
+fn build(tools: &Tools) -> anyhow::Result<(PathBuf, PathBuf)> {
+    setup::step("building railscope-collector and the load generator (release)");
+    let mut cmd = cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "monitor-collector"])
+        .args([
+            "--bin",
+            "railscope-collector",
+            "--example",
+            "collector_load",
+        ]);
+    let built = cargo::build_executables(cmd)?;
+    let find = |name: &str| {
+        built
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.clone())
+            .with_context(|| format!("cargo did not report {name}"))
+    };
+    Ok((find("railscope-collector")?, find("collector_load")?))
+}
+
+fn command_line(options: &super::Options) -> String {
+    let o = &options.collector;
+    let rates: Vec<String> = o.rates.iter().map(u64::to_string).collect();
+    format!(
+        "cargo xtask bench collector --nodes {} --rates {} --step-seconds {}{}",
+        o.nodes,
+        rates.join(","),
+        o.step_seconds,
+        o.sockets
+            .map(|s| format!(" --sockets {s}"))
+            .unwrap_or_default()
+    )
+}
+
+/// Sends one command to the load generator and reads its JSON answer.
+fn command(
+    input: &mut ChildStdin,
+    output: &mut BufReader<ChildStdout>,
+    line: &str,
+) -> anyhow::Result<Value> {
+    writeln!(input, "{line}").context("the load generator stopped")?;
+    input.flush()?;
+    read_json(output).with_context(|| format!("load generator, {line:?}"))
+}
+
+fn read_json(output: &mut BufReader<ChildStdout>) -> anyhow::Result<Value> {
+    let mut line = String::new();
+    if output.read_line(&mut line)? == 0 {
+        bail!("the load generator exited (see target/bench/collector/load.err)");
+    }
+    serde_json::from_str(&line).with_context(|| format!("not JSON: {line:?}"))
+}
+
+fn f64_of(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn u64_of(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// `GET path` over HTTP/1.0 (the server closes the connection after the body): status and body.
+fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path}: no HTTP response"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("GET {path}: no status"))?;
+    Ok((status, body.to_owned()))
+}
+
+fn wait_http(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if matches!(http_get(addr, "/metrics"), Ok((200, _))) {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    bail!("nothing answered on http://{addr}/metrics within {timeout:?}")
+}
+
+/// A `/metrics` page as `name{labels}` -> value.
+type Metrics = BTreeMap<String, f64>;
+
+fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
+    let (status, body) = http_get(addr, "/metrics")?;
+    if status != 200 {
+        bail!("GET http://{addr}/metrics: status {status}");
+    }
+    Ok(parse_metrics(&body))
+}
+
+fn parse_metrics(text: &str) -> Metrics {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, rest) = match l.find('}') {
+                Some(i) => (&l[..=i], &l[i + 1..]),
+                None => l.split_once(' ')?,
+            };
+            let value = rest.split_whitespace().next()?.parse().ok()?;
+            Some((series.to_owned(), value))
+        })
+        .collect()
+}
+
+/// The sum of a metric over all its label sets.
+fn metric_sum(m: &Metrics, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| {
+            k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Drops by reason between two scrapes (reasons that moved only).
+fn drops(after: &Metrics, before: &Metrics) -> BTreeMap<String, f64> {
+    const NAME: &str = "railscope_collector_frames_dropped_total{reason=\"";
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let reason = k.strip_prefix(NAME)?.strip_suffix("\"}")?;
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| (reason.to_owned(), d))
+        })
+        .collect()
+}
+
+/// Waits until the collector has seen `datagrams` more datagrams than in `before` (received
+/// or dropped by the kernel) and archived every frame it accepted, or nothing moved for 3 s
+/// (datagrams lost before the socket), or `timeout`. Returns the last scrape.
+fn settle(
+    addr: SocketAddr,
+    before: &Metrics,
+    datagrams: u64,
+    timeout: Duration,
+) -> anyhow::Result<Metrics> {
+    let deadline = Instant::now() + timeout;
+    let mut last = metrics(addr)?;
+    let mut last_change = Instant::now();
+    loop {
+        let seen = metric_sum(&last, "railscope_collector_datagrams_received_total")
+            + metric_sum(
+                &last,
+                "railscope_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
+            )
+            - metric_sum(before, "railscope_collector_datagrams_received_total")
+            - metric_sum(
+                before,
+                "railscope_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
+            );
+        let accepted = metric_sum(&last, "railscope_collector_frames_accepted_total");
+        let archived = metric_sum(&last, "railscope_collector_archive_frames_total")
+            + metric_sum(&last, "railscope_collector_archive_dropped_frames_total");
+        if seen >= datagrams as f64 && archived >= accepted {
+            return Ok(last);
+        }
+        if Instant::now() > deadline || last_change.elapsed() > Duration::from_secs(3) {
+            return Ok(last);
+        }
+        thread::sleep(Duration::from_millis(20));
+        let next = metrics(addr)?;
+        if next != last {
+            last_change = Instant::now();
+        }
+        last = next;
+    }
+}
+
+/// Bytes allocated on disk under `dir` (as `du` counts them).
+fn allocated_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            allocated_bytes(&entry.path())?
+        } else {
+            meta.blocks() * 512
+        };
+    }
+    Ok(total)
+}
+
+/// Percent-encodes a query-string value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Median of three runs of a query: its latency and the points it returned.
+fn time_query(addr: SocketAddr, path: &str) -> anyhow::Result<(f64, u64)> {
+    let mut times = Vec::new();
+    let mut points = 0;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let (status, body) = http_get(addr, path)?;
+        times.push(started.elapsed().as_secs_f64());
+        if status != 200 {
+            bail!("GET {path}: status {status}: {body}");
+        }
+        let answer: Value = serde_json::from_str(&body).context("query answer")?;
+        points = answer["series"].as_array().map_or(0, |s| {
+            s.iter()
+                .map(|s| s["points"].as_array().map_or(0, Vec::len) as u64)
+                .sum()
+        });
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[1], points))
+}
+
+fn time_queries(addr: SocketAddr, ready: &Value) -> anyhow::Result<Value> {
+    let t0 = u64_of(&ready["t0_ns"]);
+    let end = u64_of(&ready["end_ns"]);
+    let secs = |ns: u64| format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000);
+    let hour = format!("&start={}&end={}", secs(t0 - 3_600_000_000_000), secs(t0));
+    let hour_node = ready["hour_node"].as_str().unwrap_or("hour-node");
+    let one_metric = "railscope_ib_port_xmit_data_bytes_total";
+    let series = |metric: &str, matcher: &str, range: &str| {
+        format!(
+            "/api/v1/series?metric={metric}&match={}{range}",
+            encode(matcher)
+        )
+    };
+    let (one_s, one_points) = time_query(
+        addr,
+        &series(one_metric, &format!("node={hour_node}"), &hour),
+    )?;
+    let mut all_s = 0.0;
+    let mut all_points = 0;
+    for metric in ready["metrics"].as_array().into_iter().flatten() {
+        let (s, p) = time_query(
+            addr,
+            &series(
+                metric.as_str().unwrap_or_default(),
+                &format!("node={hour_node}"),
+                &hour,
+            ),
+        )?;
+        all_s += s;
+        all_points += p;
+    }
+    let fleet = format!("&start={}&end={}", secs(t0), secs(end));
+    let (k_s, k_points) = time_query(
+        addr,
+        &series(
+            "railscope_gpu_utilization_percent",
+            "node=~gpu-node-0[0-9]{3}",
+            &fleet,
+        ),
+    )?;
+    eprintln!(
+        "    node-hour, one metric: {:.1} ms ({one_points} points); every metric: {:.0} ms ({all_points} points); one metric x 1,000 nodes: {:.0} ms ({k_points} points)",
+        one_s * 1e3,
+        all_s * 1e3,
+        k_s * 1e3
+    );
+    Ok(json!({
+        "node_hour_one_metric": { "metric": one_metric, "seconds": one_s, "points": one_points },
+        "node_hour_every_metric": { "metrics": ready["metrics"].as_array().map_or(0, Vec::len), "seconds": all_s, "points": all_points },
+        "one_metric_1000_nodes": { "metric": "railscope_gpu_utilization_percent", "seconds": k_s, "points": k_points, "range_s": (end - t0) / 1_000_000_000 },
+    }))
+}
+
+/// VictoriaMetrics on a fresh storage directory, fed the archive by a collector started again
+/// with `--remote-write` to it: its CPU per sample and bytes at rest per sample.
+fn victoria_metrics(
+    dir: &Path,
+    collector_args: &dyn Fn(&[String]) -> Command,
+    http: SocketAddr,
+    samples: f64,
+) -> anyhow::Result<Value> {
+    let storage = dir.join("victoria-metrics");
+    let port = free_tcp_port()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut vm_cmd = Command::new(VICTORIA_METRICS);
+    vm_cmd
+        .arg(format!("-storageDataPath={}", storage.display()))
+        .arg(format!("-httpListenAddr={addr}"))
+        .arg("-retentionPeriod=100y");
+    let mut vm = Proc::spawn("victoria-metrics", &mut vm_cmd, dir, None)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(http_get(addr, "/health"), Ok((200, _))) {
+        if Instant::now() > deadline || !vm.alive() {
+            bail!(
+                "VictoriaMetrics did not start (see {})",
+                dir.join("victoria-metrics.err").display()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let version = Command::new(VICTORIA_METRICS)
+        .arg("-version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let vm_cpu_before = cpu_ticks(vm.pid())?.total();
+    let started = Instant::now();
+    let url = format!("vm=http://{addr}/api/v1/write");
+    let mut collector = Proc::spawn(
+        "collector-remote-write",
+        &mut collector_args(&["--remote-write".into(), url]),
+        dir,
+        None,
+    )?;
+    wait_http(http, Duration::from_secs(30))?;
+    let collector_cpu_before = cpu_ticks(collector.pid())?.total();
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    let mut sent;
+    loop {
+        let m = metrics(http)?;
+        sent = metric_sum(&m, "railscope_collector_remote_write_samples_sent_total");
+        let vm_rows = metric_sum(&metrics(addr)?, "vm_rows_inserted_total");
+        if sent >= samples && vm_rows >= samples {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!("    warning: remote-write sent {sent} of {samples} samples in 30 min");
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let ingest_s = started.elapsed().as_secs_f64();
+    let vm_cpu_s = (cpu_ticks(vm.pid())?.total() - vm_cpu_before) as f64 / clock_ticks_per_second();
+    let rw_cpu_s = (cpu_ticks(collector.pid())?.total() - collector_cpu_before) as f64
+        / clock_ticks_per_second();
+    collector.stop(libc::SIGTERM, Duration::from_secs(30))?;
+    let vm_metrics = metrics(addr)?;
+    let rows = metric_sum(&vm_metrics, "vm_rows_inserted_total");
+
+    // At rest: flushed, merged, settled.
+    http_get(addr, "/internal/force_flush")?;
+    let month = utc_now()[..7].replace('-', "_");
+    let _ = http_get(
+        addr,
+        &format!("/internal/force_merge?partition_prefix={month}"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        thread::sleep(Duration::from_secs(1));
+        if metric_sum(&metrics(addr)?, "vm_active_merges") == 0.0 {
+            break;
+        }
+    }
+    thread::sleep(Duration::from_secs(5));
+    let total = allocated_bytes(&storage)?;
+    let data_part = allocated_bytes(&storage.join("data")).unwrap_or(0);
+    let index_part = allocated_bytes(&storage.join("indexdb")).unwrap_or(0);
+    vm.stop(libc::SIGTERM, Duration::from_secs(30))?;
+    let out = json!({
+        "version": version,
+        "samples_sent": sent,
+        "rows_inserted": rows,
+        "ingest_s": ingest_s,
+        "cpu_s": vm_cpu_s,
+        "cpu_ns_per_sample": vm_cpu_s * 1e9 / rows.max(1.0),
+        "collector_remote_write_cpu_s": rw_cpu_s,
+        "collector_remote_write_cpu_ns_per_sample": rw_cpu_s * 1e9 / sent.max(1.0),
+        "storage_bytes": total,
+        "data_bytes": data_part,
+        "indexdb_bytes": index_part,
+        "bytes_at_rest_per_sample": total as f64 / rows.max(1.0),
+        "data_bytes_per_sample": data_part as f64 / rows.max(1.0),
+    });
+    eprintln!("    VictoriaMetrics: {out}");
+    Ok(out)
+}
+
+fn fmt(v: &Value, digits: usize) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".into(),
+    }
+}
+
+fn markdown(r: &Value) -> String {
+    let c = &r["collector"];
+    let vm = &r["victoria_metrics"];
+    let g = &r["goals"];
+    let met = |v: &Value| {
+        if v["met"] == true {
+            "met"
+        } else {
+            "**not met**"
+        }
+    };
+    let mut s = String::new();
+    s += "# Collector bench\n\n";
+    s += &format!(
+        "Command: `{}`  \n",
+        r["command"].as_str().unwrap_or_default()
+    );
+    s += &format!(
+        "Date: {}; machine: {} ({} cores, shared with other work: load average at the end {}); net.core.rmem_max {}.\n\n",
+        r["date"].as_str().unwrap_or_default(),
+        r["machine"]["cpu"].as_str().unwrap_or_default(),
+        r["machine"]["cores"],
+        r["machine"]["loadavg_at_end"].as_str().unwrap_or_default(),
+        r["machine"]["net.core.rmem_max"]
+            .as_str()
+            .unwrap_or_default(),
+    );
+    s += &format!(
+        "A release `railscope-collector run` ({} receive sockets, its archive on the local disk) \
+         receives the frames of {} simulated nodes ({} series each: 8 GPUs x 40 metrics, 8 IB ports \
+         x 40 counters, read every second and flushed every 10 s by the agent's own encoder) over \
+         loopback, from the load generator `monitor-collector/examples/collector_load.rs`, at rising \
+         rates. CPU is the collector's utime + stime (`/proc/<pid>/stat`) from the start of a step \
+         until every accepted frame is in the archive's files and one fsync interval (1 s) has \
+         passed: samples ingested and archived per CPU second, i.e. per core.\n\n",
+        c["sockets"], c["nodes"], c["series_per_node"]
+    );
+    s += "## Goals\n\n| goal | value | |\n|---|---|---|\n";
+    s += &format!(
+        "| >= 2 M samples/s per collector core | {} M | {} |\n",
+        fmt(
+            &(g["samples_per_core_s"]["value"]
+                .as_f64()
+                .map(|v| v / 1e6)
+                .into()),
+            2
+        ),
+        met(&g["samples_per_core_s"])
+    );
+    s += &format!(
+        "| >= 5x less CPU per sample than VictoriaMetrics | {}x | {} |\n",
+        fmt(&g["cpu_vs_victoria_metrics"]["value"], 1),
+        met(&g["cpu_vs_victoria_metrics"])
+    );
+    s += &format!(
+        "| bytes at rest per sample <= VictoriaMetrics' | {} B vs {} B | {} |\n",
+        fmt(&g["bytes_at_rest_vs_victoria_metrics"]["value"], 2),
+        fmt(
+            &g["bytes_at_rest_vs_victoria_metrics"]["victoria_metrics"],
+            2
+        ),
+        met(&g["bytes_at_rest_vs_victoria_metrics"])
+    );
+    s += &format!(
+        "| no loss below saturation | {} datagrams lost | {} |\n",
+        fmt(&g["no_loss_below_saturation"]["value"], 0),
+        met(&g["no_loss_below_saturation"])
+    );
+    s += &format!(
+        "| a 10x flood survived and counted exactly | | {} |\n\n",
+        met(&g["flood_counted_and_survived"])
+    );
+    s += "## Rising rates\n\n| rate (samples/s) | sent samples | accepted | lost datagrams | archived after (s) | collector CPU (s) | M samples per CPU s | |\n|---|---|---|---|---|---|---|---|\n";
+    for step in c["steps"].as_array().into_iter().flatten() {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            step["rate_samples_per_s"],
+            step["sent_samples"],
+            fmt(&step["accepted_samples"], 0),
+            fmt(&step["lost_datagrams"], 0),
+            fmt(&step["until_archived_s"], 2),
+            fmt(&step["collector_cpu_s"], 2),
+            fmt(
+                &(step["samples_per_cpu_s"].as_f64().map(|v| v / 1e6).into()),
+                2
+            ),
+            if step["saturated"] == true {
+                "saturated"
+            } else {
+                ""
+            }
+        );
+    }
+    s += &format!(
+        "\nSaturation: {} samples/s ({}). A step is saturated when datagrams are lost or archiving \
+         them takes over 1.5x the step. The per-core figure in the goals is the one at the highest \
+         unsaturated rate (best of all steps: {} M).\n\n",
+        fmt(&c["saturation_samples_per_s"], 0),
+        if c["saturated"] == true {
+            "the collector lost datagrams or fell behind at that rate"
+        } else {
+            "not reached: the highest rate sent"
+        },
+        fmt(
+            &(c["samples_per_cpu_s_best"].as_f64().map(|v| v / 1e6).into()),
+            2
+        ),
+    );
+    s += "## Memory, bytes at rest, queries\n\n| | |\n|---|---|\n";
+    s += &format!("| nodes held | {} |\n", fmt(&c["nodes_held"], 0));
+    s += &format!(
+        "| RSS empty / after / peak | {} / {} / {} MiB |\n",
+        fmt(&(c["rss_empty_kb"].as_f64().map(|v| v / 1024.0).into()), 1),
+        fmt(&(c["rss_kb"].as_f64().map(|v| v / 1024.0).into()), 1),
+        fmt(&(c["rss_peak_kb"].as_f64().map(|v| v / 1024.0).into()), 1)
+    );
+    s += &format!(
+        "| RSS growth per node | {} kB |\n",
+        fmt(&c["rss_growth_per_node_kb"], 1)
+    );
+    s += &format!(
+        "| bytes at rest per sample | {} B ({} samples, {} bytes allocated under the data directory) |\n",
+        fmt(&c["bytes_at_rest_per_sample"], 3),
+        fmt(&c["samples"], 0),
+        c["data_dir_bytes"]
+    );
+    let q = &c["queries"];
+    s += &format!(
+        "| query: one metric of one node over an hour ({} series points) | {} ms |\n",
+        q["node_hour_one_metric"]["points"],
+        fmt(
+            &(q["node_hour_one_metric"]["seconds"]
+                .as_f64()
+                .map(|v| v * 1e3)
+                .into()),
+            1
+        )
+    );
+    s += &format!(
+        "| query: every metric of that node-hour ({} queries, {} points) | {} ms |\n",
+        q["node_hour_every_metric"]["metrics"],
+        q["node_hour_every_metric"]["points"],
+        fmt(
+            &(q["node_hour_every_metric"]["seconds"]
+                .as_f64()
+                .map(|v| v * 1e3)
+                .into()),
+            0
+        )
+    );
+    s += &format!(
+        "| query: one metric across 1,000 nodes over {} s ({} points) | {} ms |\n\n",
+        q["one_metric_1000_nodes"]["range_s"],
+        q["one_metric_1000_nodes"]["points"],
+        fmt(
+            &(q["one_metric_1000_nodes"]["seconds"]
+                .as_f64()
+                .map(|v| v * 1e3)
+                .into()),
+            0
+        )
+    );
+    s += "Query latencies are the median of three, through the HTTP API (`/api/v1/series`).\n\n";
+    let f = &c["flood"];
+    s += &format!(
+        "## Flood\n\nAt {}x the saturation rate in datagrams ({} datagrams/s asked, {} achieved), \
+         for 3 s: forged (a byte changed), replayed, truncated and random datagrams, {} in all. \
+         Counted as drops: {} ({}); accepted: {}. The collector {}; its peak RSS {} MiB before, {} MiB after.\n\n",
+        FLOOD_FACTOR,
+        fmt(&f["rate_datagrams_per_s"], 0),
+        fmt(&f["achieved_datagrams_per_s"], 0),
+        f["sent"]["datagrams"],
+        fmt(&f["counted"], 0),
+        f["drops"],
+        fmt(&f["accepted"], 0),
+        if f["collector_alive"] == true {
+            "kept running"
+        } else {
+            "**died**"
+        },
+        fmt(
+            &(f["rss_peak_kb_before"].as_f64().map(|v| v / 1024.0).into()),
+            1
+        ),
+        fmt(
+            &(f["rss_peak_kb_after"].as_f64().map(|v| v / 1024.0).into()),
+            1
+        ),
+    );
+    s += &format!(
+        "## VictoriaMetrics\n\n{} on a fresh `-storageDataPath`, fed every archived sample by the \
+         collector's remote-write (the collector started again on the same archive with \
+         `--remote-write`). CPU is VictoriaMetrics' utime + stime from before the collector \
+         started until it had inserted every row; at rest is every byte allocated under its \
+         storage directory after `/internal/force_flush`, `/internal/force_merge` of the month \
+         and `vm_active_merges` at 0, then 5 s.\n\n",
+        vm["version"].as_str().unwrap_or("victoria-metrics")
+    );
+    s += "| | railscope collector | VictoriaMetrics |\n|---|---|---|\n";
+    let ours_ns = g["samples_per_core_s"]["value"].as_f64().map(|p| 1e9 / p);
+    s += &format!(
+        "| CPU per sample | {} ns (ingest and archive) | {} ns (remote-write ingest) |\n",
+        fmt(&ours_ns.into(), 0),
+        fmt(&vm["cpu_ns_per_sample"], 0)
+    );
+    s += &format!(
+        "| bytes at rest per sample | {} | {} ({} data, {} index) |\n",
+        fmt(&c["bytes_at_rest_per_sample"], 3),
+        fmt(&vm["bytes_at_rest_per_sample"], 3),
+        fmt(&vm["data_bytes_per_sample"], 3),
+        fmt(
+            &((f64_of(&vm["indexdb_bytes"]) / f64_of(&vm["rows_inserted"]).max(1.0)).into()),
+            3
+        ),
+    );
+    s += &format!(
+        "| samples | {} | {} rows inserted |\n\n",
+        fmt(&c["samples"], 0),
+        fmt(&vm["rows_inserted"], 0)
+    );
+    s += &format!(
+        "The collector's remote-write to VictoriaMetrics took {} CPU s of the collector ({} ns per sample sent); the ingest took {} s.\n",
+        fmt(&vm["collector_remote_write_cpu_s"], 1),
+        fmt(&vm["collector_remote_write_cpu_ns_per_sample"], 0),
+        fmt(&vm["ingest_s"], 1)
+    );
+    s
+}
