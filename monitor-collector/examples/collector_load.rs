@@ -12,6 +12,7 @@
 //!   for the node-hour query;
 //! - `send RATE SECONDS`: sends the next RATE x SECONDS samples of the fleet, in whole frames,
 //!   paced every millisecond;
+//! - `finish RATE`: sends the rest of the current round (every node up to the same second);
 //! - `flood RATE SECONDS`: sends datagrams that must all be refused, RATE a second, in turn
 //!   forged (a valid frame with a byte changed), replayed (a frame of the hour node, already
 //!   accepted), truncated and random bytes, and says how many of each;
@@ -87,8 +88,8 @@ fn node_name(n: usize) -> String {
 }
 
 /// The fleet's frames, round by round (every node's frames of one 10 s round, node by node),
-/// made on `threads` threads.
-fn make_fleet(args: &Args, t0_ns: u64) -> Vec<Datagram> {
+/// made on `threads` threads, and where each round ends.
+fn make_fleet(args: &Args, t0_ns: u64) -> (Vec<Datagram>, Vec<usize>) {
     let per_thread: Vec<Vec<(u64, usize, Vec<Datagram>)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
@@ -124,7 +125,13 @@ fn make_fleet(args: &Args, t0_ns: u64) -> Vec<Datagram> {
     });
     let mut all: Vec<(u64, usize, Vec<Datagram>)> = per_thread.into_iter().flatten().collect();
     all.sort_by_key(|(r, n, _)| (*r, *n));
-    all.into_iter().flat_map(|(_, _, d)| d).collect()
+    let mut round_ends = vec![0; args.rounds as usize];
+    let mut fleet = Vec::new();
+    for (r, _, datagrams) in all {
+        fleet.extend(datagrams);
+        round_ends[r as usize] = fleet.len();
+    }
+    (fleet, round_ends)
 }
 
 /// One node's frames over the hour that ends at `end_ns`.
@@ -265,7 +272,7 @@ fn main() -> anyhow::Result<()> {
     // The fleet's data ends a minute before now; the hour node's hour ends where it starts.
     let span_ns = args.rounds * ROUND_S * 1_000_000_000;
     let t0_ns = (unix_now_ns() / 1_000_000_000) * 1_000_000_000 - span_ns - 60_000_000_000;
-    let fleet = make_fleet(&args, t0_ns);
+    let (fleet, round_ends) = make_fleet(&args, t0_ns);
     let hour = make_hour(&args.key, t0_ns);
     let sockets = (0..SOCKETS)
         .map(|_| UdpSocket::bind("127.0.0.1:0"))
@@ -319,6 +326,17 @@ fn main() -> anyhow::Result<()> {
                     samples >= want,
                     "send: only {samples} of the {want} samples asked for are left (--rounds)"
                 );
+                let reply = send_paced(&sockets, args.target, &fleet[next..end], rate)?;
+                next = end;
+                reply
+            }
+            ["finish", rate] => {
+                let end = round_ends
+                    .iter()
+                    .copied()
+                    .find(|&e| e > next)
+                    .context("finish: every round was sent")?;
+                let rate: f64 = rate.parse().context("finish: RATE")?;
                 let reply = send_paced(&sockets, args.target, &fleet[next..end], rate)?;
                 next = end;
                 reply

@@ -1,4 +1,5 @@
-//! The collector's HTTP server (axum on a small tokio runtime of its own thread): `/metrics`,
+//! The collector's HTTP server (axum on a small tokio runtime of its own thread): `/metrics`
+//! (and `/metrics/collector`, the collector's own health alone),
 //! the live view (`/api/v1/live/nodes`, `/api/v1/live/events`) and whatever API router the
 //! collector is given (the query API).
 
@@ -19,6 +20,7 @@ use crate::{collector::Shared, events::EventFilter, ingest::unix_now_ns, metrics
 pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_page))
+        .route("/metrics/collector", get(own_metrics_page))
         .route("/api/v1/live/nodes", get(nodes))
         .route("/api/v1/live/events", get(events))
         .with_state(shared);
@@ -31,6 +33,19 @@ pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
 async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     // Rendering walks every node: off the async threads.
     let body = tokio::task::spawn_blocking(move || metrics::render(&shared, unix_now_ns()))
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+}
+
+async fn own_metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let body = tokio::task::spawn_blocking(move || metrics::render_own(&shared))
         .await
         .unwrap_or_default();
     (

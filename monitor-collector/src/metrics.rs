@@ -21,6 +21,19 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
     let mut out = String::new();
     render_series(&mut out, shared.table.live_series(now_unix_ns));
     render_health(&mut out, shared);
+    render_node_health(&mut out, shared);
+    if let Some(extra) = &shared.extra_metrics {
+        extra(&mut out);
+    }
+    out
+}
+
+/// The collector's own totals only (`/metrics/collector`): what `render` ends with, without
+/// the fleet's series and the per-node health, whose rendering grows with the fleet; for
+/// polling the collector's health often (`cargo xtask bench collector` does).
+pub fn render_own(shared: &Shared) -> String {
+    let mut out = String::new();
+    render_health(&mut out, shared);
     if let Some(extra) = &shared.extra_metrics {
         extra(&mut out);
     }
@@ -371,7 +384,11 @@ fn render_health(out: &mut String, shared: &Shared) {
             0,
         ),
     }
+}
 
+/// The collector's health per node (frames, samples, loss, last seen, agent version).
+fn render_node_health(out: &mut String, shared: &Shared) {
+    use Kind::{Counter, Gauge};
     let nodes = shared.table.summaries();
     let per_node = |f: &dyn Fn(&crate::nodes::NodeSummary) -> String| -> Vec<(String, String)> {
         nodes

@@ -9,7 +9,6 @@
 //! refused whichever socket they come in on.
 
 use std::{
-    collections::HashMap,
     hash::BuildHasher as _,
     net::SocketAddr,
     sync::{
@@ -22,6 +21,10 @@ use std::{
 use railscope_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
 
 use crate::{config::Limits, drops::DropReason};
+
+/// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
+/// which was a measurable part of ingest (bench collector).
+type HashMap<K, V> = foldhash::HashMap<K, V>;
 
 /// The series a node session's ids stand for: the snapshot the archive writes at the start of
 /// a segment. Shared copy-on-write: a frame waiting for the archive keeps the schema it was
@@ -206,7 +209,9 @@ pub fn time_range(frame: &Frame) -> (u64, u64) {
 impl NodeTable {
     pub fn new(key: Key, limits: Limits) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
             hasher: Default::default(),
             nodes: AtomicUsize::new(0),
             series: AtomicUsize::new(0),
@@ -301,9 +306,9 @@ impl NodeTable {
             schema: Arc::new(Schema {
                 node: name,
                 session: frame.session,
-                entries: HashMap::new(),
+                entries: HashMap::default(),
             }),
-            latest: HashMap::new(),
+            latest: HashMap::default(),
             counts: NodeCounts::default(),
             footprint: 0,
             last_seen_unix_ns: now_unix_ns,
@@ -348,7 +353,7 @@ impl NodeTable {
             node.schema = Arc::new(Schema {
                 node: node.name.clone(),
                 session: frame.session,
-                entries: HashMap::new(),
+                entries: HashMap::default(),
             });
             node.latest.clear();
             node.refused_session = None;
@@ -389,9 +394,9 @@ impl NodeTable {
             node.schema = Arc::new(Schema {
                 node: node.name.clone(),
                 session: frame.session,
-                entries: HashMap::new(),
+                entries: HashMap::default(),
             });
-            node.latest = HashMap::new();
+            node.latest = HashMap::default();
             node.counts.refused += 1;
             return Err(Refused {
                 reason: DropReason::SeriesLimit,
