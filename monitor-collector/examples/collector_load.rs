@@ -16,6 +16,8 @@
 //! - `flood RATE SECONDS`: sends datagrams that must all be refused, RATE a second, in turn
 //!   forged (a valid frame with a byte changed), replayed (a frame of the hour node, already
 //!   accepted), truncated and random bytes, and says how many of each;
+//! - `ping`: one short random datagram from every socket (so that the collector reads the
+//!   kernel's count of datagrams it dropped, which comes with the next datagram received);
 //! - `quit`.
 //!
 //! `cargo run --release -p monitor-collector --example collector_load -- --target ADDR --key
@@ -195,9 +197,7 @@ impl Rng {
 
 /// Datagrams that must all be refused, `rate` a second for `seconds`: in turn forged,
 /// replayed, truncated and random, made from frames the collector has accepted (`sent`: the
-/// hour node's, sent at a modest rate), then, after 300 ms, one random datagram from each
-/// socket, so that every receive socket of the collector reads the kernel's count of the
-/// datagrams it dropped (it comes with the next datagram received).
+/// hour node's, sent at a modest rate), then, after 300 ms, a [`ping`].
 fn flood(
     sockets: &[UdpSocket],
     target: SocketAddr,
@@ -247,15 +247,7 @@ fn flood(
     }
     let elapsed = started.elapsed();
     std::thread::sleep(Duration::from_millis(300));
-    for socket in sockets {
-        let len = 1 + (rng.next() % 1400) as usize;
-        buf.clear();
-        buf.extend((0..len).map(|_| rng.next() as u8));
-        if socket.send_to(&buf, target).is_ok() {
-            counts[3] += 1;
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    counts[3] += ping(sockets, target, &mut rng);
     Ok(serde_json::json!({
         "forged": counts[0],
         "replayed": counts[1],
@@ -264,6 +256,22 @@ fn flood(
         "datagrams": counts.iter().sum::<u64>(),
         "elapsed_s": elapsed.as_secs_f64(),
     }))
+}
+
+/// One short random datagram from every socket, 100 µs apart: each receive socket of the
+/// collector then reads the kernel's count of what it dropped (which comes with the next
+/// datagram it receives). Returns how many were sent.
+fn ping(sockets: &[UdpSocket], target: SocketAddr, rng: &mut Rng) -> u64 {
+    let mut sent = 0;
+    for socket in sockets {
+        let len = 1 + (rng.next() % 16) as usize;
+        let junk: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        if socket.send_to(&junk, target).is_ok() {
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    sent
 }
 
 fn main() -> anyhow::Result<()> {
@@ -348,6 +356,7 @@ fn main() -> anyhow::Result<()> {
                 rate.parse().context("flood: RATE")?,
                 seconds.parse().context("flood: SECONDS")?,
             )?,
+            ["ping"] => serde_json::json!({"datagrams": ping(&sockets, args.target, &mut Rng(0x9e11))}),
             ["quit"] => break,
             _ => anyhow::bail!("unknown command {line:?}"),
         };

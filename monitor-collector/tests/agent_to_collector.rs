@@ -23,6 +23,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod tsdb;
+
+use tsdb::{Tsdb, canonical, tsdb_binary};
+
 use railscope_wire::{
     EncoderConfig, Frame, FrameEncoder, Key, Labels, ReceiverState, SeriesData, WireError,
 };
@@ -144,23 +148,28 @@ fn signal(mut running: Running, signal: libc::c_int) -> (bool, String, String) {
 
 /// `railscope collector run` on loopback ports, through the agent binary's hand-over.
 fn start_collector(udp: u16, http: u16, key: &Path, data: &Path) -> Running {
-    let running = spawn(
-        &railscope(),
-        &[
-            "collector",
-            "run",
-            "--listen",
-            &format!("127.0.0.1:{udp}"),
-            "--http",
-            &format!("127.0.0.1:{http}"),
-            "--sockets",
-            "2",
-            "--key",
-            key.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-        ],
-    );
+    start_collector_with(udp, http, key, data, &[])
+}
+
+/// [`start_collector`] with more options.
+fn start_collector_with(udp: u16, http: u16, key: &Path, data: &Path, extra: &[&str]) -> Running {
+    let (listen, http_addr) = (format!("127.0.0.1:{udp}"), format!("127.0.0.1:{http}"));
+    let mut args = vec![
+        "collector",
+        "run",
+        "--listen",
+        &listen,
+        "--http",
+        &http_addr,
+        "--sockets",
+        "2",
+        "--key",
+        key.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let running = spawn(&railscope(), &args);
     let http: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
     let start = Instant::now();
     while TcpStream::connect(http).is_err() {
@@ -211,7 +220,8 @@ fn agent_args<'a>(relay: &'a str, key: &'a str, sysfs: &'a str) -> Vec<&'a str> 
 /// passes the collector's schema requests back.
 struct Relay {
     addr: SocketAddr,
-    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Every datagram with when it was passed on.
+    sent: Arc<Mutex<Vec<(Instant, Vec<u8>)>>>,
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<()>>,
 }
@@ -236,7 +246,10 @@ impl Relay {
             while !stop2.load(Ordering::Relaxed) {
                 if let Ok((n, from)) = front.recv_from(&mut buf) {
                     *agent2.lock().unwrap() = Some(from);
-                    sent2.lock().unwrap().push(buf[..n].to_vec());
+                    sent2
+                        .lock()
+                        .unwrap()
+                        .push((Instant::now(), buf[..n].to_vec()));
                     let _ = back.send(&buf[..n]);
                 }
             }
@@ -261,6 +274,11 @@ impl Relay {
     }
 
     fn stop(self) -> Vec<Vec<u8>> {
+        self.stop_timed().into_iter().map(|(_, d)| d).collect()
+    }
+
+    /// Stops; every datagram with when it was passed on.
+    fn stop_timed(self) -> Vec<(Instant, Vec<u8>)> {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads {
             t.join().unwrap();
@@ -794,4 +812,204 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
         again, expected,
         "after SIGKILL and restart the archive answers the same\nfirst run: {err}\nsecond: {err2}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The agent -> the collector -> a TSDB, across a collector SIGKILL and a TSDB outage.
+
+/// What a TSDB holds of `frame` by the documented convention (docs/deployment.md): a counter
+/// as it is; a gauge's mean at the end of its period, and for a period also `_min` and
+/// `_max`; label `node`; times in ms. Keyed by (series, ms).
+fn tsdb_samples(state: &ReceiverState, frame: &Frame, out: &mut BTreeMap<(String, i64), f64>) {
+    let node = state.node(&frame.node).unwrap();
+    for s in &frame.samples {
+        let series = node.series(s.id).expect("every sample named (loopback)");
+        let mut labels: Vec<(&str, &str)> = series.labels.iter().collect();
+        labels.push(("node", &frame.node));
+        let mut put = |suffix: &str, ns: u64, v: f64| {
+            let key = canonical(&format!("{}{suffix}", series.name), &labels);
+            out.insert((key, (ns / 1_000_000) as i64), v);
+        };
+        match &s.data {
+            SeriesData::Counter(v) => v.iter().for_each(|c| put("", c.unix_ns, c.value as f64)),
+            SeriesData::Gauge(v) => {
+                for g in v {
+                    put("", g.end_unix_ns, g.mean);
+                    if g.start_unix_ns < g.end_unix_ns || g.min != g.max {
+                        put("_min", g.end_unix_ns, g.min);
+                        put("_max", g.end_unix_ns, g.max);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A `/metrics` value summed over its label sets.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The real agent (fixture sysfs tree, NVML stand-in) sends through the relay to `railscope
+/// collector run --remote-write` for about 14 s. The TSDB is stopped after 3 s; 2 s later the
+/// collector is killed with SIGKILL mid-stream and started again on its data directory 1 s
+/// later; 2 s after that the TSDB is started again. Afterwards the TSDB holds every sample of
+/// every frame the agent sent, exactly (times and values), none twice, except at most those
+/// the design lets a SIGKILL lose: frames that reached the collector in the last second
+/// before the kill (it writes out every 100 ms), and those sent while it was down (UDP).
+fn through_sigkill_and_outage(kind: Tsdb) {
+    let Some(binary) = tsdb_binary(kind) else {
+        return;
+    };
+    let dir = scratch_dir(&format!("kill-outage-{}", kind.binary()));
+    let key_path = key_file(&dir);
+    let key_s = key_path.to_str().unwrap();
+    let lib = standin_with_script(&dir);
+    let mut server = tsdb::Server::start(kind, &binary, free_tcp_port(), &dir);
+    let endpoint = format!("tsdb={}/api/v1/write", server.base());
+    let extra = ["--remote-write", endpoint.as_str()];
+    let data = dir.join("data");
+    let (udp, http) = (free_udp_port(), free_tcp_port());
+    let collector = start_collector_with(udp, http, &key_path, &data, &extra);
+    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
+    let relay_addr = relay.addr.to_string();
+    let sysfs = fixture_sysfs();
+    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
+    args.extend([
+        "--nvml-lib",
+        lib.to_str().unwrap(),
+        "--interval",
+        "0.3",
+        "--flush",
+        "1",
+    ]);
+    let agent = spawn(&railscope(), &args);
+    thread::sleep(Duration::from_secs(3));
+    server.stop();
+    thread::sleep(Duration::from_secs(2));
+    let killed_at = Instant::now();
+    let (_, _, first_err) = signal(collector, libc::SIGKILL);
+    thread::sleep(Duration::from_secs(1));
+    let collector = start_collector_with(udp, http, &key_path, &data, &extra);
+    let back_at = Instant::now();
+    thread::sleep(Duration::from_secs(2));
+    server.spawn(&binary);
+    thread::sleep(Duration::from_secs(3));
+    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    assert!(agent_ok, "agent failed: {agent_err}");
+    thread::sleep(Duration::from_millis(500));
+    let relayed = relay.stop_timed();
+
+    // Remote-write caught up: nothing pending, nothing sent for 2 s.
+    let started = Instant::now();
+    let mut last = (f64::NAN, Instant::now());
+    loop {
+        let text = http_get(http, "/metrics/collector");
+        let sent = metric_sum(&text, "railscope_collector_remote_write_samples_sent_total");
+        let pending = metric_sum(&text, "railscope_collector_remote_write_samples_pending");
+        if sent != last.0 {
+            last = (sent, Instant::now());
+        }
+        if pending == 0.0 && sent > 0.0 && last.1.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "remote-write did not catch up: {text}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let text = http_get(http, "/metrics/collector");
+    let (ok, _, second_err) = signal(collector, libc::SIGTERM);
+    assert!(ok, "collector failed after the restart: {second_err}");
+    assert_eq!(
+        metric_sum(
+            &text,
+            "railscope_collector_remote_write_samples_failed_total"
+        ),
+        0.0,
+        "{text}"
+    );
+
+    // What the agent sent, frame by frame, as the TSDB must hold it.
+    let mut state = ReceiverState::default();
+    let mut all = BTreeMap::new();
+    let mut required = BTreeMap::new();
+    let (mut frames_may_lose, mut frames_required) = (0, 0);
+    for (at, datagram) in &relayed {
+        let frame = railscope_wire::decode(datagram, &key(), &mut state)
+            .unwrap_or_else(|e| panic!("the agent sent a datagram that does not decode: {e}"));
+        let mut samples = BTreeMap::new();
+        tsdb_samples(&state, &frame, &mut samples);
+        let may_lose = *at + Duration::from_secs(1) >= killed_at && *at <= back_at;
+        if may_lose {
+            frames_may_lose += 1;
+        } else {
+            frames_required += 1;
+            required.extend(samples.clone());
+        }
+        all.extend(samples);
+    }
+    assert!(
+        frames_required > 10 && required.len() > 1000,
+        "{} samples",
+        required.len()
+    );
+
+    let got = server.read_back();
+    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for (key, ms, v) in &got {
+        *seen.entry((key.clone(), *ms)).or_default() += 1;
+        match all.get(&(key.clone(), *ms)) {
+            Some(e) if e.to_bits() == v.to_bits() => {}
+            e => wrong.push(format!("{key} @{ms}: got {v}, sent {e:?}")),
+        }
+    }
+    let duplicated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    let missing: Vec<_> = required.keys().filter(|k| !seen.contains_key(*k)).collect();
+    let lost_in_window = all.len()
+        - required.len()
+        - all
+            .keys()
+            .filter(|k| !required.contains_key(*k) && seen.contains_key(*k))
+            .count();
+    eprintln!(
+        "{}: {} samples read back; {} sent ({} frames), {} required ({} frames), {} of the kill window's lost",
+        kind.binary(),
+        got.len(),
+        all.len(),
+        relayed.len(),
+        required.len(),
+        frames_required,
+        lost_in_window,
+    );
+    assert!(
+        wrong.is_empty() && duplicated.is_empty() && missing.is_empty(),
+        "{}: {} wrong (first: {:?}), duplicated (first): {duplicated:?}, {} missing of {} required (first: {:?}); {frames_may_lose} frames in the kill window\nfirst collector: {first_err}\nsecond: {second_err}",
+        kind.binary(),
+        wrong.len(),
+        wrong.iter().take(5).collect::<Vec<_>>(),
+        missing.len(),
+        required.len(),
+        missing.iter().take(5).collect::<Vec<_>>(),
+    );
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn prometheus_holds_what_the_agent_sent_across_a_collector_sigkill_and_an_outage() {
+    through_sigkill_and_outage(Tsdb::Prometheus);
+}
+
+#[test]
+fn victoria_metrics_holds_what_the_agent_sent_across_a_collector_sigkill_and_an_outage() {
+    through_sigkill_and_outage(Tsdb::VictoriaMetrics);
 }

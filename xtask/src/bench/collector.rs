@@ -221,7 +221,9 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             &format!("send {rate} {}", o.step_seconds),
         )?;
         let datagrams = u64_of(&sent["datagrams"]);
-        let after = settle(http, &before, datagrams, Duration::from_secs(120))?;
+        // So that datagrams the kernel dropped are counted now, not with the next step's.
+        let pings = u64_of(&command(&mut load_in, &mut load_out, "ping")?["datagrams"]);
+        let after = settle(http, &before, datagrams + pings, Duration::from_secs(120))?;
         let archived_after = started.elapsed();
         thread::sleep(SYNC_INTERVAL);
         let cpu_s = (cpu_ticks(pid)?.total() - cpu_before) as f64 / clock_ticks_per_second();
@@ -265,8 +267,14 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         .iter()
         .map(|s| f64_of(&s["samples_per_cpu_s"]))
         .fold(0.0, f64::max);
-    // The throughput per core at the highest unsaturated rate (where fixed costs weigh least).
     let top = unsaturated.last().copied();
+    // Samples per CPU second over every unsaturated step together: what the archive's
+    // occasional work (a segment sealed and compressed) costs is spread as it falls.
+    let sustained = (!unsaturated.is_empty()).then(|| {
+        let samples: f64 = unsaturated.iter().map(|s| f64_of(&s["accepted_samples"])).sum();
+        let cpu: f64 = unsaturated.iter().map(|s| f64_of(&s["collector_cpu_s"])).sum();
+        samples / cpu.max(1e-9)
+    });
     let loss_below: f64 = unsaturated
         .iter()
         .map(|s| f64_of(&s["lost_datagrams"]))
@@ -292,6 +300,9 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     setup::step(&format!(
         "flooding with forged, replayed, truncated and random datagrams at {flood_rate:.0}/s for 3 s"
     ));
+    // What the kernel dropped in the last step is counted with the next datagram: first that.
+    command(&mut load_in, &mut load_out, "ping")?;
+    thread::sleep(Duration::from_secs(1));
     let before = metrics(http)?;
     let flood_rss_before_kb = status_kb(pid, "VmRSS").unwrap_or(0);
     let flood_hwm_before_kb = status_kb(pid, "VmHWM").unwrap_or(0);
@@ -332,7 +343,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     setup::step("VictoriaMetrics: remote-writing every archived sample to it");
     let vm = victoria_metrics(&dir, &collector_args, http, samples_total)?;
 
-    let per_core = top.map(|s| f64_of(&s["samples_per_cpu_s"]));
+    let per_core = sustained;
     let our_cpu_per_sample = per_core.map(|p| 1e9 / p);
     let vm_cpu_per_sample = f64_of(&vm["cpu_ns_per_sample"]);
     let ours_at_rest = data_bytes as f64 / samples_total.max(1.0);
@@ -374,7 +385,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             "series_per_node": ready["series_per_node"],
             "warm_up": warm_up,
             "steps": steps,
-            "samples_per_cpu_s_at_top_rate": per_core,
+            "samples_per_cpu_s_unsaturated_steps": per_core,
             "samples_per_cpu_s_best": best,
             "saturation_samples_per_s": saturation_rate,
             "saturated": saturation.is_some(),
@@ -912,11 +923,12 @@ fn markdown(r: &Value) -> String {
     }
     s += &format!(
         "\nSaturation: {} samples/s ({}). A step is saturated when datagrams are lost or archiving \
-         them ends more than 2 s after the last was sent. The per-core figure in the goals is the one at the highest \
-         unsaturated rate (best of all steps: {} M).\n\n",
+         them ends more than 2 s after the last was sent. The per-core figure in the goals is over every unsaturated step together (all their samples \
+         over all their collector CPU time; steps differ as the archive's occasional work, e.g. a \
+         segment sealed, falls into one or another; the best single step: {} M).\n\n",
         fmt(&c["saturation_samples_per_s"], 0),
         if c["saturated"] == true {
-            "the collector lost datagrams or fell behind at that rate"
+            "the highest rate taken without loss or lag; the next one was not"
         } else {
             "not reached: the highest rate sent"
         },

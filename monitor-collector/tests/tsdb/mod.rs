@@ -1,0 +1,251 @@
+//! Prometheus and VictoriaMetrics as the tests run them: started from their Debian packages
+//! on a free port and a fresh directory, stopped and started again, and everything they hold
+//! of railscope read back through their HTTP query API. Shared by the test files that compare
+//! a TSDB's content with what was sent (`mod tsdb;` in each).
+
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+/// A series as `name{k=v,...}` with labels sorted (the key both sides are compared by).
+pub fn canonical(name: &str, labels: &[(&str, &str)]) -> String {
+    let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    labels.sort();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+pub struct Server {
+    pub kind: Tsdb,
+    pub port: u16,
+    data: PathBuf,
+    child: Option<Child>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Tsdb {
+    Prometheus,
+    VictoriaMetrics,
+}
+
+impl Tsdb {
+    pub fn binary(self) -> &'static str {
+        match self {
+            Tsdb::Prometheus => "prometheus",
+            Tsdb::VictoriaMetrics => "victoria-metrics",
+        }
+    }
+
+    pub fn package(self) -> &'static str {
+        self.binary()
+    }
+}
+
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .chain([Path::new("/usr/bin").join(name)])
+        .find(|p| p.is_file())
+}
+
+/// The server binary, or None (test skipped) when it is absent and not required.
+pub fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
+    let found = find_binary(kind.binary());
+    if found.is_none() {
+        let msg = format!(
+            "{} not found: install the Debian package `{}` (cargo xtask setup does)",
+            kind.binary(),
+            kind.package()
+        );
+        if std::env::var("RAILSCOPE_REQUIRE_TSDB").is_ok_and(|v| v == "1") {
+            panic!("{msg}");
+        }
+        eprintln!("SKIPPED: {msg}");
+    }
+    found
+}
+
+impl Server {
+    pub fn start(kind: Tsdb, binary: &Path, port: u16, data: &Path) -> Self {
+        let mut server = Server {
+            kind,
+            port,
+            data: data.to_owned(),
+            child: None,
+        };
+        server.spawn(binary);
+        server
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn spawn(&mut self, binary: &Path) {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let mut cmd = Command::new(binary);
+        match self.kind {
+            Tsdb::Prometheus => {
+                let config = self.data.join("prometheus.yml");
+                std::fs::write(
+                    &config,
+                    "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
+                )
+                .unwrap();
+                cmd.arg(format!("--config.file={}", config.display()))
+                    .arg(format!(
+                        "--storage.tsdb.path={}",
+                        self.data.join("tsdb").display()
+                    ))
+                    .arg(format!("--web.listen-address={addr}"))
+                    .arg("--web.enable-remote-write-receiver");
+            }
+            Tsdb::VictoriaMetrics => {
+                cmd.arg(format!(
+                    "-storageDataPath={}",
+                    self.data.join("vm").display()
+                ))
+                .arg(format!("-httpListenAddr={addr}"))
+                .arg("-retentionPeriod=1y")
+                // As docs/deployment.md says to run it: delivery is at least once.
+                .arg("-dedup.minScrapeInterval=1ms");
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.join("server.log"))
+            .unwrap();
+        cmd.stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .stdin(Stdio::null());
+        self.child = Some(cmd.spawn().unwrap());
+        let ready = match self.kind {
+            Tsdb::Prometheus => "/-/ready",
+            Tsdb::VictoriaMetrics => "/health",
+        };
+        let url = format!("{}{ready}", self.base());
+        let start = Instant::now();
+        loop {
+            if ureq::get(&url).call().is_ok_and(|r| r.status() == 200) {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "{} exited ({status}) at start-up; its log: {}",
+                    self.kind.binary(),
+                    self.data.join("server.log").display()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{} not ready after 60 s; its log: {}",
+                self.kind.binary(),
+                self.data.join("server.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM and wait: the server shuts down cleanly, as an operator stops it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Every `railscope_` sample the server holds: (series, ms, value).
+    pub fn read_back(&self) -> Vec<(String, i64, f64)> {
+        let mut out = Vec::new();
+        match self.kind {
+            Tsdb::Prometheus => {
+                // A range selector returns the raw samples with their own timestamps.
+                let query = "{__name__=~\"railscope_.+\"}[3h]";
+                let time = (now_ms() / 1000 + 60).to_string();
+                let url = format!("{}/api/v1/query", self.base());
+                let text = ureq::get(&url)
+                    .query("query", query)
+                    .query("time", &time)
+                    .call()
+                    .unwrap()
+                    .into_body()
+                    .read_to_string()
+                    .unwrap();
+                let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(body["status"], "success", "{body}");
+                for series in body["data"]["result"].as_array().unwrap() {
+                    let key = key_of(&series["metric"]);
+                    for pair in series["values"].as_array().unwrap() {
+                        let ms = (pair[0].as_f64().unwrap() * 1000.0).round() as i64;
+                        let v: f64 = pair[1].as_str().unwrap().parse().unwrap();
+                        out.push((key.clone(), ms, v));
+                    }
+                }
+            }
+            Tsdb::VictoriaMetrics => {
+                // Recent samples are buffered in memory for a second or so: flush first.
+                ureq::get(&format!("{}/internal/force_flush", self.base()))
+                    .call()
+                    .unwrap();
+                let text = ureq::get(&format!("{}/api/v1/export", self.base()))
+                    .query("match[]", "{__name__=~\"railscope_.+\"}")
+                    .call()
+                    .unwrap()
+                    .into_body()
+                    .read_to_string()
+                    .unwrap();
+                for line in text.lines().filter(|l| !l.is_empty()) {
+                    let series: serde_json::Value = serde_json::from_str(line).unwrap();
+                    let key = key_of(&series["metric"]);
+                    let values = series["values"].as_array().unwrap();
+                    let times = series["timestamps"].as_array().unwrap();
+                    for (v, t) in values.iter().zip(times) {
+                        out.push((key.clone(), t.as_i64().unwrap(), v.as_f64().unwrap()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn key_of(metric: &serde_json::Value) -> String {
+    let m = metric.as_object().unwrap();
+    let name = m["__name__"].as_str().unwrap();
+    let labels: Vec<(&str, &str)> = m
+        .iter()
+        .filter(|(k, _)| *k != "__name__")
+        .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+        .collect();
+    canonical(name, &labels)
+}
