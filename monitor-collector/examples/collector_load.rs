@@ -356,7 +356,9 @@ fn main() -> anyhow::Result<()> {
                 rate.parse().context("flood: RATE")?,
                 seconds.parse().context("flood: SECONDS")?,
             )?,
-            ["ping"] => serde_json::json!({"datagrams": ping(&sockets, args.target, &mut Rng(0x9e11))}),
+            ["ping"] => {
+                serde_json::json!({"datagrams": ping(&sockets, args.target, &mut Rng(0x9e11))})
+            }
             ["quit"] => break,
             _ => anyhow::bail!("unknown command {line:?}"),
         };

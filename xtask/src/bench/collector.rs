@@ -271,8 +271,14 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     // Samples per CPU second over every unsaturated step together: what the archive's
     // occasional work (a segment sealed and compressed) costs is spread as it falls.
     let sustained = (!unsaturated.is_empty()).then(|| {
-        let samples: f64 = unsaturated.iter().map(|s| f64_of(&s["accepted_samples"])).sum();
-        let cpu: f64 = unsaturated.iter().map(|s| f64_of(&s["collector_cpu_s"])).sum();
+        let samples: f64 = unsaturated
+            .iter()
+            .map(|s| f64_of(&s["accepted_samples"]))
+            .sum();
+        let cpu: f64 = unsaturated
+            .iter()
+            .map(|s| f64_of(&s["collector_cpu_s"]))
+            .sum();
         samples / cpu.max(1e-9)
     });
     let loss_below: f64 = unsaturated
