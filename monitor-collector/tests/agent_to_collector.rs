@@ -942,6 +942,9 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let mut all = BTreeMap::new();
     let mut required = BTreeMap::new();
     let (mut frames_may_lose, mut frames_required) = (0, 0);
+    // Frames of the kill window: how long before the kill each reached the collector (none:
+    // while it was down), and its samples.
+    let mut window = Vec::new();
     for (at, datagram) in &relayed {
         let frame = railscope_wire::decode(datagram, &key(), &mut state)
             .unwrap_or_else(|e| panic!("the agent sent a datagram that does not decode: {e}"));
@@ -950,6 +953,7 @@ fn through_sigkill_and_outage(kind: Tsdb) {
         let may_lose = *at + Duration::from_secs(1) >= killed_at && *at <= back_at;
         if may_lose {
             frames_may_lose += 1;
+            window.push((killed_at.checked_duration_since(*at), samples.clone()));
         } else {
             frames_required += 1;
             required.extend(samples.clone());
@@ -980,8 +984,18 @@ fn through_sigkill_and_outage(kind: Tsdb) {
             .keys()
             .filter(|k| !required.contains_key(*k) && seen.contains_key(*k))
             .count();
+    let window: Vec<String> = window
+        .iter()
+        .map(|(before_kill, samples)| {
+            let kept = samples.keys().filter(|k| seen.contains_key(*k)).count();
+            let when = before_kill.map_or("while down".to_owned(), |d| {
+                format!("{} ms before the kill", d.as_millis())
+            });
+            format!("{when}: {kept} of {} kept", samples.len())
+        })
+        .collect();
     eprintln!(
-        "{}: {} samples read back; {} sent ({} frames), {} required ({} frames), {} of the kill window's lost",
+        "{}: {} samples read back; {} sent ({} frames), {} required ({} frames), {} of the kill window's lost; kill window frames: {window:?}",
         kind.binary(),
         got.len(),
         all.len(),
