@@ -248,6 +248,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             "collector_cpu_s": cpu_s,
             "samples_per_cpu_s": accepted / cpu_s.max(1e-9),
             "accepted_samples_per_s": accepted / send_s,
+            "segments_sealed": delta("railscope_collector_archive_segments"),
             "saturated": saturated,
         });
         eprintln!(
@@ -906,10 +907,10 @@ fn markdown(r: &Value) -> String {
             2
         ),
     );
-    s += "## Rising rates\n\n| rate (samples/s) | sent samples | accepted | lost datagrams | archived after (s) | collector CPU (s) | M samples per CPU s | |\n|---|---|---|---|---|---|---|---|\n";
+    s += "## Rising rates\n\n| rate (samples/s) | sent samples | accepted | lost datagrams | archived after (s) | collector CPU (s) | M samples per CPU s | segments sealed | |\n|---|---|---|---|---|---|---|---|---|\n";
     for step in c["steps"].as_array().into_iter().flatten() {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             step["rate_samples_per_s"],
             step["sent_samples"],
             fmt(&step["accepted_samples"], 0),
@@ -920,6 +921,7 @@ fn markdown(r: &Value) -> String {
                 &(step["samples_per_cpu_s"].as_f64().map(|v| v / 1e6).into()),
                 2
             ),
+            fmt(&step["segments_sealed"], 0),
             if step["saturated"] == true {
                 "saturated"
             } else {
@@ -1057,6 +1059,8 @@ fn markdown(r: &Value) -> String {
         fmt(&c["samples"], 0),
         fmt(&vm["rows_inserted"], 0)
     );
+    s += "The collector's own figure is ingest and archive: remote-write is extra work of the \
+          collector, paid only where it forwards to a TSDB (below).\n\n";
     s += &format!(
         "The collector's remote-write to VictoriaMetrics took {} CPU s of the collector ({} ns per sample sent); the ingest took {} s.\n",
         fmt(&vm["collector_remote_write_cpu_s"], 1),
