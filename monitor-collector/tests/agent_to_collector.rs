@@ -216,12 +216,14 @@ fn agent_args<'a>(relay: &'a str, key: &'a str, sysfs: &'a str) -> Vec<&'a str> 
     ]
 }
 
+/// Every datagram the relay passed on, with when.
+type Relayed = Vec<(Instant, Vec<u8>)>;
+
 /// A UDP relay between agent and collector that keeps every datagram the agent sent, and
 /// passes the collector's schema requests back.
 struct Relay {
     addr: SocketAddr,
-    /// Every datagram with when it was passed on.
-    sent: Arc<Mutex<Vec<(Instant, Vec<u8>)>>>,
+    sent: Arc<Mutex<Relayed>>,
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<()>>,
 }
