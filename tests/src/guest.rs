@@ -412,7 +412,20 @@ impl Drop for Agent {
 }
 
 /// The key file the scenarios' agent and `railscope listen` share.
-const WIRE_KEY: &str = "/tmp/wire.key";
+pub const WIRE_KEY: &str = "/tmp/wire.key";
+
+/// The test bed's key (64 hex characters; the host side of `host-collector` uses the same).
+pub const WIRE_KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+
+/// Writes [`WIRE_KEY`] (mode 600, as the agent and `railscope listen` require).
+pub fn write_wire_key() -> anyhow::Result<()> {
+    std::fs::write(WIRE_KEY, WIRE_KEY_HEX)?;
+    std::fs::set_permissions(
+        WIRE_KEY,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    Ok(())
+}
 
 /// Starts `railscope listen --json` on 127.0.0.1:`port` and an agent sending to it as node
 /// `guest`, without GPUs, with `extra` agent options, both echoing to the console or not.
@@ -422,11 +435,7 @@ pub fn agent_and_listener(
     extra: &[&str],
     echo: bool,
 ) -> anyhow::Result<(Agent, Listener)> {
-    std::fs::write(WIRE_KEY, "5a".repeat(32))?;
-    std::fs::set_permissions(
-        WIRE_KEY,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
+    write_wire_key()?;
     let listener = Listener::start_with(
         &[
             "--port",

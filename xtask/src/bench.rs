@@ -155,6 +155,7 @@ fn probes(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         &image,
         &[SCENARIO],
         testbed::BootOptions {
+            user_net: false,
             // The initramfs unpacks into RAM: bpftrace's libraries alone are ~200 MB.
             mem: "2G".into(),
             smp: options.smp,

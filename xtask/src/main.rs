@@ -4,6 +4,7 @@
 mod bench;
 mod build;
 mod cargo;
+mod http;
 mod lint;
 mod run;
 mod setup;

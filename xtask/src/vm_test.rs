@@ -6,6 +6,8 @@
 //! `RAILSCOPE-SCENARIO <name> PASS|FAIL ...` line for each, and this command reports them and
 //! saves the whole serial log plus one log per scenario under `target/vm-test/<kernel>/`.
 
+mod host_collector;
+
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
@@ -30,6 +32,9 @@ pub const SCENARIOS: &[&str] = &[
     "qp-errors",
     "async-errors",
     "agent-frames",
+    // The agent sending to a collector on the host, which remote-writes to VictoriaMetrics
+    // (the guest gets a user-network NIC; the host side checks the TSDB after the boot).
+    host_collector::SCENARIO,
     "clock-step",
     "perftest",
     // Last: it unloads and reloads ib_uverbs and rdma_cm.
@@ -182,6 +187,11 @@ fn run_kernel(
     };
     let image = testbed::build_image(&tools.cache_dir.join("testbed"), &work_dir, &spec)?;
     let serial_log = work_dir.join("guest.log");
+    let host = if scenarios.contains(&host_collector::SCENARIO) {
+        Some(host_collector::start(tools, &work_dir)?)
+    } else {
+        None
+    };
     setup::step(&format!(
         "booting {} with scenarios {} (serial log: {})",
         image.kernel_release,
@@ -195,15 +205,20 @@ fn run_kernel(
             mem: "1G".into(),
             smp: 2,
             timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: String::new(),
+            cmdline_extra: host.as_ref().map(|h| h.cmdline()).unwrap_or_default(),
             serial_log: serial_log.clone(),
+            user_net: host.is_some(),
         },
     )?;
+    let mut host_result = host.map(host_collector::HostCollector::verify);
     let mut results = Vec::new();
     for scenario in scenarios {
         let section = scenario_section(&outcome.log, scenario);
         std::fs::write(work_dir.join(format!("{scenario}.log")), &section)?;
-        let result = scenario_result(&outcome.log, scenario, outcome.timed_out);
+        let mut result = scenario_result(&outcome.log, scenario, outcome.timed_out);
+        if *scenario == host_collector::SCENARIO && result.is_ok() {
+            result = host_result.take().unwrap_or(Ok(()));
+        }
         match &result {
             Ok(()) => eprintln!("    PASS  {name}/{scenario}"),
             Err(reason) => eprintln!("    FAIL  {name}/{scenario}: {reason}"),

@@ -11,6 +11,7 @@ mod clock_step;
 mod cm_ids;
 mod cm_wildcard;
 mod hook_trace;
+mod host_collector;
 mod ib_core_btf;
 mod kernel_facts;
 mod perftest;
@@ -33,6 +34,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "qp-errors" => qp_errors::run(),
         "async-errors" => async_errors::run(),
         "agent-frames" => agent_frames::run(),
+        "host-collector" => host_collector::run(),
         "perftest" => perftest::run(),
         "rdma-cm" => rdma_cm::run(),
         "cm-ids" => cm_ids::run(),

@@ -31,8 +31,8 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    io::{BufRead, BufReader, Write as _},
+    net::SocketAddr,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     process::{ChildStdin, ChildStdout, Command, Stdio},
@@ -42,6 +42,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
+
+use crate::http::{Metrics, encode, http_get, metric_sum, metrics_at, wait_http};
 
 use super::{
     agent::process::{
@@ -480,76 +482,10 @@ fn u64_of(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
-/// `GET path` over HTTP/1.0 (the server closes the connection after the body): status and body.
-fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("GET {path}: no HTTP response"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("GET {path}: no status"))?;
-    Ok((status, body.to_owned()))
-}
-
-fn wait_http(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if matches!(http_get(addr, "/metrics/collector"), Ok((200, _))) {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    bail!("nothing answered on http://{addr}/metrics within {timeout:?}")
-}
-
-/// A `/metrics` page as `name{labels}` -> value.
-type Metrics = BTreeMap<String, f64>;
-
 /// The collector's own totals (`/metrics/collector`: rendering the fleet's latest values and
 /// per-node health on every poll would cost the collector more than the polls measure).
 fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
     metrics_at(addr, "/metrics/collector")
-}
-
-fn metrics_at(addr: SocketAddr, path: &str) -> anyhow::Result<Metrics> {
-    let (status, body) = http_get(addr, path)?;
-    if status != 200 {
-        bail!("GET http://{addr}{path}: status {status}");
-    }
-    Ok(parse_metrics(&body))
-}
-
-fn parse_metrics(text: &str) -> Metrics {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, rest) = match l.find('}') {
-                Some(i) => (&l[..=i], &l[i + 1..]),
-                None => l.split_once(' ')?,
-            };
-            let value = rest.split_whitespace().next()?.parse().ok()?;
-            Some((series.to_owned(), value))
-        })
-        .collect()
-}
-
-/// The sum of a metric over all its label sets.
-fn metric_sum(m: &Metrics, name: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| {
-            k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
-        })
-        .map(|(_, v)| v)
-        .sum()
 }
 
 /// Drops by reason between two scrapes (reasons that moved only).
@@ -619,17 +555,6 @@ fn allocated_bytes(dir: &Path) -> anyhow::Result<u64> {
         };
     }
     Ok(total)
-}
-
-/// Percent-encodes a query-string value.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Median of three runs of a query: its latency and the points it returned.

@@ -51,6 +51,7 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         &image,
         &[SCENARIO],
         testbed::BootOptions {
+            user_net: false,
             mem: "1G".into(),
             smp: options.smp,
             timeout: Duration::from_secs(options.timeout),

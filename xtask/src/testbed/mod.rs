@@ -211,6 +211,7 @@ poweroff -f
         };
         let image = build_image(&cache, &work, &spec).expect("image builds");
         let opts = BootOptions {
+            user_net: false,
             mem: "1G".into(),
             smp: 2,
             timeout,

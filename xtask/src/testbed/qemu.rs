@@ -34,6 +34,9 @@ pub struct BootOptions {
     pub cmdline_extra: String,
     /// The serial console is written here as it comes (`\r` removed).
     pub serial_log: PathBuf,
+    /// A virtio NIC on QEMU's user network (the host is 10.0.2.2 from the guest), for
+    /// scenarios that reach the host; none otherwise.
+    pub user_net: bool,
 }
 
 /// How a boot went.
@@ -128,7 +131,11 @@ fn qemu_args(image: &GuestImage, opts: &BootOptions, accel: Accel) -> Vec<OsStri
         "-nographic",
         "-no-reboot",
         "-nic",
-        "none",
+        if opts.user_net {
+            "user,model=virtio-net-pci"
+        } else {
+            "none"
+        },
         "-monitor",
         "none",
         "-serial",
@@ -282,6 +289,7 @@ mod tests {
 
     fn opts(extra: &str) -> BootOptions {
         BootOptions {
+            user_net: false,
             mem: "1G".into(),
             smp: 2,
             timeout: Duration::from_secs(60),

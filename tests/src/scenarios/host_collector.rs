@@ -1,0 +1,73 @@
+//! host-collector: the agent in the guest sends to a collector on the host. The guest has a
+//! QEMU user-network NIC for this scenario (the host is 10.0.2.2 from the guest); the host
+//! runs `railscope collector run` with remote-write to VictoriaMetrics and, after the guest
+//! powered off, compares what VictoriaMetrics holds with the collector's archive sample by
+//! sample (xtask/src/vm_test/host_collector.rs). Here: the NIC up, and the agent sending
+//! while `ib_write_bw` moves the rxe counters and a link flaps.
+
+use std::{thread, time::Duration};
+
+use anyhow::{Context as _, ensure};
+
+use crate::guest::{self, ADDR_B};
+
+/// The guest's address on QEMU's user network (its DHCP would give the same).
+const GUEST_ADDR: &str = "10.0.2.15/24";
+
+pub fn run() -> anyhow::Result<()> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline")?;
+    let collector = guest::cmdline_value(&cmdline, "railscope.collector").context(
+        "no railscope.collector= on the kernel command line: the host starts the collector (cargo xtask vm-test)",
+    )?;
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    if !std::path::Path::new("/sys/module/virtio_net").exists() {
+        guest::run("/bin/modprobe", &["virtio_net"])?;
+    }
+    let nic = std::fs::read_dir("/sys/class/net")?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|n| n.starts_with("eth") || n.starts_with("en"))
+        .context("no NIC: the guest was booted without QEMU's user network")?;
+    guest::run("/usr/bin/ip", &["link", "set", &nic, "up"])?;
+    guest::run("/usr/bin/ip", &["addr", "add", GUEST_ADDR, "dev", &nic])?;
+    println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
+
+    guest::write_wire_key()?;
+    let mut agent = guest::Agent::start(&[
+        "--collector",
+        &collector,
+        "--key",
+        guest::WIRE_KEY,
+        "--node",
+        "guest",
+        "--no-gpu",
+        "--interval",
+        "0.5",
+        "--flush",
+        "1",
+    ])?;
+    agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
+    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
+    let server = guest::spawn_output(guest::in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe1", "-x", &gid, "-F", "-n", "1000"],
+    ))?;
+    thread::sleep(Duration::from_secs(1));
+    let client = guest::spawn_output(guest::in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe0", "-x", &gid, "-F", "-n", "1000", ADDR_B],
+    ))?;
+    guest::check_output("ib_write_bw client", client.join().expect("no panic"))?;
+    guest::check_output("ib_write_bw server", server.join().expect("no panic"))?;
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
+    thread::sleep(Duration::from_secs(1));
+    guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    thread::sleep(Duration::from_secs(3));
+    ensure!(agent.is_running(), "the agent died");
+    agent.stop()?;
+    // The host compares the TSDB with the archive once the guest is off.
+    println!("the agent sent to {collector} and stopped");
+    Ok(())
+}

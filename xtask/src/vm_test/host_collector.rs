@@ -1,0 +1,331 @@
+//! The host side of the guest scenario `host-collector`: before the boot, VictoriaMetrics (the
+//! Debian binary, a fresh storage directory) and `railscope-collector run` remote-writing to
+//! it, listening on the host's loopback, which the guest reaches as 10.0.2.2 through QEMU's
+//! user network; after the guest powered off, once remote-write has caught up, what
+//! VictoriaMetrics holds of the guest's node is compared sample by sample with the
+//! collector's archive (its query API): every sample, times and values exact, none twice,
+//! nothing else; and the collector saw no frame of the agent lost (sequence numbers).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use crate::{
+    cargo,
+    http::{encode, http_get, metric_sum, metrics_at, wait_http},
+    setup::{self, Tools},
+};
+
+/// The guest scenario this module serves.
+pub(crate) const SCENARIO: &str = "host-collector";
+
+/// The node name the guest's agent sends as.
+const NODE: &str = "guest";
+
+/// The guest's key (tests/src/guest.rs, `WIRE_KEY_HEX`).
+const KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+
+const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
+
+/// A child killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The collector and VictoriaMetrics, running.
+pub(crate) struct HostCollector {
+    collector: Running,
+    victoria_metrics: Running,
+    udp: u16,
+    http: SocketAddr,
+    vm: SocketAddr,
+    dir: PathBuf,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> anyhow::Result<Running> {
+    let log = fs::File::create(dir.join(format!("{name}.log")))?;
+    let child = cmd
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("starting {}", cargo::render(cmd)))?;
+    Ok(Running(child))
+}
+
+/// Builds the collector and starts it and VictoriaMetrics under `work_dir/host-collector`.
+pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollector> {
+    setup::step("building railscope-collector for the host side of host-collector");
+    let mut cmd = cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "monitor-collector"])
+        .args(["--bin", "railscope-collector"]);
+    let binary = cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "railscope-collector")
+        .map(|(_, p)| p)
+        .context("cargo did not report railscope-collector")?;
+    let dir = work_dir.join("host-collector");
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    let key = dir.join("wire.key");
+    fs::write(&key, KEY_HEX)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+
+    let vm: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let victoria_metrics = spawn(
+        "victoria-metrics",
+        Command::new(VICTORIA_METRICS)
+            .arg(format!("-storageDataPath={}", dir.join("vm").display()))
+            .arg(format!("-httpListenAddr={vm}"))
+            .arg("-retentionPeriod=1y")
+            // As docs/deployment.md says to run it: remote-write delivers at least once.
+            .arg("-dedup.minScrapeInterval=1ms"),
+        &dir,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(http_get(vm, "/health"), Ok((200, _))) {
+        if Instant::now() > deadline {
+            bail!(
+                "VictoriaMetrics did not start: {}",
+                dir.join("victoria-metrics.log").display()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let udp = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        socket.local_addr()?.port()
+    };
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let collector = spawn(
+        "collector",
+        Command::new(&binary)
+            .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
+            .args(["--http", &http.to_string(), "--sockets", "1"])
+            .arg("--key")
+            .arg(&key)
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--remote-write")
+            .arg(format!("vm=http://{vm}/api/v1/write")),
+        &dir,
+    )?;
+    wait_http(http, Duration::from_secs(30))?;
+    Ok(HostCollector {
+        collector,
+        victoria_metrics,
+        udp,
+        http,
+        vm,
+        dir,
+    })
+}
+
+impl HostCollector {
+    /// What the guest's kernel command line gets: where the collector is.
+    pub(crate) fn cmdline(&self) -> String {
+        format!("railscope.collector=10.0.2.2:{}", self.udp)
+    }
+
+    /// Waits for remote-write to catch up, compares, stops both servers.
+    pub(crate) fn verify(mut self) -> Result<(), String> {
+        let result = self.compare().map_err(|e| format!("{e:#}"));
+        // SIGTERM: the collector writes its cursor and stops.
+        // SAFETY: signalling our own children.
+        unsafe {
+            libc::kill(self.collector.0.id() as libc::pid_t, libc::SIGTERM);
+            libc::kill(self.victoria_metrics.0.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.collector.0.wait();
+        let _ = self.victoria_metrics.0.wait();
+        eprintln!("    host side logs: {}", self.dir.display());
+        result
+    }
+
+    fn compare(&mut self) -> anyhow::Result<()> {
+        // Remote-write caught up: nothing pending, nothing sent for 2 s.
+        let started = Instant::now();
+        let (mut last, mut since) = (f64::NAN, Instant::now());
+        loop {
+            let m = metrics_at(self.http, "/metrics/collector")?;
+            let sent = metric_sum(&m, "railscope_collector_remote_write_samples_sent_total");
+            let pending = metric_sum(&m, "railscope_collector_remote_write_samples_pending");
+            if sent != last {
+                (last, since) = (sent, Instant::now());
+            }
+            if pending == 0.0 && sent > 0.0 && since.elapsed() > Duration::from_secs(2) {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                bail!(
+                    "remote-write did not catch up in 2 min ({sent} samples sent, {pending} pending)"
+                );
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        let all = metrics_at(self.http, "/metrics")?;
+        let node = |name: &str| {
+            all.get(&format!("{name}{{node=\"{NODE}\"}}"))
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let (frames, lost) = (
+            node("railscope_collector_node_frames_total"),
+            node("railscope_collector_node_frames_lost_total"),
+        );
+        if !(frames > 0.0) {
+            bail!("no frame of node {NODE:?} reached the collector on the host");
+        }
+        if lost != 0.0 {
+            bail!("the collector counted {lost} of the guest agent's frames lost (of {frames})");
+        }
+        // The guest's metric names, from the live view.
+        let names: std::collections::BTreeSet<String> = all
+            .keys()
+            .filter(|k| k.starts_with("railscope_") && !k.starts_with("railscope_collector_"))
+            .filter(|k| k.contains(&format!("node=\"{NODE}\"")))
+            .filter_map(|k| k.split_once('{').map(|(n, _)| n.to_owned()))
+            .collect();
+        let mut expected = BTreeMap::new();
+        for name in &names {
+            let path = format!(
+                "/api/v1/series?metric={name}&match={}&start=-1h",
+                encode(&format!("node={NODE}"))
+            );
+            let (status, body) = http_get(self.http, &path)?;
+            if status != 200 {
+                bail!("GET {path}: {status} {body}");
+            }
+            let answer: Value = serde_json::from_str(&body)?;
+            for s in answer["series"].as_array().into_iter().flatten() {
+                archive_samples(s, &mut expected)?;
+            }
+        }
+        let got = exported(self.vm)?;
+        let mut seen: BTreeMap<&(String, i64), usize> = BTreeMap::new();
+        let mut wrong = Vec::new();
+        for (key, v) in &got {
+            *seen.entry(key).or_default() += 1;
+            match expected.get(key) {
+                Some(e) if f64::to_bits(*e) == v.to_bits() => {}
+                e => wrong.push(format!(
+                    "{} @{}: {v} in the TSDB, {e:?} archived",
+                    key.0, key.1
+                )),
+            }
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+        let missing: Vec<_> = expected.keys().filter(|k| !seen.contains_key(k)).collect();
+        eprintln!(
+            "    host-collector: {} frames from the guest, none lost; {} samples archived ({} metrics), {} in VictoriaMetrics",
+            frames,
+            expected.len(),
+            names.len(),
+            got.len()
+        );
+        if expected.len() < 100 || !wrong.is_empty() || !twice.is_empty() || !missing.is_empty() {
+            bail!(
+                "{} samples archived, {} in the TSDB: {} wrong or extra (first: {:?}), {} twice (first: {twice:?}), {} missing (first: {:?})",
+                expected.len(),
+                got.len(),
+                wrong.len(),
+                wrong.iter().take(3).collect::<Vec<_>>(),
+                twice.len(),
+                missing.len(),
+                missing.iter().take(3).collect::<Vec<_>>()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A series as `name{k=v,...}`, labels sorted.
+fn canonical(name: &str, labels: &BTreeMap<String, String>) -> String {
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
+/// One series of the query API's answer as the TSDB must hold it (docs/deployment.md): a
+/// counter as it is, a gauge's mean at the end of its period, and for a period also `_min`
+/// and `_max`; times in ms.
+fn archive_samples(s: &Value, out: &mut BTreeMap<(String, i64), f64>) -> anyhow::Result<()> {
+    let name = s["metric"].as_str().context("metric")?;
+    let labels: BTreeMap<String, String> = s["labels"]
+        .as_object()
+        .context("labels")?
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+        .collect();
+    for p in s["points"].as_array().into_iter().flatten() {
+        let ms = (p["t"].as_u64().context("t")? / 1_000_000) as i64;
+        if s["kind"] == "counter" {
+            let v = p["value"].as_u64().context("value")? as f64;
+            out.insert((canonical(name, &labels), ms), v);
+        } else {
+            let (min, max, mean) = (
+                p["min"].as_f64().context("min")?,
+                p["max"].as_f64().context("max")?,
+                p["mean"].as_f64().context("mean")?,
+            );
+            out.insert((canonical(name, &labels), ms), mean);
+            if p["start"].as_u64() != p["t"].as_u64() || min != max {
+                out.insert((canonical(&format!("{name}_min"), &labels), ms), min);
+                out.insert((canonical(&format!("{name}_max"), &labels), ms), max);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every sample VictoriaMetrics holds of the guest's node.
+fn exported(vm: SocketAddr) -> anyhow::Result<Vec<((String, i64), f64)>> {
+    http_get(vm, "/internal/force_flush")?;
+    let selector = format!("{{node=\"{NODE}\"}}");
+    let (status, body) = http_get(vm, &format!("/api/v1/export?match[]={}", encode(&selector)))?;
+    if status != 200 {
+        bail!("VictoriaMetrics export: {status} {body}");
+    }
+    let mut out = Vec::new();
+    for line in body.lines().filter(|l| !l.is_empty()) {
+        let series: Value = serde_json::from_str(line)?;
+        let mut labels: BTreeMap<String, String> = series["metric"]
+            .as_object()
+            .context("metric")?
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+            .collect();
+        let name = labels.remove("__name__").context("__name__")?;
+        let key = canonical(&name, &labels);
+        let values = series["values"].as_array().context("values")?;
+        let times = series["timestamps"].as_array().context("timestamps")?;
+        for (v, t) in values.iter().zip(times) {
+            out.push((
+                (key.clone(), t.as_i64().context("t")?),
+                v.as_f64().context("v")?,
+            ));
+        }
+    }
+    Ok(out)
+}
