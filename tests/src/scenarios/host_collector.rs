@@ -21,9 +21,18 @@ pub fn run() -> anyhow::Result<()> {
     )?;
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    if !std::path::Path::new("/sys/module/virtio_net").exists() {
-        guest::run("/bin/modprobe", &["virtio_net"])?;
+    // The NIC's transport and driver (modules on 6.1; virtio_pci built in on 6.12).
+    for module in ["virtio_pci", "virtio_net"] {
+        if !std::path::Path::new("/sys/module").join(module).exists() {
+            guest::run("/bin/modprobe", &[module])?;
+        }
     }
+    guest::wait_for(Duration::from_secs(5), "the virtio NIC", || {
+        std::fs::read_dir("/sys/class/net").is_ok_and(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .any(|n| n.starts_with("eth") || n.starts_with("en"))
+        })
+    })?;
     let nic = std::fs::read_dir("/sys/class/net")?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .find(|n| n.starts_with("eth") || n.starts_with("en"))

@@ -58,8 +58,9 @@ const MODULES: &[&str] = &[
 ];
 
 /// Modules that are nice to have: crc32 for rxe's ICRC (built in, or renamed, on some kernels),
-/// virtio_net for the user-network NIC of scenarios that reach the host (built in on some).
-const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32_pclmul", "virtio_net"];
+/// virtio_pci and virtio_net for the user-network NIC of scenarios that reach the host (built
+/// in on some).
+const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32_pclmul", "virtio_pci", "virtio_net"];
 
 /// Programs from the debs, put at `/usr/bin/<name>` in the guest (busybox's applets are in
 /// `/bin`; its shell prefers its own `ip` applet, so the guest calls `/usr/bin/ip`).

@@ -272,11 +272,14 @@ fn canonical(name: &str, labels: &BTreeMap<String, String>) -> String {
 /// and `_max`; times in ms.
 fn archive_samples(s: &Value, out: &mut BTreeMap<(String, i64), f64>) -> anyhow::Result<()> {
     let name = s["metric"].as_str().context("metric")?;
+    // A label with an empty value is no label in Prometheus' data model (the verb
+    // counters' `detail=""`): the TSDB has none.
     let labels: BTreeMap<String, String> = s["labels"]
         .as_object()
         .context("labels")?
         .iter()
         .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+        .filter(|(_, v)| !v.is_empty())
         .collect();
     for p in s["points"].as_array().into_iter().flatten() {
         let ms = (p["t"].as_u64().context("t")? / 1_000_000) as i64;
