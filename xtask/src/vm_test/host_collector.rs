@@ -195,7 +195,7 @@ impl HostCollector {
             node("railscope_collector_node_frames_total"),
             node("railscope_collector_node_frames_lost_total"),
         );
-        if !(frames > 0.0) {
+        if frames.is_nan() || frames <= 0.0 {
             bail!("no frame of node {NODE:?} reached the collector on the host");
         }
         if lost != 0.0 {
