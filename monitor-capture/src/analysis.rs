@@ -321,7 +321,7 @@ fn analyse_port(id: &PortId, t: &PortTimeline, rules: &Rules, first: u64, last: 
         .counters
         .iter()
         .filter_map(|(name, s)| {
-            let d = s.last()?.1.wrapping_sub(s.first()?.1);
+            let d = rise(s);
             (d > 0).then(|| (name.clone(), d))
         })
         .collect();
@@ -516,10 +516,11 @@ fn episodes(downs: &[DownPeriod], t: &PortTimeline, rules: &Rules) -> Vec<Episod
     }
     for e in &mut out {
         for (name, samples) in &t.counters {
-            let before = samples.iter().take_while(|s| s.0 < e.start_unix_ns).last();
-            let after = samples.iter().find(|s| s.0 >= e.end_unix_ns);
-            if let (Some(b), Some(a)) = (before, after) {
-                let d = a.1.wrapping_sub(b.1);
+            let from = samples.partition_point(|s| s.0 < e.start_unix_ns);
+            let to = samples.partition_point(|s| s.0 < e.end_unix_ns);
+            // From the last sample before the episode to the first at or after its end.
+            if from > 0 && to < samples.len() {
+                let d = rise(&samples[from - 1..=to]);
                 if d > 0 {
                     e.counter_deltas.insert(name.clone(), d);
                 }
@@ -540,6 +541,21 @@ fn most_downs_within(downs: &[DownPeriod], window: u64) -> usize {
         most = most.max(i - start + 1);
     }
     most
+}
+
+/// How much a counter rose over its samples; a value lower than the one before is a reset
+/// (the driver reloaded, counters cleared), after which it counts from 0.
+fn rise(samples: &[(u64, u64)]) -> u64 {
+    samples
+        .windows(2)
+        .map(|w| {
+            if w[1].1 >= w[0].1 {
+                w[1].1 - w[0].1
+            } else {
+                w[1].1
+            }
+        })
+        .sum()
 }
 
 /// The largest rise of a counter between two of its samples at most `window` apart.

@@ -167,6 +167,35 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// Reads one capture file's bytes into `timelines`; the source says how far it was read.
+/// Only an unreadable header is an error.
+pub fn load_capture(
+    name: &str,
+    bytes: &[u8],
+    timelines: &mut crate::Timelines,
+) -> Result<Source, crate::CaptureError> {
+    let read = crate::read_capture(bytes, |_, frame, state| timelines.add_frame(frame, state))?;
+    // The capture's own span: from its start to its end (trailer), so a port down at the end
+    // is down until then, and quiet seconds count.
+    timelines.see(read.header.started_unix_ns);
+    if let Some(t) = &read.trailer {
+        timelines.see(t.ended_unix_ns);
+    }
+    Ok(Source {
+        name: name.to_owned(),
+        host: Some(read.header.host.clone()),
+        kernel: Some(read.header.kernel.clone()),
+        railscope_version: Some(read.header.railscope_version.clone()),
+        interval_ns: Some(read.header.interval_ns),
+        ended: read
+            .trailer
+            .as_ref()
+            .map_or_else(|| "cut (no trailer)".to_owned(), |t| t.reason.clone()),
+        stopped: read.stopped.as_ref().map(ToString::to_string),
+        frames: read.frames,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::utc_text;

@@ -12,12 +12,14 @@
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+//! - [`capture`]: `railscope capture`, the flight recorder of IB port events and counters.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
 //! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
 
 pub mod agent;
 pub mod btf;
+pub mod capture;
 pub mod cgroup;
 pub mod kernel;
 pub mod listen;
