@@ -32,6 +32,7 @@ pub const SCENARIOS: &[&str] = &[
     "agent-frames",
     "clock-step",
     "perftest",
+    "capture-flap",
     // Last: it unloads and reloads ib_uverbs and rdma_cm.
     "attach-pace",
 ];

@@ -6,6 +6,7 @@ mod async_errors;
 mod attach_pace;
 mod bench_events;
 mod bench_probes;
+mod capture_flap;
 mod cgroups_late;
 mod clock_step;
 mod cm_ids;
@@ -34,6 +35,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "async-errors" => async_errors::run(),
         "agent-frames" => agent_frames::run(),
         "perftest" => perftest::run(),
+        "capture-flap" => capture_flap::run(),
         "rdma-cm" => rdma_cm::run(),
         "cm-ids" => cm_ids::run(),
         "cm-wildcard" => cm_wildcard::run(),
