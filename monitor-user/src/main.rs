@@ -114,8 +114,21 @@ enum Command {
     /// down), with a timeline picture (SVG) per port.
     Report {
         /// Capture files (`railscope capture`).
-        #[arg(required = true)]
+        #[arg(required_unless_present = "collector")]
         files: Vec<std::path::PathBuf>,
+        /// Also report a node's time range from this collector's archive (its HTTP address,
+        /// e.g. http://127.0.0.1:7671), fetched by `railscope-collector export`.
+        #[arg(long, value_name = "URL", requires = "node")]
+        collector: Option<String>,
+        /// The node to report from the collector.
+        #[arg(long, requires = "collector")]
+        node: Option<String>,
+        /// Start of the collector range: `-15m`, an RFC 3339 time or Unix seconds.
+        #[arg(long, default_value = "-1h", allow_hyphen_values = true)]
+        start: String,
+        /// End of the collector range.
+        #[arg(long, default_value = "now", allow_hyphen_values = true)]
+        end: String,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -127,6 +140,23 @@ enum Command {
         no_svg: bool,
         #[command(flatten)]
         rules: RulesArgs,
+    },
+    /// Send a capture file's events and counters to a collector as frames, every sample and
+    /// event with its original timestamp (the frames' send time is now: a collector refuses
+    /// frames sent long ago).
+    Replay {
+        /// The capture file.
+        file: std::path::PathBuf,
+        /// The collector (HOST:PORT, UDP).
+        #[arg(long, value_name = "HOST:PORT")]
+        collector: String,
+        /// The collector's pre-shared key: 32 raw bytes or 64 hex characters.
+        #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
+        key: std::path::PathBuf,
+        /// Send under this node name instead of the capture's host (replaying under a live
+        /// node's name would retire that node's session at the collector).
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Show every probe, its hook and whether it attaches on this kernel (and why not).
     ///
@@ -337,13 +367,46 @@ fn main() -> anyhow::Result<()> {
             runtime.shutdown_timeout(Duration::from_secs(1));
             result
         }
+        Command::Replay {
+            file,
+            collector,
+            key,
+            node,
+        } => {
+            let target = railscope::sender::Target::parse(&collector).context("--collector")?;
+            let key = railscope_wire::Key::from_file(&key)?;
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let stats = railscope::replay::replay(
+                &file.display().to_string(),
+                &bytes,
+                &target,
+                &key,
+                node.as_deref(),
+            )?;
+            println!(
+                "replayed {} frames ({} samples, {} events, {} bytes) to {collector}",
+                stats.frames, stats.samples, stats.events, stats.bytes
+            );
+            Ok(())
+        }
         Command::Report {
             files,
+            collector,
+            node,
+            start,
+            end,
             json,
             svg,
             no_svg,
             rules,
-        } => report(&files, json, svg, no_svg, &rules.rules()),
+        } => {
+            let archive = match (collector, node) {
+                (Some(url), Some(node)) => Some(export_from_collector(&url, &node, &start, &end)?),
+                _ => None,
+            };
+            report(&files, archive, json, svg, no_svg, &rules.rules())
+        }
         Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,
@@ -447,10 +510,45 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `railscope report`: reads every file (a torn or corrupt end is reported, not fatal),
-/// prints the report and writes one picture per port.
+/// A node's range of a collector's archive as a capture file: (a name for it, its bytes),
+/// from `railscope-collector export` (the agent links nothing of the collector).
+fn export_from_collector(
+    url: &str,
+    node: &str,
+    start: &str,
+    end: &str,
+) -> anyhow::Result<(String, Vec<u8>)> {
+    let binary = collector_binary()?;
+    let out = std::env::temp_dir().join(format!("railscope-export-{}.rscap", std::process::id()));
+    let status = std::process::Command::new(&binary)
+        .args([
+            "export",
+            "--collector",
+            url,
+            "--node",
+            node,
+            "--start",
+            start,
+            "--end",
+            end,
+        ])
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .with_context(|| format!("running {}", binary.display()))?;
+    if !status.success() {
+        anyhow::bail!("railscope-collector export of node {node} from {url} failed ({status})");
+    }
+    let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    Ok((format!("{url} node {node} from {start} to {end}"), bytes))
+}
+
+/// `railscope report`: reads every file (a torn or corrupt end is reported, not fatal) and
+/// the collector's export if any, prints the report and writes one picture per port.
 fn report(
     files: &[std::path::PathBuf],
+    archive: Option<(String, Vec<u8>)>,
     json: bool,
     svg: Option<std::path::PathBuf>,
     no_svg: bool,
@@ -481,14 +579,15 @@ fn report(
     if no_svg {
         return Ok(());
     }
-    let (dir, stem) = match &svg {
-        Some(dir) => (dir.clone(), String::from("timeline")),
-        None => (
-            files[0]
+    let (dir, stem) = match (&svg, files.first()) {
+        (Some(dir), _) => (dir.clone(), String::from("timeline")),
+        (None, None) => (std::path::PathBuf::from("."), String::from("timeline")),
+        (None, Some(first)) => (
+            first
                 .parent()
                 .map(std::path::Path::to_path_buf)
                 .unwrap_or_default(),
-            files[0]
+            first
                 .file_stem()
                 .map_or("timeline".into(), |s| s.to_string_lossy().into_owned()),
         ),

@@ -257,3 +257,173 @@ fn a_truncated_or_corrupt_file_is_reported_up_to_the_bad_offset() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The capture from the test bed shipped with the docs (`capture-flap`, Debian 6.1: rxe0/rxe1
+/// flapped five times, rxe2/rxe3 under ib_write_bw).
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/capture-flap.rscap")
+}
+
+#[test]
+fn the_shipped_example_reports_its_flapping_pair_and_draws_it() {
+    let dir = scratch_dir("capture-example");
+    let out = Command::new(RAILSCOPE)
+        .args(["report", "--svg"])
+        .arg(&dir)
+        .arg(example())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (device, verdict) in [
+        ("rxe0", "FLAPPING"),
+        ("rxe1", "FLAPPING"),
+        ("rxe2", "STABLE"),
+        ("rxe3", "STABLE"),
+    ] {
+        assert!(text.contains(&format!("{device}/1: {verdict}")), "{device}: {text}");
+    }
+    let report = report_json(&example());
+    for device in ["rxe0", "rxe1"] {
+        let p = port(&report, device);
+        assert_eq!(p["down_transitions"], 5, "{p}");
+        assert_eq!(p["transitions_from"], "events", "{p}");
+    }
+    let pictures = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(pictures, 4, "one picture per port");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Every (series, time, value) and (event, time) of a capture file, read with the library.
+type Truth = (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+    u64,
+);
+
+fn truth(bytes: &[u8]) -> Truth {
+    let mut samples = std::collections::BTreeSet::new();
+    let mut events = std::collections::BTreeSet::new();
+    let read = railscope_capture::read_capture(bytes, |_, frame, state| {
+        let node = state.node(&frame.node).unwrap();
+        for s in &frame.samples {
+            let series = node.series(s.id).unwrap();
+            let labels: std::collections::BTreeMap<&str, &str> = series.labels.iter().collect();
+            match &s.data {
+                railscope_wire::SeriesData::Counter(v) => {
+                    for p in v {
+                        samples.insert(format!("{} {labels:?} {} {}", series.name, p.unix_ns, p.value));
+                    }
+                }
+                railscope_wire::SeriesData::Gauge(v) => {
+                    for p in v {
+                        samples.insert(format!("{} {labels:?} {} {}", series.name, p.end_unix_ns, p.mean));
+                    }
+                }
+            }
+        }
+        for e in &frame.events {
+            events.insert(format!("{} {} {}", e.unix_ns, e.labels.get("device").unwrap_or(""), e.text));
+        }
+    })
+    .unwrap();
+    (samples, events, read.frames)
+}
+
+#[test]
+fn replay_sends_every_sample_and_event_at_its_capture_time() {
+    let dir = scratch_dir("capture-replay");
+    let key = dir.join("wire.key");
+    std::fs::write(&key, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bytes = std::fs::read(example()).unwrap();
+    let (samples, events, frames) = truth(&bytes);
+    assert!(!events.is_empty() && !samples.is_empty());
+
+    let port = free_udp_port().to_string();
+    let mut listen = Command::new(RAILSCOPE)
+        .args(["listen", "--bind", "127.0.0.1", "--json", "--port", &port, "--key"])
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = listen.stdout.take().unwrap();
+    let reader = thread::spawn(move || {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    thread::sleep(Duration::from_millis(300));
+    let out = Command::new(RAILSCOPE)
+        .arg("replay")
+        .arg(example())
+        .args(["--collector", &format!("127.0.0.1:{port}"), "--node", "replayed", "--key"])
+        .arg(&key)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&format!("replayed {frames} frames")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(listen.id() as libc::pid_t, libc::SIGINT) };
+    listen.wait().unwrap();
+    let lines = reader.join().unwrap();
+    assert_eq!(lines.len() as u64, frames, "every frame arrives");
+    let mut got_samples = std::collections::BTreeSet::new();
+    let mut got_events = std::collections::BTreeSet::new();
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["node"], "replayed");
+        for s in v["samples"].as_array().unwrap() {
+            let labels: std::collections::BTreeMap<String, String> = s["labels"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            let labels: std::collections::BTreeMap<&str, &str> =
+                labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            for p in s["points"].as_array().unwrap() {
+                let value = if s["kind"] == "counter" {
+                    p["value"].as_u64().unwrap().to_string()
+                } else {
+                    p["value"].as_f64().unwrap().to_string()
+                };
+                got_samples.insert(format!(
+                    "{} {labels:?} {} {value}",
+                    s["name"].as_str().unwrap(),
+                    p["unix_ns"]
+                ));
+            }
+        }
+        for e in v["events"].as_array().unwrap() {
+            got_events.insert(format!(
+                "{} {} {}",
+                e["unix_ns"],
+                e["labels"]["device"].as_str().unwrap_or(""),
+                e["text"].as_str().unwrap()
+            ));
+        }
+    }
+    assert_eq!(got_events, events);
+    assert_eq!(got_samples, samples);
+    let _ = std::fs::remove_dir_all(&dir);
+}

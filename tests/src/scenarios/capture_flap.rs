@@ -6,6 +6,10 @@
 //! transitions as the script made, rxe0's time down within one snapshot interval of the
 //! script's, and both ports of the traffic pair stable. A second capture of the same run,
 //! killed with SIGKILL after the third cycle, must still report those three cycles.
+//!
+//! The clean capture is printed to the console in base64 between `RAILSCOPE-CAPTURE-BEGIN`
+//! and `RAILSCOPE-CAPTURE-END` (a few tens of kB), so the guest log carries a real capture:
+//! docs/examples/capture-flap.rscap is one.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -109,8 +113,16 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     thread::sleep(Duration::from_secs(1));
-    guest::check_output("ib_write_bw client", client.join().expect("no panic"))?;
-    guest::check_output("ib_write_bw server", server.join().expect("no panic"))?;
+    let client = client.join().expect("no panic");
+    let server = server.join().expect("no panic");
+    if let Ok(out) = &client
+        && !out.status.success()
+    {
+        // What the kernel said about the devices while the traffic failed.
+        let _ = guest::run("/bin/dmesg", &[]);
+    }
+    guest::check_output("ib_write_bw client", client)?;
+    guest::check_output("ib_write_bw server", server)?;
     capture.interrupt()?;
 
     let report = report(CAPTURE)?;
@@ -127,6 +139,8 @@ pub fn run() -> anyhow::Result<()> {
         "the capture did not end cleanly on SIGINT: {}",
         report["sources"][0]
     );
+
+    dump(CAPTURE)?;
 
     let killed_report = report_of(KILLED)?;
     ensure!(
@@ -204,6 +218,44 @@ fn report_of(file: &str) -> anyhow::Result<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).context("report --json")
+}
+
+/// Prints a capture file to the console in base64 (76 characters a line), unless it is
+/// larger than 512 KiB.
+fn dump(file: &str) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("reading {file}"))?;
+    if bytes.len() > 512 << 10 {
+        println!("{file}: {} bytes, not printed", bytes.len());
+        return Ok(());
+    }
+    println!("RAILSCOPE-CAPTURE-BEGIN {file} {} bytes", bytes.len());
+    for line in base64(&bytes).as_bytes().chunks(76) {
+        println!("{}", String::from_utf8_lossy(line));
+    }
+    println!("RAILSCOPE-CAPTURE-END");
+    Ok(())
+}
+
+/// Standard base64 with padding (RFC 4648).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// vethC/vethD with rxe2/rxe3, like the first pair.
