@@ -274,7 +274,11 @@ fn the_shipped_example_reports_its_flapping_pair_and_draws_it() {
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     for (device, verdict) in [
         ("rxe0", "FLAPPING"),
@@ -282,7 +286,10 @@ fn the_shipped_example_reports_its_flapping_pair_and_draws_it() {
         ("rxe2", "STABLE"),
         ("rxe3", "STABLE"),
     ] {
-        assert!(text.contains(&format!("{device}/1: {verdict}")), "{device}: {text}");
+        assert!(
+            text.contains(&format!("{device}/1: {verdict}")),
+            "{device}: {text}"
+        );
     }
     let report = report_json(&example());
     for device in ["rxe0", "rxe1"] {
@@ -321,18 +328,29 @@ fn truth(bytes: &[u8]) -> Truth {
             match &s.data {
                 railscope_wire::SeriesData::Counter(v) => {
                     for p in v {
-                        samples.insert(format!("{} {labels:?} {} {}", series.name, p.unix_ns, p.value));
+                        samples.insert(format!(
+                            "{} {labels:?} {} {}",
+                            series.name, p.unix_ns, p.value
+                        ));
                     }
                 }
                 railscope_wire::SeriesData::Gauge(v) => {
                     for p in v {
-                        samples.insert(format!("{} {labels:?} {} {}", series.name, p.end_unix_ns, p.mean));
+                        samples.insert(format!(
+                            "{} {labels:?} {} {}",
+                            series.name, p.end_unix_ns, p.mean
+                        ));
                     }
                 }
             }
         }
         for e in &frame.events {
-            events.insert(format!("{} {} {}", e.unix_ns, e.labels.get("device").unwrap_or(""), e.text));
+            events.insert(format!(
+                "{} {} {}",
+                e.unix_ns,
+                e.labels.get("device").unwrap_or(""),
+                e.text
+            ));
         }
     })
     .unwrap();
@@ -343,7 +361,11 @@ fn truth(bytes: &[u8]) -> Truth {
 fn replay_sends_every_sample_and_event_at_its_capture_time() {
     let dir = scratch_dir("capture-replay");
     let key = dir.join("wire.key");
-    std::fs::write(&key, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n").unwrap();
+    std::fs::write(
+        &key,
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+    )
+    .unwrap();
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let bytes = std::fs::read(example()).unwrap();
@@ -352,7 +374,15 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
 
     let port = free_udp_port().to_string();
     let mut listen = Command::new(RAILSCOPE)
-        .args(["listen", "--bind", "127.0.0.1", "--json", "--port", &port, "--key"])
+        .args([
+            "listen",
+            "--bind",
+            "127.0.0.1",
+            "--json",
+            "--port",
+            &port,
+            "--key",
+        ])
         .arg(&key)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -370,12 +400,22 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
     let out = Command::new(RAILSCOPE)
         .arg("replay")
         .arg(example())
-        .args(["--collector", &format!("127.0.0.1:{port}"), "--node", "replayed", "--key"])
+        .args([
+            "--collector",
+            &format!("127.0.0.1:{port}"),
+            "--node",
+            "replayed",
+            "--key",
+        ])
         .arg(&key)
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         String::from_utf8_lossy(&out.stdout).starts_with(&format!("replayed {frames} frames")),
         "{}",
@@ -399,8 +439,10 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
                 .collect();
-            let labels: std::collections::BTreeMap<&str, &str> =
-                labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let labels: std::collections::BTreeMap<&str, &str> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             for p in s["points"].as_array().unwrap() {
                 let value = if s["kind"] == "counter" {
                     p["value"].as_u64().unwrap().to_string()

@@ -180,12 +180,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
             _ => false,
         }
     };
-    let started = clock.now_unix_ns();
-    let first: Vec<Reading> = sysfs
-        .read(started)
-        .into_iter()
-        .filter(is_selected)
-        .collect();
+    let (started, first) = snapshot(&mut sysfs, clock, &is_selected);
     let counters: BTreeSet<String> = first
         .iter()
         .filter(|r| r.series.kind == Kind::Counter)
@@ -297,9 +292,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
                 Ok(())
             }
             _ = snapshots.tick() => {
-                let now = clock.now_unix_ns();
-                let readings: Vec<Reading> =
-                    sysfs.read(now).into_iter().filter(is_selected).collect();
+                let (now, readings) = snapshot(&mut sysfs, clock, &is_selected);
                 let reasons = watch.check(&readings);
                 let mut out = Vec::new();
                 if !reasons.is_empty() {
@@ -406,6 +399,22 @@ fn frame_key(started: u64) -> [u8; 32] {
         key[..8].copy_from_slice(&started.to_le_bytes());
     }
     key
+}
+
+/// Reads every captured port's files, stamped with the time the reads were done: a change a
+/// snapshot shows happened no later than its time, so the last snapshot before an event
+/// never shows the event's effect (a read takes milliseconds on a busy node).
+fn snapshot(
+    sysfs: &mut IbSysfs,
+    clock: &TimeBase,
+    selected: &impl Fn(&Reading) -> bool,
+) -> (u64, Vec<Reading>) {
+    let mut readings: Vec<Reading> = sysfs.read(0).into_iter().filter(selected).collect();
+    let now = clock.now_unix_ns();
+    for r in &mut readings {
+        r.unix_ns = now;
+    }
+    (now, readings)
 }
 
 #[derive(Debug, Default)]

@@ -67,12 +67,18 @@ pub fn run() -> anyhow::Result<()> {
     let total: u64 = PATTERN.iter().map(|(u, d)| u + d).sum::<u64>() / 1000 + 3;
     let gid = guest::ipv4_gid_index("rxe2")?.to_string();
     let duration = total.to_string();
+    // Small messages and a short send queue: rxe under TCG retries (and can fail) a QP
+    // with many 64 KiB writes in flight while the guest's two vCPUs are busy.
     let bw_args = [
         "-x",
         gid.as_str(),
         "-F",
         "-D",
         duration.as_str(),
+        "-s",
+        "4096",
+        "-t",
+        "16",
         "--report_gbits",
     ];
     let server = guest::spawn_output({
