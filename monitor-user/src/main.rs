@@ -564,6 +564,10 @@ fn report(
             report::load_capture(&name, &bytes, &mut timelines).with_context(|| name.clone())?,
         );
     }
+    if let Some((name, bytes)) = &archive {
+        sources
+            .push(report::load_capture(name, bytes, &mut timelines).with_context(|| name.clone())?);
+    }
     timelines.finish();
     let ports = analyse(&timelines, rules);
     let report = report::Report {
