@@ -399,7 +399,10 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
     // Listening once the port is taken.
     let start = Instant::now();
     while std::net::UdpSocket::bind(format!("127.0.0.1:{port}")).is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(10), "listen never bound");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "listen never bound"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     let out = Command::new(RAILSCOPE)
