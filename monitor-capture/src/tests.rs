@@ -327,3 +327,32 @@ fn the_size_cap_holds() {
         .unwrap();
     assert!(out.len() <= 4096, "{} bytes", out.len());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(512))]
+
+    /// Any byte of any record changed to any other value: reading stops at that record,
+    /// naming its offset, with every record before it read; it never panics.
+    #[test]
+    fn any_corruption_stops_at_its_record(at in 0usize..1_000_000, xor in 1u8..=255) {
+        let bytes = corrupt_fixture();
+        let records = record_offsets(&bytes);
+        let at = records[0] + at % (bytes.len() - records[0]);
+        let mut bad = bytes.clone();
+        bad[at] ^= xor;
+        let record = records.iter().copied().filter(|&r| r <= at).max().unwrap();
+        let index = records.iter().position(|&r| r == record).unwrap();
+        let mut frames = 0u64;
+        let read = read_capture(&bad, |_, _, _| frames += 1).unwrap();
+        let err = read.stopped.expect("the change is found");
+        proptest::prop_assert_eq!(err.offset(), Some(record as u64), "{}", err);
+        // The trailer (last record) is no frame.
+        proptest::prop_assert_eq!(frames, index.min(records.len() - 1) as u64);
+    }
+}
+
+/// The synthetic capture, made once for the property test.
+fn corrupt_fixture() -> Vec<u8> {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| synthetic_capture(true)).clone()
+}
