@@ -477,3 +477,22 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
     assert_eq!(got_samples, samples);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_full_disk_is_one_clear_error() {
+    let dir = scratch_dir("capture-full");
+    let tree = rxe_tree(&dir);
+    // /dev/full refuses every write with ENOSPC.
+    let out = capture_command(&tree, Path::new("/dev/full"))
+        .args(["--duration", "1s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("Error: writing /dev/full") && last.contains("No space left on device"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -367,7 +367,12 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
         snapshots_written: stats.snapshots,
         triggers: recorder.triggers,
     };
-    let finished = writer.finish(&trailer);
+    // After a failed write the file may end in a torn record: a trailer behind it would
+    // only be read as part of that record, so none is written.
+    let finished = match end {
+        End::WriteFailed(_) => Ok(()),
+        _ => writer.finish(&trailer).map(drop),
+    };
     eprintln!(
         "capture: ended ({}) after {:.1} s: {} events, {} snapshots written, {} triggers, {} bytes in {}",
         trailer.reason,
