@@ -16,7 +16,7 @@ pub enum CaptureError {
     /// The capture's size cap would be exceeded by the next record.
     #[error("size cap of {cap} bytes reached")]
     SizeCap { cap: u64 },
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

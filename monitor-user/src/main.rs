@@ -365,14 +365,14 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             let result = runtime.block_on(capture::run(options));
             runtime.shutdown_timeout(Duration::from_secs(1));
-            result
+            one_line(result)
         }
         Command::Replay {
             file,
             collector,
             key,
             node,
-        } => {
+        } => one_line((|| {
             let target = railscope::sender::Target::parse(&collector).context("--collector")?;
             let key = railscope_wire::Key::from_file(&key)?;
             let bytes =
@@ -389,7 +389,7 @@ fn main() -> anyhow::Result<()> {
                 stats.frames, stats.samples, stats.events, stats.bytes
             );
             Ok(())
-        }
+        })()),
         Command::Report {
             files,
             collector,
@@ -405,7 +405,7 @@ fn main() -> anyhow::Result<()> {
                 (Some(url), Some(node)) => Some(export_from_collector(&url, &node, &start, &end)?),
                 _ => None,
             };
-            report(&files, archive, json, svg, no_svg, &rules.rules())
+            one_line(report(&files, archive, json, svg, no_svg, &rules.rules()))
         }
         Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
         Command::Listen {
@@ -508,6 +508,12 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// An error and its causes on one line ("reading F: No such file"), as the capture
+/// commands print them.
+fn one_line<T>(result: anyhow::Result<T>) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
 /// A node's range of a collector's archive as a capture file: (a name for it, its bytes),

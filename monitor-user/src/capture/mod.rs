@@ -95,6 +95,7 @@ pub fn parse_ports(text: &str) -> anyhow::Result<Vec<(String, u32)>> {
                 .with_context(|| format!("--ports: {item:?} is not DEVICE/PORT (e.g. mlx5_0/1)"))?;
             let port = port
                 .parse()
+                .ok()
                 .with_context(|| format!("--ports: {item:?}: port {port:?} is not a number"))?;
             Ok((dev.to_owned(), port))
         })
