@@ -39,6 +39,9 @@ enum Command {
     Run(RunOptions),
     /// Ask a running collector (its HTTP API): series, events, nodes.
     Query(query::cli::QueryArgs),
+    /// Write a node's samples and events over a time range as a capture file
+    /// (docs/capture-format.md), for `railscope report`.
+    Export(query::export::ExportArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,6 +111,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(options) => run(options),
         Command::Query(args) => query::cli::run(&args),
+        Command::Export(args) => query::export::run(&args),
     }
 }
 

@@ -10,19 +10,23 @@
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
+//! - [`replay`]: `railscope replay`, a capture file's frames sent to a collector.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+//! - [`capture`]: `railscope capture`, the flight recorder of IB port events and counters.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
 //! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
 
 pub mod agent;
 pub mod btf;
+pub mod capture;
 pub mod cgroup;
 pub mod kernel;
 pub mod listen;
 pub mod pipeline;
 pub mod probes;
+pub mod replay;
 pub mod sampler;
 pub mod sender;
 pub mod sources;

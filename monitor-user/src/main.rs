@@ -77,6 +77,87 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Record every IB port event (kernel timestamps, duplicates kept) and snapshots of each
+    /// port's link and error counters into a capture file, keeping the seconds before each
+    /// trigger (docs/capture-format.md). Runs next to the agent if one runs; Ctrl-C ends it.
+    Capture {
+        /// Ports to capture, `DEVICE/PORT,...` (default: every port present).
+        #[arg(long, value_name = "DEV/PORT,...")]
+        ports: Option<String>,
+        /// Stop after this long (e.g. `90s`, `2h`; default: until Ctrl-C).
+        #[arg(long, value_name = "DURATION")]
+        duration: Option<humantime::Duration>,
+        /// Largest file (e.g. `512M`, `2G`): the capture ends cleanly before it.
+        #[arg(long, value_name = "SIZE", default_value = "1G")]
+        max_size: String,
+        /// The capture file (default: `railscope-<host>-<UTC time>.rscap`).
+        #[arg(long, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
+        /// Time between snapshots of the ports (at least 10ms).
+        #[arg(long, value_name = "DURATION", default_value = "100ms")]
+        interval: humantime::Duration,
+        /// How much time before a trigger is kept at the full interval.
+        #[arg(long, value_name = "DURATION", default_value = "5s")]
+        pre: humantime::Duration,
+        /// How long after a trigger every snapshot is kept.
+        #[arg(long, value_name = "DURATION", default_value = "10s")]
+        post: humantime::Duration,
+        /// An error counter rising faster than this many per second triggers.
+        #[arg(long, value_name = "PER_SECOND", default_value_t = 10.0)]
+        error_rate: f64,
+        /// Directory holding `class/infiniband` (a fixture tree for tests).
+        #[arg(long, value_name = "PATH", default_value = "/sys")]
+        sysfs: std::path::PathBuf,
+    },
+    /// Per port of one or more capture files: down/up transitions, time down, flap episodes,
+    /// counter deltas, width and speed changes and a verdict (stable, flapping, degraded,
+    /// down), with a timeline picture (SVG) per port.
+    Report {
+        /// Capture files (`railscope capture`).
+        #[arg(required_unless_present = "collector")]
+        files: Vec<std::path::PathBuf>,
+        /// Also report a node's time range from this collector's archive (its HTTP address,
+        /// e.g. http://127.0.0.1:7671), fetched by `railscope-collector export`.
+        #[arg(long, value_name = "URL", requires = "node")]
+        collector: Option<String>,
+        /// The node to report from the collector.
+        #[arg(long, requires = "collector")]
+        node: Option<String>,
+        /// Start of the collector range: `-15m`, an RFC 3339 time or Unix seconds.
+        #[arg(long, default_value = "-1h", allow_hyphen_values = true)]
+        start: String,
+        /// End of the collector range.
+        #[arg(long, default_value = "now", allow_hyphen_values = true)]
+        end: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Write the pictures into this directory (default: next to the first file).
+        #[arg(long, value_name = "DIR")]
+        svg: Option<std::path::PathBuf>,
+        /// Do not write pictures.
+        #[arg(long, conflicts_with = "svg")]
+        no_svg: bool,
+        #[command(flatten)]
+        rules: RulesArgs,
+    },
+    /// Send a capture file's events and counters to a collector as frames, every sample and
+    /// event with its original timestamp (the frames' send time is now: a collector refuses
+    /// frames sent long ago).
+    Replay {
+        /// The capture file.
+        file: std::path::PathBuf,
+        /// The collector (HOST:PORT, UDP).
+        #[arg(long, value_name = "HOST:PORT")]
+        collector: String,
+        /// The collector's pre-shared key: 32 raw bytes or 64 hex characters.
+        #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
+        key: std::path::PathBuf,
+        /// Send under this node name instead of the capture's host (replaying under a live
+        /// node's name would retire that node's session at the collector).
+        #[arg(long)]
+        node: Option<String>,
+    },
     /// Show every probe, its hook and whether it attaches on this kernel (and why not).
     ///
     /// Each probe is attached for real and detached again, so "attached" means it works here.
@@ -89,6 +170,45 @@ enum Command {
         #[arg(long)]
         verify: bool,
     },
+}
+
+/// The report's thresholds (defaults: docs/capture-format.md, "Report").
+#[derive(Debug, clap::Args)]
+struct RulesArgs {
+    /// Flapping: at least this many down transitions within --flap-window.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    flap_downs: u32,
+    #[arg(long, value_name = "DURATION", default_value = "24h")]
+    flap_window: humantime::Duration,
+    /// Down periods with less time up than this between them are one episode.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    episode_gap: humantime::Duration,
+    /// Degraded: symbol_error rising by more than this within 1 s.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    symbol_error_per_s: u64,
+    /// Degraded: symbol_error rising by more than this within 1 h.
+    #[arg(long, value_name = "N", default_value_t = 120)]
+    symbol_error_per_h: u64,
+    /// Flapping: link_error_recovery rising by more than this within 1 min.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    link_error_recovery_per_min: u64,
+    /// Degraded: port_rcv_errors rising by more than this within 1 s.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    port_rcv_errors_per_s: u64,
+}
+
+impl RulesArgs {
+    fn rules(&self) -> railscope_capture::Rules {
+        railscope_capture::Rules {
+            flap_downs: self.flap_downs,
+            flap_window_ns: self.flap_window.as_nanos() as u64,
+            episode_gap_ns: self.episode_gap.as_nanos() as u64,
+            symbol_error_per_s: self.symbol_error_per_s,
+            symbol_error_per_h: self.symbol_error_per_h,
+            link_error_recovery_per_min: self.link_error_recovery_per_min,
+            port_rcv_errors_per_s: self.port_rcv_errors_per_s,
+        }
+    }
 }
 
 /// Sending metrics (IB counters, GPU metrics, verb counters) and events to a collector.
@@ -202,6 +322,91 @@ fn main() -> anyhow::Result<()> {
             result
         }
         Command::Probes { json, verify } => show_probes(json, verify),
+        Command::Capture {
+            ports,
+            duration,
+            max_size,
+            out,
+            interval,
+            pre,
+            post,
+            error_rate,
+            sysfs,
+        } => {
+            use railscope::capture;
+            let interval: Duration = interval.into();
+            if interval < capture::MIN_INTERVAL {
+                anyhow::bail!("--interval must be at least 10ms (got {interval:?})");
+            }
+            if error_rate.is_nan() || error_rate <= 0.0 {
+                anyhow::bail!("--error-rate must be a positive number (got {error_rate})");
+            }
+            let host = railscope::pipeline::hostname();
+            let options = capture::CaptureOptions {
+                out: out.unwrap_or_else(|| {
+                    capture::default_out(
+                        &host,
+                        railscope::time_base::TimeBase::global().now_unix_ns(),
+                    )
+                }),
+                ports: ports.as_deref().map(capture::parse_ports).transpose()?,
+                duration: duration.map(Into::into),
+                max_size: capture::parse_size(&max_size)?,
+                interval,
+                pre: pre.into(),
+                post: post.into(),
+                error_rate,
+                sysfs_root: sysfs,
+                kernel: Kernel::default(),
+                host,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let result = runtime.block_on(capture::run(options));
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            one_line(result)
+        }
+        Command::Replay {
+            file,
+            collector,
+            key,
+            node,
+        } => one_line((|| {
+            let target = railscope::sender::Target::parse(&collector).context("--collector")?;
+            let key = railscope_wire::Key::from_file(&key)?;
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let stats = railscope::replay::replay(
+                &file.display().to_string(),
+                &bytes,
+                &target,
+                &key,
+                node.as_deref(),
+            )?;
+            println!(
+                "replayed {} frames ({} samples, {} events, {} bytes) to {collector}",
+                stats.frames, stats.samples, stats.events, stats.bytes
+            );
+            Ok(())
+        })()),
+        Command::Report {
+            files,
+            collector,
+            node,
+            start,
+            end,
+            json,
+            svg,
+            no_svg,
+            rules,
+        } => {
+            let archive = match (collector, node) {
+                (Some(url), Some(node)) => Some(export_from_collector(&url, &node, &start, &end)?),
+                _ => None,
+            };
+            one_line(report(&files, archive, json, svg, no_svg, &rules.rules()))
+        }
         Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,
@@ -300,6 +505,123 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
         }
         if verdicts.iter().any(|v| v.result.is_err()) {
             anyhow::bail!("the kernel's verifier rejected a program");
+        }
+    }
+    Ok(())
+}
+
+/// An error and its causes on one line ("reading F: No such file"), as the capture
+/// commands print them.
+fn one_line<T>(result: anyhow::Result<T>) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e:#}"))
+}
+
+/// A node's range of a collector's archive as a capture file: (a name for it, its bytes),
+/// from `railscope-collector export` (the agent links nothing of the collector).
+fn export_from_collector(
+    url: &str,
+    node: &str,
+    start: &str,
+    end: &str,
+) -> anyhow::Result<(String, Vec<u8>)> {
+    let binary = collector_binary()?;
+    let out = std::env::temp_dir().join(format!("railscope-export-{}.rscap", std::process::id()));
+    let status = std::process::Command::new(&binary)
+        .args([
+            "export",
+            "--collector",
+            url,
+            "--node",
+            node,
+            "--start",
+            start,
+            "--end",
+            end,
+        ])
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .with_context(|| format!("running {}", binary.display()))?;
+    if !status.success() {
+        anyhow::bail!("railscope-collector export of node {node} from {url} failed ({status})");
+    }
+    let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    Ok((format!("{url} node {node} from {start} to {end}"), bytes))
+}
+
+/// `railscope report`: reads every file (a torn or corrupt end is reported, not fatal) and
+/// the collector's export if any, prints the report and writes one picture per port.
+fn report(
+    files: &[std::path::PathBuf],
+    archive: Option<(String, Vec<u8>)>,
+    json: bool,
+    svg: Option<std::path::PathBuf>,
+    no_svg: bool,
+    rules: &railscope_capture::Rules,
+) -> anyhow::Result<()> {
+    use railscope_capture::{Timelines, analyse, report};
+    let mut timelines = Timelines::default();
+    let mut sources = Vec::new();
+    for file in files {
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        let name = file.display().to_string();
+        sources.push(
+            report::load_capture(&name, &bytes, &mut timelines).with_context(|| name.clone())?,
+        );
+    }
+    if let Some((name, bytes)) = &archive {
+        sources
+            .push(report::load_capture(name, bytes, &mut timelines).with_context(|| name.clone())?);
+    }
+    timelines.finish();
+    let ports = analyse(&timelines, rules);
+    let report = report::Report {
+        sources,
+        rules: rules.clone(),
+        ports,
+    };
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    if no_svg {
+        return Ok(());
+    }
+    let (dir, stem) = match (&svg, files.first()) {
+        (Some(dir), _) => (dir.clone(), String::from("timeline")),
+        (None, None) => (std::path::PathBuf::from("."), String::from("timeline")),
+        (None, Some(first)) => (
+            first
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default(),
+            first
+                .file_stem()
+                .map_or("timeline".into(), |s| s.to_string_lossy().into_owned()),
+        ),
+    };
+    std::fs::create_dir_all(if dir.as_os_str().is_empty() {
+        ".".as_ref()
+    } else {
+        dir.as_path()
+    })
+    .with_context(|| format!("creating {}", dir.display()))?;
+    for port in &report.ports {
+        let Some(timeline) = timelines.ports.get(&port.port) else {
+            continue;
+        };
+        let path = dir.join(format!(
+            "{stem}.{}.{}-{}.svg",
+            port.port.node, port.port.device, port.port.port
+        ));
+        std::fs::write(&path, railscope_capture::svg::port_timeline(port, timeline))
+            .with_context(|| format!("writing {}", path.display()))?;
+        if !json {
+            println!("picture: {}", path.display());
+        } else {
+            eprintln!("picture: {}", path.display());
         }
     }
     Ok(())

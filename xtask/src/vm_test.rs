@@ -37,6 +37,7 @@ pub const SCENARIOS: &[&str] = &[
     host_collector::SCENARIO,
     "clock-step",
     "perftest",
+    "capture-flap",
     // Last: it unloads and reloads ib_uverbs and rdma_cm.
     "attach-pace",
 ];

@@ -21,12 +21,13 @@ use super::{
 /// Default range of a query without `start`: the hour before `end`.
 const DEFAULT_RANGE_NS: u64 = 3_600_000_000_000;
 
-/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`.
+/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`, `GET /api/v1/export`.
 pub fn api_router(engine: Arc<QueryEngine>) -> Router {
     Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/events", get(events))
         .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/export", get(export))
         .with_state(engine)
 }
 
@@ -159,4 +160,30 @@ async fn nodes(
     let (start_ns, end_ns) = range(&pairs)?;
     let nodes = blocking(move || engine.nodes(start_ns, end_ns)).await?;
     Ok(Json(json!({ "nodes": nodes })).into_response())
+}
+
+/// A node's frames over the range as a capture file (docs/capture-format.md).
+async fn export(
+    State(engine): State<Arc<QueryEngine>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["node", "start", "end"])?;
+    let node = one(&pairs, "node")?
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| bad("parameter \"node\" is required (a node name)"))?
+        .to_owned();
+    let (start_ns, end_ns) = range(&pairs)?;
+    let (bytes, stats) =
+        blocking(move || super::export::export_capture(&engine, &node, start_ns, end_ns)).await?;
+    if stats.skipped > 0 {
+        tracing::warn!(
+            "export: {} frames too large for a capture record were left out",
+            stats.skipped
+        );
+    }
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
 }

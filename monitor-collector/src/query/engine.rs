@@ -134,7 +134,7 @@ impl QueryEngine {
 
     /// Reads every frame of the selected nodes over the range, in order, with the schema
     /// each one's series ids stand for.
-    fn each_frame(
+    pub(crate) fn each_frame(
         &self,
         nodes: NodeSelector,
         start_ns: u64,

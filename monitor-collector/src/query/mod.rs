@@ -8,11 +8,14 @@
 //! - [`api`]: its HTTP JSON API, an `axum::Router` ([`api_router`]) that the collector's HTTP
 //!   server mounts (docs/http-api.md);
 //! - [`cli`]: the client, `railscope query`;
+//! - [`export`]: a node's range as a capture file (`/api/v1/export`, `railscope-collector
+//!   export`), for `railscope report`;
 //! - [`selector`]: label matchers; [`time`]: query times.
 
 pub mod api;
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod selector;
 pub mod time;
 

@@ -156,3 +156,90 @@ fn bad_queries_are_refused_with_the_reason() {
         "{err}"
     );
 }
+
+#[test]
+fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node() {
+    let (url, _, dir) = serve();
+    let out = dir.path().join("export.rscap");
+    super::export::run(&super::export::ExportArgs {
+        collector: url.clone(),
+        node: "gpu-node-007".into(),
+        range: range(),
+        out: out.clone(),
+    })
+    .unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let mut timelines = railscope_capture::Timelines::default();
+    let read = railscope_capture::read_capture(&bytes, |_, frame, state| {
+        timelines.add_frame(frame, state)
+    })
+    .unwrap();
+    assert!(read.stopped.is_none(), "{:?}", read.stopped);
+    assert_eq!(read.header.host, "gpu-node-007");
+    assert_eq!(read.header.ports.len(), 8);
+    assert!(read.trailer.is_some());
+    let mut exported: Vec<(String, String, u64, u64)> = timelines
+        .ports
+        .iter()
+        .flat_map(|(id, t)| {
+            t.counters["port_xmit_packets"]
+                .iter()
+                .map(|&(at, v)| (id.device.clone(), id.port.to_string(), at, v))
+        })
+        .collect();
+    exported.sort();
+
+    let json = fetch(&QueryArgs {
+        collector: url,
+        json: true,
+        what: QueryCommand::Series {
+            metric: "railscope_ib_port_xmit_packets_total".into(),
+            matchers: vec![],
+            range: range(),
+        },
+    })
+    .unwrap();
+    let mut archived: Vec<(String, String, u64, u64)> = json["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            let (device, port) = (
+                s["labels"]["device"].as_str().unwrap().to_owned(),
+                s["labels"]["port"].as_str().unwrap().to_owned(),
+            );
+            s["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |p| {
+                    (
+                        device.clone(),
+                        port.clone(),
+                        p["t"].as_u64().unwrap(),
+                        p["value"].as_u64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    archived.sort();
+    assert!(!archived.is_empty());
+    assert_eq!(exported, archived);
+}
+
+#[test]
+fn an_export_without_a_node_is_refused_naming_the_parameter() {
+    let (url, _, dir) = serve();
+    let err = super::export::run(&super::export::ExportArgs {
+        collector: url,
+        node: String::new(),
+        range: range(),
+        out: dir.path().join("x.rscap"),
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the collector refused the export (400 Bad Request): parameter \"node\" is required (a node name)"
+    );
+}

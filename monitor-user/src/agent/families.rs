@@ -38,7 +38,7 @@ use crate::{
 /// hook, most of what the probe would cost there), so they reach the agent up to this late;
 /// their kernel timestamps keep the time they happened. Rare ones (port and device events,
 /// async errors) wake the reader and are read at once.
-pub(super) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The first wait before a family that failed to attach is tried again; it doubles at each
 /// failure up to [`RETRY_CAP`].
@@ -46,20 +46,20 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 
 /// Attaches a family (blocking): [`AttachedFamily::attach`] in the agent, a stand-in in tests.
-pub(super) type AttachFn =
+pub(crate) type AttachFn =
     Arc<dyn Fn(Family) -> Result<AttachedFamily, Box<FamilyUnavailable>> + Send + Sync>;
 
 /// The attach the agent uses: the real kernel, BTF parsed once and shared by every attempt.
-pub(super) fn kernel_attach(kernel: Kernel) -> AttachFn {
+pub(crate) fn kernel_attach(kernel: Kernel) -> AttachFn {
     let btfs = BtfCache::new(kernel.clone());
     Arc::new(move |family| AttachedFamily::attach(family, &kernel, &btfs))
 }
 
 /// What reader tasks send to the main loop.
-pub(super) type Record = (Family, monitor_common::events::EventRecord);
+pub(crate) type Record = (Family, monitor_common::events::EventRecord);
 
 /// The result of one attempt to attach a family, handed back to the loop.
-pub(super) struct Attempt {
+pub(crate) struct Attempt {
     family: Family,
     /// Which load of the module the attempt saw.
     module: Option<FileIdentity>,
@@ -68,7 +68,7 @@ pub(super) struct Attempt {
 
 /// When a family that failed to attach is tried again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     delay: Duration,
     next: Option<Instant>,
 }
@@ -84,22 +84,22 @@ impl Default for Backoff {
 
 impl Backoff {
     /// An attempt failed at `now`: the next one waits the current delay, which then doubles.
-    pub(super) fn failed(&mut self, now: Instant) {
+    pub(crate) fn failed(&mut self, now: Instant) {
         self.next = Some(now + self.delay);
         self.delay = (self.delay * 2).min(RETRY_CAP);
     }
 
-    pub(super) fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         self.next.is_none_or(|at| now >= at)
     }
 
-    pub(super) fn delay(&self) -> Duration {
+    pub(crate) fn delay(&self) -> Duration {
         self.delay
     }
 }
 
 /// A family's state in the agent.
-pub(super) enum FamilyState {
+pub(crate) enum FamilyState {
     Unavailable {
         reason: String,
         /// The load of the module the last attempt saw (None: not loaded): another load is
@@ -127,7 +127,7 @@ pub(super) enum FamilyState {
 /// How regularly a reader drained its ring buffer: the longest time between two drains, the
 /// measure of a loop that stalls.
 #[derive(Default)]
-pub(super) struct DrainPace {
+pub(crate) struct DrainPace {
     drains: AtomicU64,
     longest_gap_us: AtomicU64,
 }
@@ -150,7 +150,7 @@ impl DrainPace {
 }
 
 /// Every probe family, its state, and the names their BTF gave.
-pub(super) struct Families {
+pub(crate) struct Families {
     kernel: Kernel,
     attach: AttachFn,
     records: mpsc::Sender<Record>,
@@ -166,7 +166,7 @@ pub(super) struct Families {
 impl Families {
     /// Starts a first attempt for every family; the probe table is printed (to stderr) when
     /// all of them are in.
-    pub(super) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
+    pub(crate) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
         let (attempts_tx, attempts) = mpsc::channel(Family::ALL.len());
         let mut families = Self {
             kernel,
@@ -193,8 +193,7 @@ impl Families {
     }
 
     /// Whether every family's first attempt is in (the probe table is printed).
-    #[cfg(test)]
-    pub(super) fn started(&self) -> bool {
+    pub(crate) fn started(&self) -> bool {
         self.table.is_none()
     }
 
@@ -212,7 +211,7 @@ impl Families {
     }
 
     /// The next attempt that finished.
-    pub(super) async fn next_attempt(&mut self) -> Attempt {
+    pub(crate) async fn next_attempt(&mut self) -> Attempt {
         match self.attempts.recv().await {
             Some(attempt) => attempt,
             // Never: `self` holds a sender.
@@ -222,7 +221,7 @@ impl Families {
 
     /// Takes an attempt's result: the family attached (its reader started), or unavailable
     /// with the reason and a time for the next try.
-    pub(super) fn on_attempt(&mut self, attempt: Attempt) {
+    pub(crate) fn on_attempt(&mut self, attempt: Attempt) {
         let Attempt {
             family,
             module,
@@ -304,7 +303,7 @@ impl Families {
     /// Looks at every family's module: one that appeared or was loaded again is attached at
     /// once, one that failed is retried when its backoff is due, one whose module went away
     /// is detached. Reports what the attached ones lost to full maps.
-    pub(super) fn rescan(&mut self) {
+    pub(crate) fn rescan(&mut self) {
         let now = Instant::now();
         let mut attempts = Vec::new();
         for (family, state) in &mut self.states {
@@ -377,26 +376,26 @@ impl Families {
     }
 
     /// Every attached family's raw counters.
-    pub(super) fn counts(&self) -> Vec<RawCount> {
+    pub(crate) fn counts(&self) -> Vec<RawCount> {
         self.attached().flat_map(|(_, a)| a.counts()).collect()
     }
 
     /// What every attached family's probes could not deliver: (events lost to a full ring
     /// buffer, verb counts lost to a full counter map).
-    pub(super) fn losses(&self) -> (u64, u64) {
+    pub(crate) fn losses(&self) -> (u64, u64) {
         self.attached()
             .map(|(_, a)| a.losses())
             .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
     }
 
     /// Keys in every attached family's `VERB_COUNTS`.
-    pub(super) fn count_keys(&self) -> u64 {
+    pub(crate) fn count_keys(&self) -> u64 {
         self.attached().map(|(_, a)| a.count_keys() as u64).sum()
     }
 
     /// Deletes the counter keys of these cgroups from every attached family's `VERB_COUNTS`;
     /// returns how many keys went.
-    pub(super) fn remove_counts(&mut self, cgroups: &std::collections::HashSet<u64>) -> usize {
+    pub(crate) fn remove_counts(&mut self, cgroups: &std::collections::HashSet<u64>) -> usize {
         self.states
             .iter_mut()
             .filter_map(|(_, s)| match s {
@@ -415,7 +414,7 @@ impl Families {
 
     /// A record as an event, its device named from the `DEVICE_NAMES` map of the family that
     /// sent it.
-    pub(super) fn decode(
+    pub(crate) fn decode(
         &self,
         (family, record): &Record,
         clock: &TimeBase,
@@ -431,7 +430,7 @@ impl Families {
 
     /// Asks every reader to drain its ring buffer once more and end, and waits (at most a
     /// second each) for them.
-    pub(super) async fn stop_readers(&mut self) {
+    pub(crate) async fn stop_readers(&mut self) {
         for (family, state) in &mut self.states {
             if let FamilyState::Attached {
                 reader,
@@ -455,7 +454,7 @@ impl Families {
     }
 
     /// Ends what is left of the readers.
-    pub(super) fn abort_readers(self) {
+    pub(crate) fn abort_readers(self) {
         for (_, state) in self.states {
             if let FamilyState::Attached { reader, .. } = state {
                 reader.abort();
@@ -463,8 +462,16 @@ impl Families {
         }
     }
 
-    #[cfg(test)]
-    pub(super) fn state(&self, family: Family) -> Option<&FamilyState> {
+    /// Whether a family is attached now, or why not (`None` while an attempt runs).
+    pub(crate) fn status(&self, family: Family) -> Option<Result<(), String>> {
+        match self.state(family)? {
+            FamilyState::Attached { .. } => Some(Ok(())),
+            FamilyState::Unavailable { reason, .. } => Some(Err(reason.clone())),
+            FamilyState::Attaching { .. } => None,
+        }
+    }
+
+    pub(crate) fn state(&self, family: Family) -> Option<&FamilyState> {
         self.states
             .iter()
             .find(|(f, _)| *f == family)

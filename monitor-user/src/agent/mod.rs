@@ -14,7 +14,7 @@
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
 //! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
-mod families;
+pub(crate) mod families;
 mod job_ends;
 pub mod output;
 mod state_report;

@@ -6,6 +6,7 @@ mod async_errors;
 mod attach_pace;
 mod bench_events;
 mod bench_probes;
+mod capture_flap;
 mod cgroups_late;
 mod clock_step;
 mod cm_ids;
@@ -36,6 +37,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "agent-frames" => agent_frames::run(),
         "host-collector" => host_collector::run(),
         "perftest" => perftest::run(),
+        "capture-flap" => capture_flap::run(),
         "rdma-cm" => rdma_cm::run(),
         "cm-ids" => cm_ids::run(),
         "cm-wildcard" => cm_wildcard::run(),

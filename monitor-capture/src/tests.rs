@@ -1,0 +1,358 @@
+//! The writer, the reader and the analysis together on synthetic captures whose truth is
+//! known: one port flapping on a scripted pattern, one stable.
+
+use railscope_wire::{
+    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value,
+};
+
+use crate::{
+    CaptureError, CaptureHeader, CaptureWriter, PortInfo, Rules, Timelines, Trailer, Verdict,
+    analyse, format::key_hex, read_capture,
+};
+
+const MS: u64 = 1_000_000;
+const T0: u64 = 1_763_164_800_000_000_000;
+const KEY: [u8; 32] = [7; 32];
+
+fn header() -> CaptureHeader {
+    CaptureHeader {
+        railscope_version: "0.1.0".into(),
+        host: "node1".into(),
+        kernel: "6.1.0-test".into(),
+        started_unix_ns: T0,
+        interval_ns: 10 * MS,
+        pre_trigger_ns: 1000 * MS,
+        post_trigger_ns: 1000 * MS,
+        baseline_ns: 1000 * MS,
+        devices: vec!["rxe0".into(), "rxe2".into()],
+        ports: vec![
+            PortInfo {
+                device: "rxe0".into(),
+                port: 1,
+                link_layer: "Ethernet".into(),
+            },
+            PortInfo {
+                device: "rxe2".into(),
+                port: 1,
+                link_layer: "Ethernet".into(),
+            },
+        ],
+        counters: vec!["link_downed".into(), "symbol_error".into()],
+        frame_key: key_hex(&KEY),
+    }
+}
+
+fn series(name: &str, device: &str, kind: Kind) -> Series {
+    Series {
+        name: name.into(),
+        labels: Labels::new([("device", device), ("port", "1")]),
+        kind,
+    }
+}
+
+fn port_event(at: u64, device: &str, name: &str) -> Event {
+    Event {
+        unix_ns: at,
+        kind: "ib_port".into(),
+        labels: Labels::new([("device", device), ("port", "1"), ("cgroup", "/")]),
+        code: 0,
+        text: name.into(),
+    }
+}
+
+/// Down periods of rxe0 (start, length in ms from T0): 4 downs, two under a second.
+const DOWNS: [(u64, u64); 4] = [(500, 300), (1500, 1200), (3300, 150), (4000, 700)];
+
+/// A capture of 6 s: rxe0 flaps per `DOWNS` (PORT_ERR once, PORT_ACTIVE twice per cycle, as
+/// rxe does), rxe2 stays up; snapshots every 10 ms; frames flushed every 500 ms.
+fn synthetic_capture(with_trailer: bool) -> Vec<u8> {
+    let mut enc = FrameEncoder::new(EncoderConfig::new("node1"), Key::from_bytes(KEY)).unwrap();
+    let mut w = CaptureWriter::new(Vec::new(), &header(), 1 << 30).unwrap();
+    let down_at = |t: u64| {
+        DOWNS
+            .iter()
+            .any(|&(s, l)| t >= T0 + s * MS && t < T0 + (s + l) * MS)
+    };
+    let mut link_downed = 0;
+    for step in 0..=600u64 {
+        let t = T0 + step * 10 * MS;
+        for &(s, l) in &DOWNS {
+            if t == T0 + s * MS {
+                enc.push_event(port_event(t, "rxe0", "PORT_ERR"));
+                link_downed += 1;
+            }
+            if t == T0 + (s + l) * MS {
+                enc.push_event(port_event(t, "rxe0", "PORT_ACTIVE"));
+                enc.push_event(port_event(t + MS, "rxe0", "PORT_ACTIVE"));
+            }
+        }
+        for f in enc.flush_events(t + 2 * MS) {
+            w.write_frame(&f).unwrap();
+        }
+        for (device, down) in [("rxe0", down_at(t)), ("rxe2", false)] {
+            let state = if down { 1.0 } else { 4.0 };
+            for (name, kind, value) in [
+                ("railscope_ib_port_state", Kind::Gauge, Value::F64(state)),
+                (
+                    "railscope_ib_port_width_lanes",
+                    Kind::Gauge,
+                    Value::F64(4.0),
+                ),
+                (
+                    "railscope_ib_link_downed_total",
+                    Kind::Counter,
+                    Value::U64(if device == "rxe0" { link_downed } else { 0 }),
+                ),
+            ] {
+                enc.push_reading(&Reading {
+                    series: series(name, device, kind),
+                    value,
+                    unix_ns: t,
+                })
+                .unwrap();
+            }
+        }
+        if step % 50 == 49 {
+            for f in enc.flush(t + 3 * MS) {
+                w.write_frame(&f).unwrap();
+            }
+        }
+    }
+    for f in enc.flush(T0 + 6100 * MS) {
+        w.write_frame(&f).unwrap();
+    }
+    let trailer = Trailer {
+        reason: "duration".into(),
+        ended_unix_ns: T0 + 6100 * MS,
+        events: 12,
+        snapshots_written: 601,
+        triggers: 4,
+    };
+    let bytes = w.finish(&trailer).unwrap();
+    if with_trailer {
+        bytes
+    } else {
+        // What a capture killed before its end leaves: everything but the trailer.
+        let last = *record_offsets(&bytes).last().unwrap();
+        bytes[..last].to_vec()
+    }
+}
+
+/// The offset of every record (the first follows the header).
+fn record_offsets(bytes: &[u8]) -> Vec<usize> {
+    let header_len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let mut at = 16 + header_len;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        out.push(at);
+        at += 8 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    out
+}
+
+fn report(bytes: &[u8]) -> (crate::ReadCapture, Vec<crate::PortReport>) {
+    let mut timelines = Timelines::default();
+    let read = read_capture(bytes, |_, frame, state| timelines.add_frame(frame, state)).unwrap();
+    timelines.finish();
+    (read, analyse(&timelines, &Rules::default()))
+}
+
+#[test]
+fn a_clean_capture_reads_whole_and_names_the_flapping_port() {
+    let bytes = synthetic_capture(true);
+    let (read, ports) = report(&bytes);
+    assert_eq!(read.header, header());
+    assert!(read.stopped.is_none(), "{:?}", read.stopped);
+    assert_eq!(read.trailer.unwrap().reason, "duration");
+    assert_eq!(read.complete_bytes, bytes.len() as u64);
+    assert_eq!(ports.len(), 2);
+    let flapped = &ports[0];
+    assert_eq!(flapped.port.device, "rxe0");
+    assert_eq!(flapped.verdict, Verdict::Flapping);
+    assert_eq!(flapped.down_transitions, 4);
+    assert_eq!(flapped.up_transitions, 4);
+    assert_eq!(flapped.transitions_from, "events");
+    let truth: u64 = DOWNS.iter().map(|d| d.1 * MS).sum();
+    assert_eq!(flapped.time_down_ns, truth);
+    assert_eq!(flapped.events["PORT_ERR"], 4);
+    assert_eq!(flapped.events["PORT_ACTIVE"], 8, "duplicates are kept raw");
+    // All four downs are less than 10 s apart: one episode, link_downed moved by 4 across it.
+    assert_eq!(flapped.episodes.len(), 1);
+    assert_eq!(flapped.episodes[0].downs, 4);
+    assert_eq!(flapped.episodes[0].counter_deltas["link_downed"], 4);
+    let stable = &ports[1];
+    assert_eq!(stable.port.device, "rxe2");
+    assert_eq!(stable.verdict, Verdict::Stable);
+    assert_eq!(stable.down_transitions, 0);
+    assert_eq!(stable.time_down_ns, 0);
+}
+
+#[test]
+fn without_events_the_state_snapshots_give_the_transitions_within_an_interval() {
+    let bytes = synthetic_capture(true);
+    let mut timelines = Timelines::default();
+    read_capture(&bytes, |_, frame, state| timelines.add_frame(frame, state)).unwrap();
+    timelines.finish();
+    for t in timelines.ports.values_mut() {
+        t.events.clear();
+    }
+    let ports = analyse(&timelines, &Rules::default());
+    assert_eq!(ports[0].transitions_from, "snapshots");
+    assert_eq!(ports[0].down_transitions, 4);
+    let truth: u64 = DOWNS.iter().map(|d| d.1 * MS).sum();
+    assert!(ports[0].time_down_ns.abs_diff(truth) <= 4 * 10 * MS);
+    assert_eq!(ports[0].verdict, Verdict::Flapping);
+}
+
+#[test]
+fn a_file_cut_anywhere_reads_up_to_its_last_complete_record() {
+    let bytes = synthetic_capture(true);
+    let records = record_offsets(&bytes);
+    let header_end = records[0];
+    for cut in 0..bytes.len() {
+        let prefix = &bytes[..cut];
+        let mut frames = 0;
+        let result = read_capture(prefix, |_, _, _| frames += 1);
+        if cut < header_end {
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, CaptureError::BadHeader { .. }),
+                "cut {cut}: {err}"
+            );
+            continue;
+        }
+        let read = result.unwrap();
+        let last_start = records.iter().copied().filter(|&r| r <= cut).max().unwrap();
+        if records.contains(&cut) || cut == header_end {
+            assert!(read.stopped.is_none(), "cut {cut} at a record boundary");
+            assert_eq!(read.complete_bytes, cut as u64);
+        } else {
+            let err = read.stopped.expect("a torn record");
+            assert!(
+                matches!(err, CaptureError::Torn { offset, .. } if offset == last_start as u64),
+                "cut {cut}: {err}"
+            );
+            assert_eq!(read.complete_bytes, last_start as u64);
+            assert!(err.to_string().contains(&format!("offset {last_start}")));
+        }
+        // Every complete frame record before the cut was read (the last record is the
+        // trailer).
+        let trailer = *records.last().unwrap();
+        let expected = records
+            .iter()
+            .filter(|&&r| r != trailer && record_end(&bytes, r) <= cut)
+            .count();
+        assert_eq!(frames, expected as u64, "cut {cut}");
+    }
+}
+
+fn record_end(bytes: &[u8], at: usize) -> usize {
+    at + 8 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize
+}
+
+#[test]
+fn a_corrupt_byte_stops_reading_at_its_record_with_what_precedes_it() {
+    let bytes = synthetic_capture(true);
+    let records = record_offsets(&bytes);
+    for &flip in records
+        .iter()
+        .flat_map(|&r| [r, r + 3, r + 5, r + 8, r + 20])
+        .collect::<Vec<_>>()
+        .iter()
+    {
+        if flip >= bytes.len() {
+            continue;
+        }
+        let mut bad = bytes.clone();
+        bad[flip] ^= 0x40;
+        let record = records
+            .iter()
+            .copied()
+            .filter(|&r| r <= flip)
+            .max()
+            .unwrap();
+        let index = records.iter().position(|&r| r == record).unwrap();
+        let mut frames = 0;
+        let read = read_capture(&bad, |_, _, _| frames += 1).unwrap();
+        let err = read.stopped.expect("corruption is found");
+        assert_eq!(err.offset(), Some(record as u64), "flip at {flip}: {err}");
+        assert_eq!(
+            frames, index as u64,
+            "flip at {flip}: the records before it are read"
+        );
+    }
+    // A corrupt header is refused as such, naming where.
+    let mut bad = bytes.clone();
+    bad[30] ^= 1;
+    let err = read_capture(&bad, |_, _, _| {}).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a readable capture file: header checksum mismatch (at offset 16)"
+    );
+}
+
+#[test]
+fn a_capture_without_trailer_still_reports() {
+    let bytes = synthetic_capture(false);
+    let (read, ports) = report(&bytes);
+    assert!(read.trailer.is_none());
+    assert!(read.stopped.is_none());
+    assert_eq!(ports[0].down_transitions, 4);
+}
+
+#[test]
+fn the_size_cap_holds() {
+    let mut w = CaptureWriter::new(Vec::new(), &header(), 4096).unwrap();
+    let frame = vec![0u8; 1000];
+    let mut written = 0;
+    loop {
+        match w.write_frame(&frame) {
+            Ok(()) => written += 1,
+            Err(CaptureError::SizeCap { cap }) => {
+                assert_eq!(cap, 4096);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(written >= 1);
+    let out = w
+        .finish(&Trailer {
+            reason: "size cap".into(),
+            ended_unix_ns: 0,
+            events: 0,
+            snapshots_written: 0,
+            triggers: 0,
+        })
+        .unwrap();
+    assert!(out.len() <= 4096, "{} bytes", out.len());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(512))]
+
+    /// Any byte of any record changed to any other value: reading stops at that record,
+    /// naming its offset, with every record before it read; it never panics.
+    #[test]
+    fn any_corruption_stops_at_its_record(at in 0usize..1_000_000, xor in 1u8..=255) {
+        let bytes = corrupt_fixture();
+        let records = record_offsets(&bytes);
+        let at = records[0] + at % (bytes.len() - records[0]);
+        let mut bad = bytes.clone();
+        bad[at] ^= xor;
+        let record = records.iter().copied().filter(|&r| r <= at).max().unwrap();
+        let index = records.iter().position(|&r| r == record).unwrap();
+        let mut frames = 0u64;
+        let read = read_capture(&bad, |_, _, _| frames += 1).unwrap();
+        let err = read.stopped.expect("the change is found");
+        proptest::prop_assert_eq!(err.offset(), Some(record as u64), "{}", err);
+        // The trailer (last record) is no frame.
+        proptest::prop_assert_eq!(frames, index.min(records.len() - 1) as u64);
+    }
+}
+
+/// The synthetic capture, made once for the property test.
+fn corrupt_fixture() -> Vec<u8> {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| synthetic_capture(true)).clone()
+}

@@ -1,0 +1,236 @@
+//! One node's frames over a time range, as a capture file (docs/capture-format.md), so
+//! `railscope report` runs on what the fleet recorded with the same code as on a local
+//! capture (docs/architecture.md, "Capture mode").
+//!
+//! The frames are decoded from the archive with the cluster key and written again into one
+//! new session numbered from 0, each carrying the schema entries of the series it holds (the
+//! archive's frames rely on entries sent earlier, in other segments or sessions), with only
+//! the samples and events inside the range, sealed with a fresh key that the file carries:
+//! the cluster key never leaves the collector.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use railscope_capture::{
+    CaptureHeader, CaptureWriter, PortInfo, Trailer,
+    format::{MAX_RECORD_LEN, key_hex},
+};
+use railscope_wire::{Frame, Key, SchemaEntry, SeriesData, SeriesSamples, encode_frame};
+
+use super::engine::{QueryEngine, QueryError};
+use crate::archive::NodeSelector;
+
+/// What an export holds.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    pub frames: u64,
+    /// Frames that would not fit one capture record once their schema entries were added.
+    pub skipped: u64,
+}
+
+/// The capture file of `node`'s samples and events between `start_ns` and `end_ns`.
+pub fn export_capture(
+    engine: &QueryEngine,
+    node: &str,
+    start_ns: u64,
+    end_ns: u64,
+) -> Result<(Vec<u8>, ExportStats), QueryError> {
+    let key_bytes = random_key();
+    let key = Key::from_bytes(key_bytes);
+    let session = u32::from_le_bytes(key_bytes[..4].try_into().expect("4 bytes"));
+    let mut records: Vec<Vec<u8>> = Vec::new();
+    let mut stats = ExportStats::default();
+    let mut ports: BTreeMap<(String, u32), String> = BTreeMap::new();
+    let mut counters = BTreeSet::new();
+    let nodes = NodeSelector::Only(BTreeSet::from([node.to_owned()]));
+    engine.each_frame(nodes, start_ns, end_ns, |_, frame, schema| {
+        let mut out = Frame {
+            node: frame.node.clone(),
+            session,
+            seq: records.len() as u64,
+            send_unix_ns: frame.send_unix_ns,
+            time_quantum_ns: frame.time_quantum_ns,
+            schema: Vec::new(),
+            samples: Vec::new(),
+            events: Vec::new(),
+        };
+        for s in &frame.samples {
+            let Some(series) = schema.get(&s.id) else {
+                continue;
+            };
+            let data = within(&s.data, start_ns, end_ns);
+            if data.is_empty() {
+                continue;
+            }
+            if let (Some(name), Some(device), Some(port)) = (
+                series.name.strip_prefix("railscope_ib_"),
+                series.labels.get("device"),
+                series
+                    .labels
+                    .get("port")
+                    .and_then(|p| p.parse::<u32>().ok()),
+            ) {
+                let layer = ports.entry((device.to_owned(), port)).or_default();
+                if let Some(l) = series.labels.get("link_layer") {
+                    *layer = l.to_owned();
+                }
+                if let Some(counter) = name.strip_suffix("_total") {
+                    counters.insert(counter.to_owned());
+                }
+            }
+            out.schema.push(SchemaEntry {
+                id: s.id,
+                series: series.clone(),
+            });
+            out.samples.push(SeriesSamples { id: s.id, data });
+        }
+        out.events = frame
+            .events
+            .iter()
+            .filter(|e| (start_ns..=end_ns).contains(&e.unix_ns))
+            .cloned()
+            .collect();
+        if out.samples.is_empty() && out.events.is_empty() {
+            return;
+        }
+        match encode_frame(&out, &key) {
+            Ok(bytes) if bytes.len() <= MAX_RECORD_LEN => records.push(bytes),
+            _ => stats.skipped += 1,
+        }
+    })?;
+    stats.frames = records.len() as u64;
+    let header = CaptureHeader {
+        railscope_version: env!("CARGO_PKG_VERSION").into(),
+        host: node.to_owned(),
+        kernel: "unknown (exported from a collector's archive)".into(),
+        started_unix_ns: start_ns,
+        interval_ns: 0,
+        pre_trigger_ns: 0,
+        post_trigger_ns: 0,
+        baseline_ns: 0,
+        devices: ports
+            .keys()
+            .map(|(d, _)| d.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        ports: ports
+            .into_iter()
+            .map(|((device, port), link_layer)| PortInfo {
+                device,
+                port,
+                link_layer: if link_layer.is_empty() {
+                    "unknown".into()
+                } else {
+                    link_layer
+                },
+            })
+            .collect(),
+        counters: counters.into_iter().collect(),
+        frame_key: key_hex(&key_bytes),
+    };
+    let mut writer = CaptureWriter::new(Vec::new(), &header, u64::MAX).map_err(capture_to_query)?;
+    for r in &records {
+        writer.write_frame(r).map_err(capture_to_query)?;
+    }
+    let bytes = writer
+        .finish(&Trailer {
+            reason: "exported from a collector's archive".into(),
+            ended_unix_ns: end_ns,
+            events: 0,
+            snapshots_written: 0,
+            triggers: 0,
+        })
+        .map_err(capture_to_query)?;
+    Ok((bytes, stats))
+}
+
+/// Writing to memory fails only on a bug; said as an archive error for the caller.
+fn capture_to_query(e: railscope_capture::CaptureError) -> QueryError {
+    QueryError::Archive(crate::archive::ArchiveError::Corrupt {
+        path: "export".into(),
+        what: e.to_string(),
+    })
+}
+
+/// The samples of `data` within the range.
+fn within(data: &SeriesData, start_ns: u64, end_ns: u64) -> SeriesData {
+    let range = start_ns..=end_ns;
+    match data {
+        SeriesData::Counter(v) => SeriesData::Counter(
+            v.iter()
+                .filter(|s| range.contains(&s.unix_ns))
+                .copied()
+                .collect(),
+        ),
+        SeriesData::Gauge(v) => SeriesData::Gauge(
+            v.iter()
+                .filter(|s| range.contains(&s.end_unix_ns))
+                .copied()
+                .collect(),
+        ),
+    }
+}
+
+fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+        .is_err()
+    {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        key[..8].copy_from_slice(&now.to_le_bytes());
+    }
+    key
+}
+
+/// `railscope-collector export --node N [--start T] [--end T] --out FILE`: asks a collector
+/// for a node's range as a capture file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// The collector's HTTP address.
+    #[arg(long, default_value = "http://127.0.0.1:7671")]
+    pub collector: String,
+    /// The node.
+    #[arg(long)]
+    pub node: String,
+    #[command(flatten)]
+    pub range: super::cli::RangeArgs,
+    /// Where to write the capture file.
+    #[arg(long, value_name = "FILE")]
+    pub out: std::path::PathBuf,
+}
+
+/// Runs `railscope-collector export`.
+pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let url = format!("{}/api/v1/export", args.collector.trim_end_matches('/'));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(300)))
+        .build()
+        .into();
+    let mut response = agent
+        .get(&url)
+        .query("node", &args.node)
+        .query("start", &args.range.start)
+        .query("end", &args.range.end)
+        .call()
+        .with_context(|| format!("asking the collector at {url}"))?;
+    let status = response.status();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(4 << 30)
+        .read_to_vec()
+        .with_context(|| format!("reading the answer of {url}"))?;
+    if !status.is_success() {
+        let reason = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|j| j["error"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "no reason given".into());
+        anyhow::bail!("the collector refused the export ({status}): {reason}");
+    }
+    std::fs::write(&args.out, &body).with_context(|| format!("writing {}", args.out.display()))
+}

@@ -1,0 +1,165 @@
+//! A capture taken on one node studied on a collector: `railscope replay` sends the shipped
+//! example capture (docs/examples/capture-flap.rscap, from the test bed) to `railscope
+//! collector run`; `railscope report --collector ... --node ...` then reads that node's range
+//! back from the archive (through `/api/v1/export`) and must say exactly what `railscope
+//! report` says of the file: the same ports, verdicts, down periods and time down.
+//!
+//! The agent's binary is found next to the collector's (`cargo test` of the workspace builds
+//! both; `cargo build -p monitor-user` otherwise).
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
+
+fn railscope() -> PathBuf {
+    let path = Path::new(COLLECTOR).with_file_name("railscope");
+    assert!(
+        path.is_file(),
+        "{} is missing: build the agent too (cargo build -p monitor-user)",
+        path.display()
+    );
+    path
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/capture-flap.rscap")
+}
+
+fn free_port() -> u16 {
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = udp.local_addr().unwrap().port();
+    // The same number free for TCP too (the HTTP port is another one).
+    drop(TcpListener::bind(("127.0.0.1", port)).ok());
+    port
+}
+
+fn report_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(railscope())
+        .args(["report", "--json", "--no-svg"])
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "railscope report {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What must agree between the two reports, per port.
+fn facts(report: &serde_json::Value) -> Vec<String> {
+    report["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{} {} downs={} ups={} down_ns={} from={} periods={}",
+                p["port"]["device"],
+                p["port"]["port"],
+                p["verdict"],
+                p["down_transitions"],
+                p["up_transitions"],
+                p["time_down_ns"],
+                p["transitions_from"],
+                p["downs"]
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_replayed_capture_reports_the_same_from_the_collectors_archive() {
+    let dir =
+        std::env::temp_dir().join(format!("railscope-capture-archive-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("wire.key");
+    std::fs::write(
+        &key,
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (udp, http) = (free_port(), free_port());
+    let mut collector = Command::new(COLLECTOR)
+        .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
+        .args([
+            "--http",
+            &format!("127.0.0.1:{http}"),
+            "--retention-age",
+            "0",
+        ])
+        .arg("--key")
+        .arg(&key)
+        .arg("--data")
+        .arg(dir.join("data"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no HTTP port");
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    let out = Command::new(railscope())
+        .arg("replay")
+        .arg(example())
+        .args([
+            "--collector",
+            &format!("127.0.0.1:{udp}"),
+            "--node",
+            "air-gapped-7",
+        ])
+        .arg("--key")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The archive writer ticks every 100 ms.
+    thread::sleep(Duration::from_millis(500));
+
+    let from_file = report_json(&[example().to_str().unwrap()]);
+    let first = from_file["ports"][0]["first_unix_ns"].as_u64().unwrap();
+    let last = from_file["ports"][0]["last_unix_ns"].as_u64().unwrap();
+    // The range in Unix seconds, a second wider on each side.
+    let (from, to) = (
+        (first / 1_000_000_000 - 1).to_string(),
+        (last / 1_000_000_000 + 1).to_string(),
+    );
+    let from_archive = report_json(&[
+        "--collector",
+        &format!("http://127.0.0.1:{http}"),
+        "--node",
+        "air-gapped-7",
+        "--start",
+        &from,
+        "--end",
+        &to,
+    ]);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(collector.id() as libc::pid_t, libc::SIGTERM) };
+    collector.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let (file, archive) = (facts(&from_file), facts(&from_archive));
+    assert_eq!(file.len(), 4, "{file:?}");
+    assert_eq!(archive, file);
+    assert_eq!(from_archive["ports"][0]["port"]["node"], "air-gapped-7");
+}
