@@ -27,8 +27,9 @@ use crate::{
     cgroup::CgroupNames,
     kernel::{FileIdentity, Kernel},
     probes::{
-        AttachedFamily, Family, FamilyUnavailable, ProbeReport, RawCount, Status, Unavailable,
-        btf_cache::BtfCache, decode::Event, names::KernelNames, render_table,
+        AttachedFamily, Family, FamilyUnavailable, ProbeLosses, ProbeReport, RawCount,
+        RemovedDevice, Status, Unavailable, btf_cache::BtfCache, decode::Event, names::KernelNames,
+        render_table, unnamed_device,
     },
     time_base::TimeBase,
 };
@@ -120,7 +121,7 @@ pub(super) enum FamilyState {
         /// Tells the reader to drain its ring buffer one last time and end.
         stop: Option<oneshot::Sender<()>>,
         drains: Arc<DrainPace>,
-        reported_losses: (u64, u64),
+        reported_losses: ProbeLosses,
     },
 }
 
@@ -381,12 +382,38 @@ impl Families {
         self.attached().flat_map(|(_, a)| a.counts()).collect()
     }
 
-    /// What every attached family's probes could not deliver: (events lost to a full ring
-    /// buffer, verb counts lost to a full counter map).
-    pub(super) fn losses(&self) -> (u64, u64) {
+    /// What every attached family's probes could not deliver.
+    pub(super) fn losses(&self) -> ProbeLosses {
         self.attached()
             .map(|(_, a)| a.losses())
-            .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
+            .fold(ProbeLosses::default(), |sum, l| sum + l)
+    }
+
+    /// Devices freed in the kernel that some family still names, with the family.
+    pub(super) fn removed_devices(&self) -> Vec<(Family, RemovedDevice)> {
+        self.attached()
+            .flat_map(|(f, a)| a.removed_devices().into_iter().map(move |d| (f, d)))
+            .collect()
+    }
+
+    /// Forgets a removed device in one family (its counters and its name); returns how many
+    /// counter keys went.
+    pub(super) fn remove_device(&mut self, family: Family, device: u64) -> usize {
+        self.states
+            .iter_mut()
+            .filter(|(f, _)| *f == family)
+            .filter_map(|(_, s)| match s {
+                FamilyState::Attached { attached, .. } => Some(attached.remove_device(device)),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Entries in every attached family's `DEVICE_NAMES`.
+    pub(super) fn device_entries(&self) -> u64 {
+        self.attached()
+            .map(|(_, a)| a.device_entries() as u64)
+            .sum()
     }
 
     /// Keys in every attached family's `VERB_COUNTS`.
@@ -425,7 +452,7 @@ impl Families {
             .attached()
             .find(|(f, _)| f == family)
             .map(|(_, a)| a.device_name(record.device))
-            .unwrap_or_else(|| format!("dev@{:x}", record.device));
+            .unwrap_or_else(|| unnamed_device(record.device));
         Event::decode(record, device, &self.names, clock, cgroups)
     }
 
@@ -487,21 +514,29 @@ fn unavailable_reason(reason: Unavailable, rows: &[ProbeReport]) -> String {
     }
 }
 
-fn report_losses(family: Family, attached: &AttachedFamily, reported: &mut (u64, u64)) {
+fn report_losses(family: Family, attached: &AttachedFamily, reported: &mut ProbeLosses) {
     let losses = attached.losses();
-    if losses.0 > reported.0 {
+    if losses.events > reported.events {
         tracing::warn!(
             "ring buffer full: {} events lost ({} in total, {})",
-            losses.0 - reported.0,
-            losses.0,
+            losses.events - reported.events,
+            losses.events,
             family.module()
         );
     }
-    if losses.1 > reported.1 {
+    if losses.counts > reported.counts {
         tracing::warn!(
             "counter map full: {} verb counts lost ({} in total, {})",
-            losses.1 - reported.1,
-            losses.1,
+            losses.counts - reported.counts,
+            losses.counts,
+            family.module()
+        );
+    }
+    if losses.device_names > reported.device_names {
+        tracing::warn!(
+            "device name map full: {} device(s) left unnamed ({} in total, {})",
+            losses.device_names - reported.device_names,
+            losses.device_names,
             family.module()
         );
     }
@@ -565,7 +600,7 @@ fn start_reader(
         reader,
         stop: Some(stop),
         drains,
-        reported_losses: (0, 0),
+        reported_losses: ProbeLosses::default(),
     };
     (state, rows)
 }

@@ -12,8 +12,10 @@
 //! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
 //! - [`wire_events`]: the same events as the collector receives them;
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
+//! - [`device_ends`]: the same for a device once the kernel freed it;
 //! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
+mod device_ends;
 mod families;
 mod job_ends;
 pub mod output;
@@ -68,6 +70,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
+    let mut devices = device_ends::DeviceEnds::default();
     // The first attempts run on blocking threads; the probe table is printed when they are in.
     let mut families = Families::start(options.kernel.clone(), attach, records_tx);
 
@@ -102,6 +105,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                 if pipeline.is_none() {
                     let raw = families.counts();
                     job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, None);
+                    device_ends::end_devices(&mut devices, &raw, &mut families, None, monotonic_ns());
                 }
             }
             polled = next_polled(&mut pipeline) => match polled {
@@ -121,9 +125,10 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                     }
                     // The counts just read are the final ones of jobs that end now.
                     job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, pipeline.as_mut());
+                    device_ends::end_devices(&mut devices, &raw, &mut families, pipeline.as_mut(), now);
                     if let Some(p) = pipeline.as_mut() {
                         p.forget_stale();
-                        let report = StateReport::take(&families, &jobs, &cgroups, Some(p));
+                        let report = StateReport::take(&families, &jobs, &devices, &cgroups, Some(p));
                         p.on_readings(&report.readings(now));
                     }
                 }
@@ -147,7 +152,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     }
     tracing::info!(
         "stopping; state: {}",
-        StateReport::take(&families, &jobs, &cgroups, pipeline.as_ref())
+        StateReport::take(&families, &jobs, &devices, &cgroups, pipeline.as_ref())
     );
     // What the probes wrote since the last drain is still in the ring buffers: each reader
     // drains its buffer once more and ends, and those events go out like any other.
