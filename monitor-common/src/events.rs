@@ -48,6 +48,10 @@ pub enum Origin {
     CqAsync = 2,
     /// `ib_modify_qp_with_udata` moving a QP to ERR (`event_type` is the new `ib_qp_state`).
     QpToErr = 3,
+    /// Not an event: a cgroup counted a verb for the first time (in a while). The agent,
+    /// woken, names the cgroup while it still exists, so a job shorter than a sweep of the
+    /// counters is still named when its counters are read.
+    NewCgroup = 4,
 }
 
 impl Origin {
@@ -57,6 +61,7 @@ impl Origin {
             1 => Self::QpAsync,
             2 => Self::CqAsync,
             3 => Self::QpToErr,
+            4 => Self::NewCgroup,
             _ => return None,
         })
     }

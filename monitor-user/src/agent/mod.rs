@@ -31,6 +31,8 @@ use tokio::{
 
 pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
 
+use monitor_common::events::Origin;
+
 use crate::{
     cgroup::CgroupNames,
     kernel::Kernel,
@@ -92,8 +94,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(record) = records_rx.recv() => {
-                let event = families.decode(&record, clock, &mut cgroups);
-                report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+                on_record(&record, &families, &mut cgroups, &mut ports, pipeline.as_mut(), options.format);
             }
             attempt = families.next_attempt() => families.on_attempt(attempt),
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
@@ -158,8 +159,14 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     // drains its buffer once more and ends, and those events go out like any other.
     families.stop_readers().await;
     while let Ok(record) = records_rx.try_recv() {
-        let event = families.decode(&record, clock, &mut cgroups);
-        report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+        on_record(
+            &record,
+            &families,
+            &mut cgroups,
+            &mut ports,
+            pipeline.as_mut(),
+            options.format,
+        );
     }
     if let Some(p) = pipeline.as_mut() {
         p.flush_all();
@@ -191,6 +198,25 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
     let snapshot = TimeBase::global().now_unix_ns();
     let mut out = std::io::stdout().lock();
     let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
+}
+
+/// A record from a family's ring buffer: a new cgroup's notice (named now, while it exists)
+/// or an event, printed and sent.
+fn on_record(
+    record: &Record,
+    families: &Families,
+    cgroups: &mut CgroupNames,
+    ports: &mut PortStates,
+    pipeline: Option<&mut Pipeline>,
+    format: OutputFormat,
+) {
+    if Origin::from_u32(record.1.origin) == Some(Origin::NewCgroup) {
+        let name = cgroups.name(record.1.cgroup);
+        tracing::trace!(cgroup = record.1.cgroup, %name, "new cgroup named");
+        return;
+    }
+    let event = families.decode(record, TimeBase::global(), cgroups);
+    report_event(&event, ports, pipeline, format);
 }
 
 /// Prints an event (and the port transition it makes, if any) and sends both to the

@@ -4,8 +4,20 @@
 //! frame leaving the agent (the frame's send time, on the agent's clock) and to `listen`
 //! printing it (the time this scenario reads the line from listen's stdout, on the same
 //! guest clock). Prints one `BENCH-EVENTS` JSON line with the percentiles.
+//!
+//! As a baseline of what the guest itself adds, a trivial thread sleeps 1 ms in a loop
+//! during the flaps and records how much later than asked it wakes: the scheduling and
+//! timer latency any process in this guest sees under the same load, ours or not.
 
-use std::{process::Command, thread, time::Duration};
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, ensure};
 use serde_json::{Value, json};
@@ -24,7 +36,20 @@ pub fn run() -> anyhow::Result<()> {
     let (mut agent, listener) = guest::agent_and_listener(PORT, &[], false)?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(30))?;
     thread::sleep(Duration::from_secs(2));
-    let start = std::time::Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let baseline = {
+        let done = Arc::clone(&done);
+        thread::spawn(move || {
+            let mut overshoot = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                thread::sleep(Duration::from_millis(1));
+                overshoot.push(ms(t.elapsed().as_nanos() as u64).max(1.0) - 1.0);
+            }
+            overshoot
+        })
+    };
+    let start = Instant::now();
     for _ in 0..FLAPS {
         for state in ["down", "up"] {
             let status = Command::new("/usr/bin/ip")
@@ -36,6 +61,8 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     let flapping = start.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let mut overshoot = baseline.join().expect("no panic");
     thread::sleep(Duration::from_secs(2));
     ensure!(agent.is_running(), "the agent died");
     agent.stop()?;
@@ -74,6 +101,7 @@ pub fn run() -> anyhow::Result<()> {
         "events": to_frame.len(),
         "kernel_to_frame_ms": percentiles(&mut to_frame),
         "kernel_to_listen_ms": percentiles(&mut to_print),
+        "sleep_1ms_overshoot_ms": percentiles(&mut overshoot),
     });
     println!("BENCH-EVENTS {report}");
     Ok(())

@@ -124,6 +124,10 @@ fn table(report: &Value) -> String {
     for (key, what) in [
         ("kernel_to_frame_ms", "the frame leaving the agent"),
         ("kernel_to_listen_ms", "`railscope listen` printing it"),
+        (
+            "sleep_1ms_overshoot_ms",
+            "baseline: a trivial thread's 1 ms sleep, how late it wakes",
+        ),
     ] {
         let v = |q: &str| {
             m[key][q]
@@ -158,7 +162,9 @@ fn markdown(report: &Value, accel: Accel) -> String {
          the {events} IB port events (PORT_ERR, PORT_ACTIVE) that reached `listen`: the time from the \
          kernel's timestamp (`bpf_ktime_get_ns` in the probe, on the agent's time base) to the frame's \
          send time (stamped by the agent as it hands the frame to the sender) and to the moment the \
-         scenario read `listen`'s line from its stdout (the same guest clock).\n\n\
+         scenario read `listen`'s line from its stdout (the same guest clock). The baseline row is \
+         not an event: a thread of the scenario sleeping 1 ms in a loop during the flaps, how much \
+         later than asked it woke (the guest's own scheduling and timer latency under that load).\n\n\
          {table}\n\
          Goal: p99 under {goal} ms on both: **{met}**.\n\n\
          The probes wake the agent for port, device and async-error events (`BPF_RB_FORCE_WAKEUP`); \
