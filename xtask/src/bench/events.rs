@@ -86,13 +86,18 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         "goal_met": goal_met,
         "measured": measured,
     });
-    let md_path = cargo::workspace_root().join("bench/results/events.md");
+    // One report per vCPU count: `events.md` for the default single vCPU, `events-smp2.md`...
+    let file = match options.smp {
+        1 => "events.md".to_owned(),
+        n => format!("events-smp{n}.md"),
+    };
+    let md_path = cargo::workspace_root().join("bench/results").join(file);
     std::fs::create_dir_all(md_path.parent().expect("a parent"))?;
     std::fs::write(&md_path, markdown(&report, outcome.accel))?;
     std::fs::write(md_path.with_extension("json"), sorted_json(&report)?)?;
     eprint!("{}", table(&report));
     setup::step(&format!(
-        "wrote {} and events.json in {:.0?}",
+        "wrote {} and its .json in {:.0?}",
         md_path.display(),
         started.elapsed()
     ));
