@@ -126,12 +126,19 @@ pub(super) enum FamilyState {
 }
 
 /// How regularly a reader drained its ring buffer: the longest time between two drains, the
-/// measure of a loop that stalls.
+/// measure of a loop that stalls; and how late the records that wake it (port, device and
+/// async-error events) reached it after their kernel timestamp, the part of an event's
+/// latency that comes before the agent's own work (`cargo xtask bench events` reports it).
 #[derive(Default)]
 pub(super) struct DrainPace {
     drains: AtomicU64,
     longest_gap_us: AtomicU64,
+    /// Kernel timestamp to reader, in µs, of the first [`MAX_WOKEN_SAMPLES`] woken records.
+    woken_us: std::sync::Mutex<Vec<u32>>,
 }
+
+/// Bound of [`DrainPace::woken_us`] (400 kB).
+const MAX_WOKEN_SAMPLES: usize = 100_000;
 
 impl DrainPace {
     fn record(&self, gap: Duration) {
@@ -140,9 +147,41 @@ impl DrainPace {
         self.longest_gap_us.fetch_max(us, Ordering::Relaxed);
     }
 
+    /// A record that woke the reader, read `late_ns` after its kernel timestamp.
+    fn record_woken(&self, late_ns: u64) {
+        if let Ok(mut v) = self.woken_us.lock()
+            && v.len() < MAX_WOKEN_SAMPLES
+        {
+            v.push(u32::try_from(late_ns / 1000).unwrap_or(u32::MAX));
+        }
+    }
+
     fn log(&self, family: Family) {
+        let woken = self
+            .woken_us
+            .lock()
+            .map(|mut v| {
+                if v.is_empty() {
+                    return String::new();
+                }
+                v.sort_unstable();
+                let at = |q: f64| {
+                    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+                    f64::from(v[rank - 1]) / 1000.0
+                };
+                format!(
+                    "; {} woken events, kernel to reader p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms \
+                     max {:.2} ms",
+                    v.len(),
+                    at(0.5),
+                    at(0.9),
+                    at(0.99),
+                    at(1.0)
+                )
+            })
+            .unwrap_or_default();
         tracing::info!(
-            "{} event drain: {} drains, longest gap between two {} ms",
+            "{} event drain: {} drains, longest gap between two {} ms{woken}",
             family.module(),
             self.drains.load(Ordering::Relaxed),
             self.longest_gap_us.load(Ordering::Relaxed) / 1000
@@ -660,6 +699,10 @@ async fn read_events(
         while let Some(item) = buffer.next() {
             match monitor_common::events::EventRecord::from_bytes(&item) {
                 Some(record) => {
+                    if wakes(&record) {
+                        let read_ns = crate::time_base::monotonic_ns();
+                        pace.record_woken(read_ns.saturating_sub(record.timestamp_ns));
+                    }
                     if tx.send((family, record)).await.is_err() {
                         return;
                     }
@@ -671,6 +714,15 @@ async fn read_events(
             return;
         }
     }
+}
+
+/// Whether the probes wrote this record with a wake-up (`Delivery::Wake` in monitor-ebpf).
+fn wakes(record: &monitor_common::events::EventRecord) -> bool {
+    use monitor_common::events::Origin;
+    matches!(
+        Origin::from_u32(record.origin),
+        Some(Origin::Dispatch | Origin::QpAsync | Origin::CqAsync)
+    )
 }
 
 /// A family's ring buffer as its reader waits on it: through epoll (the probes' wake-ups),

@@ -127,6 +127,10 @@ fn table(report: &Value) -> String {
     let mut out = String::from("| from the kernel's timestamp to | p50 | p90 | p99 | max |\n");
     out += "|---|---:|---:|---:|---:|\n";
     for (key, what) in [
+        (
+            "kernel_to_reader_ms",
+            "the agent's ring-buffer reader (the agent's own count)",
+        ),
         ("kernel_to_frame_ms", "the frame leaving the agent"),
         ("kernel_to_listen_ms", "`railscope listen` printing it"),
         (
