@@ -81,6 +81,9 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         "accel": format!("{:?}", outcome.accel),
         "guest_vcpus": options.smp,
         "host_cpu": host_cpu(),
+        "host_load": std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
         "guest_seconds": outcome.wall.as_secs_f64(),
         "goal_p99_ms": GOAL_P99_MS,
         "goal_met": goal_met,
@@ -154,6 +157,42 @@ fn table(report: &Value) -> String {
     out
 }
 
+/// The host's load average when the report was written, as the report says it.
+fn host_load(report: &Value) -> String {
+    report["host_load"].as_str().unwrap_or("?").to_owned()
+}
+
+/// Where an event's time goes, from the measured legs: before the agent's reader had it
+/// (the kernel's wake-up, the guest's scheduler, the emulated CPU), the agent's own work up to
+/// the frame, and what the guest adds to any process (the baseline).
+fn where_time_goes(m: &Value, load: String) -> String {
+    let q = |key: &str, p: &str| m[key][p].as_f64();
+    let f = |v: Option<f64>| v.map_or("?".to_owned(), |x| format!("{x:.2} ms"));
+    format!(
+        "Where the time goes: the agent's reader had the record p50 {r50} / p99 {r99} after \
+         its kernel timestamp (the kernel's wake-up through irq_work, the guest's scheduler and \
+         the emulated CPU: no code of the agent runs before it but the epoll wait); the frame \
+         left p50 {f50} / p99 {f99} after it, the rest being the agent's decoding, encoding and \
+         hand-over to the sender on its loop. A scenario thread that only sleeps 1 ms woke \
+         p99 {b99} (max {bmax}) late over the same time: the guest stalls any process about \
+         that long, whatever it runs (the emulation, and the host's other load: load average \
+         {load} when this was written). {verdict}\n",
+        r50 = f(q("kernel_to_reader_ms", "p50")),
+        r99 = f(q("kernel_to_reader_ms", "p99")),
+        f50 = f(q("kernel_to_frame_ms", "p50")),
+        f99 = f(q("kernel_to_frame_ms", "p99")),
+        b99 = f(q("sleep_1ms_overshoot_ms", "p99")),
+        bmax = f(q("sleep_1ms_overshoot_ms", "max")),
+        verdict = match (q("kernel_to_reader_ms", "p99"), q("kernel_to_frame_ms", "p99")) {
+            (Some(r), Some(f)) if r >= f / 2.0 => {
+                "Most of the tail comes before any code of the agent runs."
+            }
+            (Some(_), Some(_)) => "Most of the tail is on the agent's loop, after its reader.",
+            _ => "",
+        },
+    )
+}
+
 fn markdown(report: &Value, accel: Accel) -> String {
     let s = |k: &str| report[k].as_str().unwrap_or("?").to_owned();
     let m = &report["measured"];
@@ -178,7 +217,8 @@ fn markdown(report: &Value, accel: Accel) -> String {
          Goal: p99 under {goal} ms on both: **{met}**.\n\n\
          The probes wake the agent for port, device and async-error events (`BPF_RB_FORCE_WAKEUP`); \
          the agent's reader waits on the ring buffer's epoll fd, so such an event is decoded, \
-         encoded and sent at once instead of at the next 250 ms drain.\n",
+         encoded and sent at once instead of at the next 250 ms drain.\n\n\
+         {where_time_goes}",
         command = s("command"),
         date = s("date"),
         kernel = s("kernel_release"),
@@ -188,6 +228,7 @@ fn markdown(report: &Value, accel: Accel) -> String {
         pause = m["pause_ms"],
         events = m["events"],
         table = table(report),
+        where_time_goes = where_time_goes(m, host_load(report)),
         goal = GOAL_P99_MS,
         met = if report["goal_met"].as_bool() == Some(true) {
             "met"
