@@ -223,8 +223,11 @@ fn flap() -> anyhow::Result<()> {
     })
 }
 
-/// What the listener received: every point of every series, by name and labels.
-struct Received(BTreeMap<(String, BTreeMap<String, String>), Vec<(u64, Value)>>);
+/// A series as the listener prints it: its name and labels.
+type SeriesId = (String, BTreeMap<String, String>);
+
+/// What the listener received: every point (time, JSON) of every series.
+struct Received(BTreeMap<SeriesId, Vec<(u64, Value)>>);
 
 impl Received {
     fn from_frames(frames: &[Value]) -> Self {

@@ -183,7 +183,10 @@ fn where_time_goes(m: &Value, load: String) -> String {
         f99 = f(q("kernel_to_frame_ms", "p99")),
         b99 = f(q("sleep_1ms_overshoot_ms", "p99")),
         bmax = f(q("sleep_1ms_overshoot_ms", "max")),
-        verdict = match (q("kernel_to_reader_ms", "p99"), q("kernel_to_frame_ms", "p99")) {
+        verdict = match (
+            q("kernel_to_reader_ms", "p99"),
+            q("kernel_to_frame_ms", "p99")
+        ) {
             (Some(r), Some(f)) if r >= f / 2.0 => {
                 "Most of the tail comes before any code of the agent runs."
             }
