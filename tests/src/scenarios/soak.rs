@@ -3,8 +3,9 @@
 //! job), then its cgroup is removed; every tenth job the link flaps first. The agent sends to
 //! `railscope listen`. At the end:
 //!
-//! - every job's final verb counts reached the listener exactly (5 `post_send` on each
-//!   device, one QP created and destroyed on each), and the agent says it ended every job;
+//! - every job's final verb counts reached the listener exactly (on each device: one
+//!   context, PD, MR, CQ and QP created, the last four destroyed, INIT/RTR/RTS once,
+//!   5 `post_send`), and the agent says it ended every job;
 //! - the agent's maps and tables hold only live keys: no verb counter key, no job waiting
 //!   for its grace period (`railscope_agent_entries` as received);
 //! - its series count and memory are back where they were after the first jobs: the verb
@@ -31,6 +32,23 @@ const ITERS: u64 = 5;
 const PINGPONG_TCP_PORT: u16 = 18515;
 /// The jobs after which the "early" state is taken.
 const EARLY_JOBS: usize = 5;
+/// What each side of a job's pingpong does on its device (verb, detail, count; `None`:
+/// [`ITERS`]), as the `verbs` scenario proves for one job.
+const PER_SIDE: [(&str, &str, Option<u64>); 13] = [
+    ("alloc_ucontext", "user", Some(1)),
+    ("alloc_pd", "user", Some(1)),
+    ("reg_mr", "user", Some(1)),
+    ("create_cq", "user", Some(1)),
+    ("create_qp", "user", Some(1)),
+    ("modify_qp", "INIT", Some(1)),
+    ("modify_qp", "RTR", Some(1)),
+    ("modify_qp", "RTS", Some(1)),
+    ("post_send", "", None),
+    ("destroy_qp", "user", Some(1)),
+    ("destroy_cq", "user", Some(1)),
+    ("dereg_mr", "user", Some(1)),
+    ("dealloc_pd", "user", Some(1)),
+];
 /// Jobs when the kernel command line does not say.
 const DEFAULT_JOBS: usize = 40;
 
@@ -93,17 +111,15 @@ pub fn run() -> anyhow::Result<()> {
 
     let mut failures = Vec::new();
     for cgroup in &names {
-        for (device, verb, detail, want) in [
-            ("rxe0", "post_send", "", ITERS),
-            ("rxe1", "post_send", "", ITERS),
-            ("rxe0", "create_qp", "user", 1),
-            ("rxe1", "destroy_qp", "user", 1),
-        ] {
-            let got = received.verb(device, verb, detail, cgroup);
-            if got != Some(want) {
-                failures.push(format!(
-                    "{cgroup} {device} {verb}: {got:?}, expected {want}"
-                ));
+        for device in ["rxe0", "rxe1"] {
+            for (verb, detail, want) in PER_SIDE {
+                let want = want.unwrap_or(ITERS);
+                let got = received.verb(device, verb, detail, cgroup);
+                if got != Some(want) {
+                    failures.push(format!(
+                        "{cgroup} {device} {verb} {detail}: {got:?}, expected {want}"
+                    ));
+                }
             }
         }
     }
