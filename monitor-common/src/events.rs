@@ -14,6 +14,28 @@ pub enum NameSource {
     Pointer = 1,
 }
 
+/// The key of a device in counters, events and `DEVICE_NAMES`: its `ib_device.index` plus
+/// one (0 means no device). ib_core allocates indexes cyclically over 31 bits at
+/// registration, so a device registered after another went away, even at the same address,
+/// has another key.
+pub const fn device_key(index: u32) -> u64 {
+    index as u64 + 1
+}
+
+/// What `DEVICE_NAMES` holds for a device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceEntry {
+    /// The NUL-terminated name, as the probes read it when they first met the device.
+    pub name: [u8; DEVICE_NAME_LEN],
+    /// `bpf_ktime_get_ns()` when `ib_dealloc_device` freed the device, 0 while it lives.
+    /// Userspace deletes the entry (and the device's counters) a grace period later.
+    pub removed_ns: u64,
+}
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for DeviceEntry {}
+
 /// Which hook saw the event.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +48,10 @@ pub enum Origin {
     CqAsync = 2,
     /// `ib_modify_qp_with_udata` moving a QP to ERR (`event_type` is the new `ib_qp_state`).
     QpToErr = 3,
+    /// Not an event: a cgroup counted a verb for the first time (in a while). The agent,
+    /// woken, names the cgroup while it still exists, so a job shorter than a sweep of the
+    /// counters is still named when its counters are read.
+    NewCgroup = 4,
 }
 
 impl Origin {
@@ -35,6 +61,7 @@ impl Origin {
             1 => Self::QpAsync,
             2 => Self::CqAsync,
             3 => Self::QpToErr,
+            4 => Self::NewCgroup,
             _ => return None,
         })
     }
@@ -49,8 +76,8 @@ pub struct EventRecord {
     /// cgroup v2 id of the job: the task that was running, or the owner of the QP or CQ an
     /// async event is about.
     pub cgroup: u64,
-    /// The `struct ib_device *`, as the key of the probes' `DEVICE_NAMES` map, which holds
-    /// its name by the time the record is written (userspace resolves it); 0 if unread.
+    /// The device's key ([`device_key`]) in the probes' `DEVICE_NAMES` map, which holds its
+    /// name by the time the record is written (userspace resolves it); 0 if unread.
     /// A key, not the name: copying a string out of the kernel was most of an event's cost.
     pub device: u64,
     /// An [`Origin`].

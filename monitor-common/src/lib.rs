@@ -26,6 +26,9 @@ pub mod globals {
     /// Byte offset of the name in `struct ib_device`: of the `name` char array, or of the
     /// `dev.kobj.name` pointer, depending on [`IB_DEVICE_NAME_SOURCE`].
     pub const IB_DEVICE_NAME_OFFSET: &str = "IB_DEVICE_NAME_OFFSET";
+    /// Byte offset of `struct ib_device.index` (u32): the device's identity, allocated
+    /// cyclically at registration, so a device that reuses a freed one's memory gets another.
+    pub const IB_DEVICE_INDEX_OFFSET: &str = "IB_DEVICE_INDEX_OFFSET";
     /// `struct ib_qp`: offsets of `device` and `qp_num`.
     pub const IB_QP_DEVICE_OFFSET: &str = "IB_QP_DEVICE_OFFSET";
     pub const IB_QP_NUM_OFFSET: &str = "IB_QP_NUM_OFFSET";
@@ -89,7 +92,8 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     /// Per-CPU hash of [`crate::verbs::CounterKey`] to a count.
     pub const VERB_COUNTS: &str = "VERB_COUNTS";
-    /// `struct ib_device *` to its name, filled the first time a probe meets a device.
+    /// A device's key (see [`crate::events::device_key`]) to its name and removal time
+    /// ([`crate::events::DeviceEntry`]), filled the first time a probe meets a device.
     pub const DEVICE_NAMES: &str = "DEVICE_NAMES";
     /// Per-CPU array of counters about the probes themselves (see [`crate::ProbeStat`]).
     pub const PROBE_STATS: &str = "PROBE_STATS";
@@ -105,7 +109,9 @@ pub enum ProbeStat {
     EventReadErrors = 1,
     /// A verb was seen but the counter map was full.
     CountsDropped = 2,
+    /// A device was seen but `DEVICE_NAMES` was full: its counters and events carry no name.
+    DeviceNamesFull = 3,
 }
 
 /// Number of slots in `PROBE_STATS`.
-pub const PROBE_STAT_SLOTS: u32 = 3;
+pub const PROBE_STAT_SLOTS: u32 = 4;

@@ -1,6 +1,6 @@
 //! Counters of RDMA control-path verbs, kept in the per-CPU hash `VERB_COUNTS` and summed in
-//! userspace. Keys carry the device (as its `struct ib_device *`, named through
-//! `DEVICE_NAMES`) and the cgroup of the calling task, never a pid: a job is a cgroup, and
+//! userspace. Keys carry the device (as its key, [`crate::events::device_key`], named
+//! through `DEVICE_NAMES`) and the cgroup of the calling task, never a pid: a job is a cgroup, and
 //! cardinality stays bounded by jobs, not processes.
 
 /// `RESTRACK_DEVICE_DELTA` value for resource types whose device the probe cannot reach.
@@ -114,7 +114,8 @@ impl Verb {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CounterKey {
-    /// `struct ib_device *`, or 0 when the hook does not know the device (rdma_cm, MAD).
+    /// The device's key ([`crate::events::device_key`]), or 0 when the hook does not know
+    /// the device (rdma_cm, MAD).
     pub device: u64,
     /// cgroup v2 id of the calling task.
     pub cgroup: u64,

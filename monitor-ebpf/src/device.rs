@@ -1,19 +1,36 @@
-//! `struct ib_device`: its name, read through BTF-resolved offsets, and the `DEVICE_NAMES` map
-//! that lets counters and events key on the device pointer instead of copying the name every
-//! time.
+//! `struct ib_device`: its identity and name, read through BTF-resolved offsets, and the
+//! `DEVICE_NAMES` map that lets counters and events carry a small key instead of copying the
+//! name every time.
+//!
+//! The key is the device's `index` (plus one, [`device_key`]), not its address: ib_core
+//! allocates indexes cyclically at registration, so a device that goes away and a new one
+//! allocated at the same address never share a key, a name or counters. A probe on
+//! `ib_dealloc_device` marks the gone device's entry (userspace deletes it and the device's
+//! counters after a grace period) and clears its slot of the [`KNOWN_DEVICES`] cache.
 
-use aya_ebpf::{Global, helpers::bpf_probe_read_kernel_str_bytes, macros::map, maps::HashMap};
-use monitor_common::events::{DEVICE_NAME_LEN, NameSource};
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
+    macros::{kprobe, map},
+    maps::HashMap,
+    programs::ProbeContext,
+};
+use monitor_common::{
+    ProbeStat,
+    events::{DEVICE_NAME_LEN, DeviceEntry, NameSource, device_key},
+};
 
-use crate::shared::read_at;
+use crate::shared::{bump, read_at};
 
 #[unsafe(no_mangle)]
 static IB_DEVICE_NAME_SOURCE: Global<u32> = Global::new(NameSource::InlineArray as u32);
 #[unsafe(no_mangle)]
 static IB_DEVICE_NAME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static IB_DEVICE_INDEX_OFFSET: Global<u32> = Global::new(0);
 
 #[map]
-static DEVICE_NAMES: HashMap<u64, [u8; DEVICE_NAME_LEN]> = HashMap::with_max_entries(256, 0);
+static DEVICE_NAMES: HashMap<u64, DeviceEntry> = HashMap::with_max_entries(256, 0);
 
 /// Copies the device's name into `out`.
 ///
@@ -32,49 +49,145 @@ unsafe fn read_name(device: *const u8, out: &mut [u8; DEVICE_NAME_LEN]) -> Resul
     Ok(())
 }
 
+/// The device's key: its `index` plus one.
+///
+/// # Safety
+/// `device` is a kernel `struct ib_device *`.
+#[inline(always)]
+unsafe fn read_key(device: *const u8) -> Result<u64, i32> {
+    unsafe { read_at::<u32>(device, IB_DEVICE_INDEX_OFFSET.load()) }.map(device_key)
+}
+
 /// Devices already named, in a small direct-mapped table (a slot per device pointer hash):
 /// a node's job drives all its HCAs at once (a rail per GPU), so one "last device" would
 /// miss on nearly every verb. A plain global (a `.bss` map the verifier turns into a direct
 /// memory access), not a map lookup: this runs on every counted verb, and under
-/// `cargo xtask bench probes` a helper call is the larger part of a probe's cost. Shared by
-/// all CPUs without a lock: the name is inserted into `DEVICE_NAMES` before the key is stored
-/// here, so a CPU that finds its device here knows the name is known; a race or a collision
-/// only costs one more `DEVICE_NAMES` lookup.
+/// `cargo xtask bench probes` a helper call is the larger part of a probe's cost.
+///
+/// A slot holds `[pointer ^ mix(key), key]`: a hit needs both words to agree with the
+/// pointer looked up, so a slot torn by two CPUs writing at once (no lock) fails the check
+/// and costs one more lookup, never a wrong key. The name is inserted into `DEVICE_NAMES`
+/// before a slot is written, so a device found here is named. `ib_dealloc_device` clears the
+/// slot of a device that goes away, so a new device at its address is read afresh.
 #[unsafe(no_mangle)]
-static mut KNOWN_DEVICES: [u64; KNOWN_SLOTS] = [0; KNOWN_SLOTS];
+static mut KNOWN_DEVICES: [[u64; 2]; KNOWN_SLOTS] = [[0; 2]; KNOWN_SLOTS];
 const KNOWN_SLOTS: usize = 16;
 
 /// The slot of a device pointer: Fibonacci hashing (device structs are large, page-aligned
 /// allocations, so the low bits say nothing).
 #[inline(always)]
-fn known_slot(key: u64) -> usize {
-    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize & (KNOWN_SLOTS - 1)
+fn known_slot(pointer: u64) -> usize {
+    (pointer.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize & (KNOWN_SLOTS - 1)
 }
 
-/// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters.
+/// What a slot's first word holds for a (pointer, key) pair.
+#[inline(always)]
+fn check_word(pointer: u64, key: u64) -> u64 {
+    pointer ^ key.wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters and events
+/// (0 for a null device or an unreadable index).
 ///
 /// # Safety
 /// `device` is a kernel `struct ib_device *` or null.
 #[inline(always)]
 pub unsafe fn remember(device: *const u8) -> u64 {
-    let key = device as u64;
-    if key == 0 {
-        return key;
+    let pointer = device as u64;
+    if pointer == 0 {
+        return 0;
     }
     // SAFETY: an element of this program's own global array (the index is masked below its
-    // length); a torn or stale value only costs a lookup.
-    let slot = unsafe { (&raw mut KNOWN_DEVICES).cast::<u64>().add(known_slot(key)) };
-    if unsafe { core::ptr::read_volatile(slot) } == key {
+    // length); a torn or stale value fails the check below.
+    let slot = unsafe {
+        (&raw mut KNOWN_DEVICES)
+            .cast::<[u64; 2]>()
+            .add(known_slot(pointer))
+    };
+    let (check, key) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*slot)[0]),
+            core::ptr::read_volatile(&raw const (*slot)[1]),
+        )
+    };
+    if key != 0 && check == check_word(pointer, key) {
         return key;
     }
+    let Ok(key) = (unsafe { read_key(device) }) else {
+        return 0;
+    };
     let named = unsafe { DEVICE_NAMES.get(&key) }.is_some() || {
-        let mut name = [0u8; DEVICE_NAME_LEN];
-        unsafe { read_name(device, &mut name) }.is_ok()
-            && DEVICE_NAMES.insert(&key, &name, 0).is_ok()
+        let mut entry = DeviceEntry {
+            name: [0u8; DEVICE_NAME_LEN],
+            removed_ns: 0,
+        };
+        unsafe { read_name(device, &mut entry.name) }.is_ok() && {
+            let inserted = DEVICE_NAMES.insert(&key, &entry, 0).is_ok();
+            if !inserted {
+                bump(ProbeStat::DeviceNamesFull);
+            }
+            inserted
+        }
     };
     if named {
         // SAFETY: as above.
-        unsafe { core::ptr::write_volatile(slot, key) };
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*slot)[1], key);
+            core::ptr::write_volatile(&raw mut (*slot)[0], check_word(pointer, key));
+        }
     }
     key
+}
+
+/// A device being freed (`ib_dealloc_device`): its cache slot is cleared and its
+/// `DEVICE_NAMES` entry marked removed. A device freed before it was registered (a driver's
+/// error path) has no name yet and its index is not its own: it is left alone.
+///
+/// # Safety
+/// `device` is a kernel `struct ib_device *` or null.
+#[inline(always)]
+unsafe fn forget(device: *const u8) {
+    let pointer = device as u64;
+    if pointer == 0 {
+        return;
+    }
+    let mut name = [0u8; DEVICE_NAME_LEN];
+    if unsafe { read_name(device, &mut name) }.is_err() || name[0] == 0 {
+        return;
+    }
+    // SAFETY: as in `remember`.
+    unsafe {
+        let slot = (&raw mut KNOWN_DEVICES)
+            .cast::<[u64; 2]>()
+            .add(known_slot(pointer));
+        core::ptr::write_volatile(&raw mut (*slot)[0], 0);
+        core::ptr::write_volatile(&raw mut (*slot)[1], 0);
+    }
+    let Ok(key) = (unsafe { read_key(device) }) else {
+        return;
+    };
+    if let Some(entry) = DEVICE_NAMES.get_ptr_mut(&key) {
+        // SAFETY: a value of our own map; `bpf_ktime_get_ns` takes no arguments.
+        unsafe { (*entry).removed_ns = bpf_ktime_get_ns() };
+    }
+}
+
+/// `ib_dealloc_device(struct ib_device *)` in the ib_core family's instance.
+#[kprobe]
+pub fn ib_dealloc_device(ctx: ProbeContext) -> u32 {
+    if let Some(device) = ctx.arg::<*const u8>(0) {
+        // SAFETY: the kernel's argument; every read is fault-safe.
+        unsafe { forget(device) };
+    }
+    0
+}
+
+/// The same hook in the ib_uverbs family's instance, which has its own maps and cache.
+#[kprobe]
+pub fn uverbs_ib_dealloc_device(ctx: ProbeContext) -> u32 {
+    if let Some(device) = ctx.arg::<*const u8>(0) {
+        // SAFETY: as above.
+        unsafe { forget(device) };
+    }
+    0
 }

@@ -4,11 +4,11 @@ use aya_ebpf::{
     Global,
     helpers::bpf_get_current_cgroup_id,
     macros::map,
-    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use monitor_common::{
     PROBE_STAT_SLOTS, ProbeStat,
-    events::EventRecord,
+    events::{EventRecord, Origin},
     verbs::{CounterKey, Verb},
 };
 
@@ -37,6 +37,11 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 /// Bounded by devices x verbs x details x cgroups (jobs), never by processes.
 #[map]
 static VERB_COUNTS: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
+
+/// Cgroups that counted recently, so the agent is told of a new one once (see
+/// [`note_cgroup`]); least recently used first out, which only costs another notice.
+#[map]
+static SEEN_CGROUPS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
 
 #[map]
 static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STAT_SLOTS, 0);
@@ -114,9 +119,28 @@ pub fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
         None => {
             if VERB_COUNTS.insert(&key, &1, 0).is_err() {
                 bump(ProbeStat::CountsDropped);
+            } else {
+                note_cgroup(cgroup);
             }
         }
     }
+}
+
+/// On a new counter key (a verb, device or detail a cgroup had not counted): if the cgroup
+/// is new too, wakes the agent with a [`Origin::NewCgroup`] record so it names the cgroup
+/// at once. Userspace reads the counters at each sweep (1 s); a job that starts and ends
+/// between two sweeps would be gone, and nameless, by then. Only on the slow path of a new
+/// key: the frequent verbs of a known key never get here.
+#[inline(always)]
+fn note_cgroup(cgroup: u64) {
+    if SEEN_CGROUPS.get_ptr(&cgroup).is_some() {
+        return;
+    }
+    let _ = SEEN_CGROUPS.insert(&cgroup, &1, 0);
+    send_event_in(cgroup, Delivery::Wake, |record| {
+        record.origin = Origin::NewCgroup as u32;
+        Ok(())
+    });
 }
 
 /// Sends an event of the running task's cgroup, filled by `fill`, to the ring buffer; counts

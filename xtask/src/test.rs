@@ -32,6 +32,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     // The full suite proves the probes on every kernel line the test bed knows, unless
     // --kernel narrows it.
     let mut vm = options.vm.clone();
+    vm.ci = true;
     if vm.kernel.is_empty() {
         vm.all_kernels = true;
     }

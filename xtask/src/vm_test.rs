@@ -38,6 +38,8 @@ pub const SCENARIOS: &[&str] = &[
     "clock-step",
     "perftest",
     "capture-flap",
+    "device-reuse",
+    "soak",
     // Last: it unloads and reloads ib_uverbs and rdma_cm.
     "attach-pace",
 ];
@@ -58,11 +60,34 @@ pub struct Options {
     /// Scenarios to run (repeatable; default: all).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS.iter().chain(ON_REQUEST)))]
     pub scenario: Vec<String>,
-    /// Kill a guest that has not powered off after this many seconds.
+    /// Kill a guest that has not powered off after this many seconds (plus 4 s per soak job
+    /// when `soak` runs).
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Jobs the `soak` scenario runs (default: 300 under `vm-test --all-kernels`, else 40).
+    #[arg(long)]
+    pub soak_jobs: Option<u32>,
+    /// Set by `cargo xtask test`: CI runs the short soak even on every kernel.
+    #[arg(skip)]
+    pub ci: bool,
     #[command(flatten)]
     pub setup: setup::Options,
+}
+
+/// The full soak's length, and the short one CI and single-kernel runs use.
+const SOAK_JOBS_FULL: u32 = 300;
+const SOAK_JOBS_SHORT: u32 = 40;
+
+impl Options {
+    /// How many jobs the `soak` scenario runs: the full length only when every kernel line is
+    /// booted on request (not in CI), unless `--soak-jobs` says.
+    pub fn soak_jobs(&self) -> u32 {
+        self.soak_jobs.unwrap_or(if self.all_kernels && !self.ci {
+            SOAK_JOBS_FULL
+        } else {
+            SOAK_JOBS_SHORT
+        })
+    }
 }
 
 pub fn run(options: &Options) -> anyhow::Result<()> {
@@ -199,14 +224,24 @@ fn run_kernel(
         scenarios.join(","),
         serial_log.display()
     ));
+    let soak_jobs = options.soak_jobs();
+    let soak_time = if scenarios.contains(&"soak") {
+        4 * u64::from(soak_jobs)
+    } else {
+        0
+    };
     let outcome = boot_scenarios(
         &image,
         scenarios,
         testbed::BootOptions {
             mem: "1G".into(),
             smp: 2,
-            timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: host.as_ref().map(|h| h.cmdline()).unwrap_or_default(),
+            timeout: Duration::from_secs(options.timeout + soak_time),
+            cmdline_extra: [
+                format!("railscope.soak_jobs={soak_jobs}"),
+                host.as_ref().map(|h| h.cmdline()).unwrap_or_default(),
+            ]
+            .join(" "),
             serial_log: serial_log.clone(),
             user_net: host.is_some(),
         },

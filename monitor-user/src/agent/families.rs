@@ -27,8 +27,9 @@ use crate::{
     cgroup::CgroupNames,
     kernel::{FileIdentity, Kernel},
     probes::{
-        AttachedFamily, Family, FamilyUnavailable, ProbeReport, RawCount, Status, Unavailable,
-        btf_cache::BtfCache, decode::Event, names::KernelNames, render_table,
+        AttachedFamily, Family, FamilyUnavailable, ProbeLosses, ProbeReport, RawCount,
+        RemovedDevice, Status, Unavailable, btf_cache::BtfCache, decode::Event, names::KernelNames,
+        render_table, unnamed_device,
     },
     time_base::TimeBase,
 };
@@ -120,17 +121,24 @@ pub(crate) enum FamilyState {
         /// Tells the reader to drain its ring buffer one last time and end.
         stop: Option<oneshot::Sender<()>>,
         drains: Arc<DrainPace>,
-        reported_losses: (u64, u64),
+        reported_losses: ProbeLosses,
     },
 }
 
 /// How regularly a reader drained its ring buffer: the longest time between two drains, the
-/// measure of a loop that stalls.
+/// measure of a loop that stalls; and how late the records that wake it (port, device and
+/// async-error events) reached it after their kernel timestamp, the part of an event's
+/// latency that comes before the agent's own work (`cargo xtask bench events` reports it).
 #[derive(Default)]
 pub(crate) struct DrainPace {
     drains: AtomicU64,
     longest_gap_us: AtomicU64,
+    /// Kernel timestamp to reader, in µs, of the first [`MAX_WOKEN_SAMPLES`] woken records.
+    woken_us: std::sync::Mutex<Vec<u32>>,
 }
+
+/// Bound of [`DrainPace::woken_us`] (400 kB).
+const MAX_WOKEN_SAMPLES: usize = 100_000;
 
 impl DrainPace {
     fn record(&self, gap: Duration) {
@@ -139,9 +147,41 @@ impl DrainPace {
         self.longest_gap_us.fetch_max(us, Ordering::Relaxed);
     }
 
+    /// A record that woke the reader, read `late_ns` after its kernel timestamp.
+    fn record_woken(&self, late_ns: u64) {
+        if let Ok(mut v) = self.woken_us.lock()
+            && v.len() < MAX_WOKEN_SAMPLES
+        {
+            v.push(u32::try_from(late_ns / 1000).unwrap_or(u32::MAX));
+        }
+    }
+
     fn log(&self, family: Family) {
+        let woken = self
+            .woken_us
+            .lock()
+            .map(|mut v| {
+                if v.is_empty() {
+                    return String::new();
+                }
+                v.sort_unstable();
+                let at = |q: f64| {
+                    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+                    f64::from(v[rank - 1]) / 1000.0
+                };
+                format!(
+                    "; {} woken events, kernel to reader p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms \
+                     max {:.2} ms",
+                    v.len(),
+                    at(0.5),
+                    at(0.9),
+                    at(0.99),
+                    at(1.0)
+                )
+            })
+            .unwrap_or_default();
         tracing::info!(
-            "{} event drain: {} drains, longest gap between two {} ms",
+            "{} event drain: {} drains, longest gap between two {} ms{woken}",
             family.module(),
             self.drains.load(Ordering::Relaxed),
             self.longest_gap_us.load(Ordering::Relaxed) / 1000
@@ -380,12 +420,38 @@ impl Families {
         self.attached().flat_map(|(_, a)| a.counts()).collect()
     }
 
-    /// What every attached family's probes could not deliver: (events lost to a full ring
-    /// buffer, verb counts lost to a full counter map).
-    pub(crate) fn losses(&self) -> (u64, u64) {
+    /// What every attached family's probes could not deliver.
+    pub(crate) fn losses(&self) -> ProbeLosses {
         self.attached()
             .map(|(_, a)| a.losses())
-            .fold((0, 0), |(e, c), (de, dc)| (e + de, c + dc))
+            .fold(ProbeLosses::default(), |sum, l| sum + l)
+    }
+
+    /// Devices freed in the kernel that some family still names, with the family.
+    pub(super) fn removed_devices(&self) -> Vec<(Family, RemovedDevice)> {
+        self.attached()
+            .flat_map(|(f, a)| a.removed_devices().into_iter().map(move |d| (f, d)))
+            .collect()
+    }
+
+    /// Forgets a removed device in one family (its counters and its name); returns how many
+    /// counter keys went.
+    pub(super) fn remove_device(&mut self, family: Family, device: u64) -> usize {
+        self.states
+            .iter_mut()
+            .filter(|(f, _)| *f == family)
+            .filter_map(|(_, s)| match s {
+                FamilyState::Attached { attached, .. } => Some(attached.remove_device(device)),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Entries in every attached family's `DEVICE_NAMES`.
+    pub(super) fn device_entries(&self) -> u64 {
+        self.attached()
+            .map(|(_, a)| a.device_entries() as u64)
+            .sum()
     }
 
     /// Keys in every attached family's `VERB_COUNTS`.
@@ -424,7 +490,7 @@ impl Families {
             .attached()
             .find(|(f, _)| f == family)
             .map(|(_, a)| a.device_name(record.device))
-            .unwrap_or_else(|| format!("dev@{:x}", record.device));
+            .unwrap_or_else(|| unnamed_device(record.device));
         Event::decode(record, device, &self.names, clock, cgroups)
     }
 
@@ -494,21 +560,29 @@ fn unavailable_reason(reason: Unavailable, rows: &[ProbeReport]) -> String {
     }
 }
 
-fn report_losses(family: Family, attached: &AttachedFamily, reported: &mut (u64, u64)) {
+fn report_losses(family: Family, attached: &AttachedFamily, reported: &mut ProbeLosses) {
     let losses = attached.losses();
-    if losses.0 > reported.0 {
+    if losses.events > reported.events {
         tracing::warn!(
             "ring buffer full: {} events lost ({} in total, {})",
-            losses.0 - reported.0,
-            losses.0,
+            losses.events - reported.events,
+            losses.events,
             family.module()
         );
     }
-    if losses.1 > reported.1 {
+    if losses.counts > reported.counts {
         tracing::warn!(
             "counter map full: {} verb counts lost ({} in total, {})",
-            losses.1 - reported.1,
-            losses.1,
+            losses.counts - reported.counts,
+            losses.counts,
+            family.module()
+        );
+    }
+    if losses.device_names > reported.device_names {
+        tracing::warn!(
+            "device name map full: {} device(s) left unnamed ({} in total, {})",
+            losses.device_names - reported.device_names,
+            losses.device_names,
             family.module()
         );
     }
@@ -572,7 +646,7 @@ fn start_reader(
         reader,
         stop: Some(stop),
         drains,
-        reported_losses: (0, 0),
+        reported_losses: ProbeLosses::default(),
     };
     (state, rows)
 }
@@ -632,6 +706,10 @@ async fn read_events(
         while let Some(item) = buffer.next() {
             match monitor_common::events::EventRecord::from_bytes(&item) {
                 Some(record) => {
+                    if wakes(&record) {
+                        let read_ns = crate::time_base::monotonic_ns();
+                        pace.record_woken(read_ns.saturating_sub(record.timestamp_ns));
+                    }
                     if tx.send((family, record)).await.is_err() {
                         return;
                     }
@@ -643,6 +721,15 @@ async fn read_events(
             return;
         }
     }
+}
+
+/// Whether the probes wrote this record with a wake-up (`Delivery::Wake` in monitor-ebpf).
+fn wakes(record: &monitor_common::events::EventRecord) -> bool {
+    use monitor_common::events::Origin;
+    matches!(
+        Origin::from_u32(record.origin),
+        Some(Origin::Dispatch | Origin::QpAsync | Origin::CqAsync)
+    )
 }
 
 /// A family's ring buffer as its reader waits on it: through epoll (the probes' wake-ups),

@@ -12,8 +12,10 @@
 //! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
 //! - [`wire_events`]: the same events as the collector receives them;
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
+//! - [`device_ends`]: the same for a device once the kernel freed it;
 //! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
+mod device_ends;
 pub(crate) mod families;
 mod job_ends;
 pub mod output;
@@ -28,6 +30,8 @@ use tokio::{
 };
 
 pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
+
+use monitor_common::events::Origin;
 
 use crate::{
     cgroup::CgroupNames,
@@ -68,6 +72,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
+    let mut devices = device_ends::DeviceEnds::default();
     // The first attempts run on blocking threads; the probe table is printed when they are in.
     let mut families = Families::start(options.kernel.clone(), attach, records_tx);
 
@@ -89,8 +94,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(record) = records_rx.recv() => {
-                let event = families.decode(&record, clock, &mut cgroups);
-                report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+                on_record(&record, &families, &mut cgroups, &mut ports, pipeline.as_mut(), options.format);
             }
             attempt = families.next_attempt() => families.on_attempt(attempt),
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
@@ -102,6 +106,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                 if pipeline.is_none() {
                     let raw = families.counts();
                     job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, None);
+                    device_ends::end_devices(&mut devices, &raw, &mut families, None, monotonic_ns());
                 }
             }
             polled = next_polled(&mut pipeline) => match polled {
@@ -121,9 +126,10 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                     }
                     // The counts just read are the final ones of jobs that end now.
                     job_ends::end_jobs(&mut jobs, &raw, &mut families, &mut cgroups, pipeline.as_mut());
+                    device_ends::end_devices(&mut devices, &raw, &mut families, pipeline.as_mut(), now);
                     if let Some(p) = pipeline.as_mut() {
                         p.forget_stale();
-                        let report = StateReport::take(&families, &jobs, &cgroups, Some(p));
+                        let report = StateReport::take(&families, &jobs, &devices, &cgroups, Some(p));
                         p.on_readings(&report.readings(now));
                     }
                 }
@@ -147,14 +153,20 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     }
     tracing::info!(
         "stopping; state: {}",
-        StateReport::take(&families, &jobs, &cgroups, pipeline.as_ref())
+        StateReport::take(&families, &jobs, &devices, &cgroups, pipeline.as_ref())
     );
     // What the probes wrote since the last drain is still in the ring buffers: each reader
     // drains its buffer once more and ends, and those events go out like any other.
     families.stop_readers().await;
     while let Ok(record) = records_rx.try_recv() {
-        let event = families.decode(&record, clock, &mut cgroups);
-        report_event(&event, &mut ports, pipeline.as_mut(), options.format);
+        on_record(
+            &record,
+            &families,
+            &mut cgroups,
+            &mut ports,
+            pipeline.as_mut(),
+            options.format,
+        );
     }
     if let Some(p) = pipeline.as_mut() {
         p.flush_all();
@@ -186,6 +198,25 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
     let snapshot = TimeBase::global().now_unix_ns();
     let mut out = std::io::stdout().lock();
     let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
+}
+
+/// A record from a family's ring buffer: a new cgroup's notice (named now, while it exists)
+/// or an event, printed and sent.
+fn on_record(
+    record: &Record,
+    families: &Families,
+    cgroups: &mut CgroupNames,
+    ports: &mut PortStates,
+    pipeline: Option<&mut Pipeline>,
+    format: OutputFormat,
+) {
+    if Origin::from_u32(record.1.origin) == Some(Origin::NewCgroup) {
+        let name = cgroups.name(record.1.cgroup);
+        tracing::trace!(cgroup = record.1.cgroup, %name, "new cgroup named");
+        return;
+    }
+    let event = families.decode(record, TimeBase::global(), cgroups);
+    report_event(&event, ports, pipeline, format);
 }
 
 /// Prints an event (and the port transition it makes, if any) and sends both to the

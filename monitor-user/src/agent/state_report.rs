@@ -4,20 +4,21 @@
 //!
 //! - `railscope_agent_entries{table}` (gauge): `verb_keys` (keys in the probes'
 //!   `VERB_COUNTS`), `verb_series` and `encoder_series` (series the loop's sampler and the
-//!   frame encoder know), `cgroup_names`, `cgroup_gone`, `jobs_ending` (gone, in the grace
-//!   period);
+//!   frame encoder know), `device_names` (entries in the probes' `DEVICE_NAMES`),
+//!   `cgroup_names`, `cgroup_gone`, `jobs_ending` (gone, in the grace period);
 //! - `railscope_agent_rss_bytes` (gauge);
 //! - `railscope_agent_bound_hits_total{bound}` (counter): `verb_counts_map_full`,
-//!   `event_ring_full` (from the probes' `PROBE_STATS`), `cgroup_names_evicted`,
+//!   `event_ring_full`, `device_names_map_full` (from the probes' `PROBE_STATS`),
+//!   `cgroup_names_evicted`,
 //!   `encoder_series_limit`, `encoder_pending_limit` (samples dropped), `late_verb_counts`
-//!   (counted in a job's cgroup after its end), and `jobs_ended` (not a bound: the jobs whose
-//!   state was released).
+//!   (counted in a job's cgroup after its end), and `jobs_ended` and `devices_removed` (not
+//!   bounds: the jobs and devices whose state was released).
 
 use std::fmt;
 
 use railscope_wire::{Kind, Labels, Reading, Series, Value};
 
-use super::{families::Families, job_ends::JobEnds};
+use super::{device_ends::DeviceEnds, families::Families, job_ends::JobEnds};
 use crate::{cgroup::CgroupNames, pipeline::Pipeline};
 
 /// One look at the agent's state.
@@ -26,28 +27,32 @@ pub struct StateReport {
     pub verb_keys: u64,
     pub verb_series: u64,
     pub encoder_series: u64,
+    pub device_names: u64,
     pub cgroup_names: u64,
     pub cgroup_gone: u64,
     pub jobs_ending: u64,
     pub rss_bytes: u64,
     pub verb_counts_map_full: u64,
     pub event_ring_full: u64,
+    pub device_names_map_full: u64,
     pub cgroup_names_evicted: u64,
     pub encoder_series_limit: u64,
     pub encoder_pending_limit: u64,
     pub late_verb_counts: u64,
     pub jobs_ended: u64,
+    pub devices_removed: u64,
 }
 
 impl StateReport {
     pub(super) fn take(
         families: &Families,
         jobs: &JobEnds,
+        devices: &DeviceEnds,
         cgroups: &CgroupNames,
         pipeline: Option<&Pipeline>,
     ) -> Self {
         let verb_keys = families.count_keys();
-        let (events_lost, counts_lost) = families.losses();
+        let losses = families.losses();
         let names = cgroups.stats();
         let (verb_series, encoder_series) = pipeline.map_or((0, 0), Pipeline::series_counts);
         let encoder = pipeline.map(Pipeline::encoder_stats).unwrap_or_default();
@@ -55,17 +60,20 @@ impl StateReport {
             verb_keys,
             verb_series: verb_series as u64,
             encoder_series: encoder_series as u64,
+            device_names: families.device_entries(),
             cgroup_names: names.names as u64,
             cgroup_gone: names.gone as u64,
             jobs_ending: jobs.pending() as u64,
             rss_bytes: rss_bytes().unwrap_or(0),
-            verb_counts_map_full: counts_lost,
-            event_ring_full: events_lost,
+            verb_counts_map_full: losses.counts,
+            event_ring_full: losses.events,
+            device_names_map_full: losses.device_names,
             cgroup_names_evicted: names.evicted,
             encoder_series_limit: encoder.refused_series_samples,
             encoder_pending_limit: encoder.dropped_samples,
             late_verb_counts: jobs.stats().late_counts,
             jobs_ended: jobs.stats().ended,
+            devices_removed: devices.ended,
         }
     }
 
@@ -100,6 +108,7 @@ impl StateReport {
             entries("verb_keys", self.verb_keys),
             entries("verb_series", self.verb_series),
             entries("encoder_series", self.encoder_series),
+            entries("device_names", self.device_names),
             entries("cgroup_names", self.cgroup_names),
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
@@ -111,11 +120,13 @@ impl StateReport {
             ),
             hits("verb_counts_map_full", self.verb_counts_map_full),
             hits("event_ring_full", self.event_ring_full),
+            hits("device_names_map_full", self.device_names_map_full),
             hits("cgroup_names_evicted", self.cgroup_names_evicted),
             hits("encoder_series_limit", self.encoder_series_limit),
             hits("encoder_pending_limit", self.encoder_pending_limit),
             hits("late_verb_counts", self.late_verb_counts),
             hits("jobs_ended", self.jobs_ended),
+            hits("devices_removed", self.devices_removed),
         ]
     }
 }
@@ -125,24 +136,28 @@ impl fmt::Display for StateReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "verb_keys={} verb_series={} encoder_series={} cgroup_names={} cgroup_gone={} \
-             jobs_ending={} rss_bytes={} verb_counts_map_full={} event_ring_full={} \
-             cgroup_names_evicted={} encoder_series_limit={} encoder_pending_limit={} \
-             late_verb_counts={} jobs_ended={}",
+            "verb_keys={} verb_series={} encoder_series={} device_names={} cgroup_names={} \
+             cgroup_gone={} jobs_ending={} rss_bytes={} verb_counts_map_full={} \
+             event_ring_full={} device_names_map_full={} cgroup_names_evicted={} \
+             encoder_series_limit={} encoder_pending_limit={} late_verb_counts={} \
+             jobs_ended={} devices_removed={}",
             self.verb_keys,
             self.verb_series,
             self.encoder_series,
+            self.device_names,
             self.cgroup_names,
             self.cgroup_gone,
             self.jobs_ending,
             self.rss_bytes,
             self.verb_counts_map_full,
             self.event_ring_full,
+            self.device_names_map_full,
             self.cgroup_names_evicted,
             self.encoder_series_limit,
             self.encoder_pending_limit,
             self.late_verb_counts,
-            self.jobs_ended
+            self.jobs_ended,
+            self.devices_removed
         )
     }
 }

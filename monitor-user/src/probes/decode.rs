@@ -49,7 +49,7 @@ impl From<Option<Origin>> for EventOrigin {
             Some(Origin::QpAsync) => EventOrigin::QpAsync,
             Some(Origin::CqAsync) => EventOrigin::CqAsync,
             Some(Origin::QpToErr) => EventOrigin::QpToErr,
-            None => EventOrigin::Unknown,
+            Some(Origin::NewCgroup) | None => EventOrigin::Unknown,
         }
     }
 }

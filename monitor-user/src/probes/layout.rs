@@ -34,6 +34,7 @@ pub fn resolve(
         L::Restrack => with_name(restrack(btf)?)?,
         L::ModifyQp => with_name(modify_qp(btf)?)?,
         L::Uverbs => uverbs(btf)?,
+        L::Device => device_name(btf)?,
         L::Mad => mad(tracefs()?)?,
         L::RdmaCm => rdma_cm(btf, kallsyms)?,
     })
@@ -73,7 +74,8 @@ pub fn ib_event(btf: &Btf) -> Result<Globals, BtfError> {
     Ok(globals)
 }
 
-/// The inline `ib_device.name` array, or `dev.kobj.name` on kernels without it.
+/// The device's identity (`ib_device.index`) and where its name is: the inline
+/// `ib_device.name` array, or `dev.kobj.name` on kernels without it.
 pub fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
     let (source, offset) = match btf.field("ib_device", "name") {
         Ok(f) if matches!(f.shape, Shape::Array { elem_size: 1, .. }) => {
@@ -87,6 +89,10 @@ pub fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
     Ok(vec![
         u32g(g::IB_DEVICE_NAME_SOURCE, source as u32),
         u32g(g::IB_DEVICE_NAME_OFFSET, offset),
+        u32g(
+            g::IB_DEVICE_INDEX_OFFSET,
+            btf.field("ib_device", "index")?.offset,
+        ),
     ])
 }
 

@@ -19,7 +19,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{KProbe, ProgramError, RawTracePoint, TracePoint},
 };
-use monitor_common::{ProbeStat, events::DEVICE_NAME_LEN, maps, verbs::CounterKey};
+use monitor_common::{ProbeStat, events::DeviceEntry, maps, verbs::CounterKey};
 use serde::Serialize;
 
 use crate::{btf::BtfError, kernel::Kernel, tracefs::Tracefs};
@@ -96,16 +96,19 @@ pub enum Layout {
     Mad,
     Uverbs,
     RdmaCm,
+    /// A device's identity and name only (its removal).
+    Device,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 6] = [
+    pub const ALL: [Layout; 7] = [
         Layout::IbEvent,
         Layout::Restrack,
         Layout::ModifyQp,
         Layout::Mad,
         Layout::Uverbs,
         Layout::RdmaCm,
+        Layout::Device,
     ];
 
     /// Every global the programs of this layout read. A global left unset would silently
@@ -120,6 +123,7 @@ impl Layout {
                 IB_EVENT_TYPE_OFFSET,
                 IB_DEVICE_NAME_SOURCE,
                 IB_DEVICE_NAME_OFFSET,
+                IB_DEVICE_INDEX_OFFSET,
             ],
             Layout::Restrack => &[
                 RESTRACK_TYPE_OFFSET,
@@ -140,6 +144,7 @@ impl Layout {
                 IB_SRQ_DEVICE_OFFSET,
                 IB_DEVICE_NAME_SOURCE,
                 IB_DEVICE_NAME_OFFSET,
+                IB_DEVICE_INDEX_OFFSET,
             ],
             Layout::ModifyQp => &[
                 IB_QP_DEVICE_OFFSET,
@@ -149,6 +154,7 @@ impl Layout {
                 QP_STATE_ERR,
                 IB_DEVICE_NAME_SOURCE,
                 IB_DEVICE_NAME_OFFSET,
+                IB_DEVICE_INDEX_OFFSET,
             ],
             Layout::Mad => &[MAD_WC_STATUS_FIELD_OFFSET],
             Layout::Uverbs => &[
@@ -168,6 +174,12 @@ impl Layout {
                 IB_EVENT_ELEMENT_OFFSET,
                 IB_DEVICE_NAME_SOURCE,
                 IB_DEVICE_NAME_OFFSET,
+                IB_DEVICE_INDEX_OFFSET,
+            ],
+            Layout::Device => &[
+                IB_DEVICE_NAME_SOURCE,
+                IB_DEVICE_NAME_OFFSET,
+                IB_DEVICE_INDEX_OFFSET,
             ],
             Layout::RdmaCm => &[
                 CM_ID_HANDLER_OFFSET,
@@ -290,6 +302,13 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         Layout::ModifyQp,
         "modify_qp by target state; QP moves to ERR",
     ),
+    kprobe(
+        "ib_dealloc_device",
+        "ib_dealloc_device",
+        Family::IbCore,
+        Layout::Device,
+        "devices going away (their names and counters are then released)",
+    ),
     tracepoint(
         "ib_mad_send_done_handler",
         "ib_mad",
@@ -333,6 +352,13 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         Family::IbUverbs,
         Layout::Uverbs,
         "async errors of user CQs (CQ_ERR)",
+    ),
+    kprobe(
+        "uverbs_ib_dealloc_device",
+        "ib_dealloc_device",
+        Family::IbUverbs,
+        Layout::Device,
+        "devices going away, for this family's own device names",
     ),
     ProbeInfo {
         program: "cm_event_handler",
@@ -452,9 +478,45 @@ pub struct AttachedFamily {
     pub statuses: Vec<ProbeReport>,
     events: Option<RingBuf<MapData>>,
     counts: PerCpuHashMap<MapData, CounterKey, u64>,
-    device_names: BpfHashMap<MapData, u64, [u8; DEVICE_NAME_LEN]>,
+    device_names: BpfHashMap<MapData, u64, DeviceEntry>,
     stats: PerCpuArray<MapData, u64>,
     pub names: KernelNames,
+}
+
+/// What a family's probes saw but could not deliver, since it attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeLosses {
+    /// Events lost to a full ring buffer.
+    pub events: u64,
+    /// Verb counts lost to a full `VERB_COUNTS`.
+    pub counts: u64,
+    /// Devices left unnamed by a full `DEVICE_NAMES`.
+    pub device_names: u64,
+}
+
+impl std::ops::Add for ProbeLosses {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            events: self.events + o.events,
+            counts: self.counts + o.counts,
+            device_names: self.device_names + o.device_names,
+        }
+    }
+}
+
+/// A device `ib_dealloc_device` freed, still in `DEVICE_NAMES`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemovedDevice {
+    pub key: u64,
+    pub name: String,
+    /// CLOCK_MONOTONIC nanoseconds of the removal.
+    pub removed_ns: u64,
+}
+
+/// How a device the probes could not name is shown: `dev#<index>`.
+pub fn unnamed_device(key: u64) -> String {
+    format!("dev#{}", key.wrapping_sub(1))
 }
 
 /// Why a family did not attach, with a row per probe.
@@ -585,13 +647,13 @@ impl AttachedFamily {
         self.events.take()
     }
 
-    /// What the probes saw but could not deliver: (events lost to a full ring buffer,
-    /// verb counts lost to a full counter map).
-    pub fn losses(&self) -> (u64, u64) {
-        (
-            self.stat(ProbeStat::EventsDropped),
-            self.stat(ProbeStat::CountsDropped),
-        )
+    /// What the probes saw but could not deliver.
+    pub fn losses(&self) -> ProbeLosses {
+        ProbeLosses {
+            events: self.stat(ProbeStat::EventsDropped),
+            counts: self.stat(ProbeStat::CountsDropped),
+            device_names: self.stat(ProbeStat::DeviceNamesFull),
+        }
     }
 
     fn stat(&self, stat: ProbeStat) -> u64 {
@@ -601,16 +663,52 @@ impl AttachedFamily {
             .unwrap_or(0)
     }
 
-    /// The name of the device a counter key or event record names by its `struct ib_device`
-    /// pointer: empty for 0, `dev@<pointer>` if the probes could not read its name.
+    /// The name of the device a counter key or event record names by its key: empty for 0,
+    /// [`unnamed_device`] if the probes could not read its name (or had no room for it).
     pub fn device_name(&self, device: u64) -> String {
         if device == 0 {
             return String::new();
         }
         self.device_names
             .get(&device, 0)
-            .map(|n| monitor_common::events::name_str(&n).to_owned())
-            .unwrap_or_else(|_| format!("dev@{device:x}"))
+            .map(|e| monitor_common::events::name_str(&e.name).to_owned())
+            .unwrap_or_else(|_| unnamed_device(device))
+    }
+
+    /// Devices that `ib_dealloc_device` freed: (key, name, kernel time of the removal).
+    pub fn removed_devices(&self) -> Vec<RemovedDevice> {
+        self.device_names
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, e)| e.removed_ns != 0)
+            .map(|(key, e)| RemovedDevice {
+                key,
+                name: monitor_common::events::name_str(&e.name).to_owned(),
+                removed_ns: e.removed_ns,
+            })
+            .collect()
+    }
+
+    /// Forgets a removed device: deletes its counters from `VERB_COUNTS` and its entry from
+    /// `DEVICE_NAMES`; returns how many counter keys went.
+    pub fn remove_device(&mut self, device: u64) -> usize {
+        let keys: Vec<CounterKey> = self
+            .counts
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.device == device)
+            .collect();
+        let removed = keys
+            .iter()
+            .filter(|k| self.counts.remove(k).is_ok())
+            .count();
+        let _ = self.device_names.remove(&device);
+        removed
+    }
+
+    /// Entries in `DEVICE_NAMES` now.
+    pub fn device_entries(&self) -> usize {
+        self.device_names.keys().filter(Result::is_ok).count()
     }
 
     /// Deletes the counters of the given cgroups from `VERB_COUNTS` (their jobs ended and

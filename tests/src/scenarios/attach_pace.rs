@@ -53,7 +53,8 @@ pub fn run() -> anyhow::Result<()> {
         .find_map(|l| {
             let rest = l.split("ib_core event drain: ").nth(1)?;
             let ms = rest.split("longest gap between two ").nth(1)?;
-            ms.trim_end_matches(" ms").trim().parse::<u64>().ok()
+            // "829 ms" or "829 ms; 11 woken events, ..."
+            ms.split_whitespace().next()?.parse::<u64>().ok()
         })
         .context("the agent did not report ib_core's drain pace")?;
     println!("ib_core's longest gap between two drains: {gap} ms");

@@ -4,8 +4,20 @@
 //! frame leaving the agent (the frame's send time, on the agent's clock) and to `listen`
 //! printing it (the time this scenario reads the line from listen's stdout, on the same
 //! guest clock). Prints one `BENCH-EVENTS` JSON line with the percentiles.
+//!
+//! As a baseline of what the guest itself adds, a trivial thread sleeps 1 ms in a loop
+//! during the flaps and records how much later than asked it wakes: the scheduling and
+//! timer latency any process in this guest sees under the same load, ours or not.
 
-use std::{process::Command, thread, time::Duration};
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, ensure};
 use serde_json::{Value, json};
@@ -24,7 +36,20 @@ pub fn run() -> anyhow::Result<()> {
     let (mut agent, listener) = guest::agent_and_listener(PORT, &[], false)?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(30))?;
     thread::sleep(Duration::from_secs(2));
-    let start = std::time::Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let baseline = {
+        let done = Arc::clone(&done);
+        thread::spawn(move || {
+            let mut overshoot = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                thread::sleep(Duration::from_millis(1));
+                overshoot.push(ms(t.elapsed().as_nanos() as u64).max(1.0) - 1.0);
+            }
+            overshoot
+        })
+    };
+    let start = Instant::now();
     for _ in 0..FLAPS {
         for state in ["down", "up"] {
             let status = Command::new("/usr/bin/ip")
@@ -36,11 +61,19 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     let flapping = start.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let mut overshoot = baseline.join().expect("no panic");
     thread::sleep(Duration::from_secs(2));
     ensure!(agent.is_running(), "the agent died");
-    agent.stop()?;
+    let (_, agent_log) = agent.stop()?;
     thread::sleep(Duration::from_millis(500));
     let lines = listener.stop_timed()?;
+    // The agent's own account of the first leg: kernel timestamp to its ring-buffer reader.
+    let to_reader = agent_log
+        .iter()
+        .find(|l| l.contains("ib_core event drain:") && l.contains("kernel to reader"))
+        .map(|l| reader_percentiles(l))
+        .unwrap_or(Value::Null);
 
     let (mut to_frame, mut to_print) = (Vec::new(), Vec::new());
     for (read_ns, line) in &lines {
@@ -74,9 +107,26 @@ pub fn run() -> anyhow::Result<()> {
         "events": to_frame.len(),
         "kernel_to_frame_ms": percentiles(&mut to_frame),
         "kernel_to_listen_ms": percentiles(&mut to_print),
+        "kernel_to_reader_ms": to_reader,
+        "sleep_1ms_overshoot_ms": percentiles(&mut overshoot),
     });
     println!("BENCH-EVENTS {report}");
     Ok(())
+}
+
+/// `... kernel to reader p50 0.41 ms p90 1.20 ms p99 9.87 ms max 20.00 ms` as JSON.
+fn reader_percentiles(line: &str) -> Value {
+    let tail = line.split("kernel to reader").nth(1).unwrap_or_default();
+    let after = |key: &str| -> Option<f64> {
+        let rest = tail.split(&format!("{key} ")).nth(1)?;
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    json!({
+        "p50": after("p50"),
+        "p90": after("p90"),
+        "p99": after("p99"),
+        "max": after("max"),
+    })
 }
 
 fn ms(ns: u64) -> f64 {

@@ -552,8 +552,22 @@ fn rping(count: u32, times: u32) -> anyhow::Result<Value> {
         let mut server = Command::new("/usr/bin/rping");
         server.args(["-s", "-a", ADDR_B, "-C", &count, "-p", "7481"]);
         let server = guest::spawn_output(server)?;
-        thread::sleep(Duration::from_millis(500));
-        guest::run("/usr/bin/rping", &client).context("rping client")?;
+        // The server listens once rdma_cm has its id bound: wait for it rather than guess (a
+        // client that came too early exited with 255), then allow a refused connect or two
+        // (the server is still waiting for its one connection).
+        guest::wait_for(
+            Duration::from_secs(10),
+            "the rping server to listen",
+            || rdma_cm_listening("7481"),
+        )?;
+        let mut attempt = 1;
+        while let Err(e) = guest::run("/usr/bin/rping", &client) {
+            if attempt == 3 {
+                return Err(e.context("rping client, 3 attempts"));
+            }
+            attempt += 1;
+            thread::sleep(Duration::from_millis(300));
+        }
         guest::check_output("rping server", server.join().expect("no panic"))?;
     }
     Ok(json!({
@@ -561,6 +575,18 @@ fn rping(count: u32, times: u32) -> anyhow::Result<Value> {
         "repeat": times,
         "seconds": started.elapsed().as_secs_f64(),
     }))
+}
+
+/// Whether an rdma_cm id listens on `port` (`rdma resource show cm_id`).
+fn rdma_cm_listening(port: &str) -> bool {
+    Command::new("/usr/bin/rdma")
+        .args(["resource", "show", "cm_id"])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.contains("LISTEN") && l.contains(&format!(":{port} ")))
+        })
 }
 
 /// `times` down/up of vethA: port events on both devices (`ib_dispatch_event`).

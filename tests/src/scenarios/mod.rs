@@ -11,6 +11,7 @@ mod cgroups_late;
 mod clock_step;
 mod cm_ids;
 mod cm_wildcard;
+mod device_reuse;
 mod hook_trace;
 mod host_collector;
 mod ib_core_btf;
@@ -20,6 +21,7 @@ mod port_events;
 mod probe_table;
 mod qp_errors;
 mod rdma_cm;
+mod soak;
 mod verbs;
 
 /// Runs the scenario called `name`.
@@ -45,6 +47,8 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "attach-pace" => attach_pace::run(),
         "clock-step" => clock_step::run(),
         "bench-events" => bench_events::run(),
+        "device-reuse" => device_reuse::run(),
+        "soak" => soak::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
