@@ -12,6 +12,7 @@
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+//! - [`settings`]: `railscope agent`'s flags and `/etc/railscope/agent.toml`, one struct.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
 //! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
@@ -25,6 +26,7 @@ pub mod pipeline;
 pub mod probes;
 pub mod sampler;
 pub mod sender;
+pub mod settings;
 pub mod sources;
 pub mod time_base;
 pub mod tracefs;
