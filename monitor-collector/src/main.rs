@@ -15,6 +15,7 @@ use railscope_collector::{
     settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
 };
+use railscope_config::ServiceManager;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -124,7 +125,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         extra_metrics: Some(extra_metrics),
     };
     let collector = Collector::start(config, parts)?;
-    wait_for_signal().context("waiting for a signal")?;
+    let mut service = ServiceManager::from_env();
+    service.ready("receiving");
+    wait_for_signal(&service).context("waiting for a signal")?;
+    service.stopping();
     tracing::info!("stopping");
     collector.stop();
     let writers = std::mem::take(&mut *writers.lock().unwrap_or_else(|p| p.into_inner()));
@@ -134,16 +138,22 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_signal() -> std::io::Result<()> {
+/// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on.
+fn wait_for_signal(service: &ServiceManager) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+        let ping_every = service.ping_every();
+        let mut watchdog =
+            tokio::time::interval(ping_every.unwrap_or(std::time::Duration::MAX / 4));
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => return r,
+                _ = term.recv() => return Ok(()),
+                _ = watchdog.tick(), if ping_every.is_some() => service.alive(),
+            }
         }
     })
 }

@@ -193,7 +193,6 @@ impl Families {
     }
 
     /// Whether every family's first attempt is in (the probe table is printed).
-    #[cfg(test)]
     pub(super) fn started(&self) -> bool {
         self.table.is_none()
     }
