@@ -9,6 +9,7 @@ mod run;
 mod setup;
 mod test;
 mod testbed;
+mod units;
 mod vm_test;
 
 use clap::{Parser, Subcommand};

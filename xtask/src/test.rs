@@ -1,8 +1,9 @@
 //! `cargo xtask test`: every test, as CI runs them — the workspace's unit and host tests
-//! (including loading the eBPF object into this kernel's verifier), then the soft-RoCE
-//! scenarios in QEMU guests on every kernel line (Debian 6.1 and 6.12).
+//! (including loading the eBPF object into this kernel's verifier), the systemd units'
+//! check (`units`), then the soft-RoCE scenarios in QEMU guests on every kernel line (Debian
+//! 6.1 and 6.12).
 
-use crate::{cargo, setup, vm_test};
+use crate::{cargo, setup, units, vm_test};
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -25,6 +26,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .args(["test", "--release"])
             .env("RAILSCOPE_REQUIRE_TSDB", "1"),
     )?;
+    units::check(&cargo::workspace_root().join("target/release"))?;
     if options.no_vm {
         setup::step("skipping the VM scenarios (--no-vm)");
         return Ok(());
