@@ -204,9 +204,9 @@ pub struct RunPlan {
     pub remote_write: Vec<EndpointConfig>,
 }
 
-/// Every value checked and the key file read; a setting that cannot be used is named with
+/// The memory bounds the settings give, checked; a bound that cannot be used is named with
 /// where it was set.
-pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
+pub fn limits(sources: &Sources<CollectorSettings>) -> Result<Limits, ConfigError> {
     let s = sources.merged();
     let defaults = Limits::default();
     let limits = Limits {
@@ -233,6 +233,14 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
         };
         sources.error(key, e)
     })?;
+    Ok(limits)
+}
+
+/// Every value checked and the key file read; a setting that cannot be used is named with
+/// where it was set.
+pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
+    let limits = limits(sources)?;
+    let s = sources.merged();
     let key_path = s.key.unwrap_or_else(|| DEFAULT_KEY.into());
     let key = railscope_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
