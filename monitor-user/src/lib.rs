@@ -12,6 +12,7 @@
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
+//! - [`privileges`]: the three capabilities the agent keeps, every other one dropped.
 //! - [`settings`]: `railscope agent`'s flags and `/etc/railscope/agent.toml`, one struct.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
@@ -23,6 +24,7 @@ pub mod cgroup;
 pub mod kernel;
 pub mod listen;
 pub mod pipeline;
+pub mod privileges;
 pub mod probes;
 pub mod sampler;
 pub mod sender;

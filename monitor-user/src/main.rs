@@ -128,6 +128,7 @@ fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             let options = settings::agent_options(&sources)?;
+            keep_only_needed_capabilities();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -231,6 +232,24 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Drops every capability the agent does not need (before any thread exists: capabilities are
+/// per thread), and says in one line each which needed one is missing.
+fn keep_only_needed_capabilities() {
+    use railscope::privileges;
+    match privileges::keep_only_needed() {
+        Ok(dropped) => tracing::debug!("dropped {dropped} capabilities the agent does not need"),
+        Err(e) => tracing::warn!("could not drop the capabilities the agent does not need: {e}"),
+    }
+    match privileges::CapSets::current() {
+        Ok(sets) => {
+            for line in privileges::missing(&sets) {
+                tracing::warn!("{line} (docs/deployment.md, \"Privileges\")");
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the agent's capabilities: {e}"),
+    }
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so loading cannot fail there.
