@@ -238,13 +238,14 @@ fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
 /// per thread), and says in one line each which needed one is missing.
 fn keep_only_needed_capabilities() {
     use railscope::privileges;
-    match privileges::keep_only_needed() {
+    let paranoid = privileges::perf_needs_sys_admin();
+    match privileges::keep_only_needed(paranoid) {
         Ok(dropped) => tracing::debug!("dropped {dropped} capabilities the agent does not need"),
         Err(e) => tracing::warn!("could not drop the capabilities the agent does not need: {e}"),
     }
     match privileges::CapSets::current() {
         Ok(sets) => {
-            for line in privileges::missing(&sets) {
+            for line in privileges::missing(&sets, paranoid) {
                 tracing::warn!("{line} (docs/deployment.md, \"Privileges\")");
             }
         }
