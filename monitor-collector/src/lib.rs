@@ -16,7 +16,8 @@
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
-//! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds.
+//! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
+//!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`.
 
 pub mod archive;
 pub mod collector;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod query;
 pub mod remote_write;
+pub mod settings;
 pub mod udp;
 pub mod writer;
 

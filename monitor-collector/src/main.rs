@@ -1,21 +1,21 @@
 //! `railscope-collector`: the collector's binary (`railscope collector ...` runs it).
 
 use std::{
-    net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use railscope_collector::{
-    Collector, CollectorConfig, Limits, Parts,
-    archive::{Archive, ArchiveConfig},
+    Collector, Parts,
+    archive::Archive,
     metrics, query,
-    remote_write::{self, ArchiveSource, EndpointConfig, RemoteWriter},
+    remote_write::{self, ArchiveSource, RemoteWriter},
+    settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
 };
+use railscope_config::ServiceManager;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,17 +25,21 @@ use railscope_collector::{
     long_about = "railscope's collector receives the frames of railscope agents over UDP, keeps \
                   the latest value of every series and the recent events, archives every \
                   accepted frame and serves /metrics and an HTTP API. It needs no privileges. \
-                  `railscope collector ...` runs it.\n\nLogs go to stderr (filter with \
-                  RAILSCOPE_LOG, e.g. RAILSCOPE_LOG=debug)."
+                  `railscope collector ...` runs it; without a subcommand it runs the \
+                  collector (`run`).\n\nLogs go to stderr (filter with RAILSCOPE_LOG, e.g. \
+                  RAILSCOPE_LOG=debug).",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunOptions,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the collector until Ctrl-C or SIGTERM.
+    /// Run the collector until Ctrl-C or SIGTERM (the default).
     Run(RunOptions),
     /// Ask a running collector (its HTTP API): series, events, nodes.
     Query(query::cli::QueryArgs),
@@ -46,56 +50,16 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct RunOptions {
-    /// UDP address the agents send to (`railscope agent --collector HOST:PORT`).
-    #[arg(long, default_value = "0.0.0.0:7670", value_name = "ADDR:PORT")]
-    listen: SocketAddr,
-    /// Receive sockets and threads on that address (default: one per core).
-    #[arg(long, value_name = "N")]
-    sockets: Option<usize>,
-    /// HTTP address of /metrics, the live view and the query API.
-    #[arg(long, default_value = "0.0.0.0:7671", value_name = "ADDR:PORT")]
-    http: SocketAddr,
-    /// No HTTP server.
+    /// Configuration file (default: /etc/railscope/collector.toml when it exists). Every
+    /// flag below can be set there under its name without `--`; flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Check the configuration (file, flags and the key file), print the settings in effect
+    /// and exit: 0 if usable, 1 with the reason if not.
     #[arg(long)]
-    no_http: bool,
-    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters.
-    #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
-    key: PathBuf,
-    /// Data directory of the archive.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/railscope")]
-    data: PathBuf,
-    /// Nodes held at once (memory bound; see docs/architecture.md).
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_nodes)]
-    max_nodes: usize,
-    /// Series one node session may hold (at most 65536).
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_series_per_node)]
-    max_series_per_node: usize,
-    /// Series held over all nodes.
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_series)]
-    max_series: usize,
-    /// Recent events kept for the live view.
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_recent_events)]
-    max_recent_events: usize,
-    /// Frames sent longer ago than this many seconds are dropped (and forgotten nodes'
-    /// frames cannot be replayed).
-    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_frame_age.as_secs())]
-    max_frame_age: u64,
-    /// Archive segments whose newest frame is older than this are deleted (e.g. 30d, 12h;
-    /// 0: kept whatever their age).
-    #[arg(long, value_name = "AGE", default_value = "30d", value_parser = humantime::parse_duration)]
-    retention_age: Duration,
-    /// The oldest archive segments are deleted to keep the archive under this many bytes.
-    #[arg(long, value_name = "BYTES")]
-    retention_bytes: Option<u64>,
-    /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
-    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics). Repeat
-    /// for several.
-    #[arg(long = "remote-write", value_name = "NAME=URL", value_parser = parse_endpoint)]
-    remote_write: Vec<EndpointConfig>,
-}
-
-fn parse_endpoint(spec: &str) -> Result<EndpointConfig, String> {
-    EndpointConfig::parse(spec).map_err(|e| e.to_string())
+    check_config: bool,
+    #[command(flatten)]
+    settings: CollectorSettings,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -109,49 +73,39 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     match cli.command {
-        Command::Run(options) => run(options),
-        Command::Query(args) => query::cli::run(&args),
-        Command::Export(args) => query::export::run(&args),
+        Some(Command::Run(options)) => run(options),
+        Some(Command::Query(args)) => query::cli::run(&args),
+        Some(Command::Export(args)) => query::export::run(&args),
+        None => run(cli.run),
     }
 }
 
 fn run(options: RunOptions) -> anyhow::Result<()> {
-    let key = railscope_wire::Key::from_file(&options.key)?;
-    let limits = Limits {
-        max_nodes: options.max_nodes,
-        max_series_per_node: options.max_series_per_node,
-        max_series: options.max_series,
-        max_recent_events: options.max_recent_events,
-        max_frame_age: Duration::from_secs(options.max_frame_age),
-        ..Limits::default()
-    };
-    let sockets = options.sockets.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
-    if sockets == 0 {
-        anyhow::bail!("--sockets must be at least 1");
+    let sources = settings::load(options.config.as_deref(), options.settings)?;
+    if options.check_config {
+        let shown = settings::check(&sources)?;
+        match sources.file() {
+            Some(file) => println!("# {}: OK; the settings in effect:", file.path().display()),
+            None => println!("# no configuration file; the settings in effect:"),
+        }
+        print!("{shown}");
+        return Ok(());
     }
-    let config = CollectorConfig {
-        listen: options.listen,
-        sockets,
-        http: (!options.no_http).then_some(options.http),
-        data_dir: options.data.clone(),
-        key,
-        limits,
-    };
-    let mut archive_config = ArchiveConfig::new(&options.data);
-    archive_config.retention_age =
-        (!options.retention_age.is_zero()).then_some(options.retention_age);
-    archive_config.retention_bytes = options.retention_bytes;
+    let RunPlan {
+        collector: config,
+        archive: archive_config,
+        remote_write: endpoints,
+    } = settings::run_plan(&sources)?;
+    let data_dir = config.data_dir.clone();
     let archive = Archive::open(archive_config)
-        .with_context(|| format!("opening the archive in {}", options.data.display()))?;
+        .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
     let archive = PublishingArchive::new(archive);
     let archive_stats = archive.stats();
 
-    let state_dir = options.data.join("remote_write");
+    let state_dir = data_dir.join("remote_write");
     let mut writers = Vec::new();
-    for endpoint in options.remote_write {
+    for endpoint in endpoints {
         let source = ArchiveSource::new(reader.clone(), config.key.clone());
         writers.push(RemoteWriter::start(endpoint, source, &state_dir)?);
     }
@@ -175,7 +129,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         extra_metrics: Some(extra_metrics),
     };
     let collector = Collector::start(config, parts)?;
-    wait_for_signal().context("waiting for a signal")?;
+    let mut service = ServiceManager::from_env();
+    service.ready("receiving");
+    wait_for_signal(&service).context("waiting for a signal")?;
+    service.stopping();
     tracing::info!("stopping");
     collector.stop();
     let writers = std::mem::take(&mut *writers.lock().unwrap_or_else(|p| p.into_inner()));
@@ -185,16 +142,22 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_signal() -> std::io::Result<()> {
+/// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on.
+fn wait_for_signal(service: &ServiceManager) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+        let ping_every = service.ping_every();
+        let mut watchdog =
+            tokio::time::interval(ping_every.unwrap_or(std::time::Duration::MAX / 4));
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => return r,
+                _ = term.recv() => return Ok(()),
+                _ = watchdog.tick(), if ping_every.is_some() => service.alive(),
+            }
         }
     })
 }

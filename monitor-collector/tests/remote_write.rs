@@ -71,7 +71,7 @@ fn fleet(nodes: usize, sweeps: u64, start_ms: u64) -> Fleet {
             series_list.push(series("railscope_gpu_temperature_celsius", &l, Kind::Gauge));
             series_list.push(series("railscope_gpu_memory_used_bytes", &l, Kind::Gauge));
             series_list.push(series(
-                "railscope_gpu_energy_joules_total",
+                "railscope_gpu_energy_millijoules_total",
                 &l,
                 Kind::Counter,
             ));

@@ -14,6 +14,8 @@
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
 //! - [`agent`]: the daemon's loop that keeps probes attached and prints what they see.
 //! - [`capture`]: `railscope capture`, the flight recorder of IB port events and counters.
+//! - [`privileges`]: the capabilities the agent keeps, every other one dropped.
+//! - [`settings`]: `railscope agent`'s flags and `/etc/railscope/agent.toml`, one struct.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
 //! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
@@ -25,10 +27,12 @@ pub mod cgroup;
 pub mod kernel;
 pub mod listen;
 pub mod pipeline;
+pub mod privileges;
 pub mod probes;
 pub mod replay;
 pub mod sampler;
 pub mod sender;
+pub mod settings;
 pub mod sources;
 pub mod time_base;
 pub mod tracefs;

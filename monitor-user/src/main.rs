@@ -5,9 +5,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use railscope::{
-    agent::{self, AgentOptions, OutputFormat},
+    agent,
     kernel::Kernel,
     probes::{self, AttachedFamily, Family, ProbeReport, btf_cache::BtfCache},
+    settings::{self, AgentSettings},
 };
 
 #[derive(Debug, Parser)]
@@ -32,17 +33,16 @@ enum Command {
     /// are reported once and attached as soon as the module appears; the agent never exits
     /// because one probe is unavailable.
     Agent {
-        /// Print events as JSON lines instead of text.
+        /// Configuration file (default: /etc/railscope/agent.toml when it exists). Every
+        /// flag below can be set there under its name without `--`; flags override it.
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+        /// Check the configuration (file and flags, and the key file when sending), print the
+        /// settings in effect and exit: 0 if usable, 1 with the reason if not.
         #[arg(long)]
-        json: bool,
-        /// Seconds between checks for kernel modules that appeared or went away.
-        #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
-        rescan: f64,
-        /// Also print the live verb counters (per device, verb and cgroup) this often.
-        #[arg(long, value_name = "SECONDS")]
-        counters: Option<f64>,
+        check_config: bool,
         #[command(flatten)]
-        send: SendOptions,
+        settings: AgentSettings,
     },
     /// Print the frames that arrive on a UDP port, decoded (one block per frame, or JSON
     /// lines): for debugging an agent's output and for the tests.
@@ -211,72 +211,6 @@ impl RulesArgs {
     }
 }
 
-/// Sending metrics (IB counters, GPU metrics, verb counters) and events to a collector.
-#[derive(Debug, clap::Args)]
-struct SendOptions {
-    /// Send to this collector (HOST:PORT, UDP). Without it the agent only prints events.
-    #[arg(long, value_name = "HOST:PORT")]
-    collector: Option<String>,
-    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters.
-    #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
-    key: std::path::PathBuf,
-    /// This node's name in the frames (default: the host name).
-    #[arg(long)]
-    node: Option<String>,
-    /// Directory holding `class/infiniband` (a fixture tree for tests).
-    #[arg(long, value_name = "PATH", default_value = "/sys")]
-    sysfs: std::path::PathBuf,
-    /// The NVML library to load (default: the system's libnvidia-ml.so.1).
-    #[arg(long, value_name = "PATH")]
-    nvml_lib: Option<std::path::PathBuf>,
-    /// Do not read GPUs.
-    #[arg(long)]
-    no_gpu: bool,
-    /// Seconds between reads of the counters: the sampler's minimum interval.
-    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
-    interval: f64,
-    /// Seconds between sends of the batched samples (events are sent at once).
-    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
-    flush: f64,
-    /// Send every reading (fixed interval) instead of sampling adaptively.
-    #[arg(long)]
-    no_adaptive: bool,
-    /// Sampling of one metric group, `PREFIX:SETTING,...` (repeatable; later ones win), e.g.
-    /// `railscope_gpu_:max=60,ground-truth=4` or `railscope_ib_symbol_error_total:off`.
-    /// Settings: `off`/`on` (fixed interval or adaptive), `max=SECONDS` (longest collection
-    /// interval, default 32 intervals), `ground-truth=N` (a stable series is read at least
-    /// every N intervals; IB default 2, others 1), `window=N`, `tolerance=FRACTION`,
-    /// `density=FRACTION`, `jitter=FRACTION`, `floor=VALUE`.
-    #[arg(long, value_name = "PREFIX:SETTINGS")]
-    sampling: Vec<String>,
-}
-
-impl SendOptions {
-    fn pipeline(&self) -> anyhow::Result<Option<railscope::pipeline::PipelineOptions>> {
-        let Some(collector) = &self.collector else {
-            return Ok(None);
-        };
-        // Only the form is checked: the name is resolved by the sender, again after failures,
-        // so a collector whose name does not resolve yet at boot is not fatal.
-        let collector = railscope::sender::Target::parse(collector).context("--collector")?;
-        Ok(Some(railscope::pipeline::PipelineOptions {
-            collector,
-            key: self.key.clone(),
-            node: self
-                .node
-                .clone()
-                .unwrap_or_else(railscope::pipeline::hostname),
-            sysfs_root: self.sysfs.clone(),
-            gpu: !self.no_gpu,
-            nvml_lib: self.nvml_lib.clone(),
-            interval: seconds(self.interval, "--interval")?,
-            flush_every: seconds(self.flush, "--flush")?,
-            adaptive: !self.no_adaptive,
-            sampling: self.sampling.clone(),
-        }))
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The collector's subcommands belong to its own binary: hand over before anything else.
@@ -297,22 +231,24 @@ fn main() -> anyhow::Result<()> {
     raise_open_files_limit();
     match cli.command {
         Command::Agent {
-            json,
-            rescan,
-            counters,
-            send,
+            config,
+            check_config,
+            settings,
         } => {
-            let options = AgentOptions {
-                format: if json {
-                    OutputFormat::Json
-                } else {
-                    OutputFormat::Text
-                },
-                rescan: seconds(rescan, "--rescan")?,
-                counters_every: counters.map(|c| seconds(c, "--counters")).transpose()?,
-                kernel: Kernel::default(),
-                pipeline: send.pipeline()?,
-            };
+            let sources = settings::load(config.as_deref(), settings)?;
+            if check_config {
+                let shown = settings::check(&sources)?;
+                match sources.file() {
+                    Some(file) => {
+                        println!("# {}: OK; the settings in effect:", file.path().display())
+                    }
+                    None => println!("# no configuration file; the settings in effect:"),
+                }
+                print!("{shown}");
+                return Ok(());
+            }
+            let options = settings::agent_options(&sources)?;
+            keep_only_needed_capabilities();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -471,13 +407,6 @@ fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
     anyhow::bail!("could not run {}: {err}", binary.display())
 }
 
-fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .with_context(|| format!("{flag} must be a positive number of seconds"))
-}
-
 fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {
     let kernel = Kernel::default();
     let btfs = BtfCache::new(kernel.clone());
@@ -625,6 +554,25 @@ fn report(
         }
     }
     Ok(())
+}
+
+/// Drops every capability the agent does not need (before any thread exists: capabilities are
+/// per thread), and says in one line each which needed one is missing.
+fn keep_only_needed_capabilities() {
+    use railscope::privileges;
+    let paranoid = privileges::perf_needs_sys_admin();
+    match privileges::keep_only_needed(paranoid) {
+        Ok(dropped) => tracing::debug!("dropped {dropped} capabilities the agent does not need"),
+        Err(e) => tracing::warn!("could not drop the capabilities the agent does not need: {e}"),
+    }
+    match privileges::CapSets::current() {
+        Ok(sets) => {
+            for line in privileges::missing(&sets, paranoid) {
+                tracing::warn!("{line} (docs/deployment.md, \"Privileges\")");
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the agent's capabilities: {e}"),
+    }
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so loading cannot fail there.

@@ -338,8 +338,9 @@ pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
     }
 }
 
-/// What the sampler emits, as a wire sample. Counters travel as whole numbers: a fractional
-/// cumulative value (NVML energy in joules) is truncated.
+/// What the sampler emits, as a wire sample. Counters travel as whole numbers (every source
+/// counts in whole units: GPU energy in millijoules, NVML's own unit); a fractional value
+/// would be truncated.
 pub fn wire_sample(emit: &Emit) -> Sample {
     match *emit {
         Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {

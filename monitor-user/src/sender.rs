@@ -71,6 +71,26 @@ impl Target {
     }
 }
 
+impl std::str::FromStr for Target {
+    type Err = TargetError;
+    fn from_str(text: &str) -> Result<Self, TargetError> {
+        Self::parse(text)
+    }
+}
+
+impl serde::Serialize for Target {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Target {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl From<SocketAddr> for Target {
     fn from(addr: SocketAddr) -> Self {
         Self(addr.to_string())

@@ -26,6 +26,9 @@ use railscope_wire::{Kind, Reading, Value};
 use serde_json::{Value as Json, json};
 
 const STANDIN: &str = "libnvidia_ml_standin.so";
+/// The stand-in's report of breaches of NVML's documented usage, next to the library
+/// (`nvidia_ml_standin::state::REPORT_FILE`; the crate is not linked into this test).
+const STANDIN_REPORT: &str = "nvml-standin.report";
 
 fn standin_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -63,6 +66,16 @@ impl StandIn {
 
     fn open(&self) -> GpuSource {
         GpuSource::open(Some(&self.dir.join("libnvidia-ml.so.1"))).expect("the stand-in loads")
+    }
+
+    /// What the stand-in reported of the caller breaching NVML's documented usage (e.g. GPM
+    /// samples too close together), one line each.
+    fn breaches(&self) -> Vec<String> {
+        fs::read_to_string(self.dir.join(STANDIN_REPORT))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 }
 
@@ -400,6 +413,81 @@ fn gpm_ratios_match_the_script_and_need_two_samples_100_ms_apart() {
     thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
     // Sweep 3: the interval from sweep 1's sample to this one, ending at step 3.
     assert_eq!(gpm_of(&source.read(4), 0), expect(92.25, 135_000.0));
+    assert_eq!(standin.breaches(), Vec::<String>::new());
+}
+
+/// A GPM script of `steps` steps whose SM utilization is the step number.
+fn gpm_counting_script(steps: usize) -> Json {
+    let steps: Vec<Json> = (0..steps)
+        .map(|i| json!({"gpu_util_pct": 50, "gpm": {"sm_util": i as f64}}))
+        .collect();
+    json!({"gpus": [{"name": "stand-in GPM", "uuid": uuid(0), "gpm_supported": true,
+                     "steps": steps}]})
+}
+
+/// At `--interval 0.1` the poller sweeps every 100 ms: the source takes GPM samples only
+/// when NVML's documented spacing (more than 100 ms) is kept, which the stand-in checks on
+/// every `nvmlGpmMetricsGet`, and still reports GPM at least every other sweep.
+#[test]
+fn gpm_at_a_100_ms_interval_keeps_nvml_s_spacing() {
+    const SWEEPS: u32 = 30;
+    let standin = StandIn::new("gpm-100ms", &gpm_counting_script(SWEEPS as usize));
+    let mut source = standin.open();
+    let start = std::time::Instant::now();
+    let mut with_gpm = Vec::new();
+    for sweep in 0..SWEEPS {
+        // As the poller's ticker does: sweep n at start + n x 100 ms.
+        let due = start + GPM_MIN_INTERVAL * sweep;
+        thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        let readings = source.read(u64::from(sweep));
+        let sm = readings.iter().find_map(|r| {
+            (r.series.name.as_ref() == "railscope_gpu_sm_util_ratio").then_some(r.value)
+        });
+        if let Some(sm) = sm {
+            // The interval ending at this sweep's step.
+            assert_eq!(sm, Value::F64(f64::from(sweep) / 100.0), "sweep {sweep}");
+            with_gpm.push(sweep);
+        }
+    }
+    assert_eq!(standin.breaches(), Vec::<String>::new());
+    // Every sweep after the first that is more than 100 ms after the last sample: at a
+    // 100 ms ticker, at least every other one.
+    assert!(
+        with_gpm.len() as u32 >= SWEEPS / 2 - 1,
+        "GPM in sweeps {with_gpm:?} only"
+    );
+    assert!(
+        with_gpm.windows(2).all(|w| w[1] - w[0] <= 2),
+        "{with_gpm:?}"
+    );
+}
+
+/// The stand-in's check itself: GPM samples taken back to back are refused and reported, as
+/// a source that ignored NVML's spacing would be.
+#[test]
+fn the_stand_in_reports_gpm_samples_closer_than_nvml_documents() {
+    use nvml_wrapper::{Nvml, enums::gpm::GpmMetricId, gpm::gpm_metrics_get};
+    let standin = StandIn::new("gpm-breach", &gpm_counting_script(4));
+    let nvml = Nvml::builder()
+        .lib_path(standin.dir.join("libnvidia-ml.so.1").as_os_str())
+        .init()
+        .expect("the stand-in loads");
+    let device = nvml.device_by_index(0).unwrap();
+    let first = device.gpm_sample().unwrap();
+    let second = device.gpm_sample().unwrap();
+    assert!(gpm_metrics_get(&nvml, &first, &second, &[GpmMetricId::SmUtil]).is_err());
+    let breaches = standin.breaches();
+    assert_eq!(breaches.len(), 1, "{breaches:?}");
+    assert!(
+        breaches[0].starts_with("nvmlGpmMetricsGet: GPU 0 samples ")
+            && breaches[0].ends_with("ms apart; NVML documents more than 100 ms"),
+        "{}",
+        breaches[0]
+    );
+    thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(10));
+    let third = device.gpm_sample().unwrap();
+    assert!(gpm_metrics_get(&nvml, &first, &third, &[GpmMetricId::SmUtil]).is_ok());
+    assert_eq!(standin.breaches().len(), 1);
 }
 
 #[test]

@@ -597,6 +597,18 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut GpmMetricsGet) -> N
         if a.gpu != b.gpu {
             return Err(ffi::ERROR_INVALID_ARGUMENT);
         }
+        // NVML documents that the two samples must be more than 100 ms apart; what it
+        // answers otherwise is not meaningful, so the stand-in refuses and reports it.
+        let spacing = b.taken.max(a.taken) - b.taken.min(a.taken);
+        if spacing <= state::GPM_MIN_SPACING {
+            state::report_breach(&format!(
+                "nvmlGpmMetricsGet: GPU {} samples {:.1} ms apart; NVML documents more than {} ms",
+                b.gpu,
+                spacing.as_secs_f64() * 1e3,
+                state::GPM_MIN_SPACING.as_millis()
+            ));
+            return Err(ffi::ERROR_INVALID_ARGUMENT);
+        }
         Ok(run.trace.gpus[b.gpu].at(b.step).gpm.clone())
     });
     let gpm = match gpm {

@@ -28,6 +28,13 @@ use crate::{
 pub const SCRIPT_ENV: &str = "RAILSCOPE_NVML_STANDIN_SCRIPT";
 /// The script file looked for in the directory the stand-in library was loaded from.
 pub const SIDECAR_SCRIPT: &str = "nvml-standin.json";
+/// Where the stand-in reports a caller's breach of NVML's documented usage, one line each,
+/// in the directory the library was loaded from (tests read it and expect none).
+pub const REPORT_FILE: &str = "nvml-standin.report";
+/// NVML's documentation of `nvmlGpmMetricsGet`: "The interval between these two
+/// nvmlGpmSampleGet() calls should be greater than 100ms due to the internal sample refresh
+/// rate."
+pub const GPM_MIN_SPACING: Duration = Duration::from_millis(100);
 
 struct Replay {
     init_count: u32,
@@ -82,6 +89,8 @@ pub struct Run {
 pub struct Sample {
     pub gpu: usize,
     pub step: u64,
+    /// When `nvmlGpmSampleGet` filled it.
+    pub taken: Instant,
 }
 
 /// An event set: the GPUs and event types registered with it, and the XIDs raised for them
@@ -249,6 +258,7 @@ impl Run {
         let taken = Sample {
             gpu: v.index,
             step: v.step,
+            taken: Instant::now(),
         };
         let slot = self
             .samples
@@ -272,6 +282,22 @@ impl Run {
             .remove(&sample.addr())
             .map(drop)
             .ok_or(ffi::ERROR_INVALID_ARGUMENT)
+    }
+}
+
+/// Reports a caller's breach of NVML's documented usage: a warning, and a line appended to
+/// [`REPORT_FILE`] next to the library (when that directory is writable).
+pub fn report_breach(line: &str) {
+    use std::io::Write as _;
+    tracing::warn!("nvml stand-in: {line}");
+    if let Some(dir) = library_dir() {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(REPORT_FILE));
+        if let Ok(mut file) = file {
+            let _ = writeln!(file, "{line}");
+        }
     }
 }
 

@@ -5,11 +5,13 @@ mod bench;
 mod build;
 mod cargo;
 mod http;
+mod fuzz;
 mod lint;
 mod run;
 mod setup;
 mod test;
 mod testbed;
+mod units;
 mod vm_test;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +38,9 @@ enum Command {
     Lint(lint::Options),
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
+    /// Fuzz every decoder of outside input (frames, schema requests, configuration files,
+    /// sysfs values, the NVML stand-in's script) with cargo-fuzz, longer than CI does.
+    Fuzz(fuzz::Options),
     /// Benchmark and write the results under bench/results/ (`probes`: eBPF cost per event vs
     /// bpftrace, in the QEMU guest; `agent`: the node agent's wire size, CPU and memory next to
     /// node_exporter, and adaptive sampling).
@@ -51,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Command::Lint(options) => lint::run(&options),
         Command::VmTest(options) => vm_test::run(&options),
         Command::Bench(options) => bench::run(&options),
+        Command::Fuzz(options) => fuzz::run(&options),
     }
 }
 

@@ -88,6 +88,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
     if !options.no_apt {
         ensure_debian_packages(testbed::HOST_PACKAGES)?;
         ensure_debian_packages(TSDB_PACKAGES)?;
+        ensure_debian_packages(crate::units::PACKAGES)?;
     }
     Ok(Tools {
         bpf_linker_dir,

@@ -1,8 +1,12 @@
 //! `cargo xtask test`: every test, as CI runs them — the workspace's unit and host tests
-//! (including loading the eBPF object into this kernel's verifier), then the soft-RoCE
-//! scenarios in QEMU guests on every kernel line (Debian 6.1 and 6.12).
+//! (including loading the eBPF object into this kernel's verifier), the systemd units'
+//! check (`units`), each fuzz target for 20 s (`fuzz`), then the soft-RoCE scenarios in QEMU
+//! guests on every kernel line (Debian 6.1 and 6.12).
 
-use crate::{cargo, setup, vm_test};
+use crate::{cargo, fuzz, setup, units, vm_test};
+
+/// Seconds each fuzz target runs in the suite.
+const FUZZ_SECONDS: u64 = 20;
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -25,6 +29,19 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .args(["test", "--release"])
             .env("RAILSCOPE_REQUIRE_TSDB", "1"),
     )?;
+    units::check(&cargo::workspace_root().join("target/release"))?;
+    // Every decoder of outside input, fuzzed for a short bounded time (`cargo xtask fuzz`
+    // runs them longer).
+    let outcomes = fuzz::run_targets(&tools, fuzz::TARGETS, FUZZ_SECONDS, None)?;
+    let total: u64 = outcomes.iter().map(|o| o.executions).sum();
+    let each: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{} {}", o.target, o.executions))
+        .collect();
+    setup::step(&format!(
+        "fuzzing: {total} executions, no finding ({})",
+        each.join(", ")
+    ));
     if options.no_vm {
         setup::step("skipping the VM scenarios (--no-vm)");
         return Ok(());

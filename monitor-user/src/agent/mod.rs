@@ -32,6 +32,7 @@ use tokio::{
 pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
 
 use monitor_common::events::Origin;
+use railscope_config::ServiceManager;
 
 use crate::{
     cgroup::CgroupNames,
@@ -89,6 +90,10 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
         .map_or(Duration::MAX / 4, |p| p.flush_every);
     let mut flush = tokio::time::interval(flush_every);
     flush.tick().await;
+    // Under systemd: ready once every family's first attach attempt is in, and a watchdog
+    // ping from this loop, so a loop that stops turning gets the agent restarted.
+    let mut service = ServiceManager::from_env();
+    let mut watchdog = tokio::time::interval(service.ping_every().unwrap_or(Duration::MAX / 4));
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
@@ -96,7 +101,13 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             Some(record) = records_rx.recv() => {
                 on_record(&record, &families, &mut cgroups, &mut ports, pipeline.as_mut(), options.format);
             }
-            attempt = families.next_attempt() => families.on_attempt(attempt),
+            attempt = families.next_attempt() => {
+                families.on_attempt(attempt);
+                if families.started() && !service.is_ready() {
+                    service.ready("probes attached where their modules are loaded");
+                }
+            }
+            _ = watchdog.tick(), if service.ping_every().is_some() => service.alive(),
             // With a pipeline that reads at least as often as the rescan interval, its sweeps
             // pace the rescans (one wake-up a second, not two).
             _ = rescan.tick(), if !sweeps_pace_rescans => {
@@ -151,6 +162,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
             }
         }
     }
+    service.stopping();
     tracing::info!(
         "stopping; state: {}",
         StateReport::take(&families, &jobs, &devices, &cgroups, pipeline.as_ref())

@@ -312,17 +312,20 @@ impl Gpu {
         device: &Device<'_>,
         out: &mut Out<'_>,
     ) -> Result<(), Lost> {
+        // The kept sample's time is taken after its call returned and `now` before this
+        // one's starts, so the samples NVML took lie at least this far apart.
         let now = Instant::now();
         if self
             .gpm_prev
             .as_ref()
-            .is_some_and(|(_, taken)| now.duration_since(*taken) < GPM_MIN_INTERVAL)
+            .is_some_and(|(_, taken)| now.duration_since(*taken) <= GPM_MIN_INTERVAL)
         {
             return Ok(());
         }
         let Some(sample) = self.check("GPM sample", device.gpm_sample())? else {
             return Ok(());
         };
+        let taken = Instant::now();
         if let Some((prev, _)) = self.gpm_prev.take() {
             // SAFETY: allocated by this NVML instance, owned only by `gpm_prev`, which gave it
             // up above; the wrapper frees it when dropped at the end of this block.
@@ -350,7 +353,7 @@ impl Gpu {
                 }
             }
         }
-        self.gpm_prev = Some((RawSample(sample.into_handle()), now));
+        self.gpm_prev = Some((RawSample(sample.into_handle()), taken));
         Ok(())
     }
 }

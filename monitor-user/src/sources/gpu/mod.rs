@@ -49,7 +49,9 @@ use railscope_wire::{Labels, Reading};
 /// The library an NVIDIA driver installs (`libnvidia-ml.so` without the `.1` only comes with
 /// development packages).
 pub const SYSTEM_LIBRARY: &str = "libnvidia-ml.so.1";
-/// GPM needs its two samples at least this far apart.
+/// GPM needs its two samples more than this far apart (NVML's documentation of
+/// `nvmlGpmMetricsGet`: "should be greater than 100ms due to the internal sample refresh
+/// rate"); a sweep that comes sooner reports no GPM metrics and keeps the older sample.
 pub const GPM_MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Sweeps in a row in which a GPU fails to answer (other than `GPU_IS_LOST`, which counts at
 /// once) before it is declared lost.

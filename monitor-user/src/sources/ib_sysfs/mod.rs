@@ -60,6 +60,7 @@
 //! - `state` and `phys_state` are sent as their numeric codes. A name this code does not know
 //!   for a code ("4: WHATEVER") is reported once, and the code is still sent.
 
+mod counter_value;
 mod devices;
 mod error;
 mod kept_file;
@@ -76,6 +77,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use counter_value::parse_counter;
 pub use error::SysfsError;
 pub use link::{
     CodedState, LinkLayer, LinkRate, PortLink, parse_coded, parse_link_layer, parse_rate,

@@ -9,6 +9,7 @@ use std::{
 
 use super::{
     PREFIX, SysfsError,
+    counter_value::parse_counter,
     kept_file::OpenFile,
     link::{
         CodedState, LinkLayer, PHYS_STATE_NAMES, STATE_NAMES, parse_coded, parse_link_layer,
@@ -156,12 +157,7 @@ impl Sweep<'_, '_> {
             return false;
         }
         let parsed = match counter.file.read(self.buf) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(bytes);
-                text.trim()
-                    .parse::<u64>()
-                    .map_err(|_| text.trim_end_matches('\n').to_string())
-            }
+            Ok(bytes) => parse_counter(bytes),
             Err(source) => {
                 *stale |= source.kind() == io::ErrorKind::NotFound;
                 self.problem(SysfsError::Read {

@@ -1,0 +1,22 @@
+//! The agent's decoder of the collector's schema requests (a datagram arriving on the
+//! agent's socket), as received or sealed with the key.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use railscope_wire::{Key, decode_schema_request, seal_for_fuzzing};
+
+fuzz_target!(|data: &[u8]| {
+    // The layout of the frame targets' inputs: flags, a length (unused here), the datagram.
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let Some((_, datagram)) = rest.split_first_chunk::<2>() else {
+        return;
+    };
+    let key = Key::from_bytes([7; 32]);
+    let mut bytes = datagram.to_vec();
+    if flags & 1 != 0 {
+        seal_for_fuzzing(&mut bytes, &key);
+    }
+    let _ = decode_schema_request(&bytes, &key);
+});

@@ -1,0 +1,450 @@
+//! The collector's settings: the flags of `railscope-collector run` and the keys of
+//! `/etc/railscope/collector.toml` are one struct, so every flag can be set in the file
+//! under the same name (without `--`), and the flags given override the file
+//! (docs/deployment.md, "Configuration files").
+
+use std::{
+    fmt,
+    net::SocketAddr,
+    num::NonZeroUsize,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use railscope_config::{
+    Age, ConfigError, Layered, Sources,
+    layers::{is_false, pick},
+};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{
+    CollectorConfig, Limits,
+    archive::ArchiveConfig,
+    config::ConfigError as LimitsError,
+    remote_write::{EndpointConfig, RemoteWriteError},
+};
+
+/// Read when `--config` is not given, if it exists.
+pub const DEFAULT_FILE: &str = "/etc/railscope/collector.toml";
+const DEFAULT_LISTEN: &str = "0.0.0.0:7670";
+const DEFAULT_HTTP: &str = "0.0.0.0:7671";
+const DEFAULT_KEY: &str = "/etc/railscope/wire.key";
+const DEFAULT_DATA: &str = "/var/lib/railscope";
+const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(30 * 86_400);
+
+/// Everything `railscope-collector run` can be told, from the file or the command line.
+#[derive(Clone, Debug, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct CollectorSettings {
+    /// UDP address the agents send to (`railscope agent --collector HOST:PORT`; default
+    /// 0.0.0.0:7670).
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Receive sockets and threads on that address (default: one per core).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sockets: Option<NonZeroUsize>,
+    /// HTTP address of /metrics, the live view and the query API (default 0.0.0.0:7671).
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
+    /// No HTTP server.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub no_http: bool,
+    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters (default
+    /// /etc/railscope/wire.key).
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
+    /// Data directory of the archive (default /var/lib/railscope).
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// Nodes held at once (memory bound; see docs/architecture.md; default 10000).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<usize>,
+    /// Series one node session may hold (at most 65536; default 20000).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_series_per_node: Option<usize>,
+    /// Series held over all nodes (default 4000000).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_series: Option<usize>,
+    /// Recent events kept for the live view (default 10000).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_recent_events: Option<usize>,
+    /// Frames sent longer ago than this many seconds are dropped, and forgotten nodes'
+    /// frames cannot be replayed (default 3600, less than a day).
+    #[arg(long, value_name = "SECONDS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_frame_age: Option<u64>,
+    /// Archive segments whose newest frame is older than this are deleted (e.g. 30d, 12h;
+    /// 0: kept whatever their age; default 30d).
+    #[arg(long, value_name = "AGE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_age: Option<Age>,
+    /// The oldest archive segments are deleted to keep the archive under this many bytes.
+    #[arg(long, value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+    /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
+    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics).
+    /// Repeatable; the file's endpoints and the command line's are all used.
+    #[arg(long = "remote-write", value_name = "NAME=URL")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remote_write: Vec<RemoteWriteSpec>,
+}
+
+/// A remote-write endpoint as `NAME=URL`, with the default settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteWriteSpec(pub EndpointConfig);
+
+impl FromStr for RemoteWriteSpec {
+    type Err = RemoteWriteError;
+    fn from_str(spec: &str) -> Result<Self, RemoteWriteError> {
+        EndpointConfig::parse(spec).map(Self)
+    }
+}
+
+impl fmt::Display for RemoteWriteSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.0.name, self.0.url)
+    }
+}
+
+impl Serialize for RemoteWriteSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RemoteWriteSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Layered for CollectorSettings {
+    fn defaults() -> Self {
+        let limits = Limits::default();
+        Self {
+            listen: DEFAULT_LISTEN.parse().ok(),
+            http: DEFAULT_HTTP.parse().ok(),
+            key: Some(DEFAULT_KEY.into()),
+            data: Some(DEFAULT_DATA.into()),
+            max_nodes: Some(limits.max_nodes),
+            max_series_per_node: Some(limits.max_series_per_node),
+            max_series: Some(limits.max_series),
+            max_recent_events: Some(limits.max_recent_events),
+            max_frame_age: Some(limits.max_frame_age.as_secs()),
+            retention_age: Some(DEFAULT_RETENTION_AGE.into()),
+            ..Self::default()
+        }
+    }
+
+    fn overridden_by(self, over: Self) -> Self {
+        // Destructured so that a new setting that is not layered here does not compile.
+        let Self {
+            listen,
+            sockets,
+            http,
+            no_http,
+            key,
+            data,
+            max_nodes,
+            max_series_per_node,
+            max_series,
+            max_recent_events,
+            max_frame_age,
+            retention_age,
+            retention_bytes,
+            mut remote_write,
+        } = self;
+        remote_write.extend(over.remote_write);
+        Self {
+            listen: pick(listen, over.listen),
+            sockets: pick(sockets, over.sockets),
+            http: pick(http, over.http),
+            no_http: no_http || over.no_http,
+            key: pick(key, over.key),
+            data: pick(data, over.data),
+            max_nodes: pick(max_nodes, over.max_nodes),
+            max_series_per_node: pick(max_series_per_node, over.max_series_per_node),
+            max_series: pick(max_series, over.max_series),
+            max_recent_events: pick(max_recent_events, over.max_recent_events),
+            max_frame_age: pick(max_frame_age, over.max_frame_age),
+            retention_age: pick(retention_age, over.retention_age),
+            retention_bytes: pick(retention_bytes, over.retention_bytes),
+            remote_write,
+        }
+    }
+}
+
+/// Reads the settings: `--config FILE`, else [`DEFAULT_FILE`] if it exists, under `flags`.
+pub fn load(
+    config: Option<&Path>,
+    flags: CollectorSettings,
+) -> Result<Sources<CollectorSettings>, ConfigError> {
+    Sources::load(config, Path::new(DEFAULT_FILE), flags)
+}
+
+/// What `railscope-collector run` starts: the collector, its archive and its remote-write
+/// endpoints.
+#[derive(Debug)]
+pub struct RunPlan {
+    pub collector: CollectorConfig,
+    pub archive: ArchiveConfig,
+    pub remote_write: Vec<EndpointConfig>,
+}
+
+/// The memory bounds the settings give, checked; a bound that cannot be used is named with
+/// where it was set.
+pub fn limits(sources: &Sources<CollectorSettings>) -> Result<Limits, ConfigError> {
+    let s = sources.merged();
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_nodes: s.max_nodes.unwrap_or(defaults.max_nodes),
+        max_series_per_node: s
+            .max_series_per_node
+            .unwrap_or(defaults.max_series_per_node),
+        max_series: s.max_series.unwrap_or(defaults.max_series),
+        max_recent_events: s.max_recent_events.unwrap_or(defaults.max_recent_events),
+        max_frame_age: s
+            .max_frame_age
+            .map_or(defaults.max_frame_age, Duration::from_secs),
+        ..defaults
+    };
+    limits.validate().map_err(|e| {
+        let key = match &e {
+            LimitsError::SeriesPerNode(_) => "max-series-per-node",
+            LimitsError::Zero { what } => match *what {
+                "max nodes" => "max-nodes",
+                "max series" => "max-series",
+                _ => "max-series-per-node",
+            },
+            LimitsError::NodeTtl => "max-frame-age",
+        };
+        sources.error(key, e)
+    })?;
+    Ok(limits)
+}
+
+/// Every value checked and the key file read; a setting that cannot be used is named with
+/// where it was set.
+pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
+    let limits = limits(sources)?;
+    let s = sources.merged();
+    let key_path = s.key.unwrap_or_else(|| DEFAULT_KEY.into());
+    let key = railscope_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
+    let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
+    let sockets = s.sockets.map_or_else(
+        || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        NonZeroUsize::get,
+    );
+    let mut names = std::collections::HashSet::new();
+    for endpoint in &s.remote_write {
+        if !names.insert(endpoint.0.name.clone()) {
+            return Err(sources.error(
+                "remote-write",
+                format!(
+                    "two endpoints are named {:?} (the name names the cursor file)",
+                    endpoint.0.name
+                ),
+            ));
+        }
+    }
+    let mut archive = ArchiveConfig::new(&data);
+    let retention_age = s.retention_age.map_or(DEFAULT_RETENTION_AGE, Age::duration);
+    archive.retention_age = (!retention_age.is_zero()).then_some(retention_age);
+    archive.retention_bytes = s.retention_bytes;
+    Ok(RunPlan {
+        collector: CollectorConfig {
+            listen: s
+                .listen
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7670))),
+            sockets,
+            http: (!s.no_http).then(|| {
+                s.http
+                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7671)))
+            }),
+            data_dir: data,
+            key,
+            limits,
+        },
+        archive,
+        remote_write: s.remote_write.into_iter().map(|r| r.0).collect(),
+    })
+}
+
+/// `railscope-collector run --check-config`: [`run_plan`]; returns the settings in effect,
+/// as TOML.
+pub fn check(sources: &Sources<CollectorSettings>) -> Result<String, ConfigError> {
+    run_plan(sources)?;
+    Ok(toml::to_string(&sources.merged()).unwrap_or_else(|e| format!("# (not shown: {e})\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser};
+    use railscope_config::ConfigFile;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: CollectorSettings,
+    }
+
+    fn key_file() -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), [7u8; 32]).unwrap();
+        file
+    }
+
+    fn sources(text: &str, args: &[&str]) -> Result<Sources<CollectorSettings>, ConfigError> {
+        let flags = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .unwrap()
+            .settings;
+        Sources::from_file(
+            ConfigFile::from_text("/etc/railscope/collector.toml", text),
+            flags,
+        )
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let key = key_file();
+        let text = format!(
+            "key = {:?}\nmax-nodes = 50\nretention-age = \"12h\"\nremote-write = [\"vm=http://h:8428/api/v1/write\"]\n",
+            key.path()
+        );
+        let plan =
+            run_plan(&sources(&text, &["--max-nodes", "60", "--sockets", "3"]).unwrap()).unwrap();
+        assert_eq!(plan.collector.limits.max_nodes, 60);
+        assert_eq!(plan.collector.sockets, 3);
+        assert_eq!(
+            plan.archive.retention_age,
+            Some(Duration::from_secs(12 * 3600))
+        );
+        assert_eq!(plan.remote_write.len(), 1);
+        assert_eq!(plan.remote_write[0].url, "http://h:8428/api/v1/write");
+        assert_eq!(plan.collector.listen, DEFAULT_LISTEN.parse().unwrap());
+        let plan =
+            run_plan(&sources(&text, &["--retention-age", "0", "--no-http"]).unwrap()).unwrap();
+        assert_eq!(plan.archive.retention_age, None);
+        assert_eq!(plan.collector.http, None);
+    }
+
+    #[test]
+    fn bad_values_name_the_file_line_and_key() {
+        let e = sources("\nlisten = \"nowhere\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:2:10: key `listen`: "),
+            "{e}"
+        );
+        let e = sources("sockets = 0\n", &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:1:11: key `sockets`: "),
+            "{e}"
+        );
+        let e = sources("remote-write = [\"vm=https://h/api/v1/write\"]\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:1:16: key `remote-write`: "),
+            "{e}"
+        );
+        assert!(e.contains("https"), "{e}");
+        let e = sources("retention = \"30d\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:1:1: key `retention`: unknown field"),
+            "{e}"
+        );
+        let key = key_file();
+        let text = format!("key = {:?}\n\nmax-series-per-node = 70000\n", key.path());
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:3:1: key `max-series-per-node`: "),
+            "{e}"
+        );
+        let text = format!("key = {:?}\n", key.path());
+        let e = run_plan(&sources(&text, &["--max-frame-age", "90000"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--max-frame-age: node ttl must be longer"),
+            "{e}"
+        );
+        let e = run_plan(&sources("key = \"/nonexistent/wire.key\"\n", &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:1:1: key `key`: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_endpoint_name_is_used_once() {
+        let key = key_file();
+        let text = format!(
+            "key = {:?}\nremote-write = [\"a=http://h:1/w\"]\n",
+            key.path()
+        );
+        let e = run_plan(&sources(&text, &["--remote-write", "a=http://h:2/w"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two endpoints are named \"a\""), "{e}");
+    }
+
+    /// `key = value`, as the example shows a setting commented out (`#key = value`), unlike
+    /// its prose (`# text`).
+    fn is_setting(line: &str) -> bool {
+        line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = ")
+    }
+
+    /// The example installed with the package parses as it is, and with every commented
+    /// setting switched on; and it shows every setting the command line has.
+    #[test]
+    fn the_example_file_documents_every_setting() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../dist/collector.toml"
+        ))
+        .expect("dist/collector.toml");
+        let key = key_file();
+        let key_flag = key.path().to_str().unwrap();
+        run_plan(&sources(&text, &["--key", key_flag]).unwrap()).unwrap();
+        let uncommented: String = text
+            .lines()
+            .map(|l| l.strip_prefix('#').filter(|l| is_setting(l)).unwrap_or(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let all =
+            sources(&uncommented, &["--key", key_flag]).expect("every commented setting parses");
+        run_plan(&all).expect("every commented setting is valid");
+        for arg in Cli::command().get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            assert!(
+                uncommented
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{flag} = "))),
+                "dist/collector.toml does not show `{flag}`"
+            );
+        }
+    }
+}

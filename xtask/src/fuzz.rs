@@ -1,0 +1,243 @@
+//! `cargo xtask fuzz`: the cargo-fuzz targets in `fuzz/`, one per decoder of outside input,
+//! each started from seeds taken from what the tests use (the shipped example configuration
+//! files, the NVML stand-in's scripts, the sysfs fixture tree, frames made by the agent's own
+//! encoder). `cargo xtask test` runs each for a short bounded time; this command runs them
+//! longer. Runs are niced (the machines are shared) and one at a time.
+//!
+//! A crash, a timeout, an allocation over 64 MB (`-malloc_limit_mb`: no length read from
+//! input may size an allocation unchecked) or an RSS over 2 GB fails the run; libFuzzer saves
+//! the input under `fuzz/artifacts/<target>/`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{cargo, setup};
+
+/// Every fuzz target (`fuzz/fuzz_targets/<name>.rs`).
+pub const TARGETS: &[&str] = &[
+    "wire_frame",
+    "collector_ingest",
+    "schema_request",
+    "agent_config",
+    "collector_config",
+    "sysfs_value",
+    "nvml_script",
+];
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Run only this target (repeatable; default: all of them).
+    #[arg(long = "target", value_name = "NAME")]
+    pub targets: Vec<String>,
+    /// Seconds per target.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub time: u64,
+    /// Stop a target after this many executions (whichever of --time and --runs comes first).
+    #[arg(long, value_name = "N")]
+    pub runs: Option<u64>,
+    #[command(flatten)]
+    pub setup: setup::Options,
+}
+
+/// What one run did.
+pub struct Outcome {
+    pub target: String,
+    pub executions: u64,
+    pub seconds: f64,
+}
+
+pub fn run(options: &Options) -> anyhow::Result<()> {
+    let tools = setup::run(&options.setup)?;
+    let targets: Vec<&str> = if options.targets.is_empty() {
+        TARGETS.to_vec()
+    } else {
+        for t in &options.targets {
+            if !TARGETS.contains(&t.as_str()) {
+                bail!(
+                    "no fuzz target {t:?}; the targets are {}",
+                    TARGETS.join(", ")
+                );
+            }
+        }
+        options.targets.iter().map(String::as_str).collect()
+    };
+    run_targets(&tools, &targets, options.time, options.runs)?;
+    Ok(())
+}
+
+/// Runs each target for `seconds` (or `runs` executions), one after the other; fails at the
+/// first target that finds something.
+pub fn run_targets(
+    tools: &setup::Tools,
+    targets: &[&str],
+    seconds: u64,
+    runs: Option<u64>,
+) -> anyhow::Result<Vec<Outcome>> {
+    ensure_cargo_fuzz()?;
+    let root = cargo::workspace_root();
+    let seeds = make_seeds(tools, &root)?;
+    setup::step("building the fuzz targets (cargo +nightly fuzz build)");
+    cargo::run(fuzz_command(tools, &root).args(["build"]))?;
+    let mut outcomes = Vec::new();
+    for target in targets {
+        let corpus = root.join("target/fuzz/corpus").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        let log = root.join("target/fuzz").join(format!("{target}.log"));
+        setup::step(&format!(
+            "fuzzing {target} for {seconds} s{} (log: {})",
+            runs.map(|r| format!(" or {r} executions"))
+                .unwrap_or_default(),
+            log.display()
+        ));
+        let mut cmd = fuzz_command(tools, &root);
+        cmd.args(["run", target])
+            .arg(&corpus)
+            .arg(seeds.join(target))
+            .args([
+                "--",
+                &format!("-max_total_time={seconds}"),
+                "-malloc_limit_mb=64",
+                "-rss_limit_mb=2048",
+                "-timeout=10",
+                "-print_final_stats=1",
+            ]);
+        if let Some(runs) = runs {
+            cmd.arg(format!("-runs={runs}"));
+        }
+        let started = Instant::now();
+        let output = cmd
+            .stderr(std::fs::File::create(&log)?)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("running {}", cargo::render(&cmd)))?;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if !output.success() {
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "fuzz target {target} failed ({output}); the input is under fuzz/artifacts/{target}/:\n{}",
+                tail.join("\n")
+            );
+        }
+        let executions = text
+            .lines()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        let outcome = Outcome {
+            target: target.to_string(),
+            executions,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        eprintln!(
+            "    {target}: {} executions in {:.0} s, no crash, no allocation over 64 MB",
+            outcome.executions, outcome.seconds
+        );
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// `nice -n 19 cargo +nightly fuzz ...` in the workspace, with bpf-linker on PATH (the agent's
+/// library embeds the probes).
+fn fuzz_command(tools: &setup::Tools, root: &Path) -> Command {
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", "19", "cargo", "+nightly", "fuzz"])
+        .current_dir(root)
+        .env("PATH", tools.path_with_bpf_linker());
+    cmd
+}
+
+/// Installs cargo-fuzz if `cargo fuzz` is missing.
+fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+    let present = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        setup::step("cargo-fuzz: installed");
+        return Ok(());
+    }
+    setup::step("cargo-fuzz: installing (cargo install cargo-fuzz --locked, a few minutes)");
+    cargo::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz failed; see cargo's output above")
+}
+
+/// Seeds for every target under `target/fuzz/seeds/<target>/`, from what the tests use.
+fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
+    setup::step("fuzz seeds from the tests' inputs");
+    let seeds = root.join("target/fuzz/seeds");
+    let dir = |t: &str| -> anyhow::Result<PathBuf> {
+        let d = seeds.join(t);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    };
+    std::fs::copy(
+        root.join("dist/agent.toml"),
+        dir("agent_config")?.join("agent.toml"),
+    )?;
+    std::fs::copy(
+        root.join("dist/collector.toml"),
+        dir("collector_config")?.join("collector.toml"),
+    )?;
+    let scripts = dir("nvml_script")?;
+    for entry in std::fs::read_dir(root.join("nvml-standin/scripts"))? {
+        let path = entry?.path();
+        if let Some(name) = path.file_name() {
+            std::fs::copy(&path, scripts.join(name))?;
+        }
+    }
+    // Every distinct file content of the sysfs fixture tree (counters, states, rates,
+    // and the broken node's garbage).
+    let sysfs = dir("sysfs_value")?;
+    let mut files = vec![root.join("monitor-user/tests/fixtures/sysfs")];
+    let mut n = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                files.push(entry?.path());
+            }
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            std::fs::write(sysfs.join(format!("{:016x}", fnv1a(&bytes))), bytes)?;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        bail!("no sysfs fixture files found");
+    }
+    // Frames and a schema request made by the agent's encoder.
+    cargo::run(
+        cargo::command(tools)
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "monitor-wire",
+                "--example",
+                "fuzz_seeds",
+                "--",
+            ])
+            .arg(dir("wire_frame")?)
+            .arg(dir("schema_request")?),
+    )?;
+    let frames = dir("collector_ingest")?;
+    for entry in std::fs::read_dir(seeds.join("wire_frame"))? {
+        let path = entry?.path();
+        if let Some(name) = path.file_name() {
+            std::fs::copy(&path, frames.join(name))?;
+        }
+    }
+    Ok(seeds)
+}
+
+/// A name for a seed file from its content, so equal contents make one seed.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
