@@ -84,6 +84,10 @@ struct RunOptions {
     /// The oldest archive segments are deleted to keep the archive under this many bytes.
     #[arg(long, value_name = "BYTES")]
     retention_bytes: Option<u64>,
+    /// Most points one query answer may hold (a larger one is refused with a message saying
+    /// so): bounds a query's memory at about 140 B a point.
+    #[arg(long, value_name = "N", default_value_t = query::engine::DEFAULT_MAX_POINTS)]
+    query_max_points: usize,
     /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
     /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics). Repeat
     /// for several.
@@ -164,7 +168,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
             remote_write::write_metrics(out, &stats);
         }
     });
-    let engine = Arc::new(query::QueryEngine::new(reader, config.key.clone()));
+    let engine = Arc::new(
+        query::QueryEngine::new(reader, config.key.clone())
+            .with_max_points(options.query_max_points),
+    );
     let parts = Parts {
         archive: Some(Box::new(archive)),
         api: Some(query::api_router(engine)),
