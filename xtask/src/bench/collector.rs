@@ -92,6 +92,13 @@ const MAX_LAG_S: f64 = 2.0;
 /// The flood runs at this multiple of the saturation rate (in datagrams a second).
 const FLOOD_FACTOR: f64 = 10.0;
 
+/// Seconds the flood lasts.
+const FLOOD_SECONDS: f64 = 3.0;
+
+/// The flood's rate counts as reached when the generator sent at least this share of the
+/// asked rate (what its 100 µs pacing can miss by); below, the flood goal is not met.
+const FLOOD_RATE_REACHED: f64 = 0.99;
+
 const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
 
 pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
@@ -329,7 +336,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let flood = command(
         &mut load_in,
         &mut load_out,
-        &format!("flood {flood_rate:.0} 3"),
+        &format!("flood {flood_rate:.0} {FLOOD_SECONDS}"),
     )?;
     let flood_sent = u64_of(&flood["datagrams"]);
     thread::sleep(Duration::from_secs(2));
@@ -341,9 +348,13 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         - metric_sum(&before, "railscope_collector_frames_accepted_total");
     let flood_hwm_kb = status_kb(pid, "VmHWM").unwrap_or(0);
     let flood_rss_after_kb = status_kb(pid, "VmRSS").unwrap_or(0);
+    let achieved = flood_sent as f64 / f64_of(&flood["elapsed_s"]).max(FLOOD_SECONDS);
+    let saturation_datagrams = flood_rate / FLOOD_FACTOR;
     let flood_json = json!({
         "rate_datagrams_per_s": flood_rate,
-        "achieved_datagrams_per_s": flood_sent as f64 / f64_of(&flood["elapsed_s"]).max(1e-9),
+        "achieved_datagrams_per_s": achieved,
+        "achieved_multiple": achieved / saturation_datagrams.max(1e-9),
+        "rate_reached": achieved >= FLOOD_RATE_REACHED * flood_rate,
         "sent": flood,
         "drops": flood_drops,
         "counted": counted,
@@ -387,7 +398,9 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         },
         "no_loss_below_saturation": { "value": loss_below, "met": loss_below == 0.0 },
         "flood_counted_and_survived": {
-            "met": flood_json["all_counted"] == true && alive,
+            "achieved_multiple": flood_json["achieved_multiple"],
+            "rate_reached": flood_json["rate_reached"],
+            "met": flood_json["all_counted"] == true && alive && flood_json["rate_reached"] == true,
         },
     });
     let report = json!({
@@ -833,9 +846,17 @@ fn markdown(r: &Value) -> String {
         fmt(&g["no_loss_below_saturation"]["value"], 0),
         met(&g["no_loss_below_saturation"])
     );
+    let flood_goal = &g["flood_counted_and_survived"];
     s += &format!(
-        "| a 10x flood survived and counted exactly | | {} |\n\n",
-        met(&g["flood_counted_and_survived"])
+        "| a 10x flood survived and counted exactly | {}x reached | {} |\n\n",
+        fmt(&flood_goal["achieved_multiple"], 2),
+        if flood_goal["met"] == true {
+            "met"
+        } else if flood_goal["rate_reached"] == false {
+            "**not met here** (the generator did not reach 10x: see Flood)"
+        } else {
+            "**not met**"
+        }
     );
     s += &format!(
         "Before the steps, every node's first 10 s ({} samples: each node's schema comes with its \
@@ -944,12 +965,13 @@ fn markdown(r: &Value) -> String {
     s += "Query latencies are the median of three, through the HTTP API (`/api/v1/series`).\n\n";
     let f = &c["flood"];
     s += &format!(
-        "## Flood\n\nAt {}x the saturation rate in datagrams ({} datagrams/s asked, {} achieved), \
-         for 3 s: forged (a byte changed), replayed, truncated and random datagrams, {} in all. \
+        "## Flood\n\nAt {}x the saturation rate in datagrams ({} datagrams/s asked, {} achieved: {}x), \
+         for 3 s, by two generator threads sending a pre-built pool with `sendmmsg` (64 a call) on the same 2 cores as the collector: forged (a byte changed), replayed, truncated and random datagrams, {} in all. \
          Counted as drops: {} ({}); accepted: {}. The collector {}; its RSS {} MiB before, {} MiB after (peak {} MiB before, {} MiB after).\n\n",
         FLOOD_FACTOR,
         fmt(&f["rate_datagrams_per_s"], 0),
         fmt(&f["achieved_datagrams_per_s"], 0),
+        fmt(&f["achieved_multiple"], 2),
         f["sent"]["datagrams"],
         fmt(&f["counted"], 0),
         f["drops"],
