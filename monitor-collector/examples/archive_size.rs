@@ -4,7 +4,10 @@
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
-//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M]`
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--data DIR --key FILE]`
+//!
+//! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
+//! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +35,15 @@ fn main() -> anyhow::Result<()> {
     let level = arg(&args, "--level", 3)? as i32;
     let block_kib = arg(&args, "--block-kib", 256)? as usize;
     let segment_mib = arg(&args, "--segment-mib", 64)?;
-    let key = Key::from_bytes([7; 32]);
+    let kept = args
+        .iter()
+        .position(|a| a == "--data")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let key = match args.iter().position(|a| a == "--key") {
+        Some(i) => Key::from_file(args.get(i + 1).context("--key needs a file")?)?,
+        None => Key::from_bytes([7; 32]),
+    };
     // The run ends now: the archive seals a segment once its span has passed on the clock.
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -42,14 +53,15 @@ fn main() -> anyhow::Result<()> {
     let mut senders: Vec<FixtureSender> = (0..nodes)
         .map(|n| FixtureSender::new(&format!("gpu-node-{n:04}"), n + 1, key.clone()))
         .collect();
-    let dir = tempfile::tempdir()?;
+    let temp = tempfile::tempdir()?;
+    let dir = kept.as_deref().unwrap_or(temp.path());
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: segment_mib << 20,
         segment_span: Duration::from_secs(3600),
         block_bytes: block_kib << 10,
         compression_level: level,
         retention_age: None,
-        ..ArchiveConfig::new(dir.path())
+        ..ArchiveConfig::new(dir)
     })?;
     let (mut samples, mut frame_bytes, mut frames) = (0u64, 0u64, 0u64);
     let started = Instant::now();
