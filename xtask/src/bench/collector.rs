@@ -377,7 +377,13 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
 
     // VictoriaMetrics fed the same samples by remote-write from the archive.
     setup::step("VictoriaMetrics: remote-writing every archived sample to it");
-    let vm = victoria_metrics(&dir, "victoria-metrics", &collector_args, http, samples_total)?;
+    let vm = victoria_metrics(
+        &dir,
+        "victoria-metrics",
+        &collector_args,
+        http,
+        samples_total,
+    )?;
 
     // Bytes at rest with long series: few nodes, an hour each.
     let long = if o.long_nodes > 0 {
