@@ -4,7 +4,8 @@
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
-//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--data DIR --key FILE]`
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--flush-s F] [--data DIR
+//! --key FILE]`
 //!
 //! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
 //! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
@@ -35,6 +36,8 @@ fn main() -> anyhow::Result<()> {
     let level = arg(&args, "--level", 3)? as i32;
     let block_kib = arg(&args, "--block-kib", 256)? as usize;
     let segment_mib = arg(&args, "--segment-mib", 64)?;
+    // The agent's flush interval: each flush starts every series' coding afresh.
+    let flush_s = arg(&args, "--flush-s", 10)?.max(1);
     let kept = args
         .iter()
         .position(|a| a == "--data")
@@ -65,12 +68,12 @@ fn main() -> anyhow::Result<()> {
     })?;
     let (mut samples, mut frame_bytes, mut frames) = (0u64, 0u64, 0u64);
     let started = Instant::now();
-    // Ten seconds of every node at a time, as frames arrive at a collector.
-    for chunk in 0..seconds.div_ceil(10) {
-        let start = t0 + chunk * 10_000_000_000;
-        let len = (seconds - chunk * 10).min(10);
+    // One flush interval of every node at a time, as frames arrive at a collector.
+    for chunk in 0..seconds.div_ceil(flush_s) {
+        let start = t0 + chunk * flush_s * 1_000_000_000;
+        let len = (seconds - chunk * flush_s).min(flush_s);
         for s in senders.iter_mut() {
-            let batch = s.run(start, len, 10);
+            let batch = s.run(start, len, flush_s);
             for f in &batch {
                 let frame = AcceptedFrame {
                     node: &s.name,
@@ -98,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             "zstd_level": level,
             "block_kib": block_kib,
             "segment_mib": segment_mib,
+            "flush_s": flush_s,
             "samples": samples,
             "frames": frames,
             "frame_bytes_per_sample": per(frame_bytes),
