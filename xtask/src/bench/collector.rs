@@ -1132,7 +1132,9 @@ fn markdown(r: &Value) -> String {
              | | railscope collector | VictoriaMetrics |\n|---|---|---|\n\
              | bytes at rest per sample | {} | {} ({} data, {} index) |\n\
              | samples | {} | {} rows inserted |\n\
-             | CPU per sample | | {} ns (remote-write ingest) |\n\n",
+             | CPU per sample | | {} ns (remote-write ingest) |\n\n\
+             Where ours is larger, the reason (every frame restarts each series' coding) and \
+             what would close the gap are in docs/architecture.md, \"Bytes at rest per sample\".\n\n",
             l["nodes"],
             f64_of(&l["samples_per_series"]),
             fmt(&l["bytes_at_rest_per_sample"], 3),
