@@ -4,7 +4,11 @@
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
-//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M]`
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--flush-s F] [--data DIR
+//! --key FILE]`
+//!
+//! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
+//! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +36,17 @@ fn main() -> anyhow::Result<()> {
     let level = arg(&args, "--level", 3)? as i32;
     let block_kib = arg(&args, "--block-kib", 256)? as usize;
     let segment_mib = arg(&args, "--segment-mib", 64)?;
-    let key = Key::from_bytes([7; 32]);
+    // The agent's flush interval: each flush starts every series' coding afresh.
+    let flush_s = arg(&args, "--flush-s", 10)?.max(1);
+    let kept = args
+        .iter()
+        .position(|a| a == "--data")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let key = match args.iter().position(|a| a == "--key") {
+        Some(i) => Key::from_file(args.get(i + 1).context("--key needs a file")?)?,
+        None => Key::from_bytes([7; 32]),
+    };
     // The run ends now: the archive seals a segment once its span has passed on the clock.
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -42,23 +56,24 @@ fn main() -> anyhow::Result<()> {
     let mut senders: Vec<FixtureSender> = (0..nodes)
         .map(|n| FixtureSender::new(&format!("gpu-node-{n:04}"), n + 1, key.clone()))
         .collect();
-    let dir = tempfile::tempdir()?;
+    let temp = tempfile::tempdir()?;
+    let dir = kept.as_deref().unwrap_or(temp.path());
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: segment_mib << 20,
         segment_span: Duration::from_secs(3600),
         block_bytes: block_kib << 10,
         compression_level: level,
         retention_age: None,
-        ..ArchiveConfig::new(dir.path())
+        ..ArchiveConfig::new(dir)
     })?;
     let (mut samples, mut frame_bytes, mut frames) = (0u64, 0u64, 0u64);
     let started = Instant::now();
-    // Ten seconds of every node at a time, as frames arrive at a collector.
-    for chunk in 0..seconds.div_ceil(10) {
-        let start = t0 + chunk * 10_000_000_000;
-        let len = (seconds - chunk * 10).min(10);
+    // One flush interval of every node at a time, as frames arrive at a collector.
+    for chunk in 0..seconds.div_ceil(flush_s) {
+        let start = t0 + chunk * flush_s * 1_000_000_000;
+        let len = (seconds - chunk * flush_s).min(flush_s);
         for s in senders.iter_mut() {
-            let batch = s.run(start, len, 10);
+            let batch = s.run(start, len, flush_s);
             for f in &batch {
                 let frame = AcceptedFrame {
                     node: &s.name,
@@ -86,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             "zstd_level": level,
             "block_kib": block_kib,
             "segment_mib": segment_mib,
+            "flush_s": flush_s,
             "samples": samples,
             "frames": frames,
             "frame_bytes_per_sample": per(frame_bytes),

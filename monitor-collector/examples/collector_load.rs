@@ -15,7 +15,8 @@
 //! - `finish RATE`: sends the rest of the current round (every node up to the same second);
 //! - `flood RATE SECONDS`: sends datagrams that must all be refused, RATE a second, in turn
 //!   forged (a valid frame with a byte changed), replayed (a frame of the hour node, already
-//!   accepted), truncated and random bytes, and says how many of each;
+//!   accepted), truncated and random bytes, and says how many of each (a pool made first,
+//!   sent by two threads with `sendmmsg`);
 //! - `ping`: one short random datagram from every socket (so that the collector reads the
 //!   kernel's count of datagrams it dropped, which comes with the next datagram received);
 //! - `quit`.
@@ -195,9 +196,17 @@ impl Rng {
     }
 }
 
+/// Threads sending the flood, each from its own share of the sockets.
+const FLOOD_THREADS: usize = 2;
+
+/// Datagrams handed to the kernel per `sendmmsg` call.
+const FLOOD_BATCH: usize = 64;
+
 /// Datagrams that must all be refused, `rate` a second for `seconds`: in turn forged,
 /// replayed, truncated and random, made from frames the collector has accepted (`sent`: the
-/// hour node's, sent at a modest rate), then, after 300 ms, a [`ping`].
+/// hour node's, sent at a modest rate), then, after 300 ms, a [`ping`]. A pool of them is
+/// made first; [`FLOOD_THREADS`] threads then send it round and round, in batches of
+/// [`FLOOD_BATCH`] per `sendmmsg`, so that the generator is not what limits the rate.
 fn flood(
     sockets: &[UdpSocket],
     target: SocketAddr,
@@ -206,19 +215,15 @@ fn flood(
     seconds: f64,
 ) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(!sent.is_empty(), "flood: no frames to make datagrams from");
+    let SocketAddr::V4(v4) = target else {
+        anyhow::bail!("flood: {target} is not an IPv4 address");
+    };
     let mut rng = Rng(0x5eed);
-    let mut counts = [0u64; 4];
-    let mut buf = Vec::with_capacity(2048);
-    let total = (rate * seconds) as u64;
-    let started = Instant::now();
-    let mut done = 0u64;
-    while done < total {
-        let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(total);
-        while done < due {
+    let pool: Vec<Vec<u8>> = (0..8192)
+        .map(|i| {
             let d = &sent[(rng.next() % sent.len() as u64) as usize];
-            let kind = (done % 4) as usize;
-            buf.clear();
-            match kind {
+            let mut buf = Vec::new();
+            match i % 4 {
                 0 => {
                     buf.extend_from_slice(&d.bytes);
                     let at = (rng.next() % buf.len() as u64) as usize;
@@ -234,18 +239,65 @@ fn flood(
                     buf.extend((0..len).map(|_| rng.next() as u8));
                 }
             }
-            // Errors (ENOBUFS) are counted as not sent.
-            if sockets[(rng.next() % SOCKETS as u64) as usize]
-                .send_to(&buf, target)
-                .is_ok()
-            {
-                counts[kind] += 1;
-            }
-            done += 1;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
+            buf
+        })
+        .collect();
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: v4.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*v4.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let total = (rate * seconds) as u64;
+    let started = Instant::now();
+    let per_thread: Vec<[u64; 4]> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..FLOOD_THREADS)
+            .map(|t| {
+                let (pool, addr) = (&pool, &addr);
+                scope.spawn(move || {
+                    let share = total / FLOOD_THREADS as u64
+                        + u64::from((t as u64) < total % FLOOD_THREADS as u64);
+                    let rate = rate / FLOOD_THREADS as f64;
+                    let mut counts = [0u64; 4];
+                    let (mut done, mut next, mut calls) = (0u64, t, 0usize);
+                    while done < share {
+                        let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(share);
+                        while done < due {
+                            let n = ((due - done) as usize).min(FLOOD_BATCH);
+                            let batch: Vec<usize> = (0..n)
+                                .map(|k| (next + k * FLOOD_THREADS) % pool.len())
+                                .collect();
+                            let socket = &sockets[(t + calls * FLOOD_THREADS) % sockets.len()];
+                            calls += 1;
+                            let taken = send_batch(socket, addr, pool, &batch);
+                            for &ix in &batch[..taken] {
+                                counts[ix % 4] += 1;
+                            }
+                            // What the kernel refused (ENOBUFS) is not sent and not counted.
+                            let advanced = taken.max(1);
+                            next = (next + advanced * FLOOD_THREADS) % pool.len();
+                            done += advanced as u64;
+                        }
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    counts
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a flood thread panicked"))
+            .collect()
+    });
     let elapsed = started.elapsed();
+    let mut counts = [0u64; 4];
+    for c in &per_thread {
+        for (sum, n) in counts.iter_mut().zip(c) {
+            *sum += n;
+        }
+    }
     std::thread::sleep(Duration::from_millis(300));
     counts[3] += ping(sockets, target, &mut rng);
     Ok(serde_json::json!({
@@ -255,7 +307,49 @@ fn flood(
         "random": counts[3],
         "datagrams": counts.iter().sum::<u64>(),
         "elapsed_s": elapsed.as_secs_f64(),
+        "threads": FLOOD_THREADS,
+        "batch": FLOOD_BATCH,
     }))
+}
+
+/// Sends `pool[ix]` for each of `batch` to `addr` with one `sendmmsg`; returns how many the
+/// kernel took (from the first on).
+fn send_batch(
+    socket: &UdpSocket,
+    addr: &libc::sockaddr_in,
+    pool: &[Vec<u8>],
+    batch: &[usize],
+) -> usize {
+    use std::os::fd::AsRawFd as _;
+    let mut iovs: Vec<libc::iovec> = batch
+        .iter()
+        .map(|&ix| libc::iovec {
+            iov_base: pool[ix].as_ptr() as *mut libc::c_void,
+            iov_len: pool[ix].len(),
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: an all-zero mmsghdr is a valid empty message header.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_name = addr as *const libc::sockaddr_in as *mut libc::c_void;
+            m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect();
+    // SAFETY: every header points at a live iovec, address and buffer for the call's length.
+    let n = unsafe {
+        libc::sendmmsg(
+            socket.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            msgs.len() as libc::c_uint,
+            0,
+        )
+    };
+    usize::try_from(n).unwrap_or(0)
 }
 
 /// One short random datagram from every socket, 100 µs apart: each receive socket of the

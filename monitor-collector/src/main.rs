@@ -95,6 +95,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         collector: config,
         archive: archive_config,
         remote_write: endpoints,
+        query_max_points,
     } = settings::run_plan(&sources)?;
     let data_dir = config.data_dir.clone();
     let archive = Archive::open(archive_config)
@@ -122,7 +123,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
             remote_write::write_metrics(out, &stats);
         }
     });
-    let engine = Arc::new(query::QueryEngine::new(reader, config.key.clone()));
+    let engine = Arc::new(
+        query::QueryEngine::new(reader, config.key.clone())
+            .with_max_points(query_max_points),
+    );
     let parts = Parts {
         archive: Some(Box::new(archive)),
         api: Some(query::api_router(engine)),

@@ -93,6 +93,11 @@ pub struct CollectorSettings {
     #[arg(long, value_name = "BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retention_bytes: Option<u64>,
+    /// Most points one query answer may hold (a larger one is refused with a message saying
+    /// so): bounds a query's memory at about 140 B a point (default 1000000).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub query_max_points: Option<usize>,
     /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
     /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics).
     /// Repeatable; the file's endpoints and the command line's are all used.
@@ -145,6 +150,7 @@ impl Layered for CollectorSettings {
             max_recent_events: Some(limits.max_recent_events),
             max_frame_age: Some(limits.max_frame_age.as_secs()),
             retention_age: Some(DEFAULT_RETENTION_AGE.into()),
+            query_max_points: Some(crate::query::engine::DEFAULT_MAX_POINTS),
             ..Self::default()
         }
     }
@@ -165,6 +171,7 @@ impl Layered for CollectorSettings {
             max_frame_age,
             retention_age,
             retention_bytes,
+            query_max_points,
             mut remote_write,
         } = self;
         remote_write.extend(over.remote_write);
@@ -182,6 +189,7 @@ impl Layered for CollectorSettings {
             max_frame_age: pick(max_frame_age, over.max_frame_age),
             retention_age: pick(retention_age, over.retention_age),
             retention_bytes: pick(retention_bytes, over.retention_bytes),
+            query_max_points: pick(query_max_points, over.query_max_points),
             remote_write,
         }
     }
@@ -202,6 +210,8 @@ pub struct RunPlan {
     pub collector: CollectorConfig,
     pub archive: ArchiveConfig,
     pub remote_write: Vec<EndpointConfig>,
+    /// Most points one query answer may hold.
+    pub query_max_points: usize,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with
@@ -280,6 +290,11 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
         },
         archive,
         remote_write: s.remote_write.into_iter().map(|r| r.0).collect(),
+        query_max_points: match s.query_max_points {
+            Some(0) => return Err(sources.error("query-max-points", "must be at least 1")),
+            Some(n) => n,
+            None => crate::query::engine::DEFAULT_MAX_POINTS,
+        },
     })
 }
 

@@ -8,7 +8,7 @@ use crate::{
     events::{encode_events, parse_events},
     frame::{
         DEFAULT_MTU, Event, FLAG_EVENTS, FLAG_SAMPLES, FLAG_SCHEMA, Frame, MAGIC,
-        MAX_FRAME_SAMPLES, MIN_FRAME_LEN, SeriesSamples, VERSION,
+        MAX_FRAME_SAMPLES, MIN_FRAME_LEN, SchemaEntry, SeriesSamples, VERSION,
     },
     key::Key,
     mac,
@@ -144,6 +144,54 @@ pub(crate) fn parse(body: &[u8]) -> Result<Frame, WireError> {
 }
 
 pub(crate) fn parse_within(body: &[u8], budget: &mut Budget) -> Result<Frame, WireError> {
+    let (head, mut r) = parse_head(body)?;
+    let schema = match section(&mut r, head.flags & FLAG_SCHEMA, "schema section")? {
+        Some(mut s) => parse_schema(&mut s, budget)?,
+        None => Vec::new(),
+    };
+    let samples = match section(&mut r, head.flags & FLAG_SAMPLES, "samples section")? {
+        Some(mut s) => {
+            let samples = parse_samples(
+                &mut s,
+                head.send_unix_ns,
+                head.time_quantum_ns,
+                budget,
+                &mut |_| true,
+            )?;
+            s.finish("samples section length")?;
+            samples
+        }
+        None => Vec::new(),
+    };
+    let events = match section(&mut r, head.flags & FLAG_EVENTS, "events section")? {
+        Some(mut s) => parse_events(&mut s, head.send_unix_ns, budget)?,
+        None => Vec::new(),
+    };
+    r.finish("frame length")?;
+    Ok(Frame {
+        node: head.node.to_owned(),
+        session: head.session,
+        seq: head.seq,
+        send_unix_ns: head.send_unix_ns,
+        time_quantum_ns: head.time_quantum_ns,
+        schema,
+        samples,
+        events,
+    })
+}
+
+/// A frame's header fields, borrowed from its bytes.
+struct Head<'a> {
+    flags: u8,
+    node: &'a str,
+    session: u32,
+    seq: u64,
+    send_unix_ns: u64,
+    time_quantum_ns: u64,
+}
+
+/// Parses the header; the reader is left at the first section.
+fn parse_head(body: &[u8]) -> Result<(Head<'_>, Reader<'_>), WireError> {
     let mut r = Reader::new(body, 0);
     read_header(&mut r, MAGIC)?;
     let flags = r.u8("flags")?;
@@ -152,12 +200,11 @@ pub(crate) fn parse_within(body: &[u8], budget: &mut Budget) -> Result<Frame, Wi
     }
     let node_len = usize::from(r.u8("node name")?);
     let offset = r.offset();
-    let node = String::from_utf8(r.bytes(node_len, "node name")?.to_vec()).map_err(|_| {
-        WireError::Malformed {
+    let node =
+        std::str::from_utf8(r.bytes(node_len, "node name")?).map_err(|_| WireError::Malformed {
             what: "node name",
             offset,
-        }
-    })?;
+        })?;
     let session = r.u32_le("session")?;
     let seq = r.varint("sequence number")?;
     let send_unix_ns = r.u64_le("send time")?;
@@ -165,33 +212,96 @@ pub(crate) fn parse_within(body: &[u8], budget: &mut Budget) -> Result<Frame, Wi
     if time_quantum_ns == 0 {
         return Err(r.malformed("time quantum"));
     }
-    let schema = match section(&mut r, flags & FLAG_SCHEMA, "schema section")? {
-        Some(mut s) => parse_schema(&mut s, budget)?,
-        None => Vec::new(),
-    };
-    let samples = match section(&mut r, flags & FLAG_SAMPLES, "samples section")? {
-        Some(mut s) => {
-            let samples = parse_samples(&mut s, send_unix_ns, time_quantum_ns, budget)?;
-            s.finish("samples section length")?;
-            samples
-        }
-        None => Vec::new(),
-    };
-    let events = match section(&mut r, flags & FLAG_EVENTS, "events section")? {
-        Some(mut s) => parse_events(&mut s, send_unix_ns, budget)?,
-        None => Vec::new(),
-    };
-    r.finish("frame length")?;
-    Ok(Frame {
+    let head = Head {
+        flags,
         node,
         session,
         seq,
         send_unix_ns,
         time_quantum_ns,
+    };
+    Ok((head, r))
+}
+
+/// A frame read back from storage (a collector's archive), parsed in steps: the MAC is
+/// checked and the header and schema entries are parsed by [`open_stored`]; the samples, of
+/// only the series the reader wants, and the events on demand. A query over one metric so
+/// decodes only that metric's samples; nothing is accounted in a [`ReceiverState`].
+pub struct StoredFrame<'a> {
+    pub node: &'a str,
+    pub session: u32,
+    pub seq: u64,
+    pub send_unix_ns: u64,
+    pub time_quantum_ns: u64,
+    pub schema: Vec<SchemaEntry>,
+    samples: Option<Reader<'a>>,
+    events: Option<Reader<'a>>,
+    budget_len: usize,
+}
+
+/// Checks a stored frame's MAC and parses its header and schema entries (within the memory
+/// budget of [`decode`]).
+pub fn open_stored<'a>(bytes: &'a [u8], key: &Key) -> Result<StoredFrame<'a>, WireError> {
+    let body = mac::verify(bytes, key, MIN_FRAME_LEN)?;
+    let mut budget = Budget::for_frame(body.len());
+    let (head, mut r) = parse_head(body)?;
+    let schema = match section(&mut r, head.flags & FLAG_SCHEMA, "schema section")? {
+        Some(mut s) => parse_schema(&mut s, &mut budget)?,
+        None => Vec::new(),
+    };
+    let samples = section(&mut r, head.flags & FLAG_SAMPLES, "samples section")?;
+    let events = section(&mut r, head.flags & FLAG_EVENTS, "events section")?;
+    r.finish("frame length")?;
+    Ok(StoredFrame {
+        node: head.node,
+        session: head.session,
+        seq: head.seq,
+        send_unix_ns: head.send_unix_ns,
+        time_quantum_ns: head.time_quantum_ns,
         schema,
         samples,
         events,
+        budget_len: body.len(),
     })
+}
+
+impl StoredFrame<'_> {
+    /// The samples of the series ids `keep` accepts, in the frame's order; the other series'
+    /// samples are read past without being decoded.
+    pub fn samples(
+        &self,
+        mut keep: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<SeriesSamples>, WireError> {
+        let Some(mut s) = self.samples.clone() else {
+            return Ok(Vec::new());
+        };
+        let samples = parse_samples(
+            &mut s,
+            self.send_unix_ns,
+            self.time_quantum_ns,
+            &mut Budget::for_frame(self.budget_len),
+            &mut keep,
+        )?;
+        s.finish("samples section length")?;
+        Ok(samples)
+    }
+
+    /// Whether the frame has events.
+    pub fn has_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The frame's events.
+    pub fn events(&self) -> Result<Vec<Event>, WireError> {
+        match self.events.clone() {
+            Some(mut s) => parse_events(
+                &mut s,
+                self.send_unix_ns,
+                &mut Budget::for_frame(self.budget_len),
+            ),
+            None => Ok(Vec::new()),
+        }
+    }
 }
 
 /// Verifies, parses and accounts one received datagram: the MAC is checked before anything
@@ -336,6 +446,29 @@ mod tests {
             let bytes = encode_frame(&frame, &key()).unwrap();
             let back = decode(&bytes, &key(), &mut ReceiverState::default()).unwrap();
             prop_assert!(same(&frame, &back), "{:#?}\n{:#?}", frame, back);
+        }
+
+        /// A stored frame read in steps, keeping some series, gives what decoding it whole
+        /// gives for those series (the others read past exactly: the section ends where it
+        /// should) and the same schema entries and events.
+        #[test]
+        fn a_stored_frame_keeps_exactly_the_series_asked_for(
+            frame in arb_frame(),
+            modulus in 1u32..4,
+        ) {
+            let bytes = encode_frame(&frame, &key()).unwrap();
+            let whole = decode(&bytes, &key(), &mut ReceiverState::default()).unwrap();
+            let stored = open_stored(&bytes, &key()).unwrap();
+            prop_assert_eq!(stored.node, whole.node.as_str());
+            prop_assert_eq!((stored.session, stored.seq), (whole.session, whole.seq));
+            prop_assert_eq!(&stored.schema, &whole.schema);
+            let kept = stored.samples(|id| id % modulus == 0).unwrap();
+            let mut expected = whole.clone();
+            expected.samples.retain(|s| s.id % modulus == 0);
+            let mut got = whole.clone();
+            got.samples = kept;
+            prop_assert!(same(&expected, &got), "{:#?}\n{:#?}", expected, got);
+            prop_assert_eq!(stored.events().unwrap(), whole.events);
         }
 
         #[test]

@@ -48,7 +48,7 @@ mod series;
 mod testing;
 
 pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
-pub use codec::{decode, encode_frame};
+pub use codec::{StoredFrame, decode, encode_frame, open_stored};
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
 pub use frame::{

@@ -32,6 +32,7 @@ pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Reads a frame front to back; every error names what was being read and where.
+#[derive(Clone)]
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -267,6 +268,34 @@ pub(crate) fn get_ints(
 /// every integer is an exact f64).
 pub(crate) const MAX_DECIMALS: u8 = 15;
 const MAX_SCALED: f64 = 9_007_199_254_740_992.0; // 2^53
+
+/// Reads past `n` integers coded as [`get_ints`] reads them, without keeping them (a reader
+/// that wants only some series of a frame).
+pub(crate) fn skip_ints(r: &mut Reader<'_>, n: usize, order: Order) -> Result<(), WireError> {
+    const WHAT: &str = "sample value";
+    if n == 0 {
+        return Ok(());
+    }
+    let coded = if order == Order::Const { 1 } else { n };
+    for _ in 0..coded {
+        r.varint(WHAT)?;
+    }
+    Ok(())
+}
+
+/// Reads past `n` floats coded as [`get_xor`] reads them, without keeping them.
+pub(crate) fn skip_xor(r: &mut Reader<'_>, n: usize) -> Result<(), WireError> {
+    const WHAT: &str = "XOR float";
+    for _ in 0..n {
+        let c = r.u8(WHAT)?;
+        let (lead, len) = (usize::from(c >> 4), usize::from(c & 0x0f));
+        if lead + len > 8 {
+            return Err(r.malformed(WHAT));
+        }
+        r.bytes(len, WHAT)?;
+    }
+    Ok(())
+}
 
 pub(crate) fn pow10(k: u8) -> f64 {
     10f64.powi(i32::from(k))

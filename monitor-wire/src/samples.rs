@@ -356,13 +356,15 @@ fn parse_pattern(
     Ok(times)
 }
 
-/// Parses the samples section. The time table, patterns and blocks are charged to `budget`;
-/// the samples themselves are bounded by [`MAX_FRAME_SAMPLES`] (see [`crate::budget`]).
+/// Parses the samples section, keeping the series `keep` accepts (the others are read past
+/// without being decoded). The time table, patterns and blocks are charged to `budget`; the
+/// samples themselves are bounded by [`MAX_FRAME_SAMPLES`] (see [`crate::budget`]).
 pub(crate) fn parse_samples(
     r: &mut Reader<'_>,
     send_ns: u64,
     q: u64,
     budget: &mut Budget,
+    keep: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Vec<SeriesSamples>, WireError> {
     let table = parse_time_table(r, send_ns / q, q, budget)?;
     let n_patterns = r.count("pattern count")?;
@@ -401,9 +403,14 @@ pub(crate) fn parse_samples(
             return Err(r.malformed("sample count"));
         }
         samples_left -= pattern.len();
-        let times = pattern.iter().map(|&i| table[i as usize]);
         let order = Order::from_bits(header >> ORDER_SHIFT);
         let coder = (header >> CODER_SHIFT) & 3;
+        expected = i64::from(id) + 1;
+        if !keep(id) {
+            skip_block(r, header, coder, order, pattern.len())?;
+            continue;
+        }
+        let times = pattern.iter().map(|&i| table[i as usize]);
         let data = if header & GAUGE == 0 {
             if coder != CODER_INT {
                 return Err(r.malformed("counter block header"));
@@ -428,9 +435,49 @@ pub(crate) fn parse_samples(
             SeriesData::Gauge(parse_gauge_body(r, ext, order, times, q)?)
         };
         out.push(SeriesSamples { id, data });
-        expected = i64::from(id) + 1;
     }
     Ok(out)
+}
+
+/// Reads past one block of `n` samples that the caller does not keep.
+fn skip_block(
+    r: &mut Reader<'_>,
+    header: u8,
+    coder: u8,
+    order: Order,
+    n: usize,
+) -> Result<(), WireError> {
+    if header & GAUGE == 0 {
+        if coder != CODER_INT {
+            return Err(r.malformed("counter block header"));
+        }
+        return prim::skip_ints(r, n, order);
+    }
+    let ext = match coder {
+        CODER_INT => 0,
+        CODER_FLOAT => EXT_FLOAT,
+        CODER_EXT => r.u8("block extension")?,
+        _ => return Err(r.malformed("block coder")),
+    };
+    let mut n_values = n;
+    if ext & EXT_ENVELOPES != 0 {
+        for _ in 0..n {
+            r.varint("gauge interval")?;
+        }
+        let spread = r.bytes(n.div_ceil(8), "gauge envelope flags")?;
+        let spread_count: u32 = spread.iter().map(|b| b.count_ones()).sum();
+        n_values += 2 * spread_count as usize;
+    }
+    if ext & EXT_FLOAT == 0 {
+        prim::skip_ints(r, n_values, order)
+    } else {
+        match order {
+            Order::Const if n_values > 0 => r.u64_le("gauge value").map(drop),
+            Order::Const => Ok(()),
+            Order::Raw => prim::skip_xor(r, n_values),
+            _ => Err(r.malformed("float coder order")),
+        }
+    }
 }
 
 fn parse_gauge_body(

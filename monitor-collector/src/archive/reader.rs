@@ -5,6 +5,7 @@ use std::{
     cmp::Reverse,
     collections::{BTreeSet, BinaryHeap, VecDeque},
     fs::File,
+    ops::ControlFlow,
     sync::{Arc, RwLock, RwLockReadGuard},
 };
 
@@ -14,11 +15,23 @@ use super::{
     sealed::{BlockRef, NodeBlocks, SealedSegment},
 };
 
-/// Which nodes a scan reads.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Which nodes a scan reads: decided on the segments' indexes, before any block is read.
+#[derive(Clone)]
 pub enum NodeSelector {
     All,
     Only(BTreeSet<String>),
+    /// The nodes a predicate accepts (a query's matchers on the `node` label).
+    Matching(Arc<dyn Fn(&str) -> bool + Send + Sync>),
+}
+
+impl std::fmt::Debug for NodeSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeSelector::All => f.write_str("All"),
+            NodeSelector::Only(set) => f.debug_tuple("Only").field(set).finish(),
+            NodeSelector::Matching(_) => f.write_str("Matching(..)"),
+        }
+    }
 }
 
 impl NodeSelector {
@@ -26,12 +39,13 @@ impl NodeSelector {
         match self {
             NodeSelector::All => true,
             NodeSelector::Only(set) => set.contains(node),
+            NodeSelector::Matching(accepts) => accepts(node),
         }
     }
 }
 
 /// What a scan reads: nodes and a time range (Unix ns, inclusive).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ScanFilter {
     pub nodes: NodeSelector,
     pub start_ns: u64,
@@ -77,11 +91,12 @@ impl ArchiveReader {
     /// records of every segment overlapping the time range, in the order they were appended.
     /// A node's records in a segment are visited from the segment's first one (its schema
     /// record and the frames whose schema entries later frames rely on), up to the last block
-    /// that starts before the range ends: the caller filters samples by time.
+    /// that starts before the range ends: the caller filters samples by time. The scan stops
+    /// when `visit` breaks.
     pub fn scan(
         &self,
         filter: &ScanFilter,
-        visit: &mut dyn FnMut(&RecordView<'_>),
+        visit: &mut dyn FnMut(&RecordView<'_>) -> ControlFlow<()>,
     ) -> Result<ScanStats, ArchiveError> {
         let mut stats = ScanStats::default();
         let sealed: Vec<Arc<SealedSegment>> = self
@@ -108,7 +123,9 @@ impl ArchiveReader {
                     stats.blocks += 1;
                     for r in read_block_records(&raw, &nb.node).flatten() {
                         stats.records += 1;
-                        visit(&r);
+                        if visit(&r).is_break() {
+                            return Ok(stats);
+                        }
                     }
                 }
             }
@@ -133,7 +150,9 @@ impl ArchiveReader {
                 what: format!("entry at byte {}", e.offset),
             })?;
             stats.records += 1;
-            visit(&r);
+            if visit(&r).is_break() {
+                break;
+            }
         }
         Ok(stats)
     }

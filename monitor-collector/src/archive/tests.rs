@@ -101,7 +101,8 @@ fn scan_all(
     let mut seen = Vec::new();
     let stats = reader
         .scan(filter, &mut |r| {
-            seen.push((r.kind, r.node.to_owned(), r.bytes.to_vec()))
+            seen.push((r.kind, r.node.to_owned(), r.bytes.to_vec()));
+            std::ops::ControlFlow::Continue(())
         })
         .unwrap();
     (seen, stats)

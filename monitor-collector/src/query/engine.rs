@@ -5,10 +5,11 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    ops::ControlFlow,
     sync::Arc,
 };
 
-use railscope_wire::{Key, Kind, ReceiverState, Series, SeriesData, decode};
+use railscope_wire::{Key, Kind, Series, SeriesData, StoredFrame, open_stored};
 use serde::Serialize;
 
 use super::selector::Matcher;
@@ -102,44 +103,75 @@ pub enum QueryError {
     Archive(#[from] ArchiveError),
     #[error("time range: start {start} is after end {end}")]
     Range { start: u64, end: u64 },
+    #[error(
+        "the answer would hold more than {limit} points: narrow the time range or the matchers \
+         (the collector's --query-max-points)"
+    )]
+    TooManyPoints { limit: usize },
 }
+
+/// Points one answer may hold by default: an answer is built in memory (about 40 B a point)
+/// and written as JSON (about 100 B a point), so this bounds a query's memory.
+pub const DEFAULT_MAX_POINTS: usize = 1_000_000;
 
 /// Answers queries from the archive. Cheap to share (`Arc`); every query reads on the
 /// caller's thread.
 pub struct QueryEngine {
     reader: ArchiveReader,
     key: Key,
+    max_points: usize,
 }
 
-/// The schema of each node and session, as read so far.
-type Schemas = HashMap<(Arc<str>, u32), HashMap<u32, Series>>;
+/// A series an answer holds, and its samples gathered from all the frames read.
+struct Selected {
+    node: Arc<str>,
+    series: Series,
+    gathered: Gathered,
+}
 
-/// Samples of one series, gathered from all the frames read.
 enum Gathered {
     Counter(Vec<(u64, u64)>),
     Gauge(Vec<GaugePoint>),
 }
 
+/// For each node and session: what each series id stands for in the answer (the index of
+/// its [`Selected`]), `None` for series the query does not want or ids not yet known.
+type Slots = HashMap<(Arc<str>, u32), Vec<Option<usize>>>;
+
 /// How far before a query's start the sample that gives a counter's first point its rate is
 /// looked for (the agent reads a stable series at least every 2 x its interval cap).
 const COUNTER_LOOKBACK_NS: u64 = 300_000_000_000;
 
-/// The node a series belongs to is part of its identity.
-type SeriesKey = (Arc<str>, Series);
-
 impl QueryEngine {
     pub fn new(reader: ArchiveReader, key: Key) -> Self {
-        Self { reader, key }
+        Self {
+            reader,
+            key,
+            max_points: DEFAULT_MAX_POINTS,
+        }
     }
 
-    /// Reads every frame of the selected nodes over the range, in order, with the schema
-    /// each one's series ids stand for.
+    /// Sets the most points one answer may hold ([`QueryError::TooManyPoints`] beyond).
+    pub fn with_max_points(mut self, max_points: usize) -> Self {
+        self.max_points = max_points.max(1);
+        self
+    }
+
+    /// The most points one answer may hold.
+    pub fn max_points(&self) -> usize {
+        self.max_points
+    }
+
+    /// Reads the records of the selected nodes over the range, in order, each opened as a
+    /// stored frame (MAC checked, header and schema parsed; samples and events are for
+    /// `visit` to decode, as much as it needs). `visit` gets whether the record is a frame
+    /// (not a schema record) and whether its time range meets the range; it may stop the scan.
     pub(crate) fn each_frame(
         &self,
         nodes: NodeSelector,
         start_ns: u64,
         end_ns: u64,
-        mut visit: impl FnMut(&Arc<str>, &railscope_wire::Frame, &HashMap<u32, Series>),
+        mut visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
     ) -> Result<QueryCost, QueryError> {
         if start_ns > end_ns {
             return Err(QueryError::Range {
@@ -152,33 +184,24 @@ impl QueryEngine {
             start_ns,
             end_ns,
         };
-        let mut schemas: Schemas = HashMap::new();
         let mut names: HashMap<String, Arc<str>> = HashMap::new();
         let mut cost = QueryCost::default();
-        let empty = HashMap::new();
         let stats = self.reader.scan(&filter, &mut |r| {
             cost.frames += 1;
-            let frame = match decode(r.bytes, &self.key, &mut ReceiverState::default()) {
-                Ok(f) => f,
-                Err(_) => {
-                    cost.undecodable += 1;
-                    return;
-                }
+            let Ok(frame) = open_stored(r.bytes, &self.key) else {
+                cost.undecodable += 1;
+                return ControlFlow::Continue(());
             };
-            let node = names
-                .entry(r.node.to_owned())
-                .or_insert_with(|| Arc::from(r.node))
-                .clone();
-            let key = (node.clone(), frame.session);
-            if !frame.schema.is_empty() {
-                let schema = schemas.entry(key.clone()).or_default();
-                for e in &frame.schema {
-                    schema.insert(e.id, e.series.clone());
-                }
-            }
-            if r.kind == RecordKind::Frame {
-                visit(&node, &frame, schemas.get(&key).unwrap_or(&empty));
-            }
+            let node = match names.get(r.node) {
+                Some(n) => n.clone(),
+                None => names
+                    .entry(r.node.to_owned())
+                    .or_insert_with(|| Arc::from(r.node))
+                    .clone(),
+            };
+            let in_range =
+                r.kind == RecordKind::Frame && r.last_ns >= start_ns && r.first_ns <= end_ns;
+            visit(&node, &frame, in_range)
         })?;
         cost.segments = stats.segments;
         cost.blocks = stats.blocks;
@@ -186,7 +209,10 @@ impl QueryEngine {
     }
 
     /// Series of `q.metric` whose labels (and node) match `q.matchers`, with their samples
-    /// in the range: counters with their rates, gauges with their envelopes.
+    /// in the range: counters with their rates, gauges with their envelopes. Only the
+    /// matching nodes' blocks are read, and of each frame only the matching series' samples
+    /// are decoded; an answer of more than [`max_points`](Self::max_points) points is
+    /// refused.
     pub fn series(&self, q: &SeriesQuery) -> Result<(Vec<SeriesAnswer>, QueryCost), QueryError> {
         if q.start_ns > q.end_ns {
             return Err(QueryError::Range {
@@ -195,40 +221,67 @@ impl QueryEngine {
             });
         }
         let nodes = node_selector(&q.matchers, "node");
-        let mut gathered: HashMap<SeriesKey, Gathered> = HashMap::new();
-        let mut matched: HashMap<(Arc<str>, u32, u32), bool> = HashMap::new();
+        let mut selected: Vec<Selected> = Vec::new();
+        let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::new();
+        let mut slots: Slots = HashMap::new();
+        let mut points = 0usize;
+        let mut failed: Option<QueryError> = None;
         let from = q.start_ns.saturating_sub(COUNTER_LOOKBACK_NS);
-        let cost = self.each_frame(nodes, from, q.end_ns, |node, frame, schema| {
-            for s in &frame.samples {
-                let Some(series) = schema.get(&s.id) else {
+        let wants = |node: &Arc<str>, series: &Series| {
+            *series.name == *q.metric
+                && q.matchers.iter().all(|m| {
+                    m.matches(if m.label == "node" {
+                        Some(node)
+                    } else {
+                        series.labels.get(&m.label)
+                    })
+                })
+        };
+        let cost = self.each_frame(nodes, from, q.end_ns, |node, frame, in_range| {
+            let table = match slots.get_mut(&(node.clone(), frame.session)) {
+                Some(t) => t,
+                None => slots.entry((node.clone(), frame.session)).or_default(),
+            };
+            for e in &frame.schema {
+                let slot = wants(node, &e.series).then(|| {
+                    let key = (node.clone(), e.series.clone());
+                    *by_series.entry(key).or_insert_with(|| {
+                        selected.push(Selected {
+                            node: node.clone(),
+                            series: e.series.clone(),
+                            gathered: match e.series.kind {
+                                Kind::Counter => Gathered::Counter(Vec::new()),
+                                Kind::Gauge => Gathered::Gauge(Vec::new()),
+                            },
+                        });
+                        selected.len() - 1
+                    })
+                });
+                let id = e.id as usize;
+                if table.len() <= id {
+                    table.resize(id + 1, None);
+                }
+                table[id] = slot;
+            }
+            if !in_range || table.iter().all(Option::is_none) {
+                return ControlFlow::Continue(());
+            }
+            let Ok(samples) =
+                frame.samples(|id| table.get(id as usize).is_some_and(Option::is_some))
+            else {
+                return ControlFlow::Continue(());
+            };
+            for s in samples {
+                let Some(&Some(ix)) = table.get(s.id as usize) else {
                     continue;
                 };
-                let wanted = *matched
-                    .entry((node.clone(), frame.session, s.id))
-                    .or_insert_with(|| {
-                        *series.name == *q.metric
-                            && q.matchers.iter().all(|m| {
-                                m.matches(if m.label == "node" {
-                                    Some(node)
-                                } else {
-                                    series.labels.get(&m.label)
-                                })
-                            })
-                    });
-                if !wanted {
-                    continue;
-                }
-                let entry = gathered
-                    .entry((node.clone(), series.clone()))
-                    .or_insert_with(|| match series.kind {
-                        Kind::Counter => Gathered::Counter(Vec::new()),
-                        Kind::Gauge => Gathered::Gauge(Vec::new()),
-                    });
-                match (&s.data, entry) {
+                match (s.data, &mut selected[ix].gathered) {
                     (SeriesData::Counter(v), Gathered::Counter(out)) => {
+                        points += v.len();
                         out.extend(v.iter().map(|c| (c.unix_ns, c.value)));
                     }
                     (SeriesData::Gauge(v), Gathered::Gauge(out)) => {
+                        let before = out.len();
                         out.extend(
                             v.iter()
                                 .filter(|g| {
@@ -242,37 +295,56 @@ impl QueryEngine {
                                     mean: g.mean,
                                 }),
                         );
+                        points += out.len() - before;
                     }
                     _ => {} // a kind that disagrees with the schema: the block is ignored
                 }
             }
+            if points > self.max_points {
+                failed = Some(QueryError::TooManyPoints {
+                    limit: self.max_points,
+                });
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
         })?;
-        let mut answers: Vec<SeriesAnswer> = gathered
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        drop(slots);
+        drop(by_series);
+        let mut answers: Vec<SeriesAnswer> = selected
             .into_iter()
-            .filter_map(|((node, series), g)| {
-                let points = match g {
-                    Gathered::Counter(samples) => {
-                        let points = counter_points(samples, q.start_ns, q.end_ns);
-                        (!points.is_empty()).then_some(Points::Counter(points))?
-                    }
-                    Gathered::Gauge(mut points) => {
-                        points.sort_by_key(|p| p.t);
-                        points.dedup_by_key(|p| p.t);
-                        (!points.is_empty()).then_some(Points::Gauge(points))?
-                    }
-                };
-                let mut labels: BTreeMap<String, String> = series
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect();
-                labels.insert("node".into(), node.to_string());
-                Some(SeriesAnswer {
-                    metric: series.name.to_string(),
-                    labels,
-                    points,
-                })
-            })
+            .filter_map(
+                |Selected {
+                     node,
+                     series,
+                     gathered,
+                 }| {
+                    let points = match gathered {
+                        Gathered::Counter(samples) => {
+                            let points = counter_points(samples, q.start_ns, q.end_ns);
+                            (!points.is_empty()).then_some(Points::Counter(points))?
+                        }
+                        Gathered::Gauge(mut points) => {
+                            points.sort_by_key(|p| p.t);
+                            points.dedup_by_key(|p| p.t);
+                            (!points.is_empty()).then_some(Points::Gauge(points))?
+                        }
+                    };
+                    let mut labels: BTreeMap<String, String> = series
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect();
+                    labels.insert("node".into(), node.to_string());
+                    Some(SeriesAnswer {
+                        metric: series.name.to_string(),
+                        labels,
+                        points,
+                    })
+                },
+            )
             .collect();
         answers.sort_by(|a, b| a.labels.cmp(&b.labels));
         Ok((answers, cost))
@@ -285,8 +357,14 @@ impl QueryEngine {
             None => NodeSelector::All,
         };
         let mut out = Vec::new();
-        let cost = self.each_frame(nodes, q.start_ns, q.end_ns, |node, frame, _| {
-            for e in &frame.events {
+        let cost = self.each_frame(nodes, q.start_ns, q.end_ns, |node, frame, in_range| {
+            if !in_range || !frame.has_events() {
+                return ControlFlow::Continue(());
+            }
+            let Ok(events) = frame.events() else {
+                return ControlFlow::Continue(());
+            };
+            for e in events {
                 if e.unix_ns < q.start_ns || e.unix_ns > q.end_ns {
                     continue;
                 }
@@ -302,16 +380,17 @@ impl QueryEngine {
                 out.push(EventAnswer {
                     t: e.unix_ns,
                     node: node.to_string(),
-                    kind: e.kind.clone(),
+                    kind: e.kind,
                     labels: e
                         .labels
                         .iter()
                         .map(|(k, v)| (k.to_owned(), v.to_owned()))
                         .collect(),
                     code: e.code,
-                    text: e.text.clone(),
+                    text: e.text,
                 });
             }
+            ControlFlow::Continue(())
         })?;
         out.sort_by(|a, b| (a.t, &a.node).cmp(&(b.t, &b.node)));
         Ok((out, cost))
@@ -323,17 +402,20 @@ impl QueryEngine {
     }
 }
 
-/// Reads only the nodes an equality matcher on `node` names.
+/// Reads only the nodes the matchers on `node` accept (every node without such a matcher):
+/// the archive decides on its indexes, so other nodes' blocks are never read.
 fn node_selector(matchers: &[Matcher], label: &str) -> NodeSelector {
-    let named: Vec<&str> = matchers
+    let on_node: Vec<Matcher> = matchers
         .iter()
         .filter(|m| m.label == label)
-        .filter_map(|m| m.equal_value())
+        .cloned()
         .collect();
-    match named.as_slice() {
-        [] => NodeSelector::All,
-        names => NodeSelector::Only(names.iter().map(|n| (*n).to_owned()).collect()),
+    if on_node.is_empty() {
+        return NodeSelector::All;
     }
+    NodeSelector::Matching(Arc::new(move |node: &str| {
+        on_node.iter().all(|m| m.matches(Some(node)))
+    }))
 }
 
 /// A counter's samples in `[start, end]` with their rates; the sample just before `start`,

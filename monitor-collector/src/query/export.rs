@@ -8,13 +8,14 @@
 //! the samples and events inside the range, sealed with a fresh key that the file carries:
 //! the cluster key never leaves the collector.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::ControlFlow;
 
 use railscope_capture::{
     CaptureHeader, CaptureWriter, PortInfo, Trailer,
     format::{MAX_RECORD_LEN, key_hex},
 };
-use railscope_wire::{Frame, Key, SchemaEntry, SeriesData, SeriesSamples, encode_frame};
+use railscope_wire::{Frame, Key, SchemaEntry, Series, SeriesData, SeriesSamples, encode_frame};
 
 use super::engine::{QueryEngine, QueryError};
 use crate::archive::NodeSelector;
@@ -42,9 +43,25 @@ pub fn export_capture(
     let mut ports: BTreeMap<(String, u32), String> = BTreeMap::new();
     let mut counters = BTreeSet::new();
     let nodes = NodeSelector::Only(BTreeSet::from([node.to_owned()]));
-    engine.each_frame(nodes, start_ns, end_ns, |_, frame, schema| {
+    // The series each session's ids stand for, gathered from every frame read (a frame
+    // relies on entries sent earlier).
+    let mut schemas: HashMap<u32, HashMap<u32, Series>> = HashMap::new();
+    engine.each_frame(nodes, start_ns, end_ns, |_, frame, in_range| {
+        let schema = schemas.entry(frame.session).or_default();
+        for e in &frame.schema {
+            schema.insert(e.id, e.series.clone());
+        }
+        if !in_range {
+            return ControlFlow::Continue(());
+        }
+        // The MAC was checked when the frame was opened: a section that does not decode
+        // is the archive's damage, and the frame is left out like an undecodable one.
+        let (Ok(samples), Ok(events)) = (frame.samples(|_| true), frame.events()) else {
+            stats.skipped += 1;
+            return ControlFlow::Continue(());
+        };
         let mut out = Frame {
-            node: frame.node.clone(),
+            node: frame.node.to_owned(),
             session,
             seq: records.len() as u64,
             send_unix_ns: frame.send_unix_ns,
@@ -53,7 +70,7 @@ pub fn export_capture(
             samples: Vec::new(),
             events: Vec::new(),
         };
-        for s in &frame.samples {
+        for s in &samples {
             let Some(series) = schema.get(&s.id) else {
                 continue;
             };
@@ -83,19 +100,18 @@ pub fn export_capture(
             });
             out.samples.push(SeriesSamples { id: s.id, data });
         }
-        out.events = frame
-            .events
-            .iter()
+        out.events = events
+            .into_iter()
             .filter(|e| (start_ns..=end_ns).contains(&e.unix_ns))
-            .cloned()
             .collect();
         if out.samples.is_empty() && out.events.is_empty() {
-            return;
+            return ControlFlow::Continue(());
         }
         match encode_frame(&out, &key) {
             Ok(bytes) if bytes.len() <= MAX_RECORD_LEN => records.push(bytes),
             _ => stats.skipped += 1,
         }
+        ControlFlow::Continue(())
     })?;
     stats.frames = records.len() as u64;
     let header = CaptureHeader {

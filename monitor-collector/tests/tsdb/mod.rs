@@ -99,9 +99,13 @@ impl Server {
         match self.kind {
             Tsdb::Prometheus => {
                 let config = self.data.join("prometheus.yml");
+                // As docs/deployment.md says to run it: delivery is at least once, and a
+                // resent sample older than its series' newest is out of order, which
+                // Prometheus refuses (the whole request) without this window.
                 std::fs::write(
                     &config,
-                    "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
+                    "global:\n  scrape_interval: 1m\nstorage:\n  tsdb:\n    \
+                     out_of_order_time_window: 1h\nscrape_configs: []\n",
                 )
                 .unwrap();
                 cmd.arg(format!("--config.file={}", config.display()))
