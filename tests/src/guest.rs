@@ -147,12 +147,24 @@ pub fn create_rxe_pair() -> anyhow::Result<()> {
     })
 }
 
-/// [`create_rxe_pair`] unless an earlier scenario of this boot already did.
+/// [`create_rxe_pair`] unless an earlier scenario of this boot already did; if one left the
+/// veth pair without its devices (it failed midway), the missing devices are made again.
 pub fn ensure_rxe_pair() -> anyhow::Result<()> {
-    if std::path::Path::new("/sys/class/infiniband/rxe0").exists() {
-        return Ok(());
+    let exists = |path: &str| std::path::Path::new(path).exists();
+    if !exists("/sys/class/net/vethA") {
+        return create_rxe_pair();
     }
-    create_rxe_pair()
+    for (device, netdev) in [("rxe0", "vethA"), ("rxe1", "vethB")] {
+        if !exists(&format!("/sys/class/infiniband/{device}")) {
+            run(
+                "/usr/bin/rdma",
+                &["link", "add", device, "type", "rxe", "netdev", netdev],
+            )?;
+        }
+    }
+    wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE", || {
+        port_state("rxe0").contains("ACTIVE")
+    })
 }
 
 /// Creates the cgroup `/sys/fs/cgroup/<name>` (a job, for attribution tests).

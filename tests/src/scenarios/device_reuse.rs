@@ -1,8 +1,8 @@
 //! device-reuse: a device that goes away and the one made after it are never confused.
 //! A job drives rxe0 (`ibv_rc_pingpong` against rxe1); rxe0 is deleted (`rdma link delete`)
-//! and rxe2 made on the same netdev (the kernel may give it the freed device's memory, whose
-//! address the probes used to key devices by); a second job drives rxe2. The agent must
-//! count the second job's verbs on rxe2, exactly, and nothing of it on rxe0; it must release
+//! and rxe9 made on the same netdev (the kernel may give it the freed device's memory, whose
+//! address the probes used to key devices by); a second job drives rxe9. The agent must
+//! count the second job's verbs on rxe9, exactly, and nothing of it on rxe0; it must release
 //! rxe0 (its counters leave the snapshot, its name is deleted) once it has been gone for the
 //! grace period, and keep the first job's rxe1 counters. rxe0 is made again at the end for
 //! the scenarios that follow.
@@ -12,6 +12,9 @@ use std::{thread, time::Duration};
 use anyhow::ensure;
 
 use crate::guest::{self, ADDR_B, Agent, Counters};
+
+/// The device made on rxe0's netdev (not rxe2: capture-flap's second pair holds that name).
+const NEW: &str = "rxe9";
 
 const FIRST: u64 = 10;
 const SECOND: u64 = 20;
@@ -26,30 +29,28 @@ pub fn run() -> anyhow::Result<()> {
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
     agent.wait_for_log("ib_dealloc_device attached", Duration::from_secs(20))?;
 
-    pingpong("rxe0", &first, &server, FIRST)?;
-    guest::run("/usr/bin/rdma", &["link", "delete", "rxe0"])?;
-    guest::run(
-        "/usr/bin/rdma",
-        &["link", "add", "rxe2", "type", "rxe", "netdev", "vethA"],
-    )?;
-    guest::wait_for(Duration::from_secs(10), "rxe2 port 1 ACTIVE", || {
-        guest::port_state("rxe2").contains("ACTIVE")
-    })?;
-    pingpong("rxe2", &second, &server, SECOND)?;
-    agent.wait_for_log("device rxe0 (dev#", Duration::from_secs(10))?;
-    // Two more snapshots after the release.
-    thread::sleep(Duration::from_millis(2500));
-    ensure!(agent.is_running(), "the agent died during the scenario");
-    let (stdout, _) = agent.stop()?;
-
-    guest::run("/usr/bin/rdma", &["link", "delete", "rxe2"])?;
-    guest::run(
-        "/usr/bin/rdma",
-        &["link", "add", "rxe0", "type", "rxe", "netdev", "vethA"],
-    )?;
-    guest::wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE again", || {
-        guest::port_state("rxe0").contains("ACTIVE")
-    })?;
+    // The scenarios that follow need rxe0 back on vethA, whatever happens here.
+    let run = (|| -> anyhow::Result<()> {
+        pingpong("rxe0", &first, &server, FIRST)?;
+        guest::run("/usr/bin/rdma", &["link", "delete", "rxe0"])?;
+        guest::run(
+            "/usr/bin/rdma",
+            &["link", "add", NEW, "type", "rxe", "netdev", "vethA"],
+        )?;
+        guest::wait_for(Duration::from_secs(10), "rxe9 port 1 ACTIVE", || {
+            guest::port_state(NEW).contains("ACTIVE")
+        })?;
+        pingpong(NEW, &second, &server, SECOND)?;
+        agent.wait_for_log("device rxe0 (dev#", Duration::from_secs(10))?;
+        // Two more snapshots after the release.
+        thread::sleep(Duration::from_millis(2500));
+        ensure!(agent.is_running(), "the agent died during the scenario");
+        Ok(())
+    })();
+    let stopped = agent.stop();
+    restore_rxe0()?;
+    run?;
+    let (stdout, _) = stopped?;
 
     let counts = Counters::last_snapshot(&stdout);
     counts.print("reuse_");
@@ -75,7 +76,7 @@ pub fn run() -> anyhow::Result<()> {
             )
         })
     };
-    for (what, got, want) in side("rxe2", &second, SECOND) {
+    for (what, got, want) in side(NEW, &second, SECOND) {
         expect(what, got, want);
     }
     // The server side of both jobs ran on rxe1, which stayed.
@@ -116,4 +117,20 @@ fn pingpong(device: &str, job: &str, server_job: &str, iters: u64) -> anyhow::Re
     guest::check_output("pingpong client", client.join().expect("no panic"))?;
     guest::check_output("pingpong server", server.join().expect("no panic"))?;
     Ok(())
+}
+
+/// Deletes the new device if it is there and makes rxe0 on vethA again if it is not.
+fn restore_rxe0() -> anyhow::Result<()> {
+    if std::path::Path::new(&format!("/sys/class/infiniband/{NEW}")).exists() {
+        guest::run("/usr/bin/rdma", &["link", "delete", NEW])?;
+    }
+    if !std::path::Path::new("/sys/class/infiniband/rxe0").exists() {
+        guest::run(
+            "/usr/bin/rdma",
+            &["link", "add", "rxe0", "type", "rxe", "netdev", "vethA"],
+        )?;
+    }
+    guest::wait_for(Duration::from_secs(10), "rxe0 port 1 ACTIVE again", || {
+        guest::port_state("rxe0").contains("ACTIVE")
+    })
 }
