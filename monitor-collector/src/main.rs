@@ -124,8 +124,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     });
     let engine = Arc::new(
-        query::QueryEngine::new(reader, config.key.clone())
-            .with_max_points(query_max_points),
+        query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
     );
     let parts = Parts {
         archive: Some(Box::new(archive)),

@@ -4,8 +4,8 @@
 mod bench;
 mod build;
 mod cargo;
-mod http;
 mod fuzz;
+mod http;
 mod lint;
 mod run;
 mod setup;
