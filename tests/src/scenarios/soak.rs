@@ -67,7 +67,17 @@ pub fn run() -> anyhow::Result<()> {
     println!("soak: {jobs} jobs of {ITERS} pingpong iterations");
     let (mut agent, listener) =
         guest::agent_and_listener(PORT, &["--interval", "0.5", "--flush", "1"], false)?;
-    agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(30))?;
+    // Every hook the jobs' counters come from: ib_uverbs' family can be in before ib_core's
+    // (the first job's server then moved its QP to INIT before `ib_modify_qp_with_udata`
+    // was attached, on 6.12).
+    for probe in [
+        "ib_uverbs_post_send",
+        "rdma_restrack_add",
+        "rdma_restrack_del",
+        "ib_modify_qp_with_udata",
+    ] {
+        agent.wait_for_log(&format!("{probe} attached"), Duration::from_secs(30))?;
+    }
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
 
     let started = Instant::now();
