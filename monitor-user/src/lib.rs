@@ -2,6 +2,7 @@
 //! integration tests drive the same code.
 //!
 //! - [`btf`]: reads the running kernel's type information, so no struct offset is hard-coded.
+//! - [`jobs`]: which job a cgroup belongs to (Slurm, Kubernetes, systemd, configured patterns).
 //! - [`kernel`]: what the running kernel offers (modules, kprobes).
 //! - [`time_base`]: one conversion from CLOCK_MONOTONIC to wall-clock time for everything.
 //! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
@@ -24,6 +25,7 @@ pub mod agent;
 pub mod btf;
 pub mod capture;
 pub mod cgroup;
+pub mod jobs;
 pub mod kernel;
 pub mod listen;
 pub mod pipeline;
