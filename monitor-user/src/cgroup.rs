@@ -9,6 +9,9 @@
 //! Where that is not possible (not a cgroup2 mount, no `CAP_DAC_READ_SEARCH`) the hierarchy is
 //! walked instead, at most once per `refresh_every`.
 //!
+//! Each name is cached with the job its path names ([`crate::jobs`]), derived once when the
+//! name is found, and forgotten with it.
+//!
 //! Both tables are bounded and every entry has a lifetime: a name is kept while its job has
 //! counters (the agent [`forget`](CgroupNames::forget)s it once the job's final values are
 //! sent) and at most [`MAX_NAMES`] at once, the least recently used going first (counted); an
@@ -25,6 +28,8 @@ use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
+
+use crate::jobs::{Job, JobRules};
 
 /// `CGROUP2_SUPER_MAGIC` (include/uapi/linux/magic.h).
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
@@ -43,8 +48,10 @@ pub const WALK_LIVENESS_EVERY: Duration = Duration::from_secs(30);
 /// id -> path.
 pub struct CgroupNames {
     root: PathBuf,
-    /// Path and when it was last asked for.
-    names: HashMap<u64, (String, Instant)>,
+    /// Path, its job, and when it was last asked for.
+    names: HashMap<u64, (String, Option<Job>, Instant)>,
+    /// What names a path's job.
+    jobs: JobRules,
     /// Ids found gone, and when.
     gone: HashMap<u64, Instant>,
     /// Walking: the ids the last walk found.
@@ -95,6 +102,7 @@ impl CgroupNames {
         Self {
             root: root.into(),
             names: HashMap::new(),
+            jobs: JobRules::default(),
             gone: HashMap::new(),
             walked: Default::default(),
             lookup: Lookup::Untried,
@@ -102,6 +110,12 @@ impl CgroupNames {
             refresh_every: Duration::from_secs(1),
             stats: CgroupNameStats::default(),
         }
+    }
+
+    /// Names jobs with `rules` (the built-in ones by default).
+    pub fn with_jobs(mut self, rules: JobRules) -> Self {
+        self.jobs = rules;
+        self
     }
 
     pub fn stats(&self) -> CgroupNameStats {
@@ -178,11 +192,11 @@ impl CgroupNames {
 
     fn cache(&mut self, id: u64, name: String, now: Instant) {
         if self.names.len() >= MAX_NAMES {
-            let mut used: Vec<Instant> = self.names.values().map(|(_, t)| *t).collect();
+            let mut used: Vec<Instant> = self.names.values().map(|(_, _, t)| *t).collect();
             used.sort_unstable();
             let median = used[used.len() / 2];
             let before = self.names.len();
-            self.names.retain(|_, (_, t)| *t > median);
+            self.names.retain(|_, (_, _, t)| *t > median);
             let evicted = before - self.names.len();
             self.stats.evicted += evicted as u64;
             tracing::warn!(
@@ -191,14 +205,27 @@ impl CgroupNames {
                 self.stats.evicted
             );
         }
-        self.names.insert(id, (name, now));
+        // A walk names every cgroup again: a known path keeps the job derived from it.
+        let job = match self.names.get(&id) {
+            Some((known, job, _)) if *known == name => job.clone(),
+            _ => self.jobs.job_of(&name),
+        };
+        self.names.insert(id, (name, job, now));
+    }
+
+    /// [`name`](Self::name), and the job of that path, if any rule names one (none for a
+    /// cgroup that is gone before it was named).
+    pub fn named(&mut self, id: u64) -> (String, Option<Job>) {
+        let name = self.name(id);
+        let job = self.names.get(&id).and_then(|(_, job, _)| job.clone());
+        (name, job)
     }
 
     /// The cgroup's path relative to the hierarchy root (`/` for the root), or `cgroup:<id>`
     /// for one that is gone or not on cgroup v2.
     pub fn name(&mut self, id: u64) -> String {
         let now = Instant::now();
-        if let Some((name, used)) = self.names.get_mut(&id) {
+        if let Some((name, _, used)) = self.names.get_mut(&id) {
             *used = now;
             return name.clone();
         }
@@ -240,7 +267,7 @@ impl CgroupNames {
             }
         }
         match self.names.get_mut(&id) {
-            Some((name, used)) => {
+            Some((name, _, used)) => {
                 *used = now;
                 name.clone()
             }
@@ -376,6 +403,17 @@ mod tests {
             "a directory that is not a cgroup2 mount is walked"
         );
         assert_eq!(names.name(ino(&dir.join("job_1/step_0"))), "/job_1/step_0");
+        // Named with its job, cached with the name.
+        std::fs::create_dir_all(dir.join("slurm/uid_0/job_7/step_1")).unwrap();
+        names.refresh_every = Duration::ZERO;
+        let (name, job) = names.named(ino(&dir.join("slurm/uid_0/job_7/step_1")));
+        assert_eq!(name, "/slurm/uid_0/job_7/step_1");
+        let job = job.expect("a Slurm step's cgroup names its job");
+        assert_eq!(
+            (job.id.as_str(), job.step.as_deref()),
+            ("slurm:7", Some("1"))
+        );
+        assert_eq!(names.named(ino(&dir)), ("/".into(), None));
         // A cgroup created later is found on the next walk.
         std::fs::create_dir_all(dir.join("job_2")).unwrap();
         names.refresh_every = Duration::ZERO;

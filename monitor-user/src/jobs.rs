@@ -29,9 +29,10 @@ pub const JOB_STEP_LABEL: &str = "job_step";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Job {
     /// `slurm:<id>`, `k8s:<pod uid>`, `systemd:<unit>` or what a configured pattern names.
+    #[serde(rename = "job_id")]
     pub id: String,
     /// The Slurm step (`0`, `batch`, `extern`, ...), or a configured pattern's `step`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "job_step", skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
 }
 
@@ -74,6 +75,12 @@ pub struct JobPattern {
     step: Option<String>,
 }
 
+impl JobSettings {
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+}
+
 impl PartialEq for JobPattern {
     fn eq(&self, other: &Self) -> bool {
         self.regex.as_str() == other.regex.as_str()
@@ -86,7 +93,7 @@ impl PartialEq for JobPattern {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PatternText {
-    regex: String,
+    regex: PatternRegex,
     id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     step: Option<String>,
@@ -108,21 +115,41 @@ pub enum PatternError {
     EmptyId,
 }
 
+/// A pattern's regular expression, compiled as the file is read, so that a bad one is an
+/// error at its own line.
+#[derive(Clone, Debug)]
+struct PatternRegex(Regex);
+
+impl<'de> Deserialize<'de> for PatternRegex {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Regex::new(&text).map(PatternRegex).map_err(|e| {
+            serde::de::Error::custom(PatternError::Regex {
+                regex: text.clone(),
+                // The regex crate's message spans several lines (the expression, a caret).
+                reason: e
+                    .to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ")
+                    .to_owned(),
+            })
+        })
+    }
+}
+
+impl Serialize for PatternRegex {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.0.as_str())
+    }
+}
+
 impl TryFrom<PatternText> for JobPattern {
     type Error = PatternError;
 
     fn try_from(text: PatternText) -> Result<Self, PatternError> {
-        let regex = Regex::new(&text.regex).map_err(|e| PatternError::Regex {
-            regex: text.regex.clone(),
-            // The regex crate's message spans several lines (the expression, a caret).
-            reason: e
-                .to_string()
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim_start_matches("error: ")
-                .to_owned(),
-        })?;
+        let PatternRegex(regex) = text.regex;
         if text.id.is_empty() {
             return Err(PatternError::EmptyId);
         }
@@ -134,7 +161,7 @@ impl TryFrom<PatternText> for JobPattern {
                     field,
                     template: template.clone(),
                     group,
-                    regex: text.regex,
+                    regex: regex.as_str().to_owned(),
                 });
             }
         }
@@ -149,7 +176,7 @@ impl TryFrom<PatternText> for JobPattern {
 impl From<JobPattern> for PatternText {
     fn from(p: JobPattern) -> Self {
         Self {
-            regex: p.regex.as_str().to_owned(),
+            regex: PatternRegex(p.regex),
             id: p.id,
             step: p.step,
         }
@@ -272,7 +299,12 @@ fn kubernetes(path: &str) -> Option<Job> {
     parts.by_ref().find(|c| c.contains("kubepods"))?;
     parts.find_map(|c| {
         let uid = match c.strip_suffix(".slice") {
-            Some(unit) => unit.contains("kubepods").then_some(unit)?.rsplit_once("-pod")?.1,
+            Some(unit) => {
+                unit.contains("kubepods")
+                    .then_some(unit)?
+                    .rsplit_once("-pod")?
+                    .1
+            }
             None => c.strip_prefix("pod")?,
         };
         let uid = uid.replace('_', "-");
@@ -352,11 +384,7 @@ mod tests {
                 Some("interactive"),
             ),
             ("/system.slice/slurmstepd.scope/job_7", "slurm:7", None),
-            (
-                "/system.slice/slurmstepd.scope/job_7/user",
-                "slurm:7",
-                None,
-            ),
+            ("/system.slice/slurmstepd.scope/job_7/user", "slurm:7", None),
             // cgroup v1-style layout (cgroup/v1 plugin, or a hybrid host's unified tree).
             ("/slurm/uid_1000/job_42/step_0", "slurm:42", Some("0")),
             (
@@ -422,8 +450,14 @@ mod tests {
                 "/user.slice/user-1000.slice/user@1000.service/init.scope",
                 "init.scope",
             ),
-            ("/system.slice/docker-0123abcd.scope", "docker-0123abcd.scope"),
-            ("/system.slice/railscope-agent.service", "railscope-agent.service"),
+            (
+                "/system.slice/docker-0123abcd.scope",
+                "docker-0123abcd.scope",
+            ),
+            (
+                "/system.slice/railscope-agent.service",
+                "railscope-agent.service",
+            ),
             // slurmd itself is a service, not a job.
             ("/system.slice/slurmd.service", "slurmd.service"),
             // A directory under a unit belongs to it.

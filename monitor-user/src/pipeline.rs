@@ -26,6 +26,7 @@ use railscope_wire::{
 use tokio::sync::mpsc;
 
 use crate::{
+    jobs::{Job, JobRules},
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Sender, SenderHandle, Target},
     sources::{
@@ -58,6 +59,8 @@ pub struct PipelineOptions {
     /// Per metric group settings, `PREFIX:SETTING,...` ([`AdaptiveSampler::configure`]),
     /// applied in order after the defaults.
     pub sampling: Vec<String>,
+    /// What names a cgroup's job: a GPU's series carry the job of the processes using it.
+    pub jobs: JobRules,
 }
 
 /// What the poller threads hand to the agent's loop.
@@ -363,7 +366,8 @@ pub fn wire_sample(emit: &Emit) -> Sample {
 /// The metric the probes' verb counters are sent as.
 pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";
 
-/// Verb counters from the probes as readings ([`VERB_SERIES`]), read at `unix_ns` (the agent
+/// Verb counters from the probes as readings ([`VERB_SERIES`], labelled with the device, verb,
+/// detail, cgroup and, when the cgroup names one, `job_id` and `job_step`), read at `unix_ns` (the agent
 /// passes CLOCK_MONOTONIC, the sampler's clock).
 pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
     counts
@@ -371,12 +375,16 @@ pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) 
         .map(|c| Reading {
             series: Series {
                 name: VERB_SERIES.into(),
-                labels: Labels::new([
-                    ("device", c.device.as_str()),
-                    ("verb", c.verb),
-                    ("detail", c.detail.as_str()),
-                    ("cgroup", c.cgroup.as_str()),
-                ]),
+                labels: Labels::new(
+                    [
+                        ("device", c.device.clone()),
+                        ("verb", c.verb.to_owned()),
+                        ("detail", c.detail.clone()),
+                        ("cgroup", c.cgroup.clone()),
+                    ]
+                    .into_iter()
+                    .chain(c.job.iter().flat_map(Job::labels)),
+                ),
                 kind: Kind::Counter,
             },
             value: Value::U64(c.value),

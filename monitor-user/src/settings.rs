@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     agent::{AgentOptions, OutputFormat},
+    jobs::{JobRules, JobSettings},
     kernel::Kernel,
     pipeline::{self, PipelineOptions},
     sender::Target,
@@ -93,6 +94,11 @@ pub struct AgentSettings {
     #[arg(long, value_name = "PREFIX:SETTINGS")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sampling: Vec<String>,
+    /// How cgroups name their jobs beyond the built-in rules (Slurm, Kubernetes, systemd):
+    /// the file's `[[jobs.patterns]]` (`regex`, `id`, `step`); no flag.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "JobSettings::is_empty")]
+    pub jobs: JobSettings,
 }
 
 impl Layered for AgentSettings {
@@ -123,6 +129,7 @@ impl Layered for AgentSettings {
             flush,
             no_adaptive,
             mut sampling,
+            jobs,
         } = self;
         sampling.extend(over.sampling);
         Self {
@@ -139,6 +146,11 @@ impl Layered for AgentSettings {
             flush: pick(flush, over.flush),
             no_adaptive: no_adaptive || over.no_adaptive,
             sampling,
+            jobs: if over.jobs.is_empty() {
+                jobs
+            } else {
+                over.jobs
+            },
         }
     }
 }
@@ -174,6 +186,7 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
         flush_every: s.flush.map_or(DEFAULT_FLUSH, Seconds::duration),
         adaptive,
         sampling: s.sampling.clone(),
+        jobs: JobRules::new(&s.jobs),
     });
     Ok(AgentOptions {
         format: if s.json {
@@ -184,6 +197,7 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
         rescan: s.rescan.map_or(DEFAULT_RESCAN, Seconds::duration),
         counters_every: s.counters.map(Seconds::duration),
         kernel: Kernel::default(),
+        jobs: JobRules::new(&s.jobs),
         pipeline,
     })
 }
@@ -297,6 +311,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("--sampling: "), "{e}");
+    }
+
+    #[test]
+    fn a_bad_job_pattern_is_named_at_its_line() {
+        let text = "json = true\n\n[[jobs.patterns]]\nregex = '^/run-(\\d+)'\nid = \"run:$1\"\n\n[[jobs.patterns]]\nregex = '^/x-(\\d+'\nid = \"x:$1\"\n";
+        let e = sources(text, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("/etc/railscope/agent.toml:8:9: key `jobs.patterns.regex`: bad regular expression \"^/x-(\\\\d+\": "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+        // The good one alone is taken, and names its jobs.
+        let good: String = text.lines().take(5).map(|l| format!("{l}\n")).collect();
+        let options = agent_options(&sources(&good, &[]).unwrap()).unwrap();
+        assert_eq!(
+            options
+                .jobs
+                .job_of("/run-17/rank0")
+                .map(|j| j.id)
+                .as_deref(),
+            Some("run:17")
+        );
     }
 
     #[test]

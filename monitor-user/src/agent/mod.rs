@@ -36,6 +36,7 @@ use railscope_config::ServiceManager;
 
 use crate::{
     cgroup::CgroupNames,
+    jobs::JobRules,
     kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::decode::{self, Event, PortStates},
@@ -53,6 +54,8 @@ pub struct AgentOptions {
     /// Print the verb counters this often (None: never).
     pub counters_every: Option<Duration>,
     pub kernel: Kernel,
+    /// What names a cgroup's job.
+    pub jobs: JobRules,
     /// Send metrics and events to a collector (None: print only).
     pub pipeline: Option<PipelineOptions>,
 }
@@ -68,7 +71,8 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let clock = TimeBase::global();
-    let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"));
+    let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"))
+        .with_jobs(options.jobs.clone());
     let mut ports = PortStates::default();
     let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;

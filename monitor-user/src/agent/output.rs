@@ -83,9 +83,13 @@ pub fn write_event(
             } else {
                 event.event.clone()
             };
+            let job = event
+                .job
+                .as_ref()
+                .map_or_else(String::new, |job| format!("  job {job}"));
             writeln!(
                 out,
-                "{}  {} {place}  {what}  cgroup {}{partial}",
+                "{}  {} {place}  {what}  cgroup {}{job}{partial}",
                 rfc3339(event.unix_ns),
                 event.device,
                 event.cgroup
@@ -159,6 +163,7 @@ mod tests {
             event: "PORT_ERR".into(),
             code: 10,
             cgroup: "/".into(),
+            job: None,
             partial: false,
         }
     }
@@ -237,7 +242,11 @@ mod tests {
             device: "rxe0".into(),
             verb: "create_qp",
             detail: "user".into(),
-            cgroup: "/job1".into(),
+            cgroup: "/slurm/uid_0/job_1/step_0".into(),
+            job: Some(crate::jobs::Job {
+                id: "slurm:1".into(),
+                step: Some("0".into()),
+            }),
             value: 2,
         }];
         let mut out = Vec::new();
@@ -247,5 +256,7 @@ mod tests {
         assert_eq!(v["snapshot"], 7);
         assert_eq!(v["verb"], "create_qp");
         assert_eq!(v["value"], 2);
+        assert_eq!(v["job_id"], "slurm:1");
+        assert_eq!(v["job_step"], "0");
     }
 }

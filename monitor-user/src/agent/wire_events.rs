@@ -1,5 +1,6 @@
 //! IB events and port transitions as the collector receives them ([`wire::Event`]).
 
+use crate::jobs::Job;
 use crate::probes::decode::{Event, EventOrigin, PortTransition, PortUpDown};
 use railscope_wire::{self as wire, Labels};
 
@@ -9,6 +10,7 @@ pub(super) fn ib_wire_event(event: &Event) -> wire::Event {
         ("device", event.device.clone()),
         ("cgroup", event.cgroup.clone()),
     ];
+    labels.extend(event.job.iter().flat_map(Job::labels));
     match event.origin {
         EventOrigin::Port => labels.push(("port", event.port.to_string())),
         EventOrigin::CqAsync => {}

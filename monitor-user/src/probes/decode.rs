@@ -10,7 +10,7 @@ use monitor_common::{
 use serde::Serialize;
 
 use super::{RawCount, names::KernelNames};
-use crate::{cgroup::CgroupNames, time_base::TimeBase};
+use crate::{cgroup::CgroupNames, jobs::Job, time_base::TimeBase};
 
 /// Where an event comes from; serialised as the name the JSON lines and the collector's
 /// event kinds carry (`port`, `qp_async`, `cq_async`, `qp_to_err`).
@@ -74,6 +74,9 @@ pub struct Event {
     pub code: u32,
     /// cgroup of the task that was running when the hook fired.
     pub cgroup: String,
+    /// The job that cgroup belongs to ([`crate::jobs`]), if any.
+    #[serde(flatten)]
+    pub job: Option<Job>,
     /// True when the probe could not read every field (the record is partial).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub partial: bool,
@@ -94,6 +97,7 @@ impl Event {
             Some(Origin::QpToErr) => names.qp_state.name(i64::from(record.event_type)),
             _ => names.ib_event.name(i64::from(record.event_type)),
         };
+        let (cgroup, job) = cgroups.named(record.cgroup);
         Self {
             ktime_ns: record.timestamp_ns,
             unix_ns: clock.unix_ns(record.timestamp_ns),
@@ -103,7 +107,8 @@ impl Event {
             qp_num: record.qp_num,
             event,
             code: record.event_type,
-            cgroup: cgroups.name(record.cgroup),
+            cgroup,
+            job,
             partial: record.read_error != 0,
         }
     }
@@ -191,6 +196,9 @@ pub struct VerbCount {
     /// Verb-specific detail: QP target state, cm event, reject reason, `user`/`kernel`...
     pub detail: String,
     pub cgroup: String,
+    /// The cgroup's job, if any.
+    #[serde(flatten)]
+    pub job: Option<Job>,
     pub value: u64,
 }
 
@@ -201,12 +209,14 @@ pub fn decode_counts(
     cgroups: &mut CgroupNames,
 ) -> Vec<VerbCount> {
     let mut summed: HashMap<(String, &'static str, String, String), u64> = HashMap::new();
+    let mut jobs: HashMap<String, Option<Job>> = HashMap::new();
     for count in raw {
         let Some(verb) = Verb::from_u32(count.key.verb) else {
             continue;
         };
         let detail = detail_name(verb, count.key.detail, names);
-        let cgroup = cgroups.name(count.key.cgroup);
+        let (cgroup, job) = cgroups.named(count.key.cgroup);
+        jobs.entry(cgroup.clone()).or_insert(job);
         *summed
             .entry((count.device.clone(), verb.name(), detail, cgroup))
             .or_default() += count.value;
@@ -217,6 +227,7 @@ pub fn decode_counts(
             device,
             verb,
             detail,
+            job: jobs.get(&cgroup).cloned().flatten(),
             cgroup,
             value,
         })
@@ -249,14 +260,18 @@ pub fn render_counts(counts: &[VerbCount]) -> String {
         w(|c| c.detail.len(), 6),
     );
     let mut out = format!(
-        "{:dw$}  {:vw$}  {:tw$}  {:>10}  CGROUP\n",
+        "{:dw$}  {:vw$}  {:tw$}  {:>10}  CGROUP (JOB)\n",
         "DEVICE", "VERB", "DETAIL", "COUNT"
     );
     for c in counts {
         let device = if c.device.is_empty() { "-" } else { &c.device };
         let detail = if c.detail.is_empty() { "-" } else { &c.detail };
+        let job = c
+            .job
+            .as_ref()
+            .map_or_else(String::new, |job| format!(" ({job})"));
         out += &format!(
-            "{device:dw$}  {:vw$}  {detail:tw$}  {:>10}  {}\n",
+            "{device:dw$}  {:vw$}  {detail:tw$}  {:>10}  {}{job}\n",
             c.verb, c.value, c.cgroup
         );
     }
@@ -294,6 +309,7 @@ mod tests {
             event: name.into(),
             code: 0,
             cgroup: "/".into(),
+            job: None,
             partial: false,
         }
     }
