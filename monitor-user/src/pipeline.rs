@@ -31,7 +31,7 @@ use crate::{
     sender::{Sender, SenderHandle, Target},
     sources::{
         ReadingSink,
-        gpu::{GpuEvent, GpuSource},
+        gpu::{GpuEvent, GpuSource, ProcessJobs},
         ib_sysfs::IbSysfs,
     },
     time_base::TimeBase,
@@ -68,6 +68,9 @@ pub enum Polled {
     /// What the poller's sampler decided to send after one sweep of the sources.
     Samples(Vec<(Series, Emit)>),
     Gpu(GpuEvent),
+    /// Series that ended (a GPU's job changed), after the samples that carry their last
+    /// values: the encoder retires them.
+    Ended(Vec<Series>),
 }
 
 /// A series not read for this long is forgotten by its sampler (a device removed, a GPU
@@ -218,6 +221,13 @@ impl Pipeline {
         }
         self.encoder.retire_where(&ended);
         before - self.sampler.len()
+    }
+
+    /// Retires series the poller ended (a GPU's job changed): the encoder sends what it holds
+    /// of them at the next flush and forgets them.
+    pub fn retire(&mut self, series: &[Series]) {
+        let ended: std::collections::HashSet<&Series> = series.iter().collect();
+        self.encoder.retire_where(|s| ended.contains(s));
     }
 
     /// Forgets series of the loop's sampler not read for [`STALE_AFTER`] (a family detached
@@ -454,7 +464,8 @@ fn poll(
     let mut _gpu_events = None;
     if options.gpu {
         match GpuSource::open(options.nvml_lib.as_deref()) {
-            Ok(mut source) => {
+            Ok(source) => {
+                let mut source = source.with_jobs(ProcessJobs::new("/proc", options.jobs.clone()));
                 tracing::info!("NVML: {} GPUs", source.gpus().count());
                 let (event_tx, event_rx) = std_mpsc::channel();
                 match source.spawn_event_thread(event_tx) {
@@ -487,8 +498,15 @@ fn poll(
             samples: &mut samples,
         };
         ib.read_into(&mut sink);
+        let mut ended = Vec::new();
         if let Some(source) = gpu.as_mut() {
             source.read_into(now, &mut sink);
+            ended = source.take_ended_series();
+            if !ended.is_empty() {
+                // What the sampler still held of them goes out as their last samples.
+                let ended: std::collections::HashSet<&Series> = ended.iter().collect();
+                samples.extend(sampler.remove_where(|s, _| ended.contains(s)));
+            }
         }
         let capacity = samples.len();
         // Sent even when empty: each sweep is also the agent loop's cue to read the verb
@@ -501,6 +519,9 @@ fn poll(
             .is_err()
         {
             return; // the agent stopped
+        }
+        if !ended.is_empty() && tx.blocking_send(Polled::Ended(ended)).is_err() {
+            return;
         }
         match requests.recv_timeout(options.interval.saturating_sub(started.elapsed())) {
             Ok(reply) => {

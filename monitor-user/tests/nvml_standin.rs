@@ -679,3 +679,189 @@ fn the_shipped_8_gpu_script_replays_as_an_8_gpu_node() {
     expected_events.sort();
     assert_eq!(got, expected_events);
 }
+
+/// Processes placed in cgroups laid out as Slurm and Kubernetes lay them out: on a cgroup2
+/// mount when this host lets us create cgroups there (root, `/sys/fs/cgroup` or its
+/// `unified` hybrid mount), each a real `sleep` moved in through `cgroup.procs` and read back
+/// through the real `/proc`; else pids with a `/proc`-like tree of `<pid>/cgroup` files.
+struct JobProcesses {
+    proc_root: PathBuf,
+    pids: Vec<u32>,
+    children: Vec<std::process::Child>,
+    /// Cgroups made, deepest first.
+    cgroups: Vec<PathBuf>,
+}
+
+const POD_UID: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+
+impl JobProcesses {
+    fn new(test: &str) -> JobProcesses {
+        let paths = [
+            "system.slice/slurmstepd.scope/job_42/step_0".to_owned(),
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-c1.scope",
+                POD_UID.replace('-', "_")
+            ),
+        ];
+        let top = format!("railscope-{test}-{}", std::process::id());
+        if let Some(made) = Self::in_cgroups(&top, &paths) {
+            eprintln!("processes in cgroups {:?}", made.cgroups);
+            return made;
+        }
+        eprintln!("no cgroup2 mount to create cgroups in: a /proc-like fixture instead");
+        let root = std::env::temp_dir().join(&top);
+        let pids = vec![4_000_001, 4_000_002];
+        for (pid, path) in pids.iter().zip(&paths) {
+            fs::create_dir_all(root.join(pid.to_string())).unwrap();
+            fs::write(
+                root.join(format!("{pid}/cgroup")),
+                format!("0::/{top}/{path}\n"),
+            )
+            .unwrap();
+        }
+        JobProcesses {
+            proc_root: root,
+            pids,
+            children: Vec::new(),
+            cgroups: Vec::new(),
+        }
+    }
+
+    fn in_cgroups(top: &str, paths: &[String]) -> Option<JobProcesses> {
+        let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(Path::new)
+            .find(|m| {
+                fs::metadata(m.join("cgroup.procs")).is_ok() && fs::create_dir(m.join(top)).is_ok()
+            })?;
+        let mut made = JobProcesses {
+            proc_root: "/proc".into(),
+            pids: Vec::new(),
+            children: Vec::new(),
+            cgroups: vec![mount.join(top)],
+        };
+        for path in paths {
+            let mut dir = mount.join(top);
+            for part in path.split('/') {
+                dir.push(part);
+                fs::create_dir(&dir).ok()?;
+                made.cgroups.insert(0, dir.clone());
+            }
+            let child = std::process::Command::new("sleep")
+                .arg("120")
+                .spawn()
+                .ok()?;
+            let pid = child.id();
+            made.pids.push(pid);
+            made.children.push(child);
+            fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        }
+        Some(made)
+    }
+}
+
+impl Drop for JobProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for cgroup in &self.cgroups {
+            let _ = fs::remove_dir(cgroup);
+        }
+        if self.proc_root != Path::new("/proc") {
+            let _ = fs::remove_dir_all(&self.proc_root);
+        }
+    }
+}
+
+/// The `job_id` and `job_step` labels of GPU `gpu`'s readings: all the same, or a panic.
+fn job_of_gpu(readings: &[Reading], gpu: &str) -> (Option<String>, Option<String>) {
+    let jobs: std::collections::BTreeSet<(Option<String>, Option<String>)> = readings
+        .iter()
+        .filter(|r| r.series.labels.get("gpu") == Some(gpu))
+        .map(|r| {
+            let label = |k| r.series.labels.get(k).map(str::to_owned);
+            (label("job_id"), label("job_step"))
+        })
+        .collect();
+    assert_eq!(
+        jobs.len(),
+        1,
+        "GPU {gpu}'s series disagree on the job: {jobs:?}"
+    );
+    jobs.into_iter().next().unwrap()
+}
+
+#[test]
+fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
+    let procs = JobProcesses::new("gpu-jobs");
+    let (slurm, pod) = (procs.pids[0], procs.pids[1]);
+    let step =
+        |processes: Json| json!({"gpu_util_pct": 90, "temperature_c": 60, "processes": processes});
+    let script = json!({"gpus": [
+        {"name": "NVIDIA H100", "uuid": uuid(0), "steps": [
+            step(json!([{"pid": slurm, "memory_bytes": 10_000_000_000_u64}])),
+            {"gpu_util_pct": 91},
+            step(json!([{"pid": pod, "memory_bytes": 1_000}])),
+            step(json!([])),
+        ]},
+        {"name": "NVIDIA H100", "uuid": uuid(1), "steps": [
+            {"gpu_util_pct": 10, "temperature_c": 40},
+            // Two jobs: the pod's process holds more memory (a graphics context, listed
+            // by the other call).
+            step(json!([
+                {"pid": slurm, "memory_bytes": 1_000},
+                {"pid": pod, "memory_bytes": 5_000, "graphics": true},
+            ])),
+        ]},
+    ]});
+    let standin = StandIn::new("gpu-jobs", &script);
+    let mut source = standin
+        .open()
+        .with_jobs(railscope::sources::gpu::ProcessJobs::new(
+            &procs.proc_root,
+            Default::default(),
+        ));
+    let slurm_job = (Some("slurm:42".to_owned()), Some("0".to_owned()));
+    let pod_job = (Some(format!("k8s:{POD_UID}")), None);
+    let no_job = (None, None);
+    let series_of = |readings: &[Reading], gpu: &str| -> std::collections::BTreeSet<String> {
+        readings
+            .iter()
+            .filter(|r| r.series.labels.get("gpu") == Some(gpu))
+            .map(|r| format!("{}{}", r.series.name, r.series.labels))
+            .collect()
+    };
+    let ended = |source: &mut GpuSource| -> std::collections::BTreeSet<String> {
+        source
+            .take_ended_series()
+            .iter()
+            .map(|s| format!("{}{}", s.name, s.labels))
+            .collect()
+    };
+
+    // Sweep 0: GPU 0 runs the Slurm step; GPU 1 lists no processes (not scripted: NVML
+    // says not supported), so no job.
+    let s0 = source.read(1);
+    assert_eq!(job_of_gpu(&s0, "0"), slurm_job);
+    assert_eq!(job_of_gpu(&s0, "1"), no_job);
+    assert!(ended(&mut source).is_empty());
+    // Sweep 1: GPU 0 unchanged, same series; GPU 1 taken by the pod: its unlabelled series
+    // end, every one of them.
+    let s1 = source.read(2);
+    assert_eq!(job_of_gpu(&s1, "0"), slurm_job);
+    assert_eq!(series_of(&s1, "0"), series_of(&s0, "0"));
+    assert_eq!(job_of_gpu(&s1, "1"), pod_job);
+    assert_eq!(ended(&mut source), series_of(&s0, "1"));
+    // Sweep 2: GPU 0 moves to the pod: the Slurm step's series end.
+    let s2 = source.read(3);
+    assert_eq!(job_of_gpu(&s2, "0"), pod_job);
+    assert_eq!(job_of_gpu(&s2, "1"), pod_job);
+    assert_eq!(ended(&mut source), series_of(&s1, "0"));
+    // Sweep 3: no process on GPU 0 any more: back to no job.
+    let s3 = source.read(4);
+    assert_eq!(job_of_gpu(&s3, "0"), no_job);
+    assert_eq!(ended(&mut source), series_of(&s2, "0"));
+    assert_eq!(standin.breaches(), Vec::<String>::new());
+}

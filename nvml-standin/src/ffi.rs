@@ -65,6 +65,18 @@ pub struct MemoryV2 {
     pub used: c_ulonglong,
 }
 
+/// `nvmlProcessInfo_t` (`nvmlProcessInfo_v2_t`), what the `_v3` process lists fill.
+#[repr(C)]
+pub struct ProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE` (as an unsigned long long): memory use not known.
+pub const VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
 /// `nvmlMemory_v2`: `NVML_STRUCT_VERSION(Memory, 2)`, size in the low bits, version in the top
 /// byte.
 pub const MEMORY_V2_VERSION: c_uint = (size_of::<MemoryV2>() as c_uint) | (2 << 24);

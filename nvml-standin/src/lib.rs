@@ -332,6 +332,76 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     }
 }
 
+/// `nvmlDevice{Compute,Graphics}RunningProcesses_v3`: `*count` in is the room in `infos`, out
+/// the number of processes; too little room answers `NVML_ERROR_INSUFFICIENT_SIZE` with the
+/// number needed (nvml-wrapper asks with 0 room first).
+unsafe fn running_processes(
+    device: Handle,
+    count: *mut c_uint,
+    infos: *mut ffi::ProcessInfo,
+    graphics: bool,
+) -> NvmlReturn {
+    if count.is_null() {
+        return ffi::ERROR_INVALID_ARGUMENT;
+    }
+    let listed = state::with_run(|run| {
+        let processes = supported(run.view(device)?.values.processes.clone())?;
+        Ok(processes
+            .into_iter()
+            .filter(|p| p.graphics == graphics)
+            .collect::<Vec<_>>())
+    });
+    let processes = match listed {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    // SAFETY: non-null, valid for reads and writes by contract.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = processes.len() as c_uint };
+    if processes.len() > room {
+        return ffi::ERROR_INSUFFICIENT_SIZE;
+    }
+    if processes.is_empty() {
+        return ffi::SUCCESS;
+    }
+    if infos.is_null() {
+        return ffi::ERROR_INVALID_ARGUMENT;
+    }
+    for (i, p) in processes.iter().enumerate() {
+        // SAFETY: `infos` holds `room` >= processes.len() entries by contract.
+        unsafe {
+            infos.add(i).write(ffi::ProcessInfo {
+                pid: p.pid,
+                used_gpu_memory: p.memory_bytes.unwrap_or(ffi::VALUE_NOT_AVAILABLE),
+                gpu_instance_id: c_uint::MAX,
+                compute_instance_id: c_uint::MAX,
+            })
+        };
+    }
+    ffi::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: Handle,
+    count: *mut c_uint,
+    infos: *mut ffi::ProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { running_processes(device, count, infos, false) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: Handle,
+    count: *mut c_uint,
+    infos: *mut ffi::ProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { running_processes(device, count, infos, true) }
+}
+
 /// One NVLink link's share of a GPU-wide total (link 0 takes the remainder), or the total for
 /// scope `UINT_MAX`.
 fn link_share(total: u64, links: u32, scope: c_uint) -> Option<u64> {

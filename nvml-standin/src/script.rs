@@ -110,6 +110,22 @@ pub struct Step {
     pub nvlink_recovery_errors: Option<u64>,
     /// GPM metrics over the interval ending at this step; replaces the previous step's set.
     pub gpm: Option<GpmValues>,
+    /// The processes running on the GPU (`nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3`);
+    /// replaces the previous step's list as a whole (`[]`: none).
+    pub processes: Option<Vec<GpuProcess>>,
+}
+
+/// A process using a GPU, as NVML lists it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// GPU memory it uses (`usedGpuMemory`); absent: NVML's "not available".
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// Listed by the graphics call instead of the compute call.
+    #[serde(default)]
+    pub graphics: bool,
 }
 
 /// GPM metric values as `nvmlGpmMetricsGet` reports them: utilizations in percent (0-100),
@@ -211,6 +227,7 @@ impl Step {
             nvlink_replay_errors,
             nvlink_recovery_errors,
             gpm,
+            processes,
         )
     }
 

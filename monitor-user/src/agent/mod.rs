@@ -148,6 +148,11 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                         p.on_readings(&report.readings(now));
                     }
                 }
+                Polled::Ended(series) => {
+                    if let Some(p) = pipeline.as_mut() {
+                        p.retire(&series);
+                    }
+                }
                 Polled::Gpu(event) => {
                     let mut out = std::io::stdout().lock();
                     let _ = write_gpu_event(&mut out, &event, options.format).and_then(|()| out.flush());

@@ -18,14 +18,18 @@ use nvml_wrapper::{
 use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlGpmSample_t};
 
 use super::{
-    GPM_MIN_INTERVAL, GpuInfo, LOST_AFTER_FAILED_SWEEPS, catalogue::*, gpu_labels, series::Out,
+    GPM_MIN_INTERVAL, GpuInfo, LOST_AFTER_FAILED_SWEEPS, catalogue::*, gpu_labels,
+    jobs::ProcessJobs, series::Out,
 };
-use crate::{sampler::Slot, sources::ReadingSink};
+use crate::{jobs::Job, sampler::Slot, sources::ReadingSink};
 use railscope_wire::{Kind, Labels, Series, Value};
 
 pub(super) struct Gpu {
     pub(super) info: GpuInfo,
+    /// `gpu` and `uuid`, and the job's labels while a job uses the GPU.
     pub(super) labels: Labels,
+    /// The job using the GPU (its processes'), as of the last sweep.
+    pub(super) job: Option<Job>,
     pub(super) lost: bool,
     pub(super) failed_sweeps: u32,
     /// (field id, scope id) of the batched field-value call.
@@ -101,6 +105,7 @@ impl Gpu {
                 gpm,
                 nvlink_links,
             },
+            job: None,
             lost: false,
             failed_sweeps: 0,
             fields,
@@ -150,8 +155,51 @@ impl Gpu {
         Ok(())
     }
 
-    /// One sweep of this GPU, its values handed to `sink`.
-    pub(super) fn sweep(&mut self, nvml: &Nvml, sink: &mut dyn ReadingSink) -> Result<(), Lost> {
+    /// One sweep of this GPU, its values handed to `sink`. With `jobs`, the GPU's series
+    /// carry the job of its processes; when that job changes, the series of the old labels
+    /// are put in `ended` (their sampler and encoder entries are to be ended) and new ones
+    /// start.
+    pub(super) fn sweep(
+        &mut self,
+        nvml: &Nvml,
+        sink: &mut dyn ReadingSink,
+        jobs: Option<&mut ProcessJobs>,
+        ended: &mut Vec<Series>,
+    ) -> Result<(), Lost> {
+        let device = match nvml.device_by_index(self.info.index) {
+            Ok(d) => d,
+            Err(e) => return self.failed("device handle", e),
+        };
+        // First in every sweep: cheap, and it tells whether the GPU answers at all.
+        let utilization = match device.utilization_rates() {
+            Ok(u) => Some(u),
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return self.failed("utilization", e),
+        };
+        self.failed_sweeps = 0;
+        if let Some(jobs) = jobs {
+            let job = jobs.job_of(&device);
+            if job != self.job {
+                tracing::debug!(
+                    gpu = self.info.index,
+                    "GPU job: {} -> {}",
+                    self.job.as_ref().map_or("none".into(), Job::to_string),
+                    job.as_ref().map_or("none".into(), Job::to_string)
+                );
+                ended.extend(self.series.drain(..).map(|(series, _)| series));
+                self.labels = Labels::new(
+                    gpu_labels(self.info.index, &self.info.uuid)
+                        .iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .chain(
+                            job.iter()
+                                .flat_map(Job::labels)
+                                .map(|(k, v)| (k.to_owned(), v)),
+                        ),
+                );
+                self.job = job;
+            }
+        }
         // Out of `self` while the sweep runs, which also borrows `self` for its checks.
         let mut series = std::mem::take(&mut self.series);
         let labels = self.labels.clone();
@@ -161,33 +209,28 @@ impl Gpu {
             next: 0,
             sink,
         };
-        let result = self.sweep_into(nvml, &mut out);
+        if let Some(u) = utilization {
+            out.gauge(
+                "railscope_gpu_utilization_ratio",
+                Value::F64(f64::from(u.gpu) / 100.0),
+            );
+            out.gauge(
+                "railscope_gpu_memory_utilization_ratio",
+                Value::F64(f64::from(u.memory) / 100.0),
+            );
+        }
+        let result = self.sweep_into(&device, nvml, &mut out);
         self.series = series;
         result
     }
 
-    pub(super) fn sweep_into(&mut self, nvml: &Nvml, out: &mut Out<'_>) -> Result<(), Lost> {
-        let device = match nvml.device_by_index(self.info.index) {
-            Ok(d) => d,
-            Err(e) => return self.failed("device handle", e),
-        };
-        // First in every sweep: cheap, and it tells whether the GPU answers at all.
-        match device.utilization_rates() {
-            Ok(u) => {
-                out.gauge(
-                    "railscope_gpu_utilization_ratio",
-                    Value::F64(f64::from(u.gpu) / 100.0),
-                );
-                out.gauge(
-                    "railscope_gpu_memory_utilization_ratio",
-                    Value::F64(f64::from(u.memory) / 100.0),
-                );
-            }
-            Err(NvmlError::NotSupported) => {}
-            Err(e) => return self.failed("utilization", e),
-        }
-        self.failed_sweeps = 0;
-
+    /// The sweep's metrics after utilization.
+    fn sweep_into(
+        &mut self,
+        device: &Device<'_>,
+        nvml: &Nvml,
+        out: &mut Out<'_>,
+    ) -> Result<(), Lost> {
         if let Some(m) = self.check("memory", device.memory_info())? {
             out.gauge("railscope_gpu_memory_total_bytes", Value::U64(m.total));
             out.gauge(
@@ -252,12 +295,12 @@ impl Gpu {
         if let Some(n) = self.check("PCIe replays", device.pcie_replay_counter())? {
             out.counter("railscope_gpu_pcie_replays_total", Value::U64(n.into()));
         }
-        let fields = field_values(nvml, &device, &self.fields);
+        let fields = field_values(nvml, device, &self.fields);
         if let Some(values) = self.check("field values", fields)? {
             self.push_fields(out, &values);
         }
         if self.info.gpm {
-            self.gpm(nvml, &device, out)?;
+            self.gpm(nvml, device, out)?;
         }
         Ok(())
     }

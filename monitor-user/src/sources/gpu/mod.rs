@@ -19,7 +19,10 @@
 //!   answers `GPU_IS_LOST`, or fails [`LOST_AFTER_FAILED_SWEEPS`] sweeps in a row, is reported
 //!   once and no longer read; the other GPUs go on.
 //!
-//! Series are named `railscope_gpu_*` and labelled `{gpu="<index>", uuid="<uuid>"}`; cumulative
+//! Series are named `railscope_gpu_*` and labelled `{gpu="<index>", uuid="<uuid>"}`, plus
+//! `job_id` (and `job_step`) while a job's processes use the GPU ([`jobs`],
+//! [`GpuSource::with_jobs`]); when the GPU's job changes, its series end
+//! ([`GpuSource::take_ended_series`]) and new ones start under the new labels; cumulative
 //! counts (energy, ECC errors, remapped rows, PCIe replays, NVLink bytes and errors) are
 //! [`Kind::Counter`], everything else [`Kind::Gauge`].
 //!
@@ -29,6 +32,7 @@
 mod catalogue;
 mod device;
 mod events;
+pub mod jobs;
 mod series;
 
 use std::{
@@ -41,10 +45,11 @@ use std::{
 use nvml_wrapper::{GpmSample, Nvml, error::NvmlError};
 
 pub use events::{EventThread, GpuEvent};
+pub use jobs::ProcessJobs;
 
 use super::{Collect, ReadingSink};
 use device::{Gpu, Lost};
-use railscope_wire::{Labels, Reading};
+use railscope_wire::{Labels, Reading, Series};
 
 /// The library an NVIDIA driver installs (`libnvidia-ml.so` without the `.1` only comes with
 /// development packages).
@@ -106,6 +111,10 @@ pub struct GpuSource {
     events: Option<Sender<GpuEvent>>,
     /// Lost events found before a channel was given.
     unsent: Vec<GpuEvent>,
+    /// Names the job using each GPU (None: GPU series carry no job).
+    jobs: Option<ProcessJobs>,
+    /// Series whose GPU's job changed since the last [`GpuSource::take_ended_series`].
+    ended: Vec<Series>,
 }
 
 // The agent may move the source to the thread that polls it.
@@ -163,7 +172,21 @@ impl GpuSource {
             gpus,
             events: None,
             unsent,
+            jobs: None,
+            ended: Vec::new(),
         })
+    }
+
+    /// Labels each GPU's series with the job of the processes using it (see [`jobs`]).
+    pub fn with_jobs(mut self, jobs: ProcessJobs) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// The series that ended because their GPU's job changed (or a job started or stopped
+    /// using it): the caller sends what its sampler still holds of them and retires them.
+    pub fn take_ended_series(&mut self) -> Vec<Series> {
+        std::mem::take(&mut self.ended)
     }
 
     /// The GPUs found at open, lost ones included.
@@ -185,7 +208,7 @@ impl GpuSource {
     pub fn read_into(&mut self, unix_ns: u64, sink: &mut dyn ReadingSink) {
         let mut lost = Vec::new();
         for gpu in self.gpus.iter_mut().filter(|g| !g.lost) {
-            match gpu.sweep(&self.nvml, sink) {
+            match gpu.sweep(&self.nvml, sink, self.jobs.as_mut(), &mut self.ended) {
                 Ok(()) => {}
                 Err(Lost(reason)) => {
                     let (index, uuid) = (gpu.info.index, &gpu.info.uuid);
@@ -203,6 +226,9 @@ impl GpuSource {
                     });
                 }
             }
+        }
+        if let Some(jobs) = self.jobs.as_mut() {
+            jobs.end_sweep();
         }
         for event in lost {
             self.emit(event);
