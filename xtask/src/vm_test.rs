@@ -32,6 +32,7 @@ pub const SCENARIOS: &[&str] = &[
     "qp-errors",
     "async-errors",
     "agent-frames",
+    "job-labels",
     // The agent sending to a collector on the host, which remote-writes to VictoriaMetrics
     // (the guest gets a user-network NIC; the host side checks the TSDB after the boot).
     host_collector::SCENARIO,

@@ -15,6 +15,7 @@ mod device_reuse;
 mod hook_trace;
 mod host_collector;
 mod ib_core_btf;
+mod job_labels;
 mod kernel_facts;
 mod perftest;
 mod port_events;
@@ -37,6 +38,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "qp-errors" => qp_errors::run(),
         "async-errors" => async_errors::run(),
         "agent-frames" => agent_frames::run(),
+        "job-labels" => job_labels::run(),
         "host-collector" => host_collector::run(),
         "perftest" => perftest::run(),
         "capture-flap" => capture_flap::run(),

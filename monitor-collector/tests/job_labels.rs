@@ -1,0 +1,253 @@
+//! Jobs at the collector: frames whose verb and GPU series carry `job_id` (and `job_step`), as
+//! the agent labels them (`monitor-user/src/jobs.rs`), are shown with those labels on
+//! `/metrics`, and `railscope-collector query series ... -m job_id=...` answers exactly the
+//! series of that job, from the archive.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::{TcpStream, UdpSocket},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use railscope_wire::{
+    CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series,
+};
+
+const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
+const KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+const POD: &str = "k8s:0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+
+fn free_port(udp: bool) -> u16 {
+    if udp {
+        UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+}
+
+struct Collector {
+    child: Child,
+    dir: std::path::PathBuf,
+    udp: u16,
+    http: u16,
+}
+
+impl Collector {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("railscope-job-labels-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let key = dir.join("wire.key");
+        std::fs::write(&key, KEY_HEX).unwrap();
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let (udp, http) = (free_port(true), free_port(false));
+        let child = Command::new(COLLECTOR)
+            .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
+            .args(["--http", &format!("127.0.0.1:{http}"), "--sockets", "1"])
+            .arg("--key")
+            .arg(&key)
+            .arg("--data")
+            .arg(dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", http)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "no HTTP port");
+            thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            dir,
+            udp,
+            http,
+        }
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    /// `railscope-collector query --json series METRIC -m MATCHER...`: each series' labels
+    /// (without `node`) and its last value.
+    fn query(&self, metric: &str, matchers: &[&str]) -> BTreeMap<String, f64> {
+        let mut cmd = Command::new(COLLECTOR);
+        cmd.args(["query", "--collector", &format!("http://127.0.0.1:{}", self.http)])
+            .args(["--json", "series", metric, "--start", "-1h"]);
+        for m in matchers {
+            cmd.args(["-m", m]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "query: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let labels: Vec<String> = s["labels"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| *k != "node")
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+                    .collect();
+                let last = s["points"].as_array().unwrap().last().unwrap();
+                let value = last
+                    .get("value")
+                    .or_else(|| last.get("max"))
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap();
+                (labels.join(","), value)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn verbs(cgroup: &str, job: Option<(&str, Option<&str>)>, verb: &str) -> Series {
+    let mut labels = vec![
+        ("cgroup", cgroup.to_owned()),
+        ("device", "mlx5_0".to_owned()),
+        ("verb", verb.to_owned()),
+        ("detail", String::new()),
+    ];
+    if let Some((id, step)) = job {
+        labels.push(("job_id", id.to_owned()));
+        labels.extend(step.map(|s| ("job_step", s.to_owned())));
+    }
+    Series {
+        name: "railscope_rdma_verbs_total".into(),
+        labels: Labels::new(labels),
+        kind: Kind::Counter,
+    }
+}
+
+#[test]
+fn job_labels_reach_metrics_and_queries_by_job_id() {
+    let collector = Collector::start();
+    let key = Key::from_bytes([0x5a; 32]);
+    let mut encoder = FrameEncoder::new(EncoderConfig::new("node-a"), key).unwrap();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let slurm_cgroup = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0";
+    let pod_cgroup = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice/cri-containerd-c1.scope";
+    let counters = [
+        (verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "post_send"), 100),
+        (verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "create_qp"), 1),
+        (verbs(pod_cgroup, Some((POD, None)), "post_send"), 7),
+        (verbs("/", None, "post_send"), 3),
+    ];
+    for (series, value) in &counters {
+        encoder
+            .push_sample(series, Sample::Counter(CounterSample { unix_ns: now, value: *value }))
+            .unwrap();
+    }
+    let gpu = Series {
+        name: "railscope_gpu_utilization_ratio".into(),
+        labels: Labels::new([
+            ("gpu", "3"),
+            ("uuid", "GPU-3"),
+            ("job_id", "slurm:42"),
+            ("job_step", "0"),
+        ]),
+        kind: Kind::Gauge,
+    };
+    encoder
+        .push_sample(&gpu, Sample::Gauge(GaugeSample::reading(now, 0.97)))
+        .unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for frame in encoder.flush(now) {
+        socket.send_to(&frame, ("127.0.0.1", collector.udp)).unwrap();
+    }
+
+    // /metrics shows each series with its job.
+    let expected = [
+        format!(
+            "railscope_rdma_verbs_total{{cgroup=\"{slurm_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"slurm:42\",job_step=\"0\",node=\"node-a\",verb=\"post_send\"}} 100"
+        ),
+        format!(
+            "railscope_rdma_verbs_total{{cgroup=\"{pod_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"{POD}\",node=\"node-a\",verb=\"post_send\"}} 7"
+        ),
+        "railscope_gpu_utilization_ratio{gpu=\"3\",job_id=\"slurm:42\",job_step=\"0\",node=\"node-a\",uuid=\"GPU-3\"} 0.97".to_owned(),
+    ];
+    let start = Instant::now();
+    let text = loop {
+        let text = collector.get("/metrics");
+        let lines: Vec<&str> = text.lines().collect();
+        let shown = |want: &str| lines.iter().any(|l| l.starts_with(want));
+        if expected.iter().all(|w| shown(w)) {
+            break text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "/metrics does not show {expected:#?}:\n{text}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        text.lines().filter(|l| l.contains("job_id=\"slurm:42\"")).count(),
+        3,
+        "the Slurm job's two verb series and its GPU:\n{text}"
+    );
+
+    // A query by job_id answers that job's series, and only them.
+    let slurm = collector.query("railscope_rdma_verbs_total", &["job_id=slurm:42"]);
+    assert_eq!(
+        slurm,
+        BTreeMap::from([
+            (
+                format!("cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=create_qp"),
+                1.0
+            ),
+            (
+                format!("cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=post_send"),
+                100.0
+            ),
+        ])
+    );
+    let pod = collector.query("railscope_rdma_verbs_total", &[&format!("job_id={POD}")]);
+    assert_eq!(pod.values().copied().collect::<Vec<_>>(), [7.0]);
+    // Series without a job have the label empty.
+    let none = collector.query("railscope_rdma_verbs_total", &["job_id="]);
+    assert_eq!(
+        none,
+        BTreeMap::from([("cgroup=/,detail=,device=mlx5_0,verb=post_send".to_owned(), 3.0)])
+    );
+    let gpus = collector.query("railscope_gpu_utilization_ratio", &["job_id=~slurm:.*", "job_step=0"]);
+    assert_eq!(
+        gpus,
+        BTreeMap::from([("gpu=3,job_id=slurm:42,job_step=0,uuid=GPU-3".to_owned(), 0.97)])
+    );
+}
