@@ -22,7 +22,11 @@ const POD: &str = "k8s:0a1b2c3d-4e5f-6789-abcd-ef0123456789";
 
 fn free_port(udp: bool) -> u16 {
     if udp {
-        UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     } else {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -90,8 +94,12 @@ impl Collector {
     /// (without `node`) and its last value.
     fn query(&self, metric: &str, matchers: &[&str]) -> BTreeMap<String, f64> {
         let mut cmd = Command::new(COLLECTOR);
-        cmd.args(["query", "--collector", &format!("http://127.0.0.1:{}", self.http)])
-            .args(["--json", "series", metric, "--start", "-1h"]);
+        cmd.args([
+            "query",
+            "--collector",
+            &format!("http://127.0.0.1:{}", self.http),
+        ])
+        .args(["--json", "series", metric, "--start", "-1h"]);
         for m in matchers {
             cmd.args(["-m", m]);
         }
@@ -164,14 +172,26 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
     let slurm_cgroup = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0";
     let pod_cgroup = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice/cri-containerd-c1.scope";
     let counters = [
-        (verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "post_send"), 100),
-        (verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "create_qp"), 1),
+        (
+            verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "post_send"),
+            100,
+        ),
+        (
+            verbs(slurm_cgroup, Some(("slurm:42", Some("0"))), "create_qp"),
+            1,
+        ),
         (verbs(pod_cgroup, Some((POD, None)), "post_send"), 7),
         (verbs("/", None, "post_send"), 3),
     ];
     for (series, value) in &counters {
         encoder
-            .push_sample(series, Sample::Counter(CounterSample { unix_ns: now, value: *value }))
+            .push_sample(
+                series,
+                Sample::Counter(CounterSample {
+                    unix_ns: now,
+                    value: *value,
+                }),
+            )
             .unwrap();
     }
     let gpu = Series {
@@ -189,18 +209,20 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
         .unwrap();
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     for frame in encoder.flush(now) {
-        socket.send_to(&frame, ("127.0.0.1", collector.udp)).unwrap();
+        socket
+            .send_to(&frame, ("127.0.0.1", collector.udp))
+            .unwrap();
     }
 
-    // /metrics shows each series with its job.
+    // /metrics shows each series with its job (the node first, then the labels sorted).
     let expected = [
         format!(
-            "railscope_rdma_verbs_total{{cgroup=\"{slurm_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"slurm:42\",job_step=\"0\",node=\"node-a\",verb=\"post_send\"}} 100"
+            "railscope_rdma_verbs_total{{node=\"node-a\",cgroup=\"{slurm_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"slurm:42\",job_step=\"0\",verb=\"post_send\"}} 100 "
         ),
         format!(
-            "railscope_rdma_verbs_total{{cgroup=\"{pod_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"{POD}\",node=\"node-a\",verb=\"post_send\"}} 7"
+            "railscope_rdma_verbs_total{{node=\"node-a\",cgroup=\"{pod_cgroup}\",detail=\"\",device=\"mlx5_0\",job_id=\"{POD}\",verb=\"post_send\"}} 7 "
         ),
-        "railscope_gpu_utilization_ratio{gpu=\"3\",job_id=\"slurm:42\",job_step=\"0\",node=\"node-a\",uuid=\"GPU-3\"} 0.97".to_owned(),
+        "railscope_gpu_utilization_ratio{node=\"node-a\",gpu=\"3\",job_id=\"slurm:42\",job_step=\"0\",uuid=\"GPU-3\"} 0.97 ".to_owned(),
     ];
     let start = Instant::now();
     let text = loop {
@@ -217,7 +239,9 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
         thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(
-        text.lines().filter(|l| l.contains("job_id=\"slurm:42\"")).count(),
+        text.lines()
+            .filter(|l| l.contains("job_id=\"slurm:42\""))
+            .count(),
         3,
         "the Slurm job's two verb series and its GPU:\n{text}"
     );
@@ -228,11 +252,15 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
         slurm,
         BTreeMap::from([
             (
-                format!("cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=create_qp"),
+                format!(
+                    "cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=create_qp"
+                ),
                 1.0
             ),
             (
-                format!("cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=post_send"),
+                format!(
+                    "cgroup={slurm_cgroup},detail=,device=mlx5_0,job_id=slurm:42,job_step=0,verb=post_send"
+                ),
                 100.0
             ),
         ])
@@ -243,11 +271,20 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
     let none = collector.query("railscope_rdma_verbs_total", &["job_id="]);
     assert_eq!(
         none,
-        BTreeMap::from([("cgroup=/,detail=,device=mlx5_0,verb=post_send".to_owned(), 3.0)])
+        BTreeMap::from([(
+            "cgroup=/,detail=,device=mlx5_0,verb=post_send".to_owned(),
+            3.0
+        )])
     );
-    let gpus = collector.query("railscope_gpu_utilization_ratio", &["job_id=~slurm:.*", "job_step=0"]);
+    let gpus = collector.query(
+        "railscope_gpu_utilization_ratio",
+        &["job_id=~slurm:.*", "job_step=0"],
+    );
     assert_eq!(
         gpus,
-        BTreeMap::from([("gpu=3,job_id=slurm:42,job_step=0,uuid=GPU-3".to_owned(), 0.97)])
+        BTreeMap::from([(
+            "gpu=3,job_id=slurm:42,job_step=0,uuid=GPU-3".to_owned(),
+            0.97
+        )])
     );
 }

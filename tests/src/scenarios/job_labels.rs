@@ -39,8 +39,7 @@ impl JobCgroup {
 
     /// Whether `labels` carry exactly this job's labels.
     fn labels_match(&self, labels: &Value) -> bool {
-        labels["job_id"] == self.job_id.as_str()
-            && labels["job_step"].as_str() == self.job_step
+        labels["job_id"] == self.job_id.as_str() && labels["job_step"].as_str() == self.job_step
     }
 }
 
