@@ -333,6 +333,14 @@ mod tests {
                 .as_deref(),
             Some("run:17")
         );
+        // --check-config shows it as written.
+        let shown = check(&sources(&good, &[]).unwrap()).unwrap();
+        assert!(
+            shown.contains("[[jobs.patterns]]")
+                && shown.contains("regex = '^/run-(\\d+)'")
+                && shown.contains("id = \"run:$1\""),
+            "{shown}"
+        );
     }
 
     #[test]
