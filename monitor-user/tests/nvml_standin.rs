@@ -865,3 +865,128 @@ fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
     assert_eq!(ended(&mut source), series_of(&s2, "0"));
     assert_eq!(standin.breaches(), Vec::<String>::new());
 }
+
+/// The agent end to end: a GPU whose scripted process belongs to a Slurm step and then goes
+/// away. Its series carry the step's `job_id` while the process runs, the labelled series'
+/// last sample is the last value read under the job, and new unlabelled series take over.
+#[test]
+fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
+    use railscope_wire::{Key, ReceiverState, SeriesData};
+    let procs = JobProcesses::new("agent-gpu-jobs");
+    if procs.proc_root != Path::new("/proc") {
+        // The agent reads the real /proc: without cgroups of our own there is nothing to see
+        // (GpuSource-level attribution is tested above with a /proc-like tree).
+        eprintln!("skipped: no cgroup2 mount to put processes in");
+        return;
+    }
+    // Steps 0-4: the Slurm step's process on GPU 0, utilization 10..50 %; from step 5 none,
+    // 60 %, 70 %, ...
+    let steps: Vec<Json> = (0..12)
+        .map(|i| {
+            let mut step = json!({"gpu_util_pct": 10 * (i + 1)});
+            if i == 0 {
+                step["processes"] = json!([{"pid": procs.pids[0], "memory_bytes": 1_000}]);
+            }
+            if i == 5 {
+                step["processes"] = json!([]);
+            }
+            step
+        })
+        .collect();
+    let script = json!({"gpus": [{"name": "NVIDIA H100", "uuid": uuid(0), "steps": steps}]});
+    let standin = StandIn::new("agent-gpu-jobs", &script);
+    let key_hex = "77".repeat(32);
+    let key_path = standin.dir.join("wire.key");
+    fs::write(&key_path, &key_hex).unwrap();
+    fs::set_permissions(
+        &key_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let collector = socket.local_addr().unwrap().to_string();
+    let library = standin.dir.join("libnvidia-ml.so.1");
+    let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_railscope"))
+        .args(["agent", "--collector", &collector, "--node", "n1"])
+        .args(["--interval", "0.2", "--flush", "0.4", "--no-adaptive"])
+        .arg("--key")
+        .arg(&key_path)
+        .arg("--nvml-lib")
+        .arg(&library)
+        .arg("--sysfs")
+        .arg(standin.dir.join("no-sysfs"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut datagrams = Vec::new();
+    let start = std::time::Instant::now();
+    let mut buf = vec![0; 65_536];
+    // 6 s at 0.2 s: ~30 sweeps; 8 are enough even on a loaded machine.
+    while start.elapsed() < Duration::from_secs(6) {
+        if let Ok(n) = socket.recv(&mut buf) {
+            datagrams.push(buf[..n].to_vec());
+        }
+    }
+    // SAFETY: a pid we own.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    agent.wait().unwrap();
+    while let Ok(n) = socket.recv(&mut buf) {
+        datagrams.push(buf[..n].to_vec());
+    }
+
+    // Utilization samples of GPU 0, by job label, in time order.
+    let key = Key::from_bytes([0x77; 32]);
+    let mut state = ReceiverState::default();
+    let mut by_job: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
+    for d in &datagrams {
+        let frame = railscope_wire::decode(d, &key, &mut state).expect("decodes");
+        let node = state.node(&frame.node).unwrap();
+        for s in &frame.samples {
+            let series = node.series(s.id).expect("named");
+            if &*series.name != "railscope_gpu_utilization_ratio" {
+                continue;
+            }
+            let job = format!(
+                "{}/{}",
+                series.labels.get("job_id").unwrap_or("-"),
+                series.labels.get("job_step").unwrap_or("-")
+            );
+            if let SeriesData::Gauge(points) = &s.data {
+                by_job
+                    .entry(job)
+                    .or_default()
+                    .extend(points.iter().map(|g| (g.end_unix_ns, g.mean)));
+            }
+        }
+    }
+    for points in by_job.values_mut() {
+        points.sort_by_key(|p| p.0);
+    }
+    let values = |job: &str| -> Vec<f64> {
+        by_job
+            .get(job)
+            .map(|p| p.iter().map(|(_, v)| (v * 100.0).round()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        by_job.keys().collect::<Vec<_>>(),
+        ["-/-", "slurm:42/0"],
+        "{by_job:?}"
+    );
+    assert_eq!(
+        values("slurm:42/0"),
+        [10.0, 20.0, 30.0, 40.0, 50.0],
+        "every sweep under the job, the last one included"
+    );
+    let after = values("-/-");
+    assert!(
+        after.len() >= 3 && after[..3] == [60.0, 70.0, 80.0],
+        "then unlabelled series from the next sweep on: {after:?}"
+    );
+    let last_labelled = by_job["slurm:42/0"].last().unwrap().0;
+    assert!(by_job["-/-"].iter().all(|(t, _)| *t > last_labelled));
+}
