@@ -27,6 +27,9 @@ const TEST_SCRIPT: &str = include_str!("package_test/test.sh");
 /// Host packages: debootstrap for the guest root (lintian and dpkg-dev for the package).
 pub const PACKAGES: &[&str] = &["debootstrap", "e2fsprogs"];
 
+/// Seconds the guest may take (boot, the checks, the 30 s watchdog wait, poweroff).
+pub const DEFAULT_TIMEOUT: u64 = 900;
+
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)]
 pub struct Options {
@@ -34,7 +37,7 @@ pub struct Options {
     #[arg(long, value_enum, default_value = "bookworm")]
     pub kernel: KernelLine,
     /// Kill the guest when it has not powered off after this many seconds.
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT)]
     pub timeout: u64,
     #[command(flatten)]
     pub setup: setup::Options,

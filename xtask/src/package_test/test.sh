@@ -31,9 +31,6 @@ wait_for() {
 running() { [ "$(prop "$1" ActiveState)/$(prop "$1" SubState)" = active/running ]; }
 running_as_new() { running "$1" && [ "$(prop "$1" MainPID)" != "$2" ] && [ "$(prop "$1" MainPID)" != 0 ]; }
 finish() {
-    echo "PKGTEST-JOURNAL-BEGIN"
-    journalctl -b --no-pager -o short-monotonic -u $AGENT -u $COLLECTOR | tail -n 150
-    echo "PKGTEST-JOURNAL-END"
     if [ $failed = 0 ]; then echo "PKGTEST-RESULT pass"; else echo "PKGTEST-RESULT fail"; fi
     exit 0
 }
@@ -89,10 +86,10 @@ systemctl restart $AGENT || fail "systemctl restart $AGENT"
 for u in $COLLECTOR $AGENT; do
     running $u && ok "$u ready: $(state $u)" || fail "$u not ready: $(state $u)"
 done
-[ "$(prop $COLLECTOR User)" = "" ] && [ "$(prop $COLLECTOR DynamicUser)" = yes ] \
-    && ok "collector as a dynamic user (uid $(ps -o uid= -p "$(prop $COLLECTOR MainPID)" | tr -d ' '))" \
-    || fail "collector DynamicUser=$(prop $COLLECTOR DynamicUser)"
-[ "$(ps -o uid= -p "$(prop $COLLECTOR MainPID)" | tr -d ' ')" != 0 ] || fail "collector runs as uid 0"
+uid=$(ps -o uid= -p "$(prop $COLLECTOR MainPID)" | tr -d ' ')
+[ "$(prop $COLLECTOR DynamicUser)" = yes ] && [ -n "$uid" ] && [ "$uid" != 0 ] \
+    && ok "collector as a dynamic user (uid $uid)" \
+    || fail "collector: DynamicUser=$(prop $COLLECTOR DynamicUser), uid '$uid'"
 
 # 3. The agent's probes attached (its log, in the journal), and the collector has its frames.
 attached_now() {
@@ -107,14 +104,6 @@ nodes() { railscope query nodes --start -10m 2>&1; }
 wait_for 60 sh -c 'railscope query nodes --start -10m 2>/dev/null | grep -qx railscope-node' \
     && ok "collector archived the agent's frames (railscope query nodes: $(nodes | tr '\n' ' '))" \
     || fail "collector has no frames from railscope-node: $(nodes | tr '\n' ' ')"
-# Verbs traffic between the two rxe devices, seen by the agent's probes (events on stdout,
-# in the journal, would need a QP error; the verb counters go to the collector).
-ibv_rc_pingpong -d rxe1 -g 1 -n 10 >/dev/null 2>&1 &
-sleep 1
-ibv_rc_pingpong -d rxe0 -g 1 -n 10 127.0.0.1 >/tmp/pingpong.txt 2>&1 \
-    && ok "verbs traffic (ibv_rc_pingpong)" || echo "PKGTEST:   ibv_rc_pingpong: $(tail -n 2 /tmp/pingpong.txt)"
-wait
-
 # 4. Restarts: systemctl restart; a SIGKILL (Restart=on-failure); a SIGSTOP (the watchdog).
 pid=$(prop $AGENT MainPID)
 restarts=$(prop $AGENT NRestarts)
@@ -168,7 +157,7 @@ dpkg -P railscope >/tmp/dpkg-p.log 2>&1 && ok "dpkg -P" || fail "dpkg -P: $(tail
     && ok "/etc/railscope and the archive removed" \
     || fail "left after purge: $(ls -d /etc/railscope /var/lib/railscope /var/lib/private/railscope 2>/dev/null | tr '\n' ' ')"
 dpkg-query -W railscope >/dev/null 2>&1 && fail "dpkg still knows railscope after purge"
-ls /etc/systemd/system/multi-user.target.wants/ | grep -q railscope \
+ls /etc/systemd/system/multi-user.target.wants/ | grep -qE 'railscope-(agent|collector)' \
     && fail "enablement links left after purge" || ok "enablement links removed"
 
 finish
