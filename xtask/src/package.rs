@@ -173,11 +173,13 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
         fs::set_permissions(&to, fs::Permissions::from_mode(e.mode))?;
         if e.to.starts_with("usr/bin/") {
             // The binaries' symbols and debug info (the embedded eBPF object is data, kept).
-            run_tool(Command::new("strip")
-                .arg("--strip-unneeded")
-                .arg("--remove-section=.comment")
-                .arg("--remove-section=.note")
-                .arg(&to))?;
+            run_tool(
+                Command::new("strip")
+                    .arg("--strip-unneeded")
+                    .arg("--remove-section=.comment")
+                    .arg("--remove-section=.note")
+                    .arg(&to),
+            )?;
         }
     }
     let maintainer = maintainer(&root);
@@ -206,10 +208,12 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
 
     let deb = out_dir.join(format!("{NAME}_{version}_{arch}.deb"));
     setup::step(&format!("dpkg-deb --build -> {}", deb.display()));
-    run_tool(Command::new("dpkg-deb")
-        .args(["--root-owner-group", "-Zxz", "--build"])
-        .arg(&stage)
-        .arg(&deb))?;
+    run_tool(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zxz", "--build"])
+            .arg(&stage)
+            .arg(&deb),
+    )?;
     let size = fs::metadata(&deb)?.len();
     eprintln!(
         "    {} ({:.1} MB, installs {:.1} MB; Depends: {depends})",
@@ -232,7 +236,11 @@ fn workspace_version(root: &Path) -> anyhow::Result<String> {
         if line.starts_with('[') {
             in_section = line == "[workspace.package]";
         } else if in_section && let Some(v) = line.strip_prefix("version") {
-            let v = v.trim_start().trim_start_matches('=').trim().trim_matches('"');
+            let v = v
+                .trim_start()
+                .trim_start_matches('=')
+                .trim()
+                .trim_matches('"');
             return Ok(v.to_owned());
         }
     }

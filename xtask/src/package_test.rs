@@ -68,7 +68,12 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
         .join(&kver);
     let payload = make_payload(&work, &deb)?;
     let log_path = work.join("serial.log");
-    let outcome = boot(&guest, &payload, &log_path, Duration::from_secs(options.timeout))?;
+    let outcome = boot(
+        &guest,
+        &payload,
+        &log_path,
+        Duration::from_secs(options.timeout),
+    )?;
     let log = fs::read_to_string(&log_path).unwrap_or_default();
     let log = log.replace('\r', "");
     for line in log.lines().filter(|l| l.starts_with("PKGTEST")) {
@@ -83,7 +88,11 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
     eprintln!(
         "    guest ran {:.0} s{}; serial log {}",
         outcome.wall.as_secs_f64(),
-        if started.is_some() { "" } else { " (the test never started)" },
+        if started.is_some() {
+            ""
+        } else {
+            " (the test never started)"
+        },
         log_path.display()
     );
     match verdict(&log, outcome.timed_out) {
@@ -94,7 +103,10 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
             ));
             Ok(())
         }
-        Err(why) => bail!("package test on {kver}: {why} (serial log {})", log_path.display()),
+        Err(why) => bail!(
+            "package test on {kver}: {why} (serial log {})",
+            log_path.display()
+        ),
     }
 }
 
@@ -215,11 +227,13 @@ fn verdict(log: &str, timed_out: bool) -> Result<usize, String> {
         .lines()
         .filter(|l| l.starts_with("PKGTEST: ok "))
         .count();
-    let result = log
-        .lines()
-        .find_map(|l| l.strip_prefix("PKGTEST-RESULT "));
+    let result = log.lines().find_map(|l| l.strip_prefix("PKGTEST-RESULT "));
     if !failures.is_empty() {
-        return Err(format!("{} failed: {}", failures.len(), failures.join("; ")));
+        return Err(format!(
+            "{} failed: {}",
+            failures.len(),
+            failures.join("; ")
+        ));
     }
     match result {
         Some("pass") if passed > 0 => Ok(passed),
@@ -239,13 +253,19 @@ mod tests {
     fn verdict_reads_the_scripts_lines() {
         let log = "boot\nPKGTEST: ok dpkg -i\nPKGTEST: ok agent ready\nPKGTEST-RESULT pass\n";
         assert_eq!(verdict(log, false), Ok(2));
-        let log = "PKGTEST: ok dpkg -i\nPKGTEST-FAIL: kill -9 12: inactive/dead\nPKGTEST-RESULT fail\n";
+        let log =
+            "PKGTEST: ok dpkg -i\nPKGTEST-FAIL: kill -9 12: inactive/dead\nPKGTEST-RESULT fail\n";
         let e = verdict(log, false).unwrap_err();
         assert!(e.contains("kill -9 12: inactive/dead"), "{e}");
-        assert!(verdict("PKGTEST: ok dpkg -i\n", true)
-            .unwrap_err()
-            .contains("timed out after 1 checks"));
+        assert!(
+            verdict("PKGTEST: ok dpkg -i\n", true)
+                .unwrap_err()
+                .contains("timed out after 1 checks")
+        );
         assert!(verdict("", false).unwrap_err().contains("without a result"));
-        assert!(verdict("PKGTEST-RESULT pass\n", false).is_err(), "no check passed");
+        assert!(
+            verdict("PKGTEST-RESULT pass\n", false).is_err(),
+            "no check passed"
+        );
     }
 }

@@ -97,7 +97,11 @@ fn recipe(kernel_deb: &str) -> String {
 
 /// Returns the cached guest root for the kernel package `kernel_deb` (a file from the test
 /// bed's deb cache), making it first if needed.
-pub fn prepare(cache_dir: &Path, kernel_release: &str, kernel_deb: &Path) -> anyhow::Result<GuestRoot> {
+pub fn prepare(
+    cache_dir: &Path,
+    kernel_release: &str,
+    kernel_deb: &Path,
+) -> anyhow::Result<GuestRoot> {
     let deb_name = kernel_deb
         .file_name()
         .context("the kernel package has no file name")?
@@ -136,10 +140,15 @@ pub fn prepare(cache_dir: &Path, kernel_release: &str, kernel_deb: &Path) -> any
         .arg(&tree)
         .arg(MIRROR))
     .context("debootstrap failed (is the Debian archive reachable?)")?;
-    eprintln!("    debootstrap done after {:.0} s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "    debootstrap done after {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
 
     configure(&tree)?;
-    setup::step(&format!("installing {deb_name} in the guest root (initramfs-tools makes the initrd)"));
+    setup::step(&format!(
+        "installing {deb_name} in the guest root (initramfs-tools makes the initrd)"
+    ));
     fs::copy(kernel_deb, tree.join("tmp").join(&deb_name))?;
     with_proc(&tree, || {
         run(Command::new("chroot")
@@ -159,7 +168,10 @@ pub fn prepare(cache_dir: &Path, kernel_release: &str, kernel_deb: &Path) -> any
     let initrd = tree.join(format!("boot/initrd.img-{kernel_release}"));
     for f in [&vmlinuz, &initrd] {
         if !f.is_file() {
-            bail!("the guest root has no {} after installing the kernel", f.display());
+            bail!(
+                "the guest root has no {} after installing the kernel",
+                f.display()
+            );
         }
     }
     fs::copy(&vmlinuz, partial.join("vmlinuz"))?;
@@ -215,10 +227,12 @@ fn configure(tree: &Path) -> anyhow::Result<()> {
     fs::write(&sbin, TEST_RUNNER)?;
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(&sbin, fs::Permissions::from_mode(0o755))?;
-    fs::write(tree.join("etc/systemd/system").join(TEST_UNIT), TEST_UNIT_TEXT)?;
+    fs::write(
+        tree.join("etc/systemd/system").join(TEST_UNIT),
+        TEST_UNIT_TEXT,
+    )?;
     let root = tree.to_string_lossy().into_owned();
-    run(Command::new("systemctl")
-        .args(["--root", &root, "enable", TEST_UNIT]))?;
+    run(Command::new("systemctl").args(["--root", &root, "enable", TEST_UNIT]))?;
     run(Command::new("systemctl").args([
         "--root",
         &root,
