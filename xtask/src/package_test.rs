@@ -75,23 +75,16 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
         Duration::from_secs(options.timeout),
     )?;
     let log = fs::read_to_string(&log_path).unwrap_or_default();
-    let log = log.replace('\r', "");
-    for line in log.lines().filter(|l| l.starts_with("PKGTEST")) {
-        if !line.starts_with("PKGTEST-JOURNAL") {
-            eprintln!("    {line}");
-        }
+    let log = script_lines(&log.replace('\r', ""));
+    for line in log.lines() {
+        eprintln!("    {line}");
     }
-    let started = log
-        .lines()
-        .position(|l| l.starts_with("PKGTEST: kernel"))
-        .map(|_| ());
     eprintln!(
-        "    guest ran {:.0} s{}; serial log {}",
+        "    guest ran {:.0} s ({}); serial log {}",
         outcome.wall.as_secs_f64(),
-        if started.is_some() {
-            ""
-        } else {
-            " (the test never started)"
+        match outcome.test_started {
+            Some(t) => format!("booted to the test unit in {:.0} s", t.as_secs_f64()),
+            None => "the test never started".into(),
         },
         log_path.display()
     );
@@ -154,6 +147,17 @@ fn make_payload(work: &Path, deb: &Path) -> anyhow::Result<PathBuf> {
 struct Outcome {
     wall: Duration,
     timed_out: bool,
+    /// When the test unit's first line appeared: the boot time.
+    test_started: Option<Duration>,
+}
+
+/// The script's lines of the serial log (`PKGTEST...`), without what precedes them on their
+/// line (the console's escape sequences).
+fn script_lines(log: &str) -> String {
+    log.lines()
+        .filter_map(|l| l.find("PKGTEST").map(|i| &l[i..]))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// Boots the guest with its root disk (a snapshot: the cached image is never written) and the
@@ -198,22 +202,26 @@ fn boot(
     ));
     let start = Instant::now();
     let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let mut test_started = None;
     loop {
-        if child.try_wait()?.is_some() {
-            return Ok(Outcome {
-                wall: start.elapsed(),
-                timed_out: false,
-            });
+        if test_started.is_none()
+            && fs::read_to_string(log).is_ok_and(|l| l.contains("PKGTEST: kernel"))
+        {
+            test_started = Some(start.elapsed());
         }
-        if start.elapsed() >= timeout {
+        let timed_out = start.elapsed() >= timeout;
+        if timed_out {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if timed_out || child.try_wait()?.is_some() {
             return Ok(Outcome {
                 wall: start.elapsed(),
-                timed_out: true,
+                timed_out,
+                test_started,
             });
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
@@ -247,7 +255,13 @@ fn verdict(log: &str, timed_out: bool) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::verdict;
+    use super::{script_lines, verdict};
+
+    #[test]
+    fn script_lines_drop_the_consoles_escapes() {
+        let log = "SeaBIOS\nc\x1b[?7l\x1b[2JPKGTEST: kernel 6.1\nsystemd noise\nPKGTEST: ok x\n";
+        assert_eq!(script_lines(log), "PKGTEST: kernel 6.1\nPKGTEST: ok x\n");
+    }
 
     #[test]
     fn verdict_reads_the_scripts_lines() {
