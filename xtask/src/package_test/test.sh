@@ -135,6 +135,18 @@ wait_for 60 sh -c 'railscope query nodes --start -20s 2>/dev/null | grep -qx rai
 [ "$(prop $COLLECTOR NRestarts)" = 0 ] && running $COLLECTOR \
     && ok "collector untouched: $(state $COLLECTOR)" || fail "collector: $(state $COLLECTOR)"
 
+# Upgrade path: the package installed again (dpkg runs postinst as for an upgrade): both
+# daemons restarted, the edited conffile kept without a question.
+pid=$(prop $AGENT MainPID)
+cpid=$(prop $COLLECTOR MainPID)
+dpkg -i /payload/railscope.deb >/tmp/dpkg-u.log 2>&1 || fail "dpkg -i again: $(tail -n 3 /tmp/dpkg-u.log)"
+if wait_for 30 running_as_new $AGENT "$pid" && wait_for 30 running_as_new $COLLECTOR "$cpid" \
+    && grep -q '^collector = "127.0.0.1:7670"' /etc/railscope/agent.toml; then
+    ok "dpkg -i over the installed package: both restarted, edited agent.toml kept"
+else
+    fail "dpkg -i over the installed package: $(state $AGENT); $(state $COLLECTOR)"
+fi
+
 # 5. Remove: both stopped, units and binaries gone, configuration and key kept.
 dpkg -r railscope >/tmp/dpkg-r.log 2>&1 && ok "dpkg -r" || fail "dpkg -r: $(tail -n 3 /tmp/dpkg-r.log)"
 for u in $AGENT $COLLECTOR; do
