@@ -20,6 +20,7 @@ use crate::{
     events::RecentEvents,
     http,
     ingest::{self, IngestStats},
+    liveness::Heartbeats,
     nodes::NodeTable,
     udp,
     writer::{self, ArchiveQueue, FrameArchive, Writer},
@@ -36,6 +37,8 @@ pub struct Shared {
     pub archive: Option<ArchiveQueue>,
     /// More `/metrics` families (the archive's files, remote-write), appended to the page.
     pub extra_metrics: Option<ExtraMetrics>,
+    /// One per receive thread, for the watchdog.
+    pub heartbeats: Heartbeats,
 }
 
 /// Writes more families onto the `/metrics` page.
@@ -103,6 +106,7 @@ impl Collector {
             stats: IngestStats::default(),
             archive,
             extra_metrics: parts.extra_metrics,
+            heartbeats: Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}"))),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::new();

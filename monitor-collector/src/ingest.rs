@@ -50,6 +50,7 @@ pub fn receive_loop(socket: UdpSocket, index: usize, shared: Arc<Shared>, stop: 
     let mut receiver = BatchReceiver::new();
     let mut housekeeping = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        shared.heartbeats.beat(index);
         let n = match receiver.recv(&socket) {
             Ok(n) => n,
             Err(e) => {

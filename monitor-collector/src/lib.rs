@@ -16,6 +16,7 @@
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
+//! - [`liveness`]: the receive threads' heartbeats, for systemd's watchdog;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`.
 
@@ -26,6 +27,7 @@ pub mod drops;
 pub mod events;
 pub mod http;
 pub mod ingest;
+pub mod liveness;
 pub mod metrics;
 pub mod nodes;
 pub mod query;

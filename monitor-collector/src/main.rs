@@ -134,7 +134,16 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let collector = Collector::start(config, parts)?;
     let mut service = ServiceManager::from_env();
     service.ready("receiving");
-    wait_for_signal(&service).context("waiting for a signal")?;
+    let shared = collector.shared().clone();
+    wait_for_signal(&service, |max_age| {
+        shared
+            .heartbeats
+            .stalled(max_age)
+            .into_iter()
+            .map(|(name, age)| format!("{name} ({:.0} s)", age.as_secs_f64()))
+            .collect()
+    })
+    .context("waiting for a signal")?;
     service.stopping();
     tracing::info!("stopping");
     collector.stop();
@@ -145,8 +154,13 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on.
-fn wait_for_signal(service: &ServiceManager) -> std::io::Result<()> {
+/// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on, but only
+/// while `stalled` (the worker threads that have not turned for longer than the given time)
+/// is empty: a hung receive thread stops the pings, and systemd restarts the collector.
+fn wait_for_signal(
+    service: &ServiceManager,
+    stalled: impl Fn(std::time::Duration) -> Vec<String>,
+) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -159,7 +173,17 @@ fn wait_for_signal(service: &ServiceManager) -> std::io::Result<()> {
             tokio::select! {
                 r = tokio::signal::ctrl_c() => return r,
                 _ = term.recv() => return Ok(()),
-                _ = watchdog.tick(), if ping_every.is_some() => service.alive(),
+                _ = watchdog.tick(), if ping_every.is_some() => {
+                    let stalled = stalled(ping_every.unwrap_or_default());
+                    if stalled.is_empty() {
+                        service.alive();
+                    } else {
+                        tracing::error!(
+                            "not pinging the watchdog: stalled: {}",
+                            stalled.join(", ")
+                        );
+                    }
+                }
             }
         }
     })

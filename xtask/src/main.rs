@@ -7,6 +7,8 @@ mod cargo;
 mod fuzz;
 mod http;
 mod lint;
+mod package;
+mod package_test;
 mod run;
 mod setup;
 mod test;
@@ -36,6 +38,12 @@ enum Command {
     Test(test::Options),
     /// Check formatting and run clippy with warnings denied, as CI does.
     Lint(lint::Options),
+    /// Build the Debian package (binaries with the eBPF object, units, example configs, key
+    /// tool, docs) and check it with lintian; prints the path of the .deb.
+    Package(package::Options),
+    /// Prove the Debian package in a systemd Debian guest (debootstrap, cached): install,
+    /// units ready, probes attached, frames archived, restarts and watchdog, remove, purge.
+    PackageTest(package_test::Options),
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
     /// Fuzz every decoder of outside input (frames, schema requests, configuration files,
@@ -54,6 +62,8 @@ fn main() -> anyhow::Result<()> {
         Command::Run(options) => run::run(&options),
         Command::Test(options) => test::run(&options),
         Command::Lint(options) => lint::run(&options),
+        Command::Package(options) => package::run(&options),
+        Command::PackageTest(options) => package_test::run(&options),
         Command::VmTest(options) => vm_test::run(&options),
         Command::Bench(options) => bench::run(&options),
         Command::Fuzz(options) => fuzz::run(&options),

@@ -1,9 +1,10 @@
 //! `cargo xtask test`: every test, as CI runs them — the workspace's unit and host tests
 //! (including loading the eBPF object into this kernel's verifier), the systemd units'
 //! check (`units`), each fuzz target for 20 s (`fuzz`), then the soft-RoCE scenarios in QEMU
-//! guests on every kernel line (Debian 6.1 and 6.12).
+//! guests on every kernel line (Debian 6.1 and 6.12), then the Debian package in a systemd
+//! Debian guest (`package_test`).
 
-use crate::{cargo, fuzz, setup, units, vm_test};
+use crate::{cargo, fuzz, package_test, setup, units, vm_test};
 
 /// Seconds each fuzz target runs in the suite.
 const FUZZ_SECONDS: u64 = 20;
@@ -53,5 +54,14 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     if vm.kernel.is_empty() {
         vm.all_kernels = true;
     }
-    vm_test::run_with(&tools, &vm)
+    vm_test::run_with(&tools, &vm)?;
+    // The Debian package installed, run and removed in a systemd Debian guest.
+    package_test::run_with(
+        &tools,
+        &package_test::Options {
+            kernel: crate::testbed::KernelLine::Bookworm,
+            timeout: package_test::DEFAULT_TIMEOUT,
+            setup: options.vm.setup.clone(),
+        },
+    )
 }

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 pub use debs::KernelLine;
+pub(crate) use debs::prepare as prepare_debs;
 pub use extra::ExtraDebs;
 pub use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
 pub use qemu::{Accel, BootOptions, BootOutcome, boot};

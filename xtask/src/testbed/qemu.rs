@@ -101,7 +101,8 @@ impl Accel {
         Self::choose(HostFacts::probe())
     }
 
-    fn qemu_args(self) -> &'static [&'static str] {
+    /// QEMU's arguments selecting the accelerator.
+    pub fn qemu_args(self) -> &'static [&'static str] {
         match self {
             Accel::Kvm => &["-enable-kvm", "-cpu", "host"],
             Accel::Tcg => &["-accel", "tcg,thread=multi", "-cpu", "max"],
