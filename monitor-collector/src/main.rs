@@ -38,6 +38,9 @@ struct Cli {
     run: RunOptions,
 }
 
+// Parsed once at start-up: the size of `Run` (the settings with the findings' thresholds)
+// does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collector until Ctrl-C or SIGTERM (the default).
@@ -146,9 +149,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         )
         .context("opening the findings log")?,
     );
-    let api = query::api_router(engine.clone()).merge(
-        railscope_collector::stragglers::router(engine, Some(store.clone())),
-    );
+    let api = query::api_router(engine.clone()).merge(railscope_collector::stragglers::router(
+        engine,
+        Some(store.clone()),
+    ));
     let parts = Parts {
         archive: Some(Box::new(archive)),
         api: Some(api),

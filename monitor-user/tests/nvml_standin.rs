@@ -235,9 +235,15 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
         ("railscope_gpu_pcie_replays_total", counter(Value::U64(6))),
         // A Gen5 link trained at Gen4.
         ("railscope_gpu_pcie_link_generation", gauge(Value::U64(4))),
-        ("railscope_gpu_pcie_link_max_generation", gauge(Value::U64(5))),
+        (
+            "railscope_gpu_pcie_link_max_generation",
+            gauge(Value::U64(5)),
+        ),
         ("railscope_gpu_pcie_link_width_lanes", gauge(Value::U64(16))),
-        ("railscope_gpu_pcie_link_max_width_lanes", gauge(Value::U64(16))),
+        (
+            "railscope_gpu_pcie_link_max_width_lanes",
+            gauge(Value::U64(16)),
+        ),
         (
             "railscope_gpu_ecc_errors_total{scope=volatile,type=corrected}",
             counter(Value::U64(3)),
