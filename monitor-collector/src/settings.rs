@@ -373,6 +373,28 @@ mod tests {
     }
 
     #[test]
+    fn findings_thresholds_come_from_the_file() {
+        let key = key_file();
+        let text = format!(
+            "key = {:?}\n[findings]\nflap-downs = 5\nexpected-width-lanes = 4\n",
+            key.path()
+        );
+        let plan = run_plan(&sources(&text, &[]).unwrap()).unwrap();
+        assert_eq!(plan.findings.flap_downs, 5);
+        assert_eq!(plan.findings.expected_width_lanes, Some(4.0));
+        assert_eq!(plan.findings.symbol_errors_per_hour, 120, "a default");
+        let e = sources("[findings]\nflap-down = 5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `flap-down`"), "{e}");
+        let text = format!("key = {:?}\n[findings]\ntick-s = 0\n", key.path());
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("findings.tick-s must be at least 1"), "{e}");
+    }
+
+    #[test]
     fn bad_values_name_the_file_line_and_key() {
         let e = sources("\nlisten = \"nowhere\"\n", &[])
             .unwrap_err()
