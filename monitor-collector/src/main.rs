@@ -119,6 +119,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let archive_stats = archive.stats();
 
     let state_dir = data_dir.join("remote_write");
+    let findings_endpoints = endpoints.clone();
     let mut writers = Vec::new();
     for endpoint in endpoints {
         let source = ArchiveSource::new(reader.clone(), config.key.clone());
@@ -153,6 +154,11 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         engine,
         Some(store.clone()),
     ));
+    let findings_sender = findings::remote::FindingsSender::start(
+        store.clone(),
+        &findings_endpoints,
+        std::time::Duration::from_secs(thresholds.tick_s),
+    )?;
     let parts = Parts {
         archive: Some(Box::new(archive)),
         api: Some(api),
@@ -166,6 +172,9 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     service.stopping();
     tracing::info!("stopping");
     collector.stop();
+    if let Some(sender) = findings_sender {
+        sender.stop();
+    }
     let writers = std::mem::take(&mut *writers.lock().unwrap_or_else(|p| p.into_inner()));
     for writer in writers {
         writer.shutdown();

@@ -12,7 +12,8 @@
 //!   (the `[findings]` table of collector.toml);
 //! - [`store`]: the findings held in memory and the findings log in the data directory
 //!   ([`log`]), reloaded at start-up;
-//! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`cli`]: `railscope findings`.
+//! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`remote`]: the same series to the
+//!   remote-write endpoints; [`cli`]: `railscope findings`.
 
 pub mod api;
 pub mod cli;
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod gpus;
 pub mod ib_links;
 pub mod log;
+pub mod remote;
 pub mod store;
 pub mod thresholds;
 pub mod verbs;

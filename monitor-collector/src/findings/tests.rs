@@ -349,3 +349,40 @@ fn findings_are_counted_and_shown_on_metrics() {
         page.contains("railscope_findings_total{rule=\"ib_port_degraded\",severity=\"warning\"} 1")
     );
 }
+
+#[test]
+fn findings_go_to_remote_write_as_series() {
+    let (_, store, ..) = run_with(
+        &mut fleet(2).degraded_port(0, 1).build(key()),
+        30,
+        Thresholds::default(),
+    );
+    let body = crate::remote_write::prompb::encode_body(&super::remote::write_request(&store, T0));
+    let request = crate::remote_write::prompb::decode_body(&body).unwrap();
+    let series: Vec<String> = request
+        .timeseries
+        .iter()
+        .map(|t| {
+            let labels: Vec<String> = t
+                .labels
+                .iter()
+                .map(|l| format!("{}={}", l.name, l.value))
+                .collect();
+            format!(
+                "{} {} @{}",
+                labels.join(","),
+                t.samples[0].value,
+                t.samples[0].timestamp
+            )
+        })
+        .collect();
+    assert_eq!(
+        series,
+        [
+            "__name__=railscope_finding_active,device=mlx5_1,node=node-000,port=1,rule=ib_port_degraded,severity=warning 1 @1790000000000",
+            "__name__=railscope_finding_active,device=mlx5_1,node=node-000,port=1,rule=ib_symbol_errors,severity=critical 1 @1790000000000",
+            "__name__=railscope_findings_total,rule=ib_port_degraded,severity=warning 1 @1790000000000",
+            "__name__=railscope_findings_total,rule=ib_symbol_errors,severity=critical 1 @1790000000000",
+        ]
+    );
+}
