@@ -323,7 +323,7 @@ impl FindingsEngine {
                     now_ns,
                     th: &self.th,
                 };
-                ib_links::evaluate_series(&view, &mut seen);
+                ib_links::evaluate_series(&view, &self.events, &mut seen);
                 gpus::evaluate_series(&view, &self.events, &mut seen);
                 verbs::evaluate(&view, &mut seen);
                 all_rules()

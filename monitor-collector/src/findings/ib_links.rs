@@ -108,7 +108,7 @@ pub fn evaluate_events(
     }
 }
 
-pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
+pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observation>) {
     let th = view.th;
     let port_gauge = |name: &'static str| -> HashMap<Subject, &Track> {
         view.named(name)
@@ -252,7 +252,20 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
             continue;
         };
         let Some(phys) = track.gauge() else { continue };
-        let held = track.latest.unix_ns.saturating_sub(track.changed_ns);
+        // Held since the value last changed as the engine saw it, or since the port's last
+        // DOWN transition: the engine sees the latest sample only, so two down episodes with
+        // an UP between them would otherwise look like one long one.
+        let last_down = events
+            .downs
+            .get(&(
+                subject.node.clone(),
+                subject.device.clone().unwrap_or_default(),
+                subject.port.unwrap_or(0),
+            ))
+            .and_then(|d| d.back().copied())
+            .unwrap_or(0);
+        let since = track.changed_ns.max(last_down);
+        let held = track.latest.unix_ns.saturating_sub(since);
         if phys == LINK_UP || held < th.phys_state_grace_s * S {
             continue;
         }
@@ -272,7 +285,7 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
                              "grace_s": th.phys_state_grace_s}),
             subject,
             job_id: None,
-            at_ns: track.changed_ns,
+            at_ns: since,
         });
     }
 

@@ -386,3 +386,24 @@ fn findings_go_to_remote_write_as_series() {
         ]
     );
 }
+
+#[test]
+fn a_port_seen_down_at_every_pass_is_not_stuck_down_when_it_flaps_between() {
+    // Down 5 s of every 20 s; the engine's pass every 20 s falls in each down episode.
+    let th = Thresholds {
+        tick_s: 20,
+        ..Thresholds::default()
+    };
+    let (found, ..) = run_with(
+        &mut fleet(2).flapping_port(1, 0).flap_period(20, 5).build(key()),
+        120,
+        th,
+    );
+    assert_eq!(
+        rules(&found),
+        [
+            port("ib_link_downed", "node-001", "mlx5_0"),
+            port("ib_link_flapping", "node-001", "mlx5_0"),
+        ]
+    );
+}
