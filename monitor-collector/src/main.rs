@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use railscope_collector::{
     Collector, Parts,
     archive::Archive,
+    findings::{self, FindingsStore},
     metrics, query,
     remote_write::{self, ArchiveSource, RemoteWriter},
     settings::{self, CollectorSettings, RunPlan},
@@ -37,6 +38,9 @@ struct Cli {
     run: RunOptions,
 }
 
+// Parsed once at start-up: the size of `Run` (the settings with the findings' thresholds)
+// does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collector until Ctrl-C or SIGTERM (the default).
@@ -46,6 +50,10 @@ enum Command {
     /// Write a node's samples and events over a time range as a capture file
     /// (docs/capture-format.md), for `railscope report`.
     Export(query::export::ExportArgs),
+    /// Ask a running collector for its health findings (docs/findings.md).
+    Findings(findings::cli::FindingsArgs),
+    /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
+    Stragglers(railscope_collector::stragglers::StragglerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,6 +84,8 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(options)) => run(options),
         Some(Command::Query(args)) => query::cli::run(&args),
         Some(Command::Export(args)) => query::export::run(&args),
+        Some(Command::Findings(args)) => findings::cli::run(&args),
+        Some(Command::Stragglers(args)) => railscope_collector::stragglers::run_cli(&args),
         None => run(cli.run),
     }
 }
@@ -96,8 +106,12 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         archive: archive_config,
         remote_write: endpoints,
         query_max_points,
+        findings: thresholds,
     } = settings::run_plan(&sources)?;
     let data_dir = config.data_dir.clone();
+    let retention_ns = archive_config
+        .retention_age
+        .map_or(0, |age| age.as_nanos() as u64);
     let archive = Archive::open(archive_config)
         .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
@@ -105,6 +119,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let archive_stats = archive.stats();
 
     let state_dir = data_dir.join("remote_write");
+    let findings_endpoints = endpoints.clone();
     let mut writers = Vec::new();
     for endpoint in endpoints {
         let source = ArchiveSource::new(reader.clone(), config.key.clone());
@@ -126,10 +141,29 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let engine = Arc::new(
         query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
     );
+    let now_ns = railscope_collector::ingest::unix_now_ns();
+    let store = Arc::new(
+        FindingsStore::open(
+            &data_dir,
+            now_ns.saturating_sub(retention_ns),
+            now_ns + thresholds.restart_grace_s * 1_000_000_000,
+        )
+        .context("opening the findings log")?,
+    );
+    let api = query::api_router(engine.clone()).merge(railscope_collector::stragglers::router(
+        engine,
+        Some(store.clone()),
+    ));
+    let findings_sender = findings::remote::FindingsSender::start(
+        store.clone(),
+        &findings_endpoints,
+        std::time::Duration::from_secs(thresholds.tick_s),
+    )?;
     let parts = Parts {
         archive: Some(Box::new(archive)),
-        api: Some(query::api_router(engine)),
+        api: Some(api),
         extra_metrics: Some(extra_metrics),
+        findings: Some((store, thresholds)),
     };
     let collector = Collector::start(config, parts)?;
     let mut service = ServiceManager::from_env();
@@ -147,6 +181,9 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     service.stopping();
     tracing::info!("stopping");
     collector.stop();
+    if let Some(sender) = findings_sender {
+        sender.stop();
+    }
     let writers = std::mem::take(&mut *writers.lock().unwrap_or_else(|p| p.into_inner()));
     for writer in writers {
         writer.shutdown();

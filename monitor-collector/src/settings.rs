@@ -104,6 +104,11 @@ pub struct CollectorSettings {
     #[arg(long = "remote-write", value_name = "NAME=URL")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub remote_write: Vec<RemoteWriteSpec>,
+    /// The health findings' thresholds: the `[findings]` table of the file only
+    /// (docs/findings.md lists every key, its default and its source).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub findings: Option<crate::findings::Thresholds>,
 }
 
 /// A remote-write endpoint as `NAME=URL`, with the default settings.
@@ -173,6 +178,7 @@ impl Layered for CollectorSettings {
             retention_bytes,
             query_max_points,
             mut remote_write,
+            findings,
         } = self;
         remote_write.extend(over.remote_write);
         Self {
@@ -191,6 +197,7 @@ impl Layered for CollectorSettings {
             retention_bytes: pick(retention_bytes, over.retention_bytes),
             query_max_points: pick(query_max_points, over.query_max_points),
             remote_write,
+            findings: pick(findings, over.findings),
         }
     }
 }
@@ -212,6 +219,8 @@ pub struct RunPlan {
     pub remote_write: Vec<EndpointConfig>,
     /// Most points one query answer may hold.
     pub query_max_points: usize,
+    /// The health findings' thresholds.
+    pub findings: crate::findings::Thresholds,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with
@@ -295,6 +304,11 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             Some(n) => n,
             None => crate::query::engine::DEFAULT_MAX_POINTS,
         },
+        findings: {
+            let th = s.findings.unwrap_or_default();
+            th.validate().map_err(|e| sources.error("findings", e))?;
+            th
+        },
     })
 }
 
@@ -356,6 +370,28 @@ mod tests {
             run_plan(&sources(&text, &["--retention-age", "0", "--no-http"]).unwrap()).unwrap();
         assert_eq!(plan.archive.retention_age, None);
         assert_eq!(plan.collector.http, None);
+    }
+
+    #[test]
+    fn findings_thresholds_come_from_the_file() {
+        let key = key_file();
+        let text = format!(
+            "key = {:?}\n[findings]\nflap-downs = 5\nexpected-width-lanes = 4\n",
+            key.path()
+        );
+        let plan = run_plan(&sources(&text, &[]).unwrap()).unwrap();
+        assert_eq!(plan.findings.flap_downs, 5);
+        assert_eq!(plan.findings.expected_width_lanes, Some(4.0));
+        assert_eq!(plan.findings.symbol_errors_per_hour, 120, "a default");
+        let e = sources("[findings]\nflap-down = 5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `flap-down`"), "{e}");
+        let text = format!("key = {:?}\n[findings]\ntick-s = 0\n", key.path());
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("findings.tick-s must be at least 1"), "{e}");
     }
 
     #[test]

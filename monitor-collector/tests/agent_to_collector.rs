@@ -346,10 +346,12 @@ fn exposition_labels(node: &str, labels: &Labels) -> String {
     out
 }
 
-/// The node series lines of an exposition: `name{labels}` -> `value timestamp_ms`.
+/// The node series lines of an exposition: `name{labels}` -> `value timestamp_ms` (not the
+/// collector's own families, nor its findings', docs/findings.md).
 fn node_series(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|l| l.starts_with("railscope_") && !l.starts_with("railscope_collector_"))
+        .filter(|l| !l.starts_with("railscope_finding"))
         .map(|l| {
             let (series, rest) = l.split_once("} ").unwrap();
             (format!("{series}}}"), rest.to_owned())

@@ -179,8 +179,15 @@ impl Server {
         }
     }
 
-    /// Every `railscope_` sample the server holds: (series, ms, value).
+    /// Every `railscope_` sample the server holds: (series, ms, value); not the collector's
+    /// findings' series (docs/findings.md), which it sends besides the archive's samples.
     pub fn read_back(&self) -> Vec<(String, i64, f64)> {
+        let mut out = self.read_back_all();
+        out.retain(|(key, ..)| !key.starts_with("railscope_finding"));
+        out
+    }
+
+    fn read_back_all(&self) -> Vec<(String, i64, f64)> {
         let mut out = Vec::new();
         match self.kind {
             Tsdb::Prometheus => {

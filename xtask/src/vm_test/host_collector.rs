@@ -320,6 +320,10 @@ fn exported(vm: SocketAddr) -> anyhow::Result<Vec<((String, i64), f64)>> {
             .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
             .collect();
         let name = labels.remove("__name__").context("__name__")?;
+        // The collector's findings (docs/findings.md) are its own, not the agent's samples.
+        if name.starts_with("railscope_finding") {
+            continue;
+        }
         let key = canonical(&name, &labels);
         let values = series["values"].as_array().context("values")?;
         let times = series["timestamps"].as_array().context("timestamps")?;
