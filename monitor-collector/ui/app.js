@@ -17,6 +17,11 @@
   const PORT_TX = "railscope_ib_port_xmit_bytes_total";
   const PORT_RX = "railscope_ib_port_rcv_bytes_total";
   const PORT_RATE = "railscope_ib_port_rate_gbps";
+  // The fleet and job views colour each cell by its series' latest sample in this window (the
+  // agent flushes every 10 s; sweeps are 1 s apart unless adaptive sampling stretches them).
+  // Its cost grows with the fleet: 2 x 8 port series per node at 60 points each, which
+  // reaches the collector's default points limit (1 M) at about 1,000 nodes.
+  const FLEET_WINDOW = "-1m";
   const SEVERITY_ORDER = { critical: 3, warning: 2, info: 1 };
 
   // What the page holds: exposed for tests and for a curious operator's console.
@@ -314,9 +319,9 @@
     async update() {
       const [nodes, gpus, tx, rx, rate, findings] = await Promise.all([
         api("/api/v1/live/nodes"),
-        api(`/api/v1/series?${q({ metric: GPU_UTIL, start: "-1m" })}`),
-        api(`/api/v1/series?${q({ metric: PORT_TX, start: "-1m" })}`),
-        api(`/api/v1/series?${q({ metric: PORT_RX, start: "-1m" })}`),
+        api(`/api/v1/series?${q({ metric: GPU_UTIL, start: FLEET_WINDOW })}`),
+        api(`/api/v1/series?${q({ metric: PORT_TX, start: FLEET_WINDOW })}`),
+        api(`/api/v1/series?${q({ metric: PORT_RX, start: FLEET_WINDOW })}`),
         api(`/api/v1/series?${q({ metric: PORT_RATE, start: "-10m" })}`),
         optionalApi(`/api/v1/findings?${q({ active: "true" })}`),
       ]);
@@ -417,7 +422,7 @@
       const job = route.arg;
       const [answer, gpus, findings] = await Promise.all([
         optionalApi(`/api/v1/stragglers?${q({ job_id: job })}`),
-        api(`/api/v1/series?${q({ metric: GPU_UTIL, match: `job_id=${JSON.stringify(job)}`, start: "-1m" })}`),
+        api(`/api/v1/series?${q({ metric: GPU_UTIL, match: `job_id=${JSON.stringify(job)}`, start: FLEET_WINDOW })}`),
         optionalApi(`/api/v1/findings?${q({ start: "-10m" })}`),
       ]);
       const util = latestBy(gpus, gpuKey);
@@ -429,8 +434,8 @@
       if (nodes.size) {
         const match = `node=~${[...nodes].map(regexEscape).join("|")}`;
         const [tx, rx, rate] = await Promise.all([
-          api(`/api/v1/series?${q({ metric: PORT_TX, match, start: "-1m" })}`),
-          api(`/api/v1/series?${q({ metric: PORT_RX, match, start: "-1m" })}`),
+          api(`/api/v1/series?${q({ metric: PORT_TX, match, start: FLEET_WINDOW })}`),
+          api(`/api/v1/series?${q({ metric: PORT_RX, match, start: FLEET_WINDOW })}`),
           api(`/api/v1/series?${q({ metric: PORT_RATE, match, start: "-10m" })}`),
         ]);
         loads = portLoads(tx, rx, rate);
