@@ -382,30 +382,47 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         "the flapping port's cell: {flapping_cell}"
     );
     // Every active finding has its cell marked (or its node, for a node-wide finding), and no
-    // cell is marked without one.
-    let mut expected: Vec<String> = findings
-        .iter()
-        .map(|f| {
-            let node = f["node"].as_str().unwrap();
-            if let Some(gpu) = f["gpu"].as_str() {
-                format!("{node} gpu {gpu}")
-            } else if let Some(device) = f["device"].as_str() {
-                format!("{node} port {device}/{}", f["port"])
-            } else {
-                format!("{node} node")
-            }
-        })
-        .collect();
-    expected.sort();
-    expected.dedup();
-    let marked = eval(
-        &tab,
-        "return [...document.querySelectorAll('#fleet-grid [data-finding-rule]')].map(c => \
-           c.dataset.gpu !== undefined ? `${c.dataset.node} gpu ${c.dataset.gpu}` \
-           : c.dataset.device !== undefined ? `${c.dataset.node} port ${c.dataset.device}/${c.dataset.port}` \
-           : `${c.dataset.node} node`).sort()",
-    );
-    assert_eq!(marked, serde_json::json!(expected), "cells marked by findings");
+    // cell is marked without one. Findings can start or end meanwhile: compared again after the
+    // page's next update until both agree, for a while.
+    let where_of = |f: &Value| {
+        let node = f["node"].as_str().unwrap();
+        if let Some(gpu) = f["gpu"].as_str() {
+            format!("{node} gpu {gpu}")
+        } else if let Some(device) = f["device"].as_str() {
+            format!("{node} port {device}/{}", f["port"])
+        } else {
+            format!("{node} node")
+        }
+    };
+    let mut findings = findings;
+    let mut tries = 0;
+    loop {
+        let mut expected: Vec<String> = findings.iter().map(where_of).collect();
+        expected.sort();
+        expected.dedup();
+        let marked = eval(
+            &tab,
+            "return [...document.querySelectorAll('#fleet-grid [data-finding-rule]')].map(c => \
+               c.dataset.gpu !== undefined ? `${c.dataset.node} gpu ${c.dataset.gpu}` \
+               : c.dataset.device !== undefined ? `${c.dataset.node} port ${c.dataset.device}/${c.dataset.port}` \
+               : `${c.dataset.node} node`).sort()",
+        );
+        if marked == serde_json::json!(expected) {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 10, "cells marked by findings: {marked}, expected {expected:?}");
+        let seen = eval(&tab, "return window.railscope.updates").as_u64().unwrap();
+        wait_until(
+            &tab,
+            "the next update",
+            &format!("return window.railscope.updates > {seen}"),
+        );
+        findings = collector.json("/api/v1/findings?active=true")["findings"]
+            .as_array()
+            .unwrap()
+            .clone();
+    }
     let rows = eval(
         &tab,
         "return document.querySelectorAll('#fleet-findings tr[data-finding-id]').length",

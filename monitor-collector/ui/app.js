@@ -14,6 +14,9 @@
   const REFRESH_S = Math.max(0.5, Number(params.get("refresh")) || 5);
 
   const GPU_UTIL = "railscope_gpu_utilization_ratio";
+  // SM activity (GPM, as DCGM's): how much of the GPU works, where NVML's utilization only
+  // says a kernel ran during the period; shown where the GPU reports it.
+  const GPU_SM = "railscope_gpu_sm_util_ratio";
   const PORT_TX = "railscope_ib_port_xmit_bytes_total";
   const PORT_RX = "railscope_ib_port_rcv_bytes_total";
   const PORT_RATE = "railscope_ib_port_rate_gbps";
@@ -113,6 +116,17 @@
   }
 
   const gpuKey = (l) => `${l.node}|${l.gpu}`;
+
+  // Each GPU's latest activity: SM activity where reported, NVML's utilization otherwise.
+  async function gpuActivity(match) {
+    const [sm, util] = await Promise.all(
+      [GPU_SM, GPU_UTIL].map((metric) => api(`/api/v1/series?${q({ metric, match, start: FLEET_WINDOW })}`))
+    );
+    const out = latestBy(util, gpuKey);
+    for (const v of out.values()) v.metric = "utilization";
+    for (const [k, v] of latestBy(sm, gpuKey)) out.set(k, { ...v, metric: "SM activity" });
+    return out;
+  }
   const portKey = (l) => `${l.node}|${l.device}|${l.port}`;
 
   // Per port: throughput (the larger of both directions) as a share of its line rate.
@@ -168,14 +182,15 @@
     cell.title += "\n" + list.map((f) => `${f.severity}: ${f.rule}: ${f.summary}`).join("\n");
   }
 
-  function gpuCell(node, gpu, util, extra) {
+  function gpuCell(node, gpu, activity, extra) {
+    const util = activity ? activity.value : null;
     const cell = el("a", {
       class: "cell gpu",
       href: `#/node/${encodeURIComponent(node)}`,
       "data-node": node,
       "data-gpu": gpu,
       "data-util": util === null || util === undefined ? null : util.toFixed(3),
-      title: `${node} GPU ${gpu}: utilization ${util === null || util === undefined ? "no data" : Math.round(util * 100) + "%"}`,
+      title: `${node} GPU ${gpu}: ${activity ? activity.metric : "activity"} ${util === null || util === undefined ? "no data" : Math.round(util * 100) + "%"}`,
       text: gpu,
       ...(extra || {}),
     });
@@ -195,7 +210,7 @@
       title: `${node} ${device}/${port}: ${
         load && load.bytesPerSecond !== null ? fmt((load.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no rate yet"
       }`,
-      text: device.replace(/^[a-z_]*?(\d+)$/, "$1"),
+      text: device.replace(/^.*?(\d+)$/, "$1"),
       ...(extra || {}),
     });
     cell.style.background = utilColour(load ? load.load : null);
@@ -305,7 +320,7 @@
         el(
           "p",
           { class: "legend" },
-          "GPU and IB port cells, coloured by utilisation: ",
+          "GPU cells coloured by SM activity (NVML utilization where the GPU does not report it), IB port cells by traffic against line rate: ",
           el("span", { class: "swatch", style: `background:${utilColour(0)}` }),
           " idle … ",
           el("span", { class: "swatch", style: `background:${utilColour(1)}` }),
@@ -317,15 +332,14 @@
       );
     },
     async update() {
-      const [nodes, gpus, tx, rx, rate, findings] = await Promise.all([
+      const [nodes, util, tx, rx, rate, findings] = await Promise.all([
         api("/api/v1/live/nodes"),
-        api(`/api/v1/series?${q({ metric: GPU_UTIL, start: FLEET_WINDOW })}`),
+        gpuActivity(null),
         api(`/api/v1/series?${q({ metric: PORT_TX, start: FLEET_WINDOW })}`),
         api(`/api/v1/series?${q({ metric: PORT_RX, start: FLEET_WINDOW })}`),
         api(`/api/v1/series?${q({ metric: PORT_RATE, start: "-10m" })}`),
         optionalApi(`/api/v1/findings?${q({ active: "true" })}`),
       ]);
-      const util = latestBy(gpus, gpuKey);
       const loads = portLoads(tx, rx, rate);
       const idx = findingsIndex(findings);
       const names = new Set(nodes.map((n) => n.node));
@@ -338,8 +352,7 @@
         // A GPU with a finding but no series (fallen off the bus) still gets its cell.
         for (const key of idx.gpu.keys()) if (key.startsWith(node + "|")) gpuIds.push(key.slice(node.length + 1));
         const gpuCells = [...new Set(gpuIds)].sort(byNumber).map((gpu) => {
-          const u = util.get(`${node}|${gpu}`);
-          const cell = gpuCell(node, gpu, u ? u.value : null);
+          const cell = gpuCell(node, gpu, util.get(`${node}|${gpu}`));
           markFindings(cell, idx.gpu.get(`${node}|${gpu}`));
           return cell;
         });
@@ -420,12 +433,11 @@
     },
     async update(route) {
       const job = route.arg;
-      const [answer, gpus, findings] = await Promise.all([
+      const [answer, util, findings] = await Promise.all([
         optionalApi(`/api/v1/stragglers?${q({ job_id: job })}`),
-        api(`/api/v1/series?${q({ metric: GPU_UTIL, match: `job_id=${JSON.stringify(job)}`, start: FLEET_WINDOW })}`),
+        gpuActivity(`job_id=${JSON.stringify(job)}`),
         optionalApi(`/api/v1/findings?${q({ start: "-10m" })}`),
       ]);
-      const util = latestBy(gpus, gpuKey);
       const entry = answer && (answer.jobs || []).find((j) => j.job_id === job);
       const stragglers = (entry && entry.stragglers) || [];
       const nodes = new Set([...util.values()].map((v) => v.labels.node));
@@ -441,7 +453,9 @@
         loads = portLoads(tx, rx, rate);
       }
       const findingById = new Map(((findings && findings.findings) || []).map((f) => [f.id, f]));
+      // A cell is marked by its best-ranked straggler entry (one per metric it stands out in).
       const mark = (cell, s, rank) => {
+        if (cell.hasAttribute("data-straggler")) return;
         cell.classList.add("straggler");
         cell.setAttribute("data-straggler", "true");
         cell.setAttribute("data-straggler-rank", rank);
@@ -452,8 +466,7 @@
       for (const node of [...nodes].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }))) {
         const gpuIds = [...util.values()].filter((v) => v.labels.node === node).map((v) => v.labels.gpu);
         const gpuCells = [...new Set(gpuIds)].sort(byNumber).map((gpu) => {
-          const u = util.get(`${node}|${gpu}`);
-          const cell = gpuCell(node, gpu, u ? u.value : null);
+          const cell = gpuCell(node, gpu, util.get(`${node}|${gpu}`));
           stragglers.forEach((s, i) => {
             if (s.node === node && String(s.gpu) === String(gpu)) mark(cell, s, i + 1);
           });
@@ -511,6 +524,7 @@
 
   const NODE_CHARTS = [
     { metric: GPU_UTIL, title: "GPU utilization (%)", scale: 100, label: (l) => `GPU ${l.gpu}` },
+    { metric: GPU_SM, title: "GPU SM activity (%)", scale: 100, label: (l) => `GPU ${l.gpu}` },
     { metric: "railscope_gpu_power_watts", title: "GPU power (W)", scale: 1, label: (l) => `GPU ${l.gpu}` },
     { metric: "railscope_gpu_temperature_celsius", title: "GPU temperature (°C)", scale: 1, label: (l) => `GPU ${l.gpu}` },
     { metric: PORT_TX, title: "IB transmit (Gb/s)", scale: 8 / 1e9, label: (l) => `${l.device}/${l.port}` },
@@ -657,7 +671,6 @@
           valueRange: [0.5, LANES.length + 0.5],
           legend: "never",
           axes: { y: { axisLabelWidth: 120, ticker: () => LANES.map((l, i) => ({ v: LANES.length - i, label: l.name })), valueFormatter: laneName } },
-          title: null,
           height: 200,
         }
       );
@@ -710,6 +723,8 @@
         setProblem(null);
       }
     } catch (e) {
+      // An update of a view the operator already left wrote into elements that are gone.
+      if (view !== state.view) return;
       setProblem(`Could not update: ${e.message}`);
       console.warn("railscope: update failed:", e);
     } finally {
