@@ -31,7 +31,10 @@ pub fn router() -> Router {
             "/ui/app.js",
             get(|| asset(APP_JS, "text/javascript; charset=utf-8")),
         )
-        .route("/ui/app.css", get(|| asset(APP_CSS, "text/css; charset=utf-8")))
+        .route(
+            "/ui/app.css",
+            get(|| asset(APP_CSS, "text/css; charset=utf-8")),
+        )
         .route(
             "/ui/dygraph.min.js",
             get(|| asset(DYGRAPH_JS, "text/javascript; charset=utf-8")),

@@ -124,7 +124,10 @@ impl RunningCollector {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while running.get("/metrics/collector").is_err() {
-            assert!(Instant::now() < deadline, "the collector never answered HTTP");
+            assert!(
+                Instant::now() < deadline,
+                "the collector never answered HTTP"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         running
@@ -138,9 +141,7 @@ impl RunningCollector {
     }
 
     fn json(&self, path: &str) -> Value {
-        let body = self
-            .get(path)
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let body = self.get(path).unwrap_or_else(|e| panic!("GET {path}: {e}"));
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
     }
 
@@ -254,7 +255,9 @@ fn open(tab: &Tab, hash: &str, view: &str) {
         tab,
         &format!("location.hash = {}; return true", Value::from(hash)),
     );
-    let before = eval(tab, "return window.railscope.updates").as_u64().unwrap();
+    let before = eval(tab, "return window.railscope.updates")
+        .as_u64()
+        .unwrap();
     wait_until(
         tab,
         &format!("the {view} view updated"),
@@ -282,7 +285,10 @@ fn assert_no_problem(tab: &Tab, problems: &PageProblems, after: &str) {
     );
     assert_eq!(banner, Value::Null, "the error banner showed after {after}");
     let seen = problems.take();
-    assert!(seen.is_empty(), "after {after}, the page reported: {seen:#?}");
+    assert!(
+        seen.is_empty(),
+        "after {after}, the page reported: {seen:#?}"
+    );
 }
 
 #[test]
@@ -411,8 +417,13 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
             break;
         }
         tries += 1;
-        assert!(tries < 10, "cells marked by findings: {marked}, expected {expected:?}");
-        let seen = eval(&tab, "return window.railscope.updates").as_u64().unwrap();
+        assert!(
+            tries < 10,
+            "cells marked by findings: {marked}, expected {expected:?}"
+        );
+        let seen = eval(&tab, "return window.railscope.updates")
+            .as_u64()
+            .unwrap();
         wait_until(
             &tab,
             "the next update",
@@ -448,7 +459,10 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         serde_json::json!([[slow_node, SLOW.1.to_string(), null]]),
         "cells marked as stragglers"
     );
-    let job_cells = eval(&tab, "return document.querySelectorAll('#job-grid .cell.gpu').length");
+    let job_cells = eval(
+        &tab,
+        "return document.querySelectorAll('#job-grid .cell.gpu').length",
+    );
     assert_eq!(job_cells, serde_json::json!(NODES * 8));
     let first = eval(
         &tab,
