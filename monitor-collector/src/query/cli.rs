@@ -97,7 +97,12 @@ impl QueryCommand {
 /// Asks the collector and returns its JSON answer; a refusal is an error with its reason.
 pub fn fetch(args: &QueryArgs) -> anyhow::Result<Json> {
     let (path, query) = args.what.request();
-    let url = format!("{}{path}", args.collector.trim_end_matches('/'));
+    get_json(&args.collector, path, &query)
+}
+
+/// `GET collector + path ? query` as JSON; a refusal is an error with the collector's reason.
+pub fn get_json(collector: &str, path: &str, query: &[(&str, String)]) -> anyhow::Result<Json> {
+    let url = format!("{}{path}", collector.trim_end_matches('/'));
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
