@@ -15,6 +15,7 @@ use axum::{
 const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");
 const APP_CSS: &str = include_str!("../ui/app.css");
+const ICON_SVG: &str = include_str!("../ui/icon.svg");
 const DYGRAPH_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.js"));
 const DYGRAPH_CSS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.css"));
 
@@ -34,6 +35,10 @@ pub fn router() -> Router {
         .route(
             "/ui/app.css",
             get(|| asset(APP_CSS, "text/css; charset=utf-8")),
+        )
+        .route(
+            "/ui/icon.svg",
+            get(|| asset(ICON_SVG, "image/svg+xml")),
         )
         .route(
             "/ui/dygraph.min.js",
@@ -70,6 +75,7 @@ mod tests {
         // Every script and stylesheet the page names is a route of `router`, by a path
         // relative to this collector (nothing fetched from elsewhere).
         for needed in [
+            "/ui/icon.svg",
             "/ui/app.js",
             "/ui/app.css",
             "/ui/dygraph.min.js",
