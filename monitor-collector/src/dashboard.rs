@@ -36,10 +36,7 @@ pub fn router() -> Router {
             "/ui/app.css",
             get(|| asset(APP_CSS, "text/css; charset=utf-8")),
         )
-        .route(
-            "/ui/icon.svg",
-            get(|| asset(ICON_SVG, "image/svg+xml")),
-        )
+        .route("/ui/icon.svg", get(|| asset(ICON_SVG, "image/svg+xml")))
         .route(
             "/ui/dygraph.min.js",
             get(|| asset(DYGRAPH_JS, "text/javascript; charset=utf-8")),

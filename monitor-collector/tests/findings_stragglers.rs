@@ -36,8 +36,16 @@ fn scratch_dir(name: &str) -> PathBuf {
 }
 
 fn free_port() -> (u16, u16) {
-    let udp = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let udp = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     (udp, tcp)
 }
 
@@ -72,7 +80,10 @@ impl Collector {
         let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
         let start = Instant::now();
         while TcpStream::connect(addr).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "HTTP never opened");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "HTTP never opened"
+            );
             thread::sleep(Duration::from_millis(50));
         }
         Self { child, http }
@@ -80,7 +91,11 @@ impl Collector {
 
     fn get(&self, path: &str) -> String {
         let mut stream = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
@@ -167,10 +182,16 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
             .map(|f| f["id"].as_str().unwrap().to_owned())
             .unwrap()
     };
-    let flap = list.iter().find(|f| f["rule"] == "ib_link_flapping").unwrap();
+    let flap = list
+        .iter()
+        .find(|f| f["rule"] == "ib_link_flapping")
+        .unwrap();
     assert_eq!(flap["severity"], "critical");
     assert!(flap["evidence"]["downs"].as_u64().unwrap() >= 14, "{flap}");
-    let throttle = list.iter().find(|f| f["rule"] == "gpu_thermal_throttle").unwrap();
+    let throttle = list
+        .iter()
+        .find(|f| f["rule"] == "gpu_thermal_throttle")
+        .unwrap();
     assert_eq!(throttle["job_id"], "slurm:4242");
 
     // Stragglers: the slow GPU and the degraded port, nothing else, with their causes.
@@ -185,9 +206,15 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     assert_eq!(stragglers.len(), 2, "{answer:#}");
     let gpu = stragglers.iter().find(|s| s["gpu"] == "3").unwrap();
     assert_eq!(gpu["node"], "node-017");
-    assert!(gpu["value"].as_f64().unwrap() < 0.6 && gpu["median"].as_f64().unwrap() > 0.85, "{gpu}");
+    assert!(
+        gpu["value"].as_f64().unwrap() < 0.6 && gpu["median"].as_f64().unwrap() > 0.85,
+        "{gpu}"
+    );
     assert!(gpu["score"].as_f64().unwrap() > 3.5);
-    assert_eq!(gpu["cause"].as_str(), Some(id_of("gpu_thermal_throttle").as_str()));
+    assert_eq!(
+        gpu["cause"].as_str(),
+        Some(id_of("gpu_thermal_throttle").as_str())
+    );
     let port = stragglers.iter().find(|s| s["device"] == "mlx5_5").unwrap();
     assert_eq!(port["node"], "node-042");
     assert_eq!(port["port"], 1);
@@ -198,7 +225,10 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         "{port}"
     );
     // Ranked by score.
-    let scores: Vec<f64> = stragglers.iter().map(|s| s["score"].as_f64().unwrap()).collect();
+    let scores: Vec<f64> = stragglers
+        .iter()
+        .map(|s| s["score"].as_f64().unwrap())
+        .collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]));
 
     // /metrics: the active findings and the totals.
@@ -209,23 +239,45 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         ),
         "{page}"
     );
-    assert!(page.contains("railscope_findings_total{rule=\"ib_link_flapping\",severity=\"critical\"} 1"));
+    assert!(
+        page.contains(
+            "railscope_findings_total{rule=\"ib_link_flapping\",severity=\"critical\"} 1"
+        )
+    );
 
     // The command line, as an operator asks.
     let out = Command::new(COLLECTOR)
-        .args(["findings", "--json", "--collector", &format!("http://127.0.0.1:{http}")])
+        .args([
+            "findings",
+            "--json",
+            "--collector",
+            &format!("http://127.0.0.1:{http}"),
+        ])
         .args(["--start", "-10m"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(places(&printed), expected());
     let text = Command::new(COLLECTOR)
-        .args(["findings", "--severity", "critical", "--collector", &format!("http://127.0.0.1:{http}")])
+        .args([
+            "findings",
+            "--severity",
+            "critical",
+            "--collector",
+            &format!("http://127.0.0.1:{http}"),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(text.contains("ib_link_flapping") && text.contains("node-065 mlx5_2/1"), "{text}");
+    assert!(
+        text.contains("ib_link_flapping") && text.contains("node-065 mlx5_2/1"),
+        "{text}"
+    );
     assert!(!text.contains("ib_port_degraded"), "{text}");
 
     // A restart: the same findings, still active, from the log.
@@ -235,7 +287,9 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     let after = collector.json("/api/v1/findings?start=-10m");
     let after = after["findings"].as_array().unwrap();
     let ids = |l: &[Value]| -> BTreeSet<String> {
-        l.iter().map(|f| f["id"].as_str().unwrap().to_owned()).collect()
+        l.iter()
+            .map(|f| f["id"].as_str().unwrap().to_owned())
+            .collect()
     };
     assert_eq!(ids(after), ids(&before));
     assert!(after.iter().all(|f| f["end"].is_null()), "{after:#?}");

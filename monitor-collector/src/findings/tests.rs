@@ -71,7 +71,9 @@ fn fleet(nodes: usize) -> monitor_testkit::FleetBuilder {
         .start_unix_ns(T0)
 }
 
-fn rules(findings: &[Finding]) -> Vec<(String, String, Option<String>, Option<u32>, Option<String>)> {
+fn rules(
+    findings: &[Finding],
+) -> Vec<(String, String, Option<String>, Option<u32>, Option<String>)> {
     let mut v: Vec<_> = findings
         .iter()
         .map(|f| {
@@ -89,11 +91,19 @@ fn rules(findings: &[Finding]) -> Vec<(String, String, Option<String>, Option<u3
     v
 }
 
-fn port(rule: &str, node: &str, device: &str) -> (String, String, Option<String>, Option<u32>, Option<String>) {
+fn port(
+    rule: &str,
+    node: &str,
+    device: &str,
+) -> (String, String, Option<String>, Option<u32>, Option<String>) {
     (rule.into(), node.into(), Some(device.into()), Some(1), None)
 }
 
-fn gpu(rule: &str, node: &str, g: &str) -> (String, String, Option<String>, Option<u32>, Option<String>) {
+fn gpu(
+    rule: &str,
+    node: &str,
+    g: &str,
+) -> (String, String, Option<String>, Option<u32>, Option<String>) {
     (rule.into(), node.into(), None, None, Some(g.into()))
 }
 
@@ -107,7 +117,10 @@ fn a_healthy_fleet_has_no_findings() {
 fn two_downs_are_not_flapping() {
     // Downs at 18 s and 38 s.
     let found = run(&mut fleet(2).flapping_port(1, 3).build(key()), 50);
-    assert_eq!(rules(&found), [port("ib_link_downed", "node-001", "mlx5_3")]);
+    assert_eq!(
+        rules(&found),
+        [port("ib_link_downed", "node-001", "mlx5_3")]
+    );
 }
 
 #[test]
@@ -137,7 +150,10 @@ fn a_flapping_port_is_found_from_its_port_events() {
 fn a_port_down_for_long_is_found_by_its_phys_state_and_not_as_flapping() {
     // Down 60 s of every 100 s: one down in 100 s, longer than the 25 s grace.
     let found = run(
-        &mut fleet(4).flapping_port(1, 0).flap_period(100, 60).build(key()),
+        &mut fleet(4)
+            .flapping_port(1, 0)
+            .flap_period(100, 60)
+            .build(key()),
         90,
     );
     assert_eq!(
@@ -187,7 +203,10 @@ fn thresholds_are_configurable() {
 #[test]
 fn roce_congestion_far_above_the_fleets_norm_is_found() {
     let found = run(&mut fleet(8).congested_port(5, 2).build(key()), 120);
-    assert_eq!(rules(&found), [port("roce_congestion", "node-005", "mlx5_2")]);
+    assert_eq!(
+        rules(&found),
+        [port("roce_congestion", "node-005", "mlx5_2")]
+    );
     let f = &found[0];
     assert!(f.evidence["score"].as_f64().unwrap() > 3.5);
     assert_eq!(f.evidence["ports"], 64);
@@ -196,7 +215,10 @@ fn roce_congestion_far_above_the_fleets_norm_is_found() {
 #[test]
 fn a_throttled_gpu_is_found_with_its_job() {
     let found = run(&mut fleet(4).slow_gpu(1, 5).build(key()), 30);
-    assert_eq!(rules(&found), [gpu("gpu_thermal_throttle", "node-001", "5")]);
+    assert_eq!(
+        rules(&found),
+        [gpu("gpu_thermal_throttle", "node-001", "5")]
+    );
     assert_eq!(found[0].job_id.as_deref(), Some("slurm:42"));
     assert_eq!(found[0].evidence["reasons"][0], "hw_thermal_slowdown");
 }
@@ -214,7 +236,10 @@ fn xids_are_classified_and_end_after_the_hold() {
     );
     assert_eq!(
         rules(&found),
-        [gpu("gpu_xid", "node-000", "4"), gpu("gpu_xid", "node-001", "2")]
+        [
+            gpu("gpu_xid", "node-000", "4"),
+            gpu("gpu_xid", "node-001", "2")
+        ]
     );
     let fatal = &found.iter().find(|f| f.node == "node-000").unwrap();
     assert_eq!(fatal.severity, Severity::Critical);
@@ -229,7 +254,13 @@ fn xids_are_classified_and_end_after_the_hold() {
 
 #[test]
 fn a_lost_gpu_is_found_and_its_stale_series_are_not() {
-    let found = run(&mut fleet(2).lost_gpu(1, 7, 10).ecc_double_bit(1, 7).build(key()), 30);
+    let found = run(
+        &mut fleet(2)
+            .lost_gpu(1, 7, 10)
+            .ecc_double_bit(1, 7)
+            .build(key()),
+        30,
+    );
     // The ECC rule saw the GPU's errors before it was lost; once lost, only the loss stays.
     let active: Vec<_> = found.iter().filter(|f| f.is_active()).collect();
     assert_eq!(active.len(), 1, "{found:#?}");
@@ -255,7 +286,10 @@ fn gpu_memory_and_pcie_rules() {
             gpu("gpu_row_remap_pending", "node-000", "2"),
         ]
     );
-    let pcie = found.iter().find(|f| f.rule == "gpu_pcie_degraded").unwrap();
+    let pcie = found
+        .iter()
+        .find(|f| f.rule == "gpu_pcie_degraded")
+        .unwrap();
     assert_eq!(pcie.evidence["width"], 8.0);
     assert_eq!(pcie.evidence["max_width"], 16.0);
 }
@@ -285,11 +319,22 @@ fn qp_errors_and_cm_rejects_are_found_per_job() {
     assert_eq!(
         got,
         [
-            ("verbs_qp_error".into(), "node-001".into(), Some("slurm:42".into())),
-            ("verbs_cm_reject".into(), "node-002".into(), Some("slurm:42".into())),
+            (
+                "verbs_qp_error".into(),
+                "node-001".into(),
+                Some("slurm:42".into())
+            ),
+            (
+                "verbs_cm_reject".into(),
+                "node-002".into(),
+                Some("slurm:42".into())
+            ),
         ]
     );
-    assert_eq!(found[0].id, format!("verbs_qp_error/node-001/slurm:42/{}", found[0].start));
+    assert_eq!(
+        found[0].id,
+        format!("verbs_qp_error/node-001/slurm:42/{}", found[0].start)
+    );
 }
 
 #[test]
@@ -307,5 +352,7 @@ fn findings_are_counted_and_shown_on_metrics() {
         ),
         "{page}"
     );
-    assert!(page.contains("railscope_findings_total{rule=\"ib_port_degraded\",severity=\"warning\"} 1"));
+    assert!(
+        page.contains("railscope_findings_total{rule=\"ib_port_degraded\",severity=\"warning\"} 1")
+    );
 }
