@@ -224,7 +224,7 @@ impl PageProblems {
 
 /// Evaluates `expression` in the page; its JSON value.
 fn eval(tab: &Tab, expression: &str) -> Value {
-    let wrapped = format!("JSON.stringify((() => {{ {expression} }})())");
+    let wrapped = format!("JSON.stringify((() => {{ {expression} }})() ?? null)");
     let result = tab
         .evaluate(&wrapped, false)
         .unwrap_or_else(|e| panic!("evaluating {expression}: {e}"));
