@@ -630,8 +630,13 @@
     mount(root) {
       root.append(
         el("h1", { text: "Events" }),
-        el("p", { class: "legend", text: "The last hour: one lane per kind, one dot per event or finding (hover for what it was). Drag to zoom." }),
-        el("section", { class: "chart-box wide" }, el("div", { class: "chart", id: "timeline", "data-metric": "events" })),
+        el("p", { class: "legend", text: "The last hour: one lane per kind, one dot per event or finding (point at one to see what it was, under the chart). Drag to zoom." }),
+        el(
+          "section",
+          { class: "chart-box wide" },
+          el("div", { class: "chart", id: "timeline", "data-metric": "events" }),
+          el("div", { id: "timeline-hover", class: "quiet mono" }, "\u00a0")
+        ),
         el("div", { id: "events-list" })
       );
     },
@@ -648,7 +653,15 @@
       all.sort((a, b) => a.t - b.t);
       // One column per lane: a dot at the lane's height where an event of that lane is.
       const lanes = LANES.map(() => []);
-      for (const e of all) lanes[LANES.findIndex((l) => l.test(e))].push(e);
+      // What happened at each time, for the line under the chart as the pointer moves.
+      const said = new Map();
+      for (const e of all) {
+        lanes[LANES.findIndex((l) => l.test(e))].push(e);
+        const t = nsToMs(e.t);
+        const what = `${e.node} ${e.kind === "finding" ? `finding ${e.rule}` : e.kind} ${whereOf(e.labels)} ${e.text}`;
+        said.set(t, (said.get(t) || []).concat(what));
+      }
+      const hover = document.getElementById("timeline-hover");
       const byTime = new Map();
       lanes.forEach((list, i) => {
         for (const e of list) {
@@ -670,6 +683,12 @@
           highlightCircleSize: 6,
           valueRange: [0.5, LANES.length + 0.5],
           legend: "never",
+          highlightCallback: (_event, x) => {
+            hover.textContent = `${timeText(x * 1e6)}: ${(said.get(x) || []).join("; ")}`;
+          },
+          unhighlightCallback: () => {
+            hover.textContent = "\u00a0";
+          },
           axes: { y: { axisLabelWidth: 120, ticker: () => LANES.map((l, i) => ({ v: LANES.length - i, label: l.name })), valueFormatter: laneName } },
           height: 200,
         }
