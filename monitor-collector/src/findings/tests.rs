@@ -17,6 +17,9 @@ fn key() -> Key {
     Key::from_bytes([9; 32])
 }
 
+/// (rule, node, device, port, GPU) of a finding.
+type Place = (String, String, Option<String>, Option<u32>, Option<String>);
+
 const T0: u64 = 1_790_000_000_000_000_000;
 const S: u64 = 1_000_000_000;
 
@@ -46,7 +49,7 @@ fn run_with(
         if events {
             engine.evaluate(Pass::Events, t);
         }
-        if (tick + 1) % th.tick_s == 0 {
+        if (tick + 1).is_multiple_of(th.tick_s) {
             engine.refresh(&table);
             engine.evaluate(Pass::All, t);
         }
@@ -71,9 +74,7 @@ fn fleet(nodes: usize) -> monitor_testkit::FleetBuilder {
         .start_unix_ns(T0)
 }
 
-fn rules(
-    findings: &[Finding],
-) -> Vec<(String, String, Option<String>, Option<u32>, Option<String>)> {
+fn rules(findings: &[Finding]) -> Vec<Place> {
     let mut v: Vec<_> = findings
         .iter()
         .map(|f| {
@@ -91,19 +92,11 @@ fn rules(
     v
 }
 
-fn port(
-    rule: &str,
-    node: &str,
-    device: &str,
-) -> (String, String, Option<String>, Option<u32>, Option<String>) {
+fn port(rule: &str, node: &str, device: &str) -> Place {
     (rule.into(), node.into(), Some(device.into()), Some(1), None)
 }
 
-fn gpu(
-    rule: &str,
-    node: &str,
-    g: &str,
-) -> (String, String, Option<String>, Option<u32>, Option<String>) {
+fn gpu(rule: &str, node: &str, g: &str) -> Place {
     (rule.into(), node.into(), None, None, Some(g.into()))
 }
 
