@@ -1,7 +1,7 @@
 //! The collector's HTTP server (axum on a small tokio runtime of its own thread): `/metrics`
 //! (and `/metrics/collector`, the collector's own health alone),
 //! the live view (`/api/v1/live/nodes`, `/api/v1/live/events`) and whatever API router the
-//! collector is given (the query API).
+//! collector is given (the query API), and the dashboard at `/`.
 
 use std::{net::TcpListener, sync::Arc};
 
@@ -23,7 +23,8 @@ pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
         .route("/metrics/collector", get(own_metrics_page))
         .route("/api/v1/live/nodes", get(nodes))
         .route("/api/v1/live/events", get(events))
-        .with_state(shared.clone());
+        .with_state(shared.clone())
+        .merge(crate::dashboard::router());
     let own = match &shared.findings {
         Some(store) => own.merge(crate::findings::api::router(store.clone())),
         None => own,

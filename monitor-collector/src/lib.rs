@@ -14,6 +14,7 @@
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
 //!   index; what queries and remote-write read back;
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
+//!   [`dashboard`]: the web dashboard at `/`, its assets compiled in;
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`liveness`]: the receive threads' heartbeats, for systemd's watchdog;
@@ -26,6 +27,7 @@
 pub mod archive;
 pub mod collector;
 pub mod config;
+pub mod dashboard;
 pub mod drops;
 pub mod events;
 pub mod findings;

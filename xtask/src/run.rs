@@ -87,6 +87,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     }
     println!(
         "\nrailscope is running: the agent below sends to the collector on {UDP}.\n\
+         \x20 dashboard           http://{HTTP}/   (open it in a browser)\n\
          \x20 /metrics            curl http://{HTTP}/metrics\n\
          \x20 nodes (live)        curl http://{HTTP}/api/v1/live/nodes\n\
          \x20 events (live)       curl 'http://{HTTP}/api/v1/live/events?limit=20'\n\

@@ -5,7 +5,8 @@
 //!   rustc's (no prebuilt binary can be downloaded here), cached per nightly version;
 //! - the Debian packages the test bed needs on the host, and the TSDBs the collector's
 //!   remote-write tests write to (Prometheus and VictoriaMetrics, started by the tests
-//!   themselves on loopback ports, never as system services).
+//!   themselves on loopback ports, never as system services); dygraphs, which the collector
+//!   embeds for its dashboard, and Chromium, which the dashboard test drives headless.
 //!
 //! Each step checks first and says what it found, so a second run takes about a second.
 
@@ -25,6 +26,10 @@ const NIGHTLY: &str = "nightly";
 
 /// The Prometheus-compatible servers the collector's remote-write tests start.
 pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
+
+/// The dashboard's charting library, compiled into the collector (its build.rs reads it), and
+/// the browser its test drives headless.
+pub const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
@@ -88,6 +93,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
     if !options.no_apt {
         ensure_debian_packages(testbed::HOST_PACKAGES)?;
         ensure_debian_packages(TSDB_PACKAGES)?;
+        ensure_debian_packages(DASHBOARD_PACKAGES)?;
         ensure_debian_packages(crate::units::PACKAGES)?;
     }
     Ok(Tools {
