@@ -16,6 +16,7 @@
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
+//! - [`select`]: `railscope select`, Moneo's metric selection over a stored range;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`.
 
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod query;
 pub mod remote_write;
+pub mod select;
 pub mod settings;
 pub mod udp;
 pub mod writer;

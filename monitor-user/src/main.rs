@@ -77,6 +77,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Moneo's metric selection over a collector's stored range (`railscope select --help`):
+    /// runs `railscope-collector select` with these arguments.
+    #[command(disable_help_flag = true)]
+    Select {
+        /// Arguments for `railscope-collector select`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Record every IB port event (kernel timestamps, duplicates kept) and snapshots of each
     /// port's link and error counters into a capture file, keeping the seconds before each
     /// trigger (docs/capture-format.md). Runs next to the agent if one runs; Ctrl-C ends it.
@@ -217,6 +225,7 @@ fn main() -> anyhow::Result<()> {
     match &cli.command {
         Command::Collector { args } => return run_collector(None, args),
         Command::Query { args } => return run_collector(Some("query"), args),
+        Command::Select { args } => return run_collector(Some("select"), args),
         _ => {}
     }
     tracing_subscriber::fmt()
@@ -343,7 +352,9 @@ fn main() -> anyhow::Result<()> {
             };
             one_line(report(&files, archive, json, svg, no_svg, &rules.rules()))
         }
-        Command::Collector { .. } | Command::Query { .. } => unreachable!("handed over above"),
+        Command::Collector { .. } | Command::Query { .. } | Command::Select { .. } => {
+            unreachable!("handed over above")
+        }
         Command::Listen {
             port,
             bind,

@@ -97,7 +97,13 @@ impl QueryCommand {
 /// Asks the collector and returns its JSON answer; a refusal is an error with its reason.
 pub fn fetch(args: &QueryArgs) -> anyhow::Result<Json> {
     let (path, query) = args.what.request();
-    let url = format!("{}{path}", args.collector.trim_end_matches('/'));
+    get_json(&args.collector, path, &query)
+}
+
+/// `GET` of an API route of the collector at `collector` (`http://HOST:PORT`); a refusal is
+/// an error with its reason.
+pub fn get_json(collector: &str, path: &str, query: &[(&str, String)]) -> anyhow::Result<Json> {
+    let url = format!("{}{path}", collector.trim_end_matches('/'));
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
