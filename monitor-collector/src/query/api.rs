@@ -210,8 +210,7 @@ async fn metric_names(
         .map(|(_, v)| Matcher::parse(v).map_err(|e| bad(format!("parameter \"match\": {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let (start_ns, end_ns) = range(&pairs)?;
-    let (names, cost) =
-        blocking(move || engine.metric_names(&matchers, start_ns, end_ns)).await?;
+    let (names, cost) = blocking(move || engine.metric_names(&matchers, start_ns, end_ns)).await?;
     let metrics: Vec<_> = names
         .into_iter()
         .map(|(name, kind)| {

@@ -93,7 +93,11 @@ pub fn fetch(args: &SelectArgs, start_ns: u64, end_ns: u64) -> anyhow::Result<Ve
     range.extend(args.matchers.iter().map(|m| ("match", m.clone())));
     let names = get_json(&args.collector, "/api/v1/metric-names", &range)?;
     let mut metrics = Vec::new();
-    for m in names["metrics"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+    for m in names["metrics"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
         let Some(name) = m["name"].as_str() else {
             continue;
         };
@@ -122,15 +126,29 @@ pub fn fetch(args: &SelectArgs, start_ns: u64, end_ns: u64) -> anyhow::Result<Ve
 /// Runs `railscope select ...`: prints the report (or JSON) on stdout.
 pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
     let now = unix_ns(std::time::SystemTime::now());
-    let start_ns = parse_time(&args.start, now).with_context(|| format!("--start {}", args.start))?;
+    let start_ns =
+        parse_time(&args.start, now).with_context(|| format!("--start {}", args.start))?;
     let end_ns = parse_time(&args.end, now).with_context(|| format!("--end {}", args.end))?;
-    anyhow::ensure!(start_ns < end_ns, "--start {} is not before --end {}", args.start, args.end);
-    for (flag, v) in [("--min-variance", args.min_variance), ("--max-distance", args.max_distance)] {
-        anyhow::ensure!(v.is_finite() && v >= 0.0, "{flag} {v}: not a non-negative number");
+    anyhow::ensure!(
+        start_ns < end_ns,
+        "--start {} is not before --end {}",
+        args.start,
+        args.end
+    );
+    for (flag, v) in [
+        ("--min-variance", args.min_variance),
+        ("--max-distance", args.max_distance),
+    ] {
+        anyhow::ensure!(
+            v.is_finite() && v >= 0.0,
+            "{flag} {v}: not a non-negative number"
+        );
     }
     let metrics = fetch(args, start_ns, end_ns)?;
     anyhow::ensure!(
-        metrics.iter().any(|m| m.series.iter().any(|s| !s.readings.is_empty())),
+        metrics
+            .iter()
+            .any(|m| m.series.iter().any(|s| !s.readings.is_empty())),
         "the collector at {} holds no samples from {} to {}",
         args.collector,
         args.start,

@@ -57,7 +57,11 @@ fn trace(
                 labels,
                 readings: (0..seconds)
                     .map(|s| Reading {
-                        start_ns: if counter && s > 0 { T0 + (s - 1) * S } else { T0 + s * S },
+                        start_ns: if counter && s > 0 {
+                            T0 + (s - 1) * S
+                        } else {
+                            T0 + s * S
+                        },
                         t_ns: T0 + s * S,
                         value: f(s),
                     })
@@ -73,18 +77,19 @@ fn trace(
 /// with a 1 % wobble; the SM clock never moves and the symbol-error counter never ticks.
 fn fleet() -> Vec<MetricTrace> {
     const SECONDS: u64 = 600;
-    let gpus = |f: fn(u64, u64) -> f64| -> Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> {
-        let mut out: Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> = Vec::new();
-        for node in ["n1", "n2"] {
-            for gpu in 0..2u64 {
-                out.push((
-                    labels(&[("node", node.into()), ("gpu", gpu.to_string())]),
-                    Box::new(move |t| f(t, gpu)),
-                ));
+    let gpus =
+        |f: fn(u64, u64) -> f64| -> Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> {
+            let mut out: Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> = Vec::new();
+            for node in ["n1", "n2"] {
+                for gpu in 0..2u64 {
+                    out.push((
+                        labels(&[("node", node.into()), ("gpu", gpu.to_string())]),
+                        Box::new(move |t| f(t, gpu)),
+                    ));
+                }
             }
-        }
-        out
-    };
+            out
+        };
     let ports = |f: fn(u64) -> f64| -> Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> {
         ["n1", "n2"]
             .into_iter()
@@ -132,8 +137,18 @@ fn fleet() -> Vec<MetricTrace> {
             SECONDS,
             false,
         ),
-        trace("railscope_gpu_sm_clock_hertz", gpus(|_, _| 1.98e9), SECONDS, false),
-        trace("railscope_ib_symbol_error_total", ports(|_| 0.0), SECONDS, true),
+        trace(
+            "railscope_gpu_sm_clock_hertz",
+            gpus(|_, _| 1.98e9),
+            SECONDS,
+            false,
+        ),
+        trace(
+            "railscope_ib_symbol_error_total",
+            ports(|_| 0.0),
+            SECONDS,
+            true,
+        ),
     ]
 }
 
@@ -147,7 +162,10 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
     assert_eq!(selection.metrics, 7);
     assert_eq!(
         selection.constant,
-        ["railscope_gpu_sm_clock_hertz", "railscope_ib_symbol_error_total"]
+        [
+            "railscope_gpu_sm_clock_hertz",
+            "railscope_ib_symbol_error_total"
+        ]
     );
     let groups: Vec<(Vec<&str>, Vec<&str>)> = selection
         .groups
@@ -163,7 +181,10 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
         groups,
         [
             (
-                vec!["railscope_gpu_dram_active_ratio", "railscope_gpu_memory_utilization_percent"],
+                vec![
+                    "railscope_gpu_dram_active_ratio",
+                    "railscope_gpu_memory_utilization_percent"
+                ],
                 vec!["railscope_gpu_dram_active_ratio"]
             ),
             (
@@ -178,12 +199,20 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
     );
     assert_eq!(
         selection.kept(),
-        ["railscope_gpu_dram_active_ratio", "railscope_gpu_power_milliwatts"]
+        [
+            "railscope_gpu_dram_active_ratio",
+            "railscope_gpu_power_milliwatts"
+        ]
     );
     // Scaled copies are at distance 0; the wobble keeps dram_active within about 1 %.
     let dram = &selection.groups[0].dropped[0];
     assert!(dram.distance > 0.0 && dram.distance < 0.02, "{dram:?}");
-    assert!(selection.groups[1].dropped.iter().all(|d| d.distance < 1e-9));
+    assert!(
+        selection.groups[1]
+            .dropped
+            .iter()
+            .all(|d| d.distance < 1e-9)
+    );
 }
 
 #[test]
@@ -203,11 +232,17 @@ fn the_settings_turn_off_what_is_dropped_and_cap_what_is_kept_at_its_stable_peri
         "railscope_ib_port_xmit_data_bytes_total",
         "railscope_ib_symbol_error_total",
     ] {
-        assert!(settings.contains(&format!("{dropped}:drop")), "{settings:?}");
+        assert!(
+            settings.contains(&format!("{dropped}:drop")),
+            "{settings:?}"
+        );
     }
     assert_eq!(settings.len(), 7);
     let text = selection.text();
-    assert!(text.contains("  --sampling railscope_ib_symbol_error_total:drop\n"), "{text}");
+    assert!(
+        text.contains("  --sampling railscope_ib_symbol_error_total:drop\n"),
+        "{text}"
+    );
     assert!(
         text.contains("    drop railscope_gpu_sm_active_ratio (like railscope_gpu_power_milliwatts, distance 0.0000)"),
         "{text}"
@@ -346,7 +381,12 @@ fn serve() -> (String, tempfile::TempDir) {
                 .unwrap();
         }
         if (s + 1) % 10 == 0 {
-            frames.extend(encoder.flush(now + S / 2).into_iter().map(|b| (b, now + S / 2)));
+            frames.extend(
+                encoder
+                    .flush(now + S / 2)
+                    .into_iter()
+                    .map(|b| (b, now + S / 2)),
+            );
         }
     }
     for (bytes, t) in &frames {
@@ -413,11 +453,17 @@ fn select_reads_a_collectors_range_through_the_api() {
     let selection = select(&metrics, &SelectConfig::new(T0, T0 + 119 * S));
     assert_eq!(
         selection.constant,
-        ["railscope_gpu_sm_clock_hertz", "railscope_ib_symbol_error_total"]
+        [
+            "railscope_gpu_sm_clock_hertz",
+            "railscope_ib_symbol_error_total"
+        ]
     );
     assert_eq!(
         selection.kept(),
-        ["railscope_gpu_power_milliwatts", "railscope_gpu_temperature_celsius"]
+        [
+            "railscope_gpu_power_milliwatts",
+            "railscope_gpu_temperature_celsius"
+        ]
     );
     // Levels held 10 s: every period not cut by the range is 10 s; the temperatures' wave
     // (10 % steps of a 90 s period) stays within the tolerance for only a few seconds.

@@ -189,7 +189,10 @@ impl AdaptiveSampler {
 
     /// [`due`](Self::due), finding the series through `slot` (and remembering it there).
     pub fn due_at(&self, series: &Series, slot: &mut Slot, now_ns: u64) -> bool {
-        if self.groups[group_index(&self.groups, &series.name)].2.dropped {
+        if self.groups[group_index(&self.groups, &series.name)]
+            .2
+            .dropped
+        {
             return false;
         }
         self.find(series, slot).is_none_or(|i| {

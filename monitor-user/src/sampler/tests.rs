@@ -662,7 +662,11 @@ fn a_dropped_metric_is_never_due_nor_sent_and_a_longer_prefix_can_keep_one() {
     let kept = series("railscope_gpu_power_limit_watts", Kind::Gauge);
     for sec in 0..5 {
         assert!(!sampler.due(&dropped, sec * S));
-        assert!(sampler.observe(&dropped, Value::F64(300.0), sec * S).is_empty());
+        assert!(
+            sampler
+                .observe(&dropped, Value::F64(300.0), sec * S)
+                .is_empty()
+        );
     }
     assert!(sampler.due(&kept, 0));
     assert_eq!(sampler.observe(&kept, Value::F64(700.0), 0).len(), 1);
