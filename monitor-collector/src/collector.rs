@@ -18,6 +18,10 @@ use crate::{
     config::CollectorConfig,
     drops::Drops,
     events::RecentEvents,
+    findings::{
+        FindingsInbox, FindingsStore, Thresholds,
+        engine::{FindingsEngine, FindingsThread},
+    },
     http,
     ingest::{self, IngestStats},
     nodes::NodeTable,
@@ -36,6 +40,9 @@ pub struct Shared {
     pub archive: Option<ArchiveQueue>,
     /// More `/metrics` families (the archive's files, remote-write), appended to the page.
     pub extra_metrics: Option<ExtraMetrics>,
+    /// Health findings (None: not evaluated), and where ingest hands them events.
+    pub findings: Option<Arc<FindingsStore>>,
+    pub findings_inbox: Option<FindingsInbox>,
 }
 
 /// Writes more families onto the `/metrics` page.
@@ -50,6 +57,8 @@ pub struct Parts {
     pub api: Option<axum::Router>,
     /// More `/metrics` families (the archive's files, remote-write).
     pub extra_metrics: Option<ExtraMetrics>,
+    /// Evaluate health findings into this store with these thresholds.
+    pub findings: Option<(Arc<FindingsStore>, Thresholds)>,
 }
 
 pub struct Collector {
@@ -61,6 +70,7 @@ pub struct Collector {
     receivers: Vec<JoinHandle<()>>,
     writer: Option<Writer>,
     server: Option<JoinHandle<()>>,
+    findings: Option<FindingsThread>,
 }
 
 /// How long a receive thread waits for a datagram before it looks at the stop flag.
@@ -92,6 +102,13 @@ impl Collector {
             }
             None => (None, None),
         };
+        let (findings_inbox, findings_rx) = match &parts.findings {
+            Some(_) => {
+                let (inbox, rx) = FindingsInbox::new();
+                (Some(inbox), Some(rx))
+            }
+            None => (None, None),
+        };
         let shared = Arc::new(Shared {
             key: config.key.clone(),
             table: NodeTable::new(config.key.clone(), config.limits.clone()),
@@ -103,7 +120,17 @@ impl Collector {
             stats: IngestStats::default(),
             archive,
             extra_metrics: parts.extra_metrics,
+            findings: parts.findings.as_ref().map(|(store, _)| store.clone()),
+            findings_inbox,
         });
+        let findings = match (parts.findings, findings_rx) {
+            (Some((store, thresholds)), Some(rx)) => Some(FindingsThread::spawn(
+                FindingsEngine::new(thresholds, store),
+                rx,
+                shared.clone(),
+            )?),
+            _ => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::new();
         for (index, socket) in sockets.into_iter().enumerate() {
@@ -144,6 +171,7 @@ impl Collector {
             receivers,
             writer,
             server,
+            findings,
         })
     }
 
@@ -170,6 +198,9 @@ impl Collector {
         let _ = self.http_stop.send(true);
         if let Some(server) = self.server.take() {
             let _ = server.join();
+        }
+        if let Some(findings) = self.findings.take() {
+            findings.stop();
         }
         // Nothing is queued any more: the writer appends what is left and stops.
         if let Some(writer) = self.writer.take() {

@@ -23,7 +23,11 @@ pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
         .route("/metrics/collector", get(own_metrics_page))
         .route("/api/v1/live/nodes", get(nodes))
         .route("/api/v1/live/events", get(events))
-        .with_state(shared);
+        .with_state(shared.clone());
+    let own = match &shared.findings {
+        Some(store) => own.merge(crate::findings::api::router(store.clone())),
+        None => own,
+    };
     match api {
         Some(api) => own.merge(api),
         None => own,

@@ -118,6 +118,9 @@ fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
         .fetch_add(frame.events.len() as u64, Ordering::Relaxed);
     for event in &frame.events {
         shared.events.push(LiveEvent::new(&node, event, now_ns));
+        if let Some(inbox) = &shared.findings_inbox {
+            inbox.push(&node, event);
+        }
     }
     if let Some(queue) = &shared.archive {
         let (first_ns, last_ns) = time_range(&frame);

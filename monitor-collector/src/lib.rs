@@ -18,21 +18,27 @@
 //!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`select`]: `railscope select`, Moneo's metric selection over a stored range;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
-//!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`.
+//!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`;
+//! - [`findings`]: health findings from what ingest received (events at once, the live view
+//!   on a tick), kept in a log next to the archive; [`stragglers`]: the GPUs and ports far
+//!   from their job's median over a window, read from the archive ([`robust`] statistics).
 
 pub mod archive;
 pub mod collector;
 pub mod config;
 pub mod drops;
 pub mod events;
+pub mod findings;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod nodes;
 pub mod query;
 pub mod remote_write;
+pub mod robust;
 pub mod select;
 pub mod settings;
+pub mod stragglers;
 pub mod udp;
 pub mod writer;
 

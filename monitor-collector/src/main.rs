@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use railscope_collector::{
     Collector, Parts,
     archive::Archive,
+    findings::{self, FindingsStore},
     metrics, query,
     remote_write::{self, ArchiveSource, RemoteWriter},
     settings::{self, CollectorSettings, RunPlan},
@@ -49,6 +50,10 @@ enum Command {
     /// Moneo's metric selection over a stored range: drops constant and redundant metrics,
     /// learns each kept metric's interval cap, prints the agent's `--sampling` settings.
     Select(railscope_collector::select::cli::SelectArgs),
+    /// Ask a running collector for its health findings (docs/findings.md).
+    Findings(findings::cli::FindingsArgs),
+    /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
+    Stragglers(railscope_collector::stragglers::StragglerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,6 +85,8 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Query(args)) => query::cli::run(&args),
         Some(Command::Export(args)) => query::export::run(&args),
         Some(Command::Select(args)) => railscope_collector::select::cli::run(&args),
+        Some(Command::Findings(args)) => findings::cli::run(&args),
+        Some(Command::Stragglers(args)) => railscope_collector::stragglers::run_cli(&args),
         None => run(cli.run),
     }
 }
@@ -100,8 +107,12 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         archive: archive_config,
         remote_write: endpoints,
         query_max_points,
+        findings: thresholds,
     } = settings::run_plan(&sources)?;
     let data_dir = config.data_dir.clone();
+    let retention_ns = archive_config
+        .retention_age
+        .map_or(0, |age| age.as_nanos() as u64);
     let archive = Archive::open(archive_config)
         .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
@@ -130,10 +141,23 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let engine = Arc::new(
         query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
     );
+    let now_ns = railscope_collector::ingest::unix_now_ns();
+    let store = Arc::new(
+        FindingsStore::open(
+            &data_dir,
+            now_ns.saturating_sub(retention_ns),
+            now_ns + thresholds.restart_grace_s * 1_000_000_000,
+        )
+        .context("opening the findings log")?,
+    );
+    let api = query::api_router(engine.clone()).merge(
+        railscope_collector::stragglers::router(engine, Some(store.clone())),
+    );
     let parts = Parts {
         archive: Some(Box::new(archive)),
-        api: Some(query::api_router(engine)),
+        api: Some(api),
         extra_metrics: Some(extra_metrics),
+        findings: Some((store, thresholds)),
     };
     let collector = Collector::start(config, parts)?;
     let mut service = ServiceManager::from_env();

@@ -22,6 +22,9 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
     render_series(&mut out, shared.table.live_series(now_unix_ns));
     render_health(&mut out, shared);
     render_node_health(&mut out, shared);
+    if let Some(store) = &shared.findings {
+        crate::findings::api::write_metrics(&mut out, store);
+    }
     if let Some(extra) = &shared.extra_metrics {
         extra(&mut out);
     }

@@ -519,6 +519,21 @@ impl NodeTable {
         out
     }
 
+    /// Calls `f` with the latest value of every series of every node, under each shard's lock
+    /// in turn (nothing is copied: the findings engine keeps only the series it reads).
+    pub fn visit_latest(&self, f: &mut dyn FnMut(&Arc<str>, &Series, &Latest)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("node shard lock");
+            for node in shard.values() {
+                for (id, latest) in &node.latest {
+                    if let Some(series) = node.schema.entries.get(id) {
+                        f(&node.name, series, latest);
+                    }
+                }
+            }
+        }
+    }
+
     /// The latest value of every series whose latest sample is at most the live ttl old.
     pub fn live_series(&self, now_unix_ns: u64) -> Vec<LiveSeries> {
         let oldest = now_unix_ns.saturating_sub(self.limits.live_ttl.as_nanos() as u64);

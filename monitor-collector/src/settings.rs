@@ -104,6 +104,11 @@ pub struct CollectorSettings {
     #[arg(long = "remote-write", value_name = "NAME=URL")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub remote_write: Vec<RemoteWriteSpec>,
+    /// The health findings' thresholds: the `[findings]` table of the file only
+    /// (docs/findings.md lists every key, its default and its source).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub findings: Option<crate::findings::Thresholds>,
 }
 
 /// A remote-write endpoint as `NAME=URL`, with the default settings.
@@ -173,6 +178,7 @@ impl Layered for CollectorSettings {
             retention_bytes,
             query_max_points,
             mut remote_write,
+            findings,
         } = self;
         remote_write.extend(over.remote_write);
         Self {
@@ -191,6 +197,7 @@ impl Layered for CollectorSettings {
             retention_bytes: pick(retention_bytes, over.retention_bytes),
             query_max_points: pick(query_max_points, over.query_max_points),
             remote_write,
+            findings: pick(findings, over.findings),
         }
     }
 }
@@ -212,6 +219,8 @@ pub struct RunPlan {
     pub remote_write: Vec<EndpointConfig>,
     /// Most points one query answer may hold.
     pub query_max_points: usize,
+    /// The health findings' thresholds.
+    pub findings: crate::findings::Thresholds,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with
@@ -294,6 +303,11 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             Some(0) => return Err(sources.error("query-max-points", "must be at least 1")),
             Some(n) => n,
             None => crate::query::engine::DEFAULT_MAX_POINTS,
+        },
+        findings: {
+            let th = s.findings.unwrap_or_default();
+            th.validate().map_err(|e| sources.error("findings", e))?;
+            th
         },
     })
 }

@@ -35,7 +35,7 @@ pub fn api_router(engine: Arc<QueryEngine>) -> Router {
 }
 
 /// A refused request: 400 with the reason, naming the parameter.
-struct ApiError(StatusCode, String);
+pub(crate) struct ApiError(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -43,7 +43,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
@@ -57,7 +57,7 @@ impl From<QueryError> for ApiError {
 }
 
 /// The query string's parameters, in order; only `allowed` names are accepted.
-fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
         .map_err(|e| bad(format!("query string: {e}")))?;
     if let Some((name, _)) = pairs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
@@ -69,7 +69,7 @@ fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(String, String)>
     Ok(pairs)
 }
 
-fn one<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a str>, ApiError> {
+pub(crate) fn one<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a str>, ApiError> {
     let mut values = pairs
         .iter()
         .filter(|(k, _)| k == name)
@@ -82,7 +82,7 @@ fn one<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a str>,
 }
 
 /// `start` and `end` (default: the hour before now).
-fn range(pairs: &[(String, String)]) -> Result<(u64, u64), ApiError> {
+pub(crate) fn range(pairs: &[(String, String)]) -> Result<(u64, u64), ApiError> {
     let now = unix_ns(SystemTime::now());
     let time = |name: &str| -> Result<Option<u64>, ApiError> {
         one(pairs, name)?
@@ -97,7 +97,7 @@ fn range(pairs: &[(String, String)]) -> Result<(u64, u64), ApiError> {
     Ok((start, end))
 }
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)

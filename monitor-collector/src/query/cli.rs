@@ -100,8 +100,7 @@ pub fn fetch(args: &QueryArgs) -> anyhow::Result<Json> {
     get_json(&args.collector, path, &query)
 }
 
-/// `GET` of an API route of the collector at `collector` (`http://HOST:PORT`); a refusal is
-/// an error with its reason.
+/// `GET collector + path ? query` as JSON; a refusal is an error with the collector's reason.
 pub fn get_json(collector: &str, path: &str, query: &[(&str, String)]) -> anyhow::Result<Json> {
     let url = format!("{}{path}", collector.trim_end_matches('/'));
     let agent: ureq::Agent = ureq::Agent::config_builder()

@@ -1,0 +1,268 @@
+//! GPU rules: XIDs classified ([`xid`](super::xid)), a GPU fallen off the bus, uncorrected
+//! (double-bit) ECC errors, row remapping pending or failed, thermal and power throttling,
+//! a PCIe link below its maximum width or generation.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::{
+    Observation, Severity, Subject, Thresholds,
+    engine::{EventState, Track, TrackKey, View},
+    xid,
+};
+
+pub const RULES: &[&str] = &[
+    "gpu_xid",
+    "gpu_lost",
+    "gpu_ecc_uncorrected",
+    "gpu_row_remap_pending",
+    "gpu_row_remap_failed",
+    "gpu_thermal_throttle",
+    "gpu_power_throttle",
+    "gpu_pcie_degraded",
+];
+
+const ECC: &str = "railscope_gpu_ecc_errors_total";
+const REMAP_PENDING: &str = "railscope_gpu_row_remap_pending";
+const REMAP_FAILED: &str = "railscope_gpu_row_remap_failed";
+const THROTTLE: &str = "railscope_gpu_throttle_active";
+const UTILIZATION: &str = "railscope_gpu_utilization_ratio";
+pub const PCIE_GEN: &str = "railscope_gpu_pcie_link_generation";
+pub const PCIE_MAX_GEN: &str = "railscope_gpu_pcie_link_max_generation";
+pub const PCIE_WIDTH: &str = "railscope_gpu_pcie_link_width_lanes";
+pub const PCIE_MAX_WIDTH: &str = "railscope_gpu_pcie_link_max_width_lanes";
+
+pub const SERIES: &[&str] = &[
+    ECC,
+    REMAP_PENDING,
+    REMAP_FAILED,
+    THROTTLE,
+    UTILIZATION,
+    PCIE_GEN,
+    PCIE_MAX_GEN,
+    PCIE_WIDTH,
+    PCIE_MAX_WIDTH,
+];
+
+/// Throttle reasons (the agent's `reason` label) by rule. `sw_power_cap` is left out: a GPU
+/// at its power cap under load is normal.
+const THERMAL: &[&str] = &["hw_thermal_slowdown", "sw_thermal_slowdown"];
+const POWER: &[&str] = &["hw_power_brake_slowdown", "hw_slowdown"];
+
+const S: u64 = 1_000_000_000;
+
+fn gpu_of(key: &TrackKey) -> Option<(Subject, Option<String>)> {
+    let gpu = key.1.labels.get("gpu")?;
+    Some((
+        Subject::gpu(&key.0, gpu),
+        key.1.labels.get("job_id").map(str::to_owned),
+    ))
+}
+
+/// XIDs and lost GPUs, each active for `xid-hold-s` after its last occurrence.
+pub fn evaluate_events(
+    events: &EventState,
+    now_ns: u64,
+    th: &Thresholds,
+    out: &mut Vec<Observation>,
+) {
+    let from = now_ns.saturating_sub(th.xid_hold_s * S);
+    for ((node, gpu), xids) in &events.xids {
+        let recent: Vec<(u64, u64)> = xids.iter().copied().filter(|x| x.0 >= from).collect();
+        let Some(&(first, _)) = recent.first() else {
+            continue;
+        };
+        let mut codes: Vec<u64> = recent.iter().map(|x| x.1).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        let classes: Vec<xid::XidClass> = codes.iter().map(|&c| xid::classify(c)).collect();
+        let worst = classes
+            .iter()
+            .max_by_key(|c| c.severity)
+            .copied()
+            .expect("at least one XID");
+        out.push(Observation {
+            rule: "gpu_xid",
+            severity: worst.severity,
+            subject: Subject::gpu(node, gpu),
+            job_id: events.job_of(node, gpu),
+            at_ns: first,
+            summary: format!(
+                "XID {} on GPU {gpu}: {} — {}",
+                worst.code, worst.meaning, worst.advice
+            ),
+            evidence: json!({
+                "xids": classes.iter().map(|c| json!({
+                    "code": c.code, "meaning": c.meaning, "severity": c.severity,
+                    "action": c.action, "advice": c.advice,
+                    "count": recent.iter().filter(|x| x.1 == c.code).count(),
+                })).collect::<Vec<_>>(),
+                "last": recent[recent.len() - 1].0,
+                "hold_s": th.xid_hold_s,
+            }),
+        });
+    }
+    for ((node, gpu), &t) in &events.lost {
+        if t < from {
+            continue;
+        }
+        out.push(Observation {
+            rule: "gpu_lost",
+            severity: Severity::Critical,
+            subject: Subject::gpu(node, gpu),
+            job_id: events.job_of(node, gpu),
+            at_ns: t,
+            summary: format!(
+                "GPU {gpu} stopped answering (fallen off the bus): drain and reboot the node"
+            ),
+            evidence: json!({"lost_at": t, "hold_s": th.xid_hold_s}),
+        });
+    }
+}
+
+pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observation>) {
+    let th = view.th;
+    let mut push = |rule: &'static str,
+                    severity: Severity,
+                    key: &TrackKey,
+                    track: &Track,
+                    summary: String,
+                    evidence: serde_json::Value| {
+        if let Some((subject, job)) = gpu_of(key) {
+            // A lost GPU's last samples stay in the live view for a while: the loss is the
+            // finding, not what its stale series say.
+            if events.lost.contains_key(&(subject.node.clone(), subject.gpu.clone().unwrap_or_default())) {
+                return;
+            }
+            out.push(Observation {
+                rule,
+                severity,
+                subject,
+                job_id: job,
+                at_ns: track.latest.unix_ns,
+                summary,
+                evidence,
+            });
+        }
+    };
+    for (key, track) in view.named(ECC) {
+        let labels = &key.1.labels;
+        if labels.get("type") != Some("uncorrected") || labels.get("scope") != Some("volatile") {
+            continue;
+        }
+        if let Some(n) = track.counter().filter(|&n| n > 0) {
+            push(
+                "gpu_ecc_uncorrected",
+                Severity::Critical,
+                key,
+                track,
+                format!("{n} uncorrected (double-bit) ECC errors since the driver loaded: drain and reset the GPU"),
+                json!({"volatile_uncorrected": n}),
+            );
+        }
+    }
+    for (name, rule, severity, advice) in [
+        (REMAP_PENDING, "gpu_row_remap_pending", Severity::Warning,
+         "a row remapping is pending: reset the GPU to apply it"),
+        (REMAP_FAILED, "gpu_row_remap_failed", Severity::Critical,
+         "a row remapping failed: drain the node and replace the GPU"),
+    ] {
+        for (key, track) in view.named(name) {
+            if track.gauge().is_some_and(|v| v >= 0.5) {
+                push(rule, severity, key, track, advice.into(), json!({name: track.gauge()}));
+            }
+        }
+    }
+    // Throttle flags, grouped per GPU and rule.
+    let mut per_gpu: HashMap<(&'static str, TrackKey), (Vec<(&str, f64)>, &Track)> =
+        HashMap::new();
+    for (key, track) in view.named(THROTTLE) {
+        let Some(reason) = key.1.labels.get("reason") else { continue };
+        let rule = if THERMAL.contains(&reason) {
+            "gpu_thermal_throttle"
+        } else if POWER.contains(&reason) {
+            "gpu_power_throttle"
+        } else {
+            continue;
+        };
+        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else { continue };
+        per_gpu
+            .entry((rule, gpu_key(key)))
+            .or_insert_with(|| (Vec::new(), track))
+            .0
+            .push((reason, v));
+    }
+    for ((rule, key), (reasons, track)) in per_gpu {
+        let names: Vec<&str> = reasons.iter().map(|r| r.0).collect();
+        push(
+            rule,
+            Severity::Warning,
+            &key,
+            track,
+            format!(
+                "GPU {} clocks held down ({}): check cooling and power",
+                key.1.labels.get("gpu").unwrap_or("?"),
+                names.join(", ")
+            ),
+            json!({"reasons": names, "fraction_active": reasons.iter().map(|r| r.1).fold(0.0, f64::max)}),
+        );
+    }
+    // PCIe link: current against maximum, on busy GPUs only (idle GPUs lower their link).
+    let by_gpu = |name: &'static str| -> HashMap<TrackKey, &Track> {
+        view.named(name).map(|(k, t)| (gpu_key(k), t)).collect()
+    };
+    let (gen_max, width, width_max, util) = (
+        by_gpu(PCIE_MAX_GEN),
+        by_gpu(PCIE_WIDTH),
+        by_gpu(PCIE_MAX_WIDTH),
+        by_gpu(UTILIZATION),
+    );
+    for (key, track) in view.named(PCIE_GEN) {
+        let key = gpu_key(key);
+        let busy = util
+            .get(&key)
+            .and_then(|t| t.gauge())
+            .is_none_or(|u| u >= th.pcie_busy_utilization);
+        let g = track.gauge();
+        let gm = gen_max.get(&key).and_then(|t| t.gauge());
+        let w = width.get(&key).and_then(|t| t.gauge());
+        let wm = width_max.get(&key).and_then(|t| t.gauge());
+        let low_gen = matches!((g, gm), (Some(a), Some(b)) if a < b);
+        let low_width = matches!((w, wm), (Some(a), Some(b)) if a < b);
+        if busy && (low_gen || low_width) {
+            push(
+                "gpu_pcie_degraded",
+                Severity::Warning,
+                &key,
+                track,
+                format!(
+                    "PCIe link at Gen{} x{} of Gen{} x{}: reseat the GPU or check the riser",
+                    g.unwrap_or(f64::NAN),
+                    w.unwrap_or(f64::NAN),
+                    gm.unwrap_or(f64::NAN),
+                    wm.unwrap_or(f64::NAN)
+                ),
+                json!({"generation": g, "max_generation": gm, "width": w, "max_width": wm}),
+            );
+        }
+    }
+}
+
+/// The GPU's identity in a series key: node, `gpu` and `job_id` labels, no metric detail.
+fn gpu_key(key: &TrackKey) -> TrackKey {
+    let labels = railscope_wire::Labels::new(
+        key.1
+            .labels
+            .iter()
+            .filter(|(k, _)| matches!(*k, "gpu" | "job_id" | "uuid")),
+    );
+    (
+        key.0.clone(),
+        railscope_wire::Series {
+            name: "gpu".into(),
+            labels,
+            kind: railscope_wire::Kind::Gauge,
+        },
+    )
+}

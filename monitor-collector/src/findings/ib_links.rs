@@ -1,0 +1,331 @@
+//! IB and RoCE link rules: flapping (from the kernel's port events), symbol errors, link
+//! error recovery, `link_downed` increments, a port below its expected width or speed, phys
+//! state off LinkUp, and RoCE congestion far above the fleet's norm. Thresholds and their
+//! sources: [`Thresholds`](super::Thresholds), docs/findings.md.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::{
+    Observation, Severity, Subject, Thresholds,
+    engine::{EventState, Track, TrackKey, View},
+};
+
+pub const RULES: &[&str] = &[
+    "ib_link_flapping",
+    "ib_symbol_errors",
+    "ib_link_error_recovery",
+    "ib_link_downed",
+    "ib_port_degraded",
+    "ib_phys_state",
+    "roce_congestion",
+];
+
+const SYMBOL_ERROR: &str = "railscope_ib_symbol_error_total";
+const LINK_ERROR_RECOVERY: &str = "railscope_ib_link_error_recovery_total";
+const LINK_DOWNED: &str = "railscope_ib_link_downed_total";
+const STATE: &str = "railscope_ib_port_state";
+const PHYS_STATE: &str = "railscope_ib_port_phys_state";
+const WIDTH: &str = "railscope_ib_port_width_lanes";
+const RATE: &str = "railscope_ib_port_rate_gbps";
+const CNP_SENT: &str = "railscope_ib_np_cnp_sent_total";
+
+/// The series these rules read.
+pub const SERIES: &[&str] = &[
+    SYMBOL_ERROR,
+    LINK_ERROR_RECOVERY,
+    LINK_DOWNED,
+    STATE,
+    PHYS_STATE,
+    WIDTH,
+    RATE,
+    CNP_SENT,
+];
+
+/// Rates are measured over the last minute of samples.
+const RATE_WINDOW_NS: u64 = 60_000_000_000;
+const S: u64 = 1_000_000_000;
+/// `state` ACTIVE, `phys_state` LinkUp and Disabled.
+const ACTIVE: f64 = 4.0;
+const LINK_UP: f64 = 5.0;
+const DISABLED: f64 = 3.0;
+
+fn port_of(key: &TrackKey) -> Option<Subject> {
+    let device = key.1.labels.get("device")?;
+    let port = key.1.labels.get("port")?.parse().ok()?;
+    Some(Subject::port(&key.0, device, port))
+}
+
+fn phys_name(v: f64) -> &'static str {
+    match v as i64 {
+        1 => "Sleep",
+        2 => "Polling",
+        3 => "Disabled",
+        4 => "PortConfigurationTraining",
+        5 => "LinkUp",
+        6 => "LinkErrorRecovery",
+        7 => "PhyTest",
+        _ => "unknown",
+    }
+}
+
+/// Flapping: DOWN transitions from the kernel's port events within the window.
+pub fn evaluate_events(
+    events: &EventState,
+    now_ns: u64,
+    th: &Thresholds,
+    out: &mut Vec<Observation>,
+) {
+    let from = now_ns.saturating_sub(th.flap_window_s * S);
+    for ((node, device, port), downs) in &events.downs {
+        let recent: Vec<u64> = downs.iter().copied().filter(|&t| t >= from).collect();
+        if recent.len() < th.flap_downs as usize {
+            continue;
+        }
+        // The finding starts at the down that reached the threshold.
+        let at = recent[recent.len() - th.flap_downs as usize..][0];
+        out.push(Observation {
+            rule: "ib_link_flapping",
+            severity: Severity::Critical,
+            subject: Subject::port(node, device, *port),
+            job_id: None,
+            at_ns: at,
+            summary: format!(
+                "{device}/{port} went down {} times in the last {} s (threshold {})",
+                recent.len(),
+                th.flap_window_s,
+                th.flap_downs
+            ),
+            evidence: json!({
+                "downs": recent.len(),
+                "window_s": th.flap_window_s,
+                "threshold": th.flap_downs,
+                "first_down": recent[0],
+                "last_down": recent[recent.len() - 1],
+            }),
+        });
+    }
+}
+
+pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
+    let th = view.th;
+    let port_gauge = |name: &'static str| -> HashMap<Subject, &Track> {
+        view.named(name)
+            .filter_map(|(k, t)| Some((port_of(k)?, t)))
+            .collect()
+    };
+    let states = port_gauge(STATE);
+    let active = |s: &Subject| states.get(s).and_then(|t| t.gauge()) == Some(ACTIVE);
+
+    for (key, track) in view.named(SYMBOL_ERROR) {
+        let Some(subject) = port_of(key) else { continue };
+        let hour = track.increase(3600 * S);
+        let rate = track.rate(RATE_WINDOW_NS);
+        let (severity, what) = match (hour, rate) {
+            (Some((n, span)), _) if n > th.symbol_errors_per_hour => (
+                Severity::Critical,
+                format!(
+                    "{n} symbol errors in the last {span:.0} s (threshold {} per hour)",
+                    th.symbol_errors_per_hour
+                ),
+            ),
+            (_, Some(r)) if r > th.symbol_errors_per_s => (
+                Severity::Warning,
+                format!(
+                    "{r:.1} symbol errors/s (threshold {}/s)",
+                    th.symbol_errors_per_s
+                ),
+            ),
+            _ => continue,
+        };
+        out.push(observation(
+            "ib_symbol_errors",
+            severity,
+            subject,
+            track,
+            what,
+            json!({
+                "per_s": rate,
+                "last_hour": hour.map(|h| h.0),
+                "threshold_per_s": th.symbol_errors_per_s,
+                "threshold_per_hour": th.symbol_errors_per_hour,
+            }),
+        ));
+    }
+
+    for (key, track) in view.named(LINK_ERROR_RECOVERY) {
+        let Some(subject) = port_of(key) else { continue };
+        let Some((n, span)) = track.increase(RATE_WINDOW_NS) else {
+            continue;
+        };
+        let per_min = n as f64 * 60.0 / span.max(60.0);
+        if per_min > th.link_error_recovery_per_min {
+            out.push(observation(
+                "ib_link_error_recovery",
+                Severity::Warning,
+                subject,
+                track,
+                format!(
+                    "{per_min:.1} link error recoveries/min (threshold {}/min)",
+                    th.link_error_recovery_per_min
+                ),
+                json!({"per_min": per_min, "threshold_per_min": th.link_error_recovery_per_min}),
+            ));
+        }
+    }
+
+    for (key, track) in view.named(LINK_DOWNED) {
+        let Some(subject) = port_of(key) else { continue };
+        let Some((n, span)) = track.increase(th.link_downed_hold_s * S) else {
+            continue;
+        };
+        if n > 0 {
+            out.push(observation(
+                "ib_link_downed",
+                Severity::Critical,
+                subject,
+                track,
+                format!("link_downed rose by {n} in the last {span:.0} s"),
+                json!({"increase": n, "window_s": span, "value": track.counter()}),
+            ));
+        }
+    }
+
+    let widths = port_gauge(WIDTH);
+    let rates = port_gauge(RATE);
+    let expected_width = th
+        .expected_width_lanes
+        .or_else(|| mode(widths.iter().filter(|(s, _)| active(s)).filter_map(|(_, t)| t.gauge())));
+    let expected_rate = th
+        .expected_rate_gbps
+        .or_else(|| mode(rates.iter().filter(|(s, _)| active(s)).filter_map(|(_, t)| t.gauge())));
+    for (subject, track) in &widths {
+        if !active(subject) {
+            continue;
+        }
+        let width = track.gauge();
+        let rate = rates.get(subject).and_then(|t| t.gauge());
+        let narrow = matches!((width, expected_width), (Some(w), Some(e)) if w < e);
+        let slow = matches!((rate, expected_rate), (Some(r), Some(e)) if r < e);
+        if narrow || slow {
+            out.push(observation(
+                "ib_port_degraded",
+                Severity::Warning,
+                subject.clone(),
+                track,
+                format!(
+                    "{}/{} runs at {}x {} Gb/s, expected {}x {} Gb/s",
+                    subject.device.as_deref().unwrap_or("?"),
+                    subject.port.unwrap_or(0),
+                    width.unwrap_or(f64::NAN),
+                    rate.unwrap_or(f64::NAN),
+                    expected_width.unwrap_or(f64::NAN),
+                    expected_rate.unwrap_or(f64::NAN),
+                ),
+                json!({
+                    "width_lanes": width, "rate_gbps": rate,
+                    "expected_width_lanes": expected_width, "expected_rate_gbps": expected_rate,
+                }),
+            ));
+        }
+    }
+
+    for (key, track) in view.named(PHYS_STATE) {
+        let Some(subject) = port_of(key) else { continue };
+        let Some(phys) = track.gauge() else { continue };
+        let held = track.latest.unix_ns.saturating_sub(track.changed_ns);
+        if phys == LINK_UP || held < th.phys_state_grace_s * S {
+            continue;
+        }
+        out.push(Observation {
+            rule: "ib_phys_state",
+            severity: if phys == DISABLED {
+                Severity::Info
+            } else {
+                Severity::Critical
+            },
+            summary: format!(
+                "phys state {} ({phys}) for {:.0} s",
+                phys_name(phys),
+                held as f64 / 1e9
+            ),
+            evidence: json!({"phys_state": phys, "name": phys_name(phys), "for_s": held as f64 / 1e9,
+                             "grace_s": th.phys_state_grace_s}),
+            subject,
+            job_id: None,
+            at_ns: track.changed_ns,
+        });
+    }
+
+    congestion(view, out);
+}
+
+/// RoCE congestion: CNPs sent per second by each port, scored against all ports of the fleet
+/// with a robust z-score (median and MAD), so the congested ports cannot pull the norm.
+fn congestion(view: &View, out: &mut Vec<Observation>) {
+    let th = view.th;
+    let rates: Vec<(Subject, &Track, f64)> = view
+        .named(CNP_SENT)
+        .filter_map(|(k, t)| Some((port_of(k)?, t, t.rate(RATE_WINDOW_NS)?)))
+        .collect();
+    if rates.len() < 3 {
+        return;
+    }
+    let values: Vec<f64> = rates.iter().map(|r| r.2).collect();
+    let Some(norm) = crate::robust::Norm::of(&values, 1.0) else {
+        return;
+    };
+    for (subject, track, rate) in rates {
+        let score = norm.score(rate);
+        if score > th.congestion_score && rate >= th.congestion_min_cnp_per_s {
+            out.push(observation(
+                "roce_congestion",
+                Severity::Warning,
+                subject,
+                track,
+                format!(
+                    "{rate:.0} CNPs/s sent, the fleet's median {:.0}/s (score {score:.1}, threshold {})",
+                    norm.median, th.congestion_score
+                ),
+                json!({"cnp_per_s": rate, "fleet_median": norm.median, "fleet_mad": norm.mad,
+                       "score": score, "threshold": th.congestion_score,
+                       "min_cnp_per_s": th.congestion_min_cnp_per_s, "ports": values.len()}),
+            ));
+        }
+    }
+}
+
+fn observation(
+    rule: &'static str,
+    severity: Severity,
+    subject: Subject,
+    track: &Track,
+    summary: String,
+    evidence: serde_json::Value,
+) -> Observation {
+    Observation {
+        rule,
+        severity,
+        subject,
+        job_id: None,
+        at_ns: track.latest.unix_ns,
+        summary,
+        evidence,
+    }
+}
+
+/// The most common value (ties: the largest).
+fn mode(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut counts: Vec<(f64, usize)> = Vec::new();
+    for v in values {
+        match counts.iter_mut().find(|(x, _)| *x == v) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((v, 1)),
+        }
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(a.0.total_cmp(&b.0)))
+        .map(|(v, _)| v)
+}

@@ -1,0 +1,216 @@
+//! Health findings (docs/findings.md): what the collector concludes from the frames it
+//! receives, each a [`Finding`] with severity, node, device and port or GPU, job, start, end,
+//! rule and evidence.
+//!
+//! - [`engine`]: the findings thread: takes events as they arrive (from ingest, through a
+//!   bounded channel: nothing is evaluated on the receive threads) and walks the live view's
+//!   latest values on a short tick; opens a finding when a rule's condition appears, ends it
+//!   when it is gone;
+//! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
+//!   [`xid`]), [`verbs`];
+//! - [`thresholds`]: every rule's threshold, its default and where that default comes from
+//!   (the `[findings]` table of collector.toml);
+//! - [`store`]: the findings held in memory and the findings log in the data directory
+//!   ([`log`]), reloaded at start-up;
+//! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`cli`]: `railscope findings`.
+
+pub mod api;
+pub mod cli;
+pub mod engine;
+pub mod gpus;
+pub mod ib_links;
+pub mod log;
+pub mod store;
+pub mod thresholds;
+pub mod verbs;
+pub mod xid;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use engine::{FindingsEngine, FindingsInbox};
+pub use store::FindingsStore;
+pub use thresholds::Thresholds;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "info" => Some(Severity::Info),
+            "warning" => Some(Severity::Warning),
+            "critical" => Some(Severity::Critical),
+            _ => None,
+        }
+    }
+}
+
+/// What a finding is about: a node, and on it a port, a GPU or a job (none: the node).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Subject {
+    pub node: String,
+    pub device: Option<String>,
+    pub port: Option<u32>,
+    pub gpu: Option<String>,
+    /// Set for verb rules, whose subject is a job's use of a node.
+    pub job: Option<String>,
+}
+
+impl Subject {
+    pub fn port(node: &str, device: &str, port: u32) -> Self {
+        Self {
+            node: node.into(),
+            device: Some(device.into()),
+            port: Some(port),
+            gpu: None,
+            job: None,
+        }
+    }
+
+    pub fn gpu(node: &str, gpu: &str) -> Self {
+        Self {
+            node: node.into(),
+            device: None,
+            port: None,
+            gpu: Some(gpu.into()),
+            job: None,
+        }
+    }
+
+    pub fn job(node: &str, job: &str) -> Self {
+        Self {
+            node: node.into(),
+            device: None,
+            port: None,
+            gpu: None,
+            job: Some(job.into()),
+        }
+    }
+
+    /// The part of a finding's id after the node: `mlx5_2/1`, `3` (a GPU), `slurm:42`.
+    fn id_part(&self) -> String {
+        match (&self.device, self.port, &self.gpu, &self.job) {
+            (Some(d), Some(p), _, _) => format!("{d}/{p}"),
+            (Some(d), None, _, _) => d.clone(),
+            (None, _, Some(g), _) => g.clone(),
+            (None, _, None, Some(j)) => j.clone(),
+            _ => "-".into(),
+        }
+    }
+}
+
+/// A rule's condition as one evaluation saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    pub rule: &'static str,
+    pub severity: Severity,
+    pub subject: Subject,
+    pub job_id: Option<String>,
+    /// When the condition was first seen in the data (a sample's or an event's time).
+    pub at_ns: u64,
+    pub summary: String,
+    pub evidence: serde_json::Value,
+}
+
+/// One finding, as the API serves it and the log keeps it (docs/http-api.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub id: String,
+    pub rule: String,
+    pub severity: Severity,
+    pub node: String,
+    pub device: Option<String>,
+    pub port: Option<u32>,
+    pub gpu: Option<String>,
+    pub job_id: Option<String>,
+    /// Unix ns.
+    pub start: u64,
+    /// Unix ns; `None` while active.
+    pub end: Option<u64>,
+    pub summary: String,
+    pub evidence: serde_json::Value,
+}
+
+impl Finding {
+    pub fn open(o: &Observation) -> Self {
+        Self {
+            id: format!(
+                "{}/{}/{}/{}",
+                o.rule,
+                o.subject.node,
+                o.subject.id_part(),
+                o.at_ns
+            ),
+            rule: o.rule.into(),
+            severity: o.severity,
+            node: o.subject.node.clone(),
+            device: o.subject.device.clone(),
+            port: o.subject.port,
+            gpu: o.subject.gpu.clone(),
+            job_id: o.job_id.clone(),
+            start: o.at_ns,
+            end: None,
+            summary: o.summary.clone(),
+            evidence: o.evidence.clone(),
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.end.is_none()
+    }
+
+    /// The (rule, subject) key the engine tracks it by.
+    pub fn key(&self) -> (String, Subject) {
+        let job = if self.device.is_none() && self.gpu.is_none() {
+            self.job_id.clone()
+        } else {
+            None
+        };
+        (
+            self.rule.clone(),
+            Subject {
+                node: self.node.clone(),
+                device: self.device.clone(),
+                port: self.port,
+                gpu: self.gpu.clone(),
+                job,
+            },
+        )
+    }
+
+    /// Labels of `railscope_finding_active`: those that apply.
+    pub fn labels(&self) -> BTreeMap<&'static str, String> {
+        let mut labels = BTreeMap::new();
+        labels.insert("rule", self.rule.clone());
+        labels.insert("severity", self.severity.as_str().into());
+        labels.insert("node", self.node.clone());
+        if let Some(d) = &self.device {
+            labels.insert("device", d.clone());
+        }
+        if let Some(p) = self.port {
+            labels.insert("port", p.to_string());
+        }
+        if let Some(g) = &self.gpu {
+            labels.insert("gpu", g.clone());
+        }
+        if let Some(j) = &self.job_id {
+            labels.insert("job_id", j.clone());
+        }
+        labels
+    }
+}

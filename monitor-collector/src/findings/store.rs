@@ -1,0 +1,221 @@
+//! The findings in memory (every active one and the recent ended ones) and their log: the
+//! rules' observations open, keep and end findings here.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::Path,
+    sync::Mutex,
+};
+
+use super::{
+    Finding, Observation, Severity, Subject,
+    log::{Entry, FindingsLog, LogError},
+};
+
+/// Ended findings kept in memory at most (the oldest go first; the log keeps them all).
+const MAX_HELD: usize = 100_000;
+
+/// Which findings to list.
+#[derive(Clone, Debug, Default)]
+pub struct FindingFilter {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub node: Option<String>,
+    pub severity: Option<Severity>,
+    pub active: Option<bool>,
+}
+
+struct Inner {
+    findings: Vec<Finding>,
+    /// (rule, subject) → index in `findings` of the active finding.
+    active: HashMap<(String, Subject), usize>,
+    /// Active findings reloaded from the log and not seen again yet.
+    reloaded: HashSet<String>,
+    /// Findings opened, by rule and severity (reloaded ones included).
+    totals: BTreeMap<(String, Severity), u64>,
+    log: Option<FindingsLog>,
+    log_errors: u64,
+}
+
+pub struct FindingsStore {
+    inner: Mutex<Inner>,
+    /// Reloaded active findings not seen again are ended after this (ns since the epoch).
+    grace_until_ns: u64,
+}
+
+impl FindingsStore {
+    /// A store without a log (tests, a collector without an archive).
+    pub fn in_memory() -> Self {
+        Self::with(Vec::new(), None, 0)
+    }
+
+    /// The store of a data directory: its log reloaded (findings ended before
+    /// `keep_after_ns` dropped); active ones stay active until `grace_until_ns` unless their
+    /// condition is seen again.
+    pub fn open(dir: &Path, keep_after_ns: u64, grace_until_ns: u64) -> Result<Self, LogError> {
+        let (log, findings) = FindingsLog::open(dir, keep_after_ns)?;
+        let active = findings.iter().filter(|f| f.is_active()).count();
+        if !findings.is_empty() {
+            tracing::info!(
+                "findings log: {} findings reloaded, {active} of them active",
+                findings.len()
+            );
+        }
+        Ok(Self::with(findings, Some(log), grace_until_ns))
+    }
+
+    fn with(findings: Vec<Finding>, log: Option<FindingsLog>, grace_until_ns: u64) -> Self {
+        let mut inner = Inner {
+            findings,
+            active: HashMap::new(),
+            reloaded: HashSet::new(),
+            totals: BTreeMap::new(),
+            log,
+            log_errors: 0,
+        };
+        for f in &inner.findings {
+            *inner.totals.entry((f.rule.clone(), f.severity)).or_default() += 1;
+        }
+        inner.reindex();
+        inner.reloaded = inner
+            .active
+            .values()
+            .map(|&i| inner.findings[i].id.clone())
+            .collect();
+        Self {
+            inner: Mutex::new(inner),
+            grace_until_ns,
+        }
+    }
+
+    /// Takes one pass's observations: `rules` are the rules the pass evaluated, whose active
+    /// findings not observed end at `now_ns`.
+    pub fn apply(&self, seen: &[Observation], rules: &[&str], now_ns: u64) {
+        let mut inner = self.inner.lock().expect("findings lock");
+        let mut observed: HashSet<(String, Subject)> = HashSet::new();
+        for o in seen {
+            let key = (o.rule.to_string(), o.subject.clone());
+            observed.insert(key.clone());
+            if let Some(&i) = inner.active.get(&key) {
+                let f = &mut inner.findings[i];
+                f.severity = f.severity.max(o.severity);
+                f.summary.clone_from(&o.summary);
+                f.evidence.clone_from(&o.evidence);
+                if f.job_id.is_none() {
+                    f.job_id.clone_from(&o.job_id);
+                }
+                let id = f.id.clone();
+                inner.reloaded.remove(&id);
+                continue;
+            }
+            let finding = Finding::open(o);
+            tracing::info!(
+                "finding {} ({}): {} on {}",
+                finding.id,
+                finding.severity.as_str(),
+                finding.summary,
+                finding.node
+            );
+            inner.write(&Entry::Open(finding.clone()));
+            *inner
+                .totals
+                .entry((finding.rule.clone(), finding.severity))
+                .or_default() += 1;
+            inner.findings.push(finding);
+            let i = inner.findings.len() - 1;
+            inner.active.insert(key, i);
+        }
+        let ended: Vec<(String, Subject)> = inner
+            .active
+            .iter()
+            .filter(|(key, _)| rules.contains(&key.0.as_str()) && !observed.contains(*key))
+            .filter(|(_, i)| {
+                !(inner.reloaded.contains(&inner.findings[**i].id) && now_ns < self.grace_until_ns)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in ended {
+            let i = inner.active.remove(&key).expect("listed above");
+            let f = &mut inner.findings[i];
+            f.end = Some(now_ns.max(f.start));
+            let entry = Entry::End {
+                id: f.id.clone(),
+                end: now_ns.max(f.start),
+                summary: f.summary.clone(),
+                evidence: f.evidence.clone(),
+            };
+            tracing::info!("finding {} ended", f.id);
+            let id = f.id.clone();
+            inner.reloaded.remove(&id);
+            inner.write(&entry);
+        }
+        if inner.findings.len() > MAX_HELD {
+            let excess = inner.findings.len() - MAX_HELD;
+            let mut dropped = 0;
+            inner.findings.retain(|f| {
+                let drop = dropped < excess && !f.is_active();
+                dropped += usize::from(drop);
+                !drop
+            });
+            inner.reindex();
+        }
+    }
+
+    /// The findings that match, oldest first.
+    pub fn list(&self, filter: &FindingFilter) -> Vec<Finding> {
+        let inner = self.inner.lock().expect("findings lock");
+        let mut out: Vec<Finding> = inner
+            .findings
+            .iter()
+            .filter(|f| f.start <= filter.end_ns && f.end.is_none_or(|e| e >= filter.start_ns))
+            .filter(|f| filter.node.as_ref().is_none_or(|n| *n == f.node))
+            .filter(|f| filter.severity.is_none_or(|s| s == f.severity))
+            .filter(|f| filter.active.is_none_or(|a| a == f.is_active()))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+        out
+    }
+
+    pub fn active(&self) -> Vec<Finding> {
+        let inner = self.inner.lock().expect("findings lock");
+        let mut out: Vec<Finding> = inner
+            .active
+            .values()
+            .map(|&i| inner.findings[i].clone())
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Findings opened by rule and severity.
+    pub fn totals(&self) -> BTreeMap<(String, Severity), u64> {
+        self.inner.lock().expect("findings lock").totals.clone()
+    }
+
+    /// Entries the log could not take.
+    pub fn log_errors(&self) -> u64 {
+        self.inner.lock().expect("findings lock").log_errors
+    }
+}
+
+impl Inner {
+    fn reindex(&mut self) {
+        self.active = self
+            .findings
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.is_active())
+            .map(|(i, f)| (f.key(), i))
+            .collect();
+    }
+
+    fn write(&mut self, entry: &Entry) {
+        if let Some(log) = &mut self.log
+            && let Err(e) = log.append(entry)
+        {
+            self.log_errors += 1;
+            tracing::error!("{e}: the finding is kept in memory only");
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Every rule's threshold (the `[findings]` table of collector.toml). Each default comes from
+//! a rule operators use (docs/findings.md names the source; /work references:
+//! NVSentinel's NIC monitor, gpud, NVIDIA's IB bring-up guide, NVIDIA's XID catalogue), or is
+//! marked as railscope's own choice where no published rule exists.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Thresholds {
+    /// How often counters and gauges are evaluated, seconds (events are taken at once).
+    pub tick_s: u64,
+    /// Port DOWN transitions (kernel port events) within `flap-window-s` that make a port
+    /// flapping: gpud, "three or more flaps".
+    pub flap_downs: u32,
+    pub flap_window_s: u64,
+    /// Symbol errors per second (warning): NVSentinel's non-fatal `symbol_error > 10/s`.
+    pub symbol_errors_per_s: f64,
+    /// Symbol errors within an hour (critical): NVSentinel's fatal `symbol_error > 120/h`.
+    pub symbol_errors_per_hour: u64,
+    /// Link error recoveries per minute (warning): NVSentinel's "micro-flapping",
+    /// `link_error_recovery > 5/min`.
+    pub link_error_recovery_per_min: f64,
+    /// How long a `link_downed` increment keeps its finding active, seconds (NVSentinel: any
+    /// increment is fatal; NVIDIA's bring-up guide records every delta).
+    pub link_downed_hold_s: u64,
+    /// The width (lanes) and speed (Gb/s) a port should run at; unset: the fleet's most
+    /// common value among active ports.
+    pub expected_width_lanes: Option<f64>,
+    pub expected_rate_gbps: Option<f64>,
+    /// How long phys state must stay off LinkUp before it is a finding, seconds: gpud counts
+    /// a port down for at least 25 s.
+    pub phys_state_grace_s: u64,
+    /// Modified z-score above which a port's CNP rate is far above the fleet's norm:
+    /// Iglewicz & Hoaglin's 3.5.
+    pub congestion_score: f64,
+    /// ...and at least this many CNPs per second (railscope's choice: below it congestion
+    /// control is not what slows a job).
+    pub congestion_min_cnp_per_s: f64,
+    /// How long an XID or a lost GPU keeps its finding active, seconds (railscope's choice:
+    /// the event needs an operator's action, which the collector cannot see).
+    pub xid_hold_s: u64,
+    /// GPU utilisation above which a PCIe link below its maximum counts (GPUs lower their
+    /// link when idle to save power; NVIDIA's nvidia-smi documentation).
+    pub pcie_busy_utilization: f64,
+    /// QPs moving to ERR within `verbs-window-s` (warning; railscope's choice: any).
+    pub qp_errors: u64,
+    /// rdma_cm rejects within `verbs-window-s` (warning; railscope's choice).
+    pub cm_rejects: u64,
+    pub verbs_window_s: u64,
+    /// Findings reloaded as active at start-up end if their condition is not seen again
+    /// within this many seconds.
+    pub restart_grace_s: u64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            tick_s: 5,
+            flap_downs: 3,
+            flap_window_s: 3600,
+            symbol_errors_per_s: 10.0,
+            symbol_errors_per_hour: 120,
+            link_error_recovery_per_min: 5.0,
+            link_downed_hold_s: 3600,
+            expected_width_lanes: None,
+            expected_rate_gbps: None,
+            phys_state_grace_s: 25,
+            congestion_score: 3.5,
+            congestion_min_cnp_per_s: 500.0,
+            xid_hold_s: 3600,
+            pcie_busy_utilization: 0.5,
+            qp_errors: 1,
+            cm_rejects: 10,
+            verbs_window_s: 300,
+            restart_grace_s: 300,
+        }
+    }
+}
+
+impl Thresholds {
+    /// A threshold that cannot work, named.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.tick_s == 0 {
+            return Err("findings.tick-s must be at least 1".into());
+        }
+        if self.flap_downs == 0 {
+            return Err("findings.flap-downs must be at least 1".into());
+        }
+        for (v, name) in [
+            (self.flap_window_s, "flap-window-s"),
+            (self.verbs_window_s, "verbs-window-s"),
+        ] {
+            if v == 0 {
+                return Err(format!("findings.{name} must be at least 1"));
+            }
+        }
+        if !(self.congestion_score > 0.0) {
+            return Err("findings.congestion-score must be above 0".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Verb rules, per job on each node: QPs moving to ERR and rdma_cm rejects, from the probes'
+//! verb counters (`railscope_rdma_verbs_total`, per cgroup, with the job's `job_id`).
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{Observation, Severity, Subject, engine::View};
+
+pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
+
+pub const SERIES: &str = "railscope_rdma_verbs_total";
+
+const S: u64 = 1_000_000_000;
+
+pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
+    let th = view.th;
+    let window = th.verbs_window_s * S;
+    // (rule, node, job or cgroup) → (increase, last sample time, job_id, cgroups)
+    let mut sums: BTreeMap<(&'static str, String, String), (u64, u64, Option<String>, Vec<String>)> =
+        BTreeMap::new();
+    for (key, track) in view.named(SERIES) {
+        let labels = &key.1.labels;
+        let rule = match (labels.get("verb"), labels.get("detail")) {
+            (Some("modify_qp"), Some("ERR")) => "verbs_qp_error",
+            (Some("cm_reject"), _) => "verbs_cm_reject",
+            _ => continue,
+        };
+        let Some((n, _)) = track.increase(window) else { continue };
+        if n == 0 {
+            continue;
+        }
+        let job = labels.get("job_id").map(str::to_owned);
+        let cgroup = labels.get("cgroup").unwrap_or("").to_owned();
+        let who = job.clone().unwrap_or_else(|| format!("cgroup:{cgroup}"));
+        let e = sums
+            .entry((rule, key.0.to_string(), who))
+            .or_insert((0, 0, job, Vec::new()));
+        e.0 += n;
+        e.1 = e.1.max(track.latest.unix_ns);
+        if !e.3.contains(&cgroup) {
+            e.3.push(cgroup);
+        }
+    }
+    for ((rule, node, who), (n, at, job, cgroups)) in sums {
+        let (threshold, what) = match rule {
+            "verbs_qp_error" => (th.qp_errors, "QPs moved to ERR"),
+            _ => (th.cm_rejects, "rdma_cm rejects"),
+        };
+        if n < threshold {
+            continue;
+        }
+        out.push(Observation {
+            rule,
+            severity: Severity::Warning,
+            subject: Subject::job(&node, &who),
+            job_id: job,
+            at_ns: at,
+            summary: format!("{n} {what} for {who} in the last {} s", th.verbs_window_s),
+            evidence: json!({"count": n, "window_s": th.verbs_window_s, "threshold": threshold,
+                             "cgroups": cgroups}),
+        });
+    }
+}

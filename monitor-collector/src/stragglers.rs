@@ -1,0 +1,477 @@
+//! Stragglers (Moneo's real-time abnormal resource usage; docs/findings.md, "Stragglers"):
+//! within one job, the GPUs and ports whose activity stays far from the job's median over a
+//! window. The window is read from the archive and cut into steps; at each step every device
+//! of the job is scored against the job's median with the modified z-score
+//! `|x - median| / (1.4826 MAD)` ([`robust`](crate::robust)), so one straggler cannot hide
+//! itself by moving the norm; a device whose score is above the threshold in most steps is a
+//! straggler, ranked by its median score, with the finding that explains it when there is one.
+//!
+//! Metrics: GPU SM activity, tensor activity and memory bandwidth (the agent's GPM ratios,
+//! whose series carry the job's `job_id`), and each port's IB throughput (sent + received)
+//! for the ports of the job's nodes (a node belongs to a job over the window if any of its
+//! series carries the `job_id`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use axum::{
+    Json, Router,
+    extract::{RawQuery, State},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{
+    findings::{Finding, FindingsStore, store::FindingFilter},
+    query::{
+        api::{ApiError, blocking, one, params, range},
+        engine::{Points, QueryEngine, QueryError, SeriesQuery},
+        selector::Matcher,
+    },
+    robust::{Norm, median},
+};
+
+/// The GPU metrics compared, and the smallest scale a score divides by (2 points of a ratio).
+pub const GPU_METRICS: &[&str] = &[
+    "railscope_gpu_sm_util_ratio",
+    "railscope_gpu_tensor_util_ratio",
+    "railscope_gpu_dram_bw_util_ratio",
+];
+const GPU_FLOOR: f64 = 0.02;
+/// The port metric as reported, from the two counters whose rates it adds.
+pub const PORT_METRIC: &str = "railscope_ib_port_bytes_per_second";
+const PORT_COUNTERS: &[&str] = &[
+    "railscope_ib_port_xmit_bytes_total",
+    "railscope_ib_port_rcv_bytes_total",
+];
+/// A port's floor: 2% of the job's median throughput.
+const PORT_FLOOR_FRACTION: f64 = 0.02;
+
+/// How stragglers are searched for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StragglerSettings {
+    /// Step of the window, ns (default 10 s).
+    pub step_ns: u64,
+    /// Score above which a device is far from its job's median: Iglewicz & Hoaglin's 3.5.
+    pub score: f64,
+    /// Share of the window's steps in which it must be far (default 0.75: "stays").
+    pub min_fraction: f64,
+    /// Devices a job needs for a median to mean something (default 4).
+    pub min_devices: usize,
+}
+
+impl Default for StragglerSettings {
+    fn default() -> Self {
+        Self {
+            step_ns: 10_000_000_000,
+            score: 3.5,
+            min_fraction: 0.75,
+            min_devices: 4,
+        }
+    }
+}
+
+/// One straggler (docs/http-api.md).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Straggler {
+    pub node: String,
+    pub gpu: Option<String>,
+    pub device: Option<String>,
+    pub port: Option<u32>,
+    pub metric: String,
+    /// The device's median over the window.
+    pub value: f64,
+    /// The job's median.
+    pub median: f64,
+    /// The device's median score over the steps.
+    pub score: f64,
+    /// The share of steps it was far in.
+    pub fraction: f64,
+    /// The id of a finding on the same GPU or port that explains it.
+    pub cause: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobStragglers {
+    pub job_id: String,
+    pub nodes: usize,
+    pub gpus: usize,
+    pub stragglers: Vec<Straggler>,
+}
+
+/// A device of a job: (node, gpu) or (node, device, port).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Device {
+    Gpu(String, String),
+    Port(String, String, u32),
+}
+
+/// Per job, metric and device: the mean value in each step of the window.
+type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, BTreeMap<u64, (f64, u32)>>>;
+
+/// Searches the window `[start_ns, end_ns]` of the archive (`job`: only this job).
+pub fn find(
+    engine: &QueryEngine,
+    findings: Option<&FindingsStore>,
+    job: Option<&str>,
+    start_ns: u64,
+    end_ns: u64,
+    settings: &StragglerSettings,
+) -> Result<Vec<JobStragglers>, QueryError> {
+    let step = settings.step_ns.max(1);
+    let job_matcher = match job {
+        Some(j) => Matcher::parse(&format!("job_id={j:?}")),
+        None => Matcher::parse("job_id=~.+"),
+    }
+    .expect("a fixed matcher parses");
+    let mut steps: Steps = BTreeMap::new();
+    let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
+    let add = |steps: &mut Steps, job: &str, metric: &'static str, dev: Device, t: u64, v: f64| {
+        if !v.is_finite() || t < start_ns {
+            return;
+        }
+        let slot = steps
+            .entry((job.to_owned(), metric))
+            .or_default()
+            .entry(dev)
+            .or_default()
+            .entry((t - start_ns) / step)
+            .or_insert((0.0, 0));
+        slot.0 += v;
+        slot.1 += 1;
+    };
+    for &metric in GPU_METRICS {
+        let (answers, _) = engine.series(&SeriesQuery {
+            metric: metric.into(),
+            matchers: vec![job_matcher.clone()],
+            start_ns,
+            end_ns,
+        })?;
+        for a in answers {
+            let (Some(node), Some(gpu), Some(job)) =
+                (a.labels.get("node"), a.labels.get("gpu"), a.labels.get("job_id"))
+            else {
+                continue;
+            };
+            node_jobs.entry(node.clone()).or_default().insert(job.clone());
+            if let Points::Gauge(points) = &a.points {
+                for p in points {
+                    add(&mut steps, job, metric, Device::Gpu(node.clone(), gpu.clone()), p.t, p.mean);
+                }
+            }
+        }
+    }
+    if !node_jobs.is_empty() {
+        // Ports: rates of both directions added per step, for the nodes of the jobs.
+        let mut port_steps: HashMap<(String, String, u32), BTreeMap<u64, (f64, u32)>> =
+            HashMap::new();
+        for &metric in PORT_COUNTERS {
+            let (answers, _) = engine.series(&SeriesQuery {
+                metric: metric.into(),
+                matchers: Vec::new(),
+                start_ns,
+                end_ns,
+            })?;
+            for a in answers {
+                let (Some(node), Some(device), Some(port)) = (
+                    a.labels.get("node"),
+                    a.labels.get("device"),
+                    a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
+                ) else {
+                    continue;
+                };
+                if !node_jobs.contains_key(node) {
+                    continue;
+                }
+                if let Points::Counter(points) = &a.points {
+                    let slots = port_steps
+                        .entry((node.clone(), device.clone(), port))
+                        .or_default();
+                    // The mean rate of each direction per step, then the two added.
+                    let mut own: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
+                    for p in points.iter().filter(|p| p.t >= start_ns) {
+                        if let Some(r) = p.rate {
+                            let s = own.entry((p.t - start_ns) / step).or_insert((0.0, 0));
+                            s.0 += r;
+                            s.1 += 1;
+                        }
+                    }
+                    for (k, (sum, n)) in own {
+                        let s = slots.entry(k).or_insert((0.0, 0));
+                        s.0 += sum / f64::from(n);
+                        s.1 = 1;
+                    }
+                }
+            }
+        }
+        for ((node, device, port), slots) in port_steps {
+            for job in &node_jobs[&node] {
+                for (&k, &(v, _)) in &slots {
+                    let t = start_ns + k * step;
+                    add(&mut steps, job, PORT_METRIC, Device::Port(node.clone(), device.clone(), port), t, v);
+                }
+            }
+        }
+    }
+
+    let active: Vec<Finding> = findings
+        .map(|f| {
+            f.list(&FindingFilter {
+                start_ns,
+                end_ns,
+                ..FindingFilter::default()
+            })
+        })
+        .unwrap_or_default();
+    let mut jobs: BTreeMap<String, (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>)> =
+        BTreeMap::new();
+    for ((job, metric), devices) in &steps {
+        let entry = jobs.entry(job.clone()).or_default();
+        for d in devices.keys() {
+            match d {
+                Device::Gpu(n, _) => {
+                    entry.0.insert(n.clone());
+                    entry.1.insert(d.clone());
+                }
+                Device::Port(n, ..) => {
+                    entry.0.insert(n.clone());
+                }
+            }
+        }
+        entry.2.extend(score_metric(metric, devices, settings, &active));
+    }
+    Ok(jobs
+        .into_iter()
+        .map(|(job_id, (nodes, gpus, found))| {
+            // One entry per device: its worst metric.
+            let mut best: BTreeMap<(String, Option<String>, Option<String>, Option<u32>), Straggler> =
+                BTreeMap::new();
+            for s in found {
+                let key = (s.node.clone(), s.gpu.clone(), s.device.clone(), s.port);
+                match best.get(&key) {
+                    Some(b) if b.score >= s.score => {}
+                    _ => {
+                        best.insert(key, s);
+                    }
+                }
+            }
+            let mut stragglers: Vec<Straggler> = best.into_values().collect();
+            stragglers.sort_by(|a, b| b.score.total_cmp(&a.score));
+            JobStragglers {
+                job_id,
+                nodes: nodes.len(),
+                gpus: gpus.len(),
+                stragglers,
+            }
+        })
+        .collect())
+}
+
+fn score_metric(
+    metric: &'static str,
+    devices: &BTreeMap<Device, BTreeMap<u64, (f64, u32)>>,
+    settings: &StragglerSettings,
+    findings: &[Finding],
+) -> Vec<Straggler> {
+    if devices.len() < settings.min_devices {
+        return Vec::new();
+    }
+    // Each device's mean per step.
+    let means: BTreeMap<&Device, BTreeMap<u64, f64>> = devices
+        .iter()
+        .map(|(d, steps)| {
+            (
+                d,
+                steps
+                    .iter()
+                    .map(|(&k, &(sum, n))| (k, sum / f64::from(n.max(1))))
+                    .collect(),
+            )
+        })
+        .collect();
+    let all_steps: BTreeSet<u64> = means.values().flat_map(|m| m.keys().copied()).collect();
+    let mut scores: BTreeMap<&Device, Vec<f64>> = BTreeMap::new();
+    let mut step_medians = Vec::new();
+    for k in all_steps {
+        let values: Vec<(&Device, f64)> = means
+            .iter()
+            .filter_map(|(d, m)| m.get(&k).map(|&v| (*d, v)))
+            .collect();
+        if values.len() < settings.min_devices {
+            continue;
+        }
+        let xs: Vec<f64> = values.iter().map(|v| v.1).collect();
+        let Some(probe) = Norm::of(&xs, 0.0) else { continue };
+        let floor = if metric == PORT_METRIC {
+            probe.median.abs() * PORT_FLOOR_FRACTION
+        } else {
+            GPU_FLOOR
+        }
+        .max(f64::MIN_POSITIVE);
+        let norm = Norm { floor, ..probe };
+        step_medians.push(norm.median);
+        for (d, v) in values {
+            scores.entry(d).or_default().push(norm.score(v));
+        }
+    }
+    let job_median = median(&step_medians).unwrap_or(f64::NAN);
+    let mut out = Vec::new();
+    for (d, s) in scores {
+        let far = s.iter().filter(|&&x| x > settings.score).count();
+        let fraction = far as f64 / s.len() as f64;
+        if fraction < settings.min_fraction {
+            continue;
+        }
+        let values: Vec<f64> = means[d].values().copied().collect();
+        let (node, gpu, device, port) = match d {
+            Device::Gpu(n, g) => (n.clone(), Some(g.clone()), None, None),
+            Device::Port(n, dev, p) => (n.clone(), None, Some(dev.clone()), Some(*p)),
+        };
+        let cause = cause_of(findings, &node, gpu.as_deref(), device.as_deref(), port);
+        out.push(Straggler {
+            node,
+            gpu,
+            device,
+            port,
+            metric: metric.into(),
+            value: median(&values).unwrap_or(f64::NAN),
+            median: job_median,
+            score: median(&s).unwrap_or(0.0),
+            fraction,
+            cause,
+        });
+    }
+    out
+}
+
+/// The finding on the same GPU or port that explains a straggler: the most severe, then the
+/// earliest.
+fn cause_of(
+    findings: &[Finding],
+    node: &str,
+    gpu: Option<&str>,
+    device: Option<&str>,
+    port: Option<u32>,
+) -> Option<String> {
+    findings
+        .iter()
+        .filter(|f| f.node == node)
+        .filter(|f| match gpu {
+            Some(g) => f.gpu.as_deref() == Some(g),
+            None => f.device.as_deref() == device && f.port == port,
+        })
+        .max_by(|a, b| a.severity.cmp(&b.severity).then(b.start.cmp(&a.start)))
+        .map(|f| f.id.clone())
+}
+
+/// Default window of `/api/v1/stragglers`: the last 5 minutes.
+const DEFAULT_WINDOW_NS: u64 = 300_000_000_000;
+
+#[derive(Clone)]
+struct ApiState {
+    engine: Arc<QueryEngine>,
+    findings: Option<Arc<FindingsStore>>,
+}
+
+/// `GET /api/v1/stragglers?job_id=&start=&end=`.
+pub fn router(engine: Arc<QueryEngine>, findings: Option<Arc<FindingsStore>>) -> Router {
+    Router::new()
+        .route("/api/v1/stragglers", get(stragglers))
+        .with_state(ApiState { engine, findings })
+}
+
+async fn stragglers(
+    State(state): State<ApiState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["job_id", "start", "end"])?;
+    let job = one(&pairs, "job_id")?.map(str::to_owned);
+    let mut pairs_with_default = pairs.clone();
+    if one(&pairs, "start")?.is_none() {
+        let (_, end) = range(&pairs)?;
+        pairs_with_default.push((
+            "start".into(),
+            format!("{:.9}", end.saturating_sub(DEFAULT_WINDOW_NS) as f64 / 1e9),
+        ));
+    }
+    let (start_ns, end_ns) = range(&pairs_with_default)?;
+    let jobs = blocking(move || {
+        find(
+            &state.engine,
+            state.findings.as_deref(),
+            job.as_deref(),
+            start_ns,
+            end_ns,
+            &StragglerSettings::default(),
+        )
+    })
+    .await?;
+    Ok(Json(json!({ "jobs": jobs })).into_response())
+}
+
+/// `railscope stragglers [--collector URL] [--json] [--job-id J] [--start T] [--end T]`
+#[derive(clap::Args, Debug, Clone)]
+pub struct StragglerArgs {
+    #[arg(long, default_value = "http://127.0.0.1:7671")]
+    pub collector: String,
+    #[arg(long)]
+    pub json: bool,
+    /// Only this job (`slurm:42`, `k8s:<pod uid>`, ...).
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// The window (default: the last 5 minutes).
+    #[arg(long, default_value = "-5m", allow_hyphen_values = true)]
+    pub start: String,
+    #[arg(long, default_value = "now", allow_hyphen_values = true)]
+    pub end: String,
+}
+
+pub fn run_cli(args: &StragglerArgs) -> anyhow::Result<()> {
+    let mut query = vec![("start", args.start.clone()), ("end", args.end.clone())];
+    if let Some(j) = &args.job_id {
+        query.push(("job_id", j.clone()));
+    }
+    let json = crate::query::cli::get_json(&args.collector, "/api/v1/stragglers", &query)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    let jobs = json["jobs"].as_array().cloned().unwrap_or_default();
+    if jobs.is_empty() {
+        println!("no jobs in the window");
+    }
+    for j in jobs {
+        let list = j["stragglers"].as_array().cloned().unwrap_or_default();
+        println!(
+            "job {}: {} nodes, {} GPUs, {} stragglers",
+            j["job_id"].as_str().unwrap_or("?"),
+            j["nodes"],
+            j["gpus"],
+            list.len()
+        );
+        for s in list {
+            let place = match (s["gpu"].as_str(), s["device"].as_str()) {
+                (Some(g), _) => format!("gpu {g}"),
+                (None, Some(d)) => format!("{d}/{}", s["port"]),
+                _ => "?".into(),
+            };
+            println!(
+                "  {} {place}: {} {:.4} against the job's {:.4} (score {:.1}){}",
+                s["node"].as_str().unwrap_or("?"),
+                s["metric"].as_str().unwrap_or("?"),
+                s["value"].as_f64().unwrap_or(f64::NAN),
+                s["median"].as_f64().unwrap_or(f64::NAN),
+                s["score"].as_f64().unwrap_or(f64::NAN),
+                s["cause"]
+                    .as_str()
+                    .map(|c| format!(", likely cause {c}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,872 @@
+//! A simulated fleet for tests, benches and the demo (dev-only, never shipped): N nodes of 8
+//! GPUs and 8 IB ports each, running jobs labelled with `job_id`, and the faults operators look
+//! for — a slow GPU, a degraded port, a flapping port, XIDs — produced as **real frames** by
+//! monitor-wire's encoder, with the series names and labels the agent sends
+//! (monitor-user/src/sources: `ib_sysfs`, `gpu`; `railscope_rdma_verbs_total`; events as
+//! `agent/wire_events.rs` and `pipeline::gpu_event` make them).
+//!
+//! ```no_run
+//! use monitor_testkit::SimulatedFleet;
+//! let key = railscope_wire::Key::from_bytes([7; 32]);
+//! let mut fleet = SimulatedFleet::builder(64)
+//!     .job("slurm:4242", 0..64)
+//!     .slow_gpu(17, 3)
+//!     .degraded_port(42, 5)
+//!     .flapping_port(9, 2)
+//!     .build(key);
+//! fleet.send_ticks("127.0.0.1:7670".parse().unwrap(), 300).unwrap();
+//! ```
+//!
+//! Time is simulated: each tick is one sweep of every node, `interval` after the previous one,
+//! from `start_unix_ns` (by default `ticks_before_now` ticks before the wall clock, so a run of
+//! that many ticks ends now and a collector accepts every frame). Values carry seeded noise:
+//! a fleet built twice with the same settings produces the same samples.
+
+use std::{
+    collections::BTreeMap,
+    io,
+    net::{SocketAddr, UdpSocket},
+    ops::Range,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use railscope_wire::{
+    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value,
+};
+
+/// GPUs per node.
+pub const GPUS: usize = 8;
+/// IB devices per node, one port each (`mlx5_0`..`mlx5_7`, port 1).
+pub const PORTS: usize = 8;
+
+/// Healthy values, and what the faults turn them into.
+pub mod values {
+    /// SM activity of a busy GPU (0-1) and of the slow one.
+    pub const SM_UTIL: f64 = 0.92;
+    pub const SLOW_SM_UTIL: f64 = 0.55;
+    pub const TENSOR_UTIL: f64 = 0.70;
+    pub const SLOW_TENSOR_UTIL: f64 = 0.38;
+    pub const DRAM_BW_UTIL: f64 = 0.60;
+    pub const SLOW_DRAM_BW_UTIL: f64 = 0.35;
+    /// Bytes per second each way on a port of a busy node (about 200 Gb/s).
+    pub const PORT_BYTES_PER_S: f64 = 25.0e9;
+    pub const DEGRADED_PORT_BYTES_PER_S: f64 = 11.0e9;
+    /// A 4X NDR port, and the degraded one trained down to 2 lanes.
+    pub const RATE_GBPS: f64 = 400.0;
+    pub const WIDTH_LANES: f64 = 4.0;
+    pub const DEGRADED_RATE_GBPS: f64 = 200.0;
+    pub const DEGRADED_WIDTH_LANES: f64 = 2.0;
+    /// Symbol errors per second on the degraded port (healthy ports count none).
+    pub const DEGRADED_SYMBOL_ERRORS_PER_S: u64 = 40;
+    /// CNPs sent per second by a healthy RoCE port, and by a congested one.
+    pub const CNP_PER_S: u64 = 50;
+    pub const CONGESTED_CNP_PER_S: u64 = 20_000;
+    /// PCIe link of a healthy GPU (Gen5 x16).
+    pub const PCIE_GEN: f64 = 5.0;
+    pub const PCIE_WIDTH: f64 = 16.0;
+}
+
+/// A job running on a range of nodes (all their GPUs).
+#[derive(Clone, Debug)]
+pub struct SimJob {
+    pub job_id: String,
+    pub nodes: Range<usize>,
+}
+
+/// An XID occurrence at a tick.
+#[derive(Clone, Copy, Debug)]
+pub struct SimXid {
+    pub node: usize,
+    pub gpu: usize,
+    pub code: u64,
+    pub tick: u64,
+}
+
+/// A GPU lost (fallen off the bus) at a tick: its series stop from then on.
+#[derive(Clone, Copy, Debug)]
+pub struct SimLostGpu {
+    pub node: usize,
+    pub gpu: usize,
+    pub tick: u64,
+}
+
+/// Builds a [`SimulatedFleet`]; nodes, GPUs and ports are numbered from 0 (a port is its
+/// device index: port `p` is `mlx5_<p>`, port 1).
+#[derive(Clone, Debug)]
+pub struct FleetBuilder {
+    nodes: usize,
+    node_prefix: String,
+    jobs: Vec<SimJob>,
+    slow_gpus: Vec<(usize, usize)>,
+    /// Slow GPUs whose cause is a thermal slowdown (the throttle flag is up).
+    throttled: bool,
+    degraded_ports: Vec<(usize, usize)>,
+    flapping_ports: Vec<(usize, usize)>,
+    flap_every_ticks: u64,
+    flap_down_ticks: u64,
+    congested_ports: Vec<(usize, usize)>,
+    xids: Vec<SimXid>,
+    lost: Vec<SimLostGpu>,
+    ecc_dbe: Vec<(usize, usize)>,
+    remap_pending: Vec<(usize, usize)>,
+    pcie_degraded: Vec<(usize, usize)>,
+    qp_errors: Vec<(usize, String)>,
+    cm_rejects: Vec<(usize, String)>,
+    roce: bool,
+    interval: Duration,
+    flush_every: u64,
+    start_unix_ns: Option<u64>,
+    ticks_before_now: u64,
+    seed: u64,
+}
+
+impl FleetBuilder {
+    /// Node names are `<prefix><index, 3 digits>`; default `node-`.
+    pub fn node_prefix(mut self, prefix: &str) -> Self {
+        self.node_prefix = prefix.into();
+        self
+    }
+
+    /// A job on `nodes` (its GPU series and verb series carry `job_id`; contract: `slurm:<id>`,
+    /// `k8s:<uid>`, `systemd:<unit>`). Nodes in no job are idle (low utilisation).
+    pub fn job(mut self, job_id: &str, nodes: Range<usize>) -> Self {
+        self.jobs.push(SimJob {
+            job_id: job_id.into(),
+            nodes,
+        });
+        self
+    }
+
+    /// A GPU whose SM, tensor and memory-bandwidth activity stay well below its peers', with
+    /// its `hw_thermal_slowdown` throttle flag up (the cause a findings engine should name).
+    pub fn slow_gpu(mut self, node: usize, gpu: usize) -> Self {
+        self.slow_gpus.push((node, gpu));
+        self.throttled = true;
+        self
+    }
+
+    /// Slow GPUs without any throttle flag (a cause the collector cannot see).
+    pub fn unexplained(mut self) -> Self {
+        self.throttled = false;
+        self
+    }
+
+    /// A port trained down from 4X 400 Gb/s to 2X 200 Gb/s, counting symbol errors and
+    /// carrying less than half its peers' traffic.
+    pub fn degraded_port(mut self, node: usize, port: usize) -> Self {
+        self.degraded_ports.push((node, port));
+        self
+    }
+
+    /// A port that goes DOWN and back UP every `flap_every` ticks (default 20, down for 2):
+    /// `ib_port` PORT_ERR/PORT_ACTIVE events and `port_transition` events, state, phys state
+    /// and `link_downed` following.
+    pub fn flapping_port(mut self, node: usize, port: usize) -> Self {
+        self.flapping_ports.push((node, port));
+        self
+    }
+
+    pub fn flap_period(mut self, every_ticks: u64, down_ticks: u64) -> Self {
+        assert!(down_ticks < every_ticks && every_ticks > 0);
+        self.flap_every_ticks = every_ticks;
+        self.flap_down_ticks = down_ticks;
+        self
+    }
+
+    /// A RoCE port whose CNP and ECN counters run far above the fleet's (makes the fleet
+    /// RoCE: every port gets `np_cnp_sent`, `rp_cnp_handled`, `np_ecn_marked_roce_packets`).
+    pub fn congested_port(mut self, node: usize, port: usize) -> Self {
+        self.congested_ports.push((node, port));
+        self.roce = true;
+        self
+    }
+
+    /// Every port has the RoCE congestion counters (at the healthy rate unless congested).
+    pub fn roce(mut self) -> Self {
+        self.roce = true;
+        self
+    }
+
+    pub fn xid(mut self, node: usize, gpu: usize, code: u64, tick: u64) -> Self {
+        self.xids.push(SimXid {
+            node,
+            gpu,
+            code,
+            tick,
+        });
+        self
+    }
+
+    /// The GPU falls off the bus at `tick`: a `gpu_lost` event, then no more series of it.
+    pub fn lost_gpu(mut self, node: usize, gpu: usize, tick: u64) -> Self {
+        self.lost.push(SimLostGpu { node, gpu, tick });
+        self
+    }
+
+    /// Uncorrected (double-bit) ECC errors counting up on a GPU.
+    pub fn ecc_double_bit(mut self, node: usize, gpu: usize) -> Self {
+        self.ecc_dbe.push((node, gpu));
+        self
+    }
+
+    /// A row remapping pending on a GPU.
+    pub fn remap_pending(mut self, node: usize, gpu: usize) -> Self {
+        self.remap_pending.push((node, gpu));
+        self
+    }
+
+    /// A GPU whose PCIe link trained at Gen4 x8 instead of Gen5 x16.
+    pub fn pcie_degraded(mut self, node: usize, gpu: usize) -> Self {
+        self.pcie_degraded.push((node, gpu));
+        self
+    }
+
+    /// QPs of `job_id` on `node` moving to ERR (the verb counter, one per tick).
+    pub fn qp_errors(mut self, node: usize, job_id: &str) -> Self {
+        self.qp_errors.push((node, job_id.into()));
+        self
+    }
+
+    /// rdma_cm rejects (`REJ_CONSUMER_DEFINED`) for `job_id` on `node`, one per tick.
+    pub fn cm_rejects(mut self, node: usize, job_id: &str) -> Self {
+        self.cm_rejects.push((node, job_id.into()));
+        self
+    }
+
+    /// Time between ticks (default 1 s).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Ticks per flush (default 10, like the agent's 10 s flush of 1 s sweeps).
+    pub fn flush_every(mut self, ticks: u64) -> Self {
+        self.flush_every = ticks.max(1);
+        self
+    }
+
+    /// Time of tick 0.
+    pub fn start_unix_ns(mut self, t: u64) -> Self {
+        self.start_unix_ns = Some(t);
+        self
+    }
+
+    /// Tick 0 is this many intervals before the wall clock when built (default 300), unless
+    /// `start_unix_ns` is given.
+    pub fn ticks_before_now(mut self, ticks: u64) -> Self {
+        self.ticks_before_now = ticks;
+        self
+    }
+
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    pub fn build(self, key: Key) -> SimulatedFleet {
+        let interval_ns = self.interval.as_nanos() as u64;
+        let start = self.start_unix_ns.unwrap_or_else(|| {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock after 1970")
+                .as_nanos() as u64;
+            // Whole seconds, so sample times fall on the encoder's time quantum.
+            (now - self.ticks_before_now * interval_ns) / 1_000_000_000 * 1_000_000_000
+        });
+        let nodes = (0..self.nodes)
+            .map(|n| {
+                let name = format!("{}{n:03}", self.node_prefix);
+                let mut config = EncoderConfig::new(name.clone());
+                config.schema_refresh = Duration::from_secs(60);
+                SimNode {
+                    encoder: FrameEncoder::new(config, key.clone())
+                        .expect("a simulated node's name fits a frame"),
+                    name,
+                    counters: BTreeMap::new(),
+                    port_up: [true; PORTS],
+                }
+            })
+            .collect();
+        SimulatedFleet {
+            rng: fastrand::Rng::with_seed(self.seed),
+            start_unix_ns: start,
+            interval_ns,
+            tick: 0,
+            nodes,
+            spec: self,
+        }
+    }
+}
+
+struct SimNode {
+    name: String,
+    encoder: FrameEncoder,
+    /// Cumulative counter values by series.
+    counters: BTreeMap<Series, u64>,
+    port_up: [bool; PORTS],
+}
+
+/// A fleet of simulated nodes; see the crate's documentation.
+pub struct SimulatedFleet {
+    spec: FleetBuilder,
+    rng: fastrand::Rng,
+    start_unix_ns: u64,
+    interval_ns: u64,
+    tick: u64,
+    nodes: Vec<SimNode>,
+}
+
+impl SimulatedFleet {
+    /// A fleet of `nodes` nodes, each 8 GPUs and 8 ports, no job and no fault yet.
+    pub fn builder(nodes: usize) -> FleetBuilder {
+        FleetBuilder {
+            nodes,
+            node_prefix: "node-".into(),
+            jobs: Vec::new(),
+            slow_gpus: Vec::new(),
+            throttled: false,
+            degraded_ports: Vec::new(),
+            flapping_ports: Vec::new(),
+            flap_every_ticks: 20,
+            flap_down_ticks: 2,
+            congested_ports: Vec::new(),
+            xids: Vec::new(),
+            lost: Vec::new(),
+            ecc_dbe: Vec::new(),
+            remap_pending: Vec::new(),
+            pcie_degraded: Vec::new(),
+            qp_errors: Vec::new(),
+            cm_rejects: Vec::new(),
+            roce: false,
+            interval: Duration::from_secs(1),
+            flush_every: 10,
+            start_unix_ns: None,
+            ticks_before_now: 300,
+            seed: 0x5eed,
+        }
+    }
+
+    /// The name of node `index`.
+    pub fn node_name(&self, index: usize) -> &str {
+        &self.nodes[index].name
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Ticks done so far.
+    pub fn ticks(&self) -> u64 {
+        self.tick
+    }
+
+    /// Time of tick `tick`.
+    pub fn tick_unix_ns(&self, tick: u64) -> u64 {
+        self.start_unix_ns + tick * self.interval_ns
+    }
+
+    pub fn jobs(&self) -> &[SimJob] {
+        &self.spec.jobs
+    }
+
+    /// The job a node runs, if any.
+    pub fn job_of(&self, node: usize) -> Option<&str> {
+        self.spec
+            .jobs
+            .iter()
+            .find(|j| j.nodes.contains(&node))
+            .map(|j| j.job_id.as_str())
+    }
+
+    /// One sweep of every node; returns the frames due (every `flush_every` ticks, and the
+    /// events of this tick at once, as the agent sends them).
+    pub fn tick(&mut self) -> Vec<Vec<u8>> {
+        let tick = self.tick;
+        let t = self.tick_unix_ns(tick);
+        let mut frames = Vec::new();
+        for n in 0..self.nodes.len() {
+            let readings = self.node_readings(n, tick, t);
+            let events = self.node_events(n, tick, t);
+            let node = &mut self.nodes[n];
+            for r in &readings {
+                node.encoder
+                    .push_reading(r)
+                    .expect("simulated readings are valid");
+            }
+            let has_events = !events.is_empty();
+            for e in events {
+                node.encoder.push_event(e);
+            }
+            if (tick + 1) % self.spec.flush_every == 0 {
+                frames.extend(node.encoder.flush(t));
+            } else if has_events {
+                frames.extend(node.encoder.flush_events(t));
+            }
+        }
+        self.tick += 1;
+        frames
+    }
+
+    /// The frames of every node's pending samples, sent at the last tick's time.
+    pub fn flush(&mut self) -> Vec<Vec<u8>> {
+        let t = self.tick_unix_ns(self.tick.saturating_sub(1));
+        self.nodes
+            .iter_mut()
+            .flat_map(|n| n.encoder.flush(t))
+            .collect()
+    }
+
+    /// Runs `ticks` ticks and sends their frames (and a last flush) to a collector's UDP
+    /// address, pausing briefly every few frames so a local receive buffer keeps up.
+    pub fn send_ticks(&mut self, collector: SocketAddr, ticks: u64) -> io::Result<usize> {
+        let socket = UdpSocket::bind("127.0.0.1:0")?;
+        let mut sent = 0;
+        for _ in 0..ticks {
+            let frames = self.tick();
+            sent += send_paced(&socket, collector, &frames)?;
+        }
+        let frames = self.flush();
+        sent += send_paced(&socket, collector, &frames)?;
+        Ok(sent)
+    }
+
+    fn gpu_fault(&self, list: &[(usize, usize)], node: usize, gpu: usize) -> bool {
+        list.contains(&(node, gpu))
+    }
+
+    fn lost_at(&self, node: usize, gpu: usize) -> Option<u64> {
+        self.spec
+            .lost
+            .iter()
+            .find(|l| l.node == node && l.gpu == gpu)
+            .map(|l| l.tick)
+    }
+
+    /// Multiplicative noise within ±`pct` percent.
+    fn noisy(&mut self, value: f64, pct: f64) -> f64 {
+        value * (1.0 + pct / 100.0 * (2.0 * self.rng.f64() - 1.0))
+    }
+
+    fn flapping_down(&self, node: usize, port: usize, tick: u64) -> bool {
+        self.spec.flapping_ports.contains(&(node, port)) && {
+            let phase = tick % self.spec.flap_every_ticks;
+            phase >= self.spec.flap_every_ticks - self.spec.flap_down_ticks
+        }
+    }
+
+    fn node_readings(&mut self, n: usize, tick: u64, t: u64) -> Vec<Reading> {
+        let job = self.job_of(n).map(str::to_owned);
+        let busy = job.is_some();
+        let dt = self.interval_ns as f64 / 1e9;
+        let mut out = Vec::new();
+        let mut counters: Vec<(Series, u64)> = Vec::new();
+        for g in 0..GPUS {
+            if self.lost_at(n, g).is_some_and(|lost| tick >= lost) {
+                continue;
+            }
+            let gpu = g.to_string();
+            let uuid = format!("GPU-{n:04x}{g:04x}-sim");
+            let mut base: Vec<(&str, String)> = vec![("gpu", gpu), ("uuid", uuid)];
+            if let Some(job) = &job {
+                base.push(("job_id", job.clone()));
+            }
+            let labels = |extra: &[(&str, &str)]| {
+                Labels::new(
+                    base.iter()
+                        .map(|(k, v)| (*k, v.as_str()))
+                        .chain(extra.iter().copied()),
+                )
+            };
+            let slow = self.gpu_fault(&self.spec.slow_gpus, n, g);
+            let (sm, tensor, dram) = match (busy, slow) {
+                (false, _) => (0.02, 0.0, 0.01),
+                (true, false) => (
+                    values::SM_UTIL,
+                    values::TENSOR_UTIL,
+                    values::DRAM_BW_UTIL,
+                ),
+                (true, true) => (
+                    values::SLOW_SM_UTIL,
+                    values::SLOW_TENSOR_UTIL,
+                    values::SLOW_DRAM_BW_UTIL,
+                ),
+            };
+            let gauges = [
+                ("railscope_gpu_sm_util_ratio", self.noisy(sm, 3.0)),
+                ("railscope_gpu_tensor_util_ratio", self.noisy(tensor, 3.0)),
+                ("railscope_gpu_dram_bw_util_ratio", self.noisy(dram, 3.0)),
+                (
+                    "railscope_gpu_utilization_ratio",
+                    if busy { 1.0 } else { 0.0 },
+                ),
+                (
+                    "railscope_gpu_temperature_celsius",
+                    self.noisy(if slow { 88.0 } else { 62.0 }, 2.0).round(),
+                ),
+                (
+                    "railscope_gpu_power_watts",
+                    self.noisy(if busy { 640.0 } else { 90.0 }, 3.0),
+                ),
+            ];
+            for (name, v) in gauges {
+                out.push(gauge(name, labels(&[]), v, t));
+            }
+            for reason in [
+                "hw_thermal_slowdown",
+                "sw_thermal_slowdown",
+                "sw_power_cap",
+                "hw_power_brake_slowdown",
+                "hw_slowdown",
+            ] {
+                let on = slow && self.spec.throttled && reason == "hw_thermal_slowdown";
+                out.push(gauge(
+                    "railscope_gpu_throttle_active",
+                    labels(&[("reason", reason)]),
+                    f64::from(u8::from(on)),
+                    t,
+                ));
+            }
+            let pending = self.gpu_fault(&self.spec.remap_pending, n, g);
+            out.push(gauge(
+                "railscope_gpu_row_remap_pending",
+                labels(&[]),
+                f64::from(u8::from(pending)),
+                t,
+            ));
+            out.push(gauge(
+                "railscope_gpu_row_remap_failed",
+                labels(&[]),
+                0.0,
+                t,
+            ));
+            let pcie_bad = self.gpu_fault(&self.spec.pcie_degraded, n, g);
+            for (name, v) in [
+                (
+                    "railscope_gpu_pcie_link_generation",
+                    if pcie_bad { 4.0 } else { values::PCIE_GEN },
+                ),
+                ("railscope_gpu_pcie_link_max_generation", values::PCIE_GEN),
+                (
+                    "railscope_gpu_pcie_link_width_lanes",
+                    if pcie_bad { 8.0 } else { values::PCIE_WIDTH },
+                ),
+                ("railscope_gpu_pcie_link_max_width_lanes", values::PCIE_WIDTH),
+            ] {
+                out.push(gauge(name, labels(&[]), v, t));
+            }
+            let dbe = u64::from(self.gpu_fault(&self.spec.ecc_dbe, n, g) && tick > 0);
+            counters.push((
+                counter(
+                    "railscope_gpu_ecc_errors_total",
+                    labels(&[("type", "uncorrected"), ("scope", "volatile")]),
+                ),
+                dbe,
+            ));
+            counters.push((
+                counter(
+                    "railscope_gpu_ecc_errors_total",
+                    labels(&[("type", "corrected"), ("scope", "volatile")]),
+                ),
+                0,
+            ));
+        }
+        for p in 0..PORTS {
+            let labels = Labels::new([("device", format!("mlx5_{p}")), ("port", "1".into())]);
+            let degraded = self.spec.degraded_ports.contains(&(n, p));
+            let down = self.flapping_down(n, p, tick);
+            let (rate, width) = if degraded {
+                (values::DEGRADED_RATE_GBPS, values::DEGRADED_WIDTH_LANES)
+            } else {
+                (values::RATE_GBPS, values::WIDTH_LANES)
+            };
+            out.push(gauge(
+                "railscope_ib_port_state",
+                labels.clone(),
+                if down { 1.0 } else { 4.0 },
+                t,
+            ));
+            out.push(gauge(
+                "railscope_ib_port_phys_state",
+                labels.clone(),
+                if down { 2.0 } else { 5.0 },
+                t,
+            ));
+            out.push(gauge("railscope_ib_port_rate_gbps", labels.clone(), rate, t));
+            out.push(gauge(
+                "railscope_ib_port_width_lanes",
+                labels.clone(),
+                width,
+                t,
+            ));
+            let bytes = match (busy, degraded, down) {
+                (_, _, true) | (false, _, _) => 1.0e3,
+                (true, false, false) => values::PORT_BYTES_PER_S,
+                (true, true, false) => values::DEGRADED_PORT_BYTES_PER_S,
+            };
+            let xmit = (self.noisy(bytes, 3.0) * dt) as u64;
+            let rcv = (self.noisy(bytes, 3.0) * dt) as u64;
+            let symbol = if degraded {
+                values::DEGRADED_SYMBOL_ERRORS_PER_S * (dt as u64).max(1)
+            } else {
+                0
+            };
+            let was_up = self.nodes[n].port_up[p];
+            let downed = u64::from(was_up && down);
+            self.nodes[n].port_up[p] = !down;
+            for (name, inc) in [
+                ("railscope_ib_port_xmit_bytes_total", xmit),
+                ("railscope_ib_port_rcv_bytes_total", rcv),
+                ("railscope_ib_symbol_error_total", symbol),
+                ("railscope_ib_link_error_recovery_total", 0),
+                ("railscope_ib_link_downed_total", downed),
+                ("railscope_ib_port_rcv_errors_total", 0),
+            ] {
+                counters.push((counter(name, labels.clone()), inc));
+            }
+            if self.spec.roce {
+                let cnp = if self.spec.congested_ports.contains(&(n, p)) {
+                    values::CONGESTED_CNP_PER_S
+                } else {
+                    self.noisy(values::CNP_PER_S as f64, 20.0) as u64
+                } * (dt as u64).max(1);
+                for name in [
+                    "railscope_ib_np_cnp_sent_total",
+                    "railscope_ib_rp_cnp_handled_total",
+                    "railscope_ib_np_ecn_marked_roce_packets_total",
+                ] {
+                    counters.push((counter(name, labels.clone()), cnp));
+                }
+            }
+        }
+        if let Some(job) = &job {
+            let qp_err = self.spec.qp_errors.iter().any(|(m, j)| *m == n && j == job);
+            let rejects = self.spec.cm_rejects.iter().any(|(m, j)| *m == n && j == job);
+            let cgroup = format!("/system.slice/slurmstepd.scope/job_{}", job_number(job));
+            for (verb, detail, inc) in [
+                ("modify_qp", "ERR", u64::from(qp_err)),
+                ("modify_qp", "RTS", 1),
+                ("cm_reject", "REJ_CONSUMER_DEFINED", u64::from(rejects)),
+            ] {
+                let device = if verb == "cm_reject" { "" } else { "mlx5_0" };
+                counters.push((
+                    counter(
+                        "railscope_rdma_verbs_total",
+                        Labels::new([
+                            ("device", device),
+                            ("verb", verb),
+                            ("detail", detail),
+                            ("cgroup", cgroup.as_str()),
+                            ("job_id", job.as_str()),
+                        ]),
+                    ),
+                    inc,
+                ));
+            }
+        }
+        let node = &mut self.nodes[n];
+        for (series, inc) in counters {
+            let value = node.counters.entry(series.clone()).or_insert(0);
+            *value += inc;
+            out.push(Reading {
+                series,
+                value: Value::U64(*value),
+                unix_ns: t,
+            });
+        }
+        out
+    }
+
+    fn node_events(&self, n: usize, tick: u64, t: u64) -> Vec<Event> {
+        let mut out = Vec::new();
+        for x in self.spec.xids.iter().filter(|x| x.node == n && x.tick == tick) {
+            out.push(Event {
+                unix_ns: t,
+                kind: "xid".into(),
+                labels: gpu_labels(n, x.gpu),
+                code: x.code as i64,
+                text: format!("XID {}", x.code),
+            });
+        }
+        for l in self.spec.lost.iter().filter(|l| l.node == n && l.tick == tick) {
+            out.push(Event {
+                unix_ns: t,
+                kind: "gpu_lost".into(),
+                labels: gpu_labels(n, l.gpu),
+                code: 0,
+                text: "GPU is lost".into(),
+            });
+        }
+        for p in 0..PORTS {
+            let down = self.flapping_down(n, p, tick);
+            let was_down = tick > 0 && self.flapping_down(n, p, tick - 1);
+            if down == was_down {
+                continue;
+            }
+            let device = format!("mlx5_{p}");
+            let (code, text, from, to_up) = if down {
+                (10, "PORT_ERR", "UP", false)
+            } else {
+                (9, "PORT_ACTIVE", "DOWN", true)
+            };
+            out.push(Event {
+                unix_ns: t,
+                kind: "ib_port".into(),
+                labels: Labels::new([
+                    ("device", device.as_str()),
+                    ("cgroup", ""),
+                    ("port", "1"),
+                ]),
+                code,
+                text: text.into(),
+            });
+            out.push(Event {
+                unix_ns: t + 1_000_000,
+                kind: "port_transition".into(),
+                labels: Labels::new([("device", device.as_str()), ("port", "1"), ("from", from)]),
+                code: i64::from(to_up),
+                text: if to_up { "UP" } else { "DOWN" }.into(),
+            });
+        }
+        out
+    }
+}
+
+fn send_paced(socket: &UdpSocket, to: SocketAddr, frames: &[Vec<u8>]) -> io::Result<usize> {
+    for (i, f) in frames.iter().enumerate() {
+        socket.send_to(f, to)?;
+        if i % 64 == 63 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(frames.len())
+}
+
+fn gpu_labels(node: usize, gpu: usize) -> Labels {
+    Labels::new([
+        ("gpu", gpu.to_string()),
+        ("uuid", format!("GPU-{node:04x}{gpu:04x}-sim")),
+    ])
+}
+
+fn job_number(job_id: &str) -> &str {
+    job_id.rsplit(':').next().unwrap_or(job_id)
+}
+
+fn gauge(name: &str, labels: Labels, value: f64, t: u64) -> Reading {
+    Reading {
+        series: Series {
+            name: name.into(),
+            labels,
+            kind: Kind::Gauge,
+        },
+        value: Value::F64(value),
+        unix_ns: t,
+    }
+}
+
+fn counter(name: &str, labels: Labels) -> Series {
+    Series {
+        name: name.into(),
+        labels,
+        kind: Kind::Counter,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railscope_wire::{Frame, ReceiverState, SeriesData, decode};
+
+    fn decode_all(frames: &[Vec<u8>], key: &Key) -> Vec<Frame> {
+        let mut state = ReceiverState::default();
+        frames
+            .iter()
+            .map(|f| decode(f, key, &mut state).expect("a simulated frame decodes"))
+            .collect()
+    }
+
+    #[test]
+    fn frames_decode_with_the_faults_in_them() {
+        let key = Key::from_bytes([3; 32]);
+        let mut fleet = SimulatedFleet::builder(4)
+            .job("slurm:42", 0..4)
+            .slow_gpu(1, 3)
+            .degraded_port(2, 5)
+            .flapping_port(3, 0)
+            .xid(0, 2, 79, 4)
+            .start_unix_ns(1_790_000_000_000_000_000)
+            .build(key.clone());
+        let mut frames = Vec::new();
+        for _ in 0..20 {
+            frames.extend(fleet.tick());
+        }
+        let frames = decode_all(&frames, &key);
+        let mut names = BTreeMap::new();
+        for f in &frames {
+            for e in &f.schema {
+                names.insert((f.node.clone(), e.id), e.series.clone());
+            }
+        }
+        let mut sm_of_slow = Vec::new();
+        let mut width_of_degraded = Vec::new();
+        for f in &frames {
+            for s in &f.samples {
+                let series = &names[&(f.node.clone(), s.id)];
+                assert_eq!(
+                    !series.name.starts_with("railscope_ib_"),
+                    series.labels.get("job_id") == Some("slurm:42"),
+                    "{series}"
+                );
+                if let SeriesData::Gauge(v) = &s.data {
+                    if f.node == "node-001"
+                        && &*series.name == "railscope_gpu_sm_util_ratio"
+                        && series.labels.get("gpu") == Some("3")
+                    {
+                        sm_of_slow.extend(v.iter().map(|g| g.mean));
+                    }
+                    if f.node == "node-002"
+                        && &*series.name == "railscope_ib_port_width_lanes"
+                        && series.labels.get("device") == Some("mlx5_5")
+                    {
+                        width_of_degraded.extend(v.iter().map(|g| g.mean));
+                    }
+                }
+            }
+        }
+        assert_eq!(sm_of_slow.len(), 20);
+        assert!(sm_of_slow.iter().all(|&v| v < 0.6), "{sm_of_slow:?}");
+        assert!(width_of_degraded.iter().all(|&v| v == 2.0));
+        let events: Vec<_> = frames.iter().flat_map(|f| &f.events).collect();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == "xid" && e.code == 79 && e.labels.get("gpu") == Some("2"))
+        );
+        // Down at ticks 18 and 19 of a 20-tick period: one PORT_ERR and one DOWN transition.
+        let downs = events
+            .iter()
+            .filter(|e| e.kind == "port_transition" && e.text == "DOWN")
+            .count();
+        assert_eq!(downs, 1);
+    }
+
+    #[test]
+    fn same_settings_same_frames_content() {
+        let key = Key::from_bytes([3; 32]);
+        let make = || {
+            let mut f = SimulatedFleet::builder(2)
+                .job("k8s:abc", 0..2)
+                .start_unix_ns(1_790_000_000_000_000_000)
+                .build(key.clone());
+            let mut frames = Vec::new();
+            for _ in 0..10 {
+                frames.extend(f.tick());
+            }
+            decode_all(&frames, &key)
+                .into_iter()
+                .map(|f| f.samples)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(make(), make());
+    }
+}
