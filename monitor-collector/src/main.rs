@@ -150,9 +150,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         )
         .context("opening the findings log")?,
     );
-    let api = query::api_router(engine.clone()).merge(
-        railscope_collector::stragglers::router(engine, Some(store.clone())),
-    );
+    let api = query::api_router(engine.clone()).merge(railscope_collector::stragglers::router(
+        engine,
+        Some(store.clone()),
+    ));
     let parts = Parts {
         archive: Some(Box::new(archive)),
         api: Some(api),

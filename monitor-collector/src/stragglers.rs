@@ -152,15 +152,27 @@ pub fn find(
             end_ns,
         })?;
         for a in answers {
-            let (Some(node), Some(gpu), Some(job)) =
-                (a.labels.get("node"), a.labels.get("gpu"), a.labels.get("job_id"))
-            else {
+            let (Some(node), Some(gpu), Some(job)) = (
+                a.labels.get("node"),
+                a.labels.get("gpu"),
+                a.labels.get("job_id"),
+            ) else {
                 continue;
             };
-            node_jobs.entry(node.clone()).or_default().insert(job.clone());
+            node_jobs
+                .entry(node.clone())
+                .or_default()
+                .insert(job.clone());
             if let Points::Gauge(points) = &a.points {
                 for p in points {
-                    add(&mut steps, job, metric, Device::Gpu(node.clone(), gpu.clone()), p.t, p.mean);
+                    add(
+                        &mut steps,
+                        job,
+                        metric,
+                        Device::Gpu(node.clone(), gpu.clone()),
+                        p.t,
+                        p.mean,
+                    );
                 }
             }
         }
@@ -212,7 +224,14 @@ pub fn find(
             for job in &node_jobs[&node] {
                 for (&k, &(v, _)) in &slots {
                     let t = start_ns + k * step;
-                    add(&mut steps, job, PORT_METRIC, Device::Port(node.clone(), device.clone(), port), t, v);
+                    add(
+                        &mut steps,
+                        job,
+                        PORT_METRIC,
+                        Device::Port(node.clone(), device.clone(), port),
+                        t,
+                        v,
+                    );
                 }
             }
         }
@@ -242,14 +261,18 @@ pub fn find(
                 }
             }
         }
-        entry.2.extend(score_metric(metric, devices, settings, &active));
+        entry
+            .2
+            .extend(score_metric(metric, devices, settings, &active));
     }
     Ok(jobs
         .into_iter()
         .map(|(job_id, (nodes, gpus, found))| {
             // One entry per device: its worst metric.
-            let mut best: BTreeMap<(String, Option<String>, Option<String>, Option<u32>), Straggler> =
-                BTreeMap::new();
+            let mut best: BTreeMap<
+                (String, Option<String>, Option<String>, Option<u32>),
+                Straggler,
+            > = BTreeMap::new();
             for s in found {
                 let key = (s.node.clone(), s.gpu.clone(), s.device.clone(), s.port);
                 match best.get(&key) {
@@ -305,7 +328,9 @@ fn score_metric(
             continue;
         }
         let xs: Vec<f64> = values.iter().map(|v| v.1).collect();
-        let Some(probe) = Norm::of(&xs, 0.0) else { continue };
+        let Some(probe) = Norm::of(&xs, 0.0) else {
+            continue;
+        };
         let floor = if metric == PORT_METRIC {
             probe.median.abs() * PORT_FLOOR_FRACTION
         } else {

@@ -119,7 +119,10 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
     );
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", http)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(20), "collector not up");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "collector not up"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -190,7 +193,10 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-        assert!(!values.is_empty(), "variable {name} ({definition}) lists no value");
+        assert!(
+            !values.is_empty(),
+            "variable {name} ({definition}) lists no value"
+        );
         if name == "job_id" {
             assert_eq!(values, ["slurm:42", "slurm:43"]);
             substitutions.push(("$job_id".into(), values[0].into()));
@@ -214,7 +220,12 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
         let body = prometheus_get(
             &base,
             "/api/v1/query_range",
-            &[("query", &q), ("start", &start), ("end", &end), ("step", "15")],
+            &[
+                ("query", &q),
+                ("start", &start),
+                ("end", &end),
+                ("step", "15"),
+            ],
         );
         if body["status"] != "success" {
             failures.push(format!("{title}: {q}: {}", body["error"]));

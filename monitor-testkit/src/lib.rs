@@ -480,11 +480,7 @@ impl SimulatedFleet {
             let slow = self.gpu_fault(&self.spec.slow_gpus, n, g);
             let (sm, tensor, dram) = match (busy, slow) {
                 (false, _) => (0.02, 0.0, 0.01),
-                (true, false) => (
-                    values::SM_UTIL,
-                    values::TENSOR_UTIL,
-                    values::DRAM_BW_UTIL,
-                ),
+                (true, false) => (values::SM_UTIL, values::TENSOR_UTIL, values::DRAM_BW_UTIL),
                 (true, true) => (
                     values::SLOW_SM_UTIL,
                     values::SLOW_TENSOR_UTIL,
@@ -533,12 +529,7 @@ impl SimulatedFleet {
                 f64::from(u8::from(pending)),
                 t,
             ));
-            out.push(gauge(
-                "railscope_gpu_row_remap_failed",
-                labels(&[]),
-                0.0,
-                t,
-            ));
+            out.push(gauge("railscope_gpu_row_remap_failed", labels(&[]), 0.0, t));
             let pcie_bad = self.gpu_fault(&self.spec.pcie_degraded, n, g);
             for (name, v) in [
                 (
@@ -550,7 +541,10 @@ impl SimulatedFleet {
                     "railscope_gpu_pcie_link_width_lanes",
                     if pcie_bad { 8.0 } else { values::PCIE_WIDTH },
                 ),
-                ("railscope_gpu_pcie_link_max_width_lanes", values::PCIE_WIDTH),
+                (
+                    "railscope_gpu_pcie_link_max_width_lanes",
+                    values::PCIE_WIDTH,
+                ),
             ] {
                 out.push(gauge(name, labels(&[]), v, t));
             }
@@ -591,7 +585,12 @@ impl SimulatedFleet {
                 if down { 2.0 } else { 5.0 },
                 t,
             ));
-            out.push(gauge("railscope_ib_port_rate_gbps", labels.clone(), rate, t));
+            out.push(gauge(
+                "railscope_ib_port_rate_gbps",
+                labels.clone(),
+                rate,
+                t,
+            ));
             out.push(gauge(
                 "railscope_ib_port_width_lanes",
                 labels.clone(),
@@ -640,7 +639,11 @@ impl SimulatedFleet {
         }
         if let Some(job) = &job {
             let qp_err = self.spec.qp_errors.iter().any(|(m, j)| *m == n && j == job);
-            let rejects = self.spec.cm_rejects.iter().any(|(m, j)| *m == n && j == job);
+            let rejects = self
+                .spec
+                .cm_rejects
+                .iter()
+                .any(|(m, j)| *m == n && j == job);
             let cgroup = format!("/system.slice/slurmstepd.scope/job_{}", job_number(job));
             for (verb, detail, inc) in [
                 ("modify_qp", "ERR", u64::from(qp_err)),
@@ -678,7 +681,12 @@ impl SimulatedFleet {
 
     fn node_events(&self, n: usize, tick: u64, t: u64) -> Vec<Event> {
         let mut out = Vec::new();
-        for x in self.spec.xids.iter().filter(|x| x.node == n && x.tick == tick) {
+        for x in self
+            .spec
+            .xids
+            .iter()
+            .filter(|x| x.node == n && x.tick == tick)
+        {
             out.push(Event {
                 unix_ns: t,
                 kind: "xid".into(),
@@ -687,7 +695,12 @@ impl SimulatedFleet {
                 text: format!("XID {}", x.code),
             });
         }
-        for l in self.spec.lost.iter().filter(|l| l.node == n && l.tick == tick) {
+        for l in self
+            .spec
+            .lost
+            .iter()
+            .filter(|l| l.node == n && l.tick == tick)
+        {
             out.push(Event {
                 unix_ns: t,
                 kind: "gpu_lost".into(),
@@ -711,11 +724,7 @@ impl SimulatedFleet {
             out.push(Event {
                 unix_ns: t,
                 kind: "ib_port".into(),
-                labels: Labels::new([
-                    ("device", device.as_str()),
-                    ("cgroup", ""),
-                    ("port", "1"),
-                ]),
+                labels: Labels::new([("device", device.as_str()), ("cgroup", ""), ("port", "1")]),
                 code,
                 text: text.into(),
             });

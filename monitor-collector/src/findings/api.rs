@@ -12,10 +12,7 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{
-    FindingsStore, Severity,
-    store::FindingFilter,
-};
+use super::{FindingsStore, Severity, store::FindingFilter};
 use crate::query::api::{ApiError, bad, one, params, range};
 
 pub fn router(store: Arc<FindingsStore>) -> Router {
@@ -43,7 +40,9 @@ async fn findings(
         .map(|a| match a {
             "true" => Ok(true),
             "false" => Ok(false),
-            _ => Err(bad(format!("parameter \"active\": {a:?} is not true or false"))),
+            _ => Err(bad(format!(
+                "parameter \"active\": {a:?} is not true or false"
+            ))),
         })
         .transpose()?;
     let filter = FindingFilter {

@@ -255,7 +255,8 @@ impl FindingsEngine {
                 return;
             }
             if series.name.starts_with("railscope_gpu_")
-                && let (Some(gpu), Some(job)) = (series.labels.get("gpu"), series.labels.get("job_id"))
+                && let (Some(gpu), Some(job)) =
+                    (series.labels.get("gpu"), series.labels.get("job_id"))
             {
                 gpu_jobs.insert((node.to_string(), gpu.into()), job.into());
             }
@@ -292,9 +293,7 @@ impl FindingsEngine {
         let keep_ns = self.history_ns();
         // Series gone from the live view (its ttl) are forgotten.
         self.tracks.retain(|_, t| {
-            while t.checkpoints.len() > 1
-                && t.checkpoints[1].0 + keep_ns <= t.latest.unix_ns
-            {
+            while t.checkpoints.len() > 1 && t.checkpoints[1].0 + keep_ns <= t.latest.unix_ns {
                 t.checkpoints.pop_front();
             }
             t.seen_pass == pass
@@ -303,15 +302,10 @@ impl FindingsEngine {
 
     /// How far back counters are kept: the longest window a rule looks at.
     fn history_ns(&self) -> u64 {
-        [
-            3600,
-            self.th.link_downed_hold_s,
-            self.th.verbs_window_s,
-            60,
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(3600)
+        [3600, self.th.link_downed_hold_s, self.th.verbs_window_s, 60]
+            .into_iter()
+            .max()
+            .unwrap_or(3600)
             * 1_000_000_000
     }
 
@@ -414,9 +408,9 @@ fn run(
             Ok((node, event)) => {
                 engine.take_event(&node, &event);
                 let until = Instant::now() + EVENT_PASS_EVERY;
-                while let Ok((node, event)) = rx.recv_timeout(
-                    until.saturating_duration_since(Instant::now()),
-                ) {
+                while let Ok((node, event)) =
+                    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+                {
                     engine.take_event(&node, &event);
                 }
                 engine.evaluate(Pass::Events, unix_now_ns());

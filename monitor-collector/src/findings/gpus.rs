@@ -132,7 +132,10 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         if let Some((subject, job)) = gpu_of(key) {
             // A lost GPU's last samples stay in the live view for a while: the loss is the
             // finding, not what its stale series say.
-            if events.lost.contains_key(&(subject.node.clone(), subject.gpu.clone().unwrap_or_default())) {
+            if events.lost.contains_key(&(
+                subject.node.clone(),
+                subject.gpu.clone().unwrap_or_default(),
+            )) {
                 return;
             }
             out.push(Observation {
@@ -157,28 +160,46 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
                 Severity::Critical,
                 key,
                 track,
-                format!("{n} uncorrected (double-bit) ECC errors since the driver loaded: drain and reset the GPU"),
+                format!(
+                    "{n} uncorrected (double-bit) ECC errors since the driver loaded: drain and reset the GPU"
+                ),
                 json!({"volatile_uncorrected": n}),
             );
         }
     }
     for (name, rule, severity, advice) in [
-        (REMAP_PENDING, "gpu_row_remap_pending", Severity::Warning,
-         "a row remapping is pending: reset the GPU to apply it"),
-        (REMAP_FAILED, "gpu_row_remap_failed", Severity::Critical,
-         "a row remapping failed: drain the node and replace the GPU"),
+        (
+            REMAP_PENDING,
+            "gpu_row_remap_pending",
+            Severity::Warning,
+            "a row remapping is pending: reset the GPU to apply it",
+        ),
+        (
+            REMAP_FAILED,
+            "gpu_row_remap_failed",
+            Severity::Critical,
+            "a row remapping failed: drain the node and replace the GPU",
+        ),
     ] {
         for (key, track) in view.named(name) {
             if track.gauge().is_some_and(|v| v >= 0.5) {
-                push(rule, severity, key, track, advice.into(), json!({name: track.gauge()}));
+                push(
+                    rule,
+                    severity,
+                    key,
+                    track,
+                    advice.into(),
+                    json!({name: track.gauge()}),
+                );
             }
         }
     }
     // Throttle flags, grouped per GPU and rule.
-    let mut per_gpu: HashMap<(&'static str, TrackKey), (Vec<(&str, f64)>, &Track)> =
-        HashMap::new();
+    let mut per_gpu: HashMap<(&'static str, TrackKey), (Vec<(&str, f64)>, &Track)> = HashMap::new();
     for (key, track) in view.named(THROTTLE) {
-        let Some(reason) = key.1.labels.get("reason") else { continue };
+        let Some(reason) = key.1.labels.get("reason") else {
+            continue;
+        };
         let rule = if THERMAL.contains(&reason) {
             "gpu_thermal_throttle"
         } else if POWER.contains(&reason) {
@@ -186,7 +207,9 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         } else {
             continue;
         };
-        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else { continue };
+        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else {
+            continue;
+        };
         per_gpu
             .entry((rule, gpu_key(key)))
             .or_insert_with(|| (Vec::new(), track))

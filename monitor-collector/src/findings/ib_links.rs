@@ -119,7 +119,9 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
     let active = |s: &Subject| states.get(s).and_then(|t| t.gauge()) == Some(ACTIVE);
 
     for (key, track) in view.named(SYMBOL_ERROR) {
-        let Some(subject) = port_of(key) else { continue };
+        let Some(subject) = port_of(key) else {
+            continue;
+        };
         let hour = track.increase(3600 * S);
         let rate = track.rate(RATE_WINDOW_NS);
         let (severity, what) = match (hour, rate) {
@@ -155,7 +157,9 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
     }
 
     for (key, track) in view.named(LINK_ERROR_RECOVERY) {
-        let Some(subject) = port_of(key) else { continue };
+        let Some(subject) = port_of(key) else {
+            continue;
+        };
         let Some((n, span)) = track.increase(RATE_WINDOW_NS) else {
             continue;
         };
@@ -176,7 +180,9 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
     }
 
     for (key, track) in view.named(LINK_DOWNED) {
-        let Some(subject) = port_of(key) else { continue };
+        let Some(subject) = port_of(key) else {
+            continue;
+        };
         let Some((n, span)) = track.increase(th.link_downed_hold_s * S) else {
             continue;
         };
@@ -194,12 +200,22 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
 
     let widths = port_gauge(WIDTH);
     let rates = port_gauge(RATE);
-    let expected_width = th
-        .expected_width_lanes
-        .or_else(|| mode(widths.iter().filter(|(s, _)| active(s)).filter_map(|(_, t)| t.gauge())));
-    let expected_rate = th
-        .expected_rate_gbps
-        .or_else(|| mode(rates.iter().filter(|(s, _)| active(s)).filter_map(|(_, t)| t.gauge())));
+    let expected_width = th.expected_width_lanes.or_else(|| {
+        mode(
+            widths
+                .iter()
+                .filter(|(s, _)| active(s))
+                .filter_map(|(_, t)| t.gauge()),
+        )
+    });
+    let expected_rate = th.expected_rate_gbps.or_else(|| {
+        mode(
+            rates
+                .iter()
+                .filter(|(s, _)| active(s))
+                .filter_map(|(_, t)| t.gauge()),
+        )
+    });
     for (subject, track) in &widths {
         if !active(subject) {
             continue;
@@ -232,7 +248,9 @@ pub fn evaluate_series(view: &View, out: &mut Vec<Observation>) {
     }
 
     for (key, track) in view.named(PHYS_STATE) {
-        let Some(subject) = port_of(key) else { continue };
+        let Some(subject) = port_of(key) else {
+            continue;
+        };
         let Some(phys) = track.gauge() else { continue };
         let held = track.latest.unix_ns.saturating_sub(track.changed_ns);
         if phys == LINK_UP || held < th.phys_state_grace_s * S {

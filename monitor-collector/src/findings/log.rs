@@ -230,7 +230,10 @@ mod tests {
 
         // Retention: "a" ended at 500, before 600.
         let (_, found) = FindingsLog::open(dir.path(), 600).unwrap();
-        assert_eq!(found.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            found.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(),
+            ["b"]
+        );
     }
 
     #[test]

@@ -74,7 +74,10 @@ impl FindingsStore {
             log_errors: 0,
         };
         for f in &inner.findings {
-            *inner.totals.entry((f.rule.clone(), f.severity)).or_default() += 1;
+            *inner
+                .totals
+                .entry((f.rule.clone(), f.severity))
+                .or_default() += 1;
         }
         inner.reindex();
         inner.reloaded = inner

@@ -17,8 +17,10 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
     let th = view.th;
     let window = th.verbs_window_s * S;
     // (rule, node, job or cgroup) → (increase, last sample time, job_id, cgroups)
-    let mut sums: BTreeMap<(&'static str, String, String), (u64, u64, Option<String>, Vec<String>)> =
-        BTreeMap::new();
+    let mut sums: BTreeMap<
+        (&'static str, String, String),
+        (u64, u64, Option<String>, Vec<String>),
+    > = BTreeMap::new();
     for (key, track) in view.named(SERIES) {
         let labels = &key.1.labels;
         let rule = match (labels.get("verb"), labels.get("detail")) {
@@ -26,7 +28,9 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             (Some("cm_reject"), _) => "verbs_cm_reject",
             _ => continue,
         };
-        let Some((n, _)) = track.increase(window) else { continue };
+        let Some((n, _)) = track.increase(window) else {
+            continue;
+        };
         if n == 0 {
             continue;
         }

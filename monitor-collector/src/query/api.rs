@@ -57,7 +57,10 @@ impl From<QueryError> for ApiError {
 }
 
 /// The query string's parameters, in order; only `allowed` names are accepted.
-pub(crate) fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn params(
+    raw: Option<String>,
+    allowed: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
         .map_err(|e| bad(format!("query string: {e}")))?;
     if let Some((name, _)) = pairs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
@@ -69,7 +72,10 @@ pub(crate) fn params(raw: Option<String>, allowed: &[&str]) -> Result<Vec<(Strin
     Ok(pairs)
 }
 
-pub(crate) fn one<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a str>, ApiError> {
+pub(crate) fn one<'a>(
+    pairs: &'a [(String, String)],
+    name: &str,
+) -> Result<Option<&'a str>, ApiError> {
     let mut values = pairs
         .iter()
         .filter(|(k, _)| k == name)
