@@ -123,7 +123,7 @@ pub fn run(
             "\nThe demo is running ({NODE}'s first frames arrived {after:.0?} after the boot \
              began):\n\
              \x20 dashboard           http://{http}/\n\
-             \x20 findings            {rs} findings --collector http://{http}\n\
+             \x20 findings            {rs} collector findings --collector http://{http}\n\
              \x20 nodes (live)        curl http://{http}/api/v1/live/nodes\n\
              \x20 queries             {rs} query --collector http://{http} --help\n\
              \x20 the guest's console {}\n\
@@ -190,7 +190,8 @@ fn check(http: SocketAddr, seconds: u64) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     for metric in [
         "railscope_gpu_sm_util_ratio",
-        "railscope_ib_port_xmit_bytes_total",
+        // rxe has no port counters/, only hw_counters.
+        "railscope_ib_sent_pkts_total",
     ] {
         let body = get(&format!(
             "/api/v1/series?metric={metric}&match=node%3D{NODE}&start=-2m"

@@ -7,7 +7,7 @@
 //! GPU and an XID now and then. Runs until QEMU is stopped, or for `railscope.demo_seconds`.
 
 use std::{
-    process::Command,
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -68,7 +68,7 @@ pub fn run() -> anyhow::Result<()> {
     println!("RAILSCOPE-DEMO the agent sends to {collector}: jobs, traffic and flaps start");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let workers = [
+    let _workers = [
         spawn_loop("perftest (job 101)", stop.clone(), perftest_round),
         spawn_loop("rping (job 102)", stop.clone(), rping_round),
         spawn_loop("flaps", stop.clone(), flapper()),
@@ -83,10 +83,8 @@ pub fn run() -> anyhow::Result<()> {
             break;
         }
     }
+    // The loops are left to the power-off (a round or a flap may be under way).
     stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let _ = w.join();
-    }
     agent.stop()?;
     Ok(())
 }
@@ -108,56 +106,83 @@ fn spawn_loop(
     })
 }
 
-/// 10 s of `ib_write_bw` between rxe0 and rxe1, both ends in job 101.
+/// 10 s of `ib_write_bw` between rxe0 and rxe1, both ends in job 101. A server whose client
+/// failed (a flap cut the connection) would wait for ever: it is killed.
 fn perftest_round() -> anyhow::Result<()> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let args = |extra: &[&str]| -> Vec<String> {
-        ["-d", extra[0], "-x", &gid, "-F", "-D", "10"]
-            .iter()
-            .chain(&extra[1..])
-            .map(|s| s.to_string())
-            .collect()
+    let common = ["-x", gid.as_str(), "-F", "-D", "10"];
+    let quiet = |mut cmd: Command| {
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        cmd
     };
-    let server_args = args(&["rxe1"]);
-    let client_args = args(&["rxe0", ADDR_B]);
-    let as_str = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
-    let mut server = guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]);
-    server.args(&server_args);
-    let server = guest::spawn_output(server)?;
+    let mut server = quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
+        .args(["-d", "rxe1"])
+        .args(common)
+        .spawn()?;
     thread::sleep(Duration::from_secs(1));
-    let mut client = guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]);
-    client.args(&client_args);
-    let status = client.output()?;
-    let served = server.join().expect("no panic")?;
+    let client = quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
+        .args(["-d", "rxe0"])
+        .args(common)
+        .arg(ADDR_B)
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let served = loop {
+        if let Some(status) = server.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > deadline || !client.as_ref().is_ok_and(|s| s.success()) {
+            let _ = server.kill();
+            let _ = server.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
     anyhow::ensure!(
-        status.status.success() && served.status.success(),
-        "ib_write_bw {} / {} failed",
-        as_str(&client_args),
-        as_str(&server_args)
+        client?.success() && served.is_some_and(|s| s.success()),
+        "ib_write_bw cut short"
     );
     Ok(())
 }
 
-/// 100 rping round trips over rdma_cm, both ends in job 102, then a pause.
+/// 100 rping round trips over rdma_cm, both ends in job 102, then a pause. A server whose
+/// client failed is killed.
 fn rping_round() -> anyhow::Result<()> {
-    let server = guest::spawn_output(guest::in_cgroup(
+    let mut server = guest::in_cgroup(
         RPING_JOB,
         "/usr/bin/rping",
         &["-s", "-a", ADDR_B, "-C", "100", "-p", "7481"],
-    ))?;
-    guest::wait_for(Duration::from_secs(10), "the rping server", || {
-        rdma_cm_listening("7481")
-    })?;
-    let client = guest::in_cgroup(
-        RPING_JOB,
-        "/usr/bin/rping",
-        &["-c", "-I", ADDR_A, "-a", ADDR_B, "-C", "100", "-p", "7481"],
     )
-    .output()?;
-    let served = server.join().expect("no panic")?;
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()?;
+    let listening = guest::wait_for(Duration::from_secs(10), "the rping server", || {
+        rdma_cm_listening("7481")
+    });
+    let client = listening.and_then(|()| {
+        Ok(guest::in_cgroup(
+            RPING_JOB,
+            "/usr/bin/rping",
+            &["-c", "-I", ADDR_A, "-a", ADDR_B, "-C", "100", "-p", "7481"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?)
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let served = loop {
+        if let Some(status) = server.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > deadline || !client.as_ref().is_ok_and(|s| s.success()) {
+            let _ = server.kill();
+            let _ = server.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
     anyhow::ensure!(
-        client.status.success() && served.status.success(),
-        "rping failed"
+        client?.success() && served.is_some_and(|s| s.success()),
+        "rping cut short"
     );
     thread::sleep(Duration::from_secs(3));
     Ok(())
