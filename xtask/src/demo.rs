@@ -71,6 +71,11 @@ pub fn run(
         },
     )?;
 
+    // Each demo starts afresh: no archive or findings of an earlier run.
+    if data.exists() {
+        std::fs::remove_dir_all(data)
+            .with_context(|| format!("cannot remove the last demo's data {}", data.display()))?;
+    }
     std::fs::create_dir_all(data)
         .with_context(|| format!("cannot create the data directory {}", data.display()))?;
     let key = data.join("wire.key");
@@ -228,8 +233,8 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// The demo's data directory under the real one's parent, so the demo never mixes with a
-/// real node's data.
+/// The demo's data directory, inside the real one but apart from its data (and removed at
+/// each demo's start).
 pub fn data_dir(real: &Path) -> PathBuf {
     real.join("demo")
 }
