@@ -119,13 +119,17 @@ impl<'a> Grids<'a> {
     pub fn distances(mut self) -> Vec<Vec<Option<f64>>> {
         let n = self.metrics.len();
         let mut out = vec![vec![None; n]; n];
-        for a in 0..n {
-            out[a][a] = Some(0.0);
-            for b in a + 1..n {
-                let d = self.distance(a, b);
-                out[a][b] = d;
-                out[b][a] = d;
-            }
+        let pairs: Vec<(usize, usize)> = (0..n)
+            .flat_map(|a| (a..n).map(move |b| (a, b)))
+            .collect();
+        for (a, b) in pairs {
+            let d = if a == b {
+                Some(0.0)
+            } else {
+                self.distance(a, b)
+            };
+            out[a][b] = d;
+            out[b][a] = d;
         }
         out
     }
