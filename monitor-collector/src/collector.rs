@@ -244,6 +244,7 @@ mod tests {
                 archive: Some(Box::new(archive.clone())),
                 api: None,
                 extra_metrics: None,
+                findings: None,
             },
         )
         .unwrap()

@@ -38,6 +38,9 @@ struct Cli {
     run: RunOptions,
 }
 
+// Parsed once at start-up: the size of `Run` (the settings with the findings' thresholds)
+// does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collector until Ctrl-C or SIGTERM (the default).

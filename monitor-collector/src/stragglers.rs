@@ -110,8 +110,14 @@ enum Device {
     Port(String, String, u32),
 }
 
-/// Per job, metric and device: the mean value in each step of the window.
-type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, BTreeMap<u64, (f64, u32)>>>;
+/// Per step of the window: the sum of the values in it and their number.
+type StepSums = BTreeMap<u64, (f64, u32)>;
+/// Per job, metric and device: the values in each step of the window.
+type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, StepSums>>;
+/// A job's nodes, GPUs and stragglers.
+type JobFound = (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>);
+/// A straggler's place: node, GPU, device, port.
+type Place = (String, Option<String>, Option<String>, Option<u32>);
 
 /// Searches the window `[start_ns, end_ns]` of the archive (`job`: only this job).
 pub fn find(
@@ -179,8 +185,7 @@ pub fn find(
     }
     if !node_jobs.is_empty() {
         // Ports: rates of both directions added per step, for the nodes of the jobs.
-        let mut port_steps: HashMap<(String, String, u32), BTreeMap<u64, (f64, u32)>> =
-            HashMap::new();
+        let mut port_steps: HashMap<(String, String, u32), StepSums> = HashMap::new();
         for &metric in PORT_COUNTERS {
             let (answers, _) = engine.series(&SeriesQuery {
                 metric: metric.into(),
@@ -246,8 +251,7 @@ pub fn find(
             })
         })
         .unwrap_or_default();
-    let mut jobs: BTreeMap<String, (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>)> =
-        BTreeMap::new();
+    let mut jobs: BTreeMap<String, JobFound> = BTreeMap::new();
     for ((job, metric), devices) in &steps {
         let entry = jobs.entry(job.clone()).or_default();
         for d in devices.keys() {
@@ -269,10 +273,7 @@ pub fn find(
         .into_iter()
         .map(|(job_id, (nodes, gpus, found))| {
             // One entry per device: its worst metric.
-            let mut best: BTreeMap<
-                (String, Option<String>, Option<String>, Option<u32>),
-                Straggler,
-            > = BTreeMap::new();
+            let mut best: BTreeMap<Place, Straggler> = BTreeMap::new();
             for s in found {
                 let key = (s.node.clone(), s.gpu.clone(), s.device.clone(), s.port);
                 match best.get(&key) {

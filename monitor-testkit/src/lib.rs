@@ -397,7 +397,7 @@ impl SimulatedFleet {
             for e in events {
                 node.encoder.push_event(e);
             }
-            if (tick + 1) % self.spec.flush_every == 0 {
+            if (tick + 1).is_multiple_of(self.spec.flush_every) {
                 frames.extend(node.encoder.flush(t));
             } else if has_events {
                 frames.extend(node.encoder.flush_events(t));

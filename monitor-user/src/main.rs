@@ -85,6 +85,20 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// A collector's health findings (`railscope findings --help`): runs
+    /// `railscope-collector findings` with these arguments.
+    #[command(disable_help_flag = true)]
+    Findings {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The stragglers of a collector's jobs (`railscope stragglers --help`): runs
+    /// `railscope-collector stragglers` with these arguments.
+    #[command(disable_help_flag = true)]
+    Stragglers {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Record every IB port event (kernel timestamps, duplicates kept) and snapshots of each
     /// port's link and error counters into a capture file, keeping the seconds before each
     /// trigger (docs/capture-format.md). Runs next to the agent if one runs; Ctrl-C ends it.
@@ -226,6 +240,8 @@ fn main() -> anyhow::Result<()> {
         Command::Collector { args } => return run_collector(None, args),
         Command::Query { args } => return run_collector(Some("query"), args),
         Command::Select { args } => return run_collector(Some("select"), args),
+        Command::Findings { args } => return run_collector(Some("findings"), args),
+        Command::Stragglers { args } => return run_collector(Some("stragglers"), args),
         _ => {}
     }
     tracing_subscriber::fmt()
@@ -352,9 +368,11 @@ fn main() -> anyhow::Result<()> {
             };
             one_line(report(&files, archive, json, svg, no_svg, &rules.rules()))
         }
-        Command::Collector { .. } | Command::Query { .. } | Command::Select { .. } => {
-            unreachable!("handed over above")
-        }
+        Command::Collector { .. }
+        | Command::Query { .. }
+        | Command::Select { .. }
+        | Command::Findings { .. }
+        | Command::Stragglers { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,
             bind,

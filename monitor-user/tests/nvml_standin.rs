@@ -154,6 +154,8 @@ fn full_step(temperature: u32, energy_mj: u64) -> Json {
         "remap_pending": true, "remap_failure": false,
         "throttle_reasons": ["sw_power_cap"],
         "pcie_tx_kbps": 1_500_000, "pcie_rx_kbps": 1_200_000, "pcie_replays": 6,
+        "pcie_link_gen": 4, "pcie_link_max_gen": 5, "pcie_link_width": 16,
+        "pcie_link_max_width": 16,
         "nvlink_tx_kib": 1_000_003, "nvlink_rx_kib": 2_000_001,
         "nvlink_crc_flit_errors": 11, "nvlink_crc_data_errors": 12,
         "nvlink_replay_errors": 13, "nvlink_recovery_errors": 14
@@ -231,6 +233,17 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
             gauge(Value::U64(1_228_800_000)),
         ),
         ("railscope_gpu_pcie_replays_total", counter(Value::U64(6))),
+        // A Gen5 link trained at Gen4.
+        ("railscope_gpu_pcie_link_generation", gauge(Value::U64(4))),
+        (
+            "railscope_gpu_pcie_link_max_generation",
+            gauge(Value::U64(5)),
+        ),
+        ("railscope_gpu_pcie_link_width_lanes", gauge(Value::U64(16))),
+        (
+            "railscope_gpu_pcie_link_max_width_lanes",
+            gauge(Value::U64(16)),
+        ),
         (
             "railscope_gpu_ecc_errors_total{scope=volatile,type=corrected}",
             counter(Value::U64(3)),

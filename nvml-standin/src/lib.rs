@@ -332,6 +332,24 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     }
 }
 
+/// The PCIe link's current and maximum generation and width.
+macro_rules! pcie_link {
+    ($($name:ident => $field:ident),* $(,)?) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: Handle, value: *mut c_uint) -> NvmlReturn {
+            // SAFETY: forwarded contract.
+            unsafe { answer(value, |run| supported(run.view(device)?.values.$field)) }
+        }
+    )*};
+}
+
+pcie_link!(
+    nvmlDeviceGetCurrPcieLinkGeneration => pcie_link_gen,
+    nvmlDeviceGetMaxPcieLinkGeneration => pcie_link_max_gen,
+    nvmlDeviceGetCurrPcieLinkWidth => pcie_link_width,
+    nvmlDeviceGetMaxPcieLinkWidth => pcie_link_max_width,
+);
+
 /// One NVLink link's share of a GPU-wide total (link 0 takes the remainder), or the total for
 /// scope `UINT_MAX`.
 fn link_share(total: u64, links: u32, scope: c_uint) -> Option<u64> {

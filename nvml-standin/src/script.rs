@@ -101,6 +101,11 @@ pub struct Step {
     pub pcie_tx_kbps: Option<u32>,
     pub pcie_rx_kbps: Option<u32>,
     pub pcie_replays: Option<u32>,
+    /// PCIe link: current and maximum generation and width (lanes).
+    pub pcie_link_gen: Option<u32>,
+    pub pcie_link_max_gen: Option<u32>,
+    pub pcie_link_width: Option<u32>,
+    pub pcie_link_max_width: Option<u32>,
     /// Cumulative NVLink data KiB over all links (split evenly per link for per-link reads).
     pub nvlink_tx_kib: Option<u64>,
     pub nvlink_rx_kib: Option<u64>,
@@ -204,6 +209,10 @@ impl Step {
             pcie_tx_kbps,
             pcie_rx_kbps,
             pcie_replays,
+            pcie_link_gen,
+            pcie_link_max_gen,
+            pcie_link_width,
+            pcie_link_max_width,
             nvlink_tx_kib,
             nvlink_rx_kib,
             nvlink_crc_flit_errors,

@@ -128,7 +128,7 @@ pub fn run(
             "\nThe demo is running ({NODE}'s first frames arrived {after:.0?} after the boot \
              began):\n\
              \x20 dashboard           http://{http}/\n\
-             \x20 findings            {rs} collector findings --collector http://{http}\n\
+             \x20 findings            {rs} findings --collector http://{http}\n\
              \x20 nodes (live)        curl http://{http}/api/v1/live/nodes\n\
              \x20 queries             {rs} query --collector http://{http} --help\n\
              \x20 the guest's console {}\n\

@@ -52,6 +52,9 @@ const POWER: &[&str] = &["hw_power_brake_slowdown", "hw_slowdown"];
 
 const S: u64 = 1_000_000_000;
 
+/// A GPU's active throttle reasons (name, fraction of the sample) and one of their series.
+type Throttled<'a> = (Vec<(&'a str, f64)>, &'a Track);
+
 fn gpu_of(key: &TrackKey) -> Option<(Subject, Option<String>)> {
     let gpu = key.1.labels.get("gpu")?;
     Some((
@@ -195,7 +198,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         }
     }
     // Throttle flags, grouped per GPU and rule.
-    let mut per_gpu: HashMap<(&'static str, TrackKey), (Vec<(&str, f64)>, &Track)> = HashMap::new();
+    let mut per_gpu: HashMap<(&'static str, TrackKey), Throttled> = HashMap::new();
     for (key, track) in view.named(THROTTLE) {
         let Some(reason) = key.1.labels.get("reason") else {
             continue;

@@ -83,8 +83,8 @@ pub fn evaluate_events(
         if recent.len() < th.flap_downs as usize {
             continue;
         }
-        // The finding starts at the down that reached the threshold.
-        let at = recent[recent.len() - th.flap_downs as usize..][0];
+        // The episode starts at the first down of the window.
+        let at = recent[0];
         out.push(Observation {
             rule: "ib_link_flapping",
             severity: Severity::Critical,

@@ -25,6 +25,9 @@ pub mod thresholds;
 pub mod verbs;
 pub mod xid;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -95,7 +95,7 @@ impl Thresholds {
                 return Err(format!("findings.{name} must be at least 1"));
             }
         }
-        if !(self.congestion_score > 0.0) {
+        if self.congestion_score.is_nan() || self.congestion_score <= 0.0 {
             return Err("findings.congestion-score must be above 0".into());
         }
         Ok(())

@@ -13,14 +13,15 @@ pub const SERIES: &str = "railscope_rdma_verbs_total";
 
 const S: u64 = 1_000_000_000;
 
+/// Per (rule, node, job or cgroup): the increase, the last sample time, the `job_id`, the
+/// cgroups.
+type Sum = (u64, u64, Option<String>, Vec<String>);
+
 pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
     let th = view.th;
     let window = th.verbs_window_s * S;
     // (rule, node, job or cgroup) → (increase, last sample time, job_id, cgroups)
-    let mut sums: BTreeMap<
-        (&'static str, String, String),
-        (u64, u64, Option<String>, Vec<String>),
-    > = BTreeMap::new();
+    let mut sums: BTreeMap<(&'static str, String, String), Sum> = BTreeMap::new();
     for (key, track) in view.named(SERIES) {
         let labels = &key.1.labels;
         let rule = match (labels.get("verb"), labels.get("detail")) {

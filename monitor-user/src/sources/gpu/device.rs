@@ -252,6 +252,33 @@ impl Gpu {
         if let Some(n) = self.check("PCIe replays", device.pcie_replay_counter())? {
             out.counter("railscope_gpu_pcie_replays_total", Value::U64(n.into()));
         }
+        // The link as trained against what it can do (the findings' gpu_pcie_degraded).
+        for (what, name, value) in [
+            (
+                "PCIe generation",
+                "railscope_gpu_pcie_link_generation",
+                device.current_pcie_link_gen(),
+            ),
+            (
+                "PCIe max generation",
+                "railscope_gpu_pcie_link_max_generation",
+                device.max_pcie_link_gen(),
+            ),
+            (
+                "PCIe width",
+                "railscope_gpu_pcie_link_width_lanes",
+                device.current_pcie_link_width(),
+            ),
+            (
+                "PCIe max width",
+                "railscope_gpu_pcie_link_max_width_lanes",
+                device.max_pcie_link_width(),
+            ),
+        ] {
+            if let Some(v) = self.check(what, value)? {
+                out.gauge(name, Value::U64(v.into()));
+            }
+        }
         let fields = field_values(nvml, &device, &self.fields);
         if let Some(values) = self.check("field values", fields)? {
             self.push_fields(out, &values);

@@ -1,0 +1,351 @@
+//! Each rule fires on its evidence, on the device that has it, and nothing fires on a healthy
+//! fleet: simulated fleets (monitor-testkit, real frames) are ingested by a node table and the
+//! engine evaluates the live view and the events as the findings thread does.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use monitor_testkit::SimulatedFleet;
+use railscope_wire::Key;
+
+use super::{
+    Finding, FindingsStore, Severity, Thresholds,
+    engine::{FindingsEngine, Pass},
+};
+use crate::{config::Limits, nodes::NodeTable};
+
+fn key() -> Key {
+    Key::from_bytes([9; 32])
+}
+
+/// (rule, node, device, port, GPU) of a finding.
+type Place = (String, String, Option<String>, Option<u32>, Option<String>);
+
+const T0: u64 = 1_790_000_000_000_000_000;
+const S: u64 = 1_000_000_000;
+
+/// Runs `ticks` ticks of `fleet` through a node table and the engine (a full pass every
+/// `tick_s` simulated seconds, events at once); returns every finding, and the store.
+fn run_with(
+    fleet: &mut SimulatedFleet,
+    ticks: u64,
+    th: Thresholds,
+) -> (Vec<Finding>, Arc<FindingsStore>, FindingsEngine, NodeTable) {
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(th.clone(), store.clone());
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    for _ in 0..ticks {
+        let tick = fleet.ticks();
+        let t = fleet.tick_unix_ns(tick);
+        let frames = fleet.tick();
+        let mut events = false;
+        for f in frames {
+            let accepted = table.ingest(&f, from, t + 1_000_000).expect("accepted");
+            for e in &accepted.frame.events {
+                engine.take_event(&accepted.node, e);
+                events = true;
+            }
+        }
+        if events {
+            engine.evaluate(Pass::Events, t);
+        }
+        if (tick + 1).is_multiple_of(th.tick_s) {
+            engine.refresh(&table);
+            engine.evaluate(Pass::All, t);
+        }
+    }
+    let all = store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    });
+    (all, store, engine, table)
+}
+
+fn run(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
+    run_with(fleet, ticks, Thresholds::default()).0
+}
+
+fn fleet(nodes: usize) -> monitor_testkit::FleetBuilder {
+    SimulatedFleet::builder(nodes)
+        .job("slurm:42", 0..nodes)
+        .roce()
+        .flush_every(5)
+        .start_unix_ns(T0)
+}
+
+fn rules(findings: &[Finding]) -> Vec<Place> {
+    let mut v: Vec<_> = findings
+        .iter()
+        .map(|f| {
+            (
+                f.rule.clone(),
+                f.node.clone(),
+                f.device.clone(),
+                f.port,
+                f.gpu.clone(),
+            )
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn port(rule: &str, node: &str, device: &str) -> Place {
+    (rule.into(), node.into(), Some(device.into()), Some(1), None)
+}
+
+fn gpu(rule: &str, node: &str, g: &str) -> Place {
+    (rule.into(), node.into(), None, None, Some(g.into()))
+}
+
+#[test]
+fn a_healthy_fleet_has_no_findings() {
+    let found = run(&mut fleet(8).build(key()), 180);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn two_downs_are_not_flapping() {
+    // Downs at 18 s and 38 s.
+    let found = run(&mut fleet(2).flapping_port(1, 3).build(key()), 50);
+    assert_eq!(
+        rules(&found),
+        [port("ib_link_downed", "node-001", "mlx5_3")]
+    );
+}
+
+#[test]
+fn a_flapping_port_is_found_from_its_port_events() {
+    // Down for 2 s every 20 s: 3 downs by t = 60 s.
+    let found = run(&mut fleet(4).flapping_port(2, 3).build(key()), 120);
+    assert_eq!(
+        rules(&found),
+        [
+            port("ib_link_downed", "node-002", "mlx5_3"),
+            port("ib_link_flapping", "node-002", "mlx5_3"),
+        ]
+    );
+    let flap = found.iter().find(|f| f.rule == "ib_link_flapping").unwrap();
+    assert_eq!(flap.severity, Severity::Critical);
+    assert!(flap.is_active());
+    assert_eq!(flap.evidence["downs"], 6, "{flap:?}");
+    // Found at the third down (ticks 18, 38, 58), starting at the first.
+    assert_eq!(flap.start, T0 + 18 * S + 1_000_000);
+    assert_eq!(
+        flap.id,
+        format!("ib_link_flapping/node-002/mlx5_3/1/{}", flap.start)
+    );
+}
+
+#[test]
+fn a_port_down_for_long_is_found_by_its_phys_state_and_not_as_flapping() {
+    // Down 60 s of every 100 s: one down in 100 s, longer than the 25 s grace.
+    let found = run(
+        &mut fleet(4)
+            .flapping_port(1, 0)
+            .flap_period(100, 60)
+            .build(key()),
+        90,
+    );
+    assert_eq!(
+        rules(&found),
+        [
+            port("ib_link_downed", "node-001", "mlx5_0"),
+            port("ib_phys_state", "node-001", "mlx5_0"),
+        ]
+    );
+    let phys = found.iter().find(|f| f.rule == "ib_phys_state").unwrap();
+    assert_eq!(phys.evidence["name"], "Polling");
+    assert_eq!(phys.severity, Severity::Critical);
+}
+
+#[test]
+fn a_degraded_port_is_found_by_its_width_and_symbol_errors() {
+    let found = run(&mut fleet(4).degraded_port(3, 6).build(key()), 90);
+    assert_eq!(
+        rules(&found),
+        [
+            port("ib_port_degraded", "node-003", "mlx5_6"),
+            port("ib_symbol_errors", "node-003", "mlx5_6"),
+        ]
+    );
+    let degraded = found.iter().find(|f| f.rule == "ib_port_degraded").unwrap();
+    assert_eq!(degraded.evidence["width_lanes"], 2.0);
+    assert_eq!(degraded.evidence["expected_width_lanes"], 4.0);
+    assert_eq!(degraded.evidence["expected_rate_gbps"], 400.0);
+    // 40 errors/s: above 10/s at once, and above 120 in the hour within seconds.
+    let symbols = found.iter().find(|f| f.rule == "ib_symbol_errors").unwrap();
+    assert_eq!(symbols.severity, Severity::Critical);
+}
+
+#[test]
+fn thresholds_are_configurable() {
+    let th = Thresholds {
+        symbol_errors_per_s: 100.0,
+        symbol_errors_per_hour: 1_000_000,
+        expected_width_lanes: Some(2.0),
+        expected_rate_gbps: Some(200.0),
+        ..Thresholds::default()
+    };
+    let (found, ..) = run_with(&mut fleet(4).degraded_port(3, 6).build(key()), 90, th);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn roce_congestion_far_above_the_fleets_norm_is_found() {
+    let found = run(&mut fleet(8).congested_port(5, 2).build(key()), 120);
+    assert_eq!(
+        rules(&found),
+        [port("roce_congestion", "node-005", "mlx5_2")]
+    );
+    let f = &found[0];
+    assert!(f.evidence["score"].as_f64().unwrap() > 3.5);
+    assert_eq!(f.evidence["ports"], 64);
+}
+
+#[test]
+fn a_throttled_gpu_is_found_with_its_job() {
+    let found = run(&mut fleet(4).slow_gpu(1, 5).build(key()), 30);
+    assert_eq!(
+        rules(&found),
+        [gpu("gpu_thermal_throttle", "node-001", "5")]
+    );
+    assert_eq!(found[0].job_id.as_deref(), Some("slurm:42"));
+    assert_eq!(found[0].evidence["reasons"][0], "hw_thermal_slowdown");
+}
+
+#[test]
+fn xids_are_classified_and_end_after_the_hold() {
+    let th = Thresholds {
+        xid_hold_s: 30,
+        ..Thresholds::default()
+    };
+    let (found, ..) = run_with(
+        &mut fleet(2).xid(0, 4, 79, 3).xid(1, 2, 13, 5).build(key()),
+        60,
+        th,
+    );
+    assert_eq!(
+        rules(&found),
+        [
+            gpu("gpu_xid", "node-000", "4"),
+            gpu("gpu_xid", "node-001", "2")
+        ]
+    );
+    let fatal = &found.iter().find(|f| f.node == "node-000").unwrap();
+    assert_eq!(fatal.severity, Severity::Critical);
+    assert_eq!(fatal.evidence["xids"][0]["action"], "RESTART_BM");
+    assert_eq!(fatal.job_id.as_deref(), Some("slurm:42"));
+    let app = &found.iter().find(|f| f.node == "node-001").unwrap();
+    assert_eq!(app.severity, Severity::Warning);
+    // 30 s after it, the XID's finding ends.
+    assert!(fatal.end.is_some_and(|e| e >= T0 + 33 * S), "{fatal:?}");
+    assert!(app.end.is_some());
+}
+
+#[test]
+fn a_lost_gpu_is_found_and_its_stale_series_are_not() {
+    let found = run(
+        &mut fleet(2)
+            .lost_gpu(1, 7, 10)
+            .ecc_double_bit(1, 7)
+            .build(key()),
+        30,
+    );
+    // The ECC rule saw the GPU's errors before it was lost; once lost, only the loss stays.
+    let active: Vec<_> = found.iter().filter(|f| f.is_active()).collect();
+    assert_eq!(active.len(), 1, "{found:#?}");
+    assert_eq!(active[0].rule, "gpu_lost");
+    assert_eq!(active[0].gpu.as_deref(), Some("7"));
+}
+
+#[test]
+fn gpu_memory_and_pcie_rules() {
+    let found = run(
+        &mut fleet(2)
+            .ecc_double_bit(0, 1)
+            .remap_pending(0, 2)
+            .pcie_degraded(1, 3)
+            .build(key()),
+        20,
+    );
+    assert_eq!(
+        rules(&found),
+        [
+            gpu("gpu_ecc_uncorrected", "node-000", "1"),
+            gpu("gpu_pcie_degraded", "node-001", "3"),
+            gpu("gpu_row_remap_pending", "node-000", "2"),
+        ]
+    );
+    let pcie = found
+        .iter()
+        .find(|f| f.rule == "gpu_pcie_degraded")
+        .unwrap();
+    assert_eq!(pcie.evidence["width"], 8.0);
+    assert_eq!(pcie.evidence["max_width"], 16.0);
+}
+
+#[test]
+fn an_idle_gpu_at_a_lower_pcie_link_is_not_a_finding() {
+    let mut fleet = SimulatedFleet::builder(2)
+        .pcie_degraded(1, 3)
+        .start_unix_ns(T0)
+        .build(key());
+    assert!(run(&mut fleet, 20).is_empty());
+}
+
+#[test]
+fn qp_errors_and_cm_rejects_are_found_per_job() {
+    let found = run(
+        &mut fleet(3)
+            .qp_errors(1, "slurm:42")
+            .cm_rejects(2, "slurm:42")
+            .build(key()),
+        40,
+    );
+    let got: Vec<(String, String, Option<String>)> = found
+        .iter()
+        .map(|f| (f.rule.clone(), f.node.clone(), f.job_id.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "verbs_qp_error".into(),
+                "node-001".into(),
+                Some("slurm:42".into())
+            ),
+            (
+                "verbs_cm_reject".into(),
+                "node-002".into(),
+                Some("slurm:42".into())
+            ),
+        ]
+    );
+    assert_eq!(
+        found[0].id,
+        format!("verbs_qp_error/node-001/slurm:42/{}", found[0].start)
+    );
+}
+
+#[test]
+fn findings_are_counted_and_shown_on_metrics() {
+    let (_, store, ..) = run_with(
+        &mut fleet(2).degraded_port(0, 1).build(key()),
+        30,
+        Thresholds::default(),
+    );
+    let mut page = String::new();
+    super::api::write_metrics(&mut page, &store);
+    assert!(
+        page.contains(
+            "railscope_finding_active{device=\"mlx5_1\",node=\"node-000\",port=\"1\",rule=\"ib_port_degraded\",severity=\"warning\"} 1"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("railscope_findings_total{rule=\"ib_port_degraded\",severity=\"warning\"} 1")
+    );
+}

@@ -1,0 +1,316 @@
+//! The collector as an operator runs it, fed by a simulated fleet (monitor-testkit: real
+//! frames) of a 64-node job with one slow GPU (thermally throttled) and one degraded port,
+//! plus two idle nodes, one with a flapping port: the findings name those three devices and
+//! nothing else, the stragglers are exactly the slow GPU and the degraded port with their
+//! causes, `railscope-collector findings --json` prints them, and they survive a restart.
+
+use std::{
+    collections::BTreeSet,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use monitor_testkit::SimulatedFleet;
+use railscope_wire::Key;
+use serde_json::Value;
+
+const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
+const KEY_HEX: &str = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677";
+
+fn key() -> Key {
+    let bytes: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&KEY_HEX[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    Key::from_bytes(bytes.try_into().unwrap())
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn free_port() -> (u16, u16) {
+    let udp = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    (udp, tcp)
+}
+
+struct Collector {
+    child: Child,
+    http: u16,
+}
+
+impl Collector {
+    fn start(dir: &Path, udp: u16, http: u16) -> Self {
+        let key = dir.join("wire.key");
+        std::fs::write(&key, format!("{KEY_HEX}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let config = dir.join("collector.toml");
+        // Counters and gauges evaluated every second (default 5 s), so the test is quick.
+        std::fs::write(&config, "[findings]\ntick-s = 1\n").unwrap();
+        let child = Command::new(COLLECTOR)
+            .args(["run", "--config"])
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{udp}")])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(["--sockets", "1", "--key"])
+            .arg(&key)
+            .arg("--data")
+            .arg(dir.join("data"))
+            .env("RAILSCOPE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+        let start = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "HTTP never opened"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, http }
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
+        response.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    fn json(&self, path: &str) -> Value {
+        serde_json::from_str(&self.get(path)).unwrap()
+    }
+
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Collector {
+    /// A failed assertion does not leave the collector running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (rule, node, device or gpu) of each finding.
+fn places(findings: &Value) -> BTreeSet<(String, String, String)> {
+    findings["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let place = f["device"]
+                .as_str()
+                .map(|d| format!("{d}/{}", f["port"]))
+                .or_else(|| f["gpu"].as_str().map(|g| format!("gpu {g}")))
+                .unwrap_or_default();
+            (
+                f["rule"].as_str().unwrap().to_owned(),
+                f["node"].as_str().unwrap().to_owned(),
+                place,
+            )
+        })
+        .collect()
+}
+
+fn expected() -> BTreeSet<(String, String, String)> {
+    [
+        ("gpu_thermal_throttle", "node-017", "gpu 3"),
+        ("ib_port_degraded", "node-042", "mlx5_5/1"),
+        ("ib_symbol_errors", "node-042", "mlx5_5/1"),
+        ("ib_link_flapping", "node-065", "mlx5_2/1"),
+        ("ib_link_downed", "node-065", "mlx5_2/1"),
+    ]
+    .into_iter()
+    .map(|(a, b, c)| (a.into(), b.into(), c.into()))
+    .collect()
+}
+
+#[test]
+fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
+    let dir = scratch_dir("findings-e2e");
+    let (udp, http) = free_port();
+    let collector = Collector::start(&dir, udp, http);
+
+    // 5 minutes of a 66-node fleet read every 5 s, ending now: the job on nodes 0-63, nodes
+    // 64-65 idle; node-065's port mlx5_2 goes down for 5 s every 20 s.
+    let mut fleet = SimulatedFleet::builder(66)
+        .job("slurm:4242", 0..64)
+        .slow_gpu(17, 3)
+        .degraded_port(42, 5)
+        .flapping_port(65, 2)
+        .flap_period(4, 1)
+        .interval(Duration::from_secs(5))
+        .flush_every(2)
+        .ticks_before_now(60)
+        .build(key());
+    let t = Instant::now();
+    fleet
+        .send_ticks(format!("127.0.0.1:{udp}").parse().unwrap(), 60)
+        .unwrap();
+    eprintln!("sent in {:?}", t.elapsed());
+
+    // Findings: exactly the three devices' (the engine ticks every second).
+    let start = Instant::now();
+    let findings = loop {
+        let f = collector.json("/api/v1/findings?start=-10m");
+        if places(&f) == expected() || start.elapsed() > Duration::from_secs(30) {
+            break f;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("findings after {:?}", start.elapsed());
+    assert_eq!(places(&findings), expected(), "{findings:#}");
+    let list = findings["findings"].as_array().unwrap();
+    let id_of = |rule: &str| {
+        list.iter()
+            .find(|f| f["rule"] == rule)
+            .map(|f| f["id"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let flap = list
+        .iter()
+        .find(|f| f["rule"] == "ib_link_flapping")
+        .unwrap();
+    assert_eq!(flap["severity"], "critical");
+    // 15 downs were sent (UDP: the first burst of 66 new nodes may lose a few on loopback).
+    assert!(flap["evidence"]["downs"].as_u64().unwrap() >= 10, "{flap}");
+    let throttle = list
+        .iter()
+        .find(|f| f["rule"] == "gpu_thermal_throttle")
+        .unwrap();
+    assert_eq!(throttle["job_id"], "slurm:4242");
+
+    // Stragglers: the slow GPU and the degraded port, nothing else, with their causes.
+    let t = Instant::now();
+    let answer = collector.json("/api/v1/stragglers?job_id=slurm:4242&start=-5m");
+    eprintln!("stragglers in {:?}", t.elapsed());
+    let jobs = answer["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{answer:#}");
+    let job = &jobs[0];
+    assert_eq!(job["job_id"], "slurm:4242");
+    assert_eq!(job["nodes"], 64);
+    assert_eq!(job["gpus"], 512);
+    let stragglers = job["stragglers"].as_array().unwrap();
+    assert_eq!(stragglers.len(), 2, "{answer:#}");
+    let gpu = stragglers.iter().find(|s| s["gpu"] == "3").unwrap();
+    assert_eq!(gpu["node"], "node-017");
+    assert!(
+        gpu["value"].as_f64().unwrap() < 0.6 && gpu["median"].as_f64().unwrap() > 0.85,
+        "{gpu}"
+    );
+    assert!(gpu["score"].as_f64().unwrap() > 3.5);
+    assert_eq!(
+        gpu["cause"].as_str(),
+        Some(id_of("gpu_thermal_throttle").as_str())
+    );
+    let port = stragglers.iter().find(|s| s["device"] == "mlx5_5").unwrap();
+    assert_eq!(port["node"], "node-042");
+    assert_eq!(port["port"], 1);
+    assert_eq!(port["metric"], "railscope_ib_port_bytes_per_second");
+    let cause = port["cause"].as_str().unwrap();
+    assert!(
+        cause == id_of("ib_port_degraded") || cause == id_of("ib_symbol_errors"),
+        "{port}"
+    );
+    // Ranked by score.
+    let scores: Vec<f64> = stragglers
+        .iter()
+        .map(|s| s["score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]));
+
+    // /metrics: the active findings and the totals.
+    let page = collector.get("/metrics");
+    assert!(
+        page.contains(
+            "railscope_finding_active{device=\"mlx5_2\",node=\"node-065\",port=\"1\",rule=\"ib_link_flapping\",severity=\"critical\"} 1"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            "railscope_findings_total{rule=\"ib_link_flapping\",severity=\"critical\"} 1"
+        )
+    );
+
+    // The command line, as an operator asks.
+    let out = Command::new(COLLECTOR)
+        .args([
+            "findings",
+            "--json",
+            "--collector",
+            &format!("http://127.0.0.1:{http}"),
+        ])
+        .args(["--start", "-10m"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(places(&printed), expected());
+    let text = Command::new(COLLECTOR)
+        .args([
+            "findings",
+            "--severity",
+            "critical",
+            "--collector",
+            &format!("http://127.0.0.1:{http}"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("ib_link_flapping") && text.contains("node-065 mlx5_2/1"),
+        "{text}"
+    );
+    assert!(!text.contains("ib_port_degraded"), "{text}");
+
+    // A restart: the same findings, still active, from the log.
+    let before: Vec<Value> = list.clone();
+    collector.stop();
+    let collector = Collector::start(&dir, udp, http);
+    let after = collector.json("/api/v1/findings?start=-10m");
+    let after = after["findings"].as_array().unwrap();
+    let ids = |l: &[Value]| -> BTreeSet<String> {
+        l.iter()
+            .map(|f| f["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(after), ids(&before));
+    assert!(after.iter().all(|f| f["end"].is_null()), "{after:#?}");
+    collector.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
