@@ -119,9 +119,7 @@ impl<'a> Grids<'a> {
     pub fn distances(mut self) -> Vec<Vec<Option<f64>>> {
         let n = self.metrics.len();
         let mut out = vec![vec![None; n]; n];
-        let pairs: Vec<(usize, usize)> = (0..n)
-            .flat_map(|a| (a..n).map(move |b| (a, b)))
-            .collect();
+        let pairs: Vec<(usize, usize)> = (0..n).flat_map(|a| (a..n).map(move |b| (a, b))).collect();
         for (a, b) in pairs {
             let d = if a == b {
                 Some(0.0)
