@@ -41,14 +41,12 @@ fn labels(pairs: &[(&str, String)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A series' labels and its value at each second.
+type Shape = (BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>);
+
 /// One reading a second for `seconds`, each standing for its own instant (gauges) or the
 /// second before it (counter rates).
-fn trace(
-    name: &str,
-    series: Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)>,
-    seconds: u64,
-    counter: bool,
-) -> MetricTrace {
+fn trace(name: &str, series: Vec<Shape>, seconds: u64, counter: bool) -> MetricTrace {
     MetricTrace {
         name: name.into(),
         series: series
@@ -77,20 +75,19 @@ fn trace(
 /// with a 1 % wobble; the SM clock never moves and the symbol-error counter never ticks.
 fn fleet() -> Vec<MetricTrace> {
     const SECONDS: u64 = 600;
-    let gpus =
-        |f: fn(u64, u64) -> f64| -> Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> {
-            let mut out: Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> = Vec::new();
-            for node in ["n1", "n2"] {
-                for gpu in 0..2u64 {
-                    out.push((
-                        labels(&[("node", node.into()), ("gpu", gpu.to_string())]),
-                        Box::new(move |t| f(t, gpu)),
-                    ));
-                }
+    let gpus = |f: fn(u64, u64) -> f64| -> Vec<Shape> {
+        let mut out: Vec<Shape> = Vec::new();
+        for node in ["n1", "n2"] {
+            for gpu in 0..2u64 {
+                out.push((
+                    labels(&[("node", node.into()), ("gpu", gpu.to_string())]),
+                    Box::new(move |t| f(t, gpu)),
+                ));
             }
-            out
-        };
-    let ports = |f: fn(u64) -> f64| -> Vec<(BTreeMap<String, String>, Box<dyn Fn(u64) -> f64>)> {
+        }
+        out
+    };
+    let ports = |f: fn(u64) -> f64| -> Vec<Shape> {
         ["n1", "n2"]
             .into_iter()
             .map(|node| {
