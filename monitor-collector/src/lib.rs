@@ -18,6 +18,7 @@
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`liveness`]: the receive threads' heartbeats, for systemd's watchdog;
+//! - [`select`]: `railscope select`, Moneo's metric selection over a stored range;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`;
 //! - [`findings`]: health findings from what ingest received (events at once, the live view
@@ -39,6 +40,7 @@ pub mod nodes;
 pub mod query;
 pub mod remote_write;
 pub mod robust;
+pub mod select;
 pub mod settings;
 pub mod stragglers;
 pub mod udp;

@@ -50,6 +50,9 @@ enum Command {
     /// Write a node's samples and events over a time range as a capture file
     /// (docs/capture-format.md), for `railscope report`.
     Export(query::export::ExportArgs),
+    /// Moneo's metric selection over a stored range: drops constant and redundant metrics,
+    /// learns each kept metric's interval cap, prints the agent's `--sampling` settings.
+    Select(railscope_collector::select::cli::SelectArgs),
     /// Ask a running collector for its health findings (docs/findings.md).
     Findings(findings::cli::FindingsArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
@@ -84,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(options)) => run(options),
         Some(Command::Query(args)) => query::cli::run(&args),
         Some(Command::Export(args)) => query::export::run(&args),
+        Some(Command::Select(args)) => railscope_collector::select::cli::run(&args),
         Some(Command::Findings(args)) => findings::cli::run(&args),
         Some(Command::Stragglers(args)) => railscope_collector::stragglers::run_cli(&args),
         None => run(cli.run),

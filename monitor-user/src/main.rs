@@ -77,6 +77,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Moneo's metric selection over a collector's stored range (`railscope select --help`):
+    /// runs `railscope-collector select` with these arguments.
+    #[command(disable_help_flag = true)]
+    Select {
+        /// Arguments for `railscope-collector select`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// A collector's health findings (`railscope findings --help`): runs
     /// `railscope-collector findings` with these arguments.
     #[command(disable_help_flag = true)]
@@ -231,6 +239,7 @@ fn main() -> anyhow::Result<()> {
     match &cli.command {
         Command::Collector { args } => return run_collector(None, args),
         Command::Query { args } => return run_collector(Some("query"), args),
+        Command::Select { args } => return run_collector(Some("select"), args),
         Command::Findings { args } => return run_collector(Some("findings"), args),
         Command::Stragglers { args } => return run_collector(Some("stragglers"), args),
         _ => {}
@@ -361,6 +370,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Collector { .. }
         | Command::Query { .. }
+        | Command::Select { .. }
         | Command::Findings { .. }
         | Command::Stragglers { .. } => unreachable!("handed over above"),
         Command::Listen {

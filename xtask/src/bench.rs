@@ -39,6 +39,9 @@ mod agent;
 mod collector;
 mod events;
 
+/// The NVML stand-in library (also what `cargo xtask run --demo` puts in its guest).
+pub(crate) use agent::build_standin;
+
 /// `--duration` by default: seconds each process of `bench agent` is measured.
 const DEFAULT_DURATION: u64 = 60;
 

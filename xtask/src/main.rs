@@ -4,6 +4,7 @@
 mod bench;
 mod build;
 mod cargo;
+mod demo;
 mod fuzz;
 mod http;
 mod lint;

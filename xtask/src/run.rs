@@ -27,6 +27,15 @@ pub struct Options {
     /// Run the agent alone, printing events, without a collector.
     #[arg(long)]
     pub no_collector: bool,
+    /// The demo, for a machine without RDMA devices or GPUs: a test-bed guest with
+    /// soft-RoCE traffic in two jobs, a flapping link and the NVML stand-in, its agent
+    /// sending to a local collector (data under DIR/demo); prints the dashboard's URL.
+    #[arg(long, conflicts_with = "no_collector")]
+    pub demo: bool,
+    /// With --demo: stop after this many seconds and check what the API shows (live data,
+    /// both jobs, a flapping-port finding) instead of running until Ctrl-C.
+    #[arg(long, value_name = "SECONDS", requires = "demo")]
+    pub demo_seconds: Option<u64>,
     /// Arguments passed to `railscope agent` (e.g. `-- --json`).
     #[arg(last = true)]
     pub agent_args: Vec<String>,
@@ -37,6 +46,14 @@ pub struct Options {
 pub fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("loading eBPF probes")?;
     let tools = setup::run(&options.setup)?;
+    if !options.demo
+        && let Some(why) = nothing_to_watch()
+    {
+        println!(
+            "{why}: railscope has little to show here; `cargo xtask run --demo` runs it on a \
+             test-bed guest with soft-RoCE traffic, a flapping link and a stand-in for 8 GPUs"
+        );
+    }
     let railscope = build::railscope_binary(&tools, true)?;
     if options.no_collector {
         return exec_agent(&railscope, &options.agent_args);
@@ -66,6 +83,16 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     }
 
     let data = options.data.clone().unwrap_or_else(default_data_dir);
+    if options.demo {
+        return crate::demo::run(
+            &tools,
+            &railscope,
+            UDP,
+            HTTP,
+            &crate::demo::data_dir(&data),
+            options.demo_seconds,
+        );
+    }
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create the data directory {}", data.display()))?;
     let key = key_file(&data)?;
@@ -178,4 +205,16 @@ fn exec_agent(railscope: &Path, args: &[String]) -> anyhow::Result<()> {
     ));
     let err = Command::new(railscope).arg("agent").args(args).exec();
     bail!("could not start {}: {err}", railscope.display())
+}
+
+/// Why this node has nothing for railscope to watch (no RDMA device and no GPU), or `None`.
+fn nothing_to_watch() -> Option<String> {
+    let rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    let gpu = Path::new("/dev/nvidia0").exists()
+        || ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+            .iter()
+            .any(|d| Path::new(d).join("libnvidia-ml.so.1").exists());
+    (!rdma && !gpu).then(|| {
+        "this node has no RDMA device (/sys/class/infiniband is empty) and no NVIDIA GPU".into()
+    })
 }

@@ -22,12 +22,14 @@ use super::{
 /// Default range of a query without `start`: the hour before `end`.
 const DEFAULT_RANGE_NS: u64 = 3_600_000_000_000;
 
-/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`, `GET /api/v1/export`.
+/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`,
+/// `GET /api/v1/metric-names`, `GET /api/v1/export`.
 pub fn api_router(engine: Arc<QueryEngine>) -> Router {
     Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/events", get(events))
         .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/metric-names", get(metric_names))
         .route("/api/v1/export", get(export))
         .with_state(engine)
 }
@@ -200,6 +202,32 @@ async fn nodes(
     let (start_ns, end_ns) = range(&pairs)?;
     let nodes = blocking(move || engine.nodes(start_ns, end_ns)).await?;
     Ok(Json(json!({ "nodes": nodes })).into_response())
+}
+
+/// The metric names with series in the range (`match` on `node` chooses the nodes read).
+async fn metric_names(
+    State(engine): State<Arc<QueryEngine>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let pairs = params(raw, &["match", "start", "end"])?;
+    let matchers = pairs
+        .iter()
+        .filter(|(k, _)| k == "match")
+        .map(|(_, v)| Matcher::parse(v).map_err(|e| bad(format!("parameter \"match\": {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (start_ns, end_ns) = range(&pairs)?;
+    let (names, cost) = blocking(move || engine.metric_names(&matchers, start_ns, end_ns)).await?;
+    let metrics: Vec<_> = names
+        .into_iter()
+        .map(|(name, kind)| {
+            let kind = match kind {
+                railscope_wire::Kind::Counter => "counter",
+                railscope_wire::Kind::Gauge => "gauge",
+            };
+            json!({ "name": name, "kind": kind })
+        })
+        .collect();
+    Ok(Json(json!({ "metrics": metrics, "cost": cost })).into_response())
 }
 
 /// A node's frames over the range as a capture file (docs/capture-format.md).

@@ -396,6 +396,34 @@ impl QueryEngine {
         Ok((out, cost))
     }
 
+    /// The metric names (and kinds) of the series the archive holds over the range: those
+    /// of the schema entries of the frames from 5 min before `start` (agents repeat their
+    /// schema at least every 5 min) to `end`, with `node` matchers choosing the nodes read.
+    /// Frames' samples are not decoded.
+    pub fn metric_names(
+        &self,
+        matchers: &[Matcher],
+        start_ns: u64,
+        end_ns: u64,
+    ) -> Result<(BTreeMap<String, Kind>, QueryCost), QueryError> {
+        let mut names: BTreeMap<String, Kind> = BTreeMap::new();
+        let from = start_ns.saturating_sub(COUNTER_LOOKBACK_NS);
+        let cost = self.each_frame(
+            node_selector(matchers, "node"),
+            from,
+            end_ns,
+            |_, frame, _| {
+                for e in &frame.schema {
+                    if !names.contains_key(&*e.series.name) {
+                        names.insert(e.series.name.to_string(), e.series.kind);
+                    }
+                }
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok((names, cost))
+    }
+
     /// The nodes with data in the range.
     pub fn nodes(&self, start_ns: u64, end_ns: u64) -> Result<BTreeSet<String>, QueryError> {
         Ok(self.reader.nodes(start_ns, end_ns)?)

@@ -30,6 +30,9 @@ pub struct SamplerConfig {
     pub ground_truth_every: u32,
     /// `false`: fixed interval, read and sent every `min_interval`.
     pub enabled: bool,
+    /// `true`: the series are neither read nor sent (`--sampling PREFIX:drop`, what
+    /// `railscope select` prints for a constant or redundant metric).
+    pub dropped: bool,
 }
 
 impl Default for SamplerConfig {
@@ -44,6 +47,7 @@ impl Default for SamplerConfig {
             jitter: 0.1,
             ground_truth_every: 1,
             enabled: true,
+            dropped: false,
         }
     }
 }
@@ -148,7 +152,11 @@ impl<'a> SamplingSpec<'a> {
             };
             match name {
                 "off" if value.is_none() => config.enabled = false,
-                "on" if value.is_none() => config.enabled = true,
+                "on" if value.is_none() => {
+                    config.enabled = true;
+                    config.dropped = false;
+                }
+                "drop" if value.is_none() => config.dropped = true,
                 "max" => config.max_interval = Duration::from_secs_f64(number()?),
                 "ground-truth" => config.ground_truth_every = whole(number()?)?,
                 "window" => config.window = whole(number()?)? as usize,
@@ -158,8 +166,8 @@ impl<'a> SamplingSpec<'a> {
                 "floor" => config.abs_floor = number()?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown setting {setting:?} (off, on, max, ground-truth, window, \
-                         tolerance, density, jitter, floor)"
+                        "unknown setting {setting:?} (off, on, drop, max, ground-truth, \
+                         window, tolerance, density, jitter, floor)"
                     )));
                 }
             }

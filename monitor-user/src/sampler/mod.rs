@@ -142,6 +142,7 @@ impl AdaptiveSampler {
     /// in [`with_group`](Self::with_group) and each setting is one of
     ///
     /// - `off`: a fixed interval, every reading sent (`on` undoes it);
+    /// - `drop`: the series are neither read nor sent (`on` undoes it);
     /// - `max=SECONDS`: the longest collection interval of a stable series;
     /// - `ground-truth=N`: a stable series is read at least every N minimum intervals;
     /// - `window=N`, `tolerance=FRACTION`, `density=FRACTION`, `jitter=FRACTION`,
@@ -188,6 +189,12 @@ impl AdaptiveSampler {
 
     /// [`due`](Self::due), finding the series through `slot` (and remembering it there).
     pub fn due_at(&self, series: &Series, slot: &mut Slot, now_ns: u64) -> bool {
+        if self.groups[group_index(&self.groups, &series.name)]
+            .2
+            .dropped
+        {
+            return false;
+        }
         self.find(series, slot).is_none_or(|i| {
             let s = &self.states[i].1;
             let slack = self.groups[s.group].2.min_ns() / 16;
@@ -253,6 +260,9 @@ impl AdaptiveSampler {
             Some(i) => i,
             None => {
                 let group = group_index(&self.groups, &series.name);
+                if self.groups[group].2.dropped {
+                    return Emitted::default();
+                }
                 let seed = self.seed ^ series_hash(series);
                 let i = self.states.len();
                 self.states

@@ -649,3 +649,31 @@ fn out_of_order_and_non_finite_values_are_ignored() {
     assert_eq!(gauge(&e[0]).count, 1);
     assert_eq!(gauge(&e[0]).max, 301.0);
 }
+
+#[test]
+fn a_dropped_metric_is_never_due_nor_sent_and_a_longer_prefix_can_keep_one() {
+    let mut sampler = AdaptiveSampler::new(config());
+    // What `railscope select` prints: a dropped metric whose name is a prefix of a kept one.
+    sampler.configure("railscope_gpu_power:drop").unwrap();
+    sampler
+        .configure("railscope_gpu_power_limit_watts:on,max=20")
+        .unwrap();
+    let dropped = series("railscope_gpu_power_watts", Kind::Gauge);
+    let kept = series("railscope_gpu_power_limit_watts", Kind::Gauge);
+    for sec in 0..5 {
+        assert!(!sampler.due(&dropped, sec * S));
+        assert!(
+            sampler
+                .observe(&dropped, Value::F64(300.0), sec * S)
+                .is_empty()
+        );
+    }
+    assert!(sampler.due(&kept, 0));
+    assert_eq!(sampler.observe(&kept, Value::F64(700.0), 0).len(), 1);
+    assert_eq!(sampler.len(), 1);
+    assert_eq!(
+        sampler.group_of(&kept).1.max_interval,
+        Duration::from_secs(20)
+    );
+    assert!(sampler.configure("railscope_gpu_:drop=1").is_err());
+}

@@ -21,24 +21,7 @@ pub fn run() -> anyhow::Result<()> {
     )?;
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
-    // The NIC's transport and driver (modules on 6.1; virtio_pci built in on 6.12).
-    for module in ["virtio_pci", "virtio_net"] {
-        if !std::path::Path::new("/sys/module").join(module).exists() {
-            guest::run("/bin/modprobe", &[module])?;
-        }
-    }
-    guest::wait_for(Duration::from_secs(5), "the virtio NIC", || {
-        std::fs::read_dir("/sys/class/net").is_ok_and(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .any(|n| n.starts_with("eth") || n.starts_with("en"))
-        })
-    })?;
-    let nic = std::fs::read_dir("/sys/class/net")?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .find(|n| n.starts_with("eth") || n.starts_with("en"))
-        .context("no NIC: the guest was booted without QEMU's user network")?;
-    guest::run("/usr/bin/ip", &["link", "set", &nic, "up"])?;
-    guest::run("/usr/bin/ip", &["addr", "add", GUEST_ADDR, "dev", &nic])?;
+    let nic = user_net_up()?;
     println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
 
     guest::write_wire_key()?;
@@ -79,4 +62,27 @@ pub fn run() -> anyhow::Result<()> {
     // The host compares the TSDB with the archive once the guest is off.
     println!("the agent sent to {collector} and stopped");
     Ok(())
+}
+
+/// Brings the QEMU user-network NIC up as [`GUEST_ADDR`] (the host is 10.0.2.2); its name.
+pub(super) fn user_net_up() -> anyhow::Result<String> {
+    // The NIC's transport and driver (modules on 6.1; virtio_pci built in on 6.12).
+    for module in ["virtio_pci", "virtio_net"] {
+        if !std::path::Path::new("/sys/module").join(module).exists() {
+            guest::run("/bin/modprobe", &[module])?;
+        }
+    }
+    guest::wait_for(Duration::from_secs(5), "the virtio NIC", || {
+        std::fs::read_dir("/sys/class/net").is_ok_and(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .any(|n| n.starts_with("eth") || n.starts_with("en"))
+        })
+    })?;
+    let nic = std::fs::read_dir("/sys/class/net")?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|n| n.starts_with("eth") || n.starts_with("en"))
+        .context("no NIC: the guest was booted without QEMU's user network")?;
+    guest::run("/usr/bin/ip", &["link", "set", &nic, "up"])?;
+    guest::run("/usr/bin/ip", &["addr", "add", GUEST_ADDR, "dev", &nic])?;
+    Ok(nic)
 }

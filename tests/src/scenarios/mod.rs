@@ -11,6 +11,7 @@ mod cgroups_late;
 mod clock_step;
 mod cm_ids;
 mod cm_wildcard;
+mod demo;
 mod device_reuse;
 mod hook_trace;
 mod host_collector;
@@ -51,6 +52,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "bench-events" => bench_events::run(),
         "device-reuse" => device_reuse::run(),
         "soak" => soak::run(),
+        "demo" => demo::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }

@@ -206,7 +206,7 @@ fn slug(interval: f64) -> String {
 
 /// The stand-in `libnvidia-ml.so` (a cdylib, which cargo reports as a file, not an
 /// executable).
-fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the NVML stand-in (libnvidia_ml_standin.so)");
     let mut cmd = cargo::command(tools);
     cmd.args([
