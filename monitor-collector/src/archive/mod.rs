@@ -21,6 +21,7 @@
 
 mod open;
 mod reader;
+mod recode;
 mod record;
 mod sealed;
 

@@ -18,7 +18,11 @@ use super::{
 
 pub(crate) const SEALED_MAGIC: [u8; 4] = *b"RSAS";
 const TRAILER_MAGIC: [u8; 4] = *b"RSAX";
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// The version sealed segments are written in: 2, blocks re-coded per series
+/// ([`super::recode`]). Version 1 segments (blocks of records as received) still read.
+pub(crate) const FORMAT_VERSION: u8 = 2;
+/// The first version, whose blocks hold the records as they were received.
+const FORMAT_VERSION_RECORDS: u8 = 1;
 pub(crate) const HEADER_LEN: usize = 16;
 const TRAILER_LEN: usize = 64;
 /// Per block in the index: offset, compressed and raw length, records, seq range, time range.
@@ -39,6 +43,8 @@ pub struct SealedSegment {
     pub max_ns: u64,
     /// When the newest record was received: what retention by age looks at.
     pub max_received_ns: u64,
+    /// Format version (1: blocks of records as received; 2: re-coded blocks).
+    pub version: u8,
     index_offset: u64,
     index_len: u32,
     index_crc: u32,
@@ -148,11 +154,11 @@ fn write_tmp(
         min_ns: u64::MAX,
         max_ns: 0,
         max_received_ns: 0,
+        version: FORMAT_VERSION,
         index_offset: 0,
         index_len: 0,
         index_crc: 0,
     };
-    let mut raw = Vec::with_capacity(settings.block_bytes + 70_000);
     for (node, records) in nodes {
         index.push(node.len() as u8);
         index.extend_from_slice(node.as_bytes());
@@ -161,7 +167,6 @@ fn write_tmp(
         let mut blocks = 0u32;
         let mut rest = &records[..];
         while !rest.is_empty() {
-            raw.clear();
             let mut block = BlockRef {
                 offset: out.len() as u64,
                 compressed_len: 0,
@@ -172,12 +177,12 @@ fn write_tmp(
                 min_ns: u64::MAX,
                 max_ns: 0,
             };
-            let mut taken = 0;
+            let (mut taken, mut raw_len) = (0, 0);
             for r in rest {
-                if taken > 0 && raw.len() + r.bytes.len() > settings.block_bytes {
+                if taken > 0 && raw_len + r.bytes.len() > settings.block_bytes {
                     break;
                 }
-                r.put_block_record(&mut raw);
+                raw_len += r.bytes.len() + 37;
                 taken += 1;
                 block.first_seq = block.first_seq.min(r.seq);
                 block.last_seq = block.last_seq.max(r.seq);
@@ -185,6 +190,7 @@ fn write_tmp(
                 block.max_ns = block.max_ns.max(r.last_ns);
                 seg.max_received_ns = seg.max_received_ns.max(r.received_ns);
             }
+            let raw = super::recode::encode_block(&rest[..taken]);
             rest = &rest[taken..];
             let compressed = compressor.compress(&raw).map_err(io(tmp))?;
             out.extend_from_slice(&compressed);
@@ -264,7 +270,7 @@ impl SealedSegment {
         if header[0..4] != SEALED_MAGIC {
             return Err(corrupt(path, "no sealed-segment magic"));
         }
-        if header[4] != FORMAT_VERSION {
+        if header[4] != FORMAT_VERSION && header[4] != FORMAT_VERSION_RECORDS {
             return Err(ArchiveError::Version {
                 path: path.to_owned(),
                 version: header[4],
@@ -289,6 +295,7 @@ impl SealedSegment {
             max_ns: u64_at(&t, 40),
             max_received_ns: u64_at(&t, 48),
             records: u32_at(&t, 56),
+            version: header[4],
         };
         if seg.index_offset + u64::from(seg.index_len) + TRAILER_LEN as u64 != bytes {
             return Err(corrupt(path, "index position"));
@@ -350,8 +357,19 @@ impl SealedSegment {
         let mut compressed = vec![0u8; block.compressed_len as usize];
         file.read_exact_at(&mut compressed, block.offset)
             .map_err(io(path))?;
-        let raw = zstd::bulk::decompress(&compressed, block.raw_len as usize)
+        let mut raw = zstd::bulk::decompress(&compressed, block.raw_len as usize)
             .map_err(|e| corrupt(path, format!("block at byte {}: {e}", block.offset)))?;
+        if raw.len() != block.raw_len as usize {
+            return Err(corrupt(path, format!("block at byte {}", block.offset)));
+        }
+        if self.version != FORMAT_VERSION_RECORDS {
+            raw = super::recode::decode_block(&raw).ok_or_else(|| {
+                corrupt(
+                    path,
+                    format!("re-coded block at byte {} does not rebuild", block.offset),
+                )
+            })?;
+        }
         let records = read_block_records(&raw, "");
         let mut n = 0u32;
         for r in records {
@@ -363,7 +381,7 @@ impl SealedSegment {
             }
             n += 1;
         }
-        if n != block.records || raw.len() != block.raw_len as usize {
+        if n != block.records {
             return Err(corrupt(path, format!("block at byte {}", block.offset)));
         }
         Ok(raw)
