@@ -49,7 +49,8 @@ pub struct ArchiveConfig {
     pub segment_bytes: u64,
     /// ... or once its first record was received this long ago (default 1 h).
     pub segment_span: Duration,
-    /// Uncompressed size of a sealed block, one node's records (default 256 KiB).
+    /// Frame bytes in a sealed block, one node's records (default 1 MiB): a block is the
+    /// unit of re-coding per series and of reading, docs/archive-format.md.
     pub block_bytes: usize,
     /// zstd level of sealed blocks (default 3; docs/architecture.md gives the sizes).
     pub compression_level: i32,
@@ -75,7 +76,7 @@ impl ArchiveConfig {
             dir: dir.into(),
             segment_bytes: 64 << 20,
             segment_span: Duration::from_secs(3600),
-            block_bytes: 256 << 10,
+            block_bytes: 1 << 20,
             compression_level: 3,
             retention_age: Some(Duration::from_secs(30 * 86_400)),
             retention_bytes: None,
