@@ -509,6 +509,12 @@ const FORM_SPLIT: u8 = 2;
 /// Makes a re-coded block of `records` (one node's, in order): see docs/archive-format.md,
 /// "Re-coded block".
 pub(crate) fn encode_block(records: &[RecordView<'_>]) -> Vec<u8> {
+    encode_block_counting(records).0
+}
+
+/// [`encode_block`], and how many of the records were re-coded (the others are kept whole).
+fn encode_block_counting(records: &[RecordView<'_>]) -> (Vec<u8>, usize) {
+    let mut split_records = 0;
     let mut columns = Columns::default();
     let mut meta = Vec::with_capacity(records.len() * 16);
     let mut skeletons = Vec::new();
@@ -558,6 +564,7 @@ pub(crate) fn encode_block(records: &[RecordView<'_>]) -> Vec<u8> {
                     .all(|(&c, v)| c == v.len())
         };
         if exact {
+            split_records += 1;
             meta.push(kind | FORM_SPLIT);
             put_varint(&mut meta, (skeletons.len() - skeleton_at) as u64);
         } else {
@@ -574,7 +581,7 @@ pub(crate) fn encode_block(records: &[RecordView<'_>]) -> Vec<u8> {
     for (key, values) in columns.keys.iter().zip(&columns.values) {
         put_column(&mut out, key.2, values);
     }
-    out
+    (out, split_records)
 }
 
 /// Column codings.
@@ -760,4 +767,213 @@ pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use railscope_wire::{
+        CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels,
+        ReceiverState, Sample, Series,
+    };
+
+    use super::*;
+
+    const T0: u64 = 1_790_000_000_000_000_000;
+    const S: u64 = 1_000_000_000;
+
+    fn series(name: &str, kind: Kind, labels: &[(&str, &str)]) -> Series {
+        Series {
+            name: name.into(),
+            labels: Labels::new(labels.iter().copied()),
+            kind,
+        }
+    }
+
+    /// Frames of two agents (two sessions in one block; one sends gauges bit for bit, so
+    /// its non-decimal gauges take the float coding) over 95 s, flushed every 10 s: a
+    /// counter that wraps, one read every third sweep only, one that stops for 30 s, integer
+    /// and float gauges, gauge envelopes, NaN, infinities and -0.0, and events.
+    fn frames(key: &Key) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for (agent, digits) in [("node-a", Some(6)), ("node-a", None)] {
+            let mut config = EncoderConfig::new(agent);
+            config.gauge_digits = digits;
+            let mut enc = FrameEncoder::new(config, key.clone()).unwrap();
+            let wraps = series("wrap_total", Kind::Counter, &[("port", "1")]);
+            let sparse = series("sparse_total", Kind::Counter, &[("port", "1")]);
+            let pausing = series("pause_total", Kind::Counter, &[("port", "2")]);
+            let temp = series("temp", Kind::Gauge, &[("gpu", "0")]);
+            let ratio = series("ratio", Kind::Gauge, &[("gpu", "0")]);
+            let odd = series("odd", Kind::Gauge, &[("gpu", "1")]);
+            let env = series("env", Kind::Gauge, &[("gpu", "1")]);
+            let mut rng = 0x1234_5678u64;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            for sweep in 0..95u64 {
+                let t = T0 + sweep * S + 137_000 * sweep;
+                let counter = |enc: &mut FrameEncoder, s: &Series, v: u64| {
+                    enc.push_sample(s, Sample::Counter(CounterSample { unix_ns: t, value: v }))
+                        .unwrap()
+                };
+                let gauge = |enc: &mut FrameEncoder, s: &Series, v: f64| {
+                    enc.push_sample(s, Sample::Gauge(GaugeSample::reading(t, v)))
+                        .unwrap()
+                };
+                counter(&mut enc, &wraps, (u64::MAX - 40_000_000).wrapping_add(sweep * 1_000_003));
+                if sweep % 3 == 0 {
+                    counter(&mut enc, &sparse, sweep * sweep * 977);
+                }
+                if !(30..60).contains(&sweep) {
+                    counter(&mut enc, &pausing, 5 + sweep / 7);
+                }
+                gauge(&mut enc, &temp, 60.0 + (next() % 5) as f64);
+                gauge(&mut enc, &ratio, (next() % 1_000_000) as f64 / 997.0);
+                let special = [f64::NAN, f64::INFINITY, -0.0, f64::NEG_INFINITY, 1e-300];
+                gauge(&mut enc, &odd, special[(sweep % 5) as usize]);
+                let base = (next() % 100) as f64;
+                enc.push_sample(
+                    &env,
+                    Sample::Gauge(GaugeSample {
+                        start_unix_ns: t - S / 2,
+                        end_unix_ns: t,
+                        min: base,
+                        max: base + 7.5,
+                        mean: base + 2.25,
+                    }),
+                )
+                .unwrap();
+                if sweep % 17 == 3 {
+                    enc.push_event(Event {
+                        unix_ns: t + 5,
+                        kind: "xid".into(),
+                        labels: Labels::new([("gpu", "0")]),
+                        code: 79,
+                        text: format!("fell off the bus at sweep {sweep}"),
+                    });
+                    out.extend(enc.flush_events(t + 10));
+                }
+                if sweep % 10 == 9 || sweep == 94 {
+                    out.extend(enc.flush(t + S / 10));
+                }
+            }
+        }
+        out
+    }
+
+    fn record(seq: u64, bytes: &[u8]) -> RecordView<'_> {
+        RecordView {
+            seq,
+            kind: if seq == 1 {
+                RecordKind::Schema
+            } else {
+                RecordKind::Frame
+            },
+            node: "",
+            received_ns: T0 + seq * 3 * S + (seq % 7) * 1_000,
+            first_ns: T0 + seq * 2 * S,
+            last_ns: T0 + seq * 2 * S + 9 * S,
+            bytes,
+        }
+    }
+
+    fn layout(records: &[RecordView<'_>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in records {
+            r.put_block_record(&mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn every_frame_of_a_block_rebuilds_bit_for_bit_and_decodes_to_the_same_samples() {
+        let key = Key::from_bytes([3; 32]);
+        let frames = frames(&key);
+        assert!(frames.len() > 20, "{} frames", frames.len());
+        let records: Vec<RecordView<'_>> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| record(1 + 2 * i as u64, f))
+            .collect();
+        let (block, split) = encode_block_counting(&records);
+        // Every frame of the encoder is re-coded, none kept whole.
+        assert_eq!(split, records.len());
+        let rebuilt = decode_block(&block).expect("the block rebuilds");
+        assert_eq!(rebuilt, layout(&records));
+        // And the frames decode to every sample and event the agents sent, in both receivers.
+        let limits = railscope_wire::ReceiverLimits::default();
+        let (mut a, mut b) = (
+            ReceiverState::with_limits(limits),
+            ReceiverState::with_limits(limits),
+        );
+        let back: Vec<_> = super::super::record::read_block_records(&rebuilt, "")
+            .map(|r| r.unwrap().bytes.to_vec())
+            .collect();
+        let (mut samples, mut events) = (0usize, 0usize);
+        for (orig, again) in frames.iter().zip(&back) {
+            let x = railscope_wire::decode(orig, &key, &mut a).unwrap();
+            let y = railscope_wire::decode(again, &key, &mut b).unwrap();
+            assert_eq!(format!("{x:?}"), format!("{y:?}"));
+            samples += y.sample_count();
+            events += y.events.len();
+        }
+        assert_eq!(samples, 2 * (95 + 32 + 65 + 4 * 95));
+        assert_eq!(events, 2 * 6);
+    }
+
+    #[test]
+    fn datagrams_that_do_not_parse_or_rebuild_are_kept_whole() {
+        let key = Key::from_bytes([3; 32]);
+        let frames = frames(&key);
+        let mut trailing = frames[3].clone();
+        trailing.push(0);
+        // A non-canonical varint in the structure (the seq, as 0x85 0x00 for 5) is copied as
+        // it is, so that frame still rebuilds exactly and is re-coded.
+        let mut odd_varint = frames[2].clone();
+        let seq_at = 6 + 1 + usize::from(odd_varint[6]) + 4;
+        let seq = odd_varint[seq_at];
+        assert!(seq < 0x80);
+        odd_varint.splice(seq_at..=seq_at, [seq | 0x80, 0]);
+        let junk: Vec<u8> = (0..700u32).map(|i| (i * 31 % 251) as u8).collect();
+        let kept = [
+            &frames[0][..],
+            &frames[1][..frames[1].len() / 2],
+            &trailing,
+            &junk,
+            &odd_varint,
+            &frames[4],
+            b"",
+        ];
+        let records: Vec<RecordView<'_>> = kept
+            .iter()
+            .enumerate()
+            .map(|(i, f)| record(10 + i as u64, f))
+            .collect();
+        let (block, split) = encode_block_counting(&records);
+        // Cut, trailing byte, junk and empty are kept whole.
+        assert_eq!(split, 3);
+        assert_eq!(decode_block(&block).unwrap(), layout(&records));
+    }
+
+    #[test]
+    fn a_damaged_block_is_refused_not_misread() {
+        let key = Key::from_bytes([3; 32]);
+        let frames = frames(&key);
+        let records: Vec<RecordView<'_>> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| record(i as u64, f))
+            .collect();
+        let (block, _) = encode_block_counting(&records);
+        for cut in [1, block.len() / 3, block.len() - 1] {
+            assert_eq!(decode_block(&block[..cut]), None, "cut at {cut}");
+        }
+        // A column count or a value count beyond the block is refused without allocating it.
+        let mut long = block.clone();
+        long.extend_from_slice(&[0xff; 9]);
+        assert_eq!(decode_block(&long), None);
+    }
 }
