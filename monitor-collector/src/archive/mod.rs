@@ -261,6 +261,7 @@ impl Archive {
         let settings = BlockSettings {
             block_bytes: config.block_bytes,
             level: config.compression_level,
+            recode: true,
         };
         let mut open = None;
         for &id in &open_ids {
@@ -484,6 +485,7 @@ impl Archive {
         let settings = BlockSettings {
             block_bytes: self.config.block_bytes,
             level: self.config.compression_level,
+            recode: true,
         };
         // The writer is this thread: the open segment changes only here, so it can be
         // sealed from a snapshot of its file while readers go on reading it.
