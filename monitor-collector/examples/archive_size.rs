@@ -94,7 +94,10 @@ fn main() -> anyhow::Result<()> {
     let before_seal = archive.stats().bytes_on_disk;
     let (seal_started, seal_cpu0) = (Instant::now(), thread_cpu_s());
     archive.seal()?;
-    let (seal_s, seal_cpu_s) = (seal_started.elapsed().as_secs_f64(), thread_cpu_s() - seal_cpu0);
+    let (seal_s, seal_cpu_s) = (
+        seal_started.elapsed().as_secs_f64(),
+        thread_cpu_s() - seal_cpu0,
+    );
     let sealed = archive.stats();
     let per = |b: u64| b as f64 / samples.max(1) as f64;
     println!(

@@ -114,7 +114,7 @@ pub enum ArchiveError {
     },
     #[error("archive {path}: corrupt: {what}")]
     Corrupt { path: PathBuf, what: String },
-    #[error("archive {path}: format version {version}, this build reads version 1")]
+    #[error("archive {path}: format version {version}, this build reads versions 1 and 2")]
     Version { path: PathBuf, version: u8 },
     #[error("archive {dir}: record of node {node:?} dropped: {why}")]
     Dropped {

@@ -599,8 +599,16 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
             let x = v ^ prev;
             prev = v;
             // Significant bytes, from the lowest non-zero one: a length byte then the bytes.
-            let lead = if x == 0 { 8 } else { x.leading_zeros() as usize / 8 };
-            let trail = if x == 0 { 0 } else { x.trailing_zeros() as usize / 8 };
+            let lead = if x == 0 {
+                8
+            } else {
+                x.leading_zeros() as usize / 8
+            };
+            let trail = if x == 0 {
+                0
+            } else {
+                x.trailing_zeros() as usize / 8
+            };
             let len = 8 - lead - trail.min(8 - lead);
             out.push(((trail as u8) << 4) | len as u8);
             out.extend_from_slice(&(x >> (8 * trail)).to_le_bytes()[..len]);
@@ -763,7 +771,11 @@ pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
         }
         .put_block_record(&mut out);
     }
-    if cursors.iter().zip(&columns.values).any(|(&c, v)| c != v.len()) {
+    if cursors
+        .iter()
+        .zip(&columns.values)
+        .any(|(&c, v)| c != v.len())
+    {
         return None;
     }
     Some(out)
@@ -816,14 +828,24 @@ mod tests {
             for sweep in 0..95u64 {
                 let t = T0 + sweep * S + 137_000 * sweep;
                 let counter = |enc: &mut FrameEncoder, s: &Series, v: u64| {
-                    enc.push_sample(s, Sample::Counter(CounterSample { unix_ns: t, value: v }))
-                        .unwrap()
+                    enc.push_sample(
+                        s,
+                        Sample::Counter(CounterSample {
+                            unix_ns: t,
+                            value: v,
+                        }),
+                    )
+                    .unwrap()
                 };
                 let gauge = |enc: &mut FrameEncoder, s: &Series, v: f64| {
                     enc.push_sample(s, Sample::Gauge(GaugeSample::reading(t, v)))
                         .unwrap()
                 };
-                counter(&mut enc, &wraps, (u64::MAX - 40_000_000).wrapping_add(sweep * 1_000_003));
+                counter(
+                    &mut enc,
+                    &wraps,
+                    (u64::MAX - 40_000_000).wrapping_add(sweep * 1_000_003),
+                );
                 if sweep % 3 == 0 {
                     counter(&mut enc, &sparse, sweep * sweep * 977);
                 }

@@ -408,12 +408,16 @@ mod tests {
     use super::*;
     use crate::archive::fixture_node::FixtureSender;
 
+    /// A frame and its received, first and last times.
+    type Timed = (Vec<u8>, u64, u64, u64);
+
     /// Three nodes' frames over 5 minutes, per node, as a seal groups them.
-    fn nodes() -> Vec<(String, Vec<(Vec<u8>, u64, u64, u64)>)> {
+    fn nodes() -> Vec<(String, Vec<Timed>)> {
         (0..3)
             .map(|n| {
                 let name = format!("gpu-node-{n}");
-                let mut s = FixtureSender::new(&name, n + 1, railscope_wire::Key::from_bytes([7; 32]));
+                let mut s =
+                    FixtureSender::new(&name, n + 1, railscope_wire::Key::from_bytes([7; 32]));
                 let frames = s
                     .run(1_790_000_000_000_000_000, 300, 10)
                     .into_iter()
@@ -424,9 +428,7 @@ mod tests {
             .collect()
     }
 
-    fn views<'a>(
-        nodes: &'a [(String, Vec<(Vec<u8>, u64, u64, u64)>)],
-    ) -> Vec<(&'a str, Vec<RecordView<'a>>)> {
+    fn views<'a>(nodes: &'a [(String, Vec<Timed>)]) -> Vec<(&'a str, Vec<RecordView<'a>>)> {
         let mut seq = 0;
         nodes
             .iter()
@@ -498,7 +500,10 @@ mod tests {
             records.iter().for_each(|r| r.put_block_record(&mut raw));
             expected.push((node.to_string(), raw));
         }
-        assert!(a_nodes == expected, "the records read back are not those sealed");
+        assert!(
+            a_nodes == expected,
+            "the records read back are not those sealed"
+        );
         assert!(
             v2.bytes * 100 < v1.bytes * 92,
             "format 2 takes {} bytes, format 1 {}",
