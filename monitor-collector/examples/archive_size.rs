@@ -4,8 +4,8 @@
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
-//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--flush-s F] [--data DIR
-//! --key FILE]`
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--span-s S] [--flush-s F]
+//! [--data DIR --key FILE]`
 //!
 //! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
 //! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
@@ -36,6 +36,9 @@ fn main() -> anyhow::Result<()> {
     let level = arg(&args, "--level", 3)? as i32;
     let block_kib = arg(&args, "--block-kib", 1024)? as usize;
     let segment_mib = arg(&args, "--segment-mib", 64)?;
+    // The open segment is also sealed once its first record is this old (on the clock: the
+    // run's data ends now); a large value leaves one seal, at the end, to time.
+    let span_s = arg(&args, "--span-s", 3600)?;
     // The agent's flush interval: each flush starts every series' coding afresh.
     let flush_s = arg(&args, "--flush-s", 10)?.max(1);
     let kept = args
@@ -60,7 +63,7 @@ fn main() -> anyhow::Result<()> {
     let dir = kept.as_deref().unwrap_or(temp.path());
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: segment_mib << 20,
-        segment_span: Duration::from_secs(3600),
+        segment_span: Duration::from_secs(span_s),
         block_bytes: block_kib << 10,
         compression_level: level,
         retention_age: None,
