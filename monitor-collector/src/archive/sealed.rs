@@ -185,11 +185,19 @@ fn write_tmp(
                 max_ns: 0,
             };
             let (mut taken, mut raw_len) = (0, 0);
+            // What is left of the node: a rest under half a block joins this block (so a
+            // block holds at most 1.5 `block_bytes`): a short block restarts every series'
+            // column for few samples.
+            let mut left: usize = rest.iter().map(|r| r.bytes.len() + 37).sum();
             for r in rest {
-                if taken > 0 && raw_len + r.bytes.len() > settings.block_bytes {
+                if taken > 0
+                    && raw_len + r.bytes.len() > settings.block_bytes
+                    && left > settings.block_bytes / 2
+                {
                     break;
                 }
                 raw_len += r.bytes.len() + 37;
+                left -= r.bytes.len() + 37;
                 taken += 1;
                 block.first_seq = block.first_seq.min(r.seq);
                 block.last_seq = block.last_seq.max(r.seq);
