@@ -4,8 +4,8 @@
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
-//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--flush-s F] [--data DIR
-//! --key FILE]`
+//! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--span-s S] [--flush-s F]
+//! [--data DIR --key FILE]`
 //!
 //! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
 //! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
@@ -34,8 +34,11 @@ fn main() -> anyhow::Result<()> {
     let nodes = arg(&args, "--nodes", 4)?;
     let seconds = arg(&args, "--seconds", 3600)?;
     let level = arg(&args, "--level", 3)? as i32;
-    let block_kib = arg(&args, "--block-kib", 256)? as usize;
+    let block_kib = arg(&args, "--block-kib", 1024)? as usize;
     let segment_mib = arg(&args, "--segment-mib", 64)?;
+    // The open segment is also sealed once its first record is this old (on the clock: the
+    // run's data ends now); a large value leaves one seal, at the end, to time.
+    let span_s = arg(&args, "--span-s", 3600)?;
     // The agent's flush interval: each flush starts every series' coding afresh.
     let flush_s = arg(&args, "--flush-s", 10)?.max(1);
     let kept = args
@@ -60,7 +63,7 @@ fn main() -> anyhow::Result<()> {
     let dir = kept.as_deref().unwrap_or(temp.path());
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: segment_mib << 20,
-        segment_span: Duration::from_secs(3600),
+        segment_span: Duration::from_secs(span_s),
         block_bytes: block_kib << 10,
         compression_level: level,
         retention_age: None,
@@ -90,7 +93,14 @@ fn main() -> anyhow::Result<()> {
         }
         archive.tick()?;
     }
+    // The last seal (of what the open segment holds at the end) is timed: wall and CPU.
+    let before_seal = archive.stats().bytes_on_disk;
+    let (seal_started, seal_cpu0) = (Instant::now(), thread_cpu_s());
     archive.seal()?;
+    let (seal_s, seal_cpu_s) = (
+        seal_started.elapsed().as_secs_f64(),
+        thread_cpu_s() - seal_cpu0,
+    );
     let sealed = archive.stats();
     let per = |b: u64| b as f64 / samples.max(1) as f64;
     println!(
@@ -108,7 +118,23 @@ fn main() -> anyhow::Result<()> {
             "sealed_segments": sealed.segments - 1,
             "bytes_at_rest_per_sample": per(sealed.bytes_on_disk),
             "elapsed_s": started.elapsed().as_secs_f64(),
+            "last_seal": {
+                "archive_bytes_before": before_seal,
+                "wall_s": seal_s,
+                "cpu_s": seal_cpu_s,
+            },
         })
     );
     Ok(())
+}
+
+/// CPU time of the calling thread (user + system), in seconds.
+fn thread_cpu_s() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }

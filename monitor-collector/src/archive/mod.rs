@@ -21,6 +21,7 @@
 
 mod open;
 mod reader;
+mod recode;
 mod record;
 mod sealed;
 
@@ -48,7 +49,8 @@ pub struct ArchiveConfig {
     pub segment_bytes: u64,
     /// ... or once its first record was received this long ago (default 1 h).
     pub segment_span: Duration,
-    /// Uncompressed size of a sealed block, one node's records (default 256 KiB).
+    /// Frame bytes in a sealed block, one node's records (default 1 MiB): a block is the
+    /// unit of re-coding per series and of reading, docs/archive-format.md.
     pub block_bytes: usize,
     /// zstd level of sealed blocks (default 3; docs/architecture.md gives the sizes).
     pub compression_level: i32,
@@ -74,7 +76,7 @@ impl ArchiveConfig {
             dir: dir.into(),
             segment_bytes: 64 << 20,
             segment_span: Duration::from_secs(3600),
-            block_bytes: 256 << 10,
+            block_bytes: 1 << 20,
             compression_level: 3,
             retention_age: Some(Duration::from_secs(30 * 86_400)),
             retention_bytes: None,
@@ -112,7 +114,7 @@ pub enum ArchiveError {
     },
     #[error("archive {path}: corrupt: {what}")]
     Corrupt { path: PathBuf, what: String },
-    #[error("archive {path}: format version {version}, this build reads version 1")]
+    #[error("archive {path}: format version {version}, this build reads versions 1 and 2")]
     Version { path: PathBuf, version: u8 },
     #[error("archive {dir}: record of node {node:?} dropped: {why}")]
     Dropped {
@@ -259,6 +261,7 @@ impl Archive {
         let settings = BlockSettings {
             block_bytes: config.block_bytes,
             level: config.compression_level,
+            recode: true,
         };
         let mut open = None;
         for &id in &open_ids {
@@ -482,6 +485,7 @@ impl Archive {
         let settings = BlockSettings {
             block_bytes: self.config.block_bytes,
             level: self.config.compression_level,
+            recode: true,
         };
         // The writer is this thread: the open segment changes only here, so it can be
         // sealed from a snapshot of its file while readers go on reading it.
