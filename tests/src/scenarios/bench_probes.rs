@@ -323,7 +323,13 @@ fn attached_hooks(agent: &Agent) -> Vec<&'static Hook> {
 fn script(hooks: &[&Hook]) -> String {
     hooks
         .iter()
-        .map(|h| format!("{} {{ {} }}\n", h.bpftrace_probe.unwrap_or(h.probe), h.action))
+        .map(|h| {
+            format!(
+                "{} {{ {} }}\n",
+                h.bpftrace_probe.unwrap_or(h.probe),
+                h.action
+            )
+        })
         .collect()
 }
 
