@@ -1,14 +1,15 @@
 //! attach-pace: attaching runs off the agent's loop. While rdma_rxe and ib_uverbs (which rxe
 //! needs) are unloaded and loaded again three times (ib_uverbs' family detaches and attaches
 //! anew: BTF, object load, verifier), the ib_core family's reader keeps draining its ring
-//! buffer every 250 ms: the longest gap between two drains, which the agent reports when it
-//! stops, stays under a second, and a link flap in the middle of it is reported. (rdma_cm
-//! cannot be unloaded under the agent: its raw tracepoint holds a reference to the module.)
+//! buffer every 250 ms, and a link flap in the middle of it is reported. (rdma_cm cannot be
+//! unloaded under the agent: its raw tracepoint holds a reference to the module.)
 //!
-//! Next to it a thread of the scenario sleeps 250 ms in a loop and keeps its own longest gap:
-//! what the emulated guest does to any timer while modules load and programs are verified.
-//! Both figures are printed; the agent's excess over that baseline is what an attach on its
-//! loop would add.
+//! The pace is judged against the guest itself: a thread of the scenario sleeps 250 ms in a
+//! loop and keeps its longest gap between two wake-ups, which is what the emulated guest (TCG,
+//! module loads, a host whose cores are shared) does to any timer. The agent's longest gap
+//! between two drains, which it reports when it stops, may exceed that by less than one drain
+//! interval: an attach on the loop (seconds of BTF parsing and verification) would miss
+//! several drains.
 
 use std::{path::Path, time::Duration};
 
@@ -17,8 +18,6 @@ use anyhow::{Context as _, ensure};
 use crate::guest::{self, Agent};
 
 const RELOADS: usize = 3;
-/// Four drain intervals: a loop blocked by an attach misses several drains.
-const LONGEST_GAP_MS: u64 = 1000;
 /// The agent's drain interval, which the baseline ticker sleeps too.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -66,14 +65,16 @@ pub fn run() -> anyhow::Result<()> {
             ms.split_whitespace().next()?.parse::<u64>().ok()
         })
         .context("the agent did not report ib_core's drain pace")?;
+    let baseline_ms = baseline.as_millis() as u64;
     println!(
         "ib_core's longest gap between two drains: {gap} ms; a 250 ms ticker of the guest's own, \
-         longest gap: {} ms",
-        baseline.as_millis()
+         longest gap: {baseline_ms} ms"
     );
+    let limit = baseline_ms + DRAIN_INTERVAL.as_millis() as u64;
     ensure!(
-        gap < LONGEST_GAP_MS,
-        "ib_core's event drain paused {gap} ms while other families attached"
+        gap < limit,
+        "ib_core's event drain paused {gap} ms while other families attached, where the \
+         guest's own 250 ms ticker paused at most {baseline_ms} ms (limit {limit} ms)"
     );
     let err = stdout
         .iter()
