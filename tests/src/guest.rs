@@ -334,6 +334,41 @@ pub fn wait_for(
     bail!("timed out after {timeout:?} waiting for {what}")
 }
 
+/// A thread of the scenario itself that sleeps `period` in a loop and keeps the longest gap
+/// between two of its wake-ups: what the guest alone (emulated CPUs, module loads, the
+/// kernel's own stalls) does to a timer, next to which an agent's pace can be judged.
+pub struct Ticker {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: thread::JoinHandle<Duration>,
+}
+
+impl Ticker {
+    pub fn start(period: Duration) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            thread::spawn(move || {
+                let mut longest = Duration::ZERO;
+                let mut last = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    thread::sleep(period);
+                    let now = Instant::now();
+                    longest = longest.max(now - last);
+                    last = now;
+                }
+                longest
+            })
+        };
+        Self { stop, thread }
+    }
+
+    /// Stops the thread; the longest gap between two wake-ups it saw.
+    pub fn stop(self) -> Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the ticker does not panic")
+    }
+}
+
 /// `railscope agent` running as a child, with its output collected (and echoed to the
 /// console with a prefix, so the serial log shows it).
 pub struct Agent {

@@ -520,7 +520,10 @@ Of {with_events} hooks with events, {} cost no more per event than bpftrace's pr
          on the same hook, and {} cost at most {GOAL_NS:.0} ns per event{}. Hooks with few events \
          (control-path verbs, port events: tens, against tens of thousands of `post_send`s) give \
          a noisier figure: a single event that meets cold caches, or a vCPU the host preempts \
-         while the program runs, weighs on the average.\n",
+         while the program runs, weighs on the average. On `cm_event_handler`, bpftrace's \
+         program is on the regular tracepoint `rdma_cma:cm_event_handler` (the same event, \
+         which the kernel formats into a record first): bpftrace 0.17 cannot attach a raw \
+         tracepoint that a module defines, as railscope's program is.\n",
         count(Comparison::vs_bpftrace),
         count(Comparison::vs_goal_ns),
         if tcg {

@@ -27,6 +27,7 @@ pub const TARGETS: &[&str] = &[
     "collector_config",
     "sysfs_value",
     "nvml_script",
+    "capture_file",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -224,6 +225,11 @@ fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
             ])
             .arg(dir("wire_frame")?)
             .arg(dir("schema_request")?),
+    )?;
+    // The shipped example capture (docs/examples), made by `railscope capture` in the test bed.
+    std::fs::copy(
+        root.join("docs/examples/capture-flap.rscap"),
+        dir("capture_file")?.join("capture-flap.rscap"),
     )?;
     let frames = dir("collector_ingest")?;
     for entry in std::fs::read_dir(seeds.join("wire_frame"))? {

@@ -286,6 +286,7 @@ impl Families {
                 // one (it detaches), the next rescan attaches to the new load at once.
                 let reason = format!("{} changed while attaching", family.module());
                 let rows = attached.statuses.clone();
+                detach_off_loop(attached);
                 (
                     FamilyState::Unavailable {
                         reason,
@@ -391,19 +392,20 @@ impl Families {
                             Some(_) => format!("{} loaded again: attaching anew", family.module()),
                         };
                         tracing::warn!("{reason}");
-                        if loaded.is_some() {
+                        let next = if loaded.is_some() {
                             attempts.push((family, loaded));
-                            *state = FamilyState::Attaching {
+                            FamilyState::Attaching {
                                 reason: Some(reason),
                                 retry: Backoff::default(),
-                            };
+                            }
                         } else {
-                            *state = FamilyState::Unavailable {
+                            FamilyState::Unavailable {
                                 reason,
                                 module: None,
                                 retry: Backoff::default(),
-                            };
-                        }
+                            }
+                        };
+                        detach_off_loop(std::mem::replace(state, next));
                         continue;
                     }
                     report_losses(family, attached, reported_losses);
@@ -616,6 +618,15 @@ fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start
 }
 
 /// An attached family with its reader task started on the loop's runtime.
+/// Drops a detached family (its programs, links and maps) on a blocking thread. Closing a
+/// kprobe's link unregisters it, which waits for RCU grace periods: hundreds of milliseconds
+/// on a busy or emulated machine (the `attach-pace` scenario saw ib_core's drain pause 811 ms
+/// on 6.12 while ib_uverbs' family was dropped on the loop), time the other families'
+/// readers must not lose.
+fn detach_off_loop(detached: impl Send + 'static) {
+    tokio::task::spawn_blocking(move || drop(detached));
+}
+
 fn start_reader(
     family: Family,
     mut attached: AttachedFamily,

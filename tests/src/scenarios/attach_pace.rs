@@ -1,9 +1,15 @@
 //! attach-pace: attaching runs off the agent's loop. While rdma_rxe and ib_uverbs (which rxe
 //! needs) are unloaded and loaded again three times (ib_uverbs' family detaches and attaches
 //! anew: BTF, object load, verifier), the ib_core family's reader keeps draining its ring
-//! buffer every 250 ms: the longest gap between two drains, which the agent reports when it
-//! stops, stays under a second, and a link flap in the middle of it is reported. (rdma_cm
-//! cannot be unloaded under the agent: its raw tracepoint holds a reference to the module.)
+//! buffer every 250 ms, and a link flap in the middle of it is reported. (rdma_cm cannot be
+//! unloaded under the agent: its raw tracepoint holds a reference to the module.)
+//!
+//! The pace is judged against the guest itself: a thread of the scenario sleeps 250 ms in a
+//! loop and keeps its longest gap between two wake-ups, which is what the emulated guest (TCG,
+//! module loads, a host whose cores are shared) does to any timer. The agent's longest gap
+//! between two drains, which it reports when it stops, may exceed that by less than one drain
+//! interval: an attach on the loop (seconds of BTF parsing and verification) would miss
+//! several drains.
 
 use std::{path::Path, time::Duration};
 
@@ -12,8 +18,8 @@ use anyhow::{Context as _, ensure};
 use crate::guest::{self, Agent};
 
 const RELOADS: usize = 3;
-/// Four drain intervals: a loop blocked by an attach misses several drains.
-const LONGEST_GAP_MS: u64 = 1000;
+/// The agent's drain interval, which the baseline ticker sleeps too.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
 pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
@@ -21,6 +27,7 @@ pub fn run() -> anyhow::Result<()> {
     let mut agent = Agent::start(&["--json"])?;
     agent.wait_for_log("cm_event_handler attached", Duration::from_secs(30))?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(30))?;
+    let baseline = guest::Ticker::start(DRAIN_INTERVAL);
     for round in 1..=RELOADS {
         for module in ["rdma_ucm", "rdma_rxe", "ib_uverbs"] {
             if Path::new("/sys/module").join(module).exists() {
@@ -46,6 +53,7 @@ pub fn run() -> anyhow::Result<()> {
             agent.stderr_lines().iter().filter(|l| attached(l)).count() > round
         })?;
     }
+    let baseline = baseline.stop();
     ensure!(agent.is_running(), "the agent died");
     let (stdout, stderr) = agent.stop()?;
     let gap = stderr
@@ -57,10 +65,16 @@ pub fn run() -> anyhow::Result<()> {
             ms.split_whitespace().next()?.parse::<u64>().ok()
         })
         .context("the agent did not report ib_core's drain pace")?;
-    println!("ib_core's longest gap between two drains: {gap} ms");
+    let baseline_ms = baseline.as_millis() as u64;
+    println!(
+        "ib_core's longest gap between two drains: {gap} ms; a 250 ms ticker of the guest's own, \
+         longest gap: {baseline_ms} ms"
+    );
+    let limit = baseline_ms + DRAIN_INTERVAL.as_millis() as u64;
     ensure!(
-        gap < LONGEST_GAP_MS,
-        "ib_core's event drain paused {gap} ms while other families attached"
+        gap < limit,
+        "ib_core's event drain paused {gap} ms while other families attached, where the \
+         guest's own 250 ms ticker paused at most {baseline_ms} ms (limit {limit} ms)"
     );
     let err = stdout
         .iter()

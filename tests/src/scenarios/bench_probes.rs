@@ -53,6 +53,10 @@ struct Hook {
     probe: &'static str,
     /// The bpftrace action: a count into a per-hook map, keyed like the agent's counter.
     action: &'static str,
+    /// Where bpftrace's program goes when it cannot use `probe` itself (bpftrace 0.17 cannot
+    /// attach a raw tracepoint that a module defines): the same kernel event, another kind of
+    /// program. `None`: `probe`.
+    bpftrace_probe: Option<&'static str>,
 }
 
 const HOOKS: &[Hook] = &[
@@ -61,84 +65,101 @@ const HOOKS: &[Hook] = &[
         probe: "kprobe:ib_dispatch_event",
         // `event->event`: after the device pointer and the element union.
         action: "@ib_dispatch_event[cgroup, *(uint32 *)(arg0 + 16)] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "rdma_restrack_add",
         probe: "kprobe:rdma_restrack_add",
         action: "@rdma_restrack_add[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "rdma_restrack_del",
         probe: "kprobe:rdma_restrack_del",
         action: "@rdma_restrack_del[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_dealloc_pd_user",
         probe: "kprobe:ib_dealloc_pd_user",
         action: "@ib_dealloc_pd_user[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_destroy_cq_user",
         probe: "kprobe:ib_destroy_cq_user",
         action: "@ib_destroy_cq_user[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_destroy_qp_user",
         probe: "kprobe:ib_destroy_qp_user",
         action: "@ib_destroy_qp_user[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_dereg_mr_user",
         probe: "kprobe:ib_dereg_mr_user",
         action: "@ib_dereg_mr_user[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_destroy_srq_user",
         probe: "kprobe:ib_destroy_srq_user",
         action: "@ib_destroy_srq_user[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_modify_qp_with_udata",
         probe: "kprobe:ib_modify_qp_with_udata",
         // `attr->qp_state`, the first field of `struct ib_qp_attr`.
         action: "@ib_modify_qp_with_udata[cgroup, *(uint32 *)arg1] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_mad_send_done_handler",
         probe: "tracepoint:ib_mad:ib_mad_send_done_handler",
         action: "@ib_mad_send_done_handler[cgroup, args->wc_status] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_mad_send_done_resend",
         probe: "tracepoint:ib_mad:ib_mad_send_done_resend",
         action: "@ib_mad_send_done_resend[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_uverbs_post_send",
         probe: "kprobe:ib_uverbs_post_send",
         action: "@ib_uverbs_post_send[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_uverbs_qp_event_handler",
         probe: "kprobe:ib_uverbs_qp_event_handler",
         action: "@ib_uverbs_qp_event_handler[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_uverbs_cq_event_handler",
         probe: "kprobe:ib_uverbs_cq_event_handler",
         action: "@ib_uverbs_cq_event_handler[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "ib_uverbs_reg_dmabuf_mr",
         probe: "kprobe:ib_uverbs_handler_UVERBS_METHOD_REG_DMABUF_MR",
         action: "@ib_uverbs_reg_dmabuf_mr[cgroup] = count();",
+        bpftrace_probe: None,
     },
     Hook {
         program: "cm_event_handler",
-        // railscope's program is a raw tracepoint (it reads the cm id's handler); arg1 is the
-        // `struct rdma_cm_event *`, whose first field is the event.
+        // railscope's program is a raw tracepoint (it reads the cm id's handler). bpftrace 0.17
+        // cannot attach a module's raw tracepoint, so its program is on the regular tracepoint
+        // of the same event (which also formats the record: a cost bpftrace cannot avoid here).
         probe: "rawtracepoint:cm_event_handler",
-        action: "@cm_event_handler[cgroup, *(uint32 *)arg1] = count();",
+        action: "@cm_event_handler[cgroup, args->event] = count();",
+        bpftrace_probe: Some("tracepoint:rdma_cma:cm_event_handler"),
     },
 ];
 
@@ -302,7 +323,13 @@ fn attached_hooks(agent: &Agent) -> Vec<&'static Hook> {
 fn script(hooks: &[&Hook]) -> String {
     hooks
         .iter()
-        .map(|h| format!("{} {{ {} }}\n", h.probe, h.action))
+        .map(|h| {
+            format!(
+                "{} {{ {} }}\n",
+                h.bpftrace_probe.unwrap_or(h.probe),
+                h.action
+            )
+        })
         .collect()
 }
 
@@ -664,7 +691,7 @@ mod tests {
         .unwrap();
         let perf: Value = serde_json::from_str(
             r#"[{"pid":7,"fd":3,"prog_id":20,"fd_type":"kprobe","func":"ib_uverbs_post_send","offset":0},
-                {"pid":7,"fd":4,"prog_id":21,"fd_type":"raw_tracepoint","tracepoint":"cm_event_handler"}]"#,
+                {"pid":7,"fd":4,"prog_id":21,"fd_type":"tracepoint","tracepoint":"cm_event_handler"}]"#,
         )
         .unwrap();
         let ours = BTreeSet::from([10, 11, 12]);
@@ -697,7 +724,7 @@ mod tests {
         let s = script(&HOOKS.iter().collect::<Vec<_>>());
         assert_eq!(s.lines().count(), HOOKS.len());
         assert!(s.contains(
-            "rawtracepoint:cm_event_handler { @cm_event_handler[cgroup, *(uint32 *)arg1] = count(); }"
+            "tracepoint:rdma_cma:cm_event_handler { @cm_event_handler[cgroup, args->event] = count(); }"
         ));
     }
 }
