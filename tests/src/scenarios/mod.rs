@@ -16,11 +16,13 @@ mod hook_trace;
 mod host_collector;
 mod ib_core_btf;
 mod kernel_facts;
+mod least_privilege;
 mod perftest;
 mod port_events;
 mod probe_table;
 mod qp_errors;
 mod rdma_cm;
+mod ring_overflow;
 mod soak;
 mod verbs;
 
@@ -49,6 +51,8 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "bench-events" => bench_events::run(),
         "device-reuse" => device_reuse::run(),
         "soak" => soak::run(),
+        "least-privilege" => least_privilege::run(),
+        "ring-overflow" => ring_overflow::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
