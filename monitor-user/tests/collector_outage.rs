@@ -193,7 +193,10 @@ fn collector_away_for_a_minute_costs_exactly_the_counted_frames() {
     relay.open.store(false, Ordering::SeqCst);
     let away = Instant::now();
     while relay.forwarded.load(Ordering::SeqCst) == before {
-        assert!(away.elapsed() < Duration::from_secs(5), "no frame to close on");
+        assert!(
+            away.elapsed() < Duration::from_secs(5),
+            "no frame to close on"
+        );
         thread::sleep(Duration::from_millis(10));
     }
     // The relay closes 50 ms after that frame's batch.
@@ -217,7 +220,9 @@ fn collector_away_for_a_minute_costs_exactly_the_counted_frames() {
 
     let lost: u64 = frames
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
         .filter_map(|f| f["lost_before"].as_u64())
         .sum();
     let stats = agent_err

@@ -79,7 +79,9 @@ fn restrict_to(keep: u64) -> io::Result<()> {
     unsafe {
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
         for cap in 0..=63u32 {
-            if keep & (1 << cap) == 0 && libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 1 {
+            if keep & (1 << cap) == 0
+                && libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 1
+            {
                 check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0).into())?;
             }
         }
@@ -98,7 +100,11 @@ fn restrict_to(keep: u64) -> io::Result<()> {
             pid: 0,
         };
         let mut data = [Data::default(); 2];
-        check(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()))?;
+        check(libc::syscall(
+            libc::SYS_capget,
+            &mut header,
+            data.as_mut_ptr(),
+        ))?;
         data[0].inheritable = keep as u32;
         data[1].inheritable = (keep >> 32) as u32;
         check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;

@@ -48,7 +48,10 @@ pub fn run() -> anyhow::Result<()> {
         capabilities::mask(&numbers)
     );
     let missing: Vec<String> = missing_lines(&agent.stderr_lines());
-    ensure!(missing.is_empty(), "with every documented capability: {missing:?}");
+    ensure!(
+        missing.is_empty(),
+        "with every documented capability: {missing:?}"
+    );
 
     let before = (guest::cgroup("lp_server")?, guest::cgroup("lp_client")?);
     verbs::pingpong(&before.0, &before.1)?;
@@ -172,9 +175,11 @@ fn reload_rxe(agent: &Agent) -> anyhow::Result<()> {
         // The traffic itself may end in an error when its device goes: only its end matters.
         let _ = side.join();
     }
-    guest::wait_for(Duration::from_secs(10), "the agent to see ib_uverbs go", || {
-        count("ib_uverbs unloaded") >= 1
-    })?;
+    guest::wait_for(
+        Duration::from_secs(10),
+        "the agent to see ib_uverbs go",
+        || count("ib_uverbs unloaded") >= 1,
+    )?;
     for module in ["rdma_rxe", "rdma_ucm"] {
         guest::run("/bin/modprobe", &[module])?;
     }

@@ -21,10 +21,8 @@ pub fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let mut reference = Agent::start(&["--json"])?;
-    let mut small = Agent::start_with_env(
-        &["--json"],
-        &[("RAILSCOPE_EVENT_RING_BYTES", SMALL_RING)],
-    )?;
+    let mut small =
+        Agent::start_with_env(&["--json"], &[("RAILSCOPE_EVENT_RING_BYTES", SMALL_RING)])?;
     for agent in [&reference, &small] {
         agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(30))?;
     }
@@ -68,7 +66,10 @@ pub fn run() -> anyhow::Result<()> {
         "{FLAPS} flaps: the reference agent reported {seen} IB events; the one with a \
          {SMALL_RING}-byte ring {delivered}, and {lost} lost to its full ring"
     );
-    ensure!(lost > 0, "the small ring did not overflow: nothing to check");
+    ensure!(
+        lost > 0,
+        "the small ring did not overflow: nothing to check"
+    );
     ensure!(
         delivered + lost == seen,
         "{delivered} delivered + {lost} reported lost != {seen} raised"
