@@ -14,7 +14,9 @@
 //! stopped. A frame taken off the queue while the collector cannot be reached is kept and
 //! sent first once it can, so a short outage costs nothing but queue space. A collector that
 //! is down (ICMP port unreachable, no route) costs counted send errors, logged once per change
-//! of state.
+//! of state; each port unreachable that comes back is one frame the kernel sent and the
+//! collector's host refused, counted as `refused`, so `dropped + refused` is what a collector
+//! misses of the session.
 //!
 //! Datagrams that come back on the socket (a collector's schema requests) are handed, as they
 //! are, to the channel given to [`Sender::spawn_with_replies`]; the sender does not read them.
