@@ -59,8 +59,8 @@ pub fn run() -> anyhow::Result<()> {
     // The counts before the reload are in the snapshots taken before it: the devices (and
     // with them their counters, already sent) go with rdma_rxe; rxe0 and rxe1 made again are
     // new devices.
-    thread::sleep(Duration::from_millis(1500));
-    let before_reload = guest::Counters::last_snapshot(&agent.stdout_lines());
+    thread::sleep(Duration::from_millis(2500));
+    let before_reload = complete_snapshot(&agent.stdout_lines());
 
     reload_rxe(&agent)?;
     let after = (
@@ -94,6 +94,23 @@ pub fn run() -> anyhow::Result<()> {
         without(&numbers, cap, name)?;
     }
     Ok(())
+}
+
+/// The last snapshot of verb counts that the agent has printed in full: the latest one may
+/// still be being printed while the agent runs, so it is left out.
+fn complete_snapshot(lines: &[String]) -> guest::Counters {
+    let snapshot = |l: &String| {
+        serde_json::from_str::<Value>(l)
+            .ok()
+            .filter(|v| v["kind"] == "verb_count")
+            .and_then(|v| v["snapshot"].as_u64())
+    };
+    let latest = lines.iter().rev().find_map(snapshot);
+    let cut = lines
+        .iter()
+        .position(|l| latest.is_some() && snapshot(l) == latest)
+        .unwrap_or(lines.len());
+    guest::Counters::last_snapshot(&lines[..cut])
 }
 
 /// The probes `railscope probes` attaches run as full root.
