@@ -14,7 +14,9 @@
 //! stopped. A frame taken off the queue while the collector cannot be reached is kept and
 //! sent first once it can, so a short outage costs nothing but queue space. A collector that
 //! is down (ICMP port unreachable, no route) costs counted send errors, logged once per change
-//! of state.
+//! of state; each port unreachable that comes back is one frame the kernel sent and the
+//! collector's host refused, counted as `refused`, so `dropped + refused` is what a collector
+//! misses of the session.
 //!
 //! Datagrams that come back on the socket (a collector's schema requests) are handed, as they
 //! are, to the channel given to [`Sender::spawn_with_replies`]; the sender does not read them.
@@ -24,7 +26,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -136,6 +138,12 @@ pub struct SenderStats {
     pub dropped_unreachable: u64,
     /// Handed over after the sending task had stopped.
     pub dropped_stopped: u64,
+    /// Handed to the kernel but refused at the collector's host: each ICMP port unreachable
+    /// reported back (ECONNREFUSED on a later send or read) is one datagram that arrived
+    /// while nothing listened. Lost on the way, so not in [`Self::dropped`]; what a collector
+    /// sees missing from a session is `dropped() + refused` (where its host answers with ICMP;
+    /// a firewall that drops silently reports nothing).
+    pub refused: u64,
     /// Send errors: collector unreachable (ICMP port unreachable on an earlier frame), no
     /// route, ... (a frame may still be sent after one, on its second try).
     pub send_errors: u64,
@@ -160,13 +168,15 @@ impl fmt::Display for SenderStats {
         write!(
             f,
             "{} frames sent, {} dropped ({} queue full, {} send failed, {} unreachable at stop, \
-             {} after stop), {} send errors, {} failed lookups, {} connects",
+             {} after stop), {} refused by the collector's host, {} send errors, {} failed \
+             lookups, {} connects",
             self.sent,
             self.dropped(),
             self.dropped_queue_full,
             self.dropped_send_failed,
             self.dropped_unreachable,
             self.dropped_stopped,
+            self.refused,
             self.send_errors,
             self.resolve_failures,
             self.connects
@@ -181,6 +191,7 @@ struct Counters {
     dropped_send_failed: AtomicU64,
     dropped_unreachable: AtomicU64,
     dropped_stopped: AtomicU64,
+    refused: AtomicU64,
     send_errors: AtomicU64,
     resolve_failures: AtomicU64,
     connects: AtomicU64,
@@ -237,6 +248,7 @@ fn stats(c: &Counters) -> SenderStats {
         dropped_send_failed: load(&c.dropped_send_failed),
         dropped_unreachable: load(&c.dropped_unreachable),
         dropped_stopped: load(&c.dropped_stopped),
+        refused: load(&c.refused),
         send_errors: load(&c.send_errors),
         resolve_failures: load(&c.resolve_failures),
         connects: load(&c.connects),
@@ -304,9 +316,9 @@ struct Connection {
     checked_at: Instant,
     /// The last send failed: resolve the name again (after [`MIN_RECHECK`]).
     suspect: bool,
-    /// The reader saw ECONNREFUSED: an ICMP error of an earlier frame, which a send would
-    /// otherwise have reported.
-    refused: Arc<AtomicBool>,
+    /// How many ECONNREFUSED the reader saw since the sender last looked: ICMP errors of
+    /// earlier frames, which a send would otherwise have reported.
+    refused: Arc<AtomicU64>,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -404,6 +416,16 @@ impl SendTask {
             bump(&self.counters.dropped_send_failed);
             c.suspect = true;
         }
+        if let Some(c) = connection {
+            // The last frames' refusals, not yet reported by a send.
+            let mut refusals = c.refused.swap(0, Ordering::Relaxed);
+            if let Ok(Some(e)) = c.socket.take_error()
+                && e.kind() == io::ErrorKind::ConnectionRefused
+            {
+                refusals += 1;
+            }
+            self.counters.refused.fetch_add(refusals, Ordering::Relaxed);
+        }
         stats(&self.counters)
     }
 
@@ -412,13 +434,16 @@ impl SendTask {
     async fn send(&mut self, c: &mut Connection, frame: &[u8]) -> bool {
         // ECONNREFUSED reports the ICMP error of an earlier frame; this one was not sent
         // and gets one more try. Recovery is a send with no such report.
-        let earlier_refused = c.refused.swap(false, Ordering::Relaxed);
+        let refusals = c.refused.swap(0, Ordering::Relaxed);
+        self.counters.refused.fetch_add(refusals, Ordering::Relaxed);
+        let earlier_refused = refusals > 0;
         if earlier_refused {
             c.suspect = true;
             self.note_error(&io::Error::from(io::ErrorKind::ConnectionRefused));
         }
         let result = match c.socket.send(frame).await {
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                bump(&self.counters.refused);
                 c.suspect = true;
                 self.note_error(&e);
                 c.socket.send(frame).await.map(|_| false)
@@ -475,7 +500,7 @@ impl SendTask {
                 Ok(socket) => {
                     bump(&self.counters.connects);
                     let socket = Arc::new(socket);
-                    let refused = Arc::new(AtomicBool::new(false));
+                    let refused = Arc::new(AtomicU64::new(0));
                     let reader = self.replies.as_ref().map(|replies| {
                         tokio::spawn(read_replies(
                             Arc::clone(&socket),
@@ -529,7 +554,7 @@ async fn connect(target: SocketAddr) -> io::Result<UdpSocket> {
 async fn read_replies(
     socket: Arc<UdpSocket>,
     replies: mpsc::Sender<Vec<u8>>,
-    refused: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
 ) {
     let mut buf = vec![0u8; 2048];
     loop {
@@ -539,7 +564,7 @@ async fn read_replies(
                 let _ = replies.try_send(buf[..n].to_vec());
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                refused.store(true, Ordering::Relaxed);
+                refused.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::debug!("reading replies from the collector: {e}");

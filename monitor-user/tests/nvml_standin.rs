@@ -21,7 +21,9 @@ use std::{
     time::Duration,
 };
 
-use railscope::sources::gpu::{GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS};
+use railscope::sources::gpu::{
+    GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS, LOST_RETRY_EVERY_SWEEPS,
+};
 use railscope_wire::{Kind, Reading, Value};
 use serde_json::{Value as Json, json};
 
@@ -625,6 +627,56 @@ fn a_gpu_failing_sweep_after_sweep_is_declared_lost_once() {
         matches!(&got[0], GpuEvent::Lost { unix_ns, gpu: 0, reason, .. }
             if *unix_ns == failing && reason.contains(&format!("{failing} sweeps in a row"))),
         "{got:?}"
+    );
+}
+
+/// NVML failing for a GPU mid-run and coming back: the GPU is declared lost once, its
+/// metrics stop while the other GPU's go on, and it is read again, from the step it is at,
+/// once it answers a retry (one every `LOST_RETRY_EVERY_SWEEPS` sweeps).
+#[test]
+fn a_gpu_failing_mid_run_and_coming_back_is_read_again() {
+    let first_error = 2u64;
+    // Failures at steps first_error.. declare it lost at the LOST_AFTER_FAILED_SWEEPS-th;
+    // the first retry meets one more failing step, the second an answer.
+    let until = first_error + u64::from(LOST_AFTER_FAILED_SWEEPS) + 1;
+    let steps: Vec<Json> = (0..=until + 2)
+        .map(|step| json!({"gpu_util_pct": 10 + step}))
+        .collect();
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0), "error_from_step": first_error,
+         "error_until_step": until, "steps": steps},
+        {"name": "stand-in B", "uuid": uuid(1), "steps": [{"gpu_util_pct": 96}]}
+    ]});
+    let standin = StandIn::new("comes-back", &script);
+    let mut source = standin.open();
+    let (tx, rx) = mpsc::channel();
+    let _thread = source.spawn_event_thread(tx).unwrap();
+    // Sweep n (from 0) is the source's (n+1)-th: retries happen at sweeps EVERY-1, 2*EVERY-1.
+    let back_at = 2 * LOST_RETRY_EVERY_SWEEPS - 1;
+    for sweep in 0..back_at + 3 {
+        let readings = source.read(sweep);
+        let expected: &[&str] = if sweep < first_error || sweep >= back_at {
+            &["0", "1"]
+        } else {
+            &["1"]
+        };
+        assert_eq!(gpus_in(&readings), expected, "sweep {sweep}");
+        if sweep == back_at {
+            let util = readings
+                .iter()
+                .find(|r| {
+                    &*r.series.name == "railscope_gpu_utilization_ratio"
+                        && r.series.labels.get("gpu") == Some("0")
+                })
+                .map(|r| r.value);
+            // The step it answered at: the one after the last failing one.
+            assert_eq!(util, Some(Value::F64((10 + until) as f64 / 100.0)));
+        }
+    }
+    let got = events(&rx, 1);
+    assert!(
+        matches!(&got[0], GpuEvent::Lost { gpu: 0, .. }),
+        "expected one loss of GPU 0: {got:?}"
     );
 }
 

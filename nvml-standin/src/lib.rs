@@ -151,8 +151,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     // SAFETY: forwarded contract.
     unsafe {
         answer(device, |run| {
-            let v = run.view_index(index as usize)?;
-            Ok(state::device_handle(v.index))
+            let index = run.handle_index(index as usize)?;
+            Ok(state::device_handle(index))
         })
     }
 }

@@ -59,6 +59,10 @@ pub struct GpuScript {
     /// From this step on, every call about this GPU returns `NVML_ERROR_UNKNOWN`.
     #[serde(default)]
     pub error_from_step: Option<u64>,
+    /// With `error_from_step`: from this step on the GPU answers again (a GPU that fails for
+    /// a while and comes back).
+    #[serde(default)]
+    pub error_until_step: Option<u64>,
     /// XID errors raised when the GPU reaches the given step, in order.
     #[serde(default)]
     pub xids: Vec<XidAt>,
@@ -266,6 +270,7 @@ pub struct GpuTrace {
     pub nvlink_links: u32,
     pub lost_at_step: Option<u64>,
     pub error_from_step: Option<u64>,
+    pub error_until_step: Option<u64>,
     pub xids: Vec<XidAt>,
     /// At least one step; steps past the end repeat the last one.
     steps: Vec<Step>,
@@ -334,6 +339,13 @@ impl Script {
                     }
                 }
             }
+            if let Some(until) = gpu.error_until_step
+                && gpu.error_from_step.is_none_or(|from| until <= from)
+            {
+                return Err(invalid(format!(
+                    "GPU {i}: error_until_step {until} needs an error_from_step before it"
+                )));
+            }
             gpus.push(GpuTrace {
                 name: c_string("name", &gpu.name)?,
                 uuid: c_string("uuid", &gpu.uuid)?,
@@ -341,6 +353,7 @@ impl Script {
                 nvlink_links: gpu.nvlink_links,
                 lost_at_step: gpu.lost_at_step,
                 error_from_step: gpu.error_from_step,
+                error_until_step: gpu.error_until_step,
                 xids: gpu.xids,
                 steps,
             });

@@ -165,7 +165,9 @@ impl Run {
         if gpu.lost_at_step.is_some_and(|s| step >= s) {
             return Err(ffi::ERROR_GPU_IS_LOST);
         }
-        if gpu.error_from_step.is_some_and(|s| step >= s) {
+        if gpu.error_from_step.is_some_and(|s| step >= s)
+            && gpu.error_until_step.is_none_or(|until| step < until)
+        {
             return Err(ffi::ERROR_UNKNOWN);
         }
         Ok(View {
@@ -182,6 +184,23 @@ impl Run {
             return Err(ffi::ERROR_INVALID_ARGUMENT);
         }
         self.answer(index, self.calls[index].saturating_sub(1))
+    }
+
+    /// `nvmlDeviceGetHandleByIndex_v2`: the GPU's index, or `NVML_ERROR_GPU_IS_LOST` once it
+    /// fell off the bus. A GPU that answers errors (`error_from_step`) still has a handle, so
+    /// the calls through it reach the GPU, and its utilization call moves it on.
+    pub fn handle_index(&self, index: usize) -> Result<usize, NvmlReturn> {
+        if index >= self.trace.gpus.len() {
+            return Err(ffi::ERROR_INVALID_ARGUMENT);
+        }
+        let step = self.calls[index].saturating_sub(1);
+        if self.trace.gpus[index]
+            .lost_at_step
+            .is_some_and(|s| step >= s)
+        {
+            return Err(ffi::ERROR_GPU_IS_LOST);
+        }
+        Ok(index)
     }
 
     /// The GPU behind `device` at its current step, or the error it answers with.

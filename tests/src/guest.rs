@@ -386,7 +386,36 @@ impl Agent {
     /// a bench does not echo).
     pub fn start_with(args: &[&str], echo: bool) -> anyhow::Result<Self> {
         println!("+ railscope agent {}", args.join(" "));
-        let mut child = Command::new("/usr/bin/railscope")
+        Self::spawn(Command::new("/usr/bin/railscope"), args, echo)
+    }
+
+    /// [`Agent::start`] holding only the capabilities `caps`, as its systemd unit starts it
+    /// ([`crate::capabilities::restrict`]).
+    pub fn start_restricted(args: &[&str], caps: &[u32]) -> anyhow::Result<Self> {
+        println!(
+            "+ railscope agent {} (capabilities {caps:?} only)",
+            args.join(" ")
+        );
+        let mut cmd = Command::new("/usr/bin/railscope");
+        crate::capabilities::restrict(&mut cmd, caps);
+        Self::spawn(cmd, args, true)
+    }
+
+    /// [`Agent::start`] with environment variables set for it.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        println!("+ {env:?} railscope agent {}", args.join(" "));
+        let mut cmd = Command::new("/usr/bin/railscope");
+        cmd.envs(env.iter().copied());
+        Self::spawn(cmd, args, true)
+    }
+
+    /// The process id, e.g. to read its `/proc` status.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn spawn(mut cmd: Command, args: &[&str], echo: bool) -> anyhow::Result<Self> {
+        let mut child = cmd
             .arg("agent")
             .args(args)
             .env("NO_COLOR", "1")

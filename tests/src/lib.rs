@@ -8,6 +8,7 @@
 //! The same binary is also the scenarios' own verbs program: run as `/init cq-overflow ...`
 //! (not as PID 1) it is [`cq_overflow`], which drives libibverbs through [`ibverbs`].
 
+pub mod capabilities;
 pub mod cq_overflow;
 pub mod guest;
 pub mod ibverbs;

@@ -40,9 +40,11 @@ pub const SCENARIOS: &[&str] = &[
     "perftest",
     "capture-flap",
     "device-reuse",
+    "ring-overflow",
     "soak",
-    // Last: it unloads and reloads ib_uverbs and rdma_cm.
+    // Last: they unload and reload ib_uverbs and rdma_cm.
     "attach-pace",
+    "least-privilege",
 ];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).

@@ -84,7 +84,7 @@ pub fn run() -> anyhow::Result<()> {
 }
 
 /// rxe0 and rxe1 on the veth pair again, after rdma_rxe was reloaded.
-fn add_rxe_links() -> anyhow::Result<()> {
+pub(super) fn add_rxe_links() -> anyhow::Result<()> {
     for (rxe, netdev) in [("rxe0", "vethA"), ("rxe1", "vethB")] {
         guest::run(
             "/usr/bin/rdma",

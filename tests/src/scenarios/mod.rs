@@ -18,11 +18,13 @@ mod host_collector;
 mod ib_core_btf;
 mod job_labels;
 mod kernel_facts;
+mod least_privilege;
 mod perftest;
 mod port_events;
 mod probe_table;
 mod qp_errors;
 mod rdma_cm;
+mod ring_overflow;
 mod soak;
 mod verbs;
 
@@ -53,6 +55,8 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "device-reuse" => device_reuse::run(),
         "soak" => soak::run(),
         "demo" => demo::run(),
+        "least-privilege" => least_privilege::run(),
+        "ring-overflow" => ring_overflow::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }

@@ -20,27 +20,7 @@ pub fn run() -> anyhow::Result<()> {
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
     agent.wait_for_log("rdma_restrack_add attached", Duration::from_secs(20))?;
 
-    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let iters = ITERS.to_string();
-    let common = ["-g", gid.as_str(), "-n", iters.as_str()];
-    let mut server_args = vec!["-d", "rxe1"];
-    server_args.extend(common);
-    let server = guest::spawn_output(guest::in_cgroup(
-        &server_job,
-        "/usr/bin/ibv_rc_pingpong",
-        &server_args,
-    ))?;
-    thread::sleep(Duration::from_secs(1));
-    let mut client_args = vec!["-d", "rxe0"];
-    client_args.extend(common);
-    client_args.push(ADDR_B);
-    let client = guest::spawn_output(guest::in_cgroup(
-        &client_job,
-        "/usr/bin/ibv_rc_pingpong",
-        &client_args,
-    ))?;
-    guest::check_output("pingpong client", client.join().expect("no panic"))?;
-    guest::check_output("pingpong server", server.join().expect("no panic"))?;
+    pingpong(&server_job, &client_job)?;
     thread::sleep(Duration::from_millis(500));
     ensure!(agent.is_running(), "the agent died during the scenario");
     let (stdout, _) = agent.stop()?;
@@ -54,7 +34,35 @@ pub fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_side(counts: &Counters, device: &str, job: &str, failures: &mut Vec<String>) {
+/// One `ibv_rc_pingpong` of [`ITERS`] iterations, its server on rxe1 in `server_job`, its
+/// client on rxe0 in `client_job`.
+pub(super) fn pingpong(server_job: &str, client_job: &str) -> anyhow::Result<()> {
+    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
+    let iters = ITERS.to_string();
+    let common = ["-g", gid.as_str(), "-n", iters.as_str()];
+    let mut server_args = vec!["-d", "rxe1"];
+    server_args.extend(common);
+    let server = guest::spawn_output(guest::in_cgroup(
+        server_job,
+        "/usr/bin/ibv_rc_pingpong",
+        &server_args,
+    ))?;
+    thread::sleep(Duration::from_secs(1));
+    let mut client_args = vec!["-d", "rxe0"];
+    client_args.extend(common);
+    client_args.push(ADDR_B);
+    let client = guest::spawn_output(guest::in_cgroup(
+        client_job,
+        "/usr/bin/ibv_rc_pingpong",
+        &client_args,
+    ))?;
+    guest::check_output("pingpong client", client.join().expect("no panic"))?;
+    guest::check_output("pingpong server", server.join().expect("no panic"))?;
+    Ok(())
+}
+
+/// The verb counts of one side of a [`pingpong`] in `job`, which did nothing else.
+pub(super) fn check_side(counts: &Counters, device: &str, job: &str, failures: &mut Vec<String>) {
     let get = |verb: &str, detail: &str| counts.get(device, verb, detail, job);
     let expected: [(&str, &str, u64); 13] = [
         ("alloc_ucontext", "user", 1),

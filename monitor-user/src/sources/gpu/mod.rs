@@ -61,6 +61,9 @@ pub const GPM_MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Sweeps in a row in which a GPU fails to answer (other than `GPU_IS_LOST`, which counts at
 /// once) before it is declared lost.
 pub const LOST_AFTER_FAILED_SWEEPS: u32 = 3;
+/// A lost GPU is asked again every this many sweeps (one NVML call while it still does not
+/// answer): a GPU that failed for a while and answers again is read again, with no restart.
+pub const LOST_RETRY_EVERY_SWEEPS: u64 = 10;
 /// The XID NVML reports when it cannot tell which one occurred.
 pub const XID_UNKNOWN: u64 = 999;
 
@@ -115,6 +118,8 @@ pub struct GpuSource {
     jobs: Option<ProcessJobs>,
     /// Series whose GPU's job changed since the last [`GpuSource::take_ended_series`].
     ended: Vec<Series>,
+    /// Sweeps so far, to pace the retries of lost GPUs.
+    sweeps: u64,
 }
 
 // The agent may move the source to the thread that polls it.
@@ -174,6 +179,7 @@ impl GpuSource {
             unsent,
             jobs: None,
             ended: Vec::new(),
+            sweeps: 0,
         })
     }
 
@@ -206,8 +212,32 @@ impl GpuSource {
     /// metric is read at each sweep (NVML answers several in one call; the sink's `due` is
     /// not asked).
     pub fn read_into(&mut self, unix_ns: u64, sink: &mut dyn ReadingSink) {
+        self.sweeps += 1;
+        // GPUs that answered again in this sweep's retry, read there already.
+        let mut recovered = Vec::new();
+        if self.sweeps.is_multiple_of(LOST_RETRY_EVERY_SWEEPS) {
+            for gpu in self.gpus.iter_mut().filter(|g| g.lost) {
+                // One failure more keeps it lost (no second event); an answer resets it.
+                gpu.failed_sweeps = LOST_AFTER_FAILED_SWEEPS - 1;
+                match gpu.sweep(&self.nvml, sink, self.jobs.as_mut(), &mut self.ended) {
+                    Ok(()) => {
+                        let (index, uuid) = (gpu.info.index, &gpu.info.uuid);
+                        tracing::info!(gpu = index, %uuid, "GPU answers again: read again");
+                        gpu.lost = false;
+                        recovered.push(index);
+                    }
+                    Err(Lost(reason)) => {
+                        tracing::debug!(gpu = gpu.info.index, "lost GPU still silent: {reason}");
+                    }
+                }
+            }
+        }
         let mut lost = Vec::new();
-        for gpu in self.gpus.iter_mut().filter(|g| !g.lost) {
+        for gpu in self
+            .gpus
+            .iter_mut()
+            .filter(|g| !g.lost && !recovered.contains(&g.info.index))
+        {
             match gpu.sweep(&self.nvml, sink, self.jobs.as_mut(), &mut self.ended) {
                 Ok(()) => {}
                 Err(Lost(reason)) => {

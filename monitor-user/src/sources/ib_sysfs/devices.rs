@@ -3,14 +3,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::Path,
+    path::{Path, PathBuf},
     time::Instant,
 };
 
 use super::{
     IbSysfs,
     listing::list_dir,
-    plan::{forget_listing_problems, forget_problems_under, plan_device},
+    plan::{DevicePlan, forget_listing_problems, forget_problems_under, plan_device},
     sweep::Sweep,
 };
 use crate::sources::ReadingSink;
@@ -89,9 +89,13 @@ impl IbSysfs {
                 Some(plan) if !plan.stale && plan.planned_at.elapsed() < self.replan_every => {
                     Some(plan)
                 }
-                _ => {
+                old => {
                     forget_listing_problems(sweep.problems, &dir);
-                    plan_device(&name, dir.clone(), sweep.problems)
+                    let new = plan_device(&name, dir.clone(), sweep.problems);
+                    if let (Some(old), Some(new)) = (&old, &new) {
+                        warn_counter_files_gone(old, new);
+                    }
+                    new
                 }
             };
             let Some(mut plan) = plan else {
@@ -145,5 +149,25 @@ impl IbSysfs {
             }
         }
         self.warned = self.problems.keys().cloned().collect();
+    }
+}
+
+/// Counter files of a device that are gone from its new listing while the device stays (a
+/// driver or firmware that stopped exporting one), one warning each naming the file: its
+/// series stops. A file that comes back is picked up at a later listing.
+fn warn_counter_files_gone(old: &DevicePlan, new: &DevicePlan) {
+    let counter_paths = |plan: &DevicePlan| -> BTreeSet<PathBuf> {
+        plan.counters
+            .iter()
+            .chain(plan.ports.iter().flat_map(|p| p.counters.iter()))
+            .map(|c| c.file.path.clone())
+            .collect()
+    };
+    let now = counter_paths(new);
+    for gone in counter_paths(old).difference(&now) {
+        tracing::warn!(
+            "{}: counter file gone while its device stays: its series stops",
+            gone.display()
+        );
     }
 }

@@ -765,3 +765,60 @@ fn ib_core_real_rxe_devices() {
         );
     }
 }
+
+/// A counter that read fine turns to garbage mid-run, then comes back; later it disappears:
+/// each time one warning naming the file, the other series read on, and the counter is read
+/// again as soon as it is sane.
+#[test]
+fn a_counter_turning_to_garbage_or_vanishing_mid_run_costs_only_its_series() {
+    let tree = Scratch::of("mlx5", "garbage-mid-run");
+    let counter = tree.path("class/infiniband/mlx5_0/ports/1/counters/symbol_error");
+    let path = counter.display().to_string();
+    let mut src = IbSysfs::new(tree.0.clone()).with_replan_every(Duration::ZERO);
+    let p = port_labels("mlx5_0", "1");
+    let symbol_errors = |readings: &[Reading]| {
+        value(&by_series(readings), "railscope_ib_symbol_error_total", &p).map(|v| v.0)
+    };
+    let others = |readings: &[Reading]| {
+        value(&by_series(readings), "railscope_ib_link_downed_total", &p).is_some()
+            && value(&by_series(readings), "railscope_ib_port_state", &p).is_some()
+    };
+    let warnings = |logs: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains("WARN"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(symbol_errors(&src.read(1)).is_some());
+
+    // In place, as sysfs changes a value (the source keeps the file open).
+    fs::write(&counter, "\u{1}garbage\n").unwrap();
+    let (readings, logs) = logs_of(|| src.read(2));
+    assert_eq!(symbol_errors(&readings), None);
+    assert!(others(&readings), "the other series stopped too");
+    let warned = warnings(&logs);
+    assert!(
+        warned.len() == 1 && warned[0].contains(&path),
+        "expected one warning naming {path}: {logs}"
+    );
+    let (_, logs) = logs_of(|| src.read(3));
+    assert!(warnings(&logs).is_empty(), "warned again: {logs}");
+
+    fs::write(&counter, "7\n").unwrap();
+    let readings = src.read(4);
+    assert_eq!(symbol_errors(&readings), Some(Value::U64(7)));
+    assert!(src.problems().is_empty(), "{:?}", src.problems());
+
+    fs::remove_file(&counter).unwrap();
+    let (readings, logs) = logs_of(|| src.read(5));
+    assert_eq!(symbol_errors(&readings), None);
+    assert!(others(&readings), "the other series stopped too");
+    let warned = warnings(&logs);
+    assert!(
+        warned.len() == 1 && warned[0].contains(&path),
+        "expected one warning naming {path}: {logs}"
+    );
+    let (readings, logs) = logs_of(|| src.read(6));
+    assert!(others(&readings));
+    assert!(warnings(&logs).is_empty(), "warned again: {logs}");
+}
