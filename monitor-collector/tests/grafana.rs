@@ -1,8 +1,8 @@
 //! The Grafana dashboard in the repository (dist/grafana/railscope.json) against a real
 //! Prometheus fed by the collector's remote-write: a simulated fleet (monitor-testkit: two
 //! jobs, a slow GPU, a degraded, a flapping and a congested port, an XID, QP errors) sends
-//! its frames to a `railscope-collector run --remote-write`, and Prometheus scrapes the
-//! collector's findings from its `/metrics`; every template variable's query
+//! its frames to a `railscope-collector run --remote-write`, which also remote-writes its
+//! findings' series; every template variable's query
 //! must list values, and every panel's every query, with the variables substituted as
 //! Grafana does, must run without error and return data.
 
@@ -96,20 +96,9 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (udp, http) = (free_udp_port(), free_port());
-    // As docs/deployment.md says: the node series come by remote-write, the findings by a
-    // scrape of the collector's /metrics that keeps only their two families.
-    let prometheus = Server::start_scraping(
-        Tsdb::Prometheus,
-        &binary,
-        free_port(),
-        dir.path(),
-        &format!(
-            "[{{job_name: railscope-findings, scrape_interval: 2s, \
-             static_configs: [{{targets: ['127.0.0.1:{http}']}}], \
-             metric_relabel_configs: [{{source_labels: [__name__], \
-             regex: 'railscope_finding_active|railscope_findings_total', action: keep}}]}}]"
-        ),
-    );
+    // As docs/deployment.md says: the node series and the findings' series both come by
+    // remote-write; Prometheus scrapes nothing.
+    let prometheus = Server::start(Tsdb::Prometheus, &binary, free_port(), dir.path());
 
     let key_file = dir.path().join("wire.key");
     std::fs::write(&key_file, KEY).unwrap();
@@ -175,7 +164,7 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    // And the findings, from the scrape.
+    // And the findings, which the collector remote-writes every `tick-s`.
     let started = Instant::now();
     loop {
         let body = prometheus_get(
@@ -191,7 +180,7 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "Prometheus never scraped a finding: {body}"
+            "Prometheus never received a finding by remote-write: {body}"
         );
         std::thread::sleep(Duration::from_millis(500));
     }

@@ -30,8 +30,6 @@ pub struct Server {
     pub port: u16,
     data: PathBuf,
     child: Option<Child>,
-    /// Prometheus' `scrape_configs` (YAML flow style); none by default.
-    scrape_configs: String,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -81,24 +79,11 @@ pub fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
 
 impl Server {
     pub fn start(kind: Tsdb, binary: &Path, port: u16, data: &Path) -> Self {
-        Self::start_scraping(kind, binary, port, data, "[]")
-    }
-
-    /// [`start`](Self::start), Prometheus also scraping what `scrape_configs` (YAML flow
-    /// style) says.
-    pub fn start_scraping(
-        kind: Tsdb,
-        binary: &Path,
-        port: u16,
-        data: &Path,
-        scrape_configs: &str,
-    ) -> Self {
         let mut server = Server {
             kind,
             port,
             data: data.to_owned(),
             child: None,
-            scrape_configs: scrape_configs.to_owned(),
         };
         server.spawn(binary);
         server
@@ -119,11 +104,8 @@ impl Server {
                 // Prometheus refuses (the whole request) without this window.
                 std::fs::write(
                     &config,
-                    format!(
-                        "global:\n  scrape_interval: 1m\nstorage:\n  tsdb:\n    \
-                         out_of_order_time_window: 1h\nscrape_configs: {}\n",
-                        self.scrape_configs
-                    ),
+                    "global:\n  scrape_interval: 1m\nstorage:\n  tsdb:\n    \
+                     out_of_order_time_window: 1h\nscrape_configs: []\n",
                 )
                 .unwrap();
                 cmd.arg(format!("--config.file={}", config.display()))
