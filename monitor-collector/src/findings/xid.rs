@@ -9,6 +9,11 @@
 //! - warning: RESTART_APP (the application's, the GPU stays usable) and CONTACT_SUPPORT (codes
 //!   the catalogue marks unused on Ampere and newer), like any code not in the table;
 //! - info: IGNORE, and the buckets that defer to another XID (WORKFLOW_XID_45, XID_154).
+//!
+//! Except that the codes operators drain a node on are critical whatever the bucket
+//! ([`DRAINED_ON`]): 63 (a row remapping that takes effect only at the next GPU reset), 92 (a
+//! single-bit error rate that foretells double-bit ones) and 94 (a contained memory error: an
+//! application already died on this GPU's memory) besides those the rule makes critical.
 
 use super::Severity;
 
@@ -41,6 +46,10 @@ const fn x(
 }
 
 use Severity::{Critical, Info, Warning};
+
+/// The XIDs a fleet's operators drain a node on (the fatal ones the project's issue names):
+/// critical even where NVIDIA's immediate action is lighter.
+pub const DRAINED_ON: [u64; 8] = [48, 63, 64, 74, 79, 92, 94, 95];
 
 /// The codes railscope classifies; any other is a warning pointing at the catalogue.
 pub const XIDS: &[XidClass] = &[
@@ -103,7 +112,7 @@ pub const XIDS: &[XidClass] = &[
     x(
         63,
         "GPU memory row remapping event (page retirement on older GPUs)",
-        Info,
+        Critical,
         "IGNORE",
         "recorded, nothing to do now; a pending remapping is applied at the next GPU reset",
     ),
@@ -138,14 +147,14 @@ pub const XIDS: &[XidClass] = &[
     x(
         92,
         "high single-bit ECC error rate",
-        Info,
+        Critical,
         "IGNORE",
         "corrected errors, nothing to do now; watch its ECC counters and contact support if it recurs",
     ),
     x(
         94,
         "contained memory error",
-        Warning,
+        Critical,
         "RESTART_APP",
         "only the affected application was stopped: restart it; reset the GPU when convenient",
     ),
@@ -213,15 +222,13 @@ mod tests {
 
     #[test]
     fn the_fatal_xids_are_critical_and_application_ones_are_not() {
-        // The owner's list was 48, 63, 64, 74, 79, 92, 94, 95; NVIDIA's catalog puts 63 and 92
-        // in IGNORE and 94 in RESTART_APP, so they follow the bucket rule below.
-        for code in [48, 64, 74, 79, 95, 109] {
+        for code in [48, 63, 64, 74, 79, 92, 94, 95, 109] {
             assert_eq!(classify(code).severity, Critical, "XID {code}");
         }
-        for code in [13, 31, 94] {
+        for code in [13, 31] {
             assert_eq!(classify(code).severity, Warning, "XID {code}");
         }
-        for code in [43, 63, 92] {
+        for code in [43, 45, 154] {
             assert_eq!(classify(code).severity, Info, "XID {code}");
         }
         assert_eq!(classify(79).action, "RESTART_BM");
@@ -229,8 +236,12 @@ mod tests {
     }
 
     #[test]
-    fn severity_follows_the_immediate_action_bucket() {
+    fn severity_follows_the_immediate_action_bucket_or_the_drain_list() {
         for c in XIDS {
+            if DRAINED_ON.contains(&c.code) {
+                assert_eq!(c.severity, Critical, "XID {} is drained on", c.code);
+                continue;
+            }
             let expected = match c.action {
                 "RESET_GPU" | "RESTART_BM" | "WORKFLOW_XID_48" | "WORKFLOW_NVLINK_ERR" => Critical,
                 "RESTART_APP" | "CONTACT_SUPPORT" => Warning,
