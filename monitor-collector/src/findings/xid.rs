@@ -1,7 +1,19 @@
-//! XID codes classified by what they mean and what to do, after NVIDIA's XID catalogue
-//! (docs.nvidia.com/deploy/xid-errors, its "Resolution Bucket (Immediate Action)":
-//! RESTART_APP, RESET_GPU, RESTART_BM, IGNORE). The fatal ones need the GPU reset or the node
-//! rebooted before it runs work again; the others are usually the application's.
+//! XID codes classified by what they mean and what to do, after NVIDIA's XID catalogue for Ampere
+//! and newer GPUs (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, checked
+//! 2026-11-24). `action` is the catalogue's "Resolution Bucket (Immediate Action)" as published
+//! (RESTART_APP, RESET_GPU, RESTART_BM, IGNORE, CONTACT_SUPPORT, or a named workflow).
+//!
+//! The severity is railscope's, derived from that bucket alone:
+//! - critical: RESET_GPU, RESTART_BM, and the workflows whose recovery is a GPU reset or a
+//!   reboot (WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR): the GPU must not run work until then;
+//! - warning: RESTART_APP (the application's, the GPU stays usable) and CONTACT_SUPPORT (codes
+//!   the catalogue marks unused on Ampere and newer), like any code not in the table;
+//! - info: IGNORE, and the buckets that defer to another XID (WORKFLOW_XID_45, XID_154).
+//!
+//! Except that the codes operators drain a node on are critical whatever the bucket
+//! ([`DRAINED_ON`]): 63 (a row remapping that takes effect only at the next GPU reset), 92 (a
+//! single-bit error rate that foretells double-bit ones) and 94 (a contained memory error: an
+//! application already died on this GPU's memory) besides those the rule makes critical.
 
 use super::Severity;
 
@@ -35,6 +47,10 @@ const fn x(
 
 use Severity::{Critical, Info, Warning};
 
+/// The XIDs a fleet's operators drain a node on (the fatal ones the project's issue names):
+/// critical even where NVIDIA's immediate action is lighter.
+pub const DRAINED_ON: [u64; 8] = [48, 63, 64, 74, 79, 92, 94, 95];
+
 /// The codes railscope classifies; any other is a warning pointing at the catalogue.
 pub const XIDS: &[XidClass] = &[
     x(
@@ -60,52 +76,52 @@ pub const XIDS: &[XidClass] = &[
     ),
     x(
         43,
-        "GPU stopped processing",
-        Warning,
-        "RESTART_APP",
-        "the application's context was stopped; restart it",
+        "GPU stopped processing: the application faulted, the GPU is healthy",
+        Info,
+        "IGNORE",
+        "nothing to do on the GPU; look at the application",
     ),
     x(
         45,
-        "preemptive cleanup after previous errors",
+        "preemptive cleanup after previous errors or an aborted application",
         Info,
-        "IGNORE",
-        "follows another XID: act on that one",
+        "WORKFLOW_XID_45",
+        "follows another XID: act on that one; if it comes alone, restart the fabric manager",
     ),
     x(
         48,
         "double-bit ECC error",
         Critical,
-        "RESET_GPU",
-        "drain the node and reset the GPU; if it recurs, replace the GPU",
+        "WORKFLOW_XID_48",
+        "drain the node and reset the GPU (with XID 63/64: drain, then reset); if it recurs, run field diagnostics",
     ),
     x(
         61,
-        "internal micro-controller breakpoint or warning",
+        "internal micro-controller breakpoint (unused on Ampere and newer)",
         Warning,
-        "RESET_GPU",
-        "reset the GPU when it is drained; contact support if it repeats",
+        "CONTACT_SUPPORT",
+        "not expected on Ampere or newer GPUs: contact support",
     ),
     x(
         62,
         "internal micro-controller halt",
         Critical,
         "RESET_GPU",
-        "drain the node and reset the GPU",
+        "drain the node and reset the GPU; contact support if it repeats",
     ),
     x(
         63,
-        "ECC page retirement or row remapping recorded",
+        "GPU memory row remapping event (page retirement on older GPUs)",
         Critical,
-        "RESET_GPU",
-        "reset the GPU to activate the remapping; it is not fully usable until then",
+        "IGNORE",
+        "recorded, nothing to do now; a pending remapping is applied at the next GPU reset",
     ),
     x(
         64,
-        "ECC page retirement or row remapping failure",
+        "GPU memory row remapping failure (page retirement on older GPUs)",
         Critical,
         "RESET_GPU",
-        "drain the node and reset the GPU; if it recurs, replace the GPU",
+        "drain the node and reset the GPU; contact support if it recurs",
     ),
     x(
         69,
@@ -116,10 +132,10 @@ pub const XIDS: &[XidClass] = &[
     ),
     x(
         74,
-        "NVLink error",
+        "NVLink error (A100 and H100; Blackwell reports XIDs 144-150)",
         Critical,
-        "RESET_GPU",
-        "drain the node, reset the GPU and check the NVLink/NVSwitch fabric",
+        "WORKFLOW_NVLINK_ERR",
+        "drain the node, reset the GPU (or reboot) and decode the XID's registers; the fault may be at the link's other end",
     ),
     x(
         79,
@@ -132,19 +148,19 @@ pub const XIDS: &[XidClass] = &[
         92,
         "high single-bit ECC error rate",
         Critical,
-        "RESET_GPU",
-        "drain the node and reset the GPU; watch its ECC counters",
+        "IGNORE",
+        "corrected errors, nothing to do now; watch its ECC counters and contact support if it recurs",
     ),
     x(
         94,
-        "contained ECC error",
+        "contained memory error",
         Critical,
         "RESTART_APP",
-        "the affected application was stopped; reset the GPU at the next opportunity",
+        "only the affected application was stopped: restart it; reset the GPU when convenient",
     ),
     x(
         95,
-        "uncontained ECC error",
+        "uncontained memory error",
         Critical,
         "RESET_GPU",
         "every application on the GPU is affected: drain the node and reset the GPU",
@@ -152,37 +168,37 @@ pub const XIDS: &[XidClass] = &[
     x(
         109,
         "context switch timeout",
-        Warning,
-        "RESTART_APP",
-        "restart the application; if it repeats, reset the GPU",
+        Critical,
+        "RESET_GPU",
+        "drain the node and reset the GPU; contact support if it repeats",
     ),
     x(
         119,
         "GSP RPC timeout",
         Critical,
         "RESET_GPU",
-        "drain the node and reset the GPU (or reboot)",
+        "drain the node and reset the GPU (or power-cycle the node if it persists)",
     ),
     x(
         120,
         "GSP error",
         Critical,
         "RESET_GPU",
-        "drain the node and reset the GPU (or reboot)",
+        "drain the node and reset the GPU (or power-cycle the node if it persists)",
     ),
     x(
         140,
-        "unrecovered ECC error",
+        "uncorrectable ECC error that escaped page offlining or row remapping",
         Critical,
         "RESET_GPU",
-        "drain the node and reset the GPU",
+        "drain the node and reset the GPU; contact the vendor if it persists",
     ),
     x(
         154,
         "GPU recovery action changed",
         Info,
-        "IGNORE",
-        "the driver names the recovery the GPU needs: follow it",
+        "XID_154",
+        "names the recovery another XID needs (none, drain, reset, reboot): follow it",
     ),
 ];
 
@@ -206,14 +222,34 @@ mod tests {
 
     #[test]
     fn the_fatal_xids_are_critical_and_application_ones_are_not() {
-        for code in [48, 63, 64, 74, 79, 92, 94, 95] {
+        for code in [48, 63, 64, 74, 79, 92, 94, 95, 109] {
             assert_eq!(classify(code).severity, Critical, "XID {code}");
         }
-        for code in [13, 31, 43] {
+        for code in [13, 31] {
             assert_eq!(classify(code).severity, Warning, "XID {code}");
+        }
+        for code in [43, 45, 154] {
+            assert_eq!(classify(code).severity, Info, "XID {code}");
         }
         assert_eq!(classify(79).action, "RESTART_BM");
         assert_eq!(classify(9999).meaning, "not in railscope's table");
+    }
+
+    #[test]
+    fn severity_follows_the_immediate_action_bucket_or_the_drain_list() {
+        for c in XIDS {
+            if DRAINED_ON.contains(&c.code) {
+                assert_eq!(c.severity, Critical, "XID {} is drained on", c.code);
+                continue;
+            }
+            let expected = match c.action {
+                "RESET_GPU" | "RESTART_BM" | "WORKFLOW_XID_48" | "WORKFLOW_NVLINK_ERR" => Critical,
+                "RESTART_APP" | "CONTACT_SUPPORT" => Warning,
+                "IGNORE" | "WORKFLOW_XID_45" | "XID_154" => Info,
+                other => panic!("XID {}: bucket {other} has no severity rule", c.code),
+            };
+            assert_eq!(c.severity, expected, "XID {} ({})", c.code, c.action);
+        }
     }
 
     #[test]
