@@ -146,6 +146,11 @@
         load: capacity && t.value !== null ? bps / capacity : null,
       });
     }
+    // A port without byte counters (soft-RoCE has only packet counts) still gets its cell,
+    // uncoloured, so its findings can be marked on it.
+    for (const [k, g] of rates) {
+      if (!out.has(k)) out.set(k, { labels: g.labels, bytesPerSecond: null, load: null });
+    }
     return out;
   }
 
@@ -208,7 +213,7 @@
       "data-port": port,
       "data-load": load && load.load !== null ? load.load.toFixed(3) : null,
       title: `${node} ${device}/${port}: ${
-        load && load.bytesPerSecond !== null ? fmt((load.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no rate yet"
+        load && load.bytesPerSecond !== null ? fmt((load.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no byte counters"
       }`,
       text: device.replace(/^.*?(\d+)$/, "$1"),
       ...(extra || {}),
