@@ -111,6 +111,7 @@ pub struct FleetBuilder {
     remap_pending: Vec<(usize, usize)>,
     pcie_degraded: Vec<(usize, usize)>,
     qp_errors: Vec<(usize, String)>,
+    cm_disconnects: Vec<(usize, String)>,
     cm_rejects: Vec<(usize, String)>,
     roce: bool,
     interval: Duration,
@@ -227,6 +228,13 @@ impl FleetBuilder {
         self
     }
 
+    /// rdma_cm connections of `job_id` on `node` closed (a `DISCONNECTED` event, one per tick):
+    /// with [`qp_errors`](Self::qp_errors), the graceful teardown that moves each QP to ERR.
+    pub fn cm_disconnects(mut self, node: usize, job_id: &str) -> Self {
+        self.cm_disconnects.push((node, job_id.into()));
+        self
+    }
+
     /// rdma_cm rejects (`REJ_CONSUMER_DEFINED`) for `job_id` on `node`, one per tick.
     pub fn cm_rejects(mut self, node: usize, job_id: &str) -> Self {
         self.cm_rejects.push((node, job_id.into()));
@@ -336,6 +344,7 @@ impl SimulatedFleet {
             remap_pending: Vec::new(),
             pcie_degraded: Vec::new(),
             qp_errors: Vec::new(),
+            cm_disconnects: Vec::new(),
             cm_rejects: Vec::new(),
             roce: false,
             interval: Duration::from_secs(1),
@@ -639,6 +648,11 @@ impl SimulatedFleet {
         }
         if let Some(job) = &job {
             let qp_err = self.spec.qp_errors.iter().any(|(m, j)| *m == n && j == job);
+            let disconnects = self
+                .spec
+                .cm_disconnects
+                .iter()
+                .any(|(m, j)| *m == n && j == job);
             let rejects = self
                 .spec
                 .cm_rejects
@@ -649,8 +663,13 @@ impl SimulatedFleet {
                 ("modify_qp", "ERR", u64::from(qp_err)),
                 ("modify_qp", "RTS", 1),
                 ("cm_reject", "REJ_CONSUMER_DEFINED", u64::from(rejects)),
+                ("cm_event", "DISCONNECTED", u64::from(disconnects)),
             ] {
-                let device = if verb == "cm_reject" { "" } else { "mlx5_0" };
+                let device = if verb.starts_with("cm_") {
+                    ""
+                } else {
+                    "mlx5_0"
+                };
                 counters.push((
                     counter(
                         "railscope_rdma_verbs_total",

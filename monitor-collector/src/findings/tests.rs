@@ -331,6 +331,22 @@ fn qp_errors_and_cm_rejects_are_found_per_job() {
 }
 
 #[test]
+fn qps_moved_to_err_by_closed_connections_are_no_finding() {
+    // rping's teardown: each side's QP to ERR, each side a DISCONNECTED event.
+    let found = run(
+        &mut fleet(3)
+            .qp_errors(1, "slurm:42")
+            .cm_disconnects(1, "slurm:42")
+            .build(key()),
+        40,
+    );
+    assert!(
+        found.iter().all(|f| f.rule != "verbs_qp_error"),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn findings_are_counted_and_shown_on_metrics() {
     let (_, store, ..) = run_with(
         &mut fleet(2).degraded_port(0, 1).build(key()),

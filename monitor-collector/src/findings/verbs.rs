@@ -1,5 +1,10 @@
 //! Verb rules, per job on each node: QPs moving to ERR and rdma_cm rejects, from the probes'
 //! verb counters (`railscope_rdma_verbs_total`, per cgroup, with the job's `job_id`).
+//!
+//! A connection closed the ordinary way moves its QPs to ERR too: `rdma_disconnect` does it on
+//! each side, and each side gets a `DISCONNECTED` rdma_cm event. So the QPs counted are those
+//! moved to ERR less the job's `DISCONNECTED` events in the window: what a teardown does not
+//! explain (a transport error, a retry exhausted, a link that went away under the QP).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +17,9 @@ pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
 pub const SERIES: &str = "railscope_rdma_verbs_total";
 
 const S: u64 = 1_000_000_000;
+
+/// The job's closed rdma_cm connections, summed beside the rules to discount QPs moved to ERR.
+const DISCONNECTS: &str = "cm_disconnects";
 
 /// Per (rule, node, job or cgroup): the increase, the last sample time, the `job_id`, the
 /// cgroups.
@@ -27,6 +35,7 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
         let rule = match (labels.get("verb"), labels.get("detail")) {
             (Some("modify_qp"), Some("ERR")) => "verbs_qp_error",
             (Some("cm_reject"), _) => "verbs_cm_reject",
+            (Some("cm_event"), Some("DISCONNECTED")) => DISCONNECTS,
             _ => continue,
         };
         let Some((n, _)) = track.increase(window) else {
@@ -47,11 +56,18 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             e.3.push(cgroup);
         }
     }
-    for ((rule, node, who), (n, at, job, cgroups)) in sums {
+    for ((rule, node, who), (n, at, job, cgroups)) in &sums {
+        let (rule, node, who, at) = (*rule, node.clone(), who.clone(), *at);
         let (threshold, what) = match rule {
+            DISCONNECTS => continue,
             "verbs_qp_error" => (th.qp_errors, "QPs moved to ERR"),
             _ => (th.cm_rejects, "rdma_cm rejects"),
         };
+        let disconnects = (rule == "verbs_qp_error")
+            .then(|| sums.get(&(DISCONNECTS, node.clone(), who.clone())))
+            .flatten()
+            .map_or(0, |d| d.0);
+        let n = n.saturating_sub(disconnects);
         if n < threshold {
             continue;
         }
@@ -59,11 +75,11 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             rule,
             severity: Severity::Warning,
             subject: Subject::job(&node, &who),
-            job_id: job,
+            job_id: job.clone(),
             at_ns: at,
             summary: format!("{n} {what} for {who} in the last {} s", th.verbs_window_s),
             evidence: json!({"count": n, "window_s": th.verbs_window_s, "threshold": threshold,
-                             "cgroups": cgroups}),
+                             "disconnects": disconnects, "cgroups": cgroups}),
         });
     }
 }
