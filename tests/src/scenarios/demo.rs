@@ -125,23 +125,7 @@ fn perftest_round() -> anyhow::Result<()> {
         .args(common)
         .arg(ADDR_B)
         .status();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let served = loop {
-        if let Some(status) = server.try_wait()? {
-            break Some(status);
-        }
-        if Instant::now() > deadline || !client.as_ref().is_ok_and(|s| s.success()) {
-            let _ = server.kill();
-            let _ = server.wait();
-            break None;
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
-    anyhow::ensure!(
-        client?.success() && served.is_some_and(|s| s.success()),
-        "ib_write_bw cut short"
-    );
-    Ok(())
+    finish_round(&mut server, client.map_err(Into::into), "ib_write_bw")
 }
 
 /// 100 rping round trips over rdma_cm, both ends in job 102, then a pause. A server whose
@@ -168,6 +152,19 @@ fn rping_round() -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()?)
     });
+    finish_round(&mut server, client, "rping")?;
+    thread::sleep(Duration::from_secs(3));
+    Ok(())
+}
+
+/// Whether an rdma_cm id listens on `port` (`rdma resource show cm_id`).
+/// Waits up to 5 s for a round's server once its client ended; a server whose client failed,
+/// or that outlives the wait, is killed. Both must have succeeded.
+fn finish_round(
+    server: &mut std::process::Child,
+    client: anyhow::Result<std::process::ExitStatus>,
+    tool: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let served = loop {
         if let Some(status) = server.try_wait()? {
@@ -182,13 +179,11 @@ fn rping_round() -> anyhow::Result<()> {
     };
     anyhow::ensure!(
         client?.success() && served.is_some_and(|s| s.success()),
-        "rping cut short"
+        "{tool} cut short"
     );
-    thread::sleep(Duration::from_secs(3));
     Ok(())
 }
 
-/// Whether an rdma_cm id listens on `port` (`rdma resource show cm_id`).
 fn rdma_cm_listening(port: &str) -> bool {
     Command::new("/usr/bin/rdma")
         .args(["resource", "show", "cm_id"])
