@@ -55,6 +55,7 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
         setup::ensure_debian_packages(package::PACKAGES)?;
     }
     let deb = package::build(tools, true)?;
+    let nvml = build_nvml_standin(tools)?;
 
     setup::step("the systemd Debian guest");
     let testbed_cache = tools.cache_dir.join("testbed");
@@ -66,7 +67,7 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
     let work = crate::cargo::workspace_root()
         .join("target/package-test")
         .join(&kver);
-    let payload = make_payload(&work, &deb)?;
+    let payload = make_payload(&work, &deb, &nvml)?;
     let log_path = work.join("serial.log");
     let outcome = boot(
         &guest,
@@ -115,8 +116,26 @@ fn find_kernel_deb(dir: &Path, kver: &str) -> anyhow::Result<PathBuf> {
     bail!("no {prefix}*.deb in {}", dir.display())
 }
 
-/// The second disk: the package and the test script, an ext4 image made with `mkfs.ext4 -d`.
-fn make_payload(work: &Path, deb: &Path) -> anyhow::Result<PathBuf> {
+/// The NVML stand-in (docs/nvml-standin.md; not a GPU, not NVIDIA's library), built for the
+/// guest's agent to load as its NVML so the GPU source runs under the unit's sandbox.
+fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
+    setup::step("building the NVML stand-in (release) for the guest's GPU source");
+    crate::cargo::run(crate::cargo::command(tools).args([
+        "build",
+        "--release",
+        "--package",
+        "nvml-standin",
+    ]))?;
+    let lib = crate::cargo::workspace_root().join("target/release/libnvidia_ml_standin.so");
+    if !lib.exists() {
+        bail!("cargo built nvml-standin but {} is missing", lib.display());
+    }
+    Ok(lib)
+}
+
+/// The second disk: the package, the test script and `nvml/` (the NVML stand-in as
+/// `libnvidia-ml.so.1` beside its script, 8 H100s), an ext4 image made with `mkfs.ext4 -d`.
+fn make_payload(work: &Path, deb: &Path, nvml_standin: &Path) -> anyhow::Result<PathBuf> {
     let dir = work.join("payload");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -124,9 +143,16 @@ fn make_payload(work: &Path, deb: &Path) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(&dir)?;
     fs::copy(deb, dir.join("railscope.deb"))?;
     fs::write(dir.join("test.sh"), TEST_SCRIPT)?;
+    let nvml = dir.join("nvml");
+    fs::create_dir_all(&nvml)?;
+    fs::copy(nvml_standin, nvml.join("libnvidia-ml.so.1"))?;
+    fs::copy(
+        crate::cargo::workspace_root().join("nvml-standin/scripts/h100x8.json"),
+        nvml.join("nvml-standin.json"),
+    )?;
     let image = work.join("payload.img");
     let _ = fs::remove_file(&image);
-    let mib = fs::metadata(deb)?.len() / (1 << 20) + 32;
+    let mib = (fs::metadata(deb)?.len() + fs::metadata(nvml_standin)?.len()) / (1 << 20) + 32;
     let out = Command::new("mkfs.ext4")
         .args(["-q", "-F", "-L", "payload", "-d"])
         .arg(&dir)
