@@ -92,12 +92,7 @@ fn run_on(
         .join(&kver);
     let payload = make_payload(&work, deb, nvml)?;
     let log_path = work.join("serial.log");
-    let outcome = boot(
-        &guest,
-        &payload,
-        &log_path,
-        Duration::from_secs(timeout),
-    )?;
+    let outcome = boot(&guest, &payload, &log_path, Duration::from_secs(timeout))?;
     let log = fs::read_to_string(&log_path).unwrap_or_default();
     let log = script_lines(&log.replace('\r', ""));
     for line in log.lines() {
