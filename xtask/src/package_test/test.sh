@@ -112,7 +112,7 @@ wait_for 60 sh -c "[ \$(railscope query series railscope_gpu_power_watts --start
     && ok "GPU series archived through NVML (the stand-in): railscope_gpu_power_watts of $(gpus) GPUs" \
     || fail "GPU series: $(railscope query series railscope_gpu_power_watts --start -10m 2>&1 | head -n 3 | tr '\n' '|')"
 # The agent's system-call filter as systemd applied it (docs/deployment.md, "System calls"):
-# a seccomp filter on the running agent; the four privileged calls it makes allowed, the
+# a seccomp filter on the running agent; the four calls it makes beyond the set allowed, the
 # rest of @privileged and @resources (and all outside @system-service) denied with EPERM.
 pid=$(prop $AGENT MainPID)
 filter=" $(prop $AGENT SystemCallFilter) "
