@@ -43,8 +43,12 @@ enum Command {
     /// tool, docs) and check it with lintian; prints the path of the .deb.
     Package(package::Options),
     /// Prove the Debian package in a systemd Debian guest (debootstrap, cached): install,
-    /// units ready, probes attached, frames archived, restarts and watchdog, remove, purge.
+    /// units ready, probes attached, frames archived, the agent's syscall filter, a module
+    /// reload, restarts and watchdog, remove, purge.
     PackageTest(package_test::Options),
+    /// Check the systemd units in dist/ as `test` does: `systemd-analyze verify`, and each
+    /// unit's exposure score as docs/deployment.md gives it (after a release build).
+    Units,
     /// Run the soft-RoCE scenarios in QEMU guests booted from stock Debian kernels.
     VmTest(vm_test::Options),
     /// Fuzz every decoder of outside input (frames, schema requests, configuration files,
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Lint(options) => lint::run(&options),
         Command::Package(options) => package::run(&options),
         Command::PackageTest(options) => package_test::run(&options),
+        Command::Units => units::check(&cargo::workspace_root().join("target/release")),
         Command::VmTest(options) => vm_test::run(&options),
         Command::Bench(options) => bench::run(&options),
         Command::Fuzz(options) => fuzz::run(&options),

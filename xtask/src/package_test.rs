@@ -3,7 +3,8 @@
 //! init, the test bed's kernel and its `rdma_rxe`, rdma-core; [`rootfs`]) in QEMU, and a unit
 //! in the guest runs `package_test/test.sh` from a second disk holding the package: `dpkg -i`,
 //! both units ready, rxe devices, the probes attached, the collector's archive holding the
-//! agent's frames, `systemctl restart`, `kill -9` and `SIGSTOP` (the watchdog) each bringing
+//! agent's frames and GPU series (the agent loading the NVML stand-in from the payload), the
+//! agent's system-call filter as applied, a module reload followed, `systemctl restart`, `kill -9` and `SIGSTOP` (the watchdog) each bringing
 //! the agent back, then `dpkg -r` and `dpkg -P`. The script prints one line per check on the
 //! serial console; this command reads them.
 
@@ -36,6 +37,10 @@ pub struct Options {
     /// The test bed kernel the guest boots.
     #[arg(long, value_enum, default_value = "bookworm")]
     pub kernel: KernelLine,
+    /// Run the test on every kernel line in turn (Debian 6.1, then 6.12), one guest at a
+    /// time; not part of `cargo xtask test`, which runs it on 6.1.
+    #[arg(long, conflicts_with = "kernel")]
+    pub all_kernels: bool,
     /// Kill the guest when it has not powered off after this many seconds.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT)]
     pub timeout: u64,
@@ -55,10 +60,29 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
         setup::ensure_debian_packages(package::PACKAGES)?;
     }
     let deb = package::build(tools, true)?;
+    let nvml = build_nvml_standin(tools)?;
+    let kernels = if options.all_kernels {
+        vec![KernelLine::Bookworm, KernelLine::Bookworm612]
+    } else {
+        vec![options.kernel]
+    };
+    for kernel in kernels {
+        run_on(tools, kernel, &deb, &nvml, options.timeout)?;
+    }
+    Ok(())
+}
 
+/// The test in the systemd guest booting `kernel`'s line.
+fn run_on(
+    tools: &setup::Tools,
+    kernel: KernelLine,
+    deb: &Path,
+    nvml: &Path,
+    timeout: u64,
+) -> anyhow::Result<()> {
     setup::step("the systemd Debian guest");
     let testbed_cache = tools.cache_dir.join("testbed");
-    let debs = testbed::prepare_debs(&testbed_cache, options.kernel)?;
+    let debs = testbed::prepare_debs(&testbed_cache, kernel)?;
     let kver = debs.kernel_release;
     let kernel_deb = find_kernel_deb(&testbed_cache.join("debs").join(&kver), &kver)?;
     let guest = rootfs::prepare(&tools.cache_dir, &kver, &kernel_deb)?;
@@ -66,14 +90,9 @@ pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
     let work = crate::cargo::workspace_root()
         .join("target/package-test")
         .join(&kver);
-    let payload = make_payload(&work, &deb)?;
+    let payload = make_payload(&work, deb, nvml)?;
     let log_path = work.join("serial.log");
-    let outcome = boot(
-        &guest,
-        &payload,
-        &log_path,
-        Duration::from_secs(options.timeout),
-    )?;
+    let outcome = boot(&guest, &payload, &log_path, Duration::from_secs(timeout))?;
     let log = fs::read_to_string(&log_path).unwrap_or_default();
     let log = script_lines(&log.replace('\r', ""));
     for line in log.lines() {
@@ -115,8 +134,26 @@ fn find_kernel_deb(dir: &Path, kver: &str) -> anyhow::Result<PathBuf> {
     bail!("no {prefix}*.deb in {}", dir.display())
 }
 
-/// The second disk: the package and the test script, an ext4 image made with `mkfs.ext4 -d`.
-fn make_payload(work: &Path, deb: &Path) -> anyhow::Result<PathBuf> {
+/// The NVML stand-in (docs/nvml-standin.md; not a GPU, not NVIDIA's library), built for the
+/// guest's agent to load as its NVML so the GPU source runs under the unit's sandbox.
+fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
+    setup::step("building the NVML stand-in (release) for the guest's GPU source");
+    crate::cargo::run(crate::cargo::command(tools).args([
+        "build",
+        "--release",
+        "--package",
+        "nvml-standin",
+    ]))?;
+    let lib = crate::cargo::workspace_root().join("target/release/libnvidia_ml_standin.so");
+    if !lib.exists() {
+        bail!("cargo built nvml-standin but {} is missing", lib.display());
+    }
+    Ok(lib)
+}
+
+/// The second disk: the package, the test script and `nvml/` (the NVML stand-in as
+/// `libnvidia-ml.so.1` beside its script, 8 H100s), an ext4 image made with `mkfs.ext4 -d`.
+fn make_payload(work: &Path, deb: &Path, nvml_standin: &Path) -> anyhow::Result<PathBuf> {
     let dir = work.join("payload");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -124,9 +161,16 @@ fn make_payload(work: &Path, deb: &Path) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(&dir)?;
     fs::copy(deb, dir.join("railscope.deb"))?;
     fs::write(dir.join("test.sh"), TEST_SCRIPT)?;
+    let nvml = dir.join("nvml");
+    fs::create_dir_all(&nvml)?;
+    fs::copy(nvml_standin, nvml.join("libnvidia-ml.so.1"))?;
+    fs::copy(
+        crate::cargo::workspace_root().join("nvml-standin/scripts/h100x8.json"),
+        nvml.join("nvml-standin.json"),
+    )?;
     let image = work.join("payload.img");
     let _ = fs::remove_file(&image);
-    let mib = fs::metadata(deb)?.len() / (1 << 20) + 32;
+    let mib = (fs::metadata(deb)?.len() + fs::metadata(nvml_standin)?.len()) / (1 << 20) + 32;
     let out = Command::new("mkfs.ext4")
         .args(["-q", "-F", "-L", "payload", "-d"])
         .arg(&dir)

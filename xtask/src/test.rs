@@ -62,6 +62,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         &tools,
         &package_test::Options {
             kernel: crate::testbed::KernelLine::Bookworm,
+            all_kernels: false,
             timeout: package_test::DEFAULT_TIMEOUT,
             setup: options.vm.setup.clone(),
         },

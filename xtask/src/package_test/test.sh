@@ -75,7 +75,8 @@ railscope-gen-wire-key && [ "$(stat -c %a /etc/railscope/wire.key)" = 600 ] \
     && ok "railscope-gen-wire-key (mode 600)" || fail "railscope-gen-wire-key"
 sed -i -e 's|^#collector = .*|collector = "127.0.0.1:7670"|' \
     -e 's|^#key = .*|key = "/etc/railscope/wire.key"|' \
-    -e 's|^#interval = .*|interval = 0.5|' /etc/railscope/agent.toml
+    -e 's|^#interval = .*|interval = 0.5|' \
+    -e 's|^#nvml-lib = .*|nvml-lib = "/payload/nvml/libnvidia-ml.so.1"|' /etc/railscope/agent.toml
 railscope agent --check-config >/tmp/check.txt 2>&1 && grep -q '127.0.0.1:7670' /tmp/check.txt \
     && ok "railscope agent --check-config" || fail "agent --check-config: $(tail -n 3 /tmp/check.txt)"
 railscope-collector --check-config >/tmp/check.txt 2>&1 \
@@ -104,6 +105,51 @@ nodes() { railscope query nodes --start -10m 2>&1; }
 wait_for 60 sh -c 'railscope query nodes --start -10m 2>/dev/null | grep -qx railscope-node' \
     && ok "collector archived the agent's frames (railscope query nodes: $(nodes | tr '\n' ' '))" \
     || fail "collector has no frames from railscope-node: $(nodes | tr '\n' ' ')"
+# The GPU source through NVML: here the stand-in (payload/nvml: 8 scripted H100s, GPU 7 falls
+# off the bus at its 8th sample), no GPU. Each GPU's power is a series of railscope-node.
+gpus() { railscope query series railscope_gpu_power_watts --start -10m 2>/dev/null | grep -c '^railscope_gpu_power_watts.*railscope-node'; }
+wait_for 60 sh -c "[ \$(railscope query series railscope_gpu_power_watts --start -10m 2>/dev/null | grep -c '^railscope_gpu_power_watts.*railscope-node') -ge 7 ]" \
+    && ok "GPU series archived through NVML (the stand-in): railscope_gpu_power_watts of $(gpus) GPUs" \
+    || fail "GPU series: $(railscope query series railscope_gpu_power_watts --start -10m 2>&1 | head -n 3 | tr '\n' '|')"
+# The agent's system-call filter as systemd applied it (docs/deployment.md, "System calls"):
+# a seccomp filter on the running agent; the four calls it makes beyond the set allowed, the
+# rest of @privileged and @resources (and all outside @system-service) denied with EPERM.
+pid=$(prop $AGENT MainPID)
+filter=" $(prop $AGENT SystemCallFilter) "
+wrong=""
+for c in bpf perf_event_open capset open_by_handle_at ioctl; do
+    case "$filter" in *" $c "*) ;; *) wrong="$wrong $c-denied" ;; esac
+done
+for c in setuid chroot init_module mount ptrace setrlimit; do
+    case "$filter" in *" $c "*) wrong="$wrong $c-allowed" ;; esac
+done
+errno=$(prop $AGENT SystemCallErrorNumber)
+if grep -Eq '^Seccomp:[[:space:]]+2' /proc/"$pid"/status && [ -z "$wrong" ] \
+    && { [ "$errno" = 1 ] || [ "$errno" = EPERM ]; }; then
+    ok "agent under its syscall filter (Seccomp 2; bpf perf_event_open capset open_by_handle_at allowed, setuid chroot init_module mount ptrace setrlimit not; errno $errno)"
+else
+    fail "agent's syscall filter: $(grep Seccomp: /proc/"$pid"/status | head -n1); wrong:$wrong; errno '$errno'"
+fi
+
+# A module reload under the unit: rdma_ucm, rdma_rxe and ib_uverbs removed, loaded again and
+# the soft-RoCE devices made anew; the same agent process attaches ib_uverbs' family again.
+uverbs_attached() {
+    journalctl -b --no-pager -u $AGENT _PID="$pid" | grep -c 'ib_uverbs_post_send attached'
+}
+before=$(uverbs_attached)
+rmmod rdma_ucm && rmmod rdma_rxe && rmmod ib_uverbs \
+    || fail "rmmod rdma_ucm rdma_rxe ib_uverbs: $(lsmod | grep -E '^(rdma|ib)_' | cut -d' ' -f1 | tr '\n' ' ')"
+wait_for 15 sh -c "journalctl -b --no-pager -u $AGENT _PID=$pid | grep -q 'ib_uverbs unloaded'" \
+    || fail "the agent did not log 'ib_uverbs unloaded'"
+modprobe rdma_rxe && modprobe ib_uverbs && modprobe rdma_ucm \
+    && rdma link add rxe0 type rxe netdev vethA && rdma link add rxe1 type rxe netdev vethB \
+    || fail "modprobe rdma_rxe ib_uverbs rdma_ucm and rdma link add again"
+if wait_for 30 sh -c "[ \$(journalctl -b --no-pager -u $AGENT _PID=$pid | grep -c 'ib_uverbs_post_send attached') -gt $before ]" \
+    && [ "$(prop $AGENT MainPID)" = "$pid" ]; then
+    ok "rdma_rxe/ib_uverbs reload followed: ib_uverbs_post_send attached again by pid $pid"
+else
+    fail "after the reload: ib_uverbs_post_send attached $(uverbs_attached) times (before $before), $(state $AGENT)"
+fi
 # 4. Restarts: systemctl restart; a SIGKILL (Restart=on-failure); a SIGSTOP (the watchdog).
 pid=$(prop $AGENT MainPID)
 restarts=$(prop $AGENT NRestarts)
@@ -146,6 +192,15 @@ if wait_for 30 running_as_new $AGENT "$pid" && wait_for 30 running_as_new $COLLE
 else
     fail "dpkg -i over the installed package: $(state $AGENT); $(state $COLLECTOR)"
 fi
+
+# No I/O error "Operation not permitted" in either daemon's journal (what a call refused by
+# its system-call filter gives file, socket and sysfs operations): after the probes, the GPU
+# source, the reload, the restarts and the upgrade's stops (the collector writing its
+# archive out). A refused probe call is reported without its errno ("`perf_event_open`
+# failed"): the probes' check above catches that.
+denied=$(journalctl -b --no-pager -o cat -u $AGENT -u $COLLECTOR | grep -i 'operation not permitted\|EPERM' | cut -c1-160)
+[ -z "$denied" ] && ok "no 'Operation not permitted' in the agent's or collector's journal" \
+    || fail "refused calls: $(echo "$denied" | tr '\n' '|')"
 
 # 5. Remove: both stopped, units and binaries gone, configuration and key kept.
 dpkg -r railscope >/tmp/dpkg-r.log 2>&1 && ok "dpkg -r" || fail "dpkg -r: $(tail -n 3 /tmp/dpkg-r.log)"
