@@ -786,7 +786,8 @@ fn attach_probe(
         .ok_or(Unavailable::MissingProgram {
             program: probe.program,
         })?;
-    let rejected = |e: ProgramError| Unavailable::Program(format!("{}: {e}", probe.hook));
+    let rejected =
+        |e: ProgramError| Unavailable::Program(format!("{}: {}", probe.hook, with_causes(&e)));
     match probe.hook {
         Hook::Kprobe(function) => {
             if !kernel.has_kprobes() {
@@ -816,6 +817,22 @@ fn attach_probe(
         }
     }
     Ok(())
+}
+
+/// An error with the errors beneath it (aya's "`perf_event_open` failed" carries the errno
+/// only as its source: "Operation not permitted" is what tells a refused call from others).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Result of asking the kernel's verifier about one program.
@@ -849,6 +866,17 @@ pub fn verify_all() -> Result<Vec<VerifierResult>, aya::EbpfError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refused_system_call_names_its_errno() {
+        let refused = ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "perf_event_open",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        });
+        let text = super::with_causes(&refused);
+        assert!(text.starts_with("`perf_event_open` failed: "), "{text}");
+        assert!(text.contains("Operation not permitted"), "{text}");
+    }
+
     use super::*;
 
     #[test]
