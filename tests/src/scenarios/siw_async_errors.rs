@@ -12,9 +12,10 @@
 //!
 //! It checks that the agent's `qp_async` events on siw0 are exactly the events the two
 //! processes read with `ibv_get_async_event` (kind and QP number, as multisets), each from
-//! siw0, complete, and attributed to the job's cgroup (the QP creator's), and that the program
-//! did receive a QP_ACCESS_ERR on the target's first QP and a QP_FATAL on the writer's
-//! streaming QP. Then it removes siw0 and unloads siw (later scenarios unload ib_uverbs).
+//! siw0, complete, stamped no later than the program read it, and attributed to the job's
+//! cgroup (the QP creator's), and that the program did receive a QP_ACCESS_ERR on the
+//! target's first QP and a QP_FATAL on the writer's streaming QP (siw follows it with
+//! SQ_DRAINED there: compared like the others, not required). Then it removes siw0 and unloads siw (later scenarios unload ib_uverbs).
 
 use std::{
     io::Read as _,
@@ -200,11 +201,11 @@ fn provoke_and_compare() -> anyhow::Result<()> {
         .and_then(|q| q["qp_num"].as_u64())
         .context("the target printed no QP for the first connection")?;
     let stream_qp = result["stream"]["qp_num"].as_u64().unwrap_or(u64::MAX);
-    let mut received: Vec<(String, u64)> = tagged(&target_out, iwarp_errors::EVENT_PREFIX)?
-        .iter()
-        .chain(tagged(&writer_out, iwarp_errors::EVENT_PREFIX)?.iter())
-        .map(kind_and_qp)
+    let received_events: Vec<Value> = tagged(&target_out, iwarp_errors::EVENT_PREFIX)?
+        .into_iter()
+        .chain(tagged(&writer_out, iwarp_errors::EVENT_PREFIX)?)
         .collect();
+    let mut received: Vec<(String, u64)> = received_events.iter().map(kind_and_qp).collect();
     received.sort();
     println!(
         "program: device {}, target QPs {:?}, writer QPs {} (out of bounds, write statuses {}) \
@@ -257,6 +258,14 @@ fn provoke_and_compare() -> anyhow::Result<()> {
         ensure!(
             e["origin"] == "qp_async" && e["cgroup"] == job.as_str() && e.get("partial").is_none(),
             "event on {DEVICE} not a complete qp_async event of cgroup {job}: {e}"
+        );
+        // The kernel raised it before the program read it (both on CLOCK_MONOTONIC).
+        let ktime = e["ktime_ns"].as_u64().unwrap_or(u64::MAX);
+        ensure!(
+            received_events
+                .iter()
+                .any(|r| kind_and_qp(r) == kind_and_qp(e) && r["ktime_ns"].as_u64() >= Some(ktime)),
+            "the agent's {e} is stamped after the program read every such event"
         );
     }
     Ok(())
