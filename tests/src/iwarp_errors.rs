@@ -5,7 +5,7 @@
 //! iWARP QPs are connected through rdma_cm (iw_cm runs MPA over a kernel TCP socket), so it
 //! drives librdmacm and libibverbs (both loaded at run time, see [`crate::rdmacm`] and
 //! [`crate::ibverbs`]). It runs as two processes of one job:
-//! - `target ADDR PORT INFO_FILE` listens on ADDR:PORT, registers a 1 MiB buffer for remote
+//! - `target ADDR PORT INFO_FILE` listens on ADDR:PORT, registers a 4 MiB buffer for remote
 //!   writes, writes its address, length and rkey to INFO_FILE and accepts every connection;
 //! - `writer ADDR PORT INFO_FILE STREAMING_FILE` connects twice:
 //!   1. it posts one RDMA WRITE with the target's rkey just past the end of its buffer: the
@@ -44,13 +44,15 @@ pub const QP_PREFIX: &str = "iwarp-errors-qp ";
 pub const RESULT_PREFIX: &str = "iwarp-errors-result ";
 
 /// The target's buffer for remote writes.
-const TARGET_LEN: usize = 1 << 20;
-/// Bytes per streamed RDMA WRITE.
-const CHUNK: usize = 64 << 10;
+const TARGET_LEN: usize = 4 << 20;
+/// Bytes per streamed RDMA WRITE: large, so that siw's transmit path is most likely in the
+/// middle of one (many DDP segments) when the connection drops, which is when it raises
+/// QP_FATAL; a write still queued is flushed with SQ_DRAINED instead.
+const CHUNK: usize = 1 << 20;
 /// Streamed writes kept in flight.
-const IN_FLIGHT: u32 = 16;
+const IN_FLIGHT: u32 = 8;
 /// Streamed writes completed before the writer says it is streaming.
-const STREAMING_AFTER: u64 = 32;
+const STREAMING_AFTER: u64 = 16;
 /// How long a phase keeps reading events after its last one.
 const QUIET: Duration = Duration::from_secs(2);
 /// A phase (or the target's whole run) that has not finished by then gives up.
@@ -520,6 +522,7 @@ fn writer(
         }
         let phase = Instant::now();
         let mut failed_at: Option<Instant> = None;
+        let mut post_errors = 0u32;
         loop {
             let n = api.v.poll_cq(second.cq, &mut wc);
             ensure!(n >= 0, "ibv_poll_cq failed: {n}");
@@ -531,16 +534,16 @@ fn writer(
                     failed_at.get_or_insert_with(Instant::now);
                 }
             }
-            if failed_at.is_none() {
-                while posted - completed < u64::from(IN_FLIGHT) {
-                    post_write(
-                        second.qp,
-                        lkey,
-                        posted,
-                        remote_addr + (posted % slots) * CHUNK as u64,
-                        CHUNK,
-                    )?;
-                    posted += 1;
+            while failed_at.is_none() && posted - completed < u64::from(IN_FLIGHT) {
+                let to = remote_addr + (posted % slots) * CHUNK as u64;
+                match post_write(second.qp, lkey, posted, to, CHUNK) {
+                    Ok(()) => posted += 1,
+                    Err(e) => {
+                        // The connection is gone (siw refuses posts on a QP in ERROR).
+                        println!("stream: {e:#}");
+                        post_errors += 1;
+                        failed_at.get_or_insert_with(Instant::now);
+                    }
                 }
             }
             if !streaming && completed >= STREAMING_AFTER {
@@ -578,6 +581,7 @@ fn writer(
                 "completed": completed,
                 "error_statuses": stream_errors.len(),
                 "first_error_status": stream_errors.first(),
+                "post_errors": post_errors,
             },
             "events": events,
         });
