@@ -7,11 +7,13 @@
 //! [`crate::ibverbs`]). It runs as two processes of one job:
 //! - `target ADDR PORT INFO_FILE` listens on ADDR:PORT, registers a 4 MiB buffer for remote
 //!   writes, writes its address, length and rkey to INFO_FILE and accepts every connection;
-//! - `writer ADDR PORT INFO_FILE STREAMING_FILE` connects twice:
-//!   1. it posts one RDMA WRITE with the target's rkey just past the end of its buffer: the
+//! - `writer ADDR PORT INFO_FILE STREAMING_FILE` connects three times:
+//!   1. it posts one RDMA WRITE into the target's buffer with a wrong rkey (its key byte
+//!      changed): siw terminates the connection (an invalid STag) and raises no async event;
+//!   2. it posts one RDMA WRITE with the target's rkey just past the end of its buffer: the
 //!      target's siw finds the access out of bounds (`siw_check_mem`), raises
 //!      `IB_EVENT_QP_ACCESS_ERR` on its QP and terminates the connection;
-//!   2. it streams RDMA WRITEs into the buffer and, once they flow, creates STREAMING_FILE,
+//!   3. it streams RDMA WRITEs into the buffer and, once they flow, creates STREAMING_FILE,
 //!      the sign for the scenario to kill the target: the writer's QP then fails mid-transfer.
 //!
 //! Each process reads the async events of its device context with `ibv_get_async_event` and
@@ -449,7 +451,7 @@ fn writer(
             );
             Ok(Connection { id, qp, cq })
         };
-        let post_write = |qp: *mut IbvQp, lkey: u32, wr_id: u64, to: u64, len: usize| {
+        let post_write = |qp: *mut IbvQp, lkey: u32, wr_id: u64, to: u64, key: u32, len: usize| {
             let mut sge = ibv::IbvSge {
                 addr: local as u64,
                 length: len as u32,
@@ -464,47 +466,52 @@ fn writer(
                 send_flags: ibv::SEND_SIGNALED,
                 imm_data: 0,
                 // The `rdma` member of the union: remote_addr, then rkey.
-                wr: [to, u64::from(rkey), 0, 0],
+                wr: [to, u64::from(key), 0, 0],
                 qp_type: 0,
                 bind_mw_or_tso: [0; 6],
             };
             check(api.v.post_send(qp, &mut wr), "ibv_post_send (RDMA WRITE)")
         };
 
-        // 1. One write just past the end of the target's buffer.
-        let first = connect(1)?;
+        // 1. and 2.: one bad write each, on a connection of its own.
+        let mut events = Vec::new();
+        let mut wc = [ibv::IbvWc::default(); 16];
+        let mut single_write = |n: u32, what: &str, to: u64, key: u32| -> anyhow::Result<Value> {
+            let conn = connect(n)?;
+            let (ctx, _, mr) = device.get().expect("set by connect");
+            post_write(conn.qp, (*mr).lkey, u64::from(n), to, key, 4096)?;
+            println!("posted an RDMA WRITE of 4096 bytes to {to:#x}, rkey {key:#x}: {what}");
+            let mut statuses = Vec::new();
+            let phase = Instant::now();
+            let mut last = Instant::now();
+            while phase.elapsed() < DEADLINE && (statuses.is_empty() || last.elapsed() < QUIET) {
+                let got = api.v.poll_cq(conn.cq, &mut wc);
+                ensure!(got >= 0, "ibv_poll_cq failed: {got}");
+                for c in &wc[..got as usize] {
+                    println!("{what}: the write completed with status {}", c.status);
+                    statuses.push(c.status);
+                    last = Instant::now();
+                }
+                let [cm_ready, _] = readable([(*ch).fd, (*ctx).async_fd], 100);
+                if cm_ready {
+                    cm_event(api, ch)?;
+                }
+                while let Some(e) = async_event(api, ctx, "writer")? {
+                    events.push(e);
+                    last = Instant::now();
+                }
+            }
+            Ok(json!({ "qp_num": (*conn.qp).qp_num, "statuses": statuses }))
+        };
+        // 1. The right address with a wrong key (the STag's index kept, its key byte changed).
+        let wrong_rkey = single_write(1, "wrong rkey", remote_addr, rkey ^ 0xff)?;
+        // 2. The right key just past the end of the target's buffer.
+        let out_of_bounds = single_write(2, "out of bounds", remote_addr + remote_len, rkey)?;
         let (ctx, _, mr) = device.get().expect("set by connect");
         let lkey = (*mr).lkey;
-        let mut events = Vec::new();
-        let bad_to = remote_addr + remote_len;
-        post_write(first.qp, lkey, 1, bad_to, 4096)?;
-        println!(
-            "posted an RDMA WRITE of 4096 bytes to {bad_to:#x}, the end of the target's buffer"
-        );
-        let mut statuses = Vec::new();
-        let phase = Instant::now();
-        let mut last = Instant::now();
-        let mut wc = [ibv::IbvWc::default(); 16];
-        while phase.elapsed() < DEADLINE && (statuses.is_empty() || last.elapsed() < QUIET) {
-            let n = api.v.poll_cq(first.cq, &mut wc);
-            ensure!(n >= 0, "ibv_poll_cq failed: {n}");
-            for c in &wc[..n as usize] {
-                println!("out-of-bounds write completed with status {}", c.status);
-                statuses.push(c.status);
-                last = Instant::now();
-            }
-            let [cm_ready, _] = readable([(*ch).fd, (*ctx).async_fd], 100);
-            if cm_ready {
-                cm_event(api, ch)?;
-            }
-            while let Some(e) = async_event(api, ctx, "writer")? {
-                events.push(e);
-                last = Instant::now();
-            }
-        }
 
-        // 2. A stream of writes; the target is killed during it.
-        let second = connect(2)?;
+        // 3. A stream of writes; the target is killed during it.
+        let second = connect(3)?;
         let slots = (remote_len as usize / CHUNK).max(1) as u64;
         let mut posted = 0u64;
         let mut completed = 0u64;
@@ -516,6 +523,7 @@ fn writer(
                 lkey,
                 posted,
                 remote_addr + (posted % slots) * CHUNK as u64,
+                rkey,
                 CHUNK,
             )?;
             posted += 1;
@@ -536,7 +544,7 @@ fn writer(
             }
             while failed_at.is_none() && posted - completed < u64::from(IN_FLIGHT) {
                 let to = remote_addr + (posted % slots) * CHUNK as u64;
-                match post_write(second.qp, lkey, posted, to, CHUNK) {
+                match post_write(second.qp, lkey, posted, to, rkey, CHUNK) {
                     Ok(()) => posted += 1,
                     Err(e) => {
                         // The connection is gone (siw refuses posts on a QP in ERROR).
@@ -575,7 +583,8 @@ fn writer(
         }
         let result = json!({
             "device": device_name(api, ctx),
-            "out_of_bounds": { "qp_num": (*first.qp).qp_num, "statuses": statuses },
+            "wrong_rkey": wrong_rkey,
+            "out_of_bounds": out_of_bounds,
             "stream": {
                 "qp_num": (*second.qp).qp_num,
                 "completed": completed,

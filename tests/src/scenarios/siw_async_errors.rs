@@ -5,6 +5,8 @@
 //! the host builds `siw.ko` from Debian's kernel source for this very kernel (`cargo xtask
 //! vm-test` puts it at [`SIW_KO`]). The scenario loads it, makes `siw0` on a veth of its own
 //! and runs the iWARP program [`crate::iwarp_errors`] as two processes of one job:
+//! - an RDMA WRITE into the target's buffer with a wrong rkey: siw terminates the connection
+//!   and raises no async event (checked too, since docs/probes.md says so);
 //! - an RDMA WRITE with the target's rkey past the end of its buffer: siw raises QP_ACCESS_ERR
 //!   on the target's QP (`siw_check_mem` fails in the receive path);
 //! - the target is killed (SIGKILL) while the writer streams RDMA WRITEs into it: the writer's
@@ -197,11 +199,18 @@ fn provoke_and_compare() -> anyhow::Result<()> {
         .parse()
         .context("the writer's result line")?;
     let target_qps = tagged(&target_out, iwarp_errors::QP_PREFIX)?;
-    let first_target_qp = target_qps
-        .iter()
-        .find(|q| q["connection"] == 1)
-        .and_then(|q| q["qp_num"].as_u64())
-        .context("the target printed no QP for the first connection")?;
+    let target_qp = |connection: u64| {
+        target_qps
+            .iter()
+            .find(|q| q["connection"] == connection)
+            .and_then(|q| q["qp_num"].as_u64())
+            .with_context(|| format!("the target printed no QP for connection {connection}"))
+    };
+    let wrong_rkey_qps = [
+        target_qp(1)?,
+        result["wrong_rkey"]["qp_num"].as_u64().unwrap_or(u64::MAX),
+    ];
+    let first_target_qp = target_qp(2)?;
     let stream_qp = result["stream"]["qp_num"].as_u64().unwrap_or(u64::MAX);
     let received_events: Vec<Value> = tagged(&target_out, iwarp_errors::EVENT_PREFIX)?
         .into_iter()
@@ -210,14 +219,16 @@ fn provoke_and_compare() -> anyhow::Result<()> {
     let mut received: Vec<(String, u64)> = received_events.iter().map(kind_and_qp).collect();
     received.sort();
     println!(
-        "program: device {}, target QPs {:?}, writer QPs {} (out of bounds, write statuses {}) \
-         and {stream_qp} (stream: {} writes completed, {} failed, first status {}); \
-         async events received: {received:?}",
+        "program: device {}, target QPs {:?}, writer QPs {} (wrong rkey, write statuses {}), \
+         {} (out of bounds, write statuses {}) and {stream_qp} (stream: {} writes completed, \
+         {} failed, first status {}); async events received: {received:?}",
         result["device"],
         target_qps
             .iter()
             .map(|q| q["qp_num"].clone())
             .collect::<Vec<_>>(),
+        result["wrong_rkey"]["qp_num"],
+        result["wrong_rkey"]["statuses"],
         result["out_of_bounds"]["qp_num"],
         result["out_of_bounds"]["statuses"],
         result["stream"]["completed"],
@@ -228,6 +239,10 @@ fn provoke_and_compare() -> anyhow::Result<()> {
         result["device"] == DEVICE,
         "rdma_cm put the program on {} instead of {DEVICE}",
         result["device"]
+    );
+    ensure!(
+        !received.iter().any(|(_, qp)| wrong_rkey_qps.contains(qp)),
+        "siw raised an async event for the wrong rkey (QPs {wrong_rkey_qps:?}): {received:?}"
     );
     ensure!(
         received.contains(&("QP_ACCESS_ERR".to_owned(), first_target_qp)),
