@@ -306,6 +306,10 @@ pub const QPS_RTS: u32 = 3;
 pub const MTU_1024: u32 = 3;
 /// `enum ibv_access_flags`: IBV_ACCESS_LOCAL_WRITE.
 pub const ACCESS_LOCAL_WRITE: c_int = 1;
+/// `enum ibv_access_flags`: IBV_ACCESS_REMOTE_WRITE.
+pub const ACCESS_REMOTE_WRITE: c_int = 1 << 1;
+/// `enum ibv_wr_opcode`: IBV_WR_RDMA_WRITE.
+pub const WR_RDMA_WRITE: u32 = 0;
 /// `enum ibv_wr_opcode`: IBV_WR_SEND.
 pub const WR_SEND: u32 = 2;
 /// `enum ibv_send_flags`: IBV_SEND_SIGNALED.
@@ -361,32 +365,43 @@ pub fn is_qp_event(event_type: u32) -> bool {
     matches!(event_type, 1..=7 | 16)
 }
 
-/// Declares [`Verbs`], one field per exported libibverbs function, and its loader.
-macro_rules! verbs_api {
-    ($($name:ident: fn($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
-        /// The libibverbs functions the guest programs call, resolved with `dlsym`.
-        pub struct Verbs {
+/// Declares a struct with one field per exported function of a shared library, and its
+/// loader (`load`, which `dlopen`s the library and resolves every function with `dlsym`).
+macro_rules! dl_api {
+    (
+        $(#[$meta:meta])*
+        pub struct $api:ident from $lib:literal {
+            $($name:ident: fn($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $api {
             $(pub $name: unsafe extern "C" fn($($arg: $ty),*) $(-> $ret)?,)*
         }
 
-        impl Verbs {
-            /// Opens `libibverbs.so.1` (which loads the rxe provider itself) and resolves
-            /// every function. The library stays loaded until the process exits.
+        impl $api {
+            #[doc = concat!("Opens `", $lib, "` and resolves every function. The library stays loaded until the process exits.")]
             pub fn load() -> anyhow::Result<Self> {
-                let lib = open("libibverbs.so.1")?;
+                let lib = $crate::ibverbs::open($lib)?;
                 Ok(Self {
                     $(
-                        // SAFETY: the symbol is libibverbs' exported function of that name,
-                        // whose C prototype in verbs.h is the field's type.
-                        $name: unsafe { symbol(lib, concat!(stringify!($name), "\0"))? },
+                        // SAFETY: the symbol is the library's exported function of that name,
+                        // whose C prototype in its header is the field's type.
+                        $name: unsafe {
+                            $crate::ibverbs::symbol(lib, concat!(stringify!($name), "\0"))?
+                        },
                     )*
                 })
             }
         }
     };
 }
+pub(crate) use dl_api;
 
-verbs_api! {
+dl_api! {
+    /// The libibverbs functions the guest programs call (the library loads the rxe and siw
+    /// providers itself).
+    pub struct Verbs from "libibverbs.so.1" {
     ibv_get_device_list: fn(num_devices: *mut c_int) -> *mut *mut IbvDevice;
     ibv_free_device_list: fn(list: *mut *mut IbvDevice);
     ibv_get_device_name: fn(device: *mut IbvDevice) -> *const c_char;
@@ -410,6 +425,7 @@ verbs_api! {
     ibv_destroy_qp: fn(qp: *mut IbvQp) -> c_int;
     ibv_get_async_event: fn(context: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int;
     ibv_ack_async_event: fn(event: *mut IbvAsyncEvent);
+    }
 }
 
 impl Verbs {
@@ -447,7 +463,7 @@ impl Verbs {
 }
 
 /// `dlopen`s a shared library for good.
-fn open(name: &str) -> anyhow::Result<*mut c_void> {
+pub(crate) fn open(name: &str) -> anyhow::Result<*mut c_void> {
     let c_name = std::ffi::CString::new(name).expect("no NUL in library names");
     // SAFETY: a valid NUL-terminated name; the handle is never closed.
     let lib = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW) };
@@ -461,7 +477,7 @@ fn open(name: &str) -> anyhow::Result<*mut c_void> {
 ///
 /// # Safety
 /// `F` must be the function's true type.
-unsafe fn symbol<F: Copy>(lib: *mut c_void, name: &str) -> anyhow::Result<F> {
+pub(crate) unsafe fn symbol<F: Copy>(lib: *mut c_void, name: &str) -> anyhow::Result<F> {
     assert_eq!(size_of::<F>(), size_of::<*mut c_void>());
     let c_name = CStr::from_bytes_with_nul(name.as_bytes()).expect("NUL-terminated");
     // SAFETY: `lib` is a live dlopen handle and `c_name` a valid C string.

@@ -6,10 +6,13 @@
 //! and perftest, printing a verdict line per scenario on the serial console.
 //!
 //! The same binary is also the scenarios' own verbs program: run as `/init cq-overflow ...`
-//! (not as PID 1) it is [`cq_overflow`], which drives libibverbs through [`ibverbs`].
+//! (not as PID 1) it is [`cq_overflow`], which drives libibverbs through [`ibverbs`]; run as
+//! `/init iwarp-errors ...` it is [`iwarp_errors`], over siw through [`rdmacm`] too.
 
 pub mod capabilities;
 pub mod cq_overflow;
 pub mod guest;
 pub mod ibverbs;
+pub mod iwarp_errors;
+pub mod rdmacm;
 pub mod scenarios;

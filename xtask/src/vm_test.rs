@@ -31,6 +31,8 @@ pub const SCENARIOS: &[&str] = &[
     "cgroups-late",
     "qp-errors",
     "async-errors",
+    // Needs siw.ko, built from Debian's kernel source (cached) when it is selected.
+    SIW_SCENARIO,
     "agent-frames",
     "job-labels",
     // The agent sending to a collector on the host, which remote-writes to VictoriaMetrics
@@ -46,6 +48,10 @@ pub const SCENARIOS: &[&str] = &[
     "attach-pace",
     "least-privilege",
 ];
+
+/// The scenario that loads siw (soft iWARP); the guest finds the module at [`SIW_GUEST_PATH`].
+const SIW_SCENARIO: &str = "siw-async-errors";
+const SIW_GUEST_PATH: &str = "/opt/siw/siw.ko";
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
 pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
@@ -198,7 +204,7 @@ fn run_kernel(
     let work_dir = cargo::workspace_root().join("target/vm-test").join(&name);
     std::fs::create_dir_all(&work_dir)?;
     setup::step(&format!("building the {name} guest image"));
-    let spec = ImageSpec {
+    let mut spec = ImageSpec {
         kernel,
         init: binaries.init.clone(),
         files: vec![
@@ -214,6 +220,13 @@ fn run_kernel(
             },
         ],
     };
+    if scenarios.contains(&SIW_SCENARIO) {
+        spec.files.push(GuestFile {
+            host: testbed::siw_module(&tools.cache_dir.join("testbed"), kernel)?,
+            guest: SIW_GUEST_PATH.into(),
+            with_libs: false,
+        });
+    }
     let image = testbed::build_image(&tools.cache_dir.join("testbed"), &work_dir, &spec)?;
     let serial_log = work_dir.join("guest.log");
     let host = if scenarios.contains(&host_collector::SCENARIO) {

@@ -2,17 +2,25 @@
 //! named by `railscope.scenarios=a,b` on the kernel command line and powers off.
 //!
 //! Started by a scenario (so not as PID 1) with `cq-overflow ARGS`, it runs that verbs
-//! program instead ([`railscope_tests::cq_overflow`]).
+//! program instead ([`railscope_tests::cq_overflow`]); with `iwarp-errors ARGS`, the iWARP one
+//! ([`railscope_tests::iwarp_errors`]).
 
 use std::time::Instant;
 
-use railscope_tests::{cq_overflow, guest, scenarios};
+use railscope_tests::{cq_overflow, guest, iwarp_errors, scenarios};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if std::process::id() != 1 && args.first().map(String::as_str) == Some(cq_overflow::COMMAND) {
         if let Err(e) = cq_overflow::main(&args[1..]) {
             eprintln!("cq-overflow: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if std::process::id() != 1 && args.first().map(String::as_str) == Some(iwarp_errors::COMMAND) {
+        if let Err(e) = iwarp_errors::main(&args[1..]) {
+            eprintln!("iwarp-errors: {e:#}");
             std::process::exit(1);
         }
         return;

@@ -25,6 +25,7 @@ mod probe_table;
 mod qp_errors;
 mod rdma_cm;
 mod ring_overflow;
+mod siw_async_errors;
 mod soak;
 mod verbs;
 
@@ -40,6 +41,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "bench-probes" => bench_probes::run(),
         "qp-errors" => qp_errors::run(),
         "async-errors" => async_errors::run(),
+        "siw-async-errors" => siw_async_errors::run(),
         "agent-frames" => agent_frames::run(),
         "job-labels" => job_labels::run(),
         "host-collector" => host_collector::run(),

@@ -47,9 +47,11 @@ pub struct GuestImage {
 }
 
 /// Kernel modules loaded in the guest, with their dependencies: soft-RoCE, the verbs and
-/// rdma_cm user interfaces, umad, veth for the link rxe runs on, configfs.
+/// rdma_cm user interfaces, umad, veth for the link rxe runs on, configfs, and libcrc32c for
+/// siw (which the test bed builds itself, see [`super::siw`], and scenarios insmod).
 const MODULES: &[&str] = &[
     "rdma_rxe",
+    "libcrc32c",
     "rdma_ucm",
     "ib_uverbs",
     "ib_umad",
@@ -121,7 +123,7 @@ pub fn build_image_with(
     stage.busybox()?;
     stage.modules(kver)?;
     stage.tools()?;
-    stage.rxe_provider()?;
+    stage.soft_providers()?;
     stage.config_files(kver)?;
     for f in &spec.files {
         stage.guest_file(f)?;
@@ -388,30 +390,34 @@ impl Stage {
         Ok(())
     }
 
-    /// rdma-core's rxe provider, dlopen()ed from its compiled-in directory once the driver
-    /// file names it; and libgcc_s, which glibc dlopen()s for thread exit (rping aborts
+    /// rdma-core's rxe and siw providers, dlopen()ed from its compiled-in directory once the
+    /// driver file names it; and libgcc_s, which glibc dlopen()s for thread exit (rping aborts
     /// without it).
-    fn rxe_provider(&self) -> Result<()> {
+    fn soft_providers(&self) -> Result<()> {
         let dir = self.tree.join(ARCH_LIB).join("libibverbs");
         let mut providers = Vec::new();
         for e in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let name = e?.file_name().to_string_lossy().into_owned();
-            if name.starts_with("librxe-rdmav") && name.ends_with(".so") {
+            if (name.starts_with("librxe-rdmav") || name.starts_with("libsiw-rdmav"))
+                && name.ends_with(".so")
+            {
                 providers.push(name);
             }
         }
-        if providers.is_empty() {
-            bail!("no librxe-rdmav*.so in {}", dir.display());
+        if providers.len() < 2 {
+            bail!(
+                "no librxe-rdmav*.so or libsiw-rdmav*.so in {}",
+                dir.display()
+            );
         }
         for p in providers {
             let src = dir.join(&p);
             self.copy(&src, &Path::new(ARCH_LIB).join("libibverbs").join(&p))?;
             self.libs_of(&src, true)?;
         }
-        self.copy(
-            &self.tree.join("etc/libibverbs.d/rxe.driver"),
-            Path::new("etc/libibverbs.d/rxe.driver"),
-        )?;
+        for driver in ["etc/libibverbs.d/rxe.driver", "etc/libibverbs.d/siw.driver"] {
+            self.copy(&self.tree.join(driver), Path::new(driver))?;
+        }
         let gcc_s = Path::new("/lib/x86_64-linux-gnu/libgcc_s.so.1");
         self.copy(gcc_s, &Path::new(ARCH_LIB).join("libgcc_s.so.1"))
             .context("the guest needs the host's libgcc_s.so.1 (Debian package libgcc-s1)")?;

@@ -16,6 +16,7 @@ mod debs;
 mod extra;
 mod image;
 mod qemu;
+mod siw;
 
 use std::ffi::OsStr;
 use std::io;
@@ -30,17 +31,21 @@ pub(crate) use debs::prepare as prepare_debs;
 pub use extra::ExtraDebs;
 pub use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
 pub use qemu::{Accel, BootOptions, BootOutcome, boot};
+pub use siw::module as siw_module;
 
 /// Host packages the test bed needs, for `cargo xtask setup` to install
 /// (`apt-get install --no-install-recommends`): QEMU, a static busybox for the guest's
-/// applets, kmod (`modprobe --show-depends`, `depmod`), gzip (the initramfs) and xz-utils
-/// (6.12's modules are `.ko.xz`). `apt-get`, `dpkg-deb` and `ldd` come with every Debian system.
+/// applets, kmod (`modprobe --show-depends`, `depmod`), gzip (the initramfs), xz-utils
+/// (6.12's modules are `.ko.xz`; the kernel source), make and gcc-12 (the compiler of Debian
+/// 12's kernels, for siw: see [`siw`]). `apt-get`, `dpkg-deb` and `ldd` come with every Debian system.
 pub const HOST_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "kmod",
     "gzip",
     "xz-utils",
+    "make",
+    "gcc-12",
 ];
 
 /// Prints one progress line.
