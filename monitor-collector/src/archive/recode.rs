@@ -16,6 +16,8 @@ use std::collections::HashMap;
 
 use super::record::{RecordKind, RecordView};
 
+mod packed;
+
 /// Largest number of values a frame's sample blocks can hold (the wire's limit of 65,536
 /// samples, each gauge sample at most three values).
 const MAX_FRAME_VALUES: usize = 3 * 65_536;
@@ -581,13 +583,40 @@ fn encode_block_counting(records: &[RecordView<'_>]) -> (Vec<u8>, usize) {
     for (key, values) in columns.keys.iter().zip(&columns.values) {
         put_column(&mut out, key.2, values);
     }
+    #[cfg(test)]
+    LAST_PARTS.with(|p| {
+        *p.borrow_mut() = Some(Parts {
+            skeletons: skeletons.clone(),
+            columns: columns
+                .keys
+                .iter()
+                .zip(&columns.values)
+                .map(|(k, v)| (k.2, v.clone()))
+                .collect(),
+        })
+    });
     (out, split_records)
+}
+
+/// The parts of the last block made on this thread (the size analysis test).
+#[cfg(test)]
+struct Parts {
+    skeletons: Vec<u8>,
+    columns: Vec<(Class, Vec<u64>)>,
+}
+
+#[cfg(test)]
+thread_local! {
+    static LAST_PARTS: std::cell::RefCell<Option<Parts>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Column codings.
 const COLUMN_DELTA: u8 = 0;
 const COLUMN_DELTA_DELTA: u8 = 1;
 const COLUMN_XOR: u8 = 2;
+/// Bit-packed values (3), differences (4) or differences of differences (5): `packed`.
+const COLUMN_PACKED: u8 = 3;
+const COLUMN_PACKED_LAST: u8 = 5;
 
 fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
     out.push(class as u8);
@@ -615,7 +644,8 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
         }
         return;
     }
-    // Delta or delta of delta over the whole column (wrapping), whichever is smaller.
+    // Varint differences or differences of differences over the whole column (wrapping), or
+    // the values, differences or differences of differences bit-packed: whichever is smaller.
     let deltas = |dd: bool| {
         let (mut prev, mut prev_d) = (0u64, 0u64);
         values.iter().map(move |&v| {
@@ -630,7 +660,19 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
             .map(|c| (64 - (c | 1).leading_zeros() as usize).div_ceil(7))
             .sum::<usize>()
     };
-    let dd = size(true) < size(false);
+    let (dd_size, d_size) = (size(true), size(false));
+    let dd = dd_size < d_size;
+    let varint_size = dd_size.min(d_size);
+    let packed = packed::ORDERS
+        .iter()
+        .map(|&order| (order, packed::plan(values, order)))
+        .min_by_key(|(_, (_, size))| *size)
+        .filter(|(_, (_, size))| *size < varint_size);
+    if let Some((order, (t, _))) = packed {
+        out.push(COLUMN_PACKED + order);
+        packed::put(out, &t, order);
+        return;
+    }
     out.push(if dd { COLUMN_DELTA_DELTA } else { COLUMN_DELTA });
     for c in deltas(dd) {
         put_varint(out, c);
@@ -639,11 +681,13 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
 
 fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
     let n = usize::try_from(c.varint()?).ok()?;
-    // Every value takes at least one byte: a count beyond that is corrupt, not allocated.
-    if n > c.rest() {
+    let coding = c.u8()?;
+    // A value takes at least one byte, or packed one bit (a chunk of 128 values at least 2
+    // bytes): a count beyond that is corrupt, not allocated.
+    let packed = (COLUMN_PACKED..=COLUMN_PACKED_LAST).contains(&coding);
+    if n > c.rest().saturating_mul(if packed { 64 } else { 1 }) {
         return None;
     }
-    let coding = c.u8()?;
     let mut values = Vec::with_capacity(n);
     match (class, coding) {
         (Class::Float, COLUMN_XOR) => {
@@ -672,6 +716,9 @@ fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
                 prev = prev.wrapping_add(d);
                 values.push(prev);
             }
+        }
+        (Class::Counter | Class::Decimal, COLUMN_PACKED..=COLUMN_PACKED_LAST) => {
+            return packed::get(c, n, coding - COLUMN_PACKED);
         }
         _ => return None,
     }
@@ -978,6 +1025,76 @@ mod tests {
         // Cut, trailing byte, junk and empty are kept whole.
         assert_eq!(split, 3);
         assert_eq!(decode_block(&block).unwrap(), layout(&records));
+    }
+
+    /// Where a block's bytes go (run by hand: `cargo test --release -p monitor-collector
+    /// recode::tests::where_the_bytes_go -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn where_the_bytes_go() {
+        use crate::archive::fixture_node::FixtureSender;
+        let key = Key::from_bytes([7; 32]);
+        let mut sender = FixtureSender::new("gpu-node-0000", 1, key);
+        let frames = sender.run(T0, 800, 10);
+        let samples: usize = frames.iter().map(|f| f.samples).sum();
+        let records: Vec<RecordView<'_>> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| RecordView {
+                seq: i as u64 + 1,
+                kind: RecordKind::Frame,
+                node: "",
+                received_ns: f.received_ns,
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+                bytes: &f.bytes,
+            })
+            .collect();
+        let block = encode_block(&records);
+        assert_eq!(decode_block(&block).unwrap(), layout(&records));
+        let z = |b: &[u8]| zstd::bulk::compress(b, 3).unwrap().len();
+        let per = |b: usize| b as f64 / samples as f64;
+        let parts = LAST_PARTS.with(|p| p.borrow_mut().take()).unwrap();
+        println!(
+            "samples {samples}, frames {}, block {} raw {:.3} zstd {:.3}",
+            frames.len(),
+            block.len(),
+            per(block.len()),
+            per(z(&block))
+        );
+        println!(
+            "skeletons raw {:.3} zstd {:.3}",
+            per(parts.skeletons.len()),
+            per(z(&parts.skeletons))
+        );
+        // Columns grouped by class and by coding picked, raw and zstd alone.
+        let mut groups: std::collections::BTreeMap<String, (Vec<u8>, usize, usize)> =
+            Default::default();
+        for (class, values) in &parts.columns {
+            let mut one = Vec::new();
+            put_column(&mut one, *class, values);
+            let distinct = values.iter().collect::<std::collections::HashSet<_>>().len();
+            let kind = if distinct == 1 { "const" } else { "moving" };
+            let g = groups
+                .entry(format!("{class:?} {kind} coding {}", one[1 + varint_len(values.len() as u64)]))
+                .or_default();
+            g.0.extend_from_slice(&one);
+            g.1 += 1;
+            g.2 += values.len();
+        }
+        for (name, (bytes, n, values)) in &groups {
+            println!(
+                "{name}: {n} columns, {values} values, raw {:.3} zstd {:.3} B/sample",
+                per(bytes.len()),
+                per(z(bytes))
+            );
+        }
+    }
+
+    fn varint_len(v: u64) -> usize {
+        let mut out = Vec::new();
+        put_varint(&mut out, v);
+        out.len()
     }
 
     #[test]
