@@ -679,13 +679,17 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
     }
 }
 
-fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
+/// Reads a column; `packed`: its block may use the packed codings (sealed version 3 on).
+fn get_column(c: &mut Cursor<'_>, class: Class, packed: bool) -> Option<Vec<u64>> {
     let n = usize::try_from(c.varint()?).ok()?;
     let coding = c.u8()?;
+    let is_packed = (COLUMN_PACKED..=COLUMN_PACKED_LAST).contains(&coding);
+    if is_packed && !packed {
+        return None;
+    }
     // A value takes at least one byte, or packed one bit (a chunk of 128 values at least 2
     // bytes): a count beyond that is corrupt, not allocated.
-    let packed = (COLUMN_PACKED..=COLUMN_PACKED_LAST).contains(&coding);
-    if n > c.rest().saturating_mul(if packed { 64 } else { 1 }) {
+    if n > c.rest().saturating_mul(if is_packed { 64 } else { 1 }) {
         return None;
     }
     let mut values = Vec::with_capacity(n);
@@ -727,7 +731,9 @@ fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
 
 /// Rebuilds the records of a re-coded block in the layout of a format 1 block (records one
 /// after the other: `RecordView::put_block_record`). `None` when the block is inconsistent.
-pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
+/// `packed`: the block is of sealed version 3 or later, whose columns may be bit-packed
+/// (version 2 blocks have the varint and XOR codings only).
+pub(crate) fn decode_block(block: &[u8], packed: bool) -> Option<Vec<u8>> {
     let mut c = Cursor::new(block);
     let count = usize::try_from(c.varint()?).ok()?;
     if count > block.len() {
@@ -781,7 +787,7 @@ pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
     for _ in 0..n_columns {
         let class = Class::from_code(c.u8()?)?;
         classes.push(class);
-        columns.values.push(get_column(&mut c, class)?);
+        columns.values.push(get_column(&mut c, class, packed)?);
     }
     if c.rest() != 0 {
         return None;
@@ -970,7 +976,7 @@ mod tests {
         let (block, split) = encode_block_counting(&records);
         // Every frame of the encoder is re-coded, none kept whole.
         assert_eq!(split, records.len());
-        let rebuilt = decode_block(&block).expect("the block rebuilds");
+        let rebuilt = decode_block(&block, true).expect("the block rebuilds");
         assert_eq!(rebuilt, layout(&records));
         // And the frames decode to every sample and event the agents sent, in both receivers.
         let limits = railscope_wire::ReceiverLimits::default();
@@ -1024,7 +1030,7 @@ mod tests {
         let (block, split) = encode_block_counting(&records);
         // Cut, trailing byte, junk and empty are kept whole.
         assert_eq!(split, 3);
-        assert_eq!(decode_block(&block).unwrap(), layout(&records));
+        assert_eq!(decode_block(&block, true).unwrap(), layout(&records));
     }
 
     /// Where a block's bytes go (run by hand: `cargo test --release -p monitor-collector
@@ -1051,7 +1057,7 @@ mod tests {
             })
             .collect();
         let block = encode_block(&records);
-        assert_eq!(decode_block(&block).unwrap(), layout(&records));
+        assert_eq!(decode_block(&block, true).unwrap(), layout(&records));
         let z = |b: &[u8]| zstd::bulk::compress(b, 3).unwrap().len();
         let per = |b: usize| b as f64 / samples as f64;
         let parts = LAST_PARTS.with(|p| p.borrow_mut().take()).unwrap();
@@ -1108,11 +1114,11 @@ mod tests {
             .collect();
         let (block, _) = encode_block_counting(&records);
         for cut in [1, block.len() / 3, block.len() - 1] {
-            assert_eq!(decode_block(&block[..cut]), None, "cut at {cut}");
+            assert_eq!(decode_block(&block[..cut], true), None, "cut at {cut}");
         }
         // A column count or a value count beyond the block is refused without allocating it.
         let mut long = block.clone();
         long.extend_from_slice(&[0xff; 9]);
-        assert_eq!(decode_block(&long), None);
+        assert_eq!(decode_block(&long, true), None);
     }
 }
