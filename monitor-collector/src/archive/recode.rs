@@ -856,7 +856,8 @@ mod tests {
 
     /// Frames of two agents (two sessions in one block; one sends gauges bit for bit, so
     /// its non-decimal gauges take the float coding) over 95 s, flushed every 10 s: a
-    /// counter that wraps, one read every third sweep only, one that stops for 30 s, integer
+    /// counter that wraps, one read every third sweep only, one that stops for 30 s, two
+    /// that jump by 2^40 every 10 s, integer
     /// and float gauges, gauge envelopes, NaN, infinities and -0.0, and events.
     fn frames(key: &Key) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
@@ -867,6 +868,9 @@ mod tests {
             let wraps = series("wrap_total", Kind::Counter, &[("port", "1")]);
             let sparse = series("sparse_total", Kind::Counter, &[("port", "1")]);
             let pausing = series("pause_total", Kind::Counter, &[("port", "2")]);
+            // Jumps of 2^40 every 10 s widen every chunk: varints are smaller for these.
+            let jumpy = series("jumpy_total", Kind::Counter, &[("port", "3")]);
+            let steady_jumpy = series("steady_jumpy_total", Kind::Counter, &[("port", "3")]);
             let temp = series("temp", Kind::Gauge, &[("gpu", "0")]);
             let ratio = series("ratio", Kind::Gauge, &[("gpu", "0")]);
             let odd = series("odd", Kind::Gauge, &[("gpu", "1")]);
@@ -905,6 +909,8 @@ mod tests {
                 if !(30..60).contains(&sweep) {
                     counter(&mut enc, &pausing, 5 + sweep / 7);
                 }
+                counter(&mut enc, &jumpy, sweep + (sweep / 10 << 40));
+                counter(&mut enc, &steady_jumpy, sweep * 100_003 + (sweep / 10 << 40));
                 gauge(&mut enc, &temp, 60.0 + (next() % 5) as f64);
                 gauge(&mut enc, &ratio, (next() % 1_000_000) as f64 / 997.0);
                 let special = [f64::NAN, f64::INFINITY, -0.0, f64::NEG_INFINITY, 1e-300];
@@ -976,6 +982,18 @@ mod tests {
         let (block, split) = encode_block_counting(&records);
         // Every frame of the encoder is re-coded, none kept whole.
         assert_eq!(split, records.len());
+        // The columns took every coding: varint, XOR and each bit-packed order.
+        let parts = LAST_PARTS.with(|p| p.borrow_mut().take()).unwrap();
+        let codings: std::collections::BTreeSet<u8> = parts
+            .columns
+            .iter()
+            .map(|(class, values)| {
+                let mut one = Vec::new();
+                put_column(&mut one, *class, values);
+                one[1 + varint_len(values.len() as u64)]
+            })
+            .collect();
+        assert_eq!(codings.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
         let rebuilt = decode_block(&block, true).expect("the block rebuilds");
         assert_eq!(rebuilt, layout(&records));
         // And the frames decode to every sample and event the agents sent, in both receivers.
@@ -995,7 +1013,7 @@ mod tests {
             samples += y.sample_count();
             events += y.events.len();
         }
-        assert_eq!(samples, 2 * (95 + 32 + 65 + 4 * 95));
+        assert_eq!(samples, 2 * (95 + 32 + 65 + 2 * 95 + 4 * 95));
         assert_eq!(events, 2 * 6);
     }
 
@@ -1115,6 +1133,17 @@ mod tests {
         let (block, _) = encode_block_counting(&records);
         for cut in [1, block.len() / 3, block.len() - 1] {
             assert_eq!(decode_block(&block[..cut], true), None, "cut at {cut}");
+        }
+        // Bytes changed anywhere (zstd's checksum would find them first): refused or read
+        // as something else, never a panic or a huge allocation.
+        let mut rng = 0x5eed_u64;
+        for _ in 0..300 {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let mut bad = block.clone();
+            bad[(rng >> 33) as usize % block.len()] ^= 1 << (rng >> 60 & 7);
+            let _ = decode_block(&bad, true);
         }
         // A column count or a value count beyond the block is refused without allocating it.
         let mut long = block.clone();
