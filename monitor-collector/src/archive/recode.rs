@@ -909,8 +909,12 @@ mod tests {
                 if !(30..60).contains(&sweep) {
                     counter(&mut enc, &pausing, 5 + sweep / 7);
                 }
-                counter(&mut enc, &jumpy, sweep + (sweep / 10 << 40));
-                counter(&mut enc, &steady_jumpy, sweep * 100_003 + (sweep / 10 << 40));
+                counter(&mut enc, &jumpy, sweep + ((sweep / 10) << 40));
+                counter(
+                    &mut enc,
+                    &steady_jumpy,
+                    sweep * 100_003 + ((sweep / 10) << 40),
+                );
                 gauge(&mut enc, &temp, 60.0 + (next() % 5) as f64);
                 gauge(&mut enc, &ratio, (next() % 1_000_000) as f64 / 997.0);
                 let special = [f64::NAN, f64::INFINITY, -0.0, f64::NEG_INFINITY, 1e-300];
@@ -1097,10 +1101,16 @@ mod tests {
         for (class, values) in &parts.columns {
             let mut one = Vec::new();
             put_column(&mut one, *class, values);
-            let distinct = values.iter().collect::<std::collections::HashSet<_>>().len();
+            let distinct = values
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
             let kind = if distinct == 1 { "const" } else { "moving" };
             let g = groups
-                .entry(format!("{class:?} {kind} coding {}", one[1 + varint_len(values.len() as u64)]))
+                .entry(format!(
+                    "{class:?} {kind} coding {}",
+                    one[1 + varint_len(values.len() as u64)]
+                ))
                 .or_default();
             g.0.extend_from_slice(&one);
             g.1 += 1;
@@ -1142,7 +1152,7 @@ mod tests {
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
             let mut bad = block.clone();
-            bad[(rng >> 33) as usize % block.len()] ^= 1 << (rng >> 60 & 7);
+            bad[(rng >> 33) as usize % block.len()] ^= 1 << ((rng >> 60) & 7);
             let _ = decode_block(&bad, true);
         }
         // A column count or a value count beyond the block is refused without allocating it.

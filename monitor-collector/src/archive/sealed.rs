@@ -562,7 +562,10 @@ mod tests {
         let again = write(dir.path(), 2, &views, settings(true)).unwrap();
         let again = SealedSegment::open(&again.path).unwrap();
         assert_eq!(again.version, SEALED_VERSION);
-        assert!(read_all(&again).unwrap() == blocks, "re-sealed records differ");
+        assert!(
+            read_all(&again).unwrap() == blocks,
+            "re-sealed records differ"
+        );
     }
 
     #[test]

@@ -60,7 +60,10 @@ fn varint_len(v: u64) -> usize {
 pub(super) fn plan(values: &[u64], order: u8) -> (Vec<u64>, usize) {
     let t = differences(values, order);
     let head = usize::from(order).min(t.len());
-    let mut size: usize = t[..head].iter().map(|&x| varint_len(zigzag(x as i64))).sum();
+    let mut size: usize = t[..head]
+        .iter()
+        .map(|&x| varint_len(zigzag(x as i64)))
+        .sum();
     for chunk in t[head..].chunks(CHUNK) {
         let (base, width) = frame_of(chunk);
         size += varint_len(zigzag(base)) + 1 + (chunk.len() * width as usize).div_ceil(8);
@@ -166,7 +169,14 @@ mod tests {
             rng ^= rng << 17;
             rng
         };
-        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, 1e-300];
+        let specials = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            0.0,
+            1e-300,
+        ];
         let columns: Vec<Vec<u64>> = vec![
             vec![],
             vec![7],
@@ -202,7 +212,9 @@ mod tests {
         let mut rng = 12345u64;
         let values: Vec<u64> = (0..1280)
             .map(|_| {
-                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 100_000_000_000 + (rng >> 44)
             })
             .collect();
