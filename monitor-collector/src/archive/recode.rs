@@ -687,9 +687,14 @@ fn get_column(c: &mut Cursor<'_>, class: Class, packed: bool) -> Option<Vec<u64>
     if is_packed && !packed {
         return None;
     }
-    // A value takes at least one byte, or packed one bit (a chunk of 128 values at least 2
-    // bytes): a count beyond that is corrupt, not allocated.
-    if n > c.rest().saturating_mul(if is_packed { 64 } else { 1 }) {
+    if is_packed {
+        return match class {
+            Class::Counter | Class::Decimal => packed::get(c, n, coding - COLUMN_PACKED),
+            Class::Float => None,
+        };
+    }
+    // Every value takes at least one byte: a count beyond that is corrupt, not allocated.
+    if n > c.rest() {
         return None;
     }
     let mut values = Vec::with_capacity(n);
@@ -720,9 +725,6 @@ fn get_column(c: &mut Cursor<'_>, class: Class, packed: bool) -> Option<Vec<u64>
                 prev = prev.wrapping_add(d);
                 values.push(prev);
             }
-        }
-        (Class::Counter | Class::Decimal, COLUMN_PACKED..=COLUMN_PACKED_LAST) => {
-            return packed::get(c, n, coding - COLUMN_PACKED);
         }
         _ => return None,
     }

@@ -100,7 +100,12 @@ pub(super) fn put(out: &mut Vec<u8>, t: &[u64], order: u8) {
 /// Reads `n` values of a column written by [`put`] with `order`.
 pub(super) fn get(c: &mut Cursor<'_>, n: usize, order: u8) -> Option<Vec<u64>> {
     let head = usize::from(order).min(n);
-    let mut t = Vec::with_capacity(n);
+    // A chunk takes at least 2 bytes: a count beyond what the bytes left can hold is corrupt,
+    // and the values are allocated as their chunks are read, not ahead for the count.
+    if n > head + c.rest().saturating_mul(CHUNK / 2) {
+        return None;
+    }
+    let mut t = Vec::with_capacity(n.min(CHUNK));
     for _ in 0..head {
         t.push(unzigzag(c.varint()?) as u64);
     }
@@ -114,6 +119,7 @@ pub(super) fn get(c: &mut Cursor<'_>, n: usize, order: u8) -> Option<Vec<u64>> {
             return None;
         }
         let bytes = c.bytes((len * width as usize).div_ceil(8))?;
+        t.reserve(len);
         let mask = (1u128 << width) - 1;
         let (mut acc, mut bits, mut at) = (0u128, 0u32, 0);
         for _ in 0..len {
@@ -233,6 +239,8 @@ mod tests {
         put(&mut out, &t, 1);
         // Cut short.
         assert_eq!(get(&mut Cursor::new(&out[..out.len() - 1]), 200, 1), None);
+        // A count the bytes cannot hold (a width-0 chunk of 128 values takes 2 bytes).
+        assert_eq!(get(&mut Cursor::new(&out), 1 << 40, 1), None);
         // A width above 64. The first chunk's width byte follows the head (the first value,
         // 0) and the chunk's base (1, the smallest difference): the first chunk's differences go to 255.
         let mut wide = out.clone();
