@@ -16,6 +16,8 @@ use std::collections::HashMap;
 
 use super::record::{RecordKind, RecordView};
 
+mod packed;
+
 /// Largest number of values a frame's sample blocks can hold (the wire's limit of 65,536
 /// samples, each gauge sample at most three values).
 const MAX_FRAME_VALUES: usize = 3 * 65_536;
@@ -581,13 +583,40 @@ fn encode_block_counting(records: &[RecordView<'_>]) -> (Vec<u8>, usize) {
     for (key, values) in columns.keys.iter().zip(&columns.values) {
         put_column(&mut out, key.2, values);
     }
+    #[cfg(test)]
+    LAST_PARTS.with(|p| {
+        *p.borrow_mut() = Some(Parts {
+            skeletons: skeletons.clone(),
+            columns: columns
+                .keys
+                .iter()
+                .zip(&columns.values)
+                .map(|(k, v)| (k.2, v.clone()))
+                .collect(),
+        })
+    });
     (out, split_records)
+}
+
+/// The parts of the last block made on this thread (the size analysis test).
+#[cfg(test)]
+struct Parts {
+    skeletons: Vec<u8>,
+    columns: Vec<(Class, Vec<u64>)>,
+}
+
+#[cfg(test)]
+thread_local! {
+    static LAST_PARTS: std::cell::RefCell<Option<Parts>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Column codings.
 const COLUMN_DELTA: u8 = 0;
 const COLUMN_DELTA_DELTA: u8 = 1;
 const COLUMN_XOR: u8 = 2;
+/// Bit-packed values (3), differences (4) or differences of differences (5): `packed`.
+const COLUMN_PACKED: u8 = 3;
+const COLUMN_PACKED_LAST: u8 = 5;
 
 fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
     out.push(class as u8);
@@ -615,7 +644,8 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
         }
         return;
     }
-    // Delta or delta of delta over the whole column (wrapping), whichever is smaller.
+    // Varint differences or differences of differences over the whole column (wrapping), or
+    // the values, differences or differences of differences bit-packed: whichever is smaller.
     let deltas = |dd: bool| {
         let (mut prev, mut prev_d) = (0u64, 0u64);
         values.iter().map(move |&v| {
@@ -630,20 +660,43 @@ fn put_column(out: &mut Vec<u8>, class: Class, values: &[u64]) {
             .map(|c| (64 - (c | 1).leading_zeros() as usize).div_ceil(7))
             .sum::<usize>()
     };
-    let dd = size(true) < size(false);
+    let (dd_size, d_size) = (size(true), size(false));
+    let dd = dd_size < d_size;
+    let varint_size = dd_size.min(d_size);
+    let packed = packed::ORDERS
+        .iter()
+        .map(|&order| (order, packed::plan(values, order)))
+        .min_by_key(|(_, (_, size))| *size)
+        .filter(|(_, (_, size))| *size < varint_size);
+    if let Some((order, (t, _))) = packed {
+        out.push(COLUMN_PACKED + order);
+        packed::put(out, &t, order);
+        return;
+    }
     out.push(if dd { COLUMN_DELTA_DELTA } else { COLUMN_DELTA });
     for c in deltas(dd) {
         put_varint(out, c);
     }
 }
 
-fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
+/// Reads a column; `packed`: its block may use the packed codings (sealed version 3 on).
+fn get_column(c: &mut Cursor<'_>, class: Class, packed: bool) -> Option<Vec<u64>> {
     let n = usize::try_from(c.varint()?).ok()?;
+    let coding = c.u8()?;
+    let is_packed = (COLUMN_PACKED..=COLUMN_PACKED_LAST).contains(&coding);
+    if is_packed && !packed {
+        return None;
+    }
+    if is_packed {
+        return match class {
+            Class::Counter | Class::Decimal => packed::get(c, n, coding - COLUMN_PACKED),
+            Class::Float => None,
+        };
+    }
     // Every value takes at least one byte: a count beyond that is corrupt, not allocated.
     if n > c.rest() {
         return None;
     }
-    let coding = c.u8()?;
     let mut values = Vec::with_capacity(n);
     match (class, coding) {
         (Class::Float, COLUMN_XOR) => {
@@ -680,7 +733,9 @@ fn get_column(c: &mut Cursor<'_>, class: Class) -> Option<Vec<u64>> {
 
 /// Rebuilds the records of a re-coded block in the layout of a format 1 block (records one
 /// after the other: `RecordView::put_block_record`). `None` when the block is inconsistent.
-pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
+/// `packed`: the block is of sealed version 3 or later, whose columns may be bit-packed
+/// (version 2 blocks have the varint and XOR codings only).
+pub(crate) fn decode_block(block: &[u8], packed: bool) -> Option<Vec<u8>> {
     let mut c = Cursor::new(block);
     let count = usize::try_from(c.varint()?).ok()?;
     if count > block.len() {
@@ -734,7 +789,7 @@ pub(crate) fn decode_block(block: &[u8]) -> Option<Vec<u8>> {
     for _ in 0..n_columns {
         let class = Class::from_code(c.u8()?)?;
         classes.push(class);
-        columns.values.push(get_column(&mut c, class)?);
+        columns.values.push(get_column(&mut c, class, packed)?);
     }
     if c.rest() != 0 {
         return None;
@@ -803,7 +858,8 @@ mod tests {
 
     /// Frames of two agents (two sessions in one block; one sends gauges bit for bit, so
     /// its non-decimal gauges take the float coding) over 95 s, flushed every 10 s: a
-    /// counter that wraps, one read every third sweep only, one that stops for 30 s, integer
+    /// counter that wraps, one read every third sweep only, one that stops for 30 s, two
+    /// that jump by 2^40 every 10 s, integer
     /// and float gauges, gauge envelopes, NaN, infinities and -0.0, and events.
     fn frames(key: &Key) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
@@ -814,6 +870,9 @@ mod tests {
             let wraps = series("wrap_total", Kind::Counter, &[("port", "1")]);
             let sparse = series("sparse_total", Kind::Counter, &[("port", "1")]);
             let pausing = series("pause_total", Kind::Counter, &[("port", "2")]);
+            // Jumps of 2^40 every 10 s widen every chunk: varints are smaller for these.
+            let jumpy = series("jumpy_total", Kind::Counter, &[("port", "3")]);
+            let steady_jumpy = series("steady_jumpy_total", Kind::Counter, &[("port", "3")]);
             let temp = series("temp", Kind::Gauge, &[("gpu", "0")]);
             let ratio = series("ratio", Kind::Gauge, &[("gpu", "0")]);
             let odd = series("odd", Kind::Gauge, &[("gpu", "1")]);
@@ -852,6 +911,12 @@ mod tests {
                 if !(30..60).contains(&sweep) {
                     counter(&mut enc, &pausing, 5 + sweep / 7);
                 }
+                counter(&mut enc, &jumpy, sweep + ((sweep / 10) << 40));
+                counter(
+                    &mut enc,
+                    &steady_jumpy,
+                    sweep * 100_003 + ((sweep / 10) << 40),
+                );
                 gauge(&mut enc, &temp, 60.0 + (next() % 5) as f64);
                 gauge(&mut enc, &ratio, (next() % 1_000_000) as f64 / 997.0);
                 let special = [f64::NAN, f64::INFINITY, -0.0, f64::NEG_INFINITY, 1e-300];
@@ -923,7 +988,19 @@ mod tests {
         let (block, split) = encode_block_counting(&records);
         // Every frame of the encoder is re-coded, none kept whole.
         assert_eq!(split, records.len());
-        let rebuilt = decode_block(&block).expect("the block rebuilds");
+        // The columns took every coding: varint, XOR and each bit-packed order.
+        let parts = LAST_PARTS.with(|p| p.borrow_mut().take()).unwrap();
+        let codings: std::collections::BTreeSet<u8> = parts
+            .columns
+            .iter()
+            .map(|(class, values)| {
+                let mut one = Vec::new();
+                put_column(&mut one, *class, values);
+                one[1 + varint_len(values.len() as u64)]
+            })
+            .collect();
+        assert_eq!(codings.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+        let rebuilt = decode_block(&block, true).expect("the block rebuilds");
         assert_eq!(rebuilt, layout(&records));
         // And the frames decode to every sample and event the agents sent, in both receivers.
         let limits = railscope_wire::ReceiverLimits::default();
@@ -942,7 +1019,7 @@ mod tests {
             samples += y.sample_count();
             events += y.events.len();
         }
-        assert_eq!(samples, 2 * (95 + 32 + 65 + 4 * 95));
+        assert_eq!(samples, 2 * (95 + 32 + 65 + 2 * 95 + 4 * 95));
         assert_eq!(events, 2 * 6);
     }
 
@@ -977,7 +1054,83 @@ mod tests {
         let (block, split) = encode_block_counting(&records);
         // Cut, trailing byte, junk and empty are kept whole.
         assert_eq!(split, 3);
-        assert_eq!(decode_block(&block).unwrap(), layout(&records));
+        assert_eq!(decode_block(&block, true).unwrap(), layout(&records));
+    }
+
+    /// Where a block's bytes go (run by hand: `cargo test --release -p monitor-collector
+    /// recode::tests::where_the_bytes_go -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn where_the_bytes_go() {
+        use crate::archive::fixture_node::FixtureSender;
+        let key = Key::from_bytes([7; 32]);
+        let mut sender = FixtureSender::new("gpu-node-0000", 1, key);
+        let frames = sender.run(T0, 800, 10);
+        let samples: usize = frames.iter().map(|f| f.samples).sum();
+        let records: Vec<RecordView<'_>> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| RecordView {
+                seq: i as u64 + 1,
+                kind: RecordKind::Frame,
+                node: "",
+                received_ns: f.received_ns,
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+                bytes: &f.bytes,
+            })
+            .collect();
+        let block = encode_block(&records);
+        assert_eq!(decode_block(&block, true).unwrap(), layout(&records));
+        let z = |b: &[u8]| zstd::bulk::compress(b, 3).unwrap().len();
+        let per = |b: usize| b as f64 / samples as f64;
+        let parts = LAST_PARTS.with(|p| p.borrow_mut().take()).unwrap();
+        println!(
+            "samples {samples}, frames {}, block {} raw {:.3} zstd {:.3}",
+            frames.len(),
+            block.len(),
+            per(block.len()),
+            per(z(&block))
+        );
+        println!(
+            "skeletons raw {:.3} zstd {:.3}",
+            per(parts.skeletons.len()),
+            per(z(&parts.skeletons))
+        );
+        // Columns grouped by class and by coding picked, raw and zstd alone.
+        let mut groups: std::collections::BTreeMap<String, (Vec<u8>, usize, usize)> =
+            Default::default();
+        for (class, values) in &parts.columns {
+            let mut one = Vec::new();
+            put_column(&mut one, *class, values);
+            let distinct = values
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            let kind = if distinct == 1 { "const" } else { "moving" };
+            let g = groups
+                .entry(format!(
+                    "{class:?} {kind} coding {}",
+                    one[1 + varint_len(values.len() as u64)]
+                ))
+                .or_default();
+            g.0.extend_from_slice(&one);
+            g.1 += 1;
+            g.2 += values.len();
+        }
+        for (name, (bytes, n, values)) in &groups {
+            println!(
+                "{name}: {n} columns, {values} values, raw {:.3} zstd {:.3} B/sample",
+                per(bytes.len()),
+                per(z(bytes))
+            );
+        }
+    }
+
+    fn varint_len(v: u64) -> usize {
+        let mut out = Vec::new();
+        put_varint(&mut out, v);
+        out.len()
     }
 
     #[test]
@@ -991,11 +1144,22 @@ mod tests {
             .collect();
         let (block, _) = encode_block_counting(&records);
         for cut in [1, block.len() / 3, block.len() - 1] {
-            assert_eq!(decode_block(&block[..cut]), None, "cut at {cut}");
+            assert_eq!(decode_block(&block[..cut], true), None, "cut at {cut}");
+        }
+        // Bytes changed anywhere (zstd's checksum would find them first): refused or read
+        // as something else, never a panic or a huge allocation.
+        let mut rng = 0x5eed_u64;
+        for _ in 0..300 {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let mut bad = block.clone();
+            bad[(rng >> 33) as usize % block.len()] ^= 1 << ((rng >> 60) & 7);
+            let _ = decode_block(&bad, true);
         }
         // A column count or a value count beyond the block is refused without allocating it.
         let mut long = block.clone();
         long.extend_from_slice(&[0xff; 9]);
-        assert_eq!(decode_block(&long), None);
+        assert_eq!(decode_block(&long, true), None);
     }
 }

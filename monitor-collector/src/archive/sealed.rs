@@ -18,8 +18,11 @@ use super::{
 
 pub(crate) const SEALED_MAGIC: [u8; 4] = *b"RSAS";
 const TRAILER_MAGIC: [u8; 4] = *b"RSAX";
-/// The version sealed segments are written in: 2, blocks re-coded per series
-/// ([`super::recode`]). Version 1 segments (blocks of records as received) still read.
+/// The version sealed segments are written in: 3, blocks re-coded per series with
+/// bit-packed integer columns ([`super::recode`]). Versions 1 and 2 still read.
+const SEALED_VERSION: u8 = 3;
+/// Version 2: blocks re-coded per series, integer columns as varints only. Also the version
+/// open segments' headers carry (their layout has not changed since).
 pub(crate) const FORMAT_VERSION: u8 = 2;
 /// The first version, whose blocks hold the records as they were received.
 const FORMAT_VERSION_RECORDS: u8 = 1;
@@ -143,7 +146,7 @@ fn write_tmp(
     let mut out = Vec::with_capacity(1 << 20);
     out.extend_from_slice(&SEALED_MAGIC);
     let version = if settings.recode {
-        FORMAT_VERSION
+        SEALED_VERSION
     } else {
         FORMAT_VERSION_RECORDS
     };
@@ -293,7 +296,7 @@ impl SealedSegment {
         if header[0..4] != SEALED_MAGIC {
             return Err(corrupt(path, "no sealed-segment magic"));
         }
-        if header[4] != FORMAT_VERSION && header[4] != FORMAT_VERSION_RECORDS {
+        if ![FORMAT_VERSION_RECORDS, FORMAT_VERSION, SEALED_VERSION].contains(&header[4]) {
             return Err(ArchiveError::Version {
                 path: path.to_owned(),
                 version: header[4],
@@ -386,7 +389,8 @@ impl SealedSegment {
             return Err(corrupt(path, format!("block at byte {}", block.offset)));
         }
         if self.version != FORMAT_VERSION_RECORDS {
-            raw = super::recode::decode_block(&raw).ok_or_else(|| {
+            let packed = self.version >= SEALED_VERSION;
+            raw = super::recode::decode_block(&raw, packed).ok_or_else(|| {
                 corrupt(
                     path,
                     format!("re-coded block at byte {} does not rebuild", block.offset),
@@ -492,7 +496,7 @@ mod tests {
             SealedSegment::open(&v1.path).unwrap(),
             SealedSegment::open(&v2.path).unwrap(),
         );
-        assert_eq!((v1.version, v2.version), (1, 2));
+        assert_eq!((v1.version, v2.version), (1, 3));
         let (a, b) = (read_all(&v1).unwrap(), read_all(&v2).unwrap());
         assert!(a == b, "format 1 and 2 read back differently");
         let mut a_nodes: Vec<(String, Vec<u8>)> = Vec::new();
@@ -517,6 +521,50 @@ mod tests {
             "format 2 takes {} bytes, format 1 {}",
             v2.bytes,
             v1.bytes
+        );
+    }
+
+    /// A version 2 segment as the writer made it before columns were bit-packed
+    /// (`archive_size --nodes 2 --seconds 10`, 2026-11-24): it still reads, its frames
+    /// authenticate and hold every sample sent, and sealed again in the current version it
+    /// reads back the same records.
+    #[test]
+    fn a_format_2_segment_written_before_packed_columns_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = sealed_path(dir.path(), 1);
+        std::fs::write(&path, include_bytes!("testdata/format-2-two-nodes-10s.seg")).unwrap();
+        let old = SealedSegment::open(&path).unwrap();
+        assert_eq!(old.version, FORMAT_VERSION);
+        let blocks = read_all(&old).unwrap();
+        let key = railscope_wire::Key::from_bytes([7; 32]);
+        let mut samples = 0;
+        let mut views: Vec<(&str, Vec<RecordView<'_>>)> = Vec::new();
+        for (node, raw) in &blocks {
+            let mut receiver = railscope_wire::ReceiverState::default();
+            let mut records = Vec::new();
+            for r in read_block_records(raw, node) {
+                let r = r.expect("a whole record");
+                // A schema record is the receiver's schema as a frame of its own, seq 0.
+                let mut fresh = railscope_wire::ReceiverState::default();
+                let state = match r.kind {
+                    super::super::RecordKind::Schema => &mut fresh,
+                    super::super::RecordKind::Frame => &mut receiver,
+                };
+                let frame = railscope_wire::decode(r.bytes, &key, state)
+                    .expect("the frame authenticates and decodes");
+                samples += frame.sample_count();
+                records.push(r);
+            }
+            views.push((node, records));
+        }
+        // Two nodes of 640 series, read every second for 10 s.
+        assert_eq!(samples, 2 * 640 * 10);
+        let again = write(dir.path(), 2, &views, settings(true)).unwrap();
+        let again = SealedSegment::open(&again.path).unwrap();
+        assert_eq!(again.version, SEALED_VERSION);
+        assert!(
+            read_all(&again).unwrap() == blocks,
+            "re-sealed records differ"
         );
     }
 
