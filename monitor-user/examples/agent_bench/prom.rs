@@ -5,7 +5,7 @@
 //!   values written as Go's client library writes them (`strconv.AppendFloat(v, 'g', -1)`:
 //!   `1.234567e+06`);
 //! - remote-write v1: a `prometheus.WriteRequest` (protobuf; the collector's own messages and
-//!   body encoding, `railscope_collector::remote_write::prompb`) compressed with snappy's
+//!   body encoding, its `remote_write/prompb.rs` included by path) compressed with snappy's
 //!   block format, as the `Content-Encoding: snappy` body of a remote-write POST. Labels are
 //!   `__name__`, the series' labels, and the `instance` and `job` labels a Prometheus server
 //!   attaches to every scraped series, sorted by name. Metadata (`WriteRequest` tag 3), which
@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use railscope_collector::remote_write::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
+use crate::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
 use railscope_wire::{Kind, Reading, Series, Value};
 
 /// A float as Go's `strconv.AppendFloat(f, 'g', -1, 64)` writes it, with the special cases
