@@ -27,8 +27,9 @@ mod tsdb;
 use tsdb::{Tsdb, canonical, tsdb_binary};
 
 use monitor_testkit::{
-    CollectorProcess, FixtureAgent, KEY_HEX, agent_binary_next_to, free_tcp_port, free_udp_port,
-    http_get, key_file, key_from_hex, scratch_dir, standin_with_script, sysfs_fixture,
+    CollectorProcess, FixtureAgent, KEY_HEX, Running, agent_binary_next_to, free_tcp_port,
+    free_udp_port, http_get, key_file, key_from_hex, scratch_dir, standin_with_script,
+    sysfs_fixture,
 };
 use railscope_wire::{
     EncoderConfig, Frame, FrameEncoder, Key, Labels, ReceiverState, SeriesData, WireError,
@@ -76,6 +77,17 @@ fn metric(text: &str, start: &str) -> Option<String> {
 /// The agent on the mlx5 fixture tree as node `gpu-node-001`, sending to `to`.
 fn fixture_agent(to: &str, key: &Path) -> FixtureAgent {
     FixtureAgent::new(to, key, &sysfs_fixture("mlx5")).node("gpu-node-001")
+}
+
+/// A [`Relay`] in front of the collector's port `udp`, and the agent sending through it: the
+/// mlx5 fixture tree and the NVML stand-in `lib`, read every 0.3 s, flushed every second.
+fn relayed_agent(udp: u16, key: &Path, lib: &Path) -> (Relay, Running) {
+    let relay = Relay::start(([127, 0, 0, 1], udp).into());
+    let agent = fixture_agent(&relay.addr.to_string(), key)
+        .nvml_lib(lib)
+        .cadence("0.3", "1")
+        .spawn(railscope());
+    (relay, agent)
 }
 
 /// Every datagram the relay passed on, with when.
@@ -228,12 +240,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     let lib = standin_with_script(&dir);
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector(udp, http, &key_path, &dir.join("data"));
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let agent = fixture_agent(&relay_addr, &key_path)
-        .nvml_lib(&lib)
-        .cadence("0.3", "1")
-        .spawn(railscope());
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     // The stand-in's 10 scripted steps (one per read) and a few flushes.
     thread::sleep(Duration::from_secs(6));
     let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
@@ -612,12 +619,7 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     let data = dir.join("data");
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector(udp, http, &key_path, &data);
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let agent = fixture_agent(&relay_addr, &key_path)
-        .nvml_lib(&lib)
-        .cadence("0.3", "1")
-        .spawn(railscope());
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     thread::sleep(Duration::from_secs(5));
     let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
     assert!(agent_ok, "agent failed: {agent_err}");
@@ -725,12 +727,7 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let data = dir.join("data");
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector_with(udp, http, &key_path, &data, &extra);
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let agent = fixture_agent(&relay_addr, &key_path)
-        .nvml_lib(&lib)
-        .cadence("0.3", "1")
-        .spawn(railscope());
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     thread::sleep(Duration::from_secs(3));
     server.stop();
     thread::sleep(Duration::from_secs(2));

@@ -14,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-use monitor_testkit::{CollectorProcess, KEY_HEX, agent_binary_next_to, key_file, scratch_dir};
+use monitor_testkit::{
+    CollectorProcess, KEY_HEX, agent_binary_next_to, json_output, key_file, scratch_dir,
+};
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 
@@ -27,18 +29,10 @@ fn example() -> PathBuf {
 }
 
 fn report_json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(railscope())
-        .args(["report", "--json", "--no-svg"])
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "railscope report {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_output(
+        railscope(),
+        ["report", "--json", "--no-svg"].iter().chain(args),
+    )
 }
 
 /// What must agree between the two reports, per port.

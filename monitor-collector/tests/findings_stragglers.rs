@@ -14,7 +14,8 @@ use std::{
 };
 
 use monitor_testkit::{
-    CollectorCommand, CollectorProcess, SimulatedFleet, key_file, key_from_hex, scratch_dir,
+    CollectorCommand, CollectorProcess, SimulatedFleet, json_output, key_file, key_from_hex,
+    scratch_dir,
 };
 use serde_json::Value;
 
@@ -182,22 +183,17 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     );
 
     // The command line, as an operator asks.
-    let out = Command::new(COLLECTOR)
-        .args([
+    let printed = json_output(
+        COLLECTOR,
+        [
             "findings",
             "--json",
             "--collector",
             &format!("http://127.0.0.1:{http}"),
-        ])
-        .args(["--start", "-10m"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            "--start",
+            "-10m",
+        ],
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(places(&printed), expected());
     let text = Command::new(COLLECTOR)
         .args([

@@ -73,6 +73,24 @@ impl Running {
     }
 }
 
+/// Runs `program args...` to completion (no backtrace asked for): it must succeed, else its
+/// stderr is the failure; its stdout as JSON.
+pub fn json_output(
+    program: impl AsRef<OsStr>,
+    args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+) -> serde_json::Value {
+    let mut command = Command::new(program);
+    command.args(args).env_remove("RUST_BACKTRACE");
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{command:?} printed no JSON: {e}"))
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         if self.out.is_none() {

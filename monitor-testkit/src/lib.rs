@@ -32,7 +32,7 @@ pub mod collector_process;
 pub mod fixture_agent;
 pub mod scratch;
 
-pub use child::Running;
+pub use child::{Running, json_output};
 pub use collector_process::{CollectorCommand, CollectorProcess, http_get};
 pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, spawn_json_listener, standin_with_script, sysfs_fixture,

@@ -12,7 +12,7 @@ use std::{
 };
 
 use monitor_testkit::{
-    KEY_HEX, free_udp_port, key_file, scratch_dir, spawn_json_listener, sysfs_fixture,
+    KEY_HEX, free_udp_port, json_output, key_file, scratch_dir, spawn_json_listener, sysfs_fixture,
 };
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
@@ -87,18 +87,10 @@ fn flap(tree: &Path) -> Duration {
 }
 
 fn report_json(file: &Path) -> serde_json::Value {
-    let out = Command::new(RAILSCOPE)
-        .args(["report", "--json"])
-        .arg(file)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_output(
+        RAILSCOPE,
+        ["report".as_ref(), "--json".as_ref(), file.as_os_str()],
+    )
 }
 
 fn port<'a>(report: &'a serde_json::Value, device: &str) -> &'a serde_json::Value {
