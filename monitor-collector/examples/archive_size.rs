@@ -13,8 +13,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use railscope_collector::archive::{
-    AcceptedFrame, Archive, ArchiveConfig, fixture_node::FixtureSender,
+use railscope_collector::{
+    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
+    fixture_archive::append_fixture_frames,
 };
 use railscope_wire::Key;
 
@@ -77,15 +78,8 @@ fn main() -> anyhow::Result<()> {
         let len = (seconds - chunk * flush_s).min(flush_s);
         for s in senders.iter_mut() {
             let batch = s.run(start, len, flush_s);
+            append_fixture_frames(&mut archive, s, &batch)?;
             for f in &batch {
-                let frame = AcceptedFrame {
-                    node: &s.name,
-                    received_ns: f.received_ns,
-                    first_ns: f.first_ns,
-                    last_ns: f.last_ns,
-                    bytes: &f.bytes,
-                };
-                archive.append(&frame, &|_| s.schema_frame())?;
                 samples += f.samples as u64;
                 frame_bytes += f.bytes.len() as u64;
                 frames += 1;

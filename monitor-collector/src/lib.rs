@@ -32,6 +32,7 @@ pub mod dashboard;
 pub mod drops;
 pub mod events;
 pub mod findings;
+pub mod fixture_archive;
 pub mod http;
 pub mod ingest;
 pub mod liveness;

@@ -316,7 +316,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
 /// as TOML.
 pub fn check(sources: &Sources<CollectorSettings>) -> Result<String, ConfigError> {
     run_plan(sources)?;
-    Ok(toml::to_string(&sources.merged()).unwrap_or_else(|e| format!("# (not shown: {e})\n")))
+    Ok(sources.merged_toml())
 }
 
 #[cfg(test)]

@@ -11,10 +11,9 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{SocketAddr, UdpSocket},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -27,172 +26,45 @@ mod tsdb;
 
 use tsdb::{Tsdb, canonical, tsdb_binary};
 
+use monitor_testkit::{
+    CollectorProcess, FixtureAgent, KEY_HEX, Running, agent_binary_next_to, free_tcp_port,
+    free_udp_port, http_get, key_file, key_from_hex, scratch_dir, standin_with_script,
+    sysfs_fixture,
+};
 use railscope_wire::{
     EncoderConfig, Frame, FrameEncoder, Key, Labels, ReceiverState, SeriesData, WireError,
 };
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
-const STANDIN: &str = "libnvidia_ml_standin.so";
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
 fn key() -> Key {
-    let bytes: Vec<u8> = (0..32)
-        .map(|i| u8::from_str_radix(&KEY_HEX[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    Key::from_bytes(bytes.try_into().unwrap())
+    key_from_hex(KEY_HEX)
 }
 
 /// `railscope`, next to `railscope-collector`.
 fn railscope() -> PathBuf {
-    let path = Path::new(COLLECTOR).with_file_name("railscope");
-    assert!(
-        path.is_file(),
-        "{} is missing: build the agent too (cargo build -p monitor-user, or cargo test for the workspace)",
-        path.display()
-    );
-    path
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn key_file(dir: &Path) -> PathBuf {
-    let path = dir.join("wire.key");
-    std::fs::write(&path, format!("{KEY_HEX}\n")).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    path
-}
-
-fn fixture_sysfs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../monitor-user/tests/fixtures/sysfs/mlx5")
-}
-
-/// The stand-in library (a dev-dependency, built next to this test) with the shipped 8-GPU
-/// script, copied so this test has its own replay.
-fn standin_with_script(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let built = [deps.join(STANDIN), deps.join("..").join(STANDIN)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect(
-            "the NVML stand-in is built as a dev-dependency; run `cargo build -p nvml-standin`",
-        );
-    let lib = dir.join(STANDIN);
-    std::fs::copy(built, &lib).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-standin/scripts/h100x8.json");
-    std::fs::copy(script, dir.join("nvml-standin.json")).unwrap();
-    lib
-}
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child whose stdout and stderr are drained by threads as it runs.
-struct Running {
-    child: Child,
-    out: thread::JoinHandle<String>,
-    err: thread::JoinHandle<String>,
-}
-
-fn drain(mut pipe: impl std::io::Read + Send + 'static) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
-
-fn spawn(program: &Path, args: &[&str]) -> Running {
-    let mut child = Command::new(program)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    Running { child, out, err }
-}
-
-/// Stops the child with `signal`: (exited successfully, stdout, stderr).
-fn signal(mut running: Running, signal: libc::c_int) -> (bool, String, String) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(running.child.id() as libc::pid_t, signal) };
-    let status = running.child.wait().unwrap();
-    (
-        status.success(),
-        running.out.join().unwrap(),
-        running.err.join().unwrap(),
-    )
+    agent_binary_next_to(COLLECTOR)
 }
 
 /// `railscope collector run` on loopback ports, through the agent binary's hand-over.
-fn start_collector(udp: u16, http: u16, key: &Path, data: &Path) -> Running {
+fn start_collector(udp: u16, http: u16, key: &Path, data: &Path) -> CollectorProcess {
     start_collector_with(udp, http, key, data, &[])
 }
 
 /// [`start_collector`] with more options.
-fn start_collector_with(udp: u16, http: u16, key: &Path, data: &Path, extra: &[&str]) -> Running {
-    let (listen, http_addr) = (format!("127.0.0.1:{udp}"), format!("127.0.0.1:{http}"));
-    let mut args = vec![
-        "collector",
-        "run",
-        "--listen",
-        &listen,
-        "--http",
-        &http_addr,
-        "--sockets",
-        "2",
-        "--key",
-        key.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ];
-    args.extend(extra);
-    let running = spawn(&railscope(), &args);
-    let http: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
-    let start = Instant::now();
-    while TcpStream::connect(http).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the collector's HTTP port never opened"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    running
-}
-
-fn http_get(port: u16, path: &str) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+fn start_collector_with(
+    udp: u16,
+    http: u16,
+    key: &Path,
+    data: &Path,
+    extra: &[&str],
+) -> CollectorProcess {
+    CollectorProcess::command(railscope(), key, data)
+        .through_agent_binary()
+        .ports(udp, http)
+        .args(["--sockets", "2"])
+        .args(extra)
+        .start()
 }
 
 /// The value of the exposition line `start VALUE`.
@@ -202,18 +74,20 @@ fn metric(text: &str, start: &str) -> Option<String> {
         .map(|l| l[start.len() + 1..].to_owned())
 }
 
-fn agent_args<'a>(relay: &'a str, key: &'a str, sysfs: &'a str) -> Vec<&'a str> {
-    vec![
-        "agent",
-        "--collector",
-        relay,
-        "--key",
-        key,
-        "--node",
-        "gpu-node-001",
-        "--sysfs",
-        sysfs,
-    ]
+/// The agent on the mlx5 fixture tree as node `gpu-node-001`, sending to `to`.
+fn fixture_agent(to: &str, key: &Path) -> FixtureAgent {
+    FixtureAgent::new(to, key, &sysfs_fixture("mlx5")).node("gpu-node-001")
+}
+
+/// A [`Relay`] in front of the collector's port `udp`, and the agent sending through it: the
+/// mlx5 fixture tree and the NVML stand-in `lib`, read every 0.3 s, flushed every second.
+fn relayed_agent(udp: u16, key: &Path, lib: &Path) -> (Relay, Running) {
+    let relay = Relay::start(([127, 0, 0, 1], udp).into());
+    let agent = fixture_agent(&relay.addr.to_string(), key)
+        .nvml_lib(lib)
+        .cadence("0.3", "1")
+        .spawn(railscope());
+    (relay, agent)
 }
 
 /// Every datagram the relay passed on, with when.
@@ -362,27 +236,14 @@ fn node_series(text: &str) -> BTreeMap<String, String> {
 #[test]
 fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     let dir = scratch_dir("collector-e2e");
-    let key_path = key_file(&dir);
-    let key_s = key_path.to_str().unwrap();
+    let key_path = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector(udp, http, &key_path, &dir.join("data"));
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let sysfs = fixture_sysfs();
-    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
-    args.extend([
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--interval",
-        "0.3",
-        "--flush",
-        "1",
-    ]);
-    let agent = spawn(&railscope(), &args);
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     // The stand-in's 10 scripted steps (one per read) and a few flushes.
     thread::sleep(Duration::from_secs(6));
-    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
     assert!(agent_ok, "agent failed: {agent_err}");
     thread::sleep(Duration::from_millis(500));
     let datagrams = relay.stop();
@@ -596,7 +457,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
         Some(sent.frames.len().to_string()),
         "nothing bad was accepted"
     );
-    let (_, _, collector_err) = signal(collector, libc::SIGTERM);
+    let (_, _, collector_err) = collector.signal(libc::SIGTERM);
     assert!(
         collector_err.contains("dropped a datagram from 127.0.0.1:"),
         "{collector_err}"
@@ -609,27 +470,26 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
 #[test]
 fn a_collector_killed_mid_stream_asks_for_the_schema_when_it_is_back() {
     let dir = scratch_dir("collector-restart");
-    let key_path = key_file(&dir);
-    let key_s = key_path.to_str().unwrap();
+    let key_path = key_file(&dir, KEY_HEX);
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let data = dir.join("data");
     let collector = start_collector(udp, http, &key_path, &data);
     let to = format!("127.0.0.1:{udp}");
-    let sysfs = fixture_sysfs();
-    let mut args = agent_args(&to, key_s, sysfs.to_str().unwrap());
-    args.extend(["--no-gpu", "--interval", "0.2", "--flush", "0.5"]);
-    let agent = spawn(&railscope(), &args);
+    let agent = fixture_agent(&to, &key_path)
+        .args(["--no-gpu"])
+        .cadence("0.2", "0.5")
+        .spawn(railscope());
     thread::sleep(Duration::from_secs(3));
     let before = node_series(&http_get(http, "/metrics"));
     assert!(before.len() > 50, "{} series before the kill", before.len());
-    let (_, _, _) = signal(collector, libc::SIGKILL);
+    let (_, _, _) = collector.signal(libc::SIGKILL);
 
     // Back on the same ports: the schema went out in the agent's first flushes, long ago.
     let collector = start_collector(udp, http, &key_path, &data);
     thread::sleep(Duration::from_secs(4));
     let text = http_get(http, "/metrics");
-    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
-    let (_, _, collector_err) = signal(collector, libc::SIGTERM);
+    let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
+    let (_, _, collector_err) = collector.signal(libc::SIGTERM);
     assert!(agent_ok, "{agent_err}");
     assert!(
         collector_err.contains("asked gpu-node-001"),
@@ -754,27 +614,14 @@ fn queried_points(http: u16, metrics: &[String]) -> BTreeMap<String, Vec<String>
 #[test]
 fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     let dir = scratch_dir("collector-archive-e2e");
-    let key_path = key_file(&dir);
-    let key_s = key_path.to_str().unwrap();
+    let key_path = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
     let data = dir.join("data");
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector(udp, http, &key_path, &data);
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let sysfs = fixture_sysfs();
-    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
-    args.extend([
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--interval",
-        "0.3",
-        "--flush",
-        "1",
-    ]);
-    let agent = spawn(&railscope(), &args);
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     thread::sleep(Duration::from_secs(5));
-    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
     assert!(agent_ok, "agent failed: {agent_err}");
     thread::sleep(Duration::from_millis(500));
     let sent = decode_sent(&relay.stop());
@@ -807,10 +654,10 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     assert!(records >= sent.frames.len() as u64, "{text}");
 
     // SIGKILL: no shutdown, no last write-out. What was written out (every 100 ms) is kept.
-    let (_, _, err) = signal(collector, libc::SIGKILL);
+    let (_, _, err) = collector.signal(libc::SIGKILL);
     let collector = start_collector(udp, http, &key_path, &data);
     let again = queried_points(http, &metrics);
-    let (ok, _, err2) = signal(collector, libc::SIGTERM);
+    let (ok, _, err2) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after restart: {err2}");
     assert_eq!(
         again, expected,
@@ -872,8 +719,7 @@ fn through_sigkill_and_outage(kind: Tsdb) {
         return;
     };
     let dir = scratch_dir(&format!("kill-outage-{}", kind.binary()));
-    let key_path = key_file(&dir);
-    let key_s = key_path.to_str().unwrap();
+    let key_path = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
     let mut server = tsdb::Server::start(kind, &binary, free_tcp_port(), &dir);
     let endpoint = format!("tsdb={}/api/v1/write", server.base());
@@ -881,31 +727,19 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let data = dir.join("data");
     let (udp, http) = (free_udp_port(), free_tcp_port());
     let collector = start_collector_with(udp, http, &key_path, &data, &extra);
-    let relay = Relay::start(format!("127.0.0.1:{udp}").parse().unwrap());
-    let relay_addr = relay.addr.to_string();
-    let sysfs = fixture_sysfs();
-    let mut args = agent_args(&relay_addr, key_s, sysfs.to_str().unwrap());
-    args.extend([
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--interval",
-        "0.3",
-        "--flush",
-        "1",
-    ]);
-    let agent = spawn(&railscope(), &args);
+    let (relay, agent) = relayed_agent(udp, &key_path, &lib);
     thread::sleep(Duration::from_secs(3));
     server.stop();
     thread::sleep(Duration::from_secs(2));
     let killed_at = Instant::now();
-    let (_, _, first_err) = signal(collector, libc::SIGKILL);
+    let (_, _, first_err) = collector.signal(libc::SIGKILL);
     thread::sleep(Duration::from_secs(1));
     let collector = start_collector_with(udp, http, &key_path, &data, &extra);
     let back_at = Instant::now();
     thread::sleep(Duration::from_secs(2));
     server.spawn(&binary);
     thread::sleep(Duration::from_secs(3));
-    let (agent_ok, _, agent_err) = signal(agent, libc::SIGINT);
+    let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
     assert!(agent_ok, "agent failed: {agent_err}");
     thread::sleep(Duration::from_millis(500));
     let relayed = relay.stop_timed();
@@ -930,7 +764,7 @@ fn through_sigkill_and_outage(kind: Tsdb) {
         thread::sleep(Duration::from_millis(200));
     }
     let text = http_get(http, "/metrics/collector");
-    let (ok, _, second_err) = signal(collector, libc::SIGTERM);
+    let (ok, _, second_err) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after the restart: {second_err}");
     assert_eq!(
         metric_sum(

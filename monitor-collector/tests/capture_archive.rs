@@ -8,50 +8,31 @@
 //! both; `cargo build -p monitor-user` otherwise).
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     thread,
-    time::{Duration, Instant},
+    time::Duration,
+};
+
+use monitor_testkit::{
+    CollectorProcess, KEY_HEX, agent_binary_next_to, json_output, key_file, scratch_dir,
 };
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 
 fn railscope() -> PathBuf {
-    let path = Path::new(COLLECTOR).with_file_name("railscope");
-    assert!(
-        path.is_file(),
-        "{} is missing: build the agent too (cargo build -p monitor-user)",
-        path.display()
-    );
-    path
+    agent_binary_next_to(COLLECTOR)
 }
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/capture-flap.rscap")
 }
 
-fn free_port() -> u16 {
-    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = udp.local_addr().unwrap().port();
-    // The same number free for TCP too (the HTTP port is another one).
-    drop(TcpListener::bind(("127.0.0.1", port)).ok());
-    port
-}
-
 fn report_json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(railscope())
-        .args(["report", "--json", "--no-svg"])
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "railscope report {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_output(
+        railscope(),
+        ["report", "--json", "--no-svg"].iter().chain(args),
+    )
 }
 
 /// What must agree between the two reports, per port.
@@ -78,41 +59,12 @@ fn facts(report: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn a_replayed_capture_reports_the_same_from_the_collectors_archive() {
-    let dir =
-        std::env::temp_dir().join(format!("railscope-capture-archive-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = dir.join("wire.key");
-    std::fs::write(
-        &key,
-        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (udp, http) = (free_port(), free_port());
-    let mut collector = Command::new(COLLECTOR)
-        .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
-        .args([
-            "--http",
-            &format!("127.0.0.1:{http}"),
-            "--retention-age",
-            "0",
-        ])
-        .arg("--key")
-        .arg(&key)
-        .arg("--data")
-        .arg(dir.join("data"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
-    let start = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no HTTP port");
-        thread::sleep(Duration::from_millis(50));
-    }
+    let dir = scratch_dir("capture-archive");
+    let key = key_file(&dir, KEY_HEX);
+    let collector = CollectorProcess::command(COLLECTOR, &key, &dir.join("data"))
+        .args(["--retention-age", "0"])
+        .start();
+    let (udp, http) = (collector.udp, collector.http);
 
     let out = Command::new(railscope())
         .arg("replay")
@@ -153,9 +105,7 @@ fn a_replayed_capture_reports_the_same_from_the_collectors_archive() {
         "--end",
         &to,
     ]);
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(collector.id() as libc::pid_t, libc::SIGTERM) };
-    collector.wait().unwrap();
+    let _ = collector.stop();
     let _ = std::fs::remove_dir_all(&dir);
 
     let (file, archive) = (facts(&from_file), facts(&from_archive));

@@ -6,119 +6,38 @@
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    ffi::OsStr,
+    path::Path,
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
-use monitor_testkit::SimulatedFleet;
-use railscope_wire::Key;
+use monitor_testkit::{
+    CollectorCommand, CollectorProcess, SimulatedFleet, json_output, key_file, key_from_hex,
+    scratch_dir,
+};
 use serde_json::Value;
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 const KEY_HEX: &str = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677";
 
-fn key() -> Key {
-    let bytes: Vec<u8> = (0..32)
-        .map(|i| u8::from_str_radix(&KEY_HEX[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    Key::from_bytes(bytes.try_into().unwrap())
+/// The collector on `dir` (key, config, archive), with findings evaluated every second
+/// (default 5 s), so the test is quick.
+fn collector(dir: &Path) -> CollectorCommand {
+    let key = key_file(dir, KEY_HEX);
+    let config = dir.join("collector.toml");
+    std::fs::write(&config, "[findings]\ntick-s = 1\n").unwrap();
+    CollectorProcess::command(COLLECTOR, &key, &dir.join("data"))
+        .args([OsStr::new("--config"), config.as_os_str()])
+        .args(["--sockets", "1"])
+        .env("RAILSCOPE_LOG", "warn")
 }
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn free_port() -> (u16, u16) {
-    let udp = UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let tcp = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    (udp, tcp)
-}
-
-struct Collector {
-    child: Child,
-    http: u16,
-}
-
-impl Collector {
-    fn start(dir: &Path, udp: u16, http: u16) -> Self {
-        let key = dir.join("wire.key");
-        std::fs::write(&key, format!("{KEY_HEX}\n")).unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let config = dir.join("collector.toml");
-        // Counters and gauges evaluated every second (default 5 s), so the test is quick.
-        std::fs::write(&config, "[findings]\ntick-s = 1\n").unwrap();
-        let child = Command::new(COLLECTOR)
-            .args(["run", "--config"])
-            .arg(&config)
-            .args(["--listen", &format!("127.0.0.1:{udp}")])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(["--sockets", "1", "--key"])
-            .arg(&key)
-            .arg("--data")
-            .arg(dir.join("data"))
-            .env("RAILSCOPE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
-        let start = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "HTTP never opened"
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
-        Self { child, http }
-    }
-
-    fn get(&self, path: &str) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
-        response.split_once("\r\n\r\n").unwrap().1.to_owned()
-    }
-
-    fn json(&self, path: &str) -> Value {
-        serde_json::from_str(&self.get(path)).unwrap()
-    }
-
-    fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        assert!(self.child.wait().unwrap().success());
-    }
-}
-
-impl Drop for Collector {
-    /// A failed assertion does not leave the collector running.
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, which must end it cleanly.
+fn stop(collector: CollectorProcess) {
+    let (ok, _, err) = collector.stop();
+    assert!(ok, "the collector failed: {err}");
 }
 
 /// (rule, node, device or gpu) of each finding.
@@ -158,8 +77,8 @@ fn expected() -> BTreeSet<(String, String, String)> {
 #[test]
 fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     let dir = scratch_dir("findings-e2e");
-    let (udp, http) = free_port();
-    let collector = Collector::start(&dir, udp, http);
+    let collector = collector(&dir).start();
+    let (udp, http) = (collector.udp, collector.http);
 
     // 5 minutes of a 66-node fleet read every 5 s, ending now: the job on nodes 0-63, nodes
     // 64-65 idle; node-065's port mlx5_2 goes down for 5 s every 20 s.
@@ -172,7 +91,7 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         .interval(Duration::from_secs(5))
         .flush_every(2)
         .ticks_before_now(60)
-        .build(key());
+        .build(key_from_hex(KEY_HEX));
     let t = Instant::now();
     fleet
         .send_ticks(format!("127.0.0.1:{udp}").parse().unwrap(), 60)
@@ -264,22 +183,17 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     );
 
     // The command line, as an operator asks.
-    let out = Command::new(COLLECTOR)
-        .args([
+    let printed = json_output(
+        COLLECTOR,
+        [
             "findings",
             "--json",
             "--collector",
             &format!("http://127.0.0.1:{http}"),
-        ])
-        .args(["--start", "-10m"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            "--start",
+            "-10m",
+        ],
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(places(&printed), expected());
     let text = Command::new(COLLECTOR)
         .args([
@@ -300,8 +214,8 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
 
     // A restart: the same findings, still active, from the log.
     let before: Vec<Value> = list.clone();
-    collector.stop();
-    let collector = Collector::start(&dir, udp, http);
+    stop(collector);
+    let collector = self::collector(&dir).ports(udp, http).start();
     let after = collector.json("/api/v1/findings?start=-10m");
     let after = after["findings"].as_array().unwrap();
     let ids = |l: &[Value]| -> BTreeSet<String> {
@@ -311,6 +225,6 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     };
     assert_eq!(ids(after), ids(&before));
     assert!(after.iter().all(|f| f["end"].is_null()), "{after:#?}");
-    collector.stop();
+    stop(collector);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
     path::Path,
     process::{Child, Command, Stdio},
@@ -19,6 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use monitor_testkit::{free_tcp_port, free_udp_port, http_get};
 use railscope_collector::archive::fixture_node::FixtureSender;
 use railscope_wire::{Key, MIN_FRAME_LEN};
 
@@ -55,21 +55,8 @@ impl Drop for Collector {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start(key: &Path, data: &Path, log: &Path) -> Collector {
-    let udp_port = UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let http = free_port();
+    let (udp_port, http) = (free_udp_port(), free_tcp_port());
     let child = Command::new(COLLECTOR)
         .args(["run", "--listen", &format!("127.0.0.1:{udp_port}")])
         .args(["--http", &format!("127.0.0.1:{http}"), "--sockets", "2"])
@@ -95,17 +82,8 @@ fn start(key: &Path, data: &Path, log: &Path) -> Collector {
 
 /// `/metrics/collector` as name{labels} -> value.
 fn scrape(port: u16) -> BTreeMap<String, f64> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET /metrics/collector HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    let body = response.split_once("\r\n\r\n").unwrap().1;
-    body.lines()
+    http_get(port, "/metrics/collector")
+        .lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
             let (k, v) = l.rsplit_once(' ')?;

@@ -9,13 +9,13 @@
 mod tsdb;
 
 use std::{
-    net::{SocketAddr, TcpStream, UdpSocket},
+    net::{SocketAddr, TcpStream},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use monitor_testkit::SimulatedFleet;
+use monitor_testkit::{SimulatedFleet, free_tcp_port, free_udp_port};
 use railscope_wire::Key;
 use serde_json::Value as Json;
 use tsdb::{Server, Tsdb, now_ms, tsdb_binary};
@@ -27,22 +27,6 @@ fn dashboard() -> Json {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dist/grafana/railscope.json");
     let text = std::fs::read_to_string(&path).unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Collector(Child);
@@ -95,10 +79,10 @@ fn every_panel_of_the_grafana_dashboard_gets_data_from_prometheus() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (udp, http) = (free_udp_port(), free_port());
+    let (udp, http) = (free_udp_port(), free_tcp_port());
     // As docs/deployment.md says: the node series and the findings' series both come by
     // remote-write; Prometheus scrapes nothing.
-    let prometheus = Server::start(Tsdb::Prometheus, &binary, free_port(), dir.path());
+    let prometheus = Server::start(Tsdb::Prometheus, &binary, free_tcp_port(), dir.path());
 
     let key_file = dir.path().join("wire.key");
     std::fs::write(&key_file, KEY).unwrap();

@@ -5,12 +5,13 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::{TcpStream, UdpSocket},
-    process::{Child, Command, Stdio},
+    net::UdpSocket,
+    process::Command,
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+use monitor_testkit::{CollectorProcess, key_file};
 
 use railscope_wire::{
     CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series,
@@ -20,86 +21,32 @@ const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 const KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 const POD: &str = "k8s:0a1b2c3d-4e5f-6789-abcd-ef0123456789";
 
-fn free_port(udp: bool) -> u16 {
-    if udp {
-        UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-}
-
+/// The collector on a scratch archive; fields drop in order: killed, then its files removed.
 struct Collector {
-    child: Child,
-    dir: std::path::PathBuf,
-    udp: u16,
-    http: u16,
+    process: CollectorProcess,
+    _dir: tempfile::TempDir,
 }
 
 impl Collector {
     fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("railscope-job-labels-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("data")).unwrap();
-        let key = dir.join("wire.key");
-        std::fs::write(&key, KEY_HEX).unwrap();
-        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-        let (udp, http) = (free_port(true), free_port(false));
-        let child = Command::new(COLLECTOR)
-            .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
-            .args(["--http", &format!("127.0.0.1:{http}"), "--sockets", "1"])
-            .arg("--key")
-            .arg(&key)
-            .arg("--data")
-            .arg(dir.join("data"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", http)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "no HTTP port");
-            thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            dir,
-            udp,
-            http,
-        }
+        let dir = tempfile::tempdir().unwrap();
+        let key = key_file(dir.path(), KEY_HEX);
+        let process = CollectorProcess::command(COLLECTOR, &key, &dir.path().join("data"))
+            .args(["--sockets", "1"])
+            .start();
+        Self { process, _dir: dir }
     }
 
     fn get(&self, path: &str) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response.split_once("\r\n\r\n").unwrap().1.to_owned()
+        self.process.get(path)
     }
 
     /// `railscope-collector query --json series METRIC -m MATCHER...`: each series' labels
     /// (without `node`) and its last value.
     fn query(&self, metric: &str, matchers: &[&str]) -> BTreeMap<String, f64> {
         let mut cmd = Command::new(COLLECTOR);
-        cmd.args([
-            "query",
-            "--collector",
-            &format!("http://127.0.0.1:{}", self.http),
-        ])
-        .args(["--json", "series", metric, "--start", "-1h"]);
+        cmd.args(["query", "--collector", &self.process.url()])
+            .args(["--json", "series", metric, "--start", "-1h"]);
         for m in matchers {
             cmd.args(["-m", m]);
         }
@@ -131,14 +78,6 @@ impl Collector {
                 (labels.join(","), value)
             })
             .collect()
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -210,7 +149,7 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     for frame in encoder.flush(now) {
         socket
-            .send_to(&frame, ("127.0.0.1", collector.udp))
+            .send_to(&frame, collector.process.udp_addr())
             .unwrap();
     }
 

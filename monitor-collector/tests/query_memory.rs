@@ -11,7 +11,8 @@ use std::{
 };
 
 use railscope_collector::{
-    archive::{AcceptedFrame, Archive, ArchiveConfig, fixture_node::FixtureSender},
+    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
+    fixture_archive::append_fixture_frames,
     query::{Matcher, QueryEngine, QueryError, SeriesQuery, api::series_body},
 };
 use railscope_wire::Key;
@@ -71,17 +72,9 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
     let mut sender = FixtureSender::new("gpu-node-0001", 1, key.clone());
     let mut samples = 0;
     for chunk in 0..seconds / 10 {
-        for f in sender.run(t0 + chunk * 10_000_000_000, 10, 10) {
-            samples += f.samples;
-            let frame = AcceptedFrame {
-                node: &sender.name,
-                received_ns: f.received_ns,
-                first_ns: f.first_ns,
-                last_ns: f.last_ns,
-                bytes: &f.bytes,
-            };
-            archive.append(&frame, &|_| sender.schema_frame()).unwrap();
-        }
+        let frames = sender.run(t0 + chunk * 10_000_000_000, 10, 10);
+        samples += frames.iter().map(|f| f.samples).sum::<usize>();
+        append_fixture_frames(&mut archive, &sender, &frames).unwrap();
         archive.tick().unwrap();
     }
     archive.seal().unwrap();

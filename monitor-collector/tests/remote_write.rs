@@ -23,6 +23,7 @@ mod tsdb;
 
 use tsdb::{Server, Tsdb, canonical, now_ms, tsdb_binary};
 
+use monitor_testkit::free_tcp_port;
 use railscope_collector::remote_write::{
     Batch, Cursor, EndpointConfig, RemoteWriter, SampleSource, SeriesChunk, SourceError,
     prompb::decode_body,
@@ -275,14 +276,6 @@ fn temp_dir(what: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 // ---------------------------------------------------------------------------------------
 // A fake receiver: answers each request with the next status of a script (then 204),
 // keeps what it acknowledged.
@@ -491,7 +484,7 @@ fn write_through_an_outage(kind: Tsdb) {
         return;
     };
     let dir = temp_dir(kind.binary());
-    let mut server = Server::start(kind, &binary, free_port(), &dir);
+    let mut server = Server::start(kind, &binary, free_tcp_port(), &dir);
     let url = format!("{}/api/v1/write", server.base());
     // Recent times: Prometheus refuses samples older than its head block allows.
     let fleet = fleet(2, 180, now_ms() - 20 * 60_000);

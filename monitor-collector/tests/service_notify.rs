@@ -5,26 +5,14 @@
 
 use std::{
     os::unix::net::UnixDatagram,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
+use monitor_testkit::{KEY_HEX, agent_binary_next_to, key_file, scratch_dir};
+
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn key_file(dir: &Path) -> PathBuf {
-    let path = dir.join("wire.key");
-    std::fs::write(&path, [0x5a; 32]).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    path
-}
 
 /// The daemon started with a notification socket and a 400 ms watchdog.
 fn start(dir: &Path, program: &Path, args: &[&str]) -> (Child, UnixDatagram) {
@@ -80,7 +68,7 @@ fn check_protocol(mut child: Child, socket: &UnixDatagram) {
 #[test]
 fn the_collector_notifies_ready_watchdog_and_stopping() {
     let dir = scratch_dir("notify-collector");
-    let key = key_file(&dir);
+    let key = key_file(&dir, KEY_HEX);
     let data = dir.join("data");
     let (child, socket) = start(
         &dir,
@@ -107,12 +95,7 @@ fn the_collector_notifies_ready_watchdog_and_stopping() {
 /// without RDMA, each reported unavailable), and pings the watchdog from its event loop.
 #[test]
 fn the_agent_notifies_ready_watchdog_and_stopping() {
-    let agent = Path::new(COLLECTOR).with_file_name("railscope");
-    assert!(
-        agent.is_file(),
-        "{} is missing: build monitor-user too",
-        agent.display()
-    );
+    let agent = agent_binary_next_to(COLLECTOR);
     let dir = scratch_dir("notify-agent");
     let (child, socket) = start(&dir, &agent, &["agent", "--config", "/dev/null"]);
     check_protocol(child, &socket);

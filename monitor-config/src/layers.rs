@@ -77,6 +77,11 @@ impl<T: Layered + Clone> Sources<T> {
         settings.overridden_by(self.flags.clone())
     }
 
+    /// [`Sources::merged`] as TOML: the settings in effect, as `--check-config` prints them.
+    pub fn merged_toml(&self) -> String {
+        toml::to_string(&self.merged()).unwrap_or_else(|e| format!("# (not shown: {e})\n"))
+    }
+
     /// An error about the setting `key` (as named in the file and, with `--`, as a flag),
     /// pointing where it was set: the flag if given, else its line in the file, else the
     /// built-in default.

@@ -21,6 +21,23 @@
 //! from `start_unix_ns` (by default `ticks_before_now` ticks before the wall clock, so a run of
 //! that many ticks ends now and a collector accepts every frame). Values carry seeded noise:
 //! a fleet built twice with the same settings produces the same samples.
+//!
+//! Also the set-up the end-to-end tests share, one home each: scratch directories, key
+//! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
+//! a collector started and waited for ([`collector_process`]), the real agent on a fixture
+//! node with the NVML stand-in ([`fixture_agent`]).
+
+pub mod child;
+pub mod collector_process;
+pub mod fixture_agent;
+pub mod scratch;
+
+pub use child::{Running, json_output};
+pub use collector_process::{CollectorCommand, CollectorProcess, http_get};
+pub use fixture_agent::{
+    FixtureAgent, agent_binary_next_to, spawn_json_listener, standin_with_script, sysfs_fixture,
+};
+pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
 
 use std::{
     collections::BTreeMap,

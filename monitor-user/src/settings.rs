@@ -209,7 +209,7 @@ pub fn check(sources: &Sources<AgentSettings>) -> Result<String, ConfigError> {
     if let Some(pipeline) = &options.pipeline {
         railscope_wire::Key::from_file(&pipeline.key).map_err(|e| sources.error("key", e))?;
     }
-    Ok(toml::to_string(&sources.merged()).unwrap_or_else(|e| format!("# (not shown: {e})\n")))
+    Ok(sources.merged_toml())
 }
 
 #[cfg(test)]

@@ -3,157 +3,35 @@
 //! samples, and sends authenticated frames that `railscope listen` decodes. Also: a node with
 //! neither RDMA devices nor NVML says so and keeps running.
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    thread,
-    time::Duration,
+use std::{collections::BTreeSet, thread, time::Duration};
+
+use monitor_testkit::{
+    FixtureAgent, KEY_HEX, free_udp_port, key_file, scratch_dir, spawn_json_listener,
+    standin_with_script, sysfs_fixture,
 };
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
-const STANDIN: &str = "libnvidia_ml_standin.so";
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/sysfs")
-        .join(name)
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The stand-in library (built as a dev-dependency next to this test) copied with the shipped
-/// 8-GPU script, so this test has its own replay.
-fn standin_with_script(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let built = [deps.join(STANDIN), deps.join("..").join(STANDIN)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect(
-            "the NVML stand-in is built as a dev-dependency; run `cargo build -p nvml-standin`",
-        );
-    let lib = dir.join(STANDIN);
-    std::fs::copy(built, &lib).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-standin/scripts/h100x8.json");
-    std::fs::copy(script, dir.join("nvml-standin.json")).unwrap();
-    lib
-}
-
-fn key_file(dir: &Path) -> PathBuf {
-    let key = dir.join("wire.key");
-    std::fs::write(
-        &key,
-        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
-    )
-    .unwrap();
-    // Private, as a key file should be (others-readable ones are warned about).
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    key
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child whose stdout and stderr are drained by threads as it runs (a full pipe would
-/// otherwise block it).
-struct Running {
-    child: Child,
-    out: thread::JoinHandle<String>,
-    err: thread::JoinHandle<String>,
-}
-
-fn drain(mut pipe: impl std::io::Read + Send + 'static) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
-
-fn spawn(args: &[&str]) -> Running {
-    let mut child = Command::new(RAILSCOPE)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    Running { child, out, err }
-}
-
-/// `railscope listen` on loopback, printing JSON lines.
-fn spawn_listener(port: &str, key: &str) -> Running {
-    spawn(&[
-        "listen",
-        "--port",
-        port,
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key,
-        "--json",
-    ])
-}
-
-/// Stops the child with SIGINT: (exited successfully, stdout, stderr).
-fn interrupt(mut running: Running) -> (bool, String, String) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(running.child.id() as libc::pid_t, libc::SIGINT) };
-    let status = running.child.wait().unwrap();
-    (
-        status.success(),
-        running.out.join().unwrap(),
-        running.err.join().unwrap(),
-    )
-}
 
 #[test]
 fn agent_sends_ib_gpu_counters_and_gpu_events_to_a_collector() {
     let dir = scratch_dir("collector");
-    let key = key_file(&dir);
+    let key = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
-    let port = free_udp_port().to_string();
-    let key_s = key.to_str().unwrap();
-    let listener = spawn_listener(&port, key_s);
+    let port = free_udp_port();
+    let listener = spawn_json_listener(RAILSCOPE, port, &key);
     thread::sleep(Duration::from_millis(300));
     let collector = format!("127.0.0.1:{port}");
-    let sysfs = fixture("mlx5");
-    let agent = spawn(&[
-        "agent",
-        "--collector",
-        &collector,
-        "--key",
-        key_s,
-        "--node",
-        "gpu-node-001",
-        "--sysfs",
-        sysfs.to_str().unwrap(),
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--interval",
-        "0.3",
-        "--flush",
-        "1",
-    ]);
+    let sysfs = sysfs_fixture("mlx5");
+    let agent = FixtureAgent::new(&collector, &key, &sysfs)
+        .node("gpu-node-001")
+        .nvml_lib(&lib)
+        .cadence("0.3", "1")
+        .spawn(RAILSCOPE);
     // Long enough for the stand-in's 10 scripted steps (one per read) and a few flushes.
     thread::sleep(Duration::from_secs(6));
-    let (agent_ok, agent_out, agent_err) = interrupt(agent);
+    let (agent_ok, agent_out, agent_err) = agent.interrupt();
     thread::sleep(Duration::from_millis(300));
-    let (_, frames, listen_err) = interrupt(listener);
+    let (_, frames, listen_err) = listener.interrupt();
     assert!(agent_ok, "agent failed: {agent_err}");
     assert!(
         !frames.is_empty(),
@@ -254,32 +132,18 @@ fn agent_sends_ib_gpu_counters_and_gpu_events_to_a_collector() {
 #[test]
 fn agent_without_rdma_or_nvml_says_so_and_keeps_sending() {
     let dir = scratch_dir("bare");
-    let key = key_file(&dir);
+    let key = key_file(&dir, KEY_HEX);
     let empty_sys = dir.join("sys");
     std::fs::create_dir_all(&empty_sys).unwrap();
-    let port = free_udp_port().to_string();
+    let port = free_udp_port();
     let collector = format!("127.0.0.1:{port}");
-    let mut agent = spawn(&[
-        "agent",
-        "--collector",
-        &collector,
-        "--key",
-        key.to_str().unwrap(),
-        "--sysfs",
-        empty_sys.to_str().unwrap(),
-        "--nvml-lib",
-        dir.join("no-such-libnvidia-ml.so").to_str().unwrap(),
-        "--interval",
-        "0.2",
-        "--flush",
-        "0.5",
-    ]);
+    let mut agent = FixtureAgent::new(&collector, &key, &empty_sys)
+        .nvml_lib(&dir.join("no-such-libnvidia-ml.so"))
+        .cadence("0.2", "0.5")
+        .spawn(RAILSCOPE);
     thread::sleep(Duration::from_secs(2));
-    assert!(
-        agent.child.try_wait().unwrap().is_none(),
-        "the agent exited"
-    );
-    let (ok, _, err) = interrupt(agent);
+    assert!(agent.is_running(), "the agent exited");
+    let (ok, _, err) = agent.interrupt();
     assert!(ok, "{err}");
     assert_eq!(
         err.lines()
@@ -294,32 +158,20 @@ fn agent_without_rdma_or_nvml_says_so_and_keeps_sending() {
 #[test]
 fn a_collector_started_after_the_agent_asks_for_the_schema_and_names_every_series() {
     let dir = scratch_dir("late-collector");
-    let key = key_file(&dir);
-    let key_s = key.to_str().unwrap();
-    let port = free_udp_port().to_string();
+    let key = key_file(&dir, KEY_HEX);
+    let port = free_udp_port();
     let collector = format!("127.0.0.1:{port}");
-    let sysfs = fixture("mlx5");
-    let agent = spawn(&[
-        "agent",
-        "--collector",
-        &collector,
-        "--key",
-        key_s,
-        "--sysfs",
-        sysfs.to_str().unwrap(),
-        "--no-gpu",
-        "--interval",
-        "0.2",
-        "--flush",
-        "0.5",
-    ]);
+    let agent = FixtureAgent::new(&collector, &key, &sysfs_fixture("mlx5"))
+        .args(["--no-gpu"])
+        .cadence("0.2", "0.5")
+        .spawn(RAILSCOPE);
     // The first flushes, which carry the schema, go to a port nobody listens on.
     thread::sleep(Duration::from_secs(3));
-    let listener = spawn_listener(&port, key_s);
+    let listener = spawn_json_listener(RAILSCOPE, port, &key);
     thread::sleep(Duration::from_secs(4));
-    let (agent_ok, _, agent_err) = interrupt(agent);
+    let (agent_ok, _, agent_err) = agent.interrupt();
     thread::sleep(Duration::from_millis(300));
-    let (_, frames, listen_err) = interrupt(listener);
+    let (_, frames, listen_err) = listener.interrupt();
     assert!(agent_ok, "agent failed: {agent_err}");
     assert!(listen_err.contains("asked"), "{listen_err}");
     assert!(agent_err.contains("asked for the schema"), "{agent_err}");

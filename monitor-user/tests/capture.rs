@@ -11,14 +11,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
+use monitor_testkit::{
+    KEY_HEX, free_udp_port, json_output, key_file, scratch_dir, spawn_json_listener, sysfs_fixture,
+};
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
 
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -36,10 +33,7 @@ fn copy_tree(from: &Path, to: &Path) {
 /// A copy of the rxe fixture (rxe0/1 and rxe1/1, both ACTIVE).
 fn rxe_tree(dir: &Path) -> PathBuf {
     let tree = dir.join("sys");
-    copy_tree(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/rxe"),
-        &tree,
-    );
+    copy_tree(&sysfs_fixture("rxe"), &tree);
     tree
 }
 
@@ -93,18 +87,10 @@ fn flap(tree: &Path) -> Duration {
 }
 
 fn report_json(file: &Path) -> serde_json::Value {
-    let out = Command::new(RAILSCOPE)
-        .args(["report", "--json"])
-        .arg(file)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_output(
+        RAILSCOPE,
+        ["report".as_ref(), "--json".as_ref(), file.as_os_str()],
+    )
 }
 
 fn port<'a>(report: &'a serde_json::Value, device: &str) -> &'a serde_json::Value {
@@ -302,14 +288,6 @@ fn the_shipped_example_reports_its_flapping_pair_and_draws_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Every (series, time, value) and (event, time) of a capture file, read with the library.
 type Truth = (
     std::collections::BTreeSet<String>,
@@ -360,42 +338,13 @@ fn truth(bytes: &[u8]) -> Truth {
 #[test]
 fn replay_sends_every_sample_and_event_at_its_capture_time() {
     let dir = scratch_dir("capture-replay");
-    let key = dir.join("wire.key");
-    std::fs::write(
-        &key,
-        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = key_file(&dir, KEY_HEX);
     let bytes = std::fs::read(example()).unwrap();
     let (samples, events, frames) = truth(&bytes);
     assert!(!events.is_empty() && !samples.is_empty());
 
-    let port = free_udp_port().to_string();
-    let mut listen = Command::new(RAILSCOPE)
-        .args([
-            "listen",
-            "--bind",
-            "127.0.0.1",
-            "--json",
-            "--port",
-            &port,
-            "--key",
-        ])
-        .arg(&key)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = listen.stdout.take().unwrap();
-    let reader = thread::spawn(move || {
-        use std::io::BufRead as _;
-        std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
+    let port = free_udp_port();
+    let listen = spawn_json_listener(RAILSCOPE, port, &key);
     // Listening once the port is taken.
     let start = Instant::now();
     while std::net::UdpSocket::bind(format!("127.0.0.1:{port}")).is_ok() {
@@ -430,10 +379,8 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
         String::from_utf8_lossy(&out.stdout)
     );
     thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(listen.id() as libc::pid_t, libc::SIGINT) };
-    listen.wait().unwrap();
-    let lines = reader.join().unwrap();
+    let (_, stdout, _) = listen.interrupt();
+    let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len() as u64, frames, "every frame arrives");
     let mut got_samples = std::collections::BTreeSet::new();
     let mut got_events = std::collections::BTreeSet::new();

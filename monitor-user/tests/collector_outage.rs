@@ -9,8 +9,6 @@
 
 use std::{
     net::UdpSocket,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -19,66 +17,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use monitor_testkit::{
+    FixtureAgent, KEY_HEX, free_udp_port, key_file, scratch_dir, spawn_json_listener, sysfs_fixture,
+};
+
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
 /// How long the collector is away (the "a minute").
 const OUTAGE: Duration = Duration::from_secs(60);
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("railscope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn key_file(dir: &Path) -> PathBuf {
-    let key = dir.join("wire.key");
-    std::fs::write(
-        &key,
-        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    key
-}
-
-struct Running {
-    child: Child,
-    out: thread::JoinHandle<String>,
-    err: thread::JoinHandle<String>,
-}
-
-fn spawn(args: &[&str]) -> Running {
-    let mut child = Command::new(RAILSCOPE)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    Running { child, out, err }
-}
-
-/// Stops the child with SIGINT: (exited successfully, stdout, stderr).
-fn interrupt(mut running: Running) -> (bool, String, String) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(running.child.id() as libc::pid_t, libc::SIGINT) };
-    let status = running.child.wait().unwrap();
-    (
-        status.success(),
-        running.out.join().unwrap(),
-        running.err.join().unwrap(),
-    )
-}
 
 /// Forwards datagrams from its port to `to` while open; closed, the port is unbound. Its
 /// thread ends with the test.
@@ -150,42 +95,17 @@ fn count_before(line: &str, what: &str) -> u64 {
 #[test]
 fn collector_away_for_a_minute_costs_exactly_the_counted_frames() {
     let dir = scratch_dir("outage");
-    let key = key_file(&dir);
-    let key_s = key.to_str().unwrap();
-    let listen_port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listener = spawn(&[
-        "listen",
-        "--port",
-        &listen_port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--key",
-        key_s,
-        "--json",
-    ]);
+    let key = key_file(&dir, KEY_HEX);
+    let listen_port = free_udp_port();
+    let listener = spawn_json_listener(RAILSCOPE, listen_port, &key);
     thread::sleep(Duration::from_millis(300));
     let (relay, relay_port) = Relay::start(listen_port);
-    let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mlx5");
-    let mut agent = spawn(&[
-        "agent",
-        "--collector",
-        &format!("127.0.0.1:{relay_port}"),
-        "--key",
-        key_s,
-        "--node",
-        "outage-node",
-        "--sysfs",
-        sysfs.to_str().unwrap(),
-        "--no-gpu",
-        "--interval",
-        "0.2",
-        "--flush",
-        "0.5",
-    ]);
+    let relay_addr = format!("127.0.0.1:{relay_port}");
+    let mut agent = FixtureAgent::new(&relay_addr, &key, &sysfs_fixture("mlx5"))
+        .node("outage-node")
+        .args(["--no-gpu"])
+        .cadence("0.2", "0.5")
+        .spawn(RAILSCOPE);
     thread::sleep(Duration::from_secs(4));
     let before = relay.forwarded.load(Ordering::SeqCst);
     assert!(before > 0, "no frame reached the relay before the outage");
@@ -203,7 +123,7 @@ fn collector_away_for_a_minute_costs_exactly_the_counted_frames() {
     thread::sleep(OUTAGE);
     let at_outage_end = relay.forwarded.load(Ordering::SeqCst);
     assert!(
-        agent.child.try_wait().unwrap().is_none(),
+        agent.is_running(),
         "the agent exited while the collector was away"
     );
     relay.open.store(true, Ordering::SeqCst);
@@ -213,9 +133,9 @@ fn collector_away_for_a_minute_costs_exactly_the_counted_frames() {
         resumed >= 5,
         "only {resumed} frames in the 5 s after the collector came back"
     );
-    let (agent_ok, _, agent_err) = interrupt(agent);
+    let (agent_ok, _, agent_err) = agent.interrupt();
     thread::sleep(Duration::from_millis(300));
-    let (_, frames, listen_err) = interrupt(listener);
+    let (_, frames, listen_err) = listener.interrupt();
     assert!(agent_ok, "the agent failed: {agent_err}");
 
     let lost: u64 = frames

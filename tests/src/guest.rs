@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 
 /// The guest-only addresses of the two ends of the veth pair (RFC 2544 benchmarking range;
 /// the guest has no network card).
@@ -503,9 +503,27 @@ pub fn write_wire_key() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts `railscope agent` sending to `collector` (HOST:PORT) as node `guest`, without GPUs,
+/// with `extra` options, echoing to the console or not. Writes the shared key file first
+/// (mode 600, as the agent requires).
+pub fn agent_sending_to(collector: &str, extra: &[&str], echo: bool) -> anyhow::Result<Agent> {
+    write_wire_key()?;
+    let mut args = vec![
+        "--collector",
+        collector,
+        "--key",
+        WIRE_KEY,
+        "--node",
+        "guest",
+        "--no-gpu",
+    ];
+    args.extend_from_slice(extra);
+    Agent::start_with(&args, echo)
+}
+
 /// Starts `railscope listen --json` on 127.0.0.1:`port` and an agent sending to it as node
-/// `guest`, without GPUs, with `extra` agent options, both echoing to the console or not.
-/// Writes the shared key file first (mode 600, as both require).
+/// `guest` ([`agent_sending_to`]) with `--json` and `extra` agent options, both echoing to
+/// the console or not.
 pub fn agent_and_listener(
     port: &str,
     extra: &[&str],
@@ -525,19 +543,52 @@ pub fn agent_and_listener(
         echo,
     )?;
     let collector = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "--json",
-        "--collector",
-        &collector,
-        "--key",
-        WIRE_KEY,
-        "--node",
-        "guest",
-        "--no-gpu",
-    ];
-    args.extend_from_slice(extra);
-    let agent = Agent::start_with(&args, echo)?;
+    let extra: Vec<&str> = std::iter::once("--json")
+        .chain(extra.iter().copied())
+        .collect();
+    let agent = agent_sending_to(&collector, &extra, echo)?;
     Ok((agent, listener))
+}
+
+/// Stops the agent of [`agent_and_listener`], which must still be running, then the listener
+/// once the agent's last flush is in: the agent's stderr and the frames the listener decoded.
+pub fn stop_and_decode(
+    agent: &mut Agent,
+    listener: Listener,
+) -> anyhow::Result<(Vec<String>, Vec<serde_json::Value>)> {
+    ensure!(agent.is_running(), "the agent died");
+    let (_, stderr) = agent.stop()?;
+    thread::sleep(Duration::from_millis(500));
+    let frames = listener
+        .stop()?
+        .iter()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect::<anyhow::Result<_>>()?;
+    Ok((stderr, frames))
+}
+
+/// Moves the rxe pair's counters with `ib_write_bw` (`iterations` writes from rxe0 to rxe1),
+/// then takes vethA down for a second and up again (a port event each way).
+pub fn write_bw_then_flap(iterations: u32) -> anyhow::Result<()> {
+    let gid = ipv4_gid_index("rxe0")?.to_string();
+    let n = iterations.to_string();
+    let server = spawn_output(in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe1", "-x", &gid, "-F", "-n", &n],
+    ))?;
+    thread::sleep(Duration::from_secs(1));
+    let client = spawn_output(in_cgroup(
+        "",
+        "/usr/bin/ib_write_bw",
+        &["-d", "rxe0", "-x", &gid, "-F", "-n", &n, ADDR_B],
+    ))?;
+    check_output("ib_write_bw client", client.join().expect("no panic"))?;
+    check_output("ib_write_bw server", server.join().expect("no panic"))?;
+    run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
+    thread::sleep(Duration::from_secs(1));
+    run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    Ok(())
 }
 
 /// `railscope listen` running as a child, its JSON lines collected with the wall-clock time

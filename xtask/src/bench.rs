@@ -127,46 +127,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 
 fn probes(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
-    let railscope = build::railscope_binary(tools, true)?;
-    let init = vm_test::build_guest_init(tools)?;
-    let name = format!("{:?}", options.kernel).to_lowercase();
-    let work_dir = cargo::workspace_root().join("target/bench").join(&name);
-    std::fs::create_dir_all(&work_dir)?;
-    setup::step(&format!("building the {name} guest image with bpftrace"));
-    let spec = ImageSpec {
-        kernel: options.kernel,
-        init,
-        files: vec![GuestFile {
-            host: railscope,
-            guest: "/usr/bin/railscope".into(),
-            with_libs: true,
-        }],
-    };
-    let image = testbed::build_image_with(
-        &tools.cache_dir.join("testbed"),
-        &work_dir,
-        &spec,
-        Some(&BPFTRACE),
-    )?;
-    let serial_log = work_dir.join("guest.log");
-    setup::step(&format!(
-        "booting {} with scenario {SCENARIO} (serial log: {})",
-        image.kernel_release,
-        serial_log.display()
-    ));
-    let outcome = vm_test::boot_scenarios(
-        &image,
-        &[SCENARIO],
-        testbed::BootOptions {
-            user_net: false,
-            // The initramfs unpacks into RAM: bpftrace's libraries alone are ~200 MB.
-            mem: "2G".into(),
-            smp: options.smp,
-            timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: String::new(),
-            serial_log: serial_log.clone(),
-        },
-    )?;
+    let work_dir = bench_work_dir("bench", options);
+    // The initramfs unpacks into RAM: bpftrace's libraries alone are ~200 MB.
+    let (image, outcome, serial_log) =
+        boot_bench_scenario(tools, options, &work_dir, SCENARIO, Some(&BPFTRACE), "2G")?;
     std::fs::write(
         work_dir.join(format!("{SCENARIO}.log")),
         vm_test::scenario_section(&outcome.log, SCENARIO),
@@ -752,6 +716,61 @@ fn print_summary(comparisons: &[Comparison]) {
             c.vs_goal_ns().as_str(),
         );
     }
+}
+
+/// `target/DIR/KERNEL`, created: where a bench keeps its guest image and logs.
+fn bench_work_dir(dir: &str, options: &Options) -> PathBuf {
+    let name = format!("{:?}", options.kernel).to_lowercase();
+    cargo::workspace_root().join("target").join(dir).join(name)
+}
+
+/// Builds a bench's guest image in `work_dir` (the release agent, the guest init and the
+/// tools of `extra`) for the chosen kernel, and boots it with `scenario` alone and `mem` of
+/// RAM: the image, the boot's outcome and the serial log's path.
+fn boot_bench_scenario(
+    tools: &Tools,
+    options: &Options,
+    work_dir: &Path,
+    scenario: &str,
+    extra: Option<&ExtraDebs>,
+    mem: &str,
+) -> anyhow::Result<(testbed::GuestImage, testbed::BootOutcome, PathBuf)> {
+    let railscope = build::railscope_binary(tools, true)?;
+    let init = vm_test::build_guest_init(tools)?;
+    std::fs::create_dir_all(work_dir)?;
+    let name = format!("{:?}", options.kernel).to_lowercase();
+    let with = extra.map_or(String::new(), |e| format!(" with {}", e.tools.join(", ")));
+    setup::step(&format!("building the {name} guest image{with}"));
+    let spec = ImageSpec {
+        kernel: options.kernel,
+        init,
+        files: vec![GuestFile {
+            host: railscope,
+            guest: "/usr/bin/railscope".into(),
+            with_libs: true,
+        }],
+    };
+    let image =
+        testbed::build_image_with(&tools.cache_dir.join("testbed"), work_dir, &spec, extra)?;
+    let serial_log = work_dir.join("guest.log");
+    setup::step(&format!(
+        "booting {} with scenario {scenario} (serial log: {})",
+        image.kernel_release,
+        serial_log.display()
+    ));
+    let outcome = vm_test::boot_scenarios(
+        &image,
+        &[scenario],
+        testbed::BootOptions {
+            user_net: false,
+            mem: mem.into(),
+            smp: options.smp,
+            timeout: Duration::from_secs(options.timeout),
+            cmdline_extra: String::new(),
+            serial_log: serial_log.clone(),
+        },
+    )?;
+    Ok((image, outcome, serial_log))
 }
 
 /// The host CPU's model name.

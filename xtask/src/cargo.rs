@@ -35,6 +35,22 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a command and returns its stdout, trimmed; fails with its rendering and stderr.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let rendered = render(cmd);
+    let out = cmd
+        .output()
+        .with_context(|| format!("failed to start {rendered}"))?;
+    if !out.status.success() {
+        bail!(
+            "{rendered} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 /// `program arg arg ...` for messages.
 pub fn render(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())

@@ -18,7 +18,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, setup};
+use crate::{
+    cargo::{self, output},
+    setup,
+};
 
 /// The package's name, and its directory under `/usr/share/doc`.
 const NAME: &str = "railscope";
@@ -428,20 +431,4 @@ fn check_lintian(deb: &Path) -> anyhow::Result<()> {
 /// Runs a command, failing with its stderr.
 fn run_tool(cmd: &mut Command) -> anyhow::Result<()> {
     output(cmd).map(drop)
-}
-
-/// Runs a command and returns its stdout, trimmed; fails with its stderr.
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let rendered = cargo::render(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {rendered}"))?;
-    if !out.status.success() {
-        bail!(
-            "{rendered} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

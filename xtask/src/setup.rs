@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::testbed;
+use crate::{cargo::output, testbed};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -100,21 +100,6 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
         bpf_linker_dir,
         cache_dir,
     })
-}
-
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let rendered = crate::cargo::render(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {rendered}"))?;
-    if !out.status.success() {
-        bail!(
-            "{rendered} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn ensure_rust_src() -> anyhow::Result<()> {

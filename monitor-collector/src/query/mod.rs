@@ -24,4 +24,6 @@ pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
 pub use selector::Matcher;
 
 #[cfg(test)]
+pub(crate) mod test_server;
+#[cfg(test)]
 mod tests;

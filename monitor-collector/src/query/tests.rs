@@ -1,15 +1,17 @@
 //! The HTTP API and `railscope query` together: a real server on loopback, the real client.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use railscope_wire::{Key, Value};
 
 use super::{
-    api_router,
     cli::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_text, series_text},
-    engine::QueryEngine,
+    test_server::serve_on_loopback,
 };
-use crate::archive::{AcceptedFrame, Archive, ArchiveConfig, fixture_node::FixtureSender};
+use crate::{
+    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
+    fixture_archive::append_fixture_frames,
+};
 
 const T0: u64 = 1_790_000_000_000_000_000;
 
@@ -33,32 +35,9 @@ fn serve() -> (String, Vec<(u64, f64)>, tempfile::TempDir) {
         }
         assert!(!matches!(r.value, Value::F64(v) if v.is_nan()));
     });
-    for f in &frames {
-        let frame = AcceptedFrame {
-            node: &sender.name,
-            received_ns: f.received_ns,
-            first_ns: f.first_ns,
-            last_ns: f.last_ns,
-            bytes: &f.bytes,
-        };
-        archive.append(&frame, &|_| sender.schema_frame()).unwrap();
-    }
+    append_fixture_frames(&mut archive, &sender, &frames).unwrap();
     archive.tick().unwrap();
-    let engine = Arc::new(QueryEngine::new(archive.reader(), key));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let _archive = archive;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, api_router(engine)).await.unwrap();
-        });
-    });
+    let url = serve_on_loopback(archive, key);
     (url, temps, dir)
 }
 

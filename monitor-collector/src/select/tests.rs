@@ -1,7 +1,7 @@
 //! Selection on traces whose redundant and constant metrics are known, then end to end
 //! through a collector's archive and query API.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
 
@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     archive::{AcceptedFrame, Archive, ArchiveConfig},
-    query::{QueryEngine, api_router},
+    query::test_server::serve_on_loopback,
 };
 
 const S: u64 = 1_000_000_000;
@@ -401,21 +401,7 @@ fn serve() -> (String, tempfile::TempDir) {
             .unwrap();
     }
     archive.tick().unwrap();
-    let engine = Arc::new(QueryEngine::new(archive.reader(), key));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let _archive = archive;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, api_router(engine)).await.unwrap();
-        });
-    });
+    let url = serve_on_loopback(archive, key);
     (url, dir)
 }
 

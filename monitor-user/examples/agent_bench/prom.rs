@@ -4,50 +4,17 @@
 //!   family, then `name{labels} value timestamp_ms` per series, families sorted by name and
 //!   values written as Go's client library writes them (`strconv.AppendFloat(v, 'g', -1)`:
 //!   `1.234567e+06`);
-//! - remote-write v1: a `prometheus.WriteRequest` (protobuf; the messages are written here by
-//!   hand with prost, no protoc) compressed with snappy's block format, as the
-//!   `Content-Encoding: snappy` body of a remote-write POST. Labels are `__name__`, the
-//!   series' labels, and the `instance` and `job` labels a Prometheus server attaches to
-//!   every scraped series, sorted by name.
+//! - remote-write v1: a `prometheus.WriteRequest` (protobuf; the collector's own messages and
+//!   body encoding, its `remote_write/prompb.rs` included by path) compressed with snappy's
+//!   block format, as the `Content-Encoding: snappy` body of a remote-write POST. Labels are
+//!   `__name__`, the series' labels, and the `instance` and `job` labels a Prometheus server
+//!   attaches to every scraped series, sorted by name. Metadata (`WriteRequest` tag 3), which
+//!   Prometheus sends in requests of its own once a minute, is not counted.
 
 use std::collections::BTreeMap;
 
+use crate::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
 use railscope_wire::{Kind, Reading, Series, Value};
-
-/// `prometheus.Label`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Label {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-/// `prometheus.Sample`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Sample {
-    #[prost(double, tag = "1")]
-    pub value: f64,
-    #[prost(int64, tag = "2")]
-    pub timestamp: i64,
-}
-
-/// `prometheus.TimeSeries` (exemplars and histograms, tags 3 and 4, unused).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TimeSeries {
-    #[prost(message, repeated, tag = "1")]
-    pub labels: Vec<Label>,
-    #[prost(message, repeated, tag = "2")]
-    pub samples: Vec<Sample>,
-}
-
-/// `prometheus.WriteRequest` (metadata, tag 3, is sent in requests of its own once a
-/// minute and not counted).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WriteRequest {
-    #[prost(message, repeated, tag = "1")]
-    pub timeseries: Vec<TimeSeries>,
-}
 
 /// A float as Go's `strconv.AppendFloat(f, 'g', -1, 64)` writes it, with the special cases
 /// of client_golang's `writeFloat`.
@@ -158,13 +125,6 @@ fn sample_of(r: &Reading) -> Sample {
     }
 }
 
-/// Snappy block format, as remote-write bodies are.
-pub fn snappy(bytes: &[u8]) -> Vec<u8> {
-    snap::raw::Encoder::new()
-        .compress_vec(bytes)
-        .expect("snappy accepts any input below 4 GiB")
-}
-
 /// Sizes of a batch of remote-write requests.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct RemoteWriteCost {
@@ -178,7 +138,7 @@ impl RemoteWriteCost {
         let raw = prost::Message::encode_to_vec(req);
         self.requests += 1;
         self.protobuf_bytes += raw.len() as u64;
-        self.snappy_bytes += snappy(&raw).len() as u64;
+        self.snappy_bytes += prompb::encode_body(req).len() as u64;
     }
 }
 

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, thread, time::Duration};
 use anyhow::{Context as _, ensure};
 use serde_json::Value;
 
-use crate::guest::{self, ADDR_B};
+use crate::guest;
 
 const PORT: &str = "17400";
 
@@ -20,32 +20,9 @@ pub fn run() -> anyhow::Result<()> {
         guest::agent_and_listener(PORT, &["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
 
-    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let server = guest::spawn_output(guest::in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &["-d", "rxe1", "-x", &gid, "-F", "-n", "2000"],
-    ))?;
-    thread::sleep(Duration::from_secs(1));
-    let client = guest::spawn_output(guest::in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &["-d", "rxe0", "-x", &gid, "-F", "-n", "2000", ADDR_B],
-    ))?;
-    guest::check_output("ib_write_bw client", client.join().expect("no panic"))?;
-    guest::check_output("ib_write_bw server", server.join().expect("no panic"))?;
-    guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
-    thread::sleep(Duration::from_secs(1));
-    guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    guest::write_bw_then_flap(2000)?;
     thread::sleep(Duration::from_secs(3));
-    ensure!(agent.is_running(), "the agent died");
-    agent.stop()?;
-    thread::sleep(Duration::from_millis(500));
-    let frames: Vec<Value> = listener
-        .stop()?
-        .iter()
-        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
-        .collect::<anyhow::Result<_>>()?;
+    let (_, frames) = guest::stop_and_decode(&mut agent, listener)?;
     println!("listener decoded {} frames", frames.len());
     ensure!(!frames.is_empty(), "no frame reached the collector");
 

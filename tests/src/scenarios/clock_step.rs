@@ -39,14 +39,7 @@ pub fn run() -> anyhow::Result<()> {
         thread::sleep(Duration::from_secs(2));
         flaps.push(at);
     }
-    ensure!(agent.is_running(), "the agent died");
-    agent.stop()?;
-    thread::sleep(Duration::from_millis(500));
-    let frames: Vec<Value> = listener
-        .stop()?
-        .iter()
-        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
-        .collect::<anyhow::Result<_>>()?;
+    let (_, frames) = guest::stop_and_decode(&mut agent, listener)?;
     check(&frames, &flaps)
 }
 

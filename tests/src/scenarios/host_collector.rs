@@ -9,7 +9,7 @@ use std::{thread, time::Duration};
 
 use anyhow::{Context as _, ensure};
 
-use crate::guest::{self, ADDR_B};
+use crate::guest;
 
 /// The guest's address on QEMU's user network (its DHCP would give the same).
 const GUEST_ADDR: &str = "10.0.2.15/24";
@@ -24,38 +24,10 @@ pub fn run() -> anyhow::Result<()> {
     let nic = user_net_up()?;
     println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
 
-    guest::write_wire_key()?;
-    let mut agent = guest::Agent::start(&[
-        "--collector",
-        &collector,
-        "--key",
-        guest::WIRE_KEY,
-        "--node",
-        "guest",
-        "--no-gpu",
-        "--interval",
-        "0.5",
-        "--flush",
-        "1",
-    ])?;
+    let mut agent =
+        guest::agent_sending_to(&collector, &["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
-    let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let server = guest::spawn_output(guest::in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &["-d", "rxe1", "-x", &gid, "-F", "-n", "1000"],
-    ))?;
-    thread::sleep(Duration::from_secs(1));
-    let client = guest::spawn_output(guest::in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &["-d", "rxe0", "-x", &gid, "-F", "-n", "1000", ADDR_B],
-    ))?;
-    guest::check_output("ib_write_bw client", client.join().expect("no panic"))?;
-    guest::check_output("ib_write_bw server", server.join().expect("no panic"))?;
-    guest::run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
-    thread::sleep(Duration::from_secs(1));
-    guest::run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    guest::write_bw_then_flap(1000)?;
     thread::sleep(Duration::from_secs(3));
     ensure!(agent.is_running(), "the agent died");
     agent.stop()?;

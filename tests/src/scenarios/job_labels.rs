@@ -11,7 +11,7 @@
 
 use std::{collections::BTreeMap, thread, time::Duration};
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use serde_json::Value;
 
 use crate::guest::{self, ADDR_A, ADDR_B};
@@ -111,14 +111,7 @@ pub fn run() -> anyhow::Result<()> {
 
     // Two flushes, so the last counter values are sent.
     thread::sleep(Duration::from_secs(3));
-    ensure!(agent.is_running(), "the agent died");
-    agent.stop()?;
-    thread::sleep(Duration::from_millis(500));
-    let frames: Vec<Value> = listener
-        .stop()?
-        .iter()
-        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
-        .collect::<anyhow::Result<_>>()?;
+    let (_, frames) = guest::stop_and_decode(&mut agent, listener)?;
     println!("listener decoded {} frames", frames.len());
 
     // The last value of each verb series, keyed by its labels.

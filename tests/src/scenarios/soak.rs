@@ -107,13 +107,7 @@ pub fn run() -> anyhow::Result<()> {
     // Grace period (2 s) plus a sweep, plus a flush.
     thread::sleep(Duration::from_secs(5));
     ensure!(agent.is_running(), "the agent died during the soak");
-    let (_, stderr) = agent.stop()?;
-    thread::sleep(Duration::from_millis(500));
-    let frames: Vec<Value> = listener
-        .stop()?
-        .iter()
-        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
-        .collect::<anyhow::Result<_>>()?;
+    let (stderr, frames) = guest::stop_and_decode(&mut agent, listener)?;
     if let Some(state) = stderr.iter().find(|l| l.contains("stopping; state:")) {
         println!("soak: {state}");
     }

@@ -4,16 +4,16 @@
 //! timestamp to its frame leaving the agent and to `listen` printing it; this command boots
 //! it and writes `bench/results/events.md` and `events.json`. Goal: p99 under 20 ms.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use super::{Options, host_cpu, sorted_json, utc_now};
+use super::{Options, bench_work_dir, boot_bench_scenario, host_cpu, sorted_json, utc_now};
 use crate::{
-    build, cargo,
+    cargo,
     setup::{self, Tools},
-    testbed::{self, Accel, GuestFile, ImageSpec},
+    testbed::{self, Accel},
     vm_test,
 };
 
@@ -23,42 +23,9 @@ const GOAL_P99_MS: f64 = 20.0;
 
 pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
-    let railscope = build::railscope_binary(tools, true)?;
-    let init = vm_test::build_guest_init(tools)?;
-    let name = format!("{:?}", options.kernel).to_lowercase();
-    let work_dir = cargo::workspace_root()
-        .join("target/bench-events")
-        .join(&name);
-    std::fs::create_dir_all(&work_dir)?;
-    setup::step(&format!("building the {name} guest image"));
-    let spec = ImageSpec {
-        kernel: options.kernel,
-        init,
-        files: vec![GuestFile {
-            host: railscope,
-            guest: "/usr/bin/railscope".into(),
-            with_libs: true,
-        }],
-    };
-    let image = testbed::build_image(&tools.cache_dir.join("testbed"), &work_dir, &spec)?;
-    let serial_log = work_dir.join("guest.log");
-    setup::step(&format!(
-        "booting {} with scenario {SCENARIO} (serial log: {})",
-        image.kernel_release,
-        serial_log.display()
-    ));
-    let outcome = vm_test::boot_scenarios(
-        &image,
-        &[SCENARIO],
-        testbed::BootOptions {
-            user_net: false,
-            mem: "1G".into(),
-            smp: options.smp,
-            timeout: Duration::from_secs(options.timeout),
-            cmdline_extra: String::new(),
-            serial_log: serial_log.clone(),
-        },
-    )?;
+    let work_dir = bench_work_dir("bench-events", options);
+    let (image, outcome, serial_log) =
+        boot_bench_scenario(tools, options, &work_dir, SCENARIO, None, "1G")?;
     if let Err(e) = vm_test::scenario_result(&outcome.log, SCENARIO, outcome.timed_out) {
         bail!(
             "the guest's bench scenario failed ({e}); bench/results/events.md is left as it \

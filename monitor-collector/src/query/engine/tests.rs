@@ -5,9 +5,9 @@ use std::time::Duration;
 use railscope_wire::{Event, Labels, Reading, Value};
 
 use super::*;
-use crate::archive::{
-    AcceptedFrame, Archive, ArchiveConfig,
-    fixture_node::{FixtureFrame, FixtureSender},
+use crate::{
+    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
+    fixture_archive::append_fixture_frames,
 };
 
 const T0: u64 = 1_790_000_000_000_000_000;
@@ -22,19 +22,6 @@ struct Setup {
     archive: Archive,
     engine: QueryEngine,
     readings: Vec<(String, Reading)>,
-}
-
-fn append(archive: &mut Archive, sender: &FixtureSender, frames: &[FixtureFrame]) {
-    for f in frames {
-        let frame = AcceptedFrame {
-            node: &sender.name,
-            received_ns: f.received_ns,
-            first_ns: f.first_ns,
-            last_ns: f.last_ns,
-            bytes: &f.bytes,
-        };
-        archive.append(&frame, &|_| sender.schema_frame()).unwrap();
-    }
 }
 
 /// Two nodes, 300 s each, in small segments (several sealed, the rest open); events on the
@@ -55,7 +42,7 @@ fn setup() -> Setup {
         let frames = sender.run_observed(T0, 300, 10, &mut |r| {
             readings.push((name.clone(), r.clone()));
         });
-        append(&mut archive, &sender, &frames);
+        append_fixture_frames(&mut archive, &sender, &frames).unwrap();
         if n == 1 {
             for (i, (kind, labels)) in [
                 ("xid", Labels::new([("gpu", "3")])),
@@ -77,7 +64,7 @@ fn setup() -> Setup {
                     text: format!("event {i}"),
                 };
                 let f = sender.event(event, at + 1_000_000);
-                append(&mut archive, &sender, &[f]);
+                append_fixture_frames(&mut archive, &sender, &[f]).unwrap();
             }
         }
         archive.tick().unwrap();
@@ -234,7 +221,7 @@ fn answers_include_what_was_appended_and_not_yet_written_out() {
     let name = "gpu-node-009";
     let mut sender = FixtureSender::new(name, 9, key());
     let frames = sender.run(T0 + 300 * S, 10, 10);
-    append(&mut s.archive, &sender, &frames); // no tick
+    append_fixture_frames(&mut s.archive, &sender, &frames).unwrap(); // no tick
     assert!(s.archive.stats().unwritten_bytes > 0);
     let q = SeriesQuery {
         metric: "railscope_gpu_temperature_celsius".into(),

@@ -1,0 +1,110 @@
+//! A binary under test run as a child process whose output the test reads when it stops it.
+
+use std::{
+    ffi::OsStr,
+    io::Read,
+    process::{Child, Command, Stdio},
+    thread,
+};
+
+/// A child whose stdout and stderr are drained by threads as it runs (a full pipe would
+/// otherwise block it). Killed on drop if still running, its stderr then printed when the
+/// test is failing, so a failed assertion neither leaves it running nor hides its log.
+pub struct Running {
+    child: Child,
+    out: Option<thread::JoinHandle<String>>,
+    err: Option<thread::JoinHandle<String>>,
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+impl Running {
+    /// `program args...`, with `NO_COLOR=1` so its log is plain text.
+    pub fn spawn<I, S>(program: impl AsRef<OsStr>, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(program);
+        command.args(args).env("NO_COLOR", "1");
+        Self::spawn_command(command)
+    }
+
+    /// `command` as given, with its stdout and stderr piped.
+    pub fn spawn_command(mut command: Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {:?}: {e}", command.get_program()));
+        let out = Some(drain(child.stdout.take().unwrap()));
+        let err = Some(drain(child.stderr.take().unwrap()));
+        Self { child, out, err }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the child has not exited yet.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends `signal` and waits: (exited successfully, stdout, stderr).
+    pub fn signal(mut self, signal: libc::c_int) -> (bool, String, String) {
+        // SAFETY: signalling our own child, which has not been waited for.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        let status = self.child.wait().unwrap();
+        let out = self.out.take().unwrap().join().unwrap();
+        let err = self.err.take().unwrap().join().unwrap();
+        (status.success(), out, err)
+    }
+
+    /// [`Running::signal`] with SIGINT, as Ctrl-C stops it.
+    pub fn interrupt(self) -> (bool, String, String) {
+        self.signal(libc::SIGINT)
+    }
+}
+
+/// Runs `program args...` to completion (no backtrace asked for): it must succeed, else its
+/// stderr is the failure; its stdout as JSON.
+pub fn json_output(
+    program: impl AsRef<OsStr>,
+    args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+) -> serde_json::Value {
+    let mut command = Command::new(program);
+    command.args(args).env_remove("RUST_BACKTRACE");
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{command:?} printed no JSON: {e}"))
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.out.is_none() {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let err = self.err.take().and_then(|e| e.join().ok());
+        if thread::panicking() {
+            eprintln!(
+                "stderr of {} (killed):\n{}",
+                self.child.id(),
+                err.unwrap_or_default()
+            );
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The collector as an operator runs it (`railscope-collector run`, or `railscope collector
+//! run` through the agent's binary) on loopback ports with a key and an archive directory,
+//! started and waited for until its HTTP port answers.
+
+use std::{
+    ffi::OsString,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    child::Running,
+    scratch::{free_tcp_port, free_udp_port},
+};
+
+/// How long a collector may take to open its HTTP port.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// What to start: built by [`CollectorProcess::command`], started by [`CollectorCommand::start`].
+pub struct CollectorCommand {
+    program: PathBuf,
+    subcommand: Vec<OsString>,
+    udp: u16,
+    http: u16,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl CollectorCommand {
+    /// Run as `PROGRAM collector run ...` (the agent's binary handing the subcommand over),
+    /// not `PROGRAM run ...`.
+    pub fn through_agent_binary(mut self) -> Self {
+        self.subcommand = vec!["collector".into(), "run".into()];
+        self
+    }
+
+    /// These ports rather than free ones (a collector started again where it was).
+    pub fn ports(mut self, udp: u16, http: u16) -> Self {
+        self.udp = udp;
+        self.http = http;
+        self
+    }
+
+    /// More options after the ports, key and data directory.
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Starts it and waits until its HTTP port accepts connections.
+    pub fn start(self) -> CollectorProcess {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.subcommand)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.udp))
+            .arg("--http")
+            .arg(format!("127.0.0.1:{}", self.http))
+            .args(&self.args)
+            .env("NO_COLOR", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        let running = Running::spawn_command(command);
+        let http: SocketAddr = ([127, 0, 0, 1], self.http).into();
+        let start = Instant::now();
+        while TcpStream::connect(http).is_err() {
+            assert!(
+                start.elapsed() < READY_WITHIN,
+                "the collector's HTTP port {http} never opened"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        CollectorProcess {
+            running,
+            udp: self.udp,
+            http: self.http,
+        }
+    }
+}
+
+/// A running collector; killed on drop (see [`Running`]).
+pub struct CollectorProcess {
+    running: Running,
+    /// Its receive port and HTTP port on 127.0.0.1.
+    pub udp: u16,
+    pub http: u16,
+}
+
+impl CollectorProcess {
+    /// `PROGRAM run --listen 127.0.0.1:UDP --http 127.0.0.1:HTTP --key KEY --data DATA` on
+    /// free ports.
+    pub fn command(program: impl Into<PathBuf>, key: &Path, data: &Path) -> CollectorCommand {
+        CollectorCommand {
+            program: program.into(),
+            subcommand: vec!["run".into()],
+            udp: free_udp_port(),
+            http: free_tcp_port(),
+            args: vec!["--key".into(), key.into(), "--data".into(), data.into()],
+            env: Vec::new(),
+        }
+    }
+
+    /// Where agents send.
+    pub fn udp_addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.udp).into()
+    }
+
+    /// `http://127.0.0.1:HTTP`, for `--collector` of the query commands.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http)
+    }
+
+    pub fn id(&self) -> u32 {
+        self.running.id()
+    }
+
+    /// The body of `GET path`, which must answer 200.
+    pub fn get(&self, path: &str) -> String {
+        http_get(self.http, path)
+    }
+
+    /// The JSON body of `GET path`, which must answer 200.
+    pub fn json(&self, path: &str) -> serde_json::Value {
+        let body = self.get(path);
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    /// Sends `signal` and waits: (exited successfully, stdout, stderr).
+    pub fn signal(self, signal: libc::c_int) -> (bool, String, String) {
+        self.running.signal(signal)
+    }
+
+    /// Stops it as systemd does (SIGTERM): (exited successfully, stdout, stderr).
+    pub fn stop(self) -> (bool, String, String) {
+        self.signal(libc::SIGTERM)
+    }
+}
+
+/// The body of `GET path` from 127.0.0.1:`port`, which must answer 200.
+pub fn http_get(port: u16, path: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 200"),
+        "GET {path}: {response}"
+    );
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
