@@ -4,7 +4,9 @@ use std::{
     ffi::OsStr,
     io::Read,
     process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
     thread,
+    time::{Duration, Instant},
 };
 
 /// A child whose stdout and stderr are drained by threads as it runs (a full pipe would
@@ -14,13 +16,20 @@ pub struct Running {
     child: Child,
     out: Option<thread::JoinHandle<String>>,
     err: Option<thread::JoinHandle<String>>,
+    /// What the child has printed on stdout so far.
+    stdout_so_far: Arc<Mutex<Vec<u8>>>,
 }
 
-fn drain(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+fn drain(
+    mut pipe: impl Read + Send + 'static,
+    so_far: Arc<Mutex<Vec<u8>>>,
+) -> thread::JoinHandle<String> {
     thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
+        let mut chunk = [0u8; 8192];
+        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+            so_far.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&so_far.lock().unwrap()).into_owned()
     })
 }
 
@@ -43,9 +52,38 @@ impl Running {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {:?}: {e}", command.get_program()));
-        let out = Some(drain(child.stdout.take().unwrap()));
-        let err = Some(drain(child.stderr.take().unwrap()));
-        Self { child, out, err }
+        let stdout_so_far = Arc::default();
+        let out = Some(drain(child.stdout.take().unwrap(), Arc::clone(&stdout_so_far)));
+        let err = Some(drain(child.stderr.take().unwrap(), Arc::default()));
+        Self {
+            child,
+            out,
+            err,
+            stdout_so_far,
+        }
+    }
+
+    /// Waits until the child has printed at least `lines` lines on stdout (true), or
+    /// `timeout` has passed (false): a listener decodes at its own pace, slower on a loaded
+    /// machine, so a test waits for what it expects rather than a fixed time.
+    pub fn wait_for_stdout_lines(&self, lines: usize, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            let printed = self
+                .stdout_so_far
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
+            if printed >= lines {
+                return true;
+            }
+            if start.elapsed() > timeout {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn id(&self) -> u32 {

@@ -378,7 +378,9 @@ fn replay_sends_every_sample_and_event_at_its_capture_time() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    thread::sleep(Duration::from_millis(500));
+    // Every frame was sent; the listener prints them as it decodes them.
+    listen.wait_for_stdout_lines(frames as usize, Duration::from_secs(60));
+    thread::sleep(Duration::from_millis(200));
     let (_, stdout, _) = listen.interrupt();
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len() as u64, frames, "every frame arrives");
