@@ -24,7 +24,7 @@ use crate::{
     },
     http,
     ingest::{self, IngestStats},
-    liveness::Heartbeats,
+    liveness::{Heartbeat, Heartbeats},
     nodes::NodeTable,
     udp,
     writer::{self, ArchiveQueue, FrameArchive, Writer},
@@ -41,7 +41,7 @@ pub struct Shared {
     pub archive: Option<ArchiveQueue>,
     /// More `/metrics` families (the archive's files, remote-write), appended to the page.
     pub extra_metrics: Option<ExtraMetrics>,
-    /// One per receive thread, for the watchdog.
+    /// One per watched thread (the receive threads first, by index), for the watchdog.
     pub heartbeats: Heartbeats,
     /// Health findings (None: not evaluated), and where ingest hands them events.
     pub findings: Option<Arc<FindingsStore>>,
@@ -94,17 +94,34 @@ impl Collector {
             .transpose()?;
         let http_addr = listener.as_ref().map(|l| l.local_addr()).transpose()?;
 
+        // Every thread the watchdog watches: the receive threads (beaten by index), the
+        // archive's writer and its own threads, the HTTP server, the findings thread.
+        let mut heartbeats = Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}")));
         let (archive, writer) = match parts.archive {
             Some(archive) => {
+                for (name, beat) in archive.heartbeats() {
+                    heartbeats.watch(name, beat);
+                }
+                let beat = Heartbeat::new();
+                heartbeats.watch("archive-writer", beat.clone());
                 let (queue, handle) = writer::spawn(
                     archive,
                     config.key.clone(),
                     config.limits.archive_queue_bytes,
+                    beat,
                 )?;
                 (Some(queue), Some(handle))
             }
             None => (None, None),
         };
+        let http_beat = Heartbeat::new();
+        if listener.is_some() {
+            heartbeats.watch("http", http_beat.clone());
+        }
+        let findings_beat = Heartbeat::new();
+        if parts.findings.is_some() {
+            heartbeats.watch("findings", findings_beat.clone());
+        }
         let (findings_inbox, findings_rx) = match &parts.findings {
             Some(_) => {
                 let (inbox, rx) = FindingsInbox::new();
@@ -123,7 +140,7 @@ impl Collector {
             stats: IngestStats::default(),
             archive,
             extra_metrics: parts.extra_metrics,
-            heartbeats: Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}"))),
+            heartbeats,
             findings: parts.findings.as_ref().map(|(store, _)| store.clone()),
             findings_inbox,
         });
@@ -132,6 +149,7 @@ impl Collector {
                 FindingsEngine::new(thresholds, store),
                 rx,
                 shared.clone(),
+                findings_beat,
             )?),
             _ => None,
         };
@@ -151,6 +169,7 @@ impl Collector {
                 listener,
                 http::router(shared.clone(), parts.api),
                 stopped,
+                http_beat,
             )?),
             None => None,
         };

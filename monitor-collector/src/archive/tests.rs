@@ -134,6 +134,7 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     let fleet = Fleet::new(3, 600);
     let mut archive = Archive::open(config(tmp.path())).unwrap();
     fleet.append(&mut archive, &fleet.frames);
+    archive.wait_for_sealer().unwrap();
     let sealed = sealed_count(tmp.path());
     assert!(
         sealed >= 5,
@@ -429,6 +430,7 @@ fn retention_deletes_the_oldest_segments_by_size_and_by_age() {
     })
     .unwrap();
     fleet.append(&mut archive, &fleet.frames);
+    archive.wait_for_sealer().unwrap();
     let stats = archive.stats();
     assert!(stats.segments_deleted > 0, "nothing was deleted: {stats:?}");
     assert!(stats.bytes_on_disk <= 700 << 10, "{stats:?}");
