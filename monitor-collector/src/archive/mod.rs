@@ -326,6 +326,14 @@ impl Archive {
                 if previous.entries.is_empty() {
                     std::fs::remove_file(&previous.path)
                         .map_err(|e| ArchiveError::io(&previous.path, e))?;
+                } else if sealed.iter().any(|s| s.id > previous.id) {
+                    // Older than a sealed segment (its own `.seg` was damaged): sealed now,
+                    // so that the frozen segments stay newer than every sealed one.
+                    let seg = seal_snapshot(&dir, &previous, block_settings(&config), &|| {})?;
+                    sync_dir(&dir)?;
+                    std::fs::remove_file(&previous.path)
+                        .map_err(|e| ArchiveError::io(&previous.path, e))?;
+                    sealed.push(Arc::new(seg));
                 } else {
                     frozen.push(Arc::new(previous));
                 }
