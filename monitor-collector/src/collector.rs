@@ -254,6 +254,15 @@ mod tests {
     }
 
     fn start(archive: &RecordingArchive) -> Collector {
+        start_with(Parts {
+            archive: Some(Box::new(archive.clone())),
+            api: None,
+            extra_metrics: None,
+            findings: None,
+        })
+    }
+
+    fn start_with(parts: Parts) -> Collector {
         Collector::start(
             CollectorConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
@@ -263,12 +272,7 @@ mod tests {
                 key: key(),
                 limits: Limits::default(),
             },
-            Parts {
-                archive: Some(Box::new(archive.clone())),
-                api: None,
-                extra_metrics: None,
-                findings: None,
-            },
+            parts,
         )
         .unwrap()
     }
@@ -512,6 +516,80 @@ mod tests {
             Some("1".into())
         );
         assert!(text.contains(" 3003 "), "the live view kept going: {text}");
+        collector.stop();
+    }
+
+    /// What the watchdog is told in these tests: a thread that has not beaten for this long
+    /// is stalled (the collector uses half of `WatchdogSec=`).
+    const MAX_AGE: Duration = Duration::from_millis(1500);
+
+    /// The watchdog line after a stall of twice `MAX_AGE` (None: it may ping).
+    fn after_a_stall(collector: &Collector) -> Option<String> {
+        std::thread::sleep(2 * MAX_AGE);
+        collector.shared().heartbeats.watchdog_check(MAX_AGE).err()
+    }
+
+    #[test]
+    fn a_hung_sealer_or_http_server_stops_the_watchdog_pings_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let archive = crate::archive::Archive::open(crate::archive::ArchiveConfig::new(
+            tmp.path(),
+        ))
+        .unwrap();
+        let stall = archive.stall_sealer();
+        // A handler that blocks the server's runtime (its one worker) for a while.
+        let hang = axum::Router::new().route(
+            "/hang",
+            axum::routing::get(|| async {
+                std::thread::sleep(3 * MAX_AGE);
+                "done"
+            }),
+        );
+        let collector = start_with(Parts {
+            archive: Some(Box::new(crate::writer::PublishingArchive::new(archive))),
+            api: Some(hang),
+            extra_metrics: None,
+            findings: None,
+        });
+        let names: Vec<&str> = collector.shared().heartbeats.names().collect();
+        for name in ["receive-0", "receive-1", "archive-sealer", "archive-writer", "http"] {
+            assert!(names.contains(&name), "{name} is not watched: {names:?}");
+        }
+        // The sealer stands still: named, and only it.
+        let line = after_a_stall(&collector).expect("a stalled sealer stops the pings");
+        assert!(
+            line.starts_with("not pinging the watchdog: stalled: archive-sealer ("),
+            "{line}"
+        );
+        assert!(!line.contains(", "), "only the sealer: {line}");
+        drop(stall);
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
+        // A request hangs the HTTP server's runtime: the server is named.
+        let http = collector.http_addr().unwrap();
+        let request = std::thread::spawn(move || http_get(http, "/hang"));
+        let line = after_a_stall(&collector).expect("a hung HTTP runtime stops the pings");
+        assert!(line.contains("stalled: http ("), "{line}");
+        assert!(!line.contains("archive-sealer"), "{line}");
+        assert_eq!(request.join().unwrap(), "done");
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
+        collector.stop();
+    }
+
+    #[test]
+    fn a_hung_archive_writer_stops_the_watchdog_pings_naming_it() {
+        let archive = RecordingArchive::default();
+        let collector = start(&archive);
+        archive.hang.store(true, Ordering::Relaxed);
+        let line = after_a_stall(&collector).expect("a hung writer stops the pings");
+        assert!(
+            line.starts_with("not pinging the watchdog: stalled: archive-writer ("),
+            "{line}"
+        );
+        archive.hang.store(false, Ordering::Relaxed);
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
         collector.stop();
     }
 }

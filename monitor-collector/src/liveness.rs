@@ -151,13 +151,13 @@ mod tests {
         beats.watch("archive-writer", writer.clone());
         beats.watch("archive-sealer", sealer.clone());
         beats.watch("http", http.clone());
-        assert_eq!(beats.watchdog_check(Duration::from_millis(40)), Ok(()));
-        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(beats.watchdog_check(Duration::from_millis(200)), Ok(()));
+        std::thread::sleep(Duration::from_millis(300));
         // The receive thread and the writer go on; the sealer and the HTTP server do not.
         beats.beat(0);
         writer.beat();
         let line = beats
-            .watchdog_check(Duration::from_millis(40))
+            .watchdog_check(Duration::from_millis(200))
             .unwrap_err();
         assert!(
             line.starts_with("not pinging the watchdog: stalled: "),
@@ -169,6 +169,6 @@ mod tests {
         assert!(!line.contains("archive-writer"), "{line}");
         sealer.beat();
         http.beat();
-        assert_eq!(beats.watchdog_check(Duration::from_millis(40)), Ok(()));
+        assert_eq!(beats.watchdog_check(Duration::from_millis(200)), Ok(()));
     }
 }
