@@ -532,10 +532,8 @@ mod tests {
     #[test]
     fn a_hung_sealer_or_http_server_stops_the_watchdog_pings_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let archive = crate::archive::Archive::open(crate::archive::ArchiveConfig::new(
-            tmp.path(),
-        ))
-        .unwrap();
+        let archive =
+            crate::archive::Archive::open(crate::archive::ArchiveConfig::new(tmp.path())).unwrap();
         let stall = archive.stall_sealer();
         // A handler that blocks the server's runtime (its one worker) for a while.
         let hang = axum::Router::new().route(
@@ -552,7 +550,13 @@ mod tests {
             findings: None,
         });
         let names: Vec<&str> = collector.shared().heartbeats.names().collect();
-        for name in ["receive-0", "receive-1", "archive-sealer", "archive-writer", "http"] {
+        for name in [
+            "receive-0",
+            "receive-1",
+            "archive-sealer",
+            "archive-writer",
+            "http",
+        ] {
             assert!(names.contains(&name), "{name} is not watched: {names:?}");
         }
         // The sealer stands still: named, and only it.
@@ -564,7 +568,10 @@ mod tests {
         assert!(!line.contains(", "), "only the sealer: {line}");
         drop(stall);
         std::thread::sleep(MAX_AGE / 2);
-        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
         // A request hangs the HTTP server's runtime: the server is named.
         let http = collector.http_addr().unwrap();
         let request = std::thread::spawn(move || http_get(http, "/hang"));
@@ -573,7 +580,10 @@ mod tests {
         assert!(!line.contains("archive-sealer"), "{line}");
         assert_eq!(request.join().unwrap(), "done");
         std::thread::sleep(MAX_AGE / 2);
-        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
         collector.stop();
     }
 
@@ -589,7 +599,10 @@ mod tests {
         );
         archive.hang.store(false, Ordering::Relaxed);
         std::thread::sleep(MAX_AGE / 2);
-        assert_eq!(collector.shared().heartbeats.watchdog_check(MAX_AGE), Ok(()));
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
         collector.stop();
     }
 }

@@ -173,7 +173,9 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let mut service = ServiceManager::from_env();
     service.ready("receiving");
     let shared = collector.shared().clone();
-    wait_for_signal(&service, |max_age| shared.heartbeats.watchdog_check(max_age))
+    wait_for_signal(&service, |max_age| {
+        shared.heartbeats.watchdog_check(max_age)
+    })
     .context("waiting for a signal")?;
     service.stopping();
     tracing::info!("stopping");

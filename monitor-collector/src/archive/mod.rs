@@ -690,7 +690,9 @@ impl Archive {
                 + st.wal_segments().map(|o| o.written).sum::<u64>(),
             segments: (st.sealed.len() + st.frozen.len()) as u64 + 1,
             records: st.sealed.iter().map(|s| u64::from(s.records)).sum::<u64>()
-                + st.wal_segments().map(|o| o.entries.len() as u64).sum::<u64>(),
+                + st.wal_segments()
+                    .map(|o| o.entries.len() as u64)
+                    .sum::<u64>(),
             unwritten_bytes: st.open.buf.len() as u64,
             segments_sealed: sealer.sealed,
             segments_waiting_seal: st.frozen.len() as u64,

@@ -245,8 +245,7 @@ fn seal_frozen(
         st.sealed.insert(at, Arc::new(sealed));
     }
     // Sealed either way: a `.wal` left beside its `.seg` is deleted when the archive opens.
-    if let Err(e) = std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e))
-    {
+    if let Err(e) = std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e)) {
         tracing::warn!("{e}: the sealed segment's open form is deleted at the next start");
     } else if let Err(e) = sync_dir(dir) {
         tracing::warn!("{e}");

@@ -745,7 +745,11 @@ fn a_frozen_segment_left_by_a_kill_is_sealed_after_the_restart_and_nothing_is_lo
     assert_eq!(frames_back(&archive), want);
     assert_eq!(sealed_count(tmp.path()), frozen.len() - 1);
     for wal in &frozen[..frozen.len() - 1] {
-        assert!(!wal.exists(), "{} was not deleted once sealed", wal.display());
+        assert!(
+            !wal.exists(),
+            "{} was not deleted once sealed",
+            wal.display()
+        );
     }
     // Appending goes on in the newest open segment, sequence numbers after the old ones.
     let rest = &fleet.frames[80..];
@@ -797,6 +801,10 @@ fn a_seal_killed_before_its_swap_or_midway_is_recovered_without_doubles() {
     assert_eq!(frames_back(&archive), want);
     archive.wait_for_sealer().unwrap();
     assert_eq!(frames_back(&archive), want);
-    assert_eq!(std::fs::read(&seg).unwrap(), sealed_bytes, "sealed again, whole");
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        sealed_bytes,
+        "sealed again, whole"
+    );
     assert!(!oldest.exists());
 }
