@@ -145,6 +145,9 @@ impl Sealer {
             if c.failures > failures {
                 return Err(c.failing.clone().unwrap_or_default());
             }
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                return Err("the sealer thread stopped".into());
+            }
             c = self
                 .link
                 .changed
@@ -198,12 +201,11 @@ fn run(shared: &RwLock<State>, link: &Link, dir: &std::path::Path, settings: Blo
             }
         }
         let Some(seg) = next else { continue };
-        let result = seal_frozen(shared, dir, &seg, settings, &link.heartbeat);
+        let result = seal_frozen(shared, dir, &seg, settings, link);
         drop(seg);
         let mut c = link.lock();
         match result {
             Ok(()) => {
-                c.sealed += 1;
                 c.retry_at = None;
                 if c.failing.take().is_some() {
                     tracing::info!("archive {}: sealing works again", dir.display());
@@ -225,19 +227,21 @@ fn run(shared: &RwLock<State>, link: &Link, dir: &std::path::Path, settings: Blo
     }
 }
 
-/// Writes the sealed form of the frozen segment `seg`, swaps it in and deletes the `.wal`.
+/// Writes the sealed form of the frozen segment `seg`, swaps it in, deletes the `.wal` and
+/// counts the seal (the last three at once for whoever waits for the sealer).
 fn seal_frozen(
     shared: &RwLock<State>,
     dir: &std::path::Path,
     seg: &OpenSegment,
     settings: BlockSettings,
-    heartbeat: &Heartbeat,
+    link: &Link,
 ) -> Result<(), ArchiveError> {
     seg.file
         .sync_data()
         .map_err(|e| ArchiveError::io(&seg.path, e))?;
-    let sealed = seal_snapshot(dir, seg, settings, &|| heartbeat.beat())?;
+    let sealed = seal_snapshot(dir, seg, settings, &|| link.heartbeat.beat())?;
     sync_dir(dir)?;
+    let mut c = link.lock();
     {
         let mut st = write_lock(shared);
         st.frozen.retain(|f| f.id != seg.id);
@@ -245,10 +249,18 @@ fn seal_frozen(
         st.sealed.insert(at, Arc::new(sealed));
     }
     // Sealed either way: a `.wal` left beside its `.seg` is deleted when the archive opens.
-    if let Err(e) = std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e)) {
-        tracing::warn!("{e}: the sealed segment's open form is deleted at the next start");
-    } else if let Err(e) = sync_dir(dir) {
-        tracing::warn!("{e}");
+    let removed = std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e));
+    c.sealed += 1;
+    drop(c);
+    match removed {
+        Err(e) => {
+            tracing::warn!("{e}: the sealed segment's open form is deleted at the next start")
+        }
+        Ok(()) => {
+            if let Err(e) = sync_dir(dir) {
+                tracing::warn!("{e}");
+            }
+        }
     }
     Ok(())
 }
