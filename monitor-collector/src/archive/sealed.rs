@@ -507,7 +507,11 @@ mod tests {
         );
         assert_eq!((v1.version, v2.version), (1, 2));
         let (a, b) = (read_all(&v1).unwrap(), read_all(&v2).unwrap());
-        assert!(b.len() > 1 && beats.get() >= b.len(), "{} beats", beats.get());
+        assert!(
+            b.len() > 1 && beats.get() >= b.len(),
+            "{} beats",
+            beats.get()
+        );
         assert!(a == b, "format 1 and 2 read back differently");
         let mut a_nodes: Vec<(String, Vec<u8>)> = Vec::new();
         for (node, raw) in a {
