@@ -808,3 +808,42 @@ fn a_seal_killed_before_its_swap_or_midway_is_recovered_without_doubles() {
     );
     assert!(!oldest.exists());
 }
+
+#[test]
+fn a_seal_that_fails_is_retried_and_appends_go_on_meanwhile() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(1, 600);
+    let cfg = ArchiveConfig {
+        segment_bytes: 64 << 10,
+        ..config(tmp.path())
+    };
+    let mut archive = Archive::open(cfg).unwrap();
+    let stall = archive.stall_sealer();
+    fleet.append(&mut archive, &fleet.frames[..80]);
+    assert_eq!(archive.stats().segments_waiting_seal, 1);
+    // The sealed file cannot be written (a directory where it goes, as a full disk or a
+    // read-only directory would refuse it).
+    let wal = files_with(tmp.path(), ".wal")[0].clone();
+    let blocker = wal.with_extension("seg.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    drop(stall);
+    let e = archive.wait_for_sealer().unwrap_err();
+    assert!(e.to_string().contains("sealing failed"), "{e}");
+    assert!(e.to_string().contains(".seg.tmp"), "{e}");
+    let stats = archive.stats();
+    assert!(stats.write_errors > 0, "{stats:?}");
+    assert_eq!(stats.segments_waiting_seal, 1, "{stats:?}");
+    // Appends go on, and everything stays readable, the frozen segment as it is.
+    fleet.append(&mut archive, &fleet.frames[80..120]);
+    assert_eq!(frames_back(&archive), sent(&fleet.frames[..120]));
+    // The cause goes away: the next try seals it, nothing lost or doubled.
+    std::fs::remove_dir(&blocker).unwrap();
+    archive.wait_for_sealer().unwrap();
+    let stats = archive.stats();
+    assert_eq!(stats.segments_waiting_seal, 0, "{stats:?}");
+    assert!(!wal.exists());
+    assert_eq!(files_with(tmp.path(), ".wal").len(), 1);
+    assert!(stats.segments_sealed >= 1, "{stats:?}");
+    assert_eq!(sealed_count(tmp.path()) as u64, stats.segments_sealed);
+    assert_eq!(frames_back(&archive), sent(&fleet.frames[..120]));
+}
