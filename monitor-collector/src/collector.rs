@@ -24,7 +24,7 @@ use crate::{
     },
     http,
     ingest::{self, IngestStats},
-    liveness::Heartbeats,
+    liveness::{Heartbeat, Heartbeats},
     nodes::NodeTable,
     udp,
     writer::{self, ArchiveQueue, FrameArchive, Writer},
@@ -41,7 +41,7 @@ pub struct Shared {
     pub archive: Option<ArchiveQueue>,
     /// More `/metrics` families (the archive's files, remote-write), appended to the page.
     pub extra_metrics: Option<ExtraMetrics>,
-    /// One per receive thread, for the watchdog.
+    /// One per watched thread (the receive threads first, by index), for the watchdog.
     pub heartbeats: Heartbeats,
     /// Health findings (None: not evaluated), and where ingest hands them events.
     pub findings: Option<Arc<FindingsStore>>,
@@ -94,17 +94,34 @@ impl Collector {
             .transpose()?;
         let http_addr = listener.as_ref().map(|l| l.local_addr()).transpose()?;
 
+        // Every thread the watchdog watches: the receive threads (beaten by index), the
+        // archive's writer and its own threads, the HTTP server, the findings thread.
+        let mut heartbeats = Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}")));
         let (archive, writer) = match parts.archive {
             Some(archive) => {
+                for (name, beat) in archive.heartbeats() {
+                    heartbeats.watch(name, beat);
+                }
+                let beat = Heartbeat::new();
+                heartbeats.watch("archive-writer", beat.clone());
                 let (queue, handle) = writer::spawn(
                     archive,
                     config.key.clone(),
                     config.limits.archive_queue_bytes,
+                    beat,
                 )?;
                 (Some(queue), Some(handle))
             }
             None => (None, None),
         };
+        let http_beat = Heartbeat::new();
+        if listener.is_some() {
+            heartbeats.watch("http", http_beat.clone());
+        }
+        let findings_beat = Heartbeat::new();
+        if parts.findings.is_some() {
+            heartbeats.watch("findings", findings_beat.clone());
+        }
         let (findings_inbox, findings_rx) = match &parts.findings {
             Some(_) => {
                 let (inbox, rx) = FindingsInbox::new();
@@ -123,7 +140,7 @@ impl Collector {
             stats: IngestStats::default(),
             archive,
             extra_metrics: parts.extra_metrics,
-            heartbeats: Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}"))),
+            heartbeats,
             findings: parts.findings.as_ref().map(|(store, _)| store.clone()),
             findings_inbox,
         });
@@ -132,6 +149,7 @@ impl Collector {
                 FindingsEngine::new(thresholds, store),
                 rx,
                 shared.clone(),
+                findings_beat,
             )?),
             _ => None,
         };
@@ -151,6 +169,7 @@ impl Collector {
                 listener,
                 http::router(shared.clone(), parts.api),
                 stopped,
+                http_beat,
             )?),
             None => None,
         };
@@ -235,6 +254,15 @@ mod tests {
     }
 
     fn start(archive: &RecordingArchive) -> Collector {
+        start_with(Parts {
+            archive: Some(Box::new(archive.clone())),
+            api: None,
+            extra_metrics: None,
+            findings: None,
+        })
+    }
+
+    fn start_with(parts: Parts) -> Collector {
         Collector::start(
             CollectorConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
@@ -244,12 +272,7 @@ mod tests {
                 key: key(),
                 limits: Limits::default(),
             },
-            Parts {
-                archive: Some(Box::new(archive.clone())),
-                api: None,
-                extra_metrics: None,
-                findings: None,
-            },
+            parts,
         )
         .unwrap()
     }
@@ -493,6 +516,93 @@ mod tests {
             Some("1".into())
         );
         assert!(text.contains(" 3003 "), "the live view kept going: {text}");
+        collector.stop();
+    }
+
+    /// What the watchdog is told in these tests: a thread that has not beaten for this long
+    /// is stalled (the collector uses half of `WatchdogSec=`).
+    const MAX_AGE: Duration = Duration::from_millis(1500);
+
+    /// The watchdog line after a stall of twice `MAX_AGE` (None: it may ping).
+    fn after_a_stall(collector: &Collector) -> Option<String> {
+        std::thread::sleep(2 * MAX_AGE);
+        collector.shared().heartbeats.watchdog_check(MAX_AGE).err()
+    }
+
+    #[test]
+    fn a_hung_sealer_or_http_server_stops_the_watchdog_pings_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let archive =
+            crate::archive::Archive::open(crate::archive::ArchiveConfig::new(tmp.path())).unwrap();
+        let stall = archive.stall_sealer();
+        // A handler that blocks the server's runtime (its one worker) for a while.
+        let hang = axum::Router::new().route(
+            "/hang",
+            axum::routing::get(|| async {
+                std::thread::sleep(3 * MAX_AGE);
+                "done"
+            }),
+        );
+        let collector = start_with(Parts {
+            archive: Some(Box::new(crate::writer::PublishingArchive::new(archive))),
+            api: Some(hang),
+            extra_metrics: None,
+            findings: None,
+        });
+        let names: Vec<&str> = collector.shared().heartbeats.names().collect();
+        for name in [
+            "receive-0",
+            "receive-1",
+            "archive-sealer",
+            "archive-writer",
+            "http",
+        ] {
+            assert!(names.contains(&name), "{name} is not watched: {names:?}");
+        }
+        // The sealer stands still: named, and only it.
+        let line = after_a_stall(&collector).expect("a stalled sealer stops the pings");
+        assert!(
+            line.starts_with("not pinging the watchdog: stalled: archive-sealer ("),
+            "{line}"
+        );
+        assert!(!line.contains(", "), "only the sealer: {line}");
+        drop(stall);
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
+        // A request hangs the HTTP server's runtime: the server is named.
+        let http = collector.http_addr().unwrap();
+        let request = std::thread::spawn(move || http_get(http, "/hang"));
+        let line = after_a_stall(&collector).expect("a hung HTTP runtime stops the pings");
+        assert!(line.contains("stalled: http ("), "{line}");
+        assert!(!line.contains("archive-sealer"), "{line}");
+        assert_eq!(request.join().unwrap(), "done");
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
+        collector.stop();
+    }
+
+    #[test]
+    fn a_hung_archive_writer_stops_the_watchdog_pings_naming_it() {
+        let archive = RecordingArchive::default();
+        let collector = start(&archive);
+        archive.hang.store(true, Ordering::Relaxed);
+        let line = after_a_stall(&collector).expect("a hung writer stops the pings");
+        assert!(
+            line.starts_with("not pinging the watchdog: stalled: archive-writer ("),
+            "{line}"
+        );
+        archive.hang.store(false, Ordering::Relaxed);
+        std::thread::sleep(MAX_AGE / 2);
+        assert_eq!(
+            collector.shared().heartbeats.watchdog_check(MAX_AGE),
+            Ok(())
+        );
         collector.stop();
     }
 }

@@ -14,7 +14,13 @@ use axum::{
 };
 use tokio::sync::watch;
 
-use crate::{collector::Shared, events::EventFilter, ingest::unix_now_ns, metrics};
+use crate::{
+    collector::Shared,
+    events::EventFilter,
+    ingest::unix_now_ns,
+    liveness::{BEAT_EVERY, Heartbeat},
+    metrics,
+};
 
 /// The routes of `/metrics` and the live view, merged with `api`.
 pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
@@ -73,11 +79,14 @@ async fn events(
     Json(shared.events.matching(&filter))
 }
 
-/// Serves `router` on `listener` from a thread of its own until `stop` turns true.
+/// Serves `router` on `listener` from a thread of its own until `stop` turns true. A task on
+/// the server's runtime beats `heartbeat` every [`BEAT_EVERY`]: a runtime whose worker hangs
+/// (a handler blocking it) stops beating, and the watchdog sees it.
 pub fn spawn(
     listener: TcpListener,
     router: Router,
     mut stop: watch::Receiver<bool>,
+    heartbeat: Heartbeat,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
     std::thread::Builder::new()
@@ -94,6 +103,13 @@ pub fn spawn(
                     return;
                 }
             };
+            runtime.spawn(async move {
+                let mut every = tokio::time::interval(BEAT_EVERY);
+                loop {
+                    every.tick().await;
+                    heartbeat.beat();
+                }
+            });
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,

@@ -17,7 +17,8 @@
 //!   [`dashboard`]: the web dashboard at `/`, its assets compiled in;
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
-//! - [`liveness`]: the receive threads' heartbeats, for systemd's watchdog;
+//! - [`liveness`]: the heartbeats of the receive threads, the archive writer and sealer, the
+//!   HTTP server and the findings thread, for systemd's watchdog;
 //! - [`select`]: `railscope select`, Moneo's metric selection over a stored range;
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`;

@@ -174,12 +174,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     service.ready("receiving");
     let shared = collector.shared().clone();
     wait_for_signal(&service, |max_age| {
-        shared
-            .heartbeats
-            .stalled(max_age)
-            .into_iter()
-            .map(|(name, age)| format!("{name} ({:.0} s)", age.as_secs_f64()))
-            .collect()
+        shared.heartbeats.watchdog_check(max_age)
     })
     .context("waiting for a signal")?;
     service.stopping();
@@ -196,11 +191,12 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
 }
 
 /// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on, but only
-/// while `stalled` (the worker threads that have not turned for longer than the given time)
-/// is empty: a hung receive thread stops the pings, and systemd restarts the collector.
+/// while `check` (whether every watched thread turned within the given time) passes: a hung
+/// receive thread, archive writer or sealer, HTTP server or findings thread stops the pings
+/// (its name logged), and systemd restarts the collector.
 fn wait_for_signal(
     service: &ServiceManager,
-    stalled: impl Fn(std::time::Duration) -> Vec<String>,
+    check: impl Fn(std::time::Duration) -> Result<(), String>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -215,14 +211,9 @@ fn wait_for_signal(
                 r = tokio::signal::ctrl_c() => return r,
                 _ = term.recv() => return Ok(()),
                 _ = watchdog.tick(), if ping_every.is_some() => {
-                    let stalled = stalled(ping_every.unwrap_or_default());
-                    if stalled.is_empty() {
-                        service.alive();
-                    } else {
-                        tracing::error!(
-                            "not pinging the watchdog: stalled: {}",
-                            stalled.join(", ")
-                        );
+                    match check(ping_every.unwrap_or_default()) {
+                        Ok(()) => service.alive(),
+                        Err(line) => tracing::error!("{line}"),
                     }
                 }
             }

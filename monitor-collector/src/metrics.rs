@@ -46,7 +46,7 @@ pub fn render_own(shared: &Shared) -> String {
 /// The archive's files: bytes on disk, segments, records, torn tails cut, errors.
 pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
     use Kind::{Counter, Gauge};
-    let families: [(&str, Kind, &str, u64); 8] = [
+    let families: [(&str, Kind, &str, u64); 10] = [
         (
             "railscope_collector_archive_disk_bytes",
             Gauge,
@@ -56,7 +56,7 @@ pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
         (
             "railscope_collector_archive_segments",
             Gauge,
-            "Archive segments (sealed ones plus the open one).",
+            "Archive segments (sealed ones, full ones waiting to be sealed, the open one).",
             s.segments,
         ),
         (
@@ -88,6 +88,18 @@ pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
             Counter,
             "Segments deleted by retention.",
             s.segments_deleted,
+        ),
+        (
+            "railscope_collector_archive_segments_sealed_total",
+            Counter,
+            "Archive segments sealed since the collector started.",
+            s.segments_sealed,
+        ),
+        (
+            "railscope_collector_archive_segments_waiting_seal",
+            Gauge,
+            "Full archive segments waiting for the sealer thread (readable meanwhile).",
+            s.segments_waiting_seal,
         ),
         (
             "railscope_collector_archive_unwritten_bytes",

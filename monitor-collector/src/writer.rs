@@ -20,7 +20,7 @@ use std::{
 
 use railscope_wire::{Frame, Key, SchemaEntry};
 
-use crate::nodes::Schema;
+use crate::{liveness::Heartbeat, nodes::Schema};
 
 pub use crate::archive::AcceptedFrame;
 
@@ -39,6 +39,10 @@ pub trait FrameArchive: Send + 'static {
     ) -> Result<(), ArchiveError>;
     /// Writes out buffered data; called at least every 100 ms.
     fn tick(&mut self) -> Result<(), ArchiveError>;
+    /// The threads the archive runs itself, by name, for the watchdog.
+    fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
+        Vec::new()
+    }
 }
 
 impl FrameArchive for crate::archive::Archive {
@@ -52,6 +56,10 @@ impl FrameArchive for crate::archive::Archive {
 
     fn tick(&mut self) -> Result<(), ArchiveError> {
         crate::archive::Archive::tick(self).map_err(Into::into)
+    }
+
+    fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
+        vec![("archive-sealer".to_owned(), self.sealer_heartbeat())]
     }
 }
 
@@ -91,6 +99,10 @@ impl FrameArchive for PublishingArchive {
         let result = FrameArchive::tick(&mut self.archive);
         self.publish();
         result
+    }
+
+    fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
+        FrameArchive::heartbeats(&self.archive)
     }
 }
 
@@ -222,11 +234,12 @@ impl Writer {
     }
 }
 
-/// Starts the writer thread.
+/// Starts the writer thread; it beats `heartbeat` at every turn (at least every tick).
 pub fn spawn(
     mut archive: Box<dyn FrameArchive>,
     key: Key,
     capacity_bytes: usize,
+    heartbeat: Heartbeat,
 ) -> std::io::Result<(ArchiveQueue, Writer)> {
     // The byte bound is the real one; the channel's is a second guard (small frames).
     let (tx, rx) = sync_channel(capacity_bytes / 64 + 1);
@@ -240,7 +253,7 @@ pub fn spawn(
     let stopping = stop.clone();
     let thread = std::thread::Builder::new()
         .name("archive-writer".into())
-        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key, &stopping))?;
+        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key, &stopping, &heartbeat))?;
     Ok((queue, Writer { stop, thread }))
 }
 
@@ -250,9 +263,11 @@ fn write_loop(
     stats: &WriterStats,
     key: &Key,
     stop: &AtomicBool,
+    heartbeat: &Heartbeat,
 ) {
     let mut last_tick = Instant::now();
     loop {
+        heartbeat.beat();
         let wait = TICK_EVERY.saturating_sub(last_tick.elapsed());
         // Once stopping, what is left in the queue is appended without waiting for more.
         let next = if stop.load(Ordering::Relaxed) {
@@ -350,6 +365,8 @@ pub(crate) mod testing {
         pub ticks: Arc<AtomicU64>,
         /// Appends fail while set (a full disk).
         pub full: Arc<AtomicBool>,
+        /// Ticks hang while set (a writer stuck in the archive).
+        pub hang: Arc<AtomicBool>,
     }
 
     impl FrameArchive for RecordingArchive {
@@ -373,6 +390,9 @@ pub(crate) mod testing {
         }
 
         fn tick(&mut self) -> Result<(), ArchiveError> {
+            while self.hang.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             self.ticks.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }

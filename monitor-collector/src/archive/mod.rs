@@ -7,10 +7,12 @@
 //!   fsynced every [`ArchiveConfig::sync_interval`] (1 s), which bounds what a power loss
 //!   takes. At start-up a torn tail is cut, with one log line.
 //! - When it reaches [`ArchiveConfig::segment_bytes`] or spans
-//!   [`ArchiveConfig::segment_span`], it is **sealed** (`<id>.seg`): its records regrouped per
-//!   node into zstd blocks, with a per-node index of time and sequence ranges and a trailer,
-//!   so a query reads only the segments of its time range and in them only the blocks of its
-//!   nodes.
+//!   [`ArchiveConfig::segment_span`], the writer **freezes** it (it stays readable as it is)
+//!   and starts the next open segment at once; the **sealer** thread (`sealer.rs`) then
+//!   writes its sealed form (`<id>.seg`): its records regrouped per node into zstd blocks,
+//!   with a per-node index of time and sequence ranges and a trailer, so a query reads only
+//!   the segments of its time range and in them only the blocks of its nodes. The sealed
+//!   form is swapped in under the lock and the frozen file deleted.
 //! - **Retention** deletes the oldest sealed segments by age and by total size.
 //! - A write that fails (a full disk) makes `append` and `tick` return the error, keeps the
 //!   unwritten records up to [`ArchiveConfig::max_unwritten_bytes`] and retries at each
@@ -24,6 +26,7 @@ mod reader;
 mod recode;
 mod record;
 mod sealed;
+mod sealer;
 
 #[doc(hidden)]
 pub mod fixture_node;
@@ -37,9 +40,11 @@ use std::{
 pub use reader::{ArchiveReader, NodeSelector, ScanFilter, ScanStats, SequentialReader};
 pub use record::{Record, RecordKind, RecordView};
 pub use sealed::SealedSegment;
+pub use sealer::SealerStall;
 
 use open::{OpenSegment, open_path};
 use sealed::{BlockSettings, sealed_path};
+use sealer::Sealer;
 
 /// Where the archive lives and how it behaves. [`ArchiveConfig::new`] gives the defaults.
 #[derive(Clone, Debug)]
@@ -116,6 +121,8 @@ pub enum ArchiveError {
     Corrupt { path: PathBuf, what: String },
     #[error("archive {path}: format version {version}, this build reads versions 1 and 2")]
     Version { path: PathBuf, version: u8 },
+    #[error("archive {dir}: sealing failed: {why}")]
+    SealFailed { dir: PathBuf, why: String },
     #[error("archive {dir}: record of node {node:?} dropped: {why}")]
     Dropped {
         dir: PathBuf,
@@ -149,7 +156,7 @@ impl ArchiveError {
 pub struct ArchiveStats {
     /// Bytes of all segment files.
     pub bytes_on_disk: u64,
-    /// Sealed segments plus the open one.
+    /// Sealed segments, frozen ones plus the open one.
     pub segments: u64,
     /// Records in the archive (frames and schema records).
     pub records: u64,
@@ -161,6 +168,10 @@ pub struct ArchiveStats {
     pub torn_tails_cut: u64,
     /// Failed writes, syncs and seals.
     pub write_errors: u64,
+    /// Segments the sealer sealed since the archive was opened.
+    pub segments_sealed: u64,
+    /// Frozen segments waiting for the sealer (readable meanwhile in their open form).
+    pub segments_waiting_seal: u64,
     /// Records dropped because writes kept failing.
     pub dropped_records: u64,
     /// Segments deleted by retention.
@@ -171,14 +182,29 @@ pub struct ArchiveStats {
     pub failing: Option<String>,
 }
 
-/// What the writer and the readers share.
+/// What the writer, the sealer and the readers share.
 pub(crate) struct State {
     pub sealed: Vec<Arc<SealedSegment>>,
+    /// Full open segments the writer handed to the sealer, oldest first: read as open
+    /// segments (their `.wal` and index, unchanged) until their sealed form replaces them.
+    pub frozen: Vec<Arc<OpenSegment>>,
     pub open: OpenSegment,
 }
 
+impl State {
+    /// The segments still in their open form, in sequence order: the frozen ones, then the
+    /// open one.
+    pub fn wal_segments(&self) -> impl Iterator<Item = &OpenSegment> {
+        self.frozen
+            .iter()
+            .map(|s| &**s)
+            .chain(std::iter::once(&self.open))
+    }
+}
+
 /// The archive's writer: owned by one thread, which calls [`append`](Self::append) for each
-/// accepted frame and [`tick`](Self::tick) at least every 100 ms.
+/// accepted frame and [`tick`](Self::tick) at least every 100 ms. Full open segments are
+/// sealed by a thread of the archive's own (the sealer), which dropping the archive stops.
 pub struct Archive {
     config: ArchiveConfig,
     shared: Arc<RwLock<State>>,
@@ -186,12 +212,19 @@ pub struct Archive {
     stats: ArchiveStats,
     last_sync: Instant,
     last_retention: Instant,
-    /// After a failed seal, when to try again.
-    seal_retry_at: Option<Instant>,
+    /// After a failed freeze (a full disk), when to try again.
+    freeze_retry_at: Option<Instant>,
+    /// Segments the sealer had sealed when retention last ran.
+    sealed_seen: u64,
+    sealer: Sealer,
 }
 
-const SEAL_RETRY: Duration = Duration::from_secs(10);
+const FREEZE_RETRY: Duration = Duration::from_secs(10);
 const RETENTION_EVERY: Duration = Duration::from_secs(10);
+/// Frozen segments waiting for the sealer at most: beyond, the open segment is not frozen
+/// and grows past `segment_bytes` until the sealer takes one (docs/archive-format.md,
+/// "Sealing").
+pub const MAX_FROZEN: usize = 2;
 
 fn unix_now_ns() -> u64 {
     SystemTime::now()
@@ -214,6 +247,10 @@ fn write_lock(shared: &RwLock<State>) -> std::sync::RwLockWriteGuard<'_, State> 
     shared.write().unwrap_or_else(|p| p.into_inner())
 }
 
+fn read_lock(shared: &RwLock<State>) -> std::sync::RwLockReadGuard<'_, State> {
+    shared.read().unwrap_or_else(|p| p.into_inner())
+}
+
 fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -221,9 +258,10 @@ fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
 }
 
 impl Archive {
-    /// Opens or creates the archive under `config.dir`. Recovers what a crash left: an open
-    /// segment's torn tail is cut (one log line), a seal that finished but did not delete
-    /// its open segment is completed, an older open segment left by a failed seal is sealed.
+    /// Opens or creates the archive under `config.dir` and starts its sealer. Recovers what a
+    /// crash left: an open segment's torn tail is cut (one log line), a seal that finished
+    /// but did not delete its open segment is completed, open segments older than the newest
+    /// (frozen ones, or left by a failed seal) are handed to the sealer again.
     pub fn open(config: ArchiveConfig) -> Result<Archive, ArchiveError> {
         let dir = config.dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| ArchiveError::io(&dir, e))?;
@@ -250,23 +288,24 @@ impl Archive {
         let mut stats = ArchiveStats::default();
         let mut sealed = Vec::new();
         for &id in &sealed_ids {
-            match SealedSegment::open(&sealed_path(&dir, id)) {
+            let path = sealed_path(&dir, id);
+            match SealedSegment::open(&path) {
                 Ok(seg) => sealed.push(Arc::new(seg)),
+                Err(e) if open_ids.binary_search(&id).is_ok() => {
+                    // Its open form is still there: sealed again, which replaces it.
+                    tracing::warn!("{e}: sealing its open segment again");
+                }
                 Err(e) => {
                     tracing::error!("{e}: segment left out of the archive");
                     stats.write_errors += 1;
                 }
             }
         }
-        let settings = BlockSettings {
-            block_bytes: config.block_bytes,
-            level: config.compression_level,
-            recode: true,
-        };
-        let mut open = None;
+        let mut frozen = Vec::new();
+        let mut open: Option<OpenSegment> = None;
         for &id in &open_ids {
             let path = open_path(&dir, id);
-            if sealed_ids.binary_search(&id).is_ok() {
+            if sealed.iter().any(|s| s.id == id) {
                 // Sealed, but the crash came before its open segment was deleted.
                 std::fs::remove_file(&path).map_err(|e| ArchiveError::io(&path, e))?;
                 continue;
@@ -283,8 +322,21 @@ impl Archive {
                 stats.torn_tails_cut += 1;
             }
             if let Some(previous) = open.replace(seg) {
-                // Two open segments: a seal failed before the restart. Seal the older now.
-                sealed.extend(seal(&dir, previous, settings)?.map(Arc::new));
+                // Not the newest: frozen (or left by a failed seal) before the restart.
+                if previous.entries.is_empty() {
+                    std::fs::remove_file(&previous.path)
+                        .map_err(|e| ArchiveError::io(&previous.path, e))?;
+                } else if sealed.iter().any(|s| s.id > previous.id) {
+                    // Older than a sealed segment (its own `.seg` was damaged): sealed now,
+                    // so that the frozen segments stay newer than every sealed one.
+                    let seg = seal_snapshot(&dir, &previous, block_settings(&config), &|| {})?;
+                    sync_dir(&dir)?;
+                    std::fs::remove_file(&previous.path)
+                        .map_err(|e| ArchiveError::io(&previous.path, e))?;
+                    sealed.push(Arc::new(seg));
+                } else {
+                    frozen.push(Arc::new(previous));
+                }
             }
         }
         let next_id = sealed
@@ -301,20 +353,33 @@ impl Archive {
         let next_seq = sealed
             .iter()
             .map(|s| s.last_seq + 1)
-            .chain(open.entries.last().map(|e| e.seq + 1))
+            .chain(
+                frozen
+                    .iter()
+                    .map(|f| &**f)
+                    .chain(std::iter::once(&open))
+                    .filter_map(|o| o.entries.last().map(|e| e.seq + 1)),
+            )
             .max()
             .unwrap_or(0);
-        let archive = Archive {
+        sync_dir(&dir)?;
+        let shared = Arc::new(RwLock::new(State {
+            sealed,
+            frozen,
+            open,
+        }));
+        let sealer = Sealer::spawn(shared.clone(), dir, block_settings(&config))?;
+        Ok(Archive {
             config,
-            shared: Arc::new(RwLock::new(State { sealed, open })),
+            shared,
             next_seq,
             stats,
             last_sync: Instant::now(),
             last_retention: Instant::now() - RETENTION_EVERY,
-            seal_retry_at: None,
-        };
-        sync_dir(&dir)?;
-        Ok(archive)
+            freeze_retry_at: None,
+            sealed_seen: 0,
+            sealer,
+        })
     }
 
     pub fn config(&self) -> &ArchiveConfig {
@@ -332,10 +397,10 @@ impl Archive {
         if frame.node.len() > 255 || frame.bytes.len() > 65_536 {
             return Err(self.dropped(frame.node, "node name or frame longer than a frame allows"));
         }
-        if self.needs_seal(frame.received_ns) {
-            self.roll();
+        if self.open_full(frame.received_ns) {
+            self.freeze();
         }
-        let unwritten = write_lock(&self.shared).open.buf.len();
+        let unwritten = read_lock(&self.shared).open.buf.len();
         if self.stats.failing.is_some() && unwritten >= self.config.max_unwritten_bytes {
             let why = format!(
                 "writes are failing ({}) and {} bytes already wait",
@@ -344,7 +409,7 @@ impl Archive {
             );
             return Err(self.dropped(frame.node, &why));
         }
-        let known = write_lock(&self.shared)
+        let known = read_lock(&self.shared)
             .open
             .node_ix
             .contains_key(frame.node);
@@ -393,17 +458,20 @@ impl Archive {
         }
     }
 
-    fn needs_seal(&self, now_ns: u64) -> bool {
-        if self.seal_retry_at.is_some_and(|t| Instant::now() < t) {
+    /// The open segment is due to be frozen: full or old enough, a retry after a failed
+    /// freeze is due, and the sealer is not [`MAX_FROZEN`] segments behind.
+    fn open_full(&self, now_ns: u64) -> bool {
+        if self.freeze_retry_at.is_some_and(|t| Instant::now() < t) {
             return false;
         }
-        let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+        let st = read_lock(&self.shared);
         let span = nanos(self.config.segment_span);
-        st.open.size() >= self.config.segment_bytes
-            || st
-                .open
-                .first_received_ns()
-                .is_some_and(|first| now_ns.saturating_sub(first) >= span)
+        st.frozen.len() < MAX_FROZEN
+            && (st.open.size() >= self.config.segment_bytes
+                || st
+                    .open
+                    .first_received_ns()
+                    .is_some_and(|first| now_ns.saturating_sub(first) >= span))
     }
 
     /// Writes out what is buffered; on failure keeps it for the next try (appends refuse new
@@ -430,7 +498,8 @@ impl Archive {
 
     /// Called by the writer at least every 100 ms: writes out what was appended (a process
     /// kill then loses at most the records of the last tick), fsyncs the open segment every
-    /// `sync_interval`, seals it when its span has passed, and applies retention every 10 s.
+    /// `sync_interval`, freezes it for the sealer when its span has passed, and applies
+    /// retention after each seal and every 10 s.
     pub fn tick(&mut self) -> Result<(), ArchiveError> {
         self.write_out()?;
         if self.last_sync.elapsed() >= self.config.sync_interval {
@@ -451,75 +520,116 @@ impl Archive {
             self.last_sync = Instant::now();
         }
         let now = unix_now_ns();
-        if self.needs_seal(now) {
-            self.roll();
+        if self.open_full(now) {
+            self.freeze();
         }
-        if self.last_retention.elapsed() >= RETENTION_EVERY {
+        let sealed = self.sealer.status().sealed;
+        if sealed != self.sealed_seen || self.last_retention.elapsed() >= RETENTION_EVERY {
+            self.sealed_seen = sealed;
             self.last_retention = Instant::now();
             self.apply_retention(now);
         }
         Ok(())
     }
 
-    /// Seals the open segment now and starts a new one (a planned shutdown, a measurement).
+    /// Seals the open segment now, starts a new one and waits until the sealer has sealed
+    /// every frozen segment (a planned shutdown, a measurement): the sealer's error if a seal
+    /// fails.
     pub fn seal(&mut self) -> Result<(), ArchiveError> {
-        self.try_roll()
+        self.wait_for_sealer()?;
+        self.try_freeze()?;
+        self.wait_for_sealer()
     }
 
-    /// Seals the open segment and starts a new one. A failure (a full disk) is logged and
-    /// counted; appends go on into the same open segment and the seal is retried later.
-    fn roll(&mut self) {
-        match self.try_roll() {
-            Ok(()) => self.seal_retry_at = None,
+    /// Waits until the sealer has caught up (trying a failed seal again at once): every
+    /// frozen segment sealed, and an open segment that is due frozen and sealed too; then
+    /// applies retention. The sealer's error if a seal fails. For measurements and tests:
+    /// the writer never waits for the sealer.
+    pub fn wait_for_sealer(&mut self) -> Result<(), ArchiveError> {
+        let result = loop {
+            if let Err(why) = self.sealer.wait_idle(&self.shared) {
+                break Err(ArchiveError::SealFailed {
+                    dir: self.config.dir.clone(),
+                    why,
+                });
+            }
+            if !self.open_full(unix_now_ns()) {
+                break Ok(());
+            }
+            if let Err(e) = self.try_freeze() {
+                break Err(e);
+            }
+        };
+        self.sealed_seen = self.sealer.status().sealed;
+        self.apply_retention(unix_now_ns());
+        result
+    }
+
+    /// The sealer thread's heartbeat (for the watchdog: it beats per block and when idle).
+    pub fn sealer_heartbeat(&self) -> crate::liveness::Heartbeat {
+        self.sealer.heartbeat()
+    }
+
+    /// Test hook: the sealer stands still, without beating, until the guard is dropped.
+    #[doc(hidden)]
+    pub fn stall_sealer(&self) -> SealerStall {
+        self.sealer.stall()
+    }
+
+    /// Freezes the open segment for the sealer and starts a new one. A failure (a full
+    /// disk) is logged and counted; appends go on into the same open segment and the freeze
+    /// is retried later.
+    fn freeze(&mut self) {
+        match self.try_freeze() {
+            Ok(()) => self.freeze_retry_at = None,
             Err(e) => {
                 self.stats.write_errors += 1;
-                tracing::error!("{e}: sealing the open segment failed, retrying in 10 s");
-                self.seal_retry_at = Some(Instant::now() + SEAL_RETRY);
+                tracing::error!(
+                    "{e}: starting a new open segment failed, appends go on into the full one; retrying in {} s",
+                    FREEZE_RETRY.as_secs()
+                );
+                self.freeze_retry_at = Some(Instant::now() + FREEZE_RETRY);
             }
         }
     }
 
-    fn try_roll(&mut self) -> Result<(), ArchiveError> {
+    /// The open segment, all of it written out, becomes frozen (read as it is until the
+    /// sealer swaps its sealed form in) and a new open segment takes the appends.
+    fn try_freeze(&mut self) -> Result<(), ArchiveError> {
         self.write_out()?;
         let dir = self.config.dir.clone();
-        let settings = BlockSettings {
-            block_bytes: self.config.block_bytes,
-            level: self.config.compression_level,
-            recode: true,
+        let (id, empty) = {
+            let st = read_lock(&self.shared);
+            (st.open.id, st.open.entries.is_empty())
         };
-        // The writer is this thread: the open segment changes only here, so it can be
-        // sealed from a snapshot of its file while readers go on reading it.
-        let (id, old_path, entries_empty) = {
-            let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
-            (st.open.id, st.open.path.clone(), st.open.entries.is_empty())
-        };
-        if entries_empty {
+        if empty {
             return Ok(());
         }
-        let sealed_seg = {
-            let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
-            st.open
-                .file
-                .sync_data()
-                .map_err(|e| ArchiveError::io(&old_path, e))?;
-            seal_snapshot(&dir, &st.open, settings)?
+        let fresh = match OpenSegment::create(&dir, id + 1) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                // Nothing of it is used: a retry creates it again.
+                let _ = std::fs::remove_file(open_path(&dir, id + 1));
+                return Err(e);
+            }
         };
-        sync_dir(&dir)?;
-        let fresh = OpenSegment::create(&dir, id + 1)?;
         {
             let mut st = write_lock(&self.shared);
-            st.sealed.push(Arc::new(sealed_seg));
-            st.open = fresh;
+            let full = std::mem::replace(&mut st.open, fresh);
+            st.frozen.push(Arc::new(full));
         }
-        std::fs::remove_file(&old_path).map_err(|e| ArchiveError::io(&old_path, e))?;
-        sync_dir(&dir)?;
-        self.apply_retention(unix_now_ns());
+        self.sealer.wake();
+        // The new segment's name reaches the disk (its data is fsynced every sync_interval).
+        if let Err(e) = sync_dir(&dir) {
+            self.stats.write_errors += 1;
+            tracing::warn!("{e}");
+        }
         Ok(())
     }
 
     /// Deletes the oldest sealed segments: those whose newest record was received before
-    /// `now_ns - retention_age`, then more while the sealed ones and a full open segment
-    /// would take more than `retention_bytes`.
+    /// `now_ns - retention_age`, then more while the sealed ones, the frozen ones and the
+    /// open one at its largest would take more than `retention_bytes`.
     /// Returns how many were deleted.
     pub(crate) fn apply_retention(&mut self, now_ns: u64) -> usize {
         let doomed: Vec<Arc<SealedSegment>> = {
@@ -528,12 +638,14 @@ impl Archive {
                 .config
                 .retention_age
                 .map(|age| now_ns.saturating_sub(nanos(age)));
-            // Sealed segments get what the open segment cannot take at its largest, so the
-            // archive as a whole stays within `retention_bytes`.
+            // Sealed segments get what the open and frozen segments cannot take at their
+            // largest, so the archive as a whole stays within `retention_bytes`.
+            let open_max = self.config.segment_bytes.max(st.open.size()) + 65_536;
+            let frozen: u64 = st.frozen.iter().map(|f| f.size()).sum();
             let budget = self
                 .config
                 .retention_bytes
-                .map(|max| max.saturating_sub(self.config.segment_bytes + 65_536));
+                .map(|max| max.saturating_sub(open_max + frozen));
             let mut total: u64 = st.sealed.iter().map(|s| s.bytes).sum();
             let mut n = 0;
             for s in &st.sealed {
@@ -569,42 +681,42 @@ impl Archive {
         ArchiveReader::new(self.shared.clone())
     }
 
-    /// Bytes on disk, segments, records, torn tails cut, errors.
+    /// Bytes on disk, segments, records, torn tails cut, errors, seals.
     pub fn stats(&self) -> ArchiveStats {
-        let st = self.shared.read().unwrap_or_else(|p| p.into_inner());
+        let sealer = self.sealer.status();
+        let st = read_lock(&self.shared);
         ArchiveStats {
-            bytes_on_disk: st.sealed.iter().map(|s| s.bytes).sum::<u64>() + st.open.written,
-            segments: st.sealed.len() as u64 + 1,
+            bytes_on_disk: st.sealed.iter().map(|s| s.bytes).sum::<u64>()
+                + st.wal_segments().map(|o| o.written).sum::<u64>(),
+            segments: (st.sealed.len() + st.frozen.len()) as u64 + 1,
             records: st.sealed.iter().map(|s| u64::from(s.records)).sum::<u64>()
-                + st.open.entries.len() as u64,
+                + st.wal_segments()
+                    .map(|o| o.entries.len() as u64)
+                    .sum::<u64>(),
             unwritten_bytes: st.open.buf.len() as u64,
+            segments_sealed: sealer.sealed,
+            segments_waiting_seal: st.frozen.len() as u64,
+            write_errors: self.stats.write_errors + sealer.failures,
             ..self.stats.clone()
         }
     }
 }
 
-/// Seals a recovered open segment that is no longer the newest (start-up only).
-fn seal(
-    dir: &Path,
-    seg: OpenSegment,
-    settings: BlockSettings,
-) -> Result<Option<SealedSegment>, ArchiveError> {
-    let result = if seg.entries.is_empty() {
-        None
-    } else {
-        let s = seal_snapshot(dir, &seg, settings)?;
-        sync_dir(dir)?;
-        Some(s)
-    };
-    std::fs::remove_file(&seg.path).map_err(|e| ArchiveError::io(&seg.path, e))?;
-    Ok(result)
+fn block_settings(config: &ArchiveConfig) -> BlockSettings {
+    BlockSettings {
+        block_bytes: config.block_bytes,
+        level: config.compression_level,
+        recode: true,
+    }
 }
 
-/// Writes the sealed form of an open segment (all its records written out).
+/// Writes the sealed form of an open segment (all its records written out); `beat` is
+/// called per block.
 fn seal_snapshot(
     dir: &Path,
     open: &OpenSegment,
     settings: BlockSettings,
+    beat: &dyn Fn(),
 ) -> Result<SealedSegment, ArchiveError> {
     let bytes = std::fs::read(&open.path).map_err(|e| ArchiveError::io(&open.path, e))?;
     let mut per_node: Vec<(&str, Vec<RecordView<'_>>)> =
@@ -621,7 +733,7 @@ fn seal_snapshot(
         per_node[e.node as usize].1.push(entry.0);
     }
     per_node.sort_by(|a, b| a.0.cmp(b.0));
-    sealed::write(dir, open.id, &per_node, settings)
+    sealed::write(dir, open.id, &per_node, settings, beat)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::{
 
 use super::{
     ArchiveError, Record, State,
+    open::OpenSegment,
     record::{RecordView, read_block_records},
     sealed::{BlockRef, NodeBlocks, SealedSegment},
 };
@@ -87,122 +88,148 @@ impl ArchiveReader {
         self.shared.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What a scan starts from: the sealed segments overlapping `[start_ns, end_ns]` and the
+    /// frozen ones (immutable: read without the lock), and the open segment's id (segments
+    /// from it on are looked at last, under the lock).
+    fn snapshot(
+        &self,
+        start_ns: u64,
+        end_ns: u64,
+    ) -> (Vec<Arc<SealedSegment>>, Vec<Arc<OpenSegment>>, u64) {
+        let st = self.state();
+        let sealed = st
+            .sealed
+            .iter()
+            .filter(|s| s.min_ns <= end_ns && s.max_ns >= start_ns)
+            .cloned()
+            .collect();
+        (sealed, st.frozen.clone(), st.open.id)
+    }
+
+    /// Sealed segments with an id from `*from_id` on (sealed since a snapshot was taken)
+    /// overlapping `[start_ns, end_ns]`; `*from_id` moves past every one sealed since. None
+    /// when none was.
+    fn sealed_since(
+        &self,
+        from_id: &mut u64,
+        start_ns: u64,
+        end_ns: u64,
+    ) -> Option<Vec<Arc<SealedSegment>>> {
+        let st = self.state();
+        let since = &st.sealed[st.sealed.partition_point(|s| s.id < *from_id)..];
+        *from_id = since.last()?.id + 1;
+        Some(
+            since
+                .iter()
+                .filter(|s| s.min_ns <= end_ns && s.max_ns >= start_ns)
+                .cloned()
+                .collect(),
+        )
+    }
+
     /// Visits, segment by segment in time order and for each selected node, that node's
     /// records of every segment overlapping the time range, in the order they were appended.
     /// A node's records in a segment are visited from the segment's first one (its schema
     /// record and the frames whose schema entries later frames rely on), up to the last block
     /// that starts before the range ends: the caller filters samples by time. The scan stops
-    /// when `visit` breaks.
+    /// when `visit` breaks. A segment frozen or sealed while the scan runs is read once, in
+    /// whichever form it has when the scan gets to it.
     pub fn scan(
         &self,
         filter: &ScanFilter,
         visit: &mut dyn FnMut(&RecordView<'_>) -> ControlFlow<()>,
     ) -> Result<ScanStats, ArchiveError> {
         let mut stats = ScanStats::default();
-        let sealed: Vec<Arc<SealedSegment>> = self
-            .state()
-            .sealed
-            .iter()
-            .filter(|s| s.min_ns <= filter.end_ns && s.max_ns >= filter.start_ns)
-            .cloned()
-            .collect();
-        for seg in &sealed {
-            let Some(file) = open_file(seg)? else {
-                continue;
-            };
-            stats.segments += 1;
-            for nb in seg.index(&file)? {
-                if !filter.nodes.wants(&nb.node)
-                    || nb.min_ns() > filter.end_ns
-                    || nb.max_ns() < filter.start_ns
-                {
-                    continue;
-                }
-                for block in nb.blocks.iter().filter(|b| b.min_ns <= filter.end_ns) {
-                    let raw = seg.read_block(&file, block)?;
-                    stats.blocks += 1;
-                    for r in read_block_records(&raw, &nb.node).flatten() {
-                        stats.records += 1;
-                        if visit(&r).is_break() {
-                            return Ok(stats);
-                        }
-                    }
-                }
+        let (sealed, frozen, mut from_id) = self.snapshot(filter.start_ns, filter.end_ns);
+        if scan_sealed(&sealed, filter, visit, &mut stats)?.is_break() {
+            return Ok(stats);
+        }
+        for seg in &frozen {
+            if scan_wal(seg, filter, visit, &mut stats)?.is_break() {
+                return Ok(stats);
             }
         }
-        let st = self.state();
-        let open = &st.open;
-        let wanted: Vec<bool> = open.nodes.iter().map(|n| filter.nodes.wants(n)).collect();
-        let mut in_range = vec![false; open.nodes.len()];
-        for e in &open.entries {
-            if e.first_ns <= filter.end_ns && e.last_ns >= filter.start_ns {
-                in_range[e.node as usize] = true;
-            }
-        }
-        for e in &open.entries {
-            let n = e.node as usize;
-            if !wanted[n] || !in_range[n] || e.first_ns > filter.end_ns {
+        loop {
+            if let Some(newly) = self.sealed_since(&mut from_id, filter.start_ns, filter.end_ns) {
+                if scan_sealed(&newly, filter, visit, &mut stats)?.is_break() {
+                    return Ok(stats);
+                }
                 continue;
             }
-            let bytes = open.entry_bytes(e)?;
-            let (r, _) = super::record::read_entry(&bytes).map_err(|_| ArchiveError::Corrupt {
-                path: open.path.clone(),
-                what: format!("entry at byte {}", e.offset),
-            })?;
-            stats.records += 1;
-            if visit(&r).is_break() {
-                break;
+            let st = self.state();
+            if st.sealed.last().is_some_and(|s| s.id >= from_id) {
+                continue; // sealed meanwhile
             }
+            for seg in st.wal_segments().filter(|s| s.id >= from_id) {
+                if scan_wal(seg, filter, visit, &mut stats)?.is_break() {
+                    break;
+                }
+            }
+            return Ok(stats);
         }
-        Ok(stats)
     }
 
     /// The nodes with records in the time range.
     pub fn nodes(&self, start_ns: u64, end_ns: u64) -> Result<BTreeSet<String>, ArchiveError> {
-        let sealed: Vec<Arc<SealedSegment>> = self
-            .state()
-            .sealed
-            .iter()
-            .filter(|s| s.min_ns <= end_ns && s.max_ns >= start_ns)
-            .cloned()
-            .collect();
         let mut nodes = BTreeSet::new();
-        for seg in &sealed {
-            let Some(file) = open_file(seg)? else {
-                continue;
-            };
-            for nb in seg.index(&file)? {
-                if nb.min_ns() <= end_ns && nb.max_ns() >= start_ns {
-                    nodes.insert(nb.node.to_string());
+        let in_sealed = |segs: &[Arc<SealedSegment>], nodes: &mut BTreeSet<String>| {
+            for seg in segs {
+                let Some(file) = open_file(seg)? else {
+                    continue;
+                };
+                for nb in seg.index(&file)? {
+                    if nb.min_ns() <= end_ns && nb.max_ns() >= start_ns {
+                        nodes.insert(nb.node.to_string());
+                    }
                 }
             }
-        }
-        let st = self.state();
-        for e in &st.open.entries {
-            if e.first_ns <= end_ns && e.last_ns >= start_ns {
-                nodes.insert(st.open.nodes[e.node as usize].to_string());
+            Ok::<_, ArchiveError>(())
+        };
+        let in_wal = |seg: &OpenSegment, nodes: &mut BTreeSet<String>| {
+            for e in &seg.entries {
+                if e.first_ns <= end_ns && e.last_ns >= start_ns {
+                    nodes.insert(seg.nodes[e.node as usize].to_string());
+                }
             }
+        };
+        let (sealed, frozen, mut from_id) = self.snapshot(start_ns, end_ns);
+        in_sealed(&sealed, &mut nodes)?;
+        for seg in &frozen {
+            in_wal(seg, &mut nodes);
         }
-        Ok(nodes)
+        loop {
+            if let Some(newly) = self.sealed_since(&mut from_id, start_ns, end_ns) {
+                in_sealed(&newly, &mut nodes)?;
+                continue;
+            }
+            let st = self.state();
+            if st.sealed.last().is_some_and(|s| s.id >= from_id) {
+                continue;
+            }
+            for seg in st.wal_segments().filter(|s| s.id >= from_id) {
+                in_wal(seg, &mut nodes);
+            }
+            return Ok(nodes);
+        }
     }
 
     /// The sequence number of the oldest record still kept (retention deletes from there).
     pub fn oldest_seq(&self) -> Option<u64> {
         let st = self.state();
-        st.sealed
-            .first()
-            .map(|s| s.first_seq)
-            .or_else(|| st.open.entries.first().map(|e| e.seq))
+        st.sealed.first().map(|s| s.first_seq).or_else(|| {
+            st.wal_segments()
+                .find_map(|o| o.entries.first().map(|e| e.seq))
+        })
     }
 
     /// The sequence number the next appended record will get (a cursor there reads only
     /// what comes after now).
     pub fn end_seq(&self) -> u64 {
         let st = self.state();
-        st.open
-            .entries
-            .last()
-            .map(|e| e.seq + 1)
+        let wal: Vec<&OpenSegment> = st.wal_segments().collect();
+        wal.iter()
+            .rev()
+            .find_map(|o| o.entries.last().map(|e| e.seq + 1))
             .or_else(|| st.sealed.last().map(|s| s.last_seq + 1))
             .unwrap_or(0)
     }
@@ -212,10 +239,15 @@ impl ArchiveReader {
     /// that resumes at `seq` reads from there to learn what the series ids stand for.
     pub fn segment_start(&self, seq: u64) -> u64 {
         let st = self.state();
-        match st.sealed.iter().find(|s| s.last_seq >= seq) {
-            Some(s) => s.first_seq.min(seq),
-            None => st.open.entries.first().map_or(seq, |e| e.seq.min(seq)),
+        if let Some(s) = st.sealed.iter().find(|s| s.last_seq >= seq) {
+            return s.first_seq.min(seq);
         }
+        st.wal_segments()
+            .find(|o| o.entries.last().is_some_and(|e| e.seq >= seq))
+            .unwrap_or(&st.open)
+            .entries
+            .first()
+            .map_or(seq, |e| e.seq.min(seq))
     }
 
     /// Reads every record from sequence number `from` on, in sequence order.
@@ -349,25 +381,95 @@ impl SequentialReader {
                 }
                 continue;
             }
-            let open = &st.open;
-            let start = open.entries.partition_point(|e| e.seq < self.next);
-            if let Some(first) = open.entries.get(start)
-                && first.seq > self.next
-                && st.sealed.is_empty()
-                && start == 0
-            {
-                self.skipped += first.seq - self.next;
-            }
-            let mut last = None;
-            for e in open.entries[start..].iter().take(max - out.len()) {
-                out.push(open.record(e)?);
-                last = Some(e.seq);
-            }
-            if let Some(seq) = last {
-                self.next = seq + 1;
+            let mut first_wal = st.sealed.is_empty();
+            for open in st.wal_segments() {
+                if out.len() >= max {
+                    break;
+                }
+                let start = open.entries.partition_point(|e| e.seq < self.next);
+                if let Some(first) = open.entries.get(start)
+                    && first.seq > self.next
+                    && first_wal
+                    && start == 0
+                {
+                    self.skipped += first.seq - self.next;
+                }
+                if !open.entries.is_empty() {
+                    first_wal = false;
+                }
+                for e in open.entries[start..].iter().take(max - out.len()) {
+                    out.push(open.record(e)?);
+                    self.next = e.seq + 1;
+                }
             }
             break;
         }
         Ok(out)
     }
+}
+
+/// Visits the selected nodes' records of the sealed segments `segs` (see `scan`).
+fn scan_sealed(
+    segs: &[Arc<SealedSegment>],
+    filter: &ScanFilter,
+    visit: &mut dyn FnMut(&RecordView<'_>) -> ControlFlow<()>,
+    stats: &mut ScanStats,
+) -> Result<ControlFlow<()>, ArchiveError> {
+    for seg in segs {
+        let Some(file) = open_file(seg)? else {
+            continue;
+        };
+        stats.segments += 1;
+        for nb in seg.index(&file)? {
+            if !filter.nodes.wants(&nb.node)
+                || nb.min_ns() > filter.end_ns
+                || nb.max_ns() < filter.start_ns
+            {
+                continue;
+            }
+            for block in nb.blocks.iter().filter(|b| b.min_ns <= filter.end_ns) {
+                let raw = seg.read_block(&file, block)?;
+                stats.blocks += 1;
+                for r in read_block_records(&raw, &nb.node).flatten() {
+                    stats.records += 1;
+                    if visit(&r).is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Visits the selected nodes' records of an open (or frozen) segment (see `scan`).
+fn scan_wal(
+    open: &OpenSegment,
+    filter: &ScanFilter,
+    visit: &mut dyn FnMut(&RecordView<'_>) -> ControlFlow<()>,
+    stats: &mut ScanStats,
+) -> Result<ControlFlow<()>, ArchiveError> {
+    let wanted: Vec<bool> = open.nodes.iter().map(|n| filter.nodes.wants(n)).collect();
+    let mut in_range = vec![false; open.nodes.len()];
+    for e in &open.entries {
+        if e.first_ns <= filter.end_ns && e.last_ns >= filter.start_ns {
+            in_range[e.node as usize] = true;
+        }
+    }
+    for e in &open.entries {
+        let n = e.node as usize;
+        if !wanted[n] || !in_range[n] || e.first_ns > filter.end_ns {
+            continue;
+        }
+        let bytes = open.entry_bytes(e)?;
+        let (r, _) = super::record::read_entry(&bytes).map_err(|_| ArchiveError::Corrupt {
+            path: open.path.clone(),
+            what: format!("entry at byte {}", e.offset),
+        })?;
+        stats.records += 1;
+        if visit(&r).is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+    }
+    Ok(ControlFlow::Continue(()))
 }

@@ -113,15 +113,17 @@ pub(crate) struct BlockSettings {
 
 /// Writes a sealed segment of `nodes` (each node's records in order) to `<id>.seg.tmp`,
 /// fsyncs it and renames it to `<id>.seg`. The caller fsyncs the directory.
+/// `beat` is called after each block and each MiB written (the sealer's heartbeat).
 pub(crate) fn write(
     dir: &Path,
     id: u64,
     nodes: &[(&str, Vec<RecordView<'_>>)],
     settings: BlockSettings,
+    beat: &dyn Fn(),
 ) -> Result<SealedSegment, ArchiveError> {
     let path = sealed_path(dir, id);
     let tmp = path.with_extension("seg.tmp");
-    let result = write_tmp(&tmp, id, nodes, settings).and_then(|mut seg| {
+    let result = write_tmp(&tmp, id, nodes, settings, beat).and_then(|mut seg| {
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         seg.path = path.clone();
         Ok(seg)
@@ -137,6 +139,7 @@ fn write_tmp(
     id: u64,
     nodes: &[(&str, Vec<RecordView<'_>>)],
     settings: BlockSettings,
+    beat: &dyn Fn(),
 ) -> Result<SealedSegment, ArchiveError> {
     let mut compressor = zstd::bulk::Compressor::new(settings.level).map_err(io(tmp))?;
     compressor
@@ -230,6 +233,7 @@ fn write_tmp(
             seg.min_ns = seg.min_ns.min(block.min_ns);
             seg.max_ns = seg.max_ns.max(block.max_ns);
             blocks += 1;
+            beat();
         }
         index[blocks_at..blocks_at + 4].copy_from_slice(&blocks.to_le_bytes());
     }
@@ -240,7 +244,10 @@ fn write_tmp(
     put_trailer(&mut out, &seg);
     seg.bytes = out.len() as u64;
     let mut file = File::create(tmp).map_err(io(tmp))?;
-    file.write_all(&out).map_err(io(tmp))?;
+    for chunk in out.chunks(1 << 20) {
+        file.write_all(chunk).map_err(io(tmp))?;
+        beat();
+    }
     file.sync_all().map_err(io(tmp))?;
     Ok(seg)
 }
@@ -490,14 +497,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let nodes = nodes();
         let views = views(&nodes);
-        let v1 = write(dir.path(), 1, &views, settings(false)).unwrap();
-        let v2 = write(dir.path(), 2, &views, settings(true)).unwrap();
+        let v1 = write(dir.path(), 1, &views, settings(false), &|| {}).unwrap();
+        // The sealer's heartbeat is beaten at least once per block, so a long seal is not
+        // taken for a hang.
+        let beats = std::cell::Cell::new(0usize);
+        let v2 = write(dir.path(), 2, &views, settings(true), &|| {
+            beats.set(beats.get() + 1)
+        })
+        .unwrap();
         let (v1, v2) = (
             SealedSegment::open(&v1.path).unwrap(),
             SealedSegment::open(&v2.path).unwrap(),
         );
         assert_eq!((v1.version, v2.version), (1, 3));
         let (a, b) = (read_all(&v1).unwrap(), read_all(&v2).unwrap());
+        assert!(
+            b.len() > 1 && beats.get() >= b.len(),
+            "{} beats",
+            beats.get()
+        );
         assert!(a == b, "format 1 and 2 read back differently");
         let mut a_nodes: Vec<(String, Vec<u8>)> = Vec::new();
         for (node, raw) in a {
@@ -572,7 +590,7 @@ mod tests {
     fn a_damaged_or_cut_sealed_segment_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let nodes = nodes();
-        let seg = write(dir.path(), 7, &views(&nodes), settings(true)).unwrap();
+        let seg = write(dir.path(), 7, &views(&nodes), settings(true), &|| {}).unwrap();
         let good = std::fs::read(&seg.path).unwrap();
         let name = seg.path.display().to_string();
         // A byte changed in the middle of the first block: zstd's checksum or the rebuild

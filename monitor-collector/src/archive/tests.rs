@@ -70,6 +70,15 @@ impl Fleet {
         archive.tick().unwrap();
     }
 
+    /// Appends as a writer at a real pace would: the sealer keeps up (it seals each segment
+    /// before the next one is full).
+    fn append_paced(&self, archive: &mut Archive, frames: &[(String, FixtureFrame)]) {
+        for chunk in frames.chunks(20) {
+            self.append(archive, chunk);
+            archive.wait_for_sealer().unwrap();
+        }
+    }
+
     fn of(&self, node: &str) -> Vec<&FixtureFrame> {
         self.frames
             .iter()
@@ -133,7 +142,7 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     let tmp = tempfile::tempdir().unwrap();
     let fleet = Fleet::new(3, 600);
     let mut archive = Archive::open(config(tmp.path())).unwrap();
-    fleet.append(&mut archive, &fleet.frames);
+    fleet.append_paced(&mut archive, &fleet.frames);
     let sealed = sealed_count(tmp.path());
     assert!(
         sealed >= 5,
@@ -428,7 +437,7 @@ fn retention_deletes_the_oldest_segments_by_size_and_by_age() {
         ..config(tmp.path())
     })
     .unwrap();
-    fleet.append(&mut archive, &fleet.frames);
+    fleet.append_paced(&mut archive, &fleet.frames);
     let stats = archive.stats();
     assert!(stats.segments_deleted > 0, "nothing was deleted: {stats:?}");
     assert!(stats.bytes_on_disk <= 700 << 10, "{stats:?}");
@@ -611,4 +620,230 @@ fn unsafe_geteuid() -> u32 {
         fn geteuid() -> u32;
     }
     unsafe { geteuid() }
+}
+
+fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(ext)))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every frame the archive gives back in sequence order, each record's seq checked to be
+/// the next one (nothing doubled, nothing missing in between).
+fn frames_back(archive: &Archive) -> Vec<Vec<u8>> {
+    let records = archive
+        .reader()
+        .sequential(0)
+        .next_batch(usize::MAX)
+        .unwrap();
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.seq, i as u64, "records out of sequence");
+    }
+    records
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::Frame)
+        .map(|r| r.bytes)
+        .collect()
+}
+
+fn sent(frames: &[(String, FixtureFrame)]) -> Vec<Vec<u8>> {
+    frames.iter().map(|(_, f)| f.bytes.clone()).collect()
+}
+
+#[test]
+fn appends_go_on_and_are_read_back_while_the_sealer_is_slow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(2, 600);
+    let cfg = ArchiveConfig {
+        segment_bytes: 64 << 10,
+        ..config(tmp.path())
+    };
+    let mut archive = Archive::open(cfg).unwrap();
+    let reader = archive.reader();
+    // The sealer stands still (a seal that takes long): the writer freezes full segments up
+    // to MAX_FROZEN, then the open segment grows; every append lands and is read back.
+    let stall = archive.stall_sealer();
+    fleet.append(&mut archive, &fleet.frames);
+    let stats = archive.stats();
+    assert_eq!(stats.frames_appended, fleet.frames.len() as u64);
+    assert_eq!(stats.dropped_records, 0);
+    assert_eq!(stats.segments_waiting_seal, MAX_FROZEN as u64, "{stats:?}");
+    assert_eq!(stats.segments_sealed, 0);
+    assert_eq!(sealed_count(tmp.path()), 0);
+    assert_eq!(files_with(tmp.path(), ".wal").len(), MAX_FROZEN + 1);
+    assert!(stats.bytes_on_disk > 3 * (64 << 10), "{stats:?}");
+    assert_eq!(frames_back(&archive), sent(&fleet.frames));
+    // A query sees the frozen segments' frames as the open one's, by node and time.
+    let node = "gpu-node-001";
+    let all = ScanFilter {
+        nodes: only(node),
+        start_ns: 0,
+        end_ns: u64::MAX,
+    };
+    let want: Vec<&[u8]> = fleet.of(node).iter().map(|f| &f.bytes[..]).collect();
+    let (seen, stats) = scan_all(&reader, &all);
+    assert_eq!(frames_only(&seen), want);
+    assert_eq!(stats.segments, 0, "no sealed segment yet");
+    assert_eq!(reader.end_seq(), archive.stats().records);
+
+    // The sealer goes on: the frozen segments are sealed, the open one frozen and sealed in
+    // turn, and the same frames come back, once each, from sealed segments.
+    drop(stall);
+    archive.wait_for_sealer().unwrap();
+    let stats = archive.stats();
+    assert_eq!(stats.segments_waiting_seal, 0, "{stats:?}");
+    assert!(stats.segments_sealed > MAX_FROZEN as u64, "{stats:?}");
+    assert_eq!(sealed_count(tmp.path()) as u64, stats.segments_sealed);
+    assert_eq!(files_with(tmp.path(), ".wal").len(), 1);
+    assert_eq!(frames_back(&archive), sent(&fleet.frames));
+    let (seen, stats) = scan_all(&reader, &all);
+    assert_eq!(frames_only(&seen), want);
+    assert!(stats.segments > MAX_FROZEN, "{stats:?}");
+    // seal(): what is open is sealed too, waiting for the sealer.
+    let records = archive.stats().records;
+    archive.seal().unwrap();
+    let stats = archive.stats();
+    assert_eq!(stats.records, records);
+    assert_eq!(stats.segments, stats.segments_sealed + 1, "{stats:?}");
+    assert_eq!(frames_back(&archive), sent(&fleet.frames));
+}
+
+/// An archive directory as a kill leaves it with a frozen segment not yet sealed: the
+/// sealer stands still while segments are frozen, and the archive goes away without sealing.
+/// Returns the frames appended.
+fn leave_frozen(dir: &Path, fleet: &Fleet) -> Vec<Vec<u8>> {
+    let cfg = ArchiveConfig {
+        segment_bytes: 64 << 10,
+        ..config(dir)
+    };
+    // About 1.5 segments: one frozen, one open.
+    let frames = &fleet.frames[..80];
+    let mut archive = Archive::open(cfg).unwrap();
+    let _stall = archive.stall_sealer();
+    fleet.append(&mut archive, frames);
+    assert_eq!(archive.stats().segments_waiting_seal, 1);
+    drop(archive);
+    assert_eq!(files_with(dir, ".wal").len(), 2);
+    assert_eq!(sealed_count(dir), 0);
+    sent(frames)
+}
+
+#[test]
+fn a_frozen_segment_left_by_a_kill_is_sealed_after_the_restart_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(1, 600);
+    let want = leave_frozen(tmp.path(), &fleet);
+    let frozen = files_with(tmp.path(), ".wal");
+    let mut archive = Archive::open(config(tmp.path())).unwrap();
+    // Readable at once (handed to the sealer again), then sealed: the same frames, once.
+    assert_eq!(frames_back(&archive), want);
+    archive.wait_for_sealer().unwrap();
+    assert_eq!(frames_back(&archive), want);
+    assert_eq!(sealed_count(tmp.path()), frozen.len() - 1);
+    for wal in &frozen[..frozen.len() - 1] {
+        assert!(
+            !wal.exists(),
+            "{} was not deleted once sealed",
+            wal.display()
+        );
+    }
+    // Appending goes on in the newest open segment, sequence numbers after the old ones.
+    let rest = &fleet.frames[80..];
+    fleet.append(&mut archive, rest);
+    let mut all = want.clone();
+    all.extend(sent(rest));
+    assert_eq!(frames_back(&archive), all);
+}
+
+#[test]
+fn a_seal_killed_before_its_swap_or_midway_is_recovered_without_doubles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(1, 600);
+    let want = leave_frozen(tmp.path(), &fleet);
+    let frozen = files_with(tmp.path(), ".wal");
+    let oldest = frozen[0].clone();
+    let saved = std::fs::read(&oldest).unwrap();
+    // Sealed once; then the frozen file put back: the state of a kill after the sealed file
+    // was renamed in place, before the `.wal` was deleted.
+    {
+        let mut archive = Archive::open(config(tmp.path())).unwrap();
+        archive.wait_for_sealer().unwrap();
+    }
+    let seg = oldest.with_extension("seg");
+    assert!(seg.exists() && !oldest.exists());
+    std::fs::write(&oldest, &saved).unwrap();
+    {
+        let archive = Archive::open(config(tmp.path())).unwrap();
+        assert!(!oldest.exists(), "the sealed segment's .wal is deleted");
+        assert_eq!(frames_back(&archive), want);
+    }
+    // A seal cut short while writing: a partial `.seg.tmp` beside the `.wal`. And a `.seg`
+    // that is damaged while its `.wal` is still there: sealed again from the `.wal`.
+    let sealed_bytes = std::fs::read(&seg).unwrap();
+    std::fs::write(&oldest, &saved).unwrap();
+    std::fs::remove_file(&seg).unwrap();
+    let tmp_seg = oldest.with_extension("seg.tmp");
+    std::fs::write(&tmp_seg, &sealed_bytes[..sealed_bytes.len() / 2]).unwrap();
+    {
+        let mut archive = Archive::open(config(tmp.path())).unwrap();
+        assert!(!tmp_seg.exists());
+        assert_eq!(frames_back(&archive), want);
+        archive.wait_for_sealer().unwrap();
+        assert_eq!(frames_back(&archive), want);
+    }
+    std::fs::write(&oldest, &saved).unwrap();
+    std::fs::write(&seg, &sealed_bytes[..sealed_bytes.len() - 10]).unwrap();
+    let mut archive = Archive::open(config(tmp.path())).unwrap();
+    assert_eq!(frames_back(&archive), want);
+    archive.wait_for_sealer().unwrap();
+    assert_eq!(frames_back(&archive), want);
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        sealed_bytes,
+        "sealed again, whole"
+    );
+    assert!(!oldest.exists());
+}
+
+#[test]
+fn a_seal_that_fails_is_retried_and_appends_go_on_meanwhile() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(1, 600);
+    let cfg = ArchiveConfig {
+        segment_bytes: 64 << 10,
+        ..config(tmp.path())
+    };
+    let mut archive = Archive::open(cfg).unwrap();
+    let stall = archive.stall_sealer();
+    fleet.append(&mut archive, &fleet.frames[..80]);
+    assert_eq!(archive.stats().segments_waiting_seal, 1);
+    // The sealed file cannot be written (a directory where it goes, as a full disk or a
+    // read-only directory would refuse it).
+    let wal = files_with(tmp.path(), ".wal")[0].clone();
+    let blocker = wal.with_extension("seg.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    drop(stall);
+    let e = archive.wait_for_sealer().unwrap_err();
+    assert!(e.to_string().contains("sealing failed"), "{e}");
+    assert!(e.to_string().contains(".seg.tmp"), "{e}");
+    let stats = archive.stats();
+    assert!(stats.write_errors > 0, "{stats:?}");
+    assert_eq!(stats.segments_waiting_seal, 1, "{stats:?}");
+    // Appends go on, and everything stays readable, the frozen segment as it is.
+    fleet.append(&mut archive, &fleet.frames[80..120]);
+    assert_eq!(frames_back(&archive), sent(&fleet.frames[..120]));
+    // The cause goes away: the next try seals it, nothing lost or doubled.
+    std::fs::remove_dir(&blocker).unwrap();
+    archive.wait_for_sealer().unwrap();
+    let stats = archive.stats();
+    assert_eq!(stats.segments_waiting_seal, 0, "{stats:?}");
+    assert!(!wal.exists());
+    assert_eq!(files_with(tmp.path(), ".wal").len(), 1);
+    assert!(stats.segments_sealed >= 1, "{stats:?}");
+    assert_eq!(sealed_count(tmp.path()) as u64, stats.segments_sealed);
+    assert_eq!(frames_back(&archive), sent(&fleet.frames[..120]));
 }

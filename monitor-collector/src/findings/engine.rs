@@ -21,6 +21,7 @@ use super::{FindingsStore, Thresholds, gpus, ib_links, verbs};
 use crate::{
     collector::Shared,
     ingest::unix_now_ns,
+    liveness::{BEAT_EVERY, Heartbeat},
     nodes::{Latest, LatestValue, NodeTable},
 };
 
@@ -363,11 +364,12 @@ impl FindingsThread {
         engine: FindingsEngine,
         rx: Receiver<(Arc<str>, Event)>,
         shared: Arc<Shared>,
+        heartbeat: Heartbeat,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let handle = std::thread::Builder::new().name("findings".into()).spawn({
             let stop = stop.clone();
-            move || run(engine, rx, shared, stop)
+            move || run(engine, rx, shared, stop, heartbeat)
         })?;
         Ok(Self {
             stop,
@@ -391,10 +393,12 @@ fn run(
     rx: Receiver<(Arc<str>, Event)>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
+    heartbeat: Heartbeat,
 ) {
     let tick = Duration::from_secs(engine.th.tick_s);
     let mut next_tick = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        heartbeat.beat();
         let now = Instant::now();
         if now >= next_tick {
             engine.refresh(&shared.table);
@@ -403,7 +407,7 @@ fn run(
         }
         let wait = next_tick
             .saturating_duration_since(Instant::now())
-            .min(Duration::from_millis(200));
+            .min(BEAT_EVERY);
         match rx.recv_timeout(wait) {
             Ok((node, event)) => {
                 engine.take_event(&node, &event);

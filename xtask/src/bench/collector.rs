@@ -1116,9 +1116,9 @@ fn markdown(r: &Value) -> String {
          samples per series (the bench's {:.0} series over {} s of data): its index share per \
          sample shrinks on longer series, its data share ({} B) is the comparable part (see the \
          long-series comparison). A step in \
-         which a 64 MiB segment was sealed (zstd on the writer thread) archived up to about a \
-         second later than the others and cost more CPU, without loss: sealing delays the \
-         archive, not ingest.\n\n",
+         which a 64 MiB segment was sealed costs more CPU (the re-coding and zstd, on the \
+         archive's sealer thread); the writer goes on appending meanwhile, so it archives about as \
+         soon as the others.\n\n",
         load,
         f64_of(&vm["rows_inserted"]) / series.max(1.0),
         series,
