@@ -53,7 +53,10 @@ impl Running {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {:?}: {e}", command.get_program()));
         let stdout_so_far = Arc::default();
-        let out = Some(drain(child.stdout.take().unwrap(), Arc::clone(&stdout_so_far)));
+        let out = Some(drain(
+            child.stdout.take().unwrap(),
+            Arc::clone(&stdout_so_far),
+        ));
         let err = Some(drain(child.stderr.take().unwrap(), Arc::default()));
         Self {
             child,

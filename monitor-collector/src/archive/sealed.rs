@@ -577,7 +577,7 @@ mod tests {
         }
         // Two nodes of 640 series, read every second for 10 s.
         assert_eq!(samples, 2 * 640 * 10);
-        let again = write(dir.path(), 2, &views, settings(true)).unwrap();
+        let again = write(dir.path(), 2, &views, settings(true), &|| {}).unwrap();
         let again = SealedSegment::open(&again.path).unwrap();
         assert_eq!(again.version, SEALED_VERSION);
         assert!(
