@@ -60,6 +60,8 @@ pub struct Outcome {
     /// libFuzzer's coverage figures at the end: edges (`cov:`) and features (`ft:`).
     pub cov: Option<u64>,
     pub ft: Option<u64>,
+    /// Stopped early by a SIGINT to the fuzzer.
+    pub interrupted: bool,
 }
 
 impl Outcome {
@@ -77,13 +79,14 @@ pub fn summary(outcomes: &[Outcome]) -> String {
     let figure = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     for o in outcomes {
         out.push_str(&format!(
-            "{:<18} {:>12} {:>9.0} {:>9.0} {:>7} {:>7}\n",
+            "{:<18} {:>12} {:>9.0} {:>9.0} {:>7} {:>7}{}\n",
             o.target,
             o.executions,
             o.seconds,
             o.per_second(),
             figure(o.cov),
-            figure(o.ft)
+            figure(o.ft),
+            if o.interrupted { "  interrupted" } else { "" }
         ));
     }
     out
@@ -159,7 +162,10 @@ pub fn run_targets(
             .status()
             .with_context(|| format!("running {}", cargo::render(&cmd)))?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if !output.success() {
+        // SIGINT to the fuzzer alone (not to this command) stops that target early: its
+        // executions so far are reported and the next target runs.
+        let interrupted = text.contains("libFuzzer: run interrupted");
+        if !output.success() && !interrupted {
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
@@ -179,10 +185,13 @@ pub fn run_targets(
             seconds: started.elapsed().as_secs_f64(),
             cov,
             ft,
+            interrupted,
         };
         eprintln!(
-            "    {target}: {} executions in {:.0} s, no crash, no allocation over 64 MB",
-            outcome.executions, outcome.seconds
+            "    {target}: {} executions in {:.0} s{}, no crash, no allocation over 64 MB",
+            outcome.executions,
+            outcome.seconds,
+            if interrupted { " (interrupted)" } else { "" }
         );
         outcomes.push(outcome);
     }
