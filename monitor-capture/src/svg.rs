@@ -14,7 +14,7 @@ const ROW: f64 = 28.0;
 /// The SVG document for one port.
 pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
     let start = report.first_unix_ns;
-    let end = report.last_unix_ns.max(start + 1);
+    let end = report.last_unix_ns.max(start.saturating_add(1));
     let span = (end - start) as f64;
     let x = |t: u64| LEFT + (t.saturating_sub(start) as f64 / span) * (WIDTH - LEFT - RIGHT);
     let moved: Vec<(&String, &Vec<(u64, u64)>)> = timeline
@@ -110,7 +110,7 @@ pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
     let step = nice_step(span / 1e9 / 8.0);
     let mut tick = 0.0;
     while tick <= span / 1e9 + 1e-9 {
-        let xt = x(start + (tick * 1e9) as u64);
+        let xt = x(start.saturating_add((tick * 1e9) as u64));
         let _ = writeln!(
             s,
             r#"<line x1="{xt:.2}" x2="{xt:.2}" y1="{ya}" y2="{}" stroke="black"/><text x="{xt:.2}" y="{}" text-anchor="middle">{tick:.3} s</text>"#,
