@@ -544,7 +544,8 @@ fn most_downs_within(downs: &[DownPeriod], window: u64) -> usize {
 }
 
 /// How much a counter rose over its samples; a value lower than the one before is a reset
-/// (the driver reloaded, counters cleared), after which it counts from 0.
+/// (the driver reloaded, counters cleared), after which it counts from 0. Saturates at
+/// `u64::MAX` (rises near 2^64 between resets, as only a broken file has, would overflow).
 fn rise(samples: &[(u64, u64)]) -> u64 {
     samples
         .windows(2)
@@ -555,7 +556,7 @@ fn rise(samples: &[(u64, u64)]) -> u64 {
                 w[1].1
             }
         })
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 /// The largest rise of a counter between two of its samples at most `window` apart.

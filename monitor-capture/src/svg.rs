@@ -14,7 +14,7 @@ const ROW: f64 = 28.0;
 /// The SVG document for one port.
 pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
     let start = report.first_unix_ns;
-    let end = report.last_unix_ns.max(start + 1);
+    let end = report.last_unix_ns.max(start.saturating_add(1));
     let span = (end - start) as f64;
     let x = |t: u64| LEFT + (t.saturating_sub(start) as f64 / span) * (WIDTH - LEFT - RIGHT);
     let moved: Vec<(&String, &Vec<(u64, u64)>)> = timeline
@@ -92,17 +92,9 @@ pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
             escape(name),
             top as u64
         );
-        let mut points = String::new();
-        let mut last_y = None;
-        for &(t, v) in samples.iter() {
-            let yy = y + ROW - 6.0 - (v.saturating_sub(base) as f64 / top) * (ROW - 8.0);
-            let xx = x(t);
-            if let Some(ly) = last_y {
-                let _ = write!(points, "{xx:.2},{ly:.2} ");
-            }
-            let _ = write!(points, "{xx:.2},{yy:.2} ");
-            last_y = Some(yy);
-        }
+        let points = step_line(samples, x, |v| {
+            y + ROW - 6.0 - (v.saturating_sub(base) as f64 / top) * (ROW - 8.0)
+        });
         let _ = writeln!(
             s,
             r##"<polyline points="{points}" fill="none" stroke="#1f5fa8"/>"##
@@ -118,7 +110,7 @@ pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
     let step = nice_step(span / 1e9 / 8.0);
     let mut tick = 0.0;
     while tick <= span / 1e9 + 1e-9 {
-        let xt = x(start + (tick * 1e9) as u64);
+        let xt = x(start.saturating_add((tick * 1e9) as u64));
         let _ = writeln!(
             s,
             r#"<line x1="{xt:.2}" x2="{xt:.2}" y1="{ya}" y2="{}" stroke="black"/><text x="{xt:.2}" y="{}" text-anchor="middle">{tick:.3} s</text>"#,
@@ -129,6 +121,35 @@ pub fn port_timeline(report: &PortReport, timeline: &PortTimeline) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// The points of a step line through `samples` (time, value): a corner where the value
+/// changes and the last sample's instant, nothing for the samples in between that repeat the
+/// value (a capture snapshots a counter every interval, so most samples do; drawing each made
+/// pictures of thousands of collinear points).
+fn step_line(samples: &[(u64, u64)], x: impl Fn(u64) -> f64, y: impl Fn(u64) -> f64) -> String {
+    let mut points = String::new();
+    let mut drawn: Option<(u64, f64)> = None;
+    for (i, &(t, v)) in samples.iter().enumerate() {
+        let last = i + 1 == samples.len();
+        match drawn {
+            Some((dv, _)) if dv == v && !last => continue,
+            Some((dv, dy)) if dv == v => {
+                let _ = write!(points, "{:.2},{dy:.2} ", x(t));
+            }
+            Some((_, dy)) => {
+                let (xx, yy) = (x(t), y(v));
+                let _ = write!(points, "{xx:.2},{dy:.2} {xx:.2},{yy:.2} ");
+                drawn = Some((v, yy));
+            }
+            None => {
+                let yy = y(v);
+                let _ = write!(points, "{:.2},{yy:.2} ", x(t));
+                drawn = Some((v, yy));
+            }
+        }
+    }
+    points
 }
 
 /// Counters that count errors (everything but data and packet counts), for the picture.
@@ -158,4 +179,37 @@ fn escape(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_line;
+
+    #[test]
+    fn a_step_line_has_corners_only_where_the_value_changes() {
+        // 1000 snapshots of a counter that rises once, at t = 600, from 3 to 8.
+        let samples: Vec<(u64, u64)> = (0..1000)
+            .map(|t| (t, if t < 600 { 3 } else { 8 }))
+            .collect();
+        let points = step_line(&samples, |t| t as f64, |v| v as f64);
+        assert_eq!(
+            points.trim(),
+            "0.00,3.00 600.00,3.00 600.00,8.00 999.00,8.00"
+        );
+    }
+
+    #[test]
+    fn a_step_line_keeps_every_change_and_a_single_sample() {
+        let samples = [(0, 1), (1, 2), (2, 2), (3, 0)];
+        let points = step_line(&samples, |t| t as f64, |v| v as f64);
+        assert_eq!(
+            points.trim(),
+            "0.00,1.00 1.00,1.00 1.00,2.00 3.00,2.00 3.00,0.00"
+        );
+        assert_eq!(
+            step_line(&[(5, 9)], |t| t as f64, |v| v as f64).trim(),
+            "5.00,9.00"
+        );
+        assert_eq!(step_line(&[], |t| t as f64, |v| v as f64), "");
+    }
 }

@@ -356,3 +356,33 @@ fn corrupt_fixture() -> Vec<u8> {
     static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     BYTES.get_or_init(|| synthetic_capture(true)).clone()
 }
+
+/// Found by the `capture_file` fuzz target: a counter whose samples jump between values near
+/// 2^64 and small ones (each drop counts as a reset) rose by more than a u64 holds in all.
+/// The report must still come out, the rise saturating rather than overflowing.
+#[test]
+fn a_counter_rising_beyond_u64_saturates_in_the_report() {
+    let bytes = include_bytes!("../tests/fixtures/fuzz-counter-overflow.rscap");
+    let mut timelines = Timelines::default();
+    let source = crate::report::load_capture("fuzz.rscap", bytes, &mut timelines).unwrap();
+    timelines.finish();
+    let ports = analyse(&timelines, &Rules::default());
+    let saturated: Vec<&String> = ports
+        .iter()
+        .flat_map(|p| &p.counter_deltas)
+        .filter(|(_, d)| **d == u64::MAX)
+        .map(|(name, _)| name)
+        .collect();
+    assert!(!saturated.is_empty(), "{ports:#?}");
+    let report = crate::report::Report {
+        sources: vec![source],
+        rules: Rules::default(),
+        ports,
+    };
+    assert!(report.to_text().contains(&format!("+{}", u64::MAX)));
+    assert!(report.to_json().contains(&u64::MAX.to_string()));
+    for port in &report.ports {
+        let svg = crate::svg::port_timeline(port, &timelines.ports[&port.port]);
+        assert!(svg.ends_with("</svg>\n"));
+    }
+}

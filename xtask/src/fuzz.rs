@@ -45,11 +45,51 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
+/// libFuzzer's `-max_len` for targets whose inputs must stay small for an execution to stay
+/// cheap (the default is the largest seed's size).
+const MAX_LEN: &[(&str, usize)] = &[
+    // A capture of a few records; the shipped 21 KB capture is read up to this length.
+    ("capture_file", 4096),
+];
+
 /// What one run did.
 pub struct Outcome {
     pub target: String,
     pub executions: u64,
     pub seconds: f64,
+    /// libFuzzer's coverage figures at the end: edges (`cov:`) and features (`ft:`).
+    pub cov: Option<u64>,
+    pub ft: Option<u64>,
+    /// Stopped early by a SIGINT to the fuzzer.
+    pub interrupted: bool,
+}
+
+impl Outcome {
+    pub fn per_second(&self) -> f64 {
+        self.executions as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// The outcomes as a table: executions, time, rate and coverage per target.
+pub fn summary(outcomes: &[Outcome]) -> String {
+    let mut out = format!(
+        "{:<18} {:>12} {:>9} {:>9} {:>7} {:>7}\n",
+        "target", "executions", "seconds", "exec/s", "cov", "ft"
+    );
+    let figure = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for o in outcomes {
+        out.push_str(&format!(
+            "{:<18} {:>12} {:>9.0} {:>9.0} {:>7} {:>7}{}\n",
+            o.target,
+            o.executions,
+            o.seconds,
+            o.per_second(),
+            figure(o.cov),
+            figure(o.ft),
+            if o.interrupted { "  interrupted" } else { "" }
+        ));
+    }
+    out
 }
 
 pub fn run(options: &Options) -> anyhow::Result<()> {
@@ -67,7 +107,9 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         }
         options.targets.iter().map(String::as_str).collect()
     };
-    run_targets(&tools, &targets, options.time, options.runs)?;
+    let outcomes = run_targets(&tools, &targets, options.time, options.runs)?;
+    setup::step("fuzzing done, no finding");
+    eprint!("{}", summary(&outcomes));
     Ok(())
 }
 
@@ -110,6 +152,9 @@ pub fn run_targets(
         if let Some(runs) = runs {
             cmd.arg(format!("-runs={runs}"));
         }
+        if let Some((_, len)) = MAX_LEN.iter().find(|(t, _)| t == target) {
+            cmd.arg(format!("-max_len={len}"));
+        }
         let started = Instant::now();
         let output = cmd
             .stderr(std::fs::File::create(&log)?)
@@ -117,7 +162,10 @@ pub fn run_targets(
             .status()
             .with_context(|| format!("running {}", cargo::render(&cmd)))?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if !output.success() {
+        // SIGINT to the fuzzer alone (not to this command) stops that target early: its
+        // executions so far are reported and the next target runs.
+        let interrupted = text.contains("libFuzzer: run interrupted");
+        if !output.success() && !interrupted {
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
@@ -130,18 +178,42 @@ pub fn run_targets(
             .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0);
+        let (cov, ft) = final_coverage(&text);
         let outcome = Outcome {
             target: target.to_string(),
             executions,
             seconds: started.elapsed().as_secs_f64(),
+            cov,
+            ft,
+            interrupted,
         };
         eprintln!(
-            "    {target}: {} executions in {:.0} s, no crash, no allocation over 64 MB",
-            outcome.executions, outcome.seconds
+            "    {target}: {} executions in {:.0} s{}, no crash, no allocation over 64 MB",
+            outcome.executions,
+            outcome.seconds,
+            if interrupted { " (interrupted)" } else { "" }
         );
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The `cov:` and `ft:` figures of libFuzzer's last status line (`#N DONE cov: 812 ft: 2904
+/// ...`).
+fn final_coverage(log: &str) -> (Option<u64>, Option<u64>) {
+    let Some(line) = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('#') && l.contains(" cov: "))
+    else {
+        return (None, None);
+    };
+    let figure = |name: &str| {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == name)?;
+        words.next()?.parse().ok()
+    };
+    (figure("cov:"), figure("ft:"))
 }
 
 /// `nice -n 19 cargo +nightly fuzz ...` in the workspace, with bpf-linker on PATH (the agent's
@@ -226,11 +298,28 @@ fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
             .arg(dir("wire_frame")?)
             .arg(dir("schema_request")?),
     )?;
-    // The shipped example capture (docs/examples), made by `railscope capture` in the test bed.
-    std::fs::copy(
-        root.join("docs/examples/capture-flap.rscap"),
-        dir("capture_file")?.join("capture-flap.rscap"),
+    // Small captures made by the capture writer (monitor-capture/examples/fuzz_seeds.rs), and
+    // the shipped example capture (docs/examples, made by `railscope capture` in the test
+    // bed), read as it is: the target's flags byte 0 before it.
+    let captures = dir("capture_file")?;
+    cargo::run(
+        cargo::command(tools)
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "monitor-capture",
+                "--example",
+                "fuzz_seeds",
+                "--",
+            ])
+            .arg(&captures),
     )?;
+    let mut shipped = vec![0u8];
+    shipped.extend(std::fs::read(
+        root.join("docs/examples/capture-flap.rscap"),
+    )?);
+    std::fs::write(captures.join("capture-flap.rscap"), shipped)?;
     let frames = dir("collector_ingest")?;
     for entry in std::fs::read_dir(seeds.join("wire_frame"))? {
         let path = entry?.path();

@@ -36,6 +36,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     // Every decoder of outside input, fuzzed for a short bounded time (`cargo xtask fuzz`
     // runs them longer).
     let outcomes = fuzz::run_targets(&tools, fuzz::TARGETS, FUZZ_SECONDS, None)?;
+    eprint!("{}", fuzz::summary(&outcomes));
     let total: u64 = outcomes.iter().map(|o| o.executions).sum();
     let each: Vec<String> = outcomes
         .iter()
