@@ -28,7 +28,10 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use serde_json::json;
 
-use crate::ibverbs::{self as ibv, IbvAsyncEvent, IbvCq, IbvGid, IbvQp, IbvQpAttr, Verbs};
+use crate::ibverbs::{
+    self as ibv, IbvAsyncEvent, IbvCq, IbvGid, IbvQp, IbvQpAttr, Verbs, check, monotonic_ns,
+    nonnull,
+};
 
 /// The guest-init subcommand that runs this program.
 pub const COMMAND: &str = "cq-overflow";
@@ -75,36 +78,6 @@ pub fn main(args: &[String]) -> anyhow::Result<()> {
     });
     let v = Verbs::load()?;
     run(&v, &opts)
-}
-
-/// `Err` with the OS error when a libibverbs constructor returned NULL.
-fn nonnull<T>(ptr: *mut T, what: &str) -> anyhow::Result<*mut T> {
-    if ptr.is_null() {
-        bail!("{what} failed: {}", std::io::Error::last_os_error());
-    }
-    Ok(ptr)
-}
-
-/// `Err` when a libibverbs call returned non-zero (an errno value, or -1 with errno set).
-fn check(rc: c_int, what: &str) -> anyhow::Result<()> {
-    match rc {
-        0 => Ok(()),
-        -1 => bail!("{what} failed: {}", std::io::Error::last_os_error()),
-        e => bail!(
-            "{what} failed: {}",
-            std::io::Error::from_raw_os_error(e.abs())
-        ),
-    }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// (completions, completions with an error status) among polled work completions.

@@ -503,3 +503,36 @@ fn dl_error() -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// `Err` with the OS error when a constructor of libibverbs or librdmacm returned NULL.
+pub fn nonnull<T>(ptr: *mut T, what: &str) -> anyhow::Result<*mut T> {
+    if ptr.is_null() {
+        bail!("{what} failed: {}", std::io::Error::last_os_error());
+    }
+    Ok(ptr)
+}
+
+/// `Err` when a libibverbs or librdmacm call returned non-zero (an errno value, or -1 with
+/// errno set).
+pub fn check(rc: std::ffi::c_int, what: &str) -> anyhow::Result<()> {
+    match rc {
+        0 => Ok(()),
+        -1 => bail!("{what} failed: {}", std::io::Error::last_os_error()),
+        e => bail!(
+            "{what} failed: {}",
+            std::io::Error::from_raw_os_error(e.abs())
+        ),
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the kernel stamps the agent's events with, so a
+/// program can tell an event was raised before it read it.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -33,7 +33,9 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::ibverbs::{self as ibv, IbvAsyncEvent, IbvContext, IbvCq, IbvQp, Verbs};
+use crate::ibverbs::{
+    self as ibv, IbvAsyncEvent, IbvContext, IbvCq, IbvQp, Verbs, check, monotonic_ns, nonnull,
+};
 use crate::rdmacm::{self as cm, RdmaCm, RdmaCmId, RdmaEventChannel};
 
 /// The guest-init subcommand that runs this program.
@@ -90,26 +92,6 @@ impl Api {
             v: Verbs::load()?,
             cm: RdmaCm::load()?,
         })
-    }
-}
-
-/// `Err` with the OS error when a constructor returned NULL.
-fn nonnull<T>(ptr: *mut T, what: &str) -> anyhow::Result<*mut T> {
-    if ptr.is_null() {
-        bail!("{what} failed: {}", std::io::Error::last_os_error());
-    }
-    Ok(ptr)
-}
-
-/// `Err` when a call returned non-zero (an errno value, or -1 with errno set).
-fn check(rc: c_int, what: &str) -> anyhow::Result<()> {
-    match rc {
-        0 => Ok(()),
-        -1 => bail!("{what} failed: {}", std::io::Error::last_os_error()),
-        e => bail!(
-            "{what} failed: {}",
-            std::io::Error::from_raw_os_error(e.abs())
-        ),
     }
 }
 
@@ -220,16 +202,6 @@ unsafe fn async_event(
     unsafe { (api.v.ibv_ack_async_event)(&mut event) };
     println!("{EVENT_PREFIX}{value}");
     Ok(Some(value))
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// An RC QP for `id` with one SGE per work request, both queues on `cq`.
