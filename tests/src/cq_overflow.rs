@@ -402,10 +402,7 @@ unsafe fn next_event(
         "ibv_get_async_event",
     )?;
     let code = event.event_type;
-    let name = ibv::EVENT_NAMES
-        .get(code as usize)
-        .copied()
-        .unwrap_or("UNKNOWN");
+    let name = ibv::event_name(code);
     let mut value = json!({ "event": name, "code": code });
     if ibv::is_qp_event(code) {
         // SAFETY: for QP events `element` is the `struct ibv_qp *` the event is about.

@@ -360,6 +360,11 @@ pub const EVENT_NAMES: [&str; 20] = [
     "WQ_FATAL",
 ];
 
+/// The name of async event `code` (`IBV_EVENT_` left off), or `UNKNOWN` past the known ones.
+pub fn event_name(code: u32) -> &'static str {
+    EVENT_NAMES.get(code as usize).copied().unwrap_or("UNKNOWN")
+}
+
 /// The events whose `element` is a `struct ibv_qp *`.
 pub fn is_qp_event(event_type: u32) -> bool {
     matches!(event_type, 1..=7 | 16)

@@ -188,10 +188,7 @@ unsafe fn async_event(
         "ibv_get_async_event",
     )?;
     let code = event.event_type;
-    let name = ibv::EVENT_NAMES
-        .get(code as usize)
-        .copied()
-        .unwrap_or("UNKNOWN");
+    let name = ibv::event_name(code);
     let mut value =
         json!({ "role": role, "event": name, "code": code, "ktime_ns": monotonic_ns() });
     if ibv::is_qp_event(code) {

@@ -241,6 +241,24 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
         .context("installing cargo-fuzz failed; see cargo's output above")
 }
 
+/// Runs `package`'s `fuzz_seeds` example, which writes seeds made by the crate's own writer
+/// into `dirs`.
+fn run_seed_example(tools: &setup::Tools, package: &str, dirs: &[PathBuf]) -> anyhow::Result<()> {
+    cargo::run(
+        cargo::command(tools)
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                package,
+                "--example",
+                "fuzz_seeds",
+                "--",
+            ])
+            .args(dirs),
+    )
+}
+
 /// Seeds for every target under `target/fuzz/seeds/<target>/`, from what the tests use.
 fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
     setup::step("fuzz seeds from the tests' inputs");
@@ -284,37 +302,16 @@ fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
         bail!("no sysfs fixture files found");
     }
     // Frames and a schema request made by the agent's encoder.
-    cargo::run(
-        cargo::command(tools)
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "monitor-wire",
-                "--example",
-                "fuzz_seeds",
-                "--",
-            ])
-            .arg(dir("wire_frame")?)
-            .arg(dir("schema_request")?),
+    run_seed_example(
+        tools,
+        "monitor-wire",
+        &[dir("wire_frame")?, dir("schema_request")?],
     )?;
     // Small captures made by the capture writer (monitor-capture/examples/fuzz_seeds.rs), and
     // the shipped example capture (docs/examples, made by `railscope capture` in the test
     // bed), read as it is: the target's flags byte 0 before it.
     let captures = dir("capture_file")?;
-    cargo::run(
-        cargo::command(tools)
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "monitor-capture",
-                "--example",
-                "fuzz_seeds",
-                "--",
-            ])
-            .arg(&captures),
-    )?;
+    run_seed_example(tools, "monitor-capture", std::slice::from_ref(&captures))?;
     let mut shipped = vec![0u8];
     shipped.extend(std::fs::read(
         root.join("docs/examples/capture-flap.rscap"),
