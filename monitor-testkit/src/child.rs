@@ -9,6 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// How long [`Running::signal`] waits for the child to exit: a collector writing its archive
+/// out on a loaded machine takes seconds, a child that ignores the signal forever.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A child whose stdout and stderr are drained by threads as it runs (a full pipe would
 /// otherwise block it). Killed on drop if still running, its stderr then printed when the
 /// test is failing, so a failed assertion neither leaves it running nor hides its log.
@@ -98,11 +102,23 @@ impl Running {
         self.child.try_wait().unwrap().is_none()
     }
 
-    /// Sends `signal` and waits: (exited successfully, stdout, stderr).
+    /// Sends `signal` and waits: (exited successfully, stdout, stderr). A child still running
+    /// [`STOP_TIMEOUT`] later is killed and the test fails naming it, rather than hanging.
     pub fn signal(mut self, signal: libc::c_int) -> (bool, String, String) {
         // SAFETY: signalling our own child, which has not been waited for.
         unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
-        let status = self.child.wait().unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < STOP_TIMEOUT,
+                "child {} still running {STOP_TIMEOUT:?} after signal {signal}",
+                self.child.id()
+            );
+            thread::sleep(Duration::from_millis(20));
+        };
         let out = self.out.take().unwrap().join().unwrap();
         let err = self.err.take().unwrap().join().unwrap();
         (status.success(), out, err)

@@ -13,7 +13,10 @@ use std::{
 };
 
 use serde_json::{Value as Json, json};
-use tokio::net::UdpSocket;
+use tokio::{
+    net::UdpSocket,
+    signal::unix::{SignalKind, signal},
+};
 
 use railscope_wire::{
     self as wire, Frame, Key, Kind, Labels, ReceiverState, SchemaRequest, Series, SeriesData,
@@ -157,9 +160,25 @@ impl Listener {
     }
 }
 
-/// Binds `addr` and prints every frame that arrives, forever.
-pub async fn listen(addr: SocketAddr, key: Key, format: Format, out: impl Write) -> io::Result<()> {
-    Listener::bind(addr, key, format).await?.run(out).await
+/// Binds `addr` and prints every frame that arrives until SIGINT or SIGTERM, then flushes
+/// `out` and returns. The handlers are installed rather than left to the default action:
+/// a listener started as a background job of a non-interactive shell inherits SIGINT
+/// ignored, and would otherwise never stop on Ctrl-C's signal.
+pub async fn listen(
+    addr: SocketAddr,
+    key: Key,
+    format: Format,
+    mut out: impl Write,
+) -> io::Result<()> {
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let listener = Listener::bind(addr, key, format).await?;
+    tokio::select! {
+        result = listener.run(&mut out) => result?,
+        _ = sigint.recv() => {}
+        _ = sigterm.recv() => {}
+    }
+    out.flush()
 }
 
 /// One frame as printed: a block of lines (text) or one JSON line. Series names come from

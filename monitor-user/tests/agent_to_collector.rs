@@ -6,7 +6,7 @@
 use std::{collections::BTreeSet, thread, time::Duration};
 
 use monitor_testkit::{
-    FixtureAgent, KEY_HEX, free_udp_port, key_file, scratch_dir, spawn_json_listener,
+    FixtureAgent, KEY_HEX, Running, free_udp_port, key_file, scratch_dir, spawn_json_listener,
     standin_with_script, sysfs_fixture,
 };
 
@@ -194,4 +194,47 @@ fn a_collector_started_after_the_agent_asks_for_the_schema_and_names_every_serie
             .flat_map(|f| f["samples"].as_array().into_iter().flatten())
             .any(|s| s["name"] == "railscope_ib_port_xmit_bytes_total")
     );
+}
+
+/// `railscope listen &` in a script starts it with SIGINT ignored (a non-interactive shell
+/// does that to its background jobs): it must still stop on SIGINT, exit 0 and keep what it
+/// printed, rather than run until it is killed.
+#[test]
+fn a_listener_started_with_sigint_ignored_still_stops_on_it_with_its_frames() {
+    use std::os::unix::process::CommandExt;
+
+    let dir = scratch_dir("listen-sigint");
+    let key = key_file(&dir, KEY_HEX);
+    let port = free_udp_port();
+    let mut command = std::process::Command::new(RAILSCOPE);
+    command.args(["listen", "--bind", "127.0.0.1", "--json", "--port"]);
+    command.arg(port.to_string()).arg("--key").arg(&key);
+    // SAFETY: `signal` is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let listener = Running::spawn_command(command);
+    thread::sleep(Duration::from_millis(300));
+    let agent = FixtureAgent::new(&format!("127.0.0.1:{port}"), &key, &sysfs_fixture("mlx5"))
+        .node("gpu-node-001")
+        .args(["--no-gpu"])
+        .cadence("0.2", "0.5")
+        .spawn(RAILSCOPE);
+    assert!(
+        listener.wait_for_stdout_lines(2, Duration::from_secs(30)),
+        "no frames printed"
+    );
+    let (agent_ok, _, agent_err) = agent.interrupt();
+    assert!(agent_ok, "agent failed: {agent_err}");
+    let (listen_ok, frames, listen_err) = listener.interrupt();
+    assert!(listen_ok, "listen did not exit 0 on SIGINT: {listen_err}");
+    assert!(frames.lines().count() >= 2, "{frames}");
+    for line in frames.lines() {
+        let frame: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(frame["node"], "gpu-node-001", "{line}");
+    }
 }
