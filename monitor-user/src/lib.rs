@@ -36,5 +36,6 @@ pub mod sampler;
 pub mod sender;
 pub mod settings;
 pub mod sources;
+pub mod stop_signals;
 pub mod time_base;
 pub mod tracefs;

@@ -13,15 +13,14 @@ use std::{
 };
 
 use serde_json::{Value as Json, json};
-use tokio::{
-    net::UdpSocket,
-    signal::unix::{SignalKind, signal},
-};
+use tokio::net::UdpSocket;
 
 use railscope_wire::{
     self as wire, Frame, Key, Kind, Labels, ReceiverState, SchemaRequest, Series, SeriesData,
     WireError,
 };
+
+use crate::stop_signals::StopSignals;
 
 /// How each frame is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,23 +159,19 @@ impl Listener {
     }
 }
 
-/// Binds `addr` and prints every frame that arrives until SIGINT or SIGTERM, then flushes
-/// `out` and returns. The handlers are installed rather than left to the default action:
-/// a listener started as a background job of a non-interactive shell inherits SIGINT
-/// ignored, and would otherwise never stop on Ctrl-C's signal.
+/// Binds `addr` and prints every frame that arrives until SIGINT or SIGTERM
+/// ([`StopSignals`]), then flushes `out` and returns.
 pub async fn listen(
     addr: SocketAddr,
     key: Key,
     format: Format,
     mut out: impl Write,
 ) -> io::Result<()> {
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut stop = StopSignals::install()?;
     let listener = Listener::bind(addr, key, format).await?;
     tokio::select! {
         result = listener.run(&mut out) => result?,
-        _ = sigint.recv() => {}
-        _ = sigterm.recv() => {}
+        _ = stop.recv() => {}
     }
     out.flush()
 }

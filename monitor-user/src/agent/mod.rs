@@ -24,10 +24,7 @@ mod wire_events;
 
 use std::{io::Write, time::Duration};
 
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 
 pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
 
@@ -40,6 +37,7 @@ use crate::{
     kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::decode::{self, Event, PortStates},
+    stop_signals::StopSignals,
     time_base::{TimeBase, monotonic_ns},
 };
 use families::{AttachFn, Families, Record};
@@ -68,8 +66,7 @@ pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
 /// [`run`] with the given way to attach a family (a stand-in in tests).
 async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()> {
     // Handlers first: a stop request during the first attach must still stop us cleanly.
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut stop = StopSignals::install()?;
     let clock = TimeBase::global();
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"))
         .with_jobs(options.jobs.clone());
@@ -100,8 +97,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let mut watchdog = tokio::time::interval(service.ping_every().unwrap_or(Duration::MAX / 4));
     loop {
         tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            _ = stop.recv() => break,
             Some(record) = records_rx.recv() => {
                 on_record(&record, &families, &mut cgroups, &mut ports, pipeline.as_mut(), options.format);
             }

@@ -25,10 +25,7 @@ use railscope_capture::{
     CaptureError, CaptureHeader, CaptureWriter, PortInfo, Trailer, format::key_hex,
 };
 use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Reading};
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 
 use crate::{
     agent::families::{self, Families, Record},
@@ -36,6 +33,7 @@ use crate::{
     kernel::Kernel,
     probes::{Family, decode::EventOrigin},
     sources::ib_sysfs::IbSysfs,
+    stop_signals::StopSignals,
     time_base::TimeBase,
 };
 use recorder::{Recorder, Snapshot};
@@ -140,8 +138,7 @@ pub fn default_out(host: &str, unix_ns: u64) -> PathBuf {
 
 /// Runs a capture until Ctrl-C, the duration or the size cap.
 pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut stop = StopSignals::install()?;
     let clock = TimeBase::global();
     let mut sysfs = IbSysfs::new(options.sysfs_root.clone());
     let class = options.sysfs_root.join("class/infiniband");
@@ -281,8 +278,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
 
     let end = loop {
         let step: Result<(), CaptureError> = tokio::select! {
-            _ = sigint.recv() => break End::Interrupted,
-            _ = sigterm.recv() => break End::Interrupted,
+            _ = stop.recv() => break End::Interrupted,
             _ = sleep_until(deadline) => break End::Duration,
             Some(record) = records_rx.recv() => {
                 on_record(&record, &families, clock, &mut cgroups, &selected, &mut encoder,
