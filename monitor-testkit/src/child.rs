@@ -44,9 +44,17 @@ impl Running {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut command = Command::new(program);
-        command.args(args).env("NO_COLOR", "1");
+        let mut command = Self::command(program);
+        command.args(args);
         Self::spawn_command(command)
+    }
+
+    /// A command for `program` as [`Running::spawn`] starts it (`NO_COLOR=1`), for a test
+    /// that adds to it before [`Running::spawn_command`].
+    pub fn command(program: impl AsRef<OsStr>) -> Command {
+        let mut command = Command::new(program);
+        command.env("NO_COLOR", "1");
+        command
     }
 
     /// `command` as given, with its stdout and stderr piped.

@@ -5,6 +5,7 @@
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},
+    process::Command,
 };
 
 use crate::child::Running;
@@ -101,16 +102,16 @@ impl FixtureAgent {
 /// `railscope listen` (at `program`) on 127.0.0.1:`port`, printing each frame it decodes as
 /// a JSON line: what the agent tests read as the collector's side.
 pub fn spawn_json_listener(program: impl AsRef<Path>, port: u16, key: &Path) -> Running {
-    let port = port.to_string();
-    let args: [&std::ffi::OsStr; 8] = [
-        "listen".as_ref(),
-        "--port".as_ref(),
-        port.as_ref(),
-        "--bind".as_ref(),
-        "127.0.0.1".as_ref(),
-        "--key".as_ref(),
-        key.as_ref(),
-        "--json".as_ref(),
-    ];
-    Running::spawn(program.as_ref(), args)
+    Running::spawn_command(json_listener_command(program, port, key))
+}
+
+/// The command [`spawn_json_listener`] starts, for a test that changes how it starts.
+pub fn json_listener_command(program: impl AsRef<Path>, port: u16, key: &Path) -> Command {
+    let mut command = Running::command(program.as_ref());
+    command
+        .args(["listen", "--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--key")
+        .arg(key)
+        .arg("--json");
+    command
 }

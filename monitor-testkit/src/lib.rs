@@ -35,7 +35,8 @@ pub mod scratch;
 pub use child::{Running, json_output};
 pub use collector_process::{CollectorCommand, CollectorProcess, http_get};
 pub use fixture_agent::{
-    FixtureAgent, agent_binary_next_to, spawn_json_listener, standin_with_script, sysfs_fixture,
+    FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
+    standin_with_script, sysfs_fixture,
 };
 pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
 

@@ -6,8 +6,8 @@
 use std::{collections::BTreeSet, thread, time::Duration};
 
 use monitor_testkit::{
-    FixtureAgent, KEY_HEX, Running, free_udp_port, key_file, scratch_dir, spawn_json_listener,
-    standin_with_script, sysfs_fixture,
+    FixtureAgent, KEY_HEX, Running, free_udp_port, json_listener_command, key_file, scratch_dir,
+    spawn_json_listener, standin_with_script, sysfs_fixture,
 };
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
@@ -206,9 +206,7 @@ fn a_listener_started_with_sigint_ignored_still_stops_on_it_with_its_frames() {
     let dir = scratch_dir("listen-sigint");
     let key = key_file(&dir, KEY_HEX);
     let port = free_udp_port();
-    let mut command = std::process::Command::new(RAILSCOPE);
-    command.args(["listen", "--bind", "127.0.0.1", "--json", "--port"]);
-    command.arg(port.to_string()).arg("--key").arg(&key);
+    let mut command = json_listener_command(RAILSCOPE, port, &key);
     // SAFETY: `signal` is async-signal-safe, as pre_exec requires.
     unsafe {
         command.pre_exec(|| {
