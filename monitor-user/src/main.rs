@@ -307,7 +307,7 @@ fn main() -> anyhow::Result<()> {
                 out: out.unwrap_or_else(|| {
                     capture::default_out(
                         &host,
-                        railscope::time_base::TimeBase::global().now_unix_ns(),
+                        railscope::time_base::TimeBase::global().now_unix_ns().0,
                     )
                 }),
                 ports: ports.as_deref().map(capture::parse_ports).transpose()?,

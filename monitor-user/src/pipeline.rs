@@ -34,7 +34,7 @@ use crate::{
         gpu::{GpuEvent, GpuSource, ProcessJobs},
         ib_sysfs::IbSysfs,
     },
-    time_base::TimeBase,
+    time_base::{MonoNs, TimeBase},
 };
 
 /// Where and how the agent sends its metrics.
@@ -236,7 +236,7 @@ impl Pipeline {
         // The loop's sampler runs on CLOCK_MONOTONIC, like the poller's.
         let stale = self
             .sampler
-            .remove_stale(crate::time_base::monotonic_ns(), STALE_AFTER);
+            .remove_stale(crate::time_base::monotonic_ns().0, STALE_AFTER);
         for (series, emit) in &stale {
             self.push(series, emit);
         }
@@ -255,7 +255,9 @@ impl Pipeline {
     /// Sends an event now (events are never batched or sampled).
     pub fn on_event(&mut self, event: wire::Event) {
         self.encoder.push_event(event);
-        let frames = self.encoder.flush_events(TimeBase::global().now_unix_ns());
+        let frames = self
+            .encoder
+            .flush_events(TimeBase::global().now_unix_ns().0);
         self.send(frames);
     }
 
@@ -263,7 +265,7 @@ impl Pipeline {
     /// collector asked for them).
     pub fn flush(&mut self) {
         self.answer_schema_requests();
-        let now = TimeBase::global().now_unix_ns();
+        let now = TimeBase::global().now_unix_ns().0;
         if let Err(e) = self
             .encoder
             .push_sample(&self.info, Sample::Gauge(GaugeSample::reading(now, 1.0)))
@@ -338,14 +340,14 @@ impl Pipeline {
 pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
     match *emit {
         Emit::Counter { unix_ns, value } => Emit::Counter {
-            unix_ns: time.unix_ns(unix_ns),
+            unix_ns: time.unix_ns(MonoNs(unix_ns)).0,
             value,
         },
         Emit::Gauge(mut e) => {
-            e.end_ns = time.unix_ns(e.end_ns);
+            e.end_ns = time.unix_ns(MonoNs(e.end_ns)).0;
             // An envelope read across a step of the wall clock back in time would start after
             // it ends: it is kept, as ending where it ends.
-            e.start_ns = time.unix_ns(e.start_ns).min(e.end_ns);
+            e.start_ns = time.unix_ns(MonoNs(e.start_ns)).0.min(e.end_ns);
             Emit::Gauge(e)
         }
     }
@@ -377,9 +379,10 @@ pub fn wire_sample(emit: &Emit) -> Sample {
 pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";
 
 /// Verb counters from the probes as readings ([`VERB_SERIES`], labelled with the device, verb,
-/// detail, cgroup and, when the cgroup names one, `job_id` and `job_step`), read at `unix_ns` (the agent
-/// passes CLOCK_MONOTONIC, the sampler's clock).
-pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], unix_ns: u64) -> Vec<Reading> {
+/// detail, cgroup and, when the cgroup names one, `job_id` and `job_step`), read at `now` (the
+/// sampler's clock: the readings' `unix_ns` is monotonic until the pipeline converts what it sends).
+pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], now: MonoNs) -> Vec<Reading> {
+    let unix_ns = now.0;
     counts
         .iter()
         .map(|c| Reading {
@@ -410,7 +413,7 @@ pub fn gpu_event(event: &GpuEvent) -> wire::Event {
         GpuEvent::Lost { reason, .. } => reason.clone(),
     };
     wire::Event {
-        unix_ns: event.unix_ns(),
+        unix_ns: event.unix_ns().0,
         kind: event.kind().into(),
         labels: event.labels(),
         code: event.code().map_or(0, |c| c as i64),
@@ -490,11 +493,11 @@ fn poll(
         let now = TimeBase::global().refresh();
         if last_stale_check.elapsed() >= Duration::from_secs(60) {
             last_stale_check = started;
-            samples.extend(sampler.remove_stale(now, STALE_AFTER));
+            samples.extend(sampler.remove_stale(now.0, STALE_AFTER));
         }
         let mut sink = SamplingSink {
             sampler: &mut sampler,
-            unix_ns: now,
+            now,
             samples: &mut samples,
         };
         ib.read_into(&mut sink);
@@ -536,17 +539,18 @@ fn poll(
 /// Hands each value the poller reads straight to its sampler, and keeps what it says to send.
 struct SamplingSink<'a> {
     sampler: &'a mut AdaptiveSampler,
-    unix_ns: u64,
+    /// The sweep's instant; the sampler runs on CLOCK_MONOTONIC.
+    now: MonoNs,
     samples: &'a mut Vec<(Series, Emit)>,
 }
 
 impl ReadingSink for SamplingSink<'_> {
     fn due(&mut self, series: &Series, slot: &mut Slot) -> bool {
-        self.sampler.due_at(series, slot, self.unix_ns)
+        self.sampler.due_at(series, slot, self.now.0)
     }
 
     fn reading(&mut self, series: &Series, slot: &mut Slot, value: Value) {
-        let emitted = self.sampler.observe_at(series, slot, value, self.unix_ns);
+        let emitted = self.sampler.observe_at(series, slot, value, self.now.0);
         self.samples
             .extend(emitted.into_iter().map(|e| (series.clone(), e)));
     }

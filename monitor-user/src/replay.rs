@@ -63,7 +63,7 @@ pub fn replay(
         if let Some(node) = node {
             frame.node = node.to_owned();
         }
-        frame.send_unix_ns = TimeBase::global().now_unix_ns();
+        frame.send_unix_ns = TimeBase::global().now_unix_ns().0;
         let datagram = encode_frame(&frame, key)
             .with_context(|| format!("{name}: encoding frame {}", frame.seq))?;
         // A refused send (the collector is not there yet) is not fatal: UDP loses frames

@@ -10,6 +10,10 @@
 //! converted first or later; within a stretch between two steps the spacing and order of
 //! everything is the monotonic clock's, exact; and after a step the wall-clock times follow the
 //! new clock within a sweep.
+//!
+//! The two clocks have a type each, [`MonoNs`] and [`UnixNs`], so a monotonic instant cannot
+//! reach the wire unconverted (a GPU lost was once stamped 1970-01-01T00:33 that way, and no
+//! finding opened for it): the only way from one to the other is [`TimeBase::unix_ns`].
 
 use std::{
     collections::VecDeque,
@@ -22,6 +26,16 @@ const STEP_NS: i128 = 1_000_000;
 /// Steps remembered: a monotonic time older than the oldest uses the oldest offset. Samples
 /// are converted within a sweep or a flush of being read, so a handful is plenty.
 const SEGMENTS: usize = 16;
+
+/// An instant on CLOCK_MONOTONIC, in nanoseconds: what the probes stamp (`bpf_ktime_get_ns`)
+/// and the sampler runs on. Never a wall-clock time: [`TimeBase::unix_ns`] makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MonoNs(pub u64);
+
+/// Nanoseconds since the Unix epoch (CLOCK_REALTIME): what events, samples and frames carry
+/// on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixNs(pub u64);
 
 /// CLOCK_REALTIME - CLOCK_MONOTONIC in force from `from_mono_ns` on.
 #[derive(Clone, Copy, Debug)]
@@ -44,10 +58,10 @@ impl TimeBase {
     }
 
     /// A time base whose first offset is `real - mono`.
-    pub fn starting_at(mono_ns: u64, real_ns: u64) -> Self {
+    pub fn starting_at(mono: MonoNs, real: UnixNs) -> Self {
         let first = Segment {
             from_mono_ns: 0,
-            offset_ns: i128::from(real_ns) - i128::from(mono_ns),
+            offset_ns: i128::from(real.0) - i128::from(mono.0),
         };
         Self {
             segments: Mutex::new(VecDeque::from([first])),
@@ -62,15 +76,15 @@ impl TimeBase {
 
     /// Measures the offset again (a step or a slew of the wall clock since the last time is
     /// followed from now on) and returns CLOCK_MONOTONIC now.
-    pub fn refresh(&self) -> u64 {
+    pub fn refresh(&self) -> MonoNs {
         let (mono, real) = read_clocks();
         self.observe(mono, real);
         mono
     }
 
     /// [`TimeBase::refresh`] with the clocks read by the caller.
-    pub fn observe(&self, mono_ns: u64, real_ns: u64) {
-        let offset_ns = i128::from(real_ns) - i128::from(mono_ns);
+    pub fn observe(&self, mono: MonoNs, real: UnixNs) {
+        let (mono_ns, offset_ns) = (mono.0, i128::from(real.0) - i128::from(mono.0));
         let mut segments = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
         match segments.back_mut() {
             Some(last) if (offset_ns - last.offset_ns).abs() <= STEP_NS => {
@@ -89,7 +103,8 @@ impl TimeBase {
     }
 
     /// Unix nanoseconds for a CLOCK_MONOTONIC time, with the offset in force then.
-    pub fn unix_ns(&self, mono_ns: u64) -> u64 {
+    pub fn unix_ns(&self, mono: MonoNs) -> UnixNs {
+        let mono_ns = mono.0;
         let segments = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
         let offset = segments
             .iter()
@@ -97,11 +112,11 @@ impl TimeBase {
             .find(|s| s.from_mono_ns <= mono_ns)
             .or(segments.front())
             .map_or(0, |s| s.offset_ns);
-        u64::try_from((i128::from(mono_ns) + offset).max(0)).unwrap_or(u64::MAX)
+        UnixNs(u64::try_from((i128::from(mono_ns) + offset).max(0)).unwrap_or(u64::MAX))
     }
 
     /// Unix nanoseconds now, on this time base (not re-measured: see [`TimeBase::refresh`]).
-    pub fn now_unix_ns(&self) -> u64 {
+    pub fn now_unix_ns(&self) -> UnixNs {
         self.unix_ns(monotonic_ns())
     }
 }
@@ -113,21 +128,21 @@ impl Default for TimeBase {
 }
 
 /// The kernel's CLOCK_MONOTONIC, which `bpf_ktime_get_ns` reads, in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
+pub fn monotonic_ns() -> MonoNs {
+    MonoNs(clock_ns(libc::CLOCK_MONOTONIC))
 }
 
 /// CLOCK_REALTIME in nanoseconds since the Unix epoch.
-pub fn realtime_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
+pub fn realtime_ns() -> UnixNs {
+    UnixNs(clock_ns(libc::CLOCK_REALTIME))
 }
 
 /// Both clocks, the monotonic one as the midpoint of two reads around the wall clock's.
-fn read_clocks() -> (u64, u64) {
-    let before = monotonic_ns();
+fn read_clocks() -> (MonoNs, UnixNs) {
+    let before = monotonic_ns().0;
     let real = realtime_ns();
-    let after = monotonic_ns();
-    (before + (after - before) / 2, real)
+    let after = monotonic_ns().0;
+    (MonoNs(before + (after - before) / 2), real)
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -148,51 +163,59 @@ mod tests {
     /// Wall-clock time at monotonic 0 in these tests.
     const EPOCH: u64 = 1_700_000_000 * S;
 
+    /// The test's clocks as the time base takes them.
+    fn at(mono_ns: u64) -> MonoNs {
+        MonoNs(mono_ns)
+    }
+    fn wall(unix_ns: u64) -> UnixNs {
+        UnixNs(unix_ns)
+    }
+
     #[test]
     fn converts_with_the_offset_in_force_at_each_instant() {
-        let base = TimeBase::starting_at(100 * S, EPOCH + 100 * S);
-        assert_eq!(base.unix_ns(150 * S), EPOCH + 150 * S);
+        let base = TimeBase::starting_at(at(100 * S), wall(EPOCH + 100 * S));
+        assert_eq!(base.unix_ns(at(150 * S)).0, EPOCH + 150 * S);
         // At monotonic 200 s the wall clock is found stepped one hour ahead.
-        base.observe(200 * S, EPOCH + 200 * S + 3600 * S);
+        base.observe(at(200 * S), wall(EPOCH + 200 * S + 3600 * S));
         // Before the step: the old offset, spacing exact; from it on: the new one.
-        assert_eq!(base.unix_ns(199 * S), EPOCH + 199 * S);
-        assert_eq!(base.unix_ns(201 * S), EPOCH + 201 * S + 3600 * S);
+        assert_eq!(base.unix_ns(at(199 * S)).0, EPOCH + 199 * S);
+        assert_eq!(base.unix_ns(at(201 * S)).0, EPOCH + 201 * S + 3600 * S);
         // An event and a sample of the same instant agree, whichever is converted later.
-        let event = base.unix_ns(250 * S);
-        base.observe(300 * S, EPOCH + 300 * S + 3600 * S);
-        assert_eq!(base.unix_ns(250 * S), event);
+        let event = base.unix_ns(at(250 * S)).0;
+        base.observe(at(300 * S), wall(EPOCH + 300 * S + 3600 * S));
+        assert_eq!(base.unix_ns(at(250 * S)).0, event);
         // A step back: both follow it, still together.
-        base.observe(400 * S, EPOCH + 400 * S - 60 * S);
-        assert_eq!(base.unix_ns(401 * S), EPOCH + 401 * S - 60 * S);
-        assert_eq!(base.unix_ns(399 * S), EPOCH + 399 * S + 3600 * S);
+        base.observe(at(400 * S), wall(EPOCH + 400 * S - 60 * S));
+        assert_eq!(base.unix_ns(at(401 * S)).0, EPOCH + 401 * S - 60 * S);
+        assert_eq!(base.unix_ns(at(399 * S)).0, EPOCH + 399 * S + 3600 * S);
     }
 
     #[test]
     fn slews_adjust_the_offset_without_a_new_step() {
-        let base = TimeBase::starting_at(0, EPOCH);
+        let base = TimeBase::starting_at(at(0), wall(EPOCH));
         // NTP slewing: 0.4 ms over a second, folded into the current offset.
-        base.observe(S, EPOCH + S + 400_000);
-        assert_eq!(base.unix_ns(2 * S), EPOCH + 2 * S + 400_000);
+        base.observe(at(S), wall(EPOCH + S + 400_000));
+        assert_eq!(base.unix_ns(at(2 * S)).0, EPOCH + 2 * S + 400_000);
         assert_eq!(base.segments.lock().unwrap().len(), 1);
     }
 
     #[test]
     fn old_steps_are_forgotten_past_a_bound() {
-        let base = TimeBase::starting_at(0, EPOCH);
+        let base = TimeBase::starting_at(at(0), wall(EPOCH));
         for i in 1..100u64 {
-            base.observe(i * S, EPOCH + i * S + i * 10 * S);
+            base.observe(at(i * S), wall(EPOCH + i * S + i * 10 * S));
         }
         assert_eq!(base.segments.lock().unwrap().len(), SEGMENTS);
         // The newest steps still convert exactly; older times use the oldest offset kept.
-        assert_eq!(base.unix_ns(99 * S), EPOCH + 99 * S + 990 * S);
+        assert_eq!(base.unix_ns(at(99 * S)).0, EPOCH + 99 * S + 990 * S);
         let oldest = 100 - SEGMENTS as u64;
-        assert_eq!(base.unix_ns(0), EPOCH + oldest * 10 * S);
+        assert_eq!(base.unix_ns(at(0)).0, EPOCH + oldest * 10 * S);
     }
 
     #[test]
     fn the_live_clocks_agree_at_start() {
         let base = TimeBase::new();
-        let now = base.unix_ns(monotonic_ns());
-        assert!(now.abs_diff(realtime_ns()) < S, "{now}");
+        let now = base.unix_ns(monotonic_ns()).0;
+        assert!(now.abs_diff(realtime_ns().0) < S, "{now}");
     }
 }

@@ -17,6 +17,7 @@ fn agent_sends_ib_gpu_counters_and_gpu_events_to_a_collector() {
     let dir = scratch_dir("collector");
     let key = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
+    let started_unix_ns = unix_now_ns();
     let port = free_udp_port();
     let listener = spawn_json_listener(RAILSCOPE, port, &key);
     thread::sleep(Duration::from_millis(300));
@@ -124,6 +125,28 @@ fn agent_sends_ib_gpu_counters_and_gpu_events_to_a_collector() {
     let lost: Vec<_> = events.iter().filter(|e| e["kind"] == "gpu_lost").collect();
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0]["labels"]["gpu"], "7");
+    // Every event and sample is stamped on the wall clock, within the agent's run (a GPU lost
+    // was once stamped with the monotonic clock, in 1970, and never opened a finding).
+    let ended_unix_ns = unix_now_ns();
+    let within_run = |t: &serde_json::Value| {
+        t.as_u64()
+            .is_some_and(|t| (started_unix_ns..=ended_unix_ns).contains(&t))
+    };
+    for event in &events {
+        assert!(
+            within_run(&event["unix_ns"]),
+            "event outside the run ({started_unix_ns}..{ended_unix_ns}): {event}"
+        );
+    }
+    for sample in &samples {
+        for point in sample["points"].as_array().into_iter().flatten() {
+            let t = point.get("unix_ns").or_else(|| point.get("end_unix_ns"));
+            assert!(
+                t.is_some_and(within_run),
+                "sample outside the run ({started_unix_ns}..{ended_unix_ns}): {sample}"
+            );
+        }
+    }
     // The agent also printed them locally.
     assert_eq!(agent_out.matches("XID 31").count(), 2, "{agent_out}");
     assert!(agent_err.contains("sent "), "{agent_err}");
@@ -235,4 +258,11 @@ fn a_listener_started_with_sigint_ignored_still_stops_on_it_with_its_frames() {
             serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(frame["node"], "gpu-node-001", "{line}");
     }
+}
+
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
 }

@@ -21,8 +21,11 @@ use std::{
     time::Duration,
 };
 
-use railscope::sources::gpu::{
-    GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS, LOST_RETRY_EVERY_SWEEPS,
+use railscope::{
+    sources::gpu::{
+        GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS, LOST_RETRY_EVERY_SWEEPS,
+    },
+    time_base::{MonoNs, TimeBase, monotonic_ns, realtime_ns},
 };
 use railscope_wire::{Kind, Reading, Value};
 use serde_json::{Value as Json, json};
@@ -186,7 +189,7 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
         ]
     );
 
-    let first = source.read(1_000);
+    let first = source.read(MonoNs(1_000));
     assert!(first.iter().all(|r| r.unix_ns == 1_000));
     let gauge = |v| (Kind::Gauge, v);
     let counter = |v| (Kind::Counter, v);
@@ -333,7 +336,7 @@ fn scripted_values_come_back_under_their_names_and_gpu_labels() {
     );
 
     // Step 1 changes two values; the others carry over.
-    let second = of_gpu(&source.read(2_000), 0, &uuid(0));
+    let second = of_gpu(&source.read(MonoNs(2_000)), 0, &uuid(0));
     expected.insert(
         "railscope_gpu_temperature_celsius".into(),
         gauge(Value::U64(64)),
@@ -410,12 +413,12 @@ fn gpm_ratios_match_the_script_and_need_two_samples_100_ms_apart() {
     };
 
     // Sweep 0: one sample, nothing to compare it with yet.
-    let sweep0 = source.read(1);
+    let sweep0 = source.read(MonoNs(1));
     assert!(gpm_of(&sweep0, 0).is_empty());
     assert!(!of_gpu(&sweep0, 0, &uuid(0)).is_empty());
     thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
     // Sweep 1: the interval ending at step 1.
-    let sweep1 = source.read(2);
+    let sweep1 = source.read(MonoNs(2));
     assert_eq!(gpm_of(&sweep1, 0), expect(94.5, 133_000.0));
     assert!(gpm_of(&sweep1, 1).is_empty(), "GPU 1 has no GPM");
     assert_eq!(
@@ -423,11 +426,11 @@ fn gpm_ratios_match_the_script_and_need_two_samples_100_ms_apart() {
         Some(&(Kind::Gauge, Value::F64(0.5)))
     );
     // Sweep 2 comes too soon after sweep 1: no GPM this time.
-    let sweep2 = source.read(3);
+    let sweep2 = source.read(MonoNs(3));
     assert!(gpm_of(&sweep2, 0).is_empty());
     thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
     // Sweep 3: the interval from sweep 1's sample to this one, ending at step 3.
-    assert_eq!(gpm_of(&source.read(4), 0), expect(92.25, 135_000.0));
+    assert_eq!(gpm_of(&source.read(MonoNs(4)), 0), expect(92.25, 135_000.0));
     assert_eq!(standin.breaches(), Vec::<String>::new());
 }
 
@@ -454,7 +457,7 @@ fn gpm_at_a_100_ms_interval_keeps_nvml_s_spacing() {
         // As the poller's ticker does: sweep n at start + n x 100 ms.
         let due = start + GPM_MIN_INTERVAL * sweep;
         thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
-        let readings = source.read(u64::from(sweep));
+        let readings = source.read(MonoNs(u64::from(sweep)));
         let sm = readings.iter().find_map(|r| {
             (r.series.name.as_ref() == "railscope_gpu_sm_util_ratio").then_some(r.value)
         });
@@ -520,7 +523,7 @@ fn every_scripted_xid_arrives_as_its_own_event() {
     let (tx, rx) = mpsc::channel();
     let thread = source.spawn_event_thread(tx).expect("XID events register");
     for sweep in 0..5 {
-        let readings = source.read(sweep);
+        let readings = source.read(MonoNs(sweep));
         assert!(
             readings.iter().all(|r| !r.series.name.contains("xid")),
             "an XID is an event, not a series"
@@ -530,7 +533,10 @@ fn every_scripted_xid_arrives_as_its_own_event() {
     let got: Vec<(String, Option<u64>, String)> = events(&rx, 4)
         .iter()
         .map(|e| {
-            assert!(e.unix_ns() > 0);
+            assert!(
+                e.unix_ns().0.abs_diff(realtime_ns().0) < 60_000_000_000,
+                "{e:?}"
+            );
             let labels = e.labels();
             (
                 e.kind().to_string(),
@@ -566,8 +572,14 @@ fn a_lost_gpu_sends_one_event_and_its_metrics_stop_while_the_others_go_on() {
             .get("railscope_gpu_temperature_celsius")
             .map(|(_, v)| *v)
     };
+    // Sweeps at the agent's real instants (CLOCK_MONOTONIC, as its poller passes them).
+    let mut sweep_2_on_the_wall_clock = None;
     for sweep in 0..6_u32 {
-        let readings = source.read(u64::from(sweep));
+        let now = monotonic_ns();
+        if sweep == 2 {
+            sweep_2_on_the_wall_clock = Some(TimeBase::global().unix_ns(now));
+        }
+        let readings = source.read(now);
         if sweep < 2 {
             assert_eq!(gpus_in(&readings), ["0", "1", "2"], "sweep {sweep}");
             assert_eq!(
@@ -591,9 +603,24 @@ fn a_lost_gpu_sends_one_event_and_its_metrics_stop_while_the_others_go_on() {
     let mut got = events(&rx, 2);
     got.sort_by_key(|e| e.kind());
     assert!(
-        matches!(&got[0], GpuEvent::Lost { unix_ns: 2, gpu: 1, uuid: u, reason }
+        matches!(&got[0], GpuEvent::Lost { gpu: 1, uuid: u, reason, .. }
             if *u == uuid(1) && reason.contains("lost")),
         "{got:?}"
+    );
+    // Stamped on the wall clock, at the sweep that found it (not the monotonic instant: a
+    // GPU lost in 1970 opens no finding).
+    let lost_at = got[0].unix_ns();
+    assert_eq!(Some(lost_at), sweep_2_on_the_wall_clock, "{got:?}");
+    assert!(
+        lost_at.0.abs_diff(realtime_ns().0) < 60_000_000_000,
+        "GPU lost at {lost_at:?}, now {:?}",
+        realtime_ns()
+    );
+    let xid_at = got[1].unix_ns();
+    assert!(
+        xid_at.0.abs_diff(realtime_ns().0) < 60_000_000_000,
+        "XID at {xid_at:?}, now {:?}",
+        realtime_ns()
     );
     assert!(
         matches!(&got[1], GpuEvent::Xid { gpu: 1, xid: 79, uuid: u, .. } if *u == uuid(1)),
@@ -615,7 +642,7 @@ fn a_gpu_failing_sweep_after_sweep_is_declared_lost_once() {
     // failure, before the event channel exists: it is held and sent when it is given.
     let failing = u64::from(LOST_AFTER_FAILED_SWEEPS);
     for sweep in 0..=failing + 2 {
-        let readings = source.read(sweep);
+        let readings = source.read(MonoNs(sweep));
         let expected: &[&str] = if sweep == 0 { &["0", "1"] } else { &["1"] };
         assert_eq!(gpus_in(&readings), expected, "sweep {sweep}");
         if sweep == failing + 1 {
@@ -625,7 +652,8 @@ fn a_gpu_failing_sweep_after_sweep_is_declared_lost_once() {
     let got = events(&rx, 1);
     assert!(
         matches!(&got[0], GpuEvent::Lost { unix_ns, gpu: 0, reason, .. }
-            if *unix_ns == failing && reason.contains(&format!("{failing} sweeps in a row"))),
+            if *unix_ns == TimeBase::global().unix_ns(MonoNs(failing))
+                && reason.contains(&format!("{failing} sweeps in a row"))),
         "{got:?}"
     );
 }
@@ -654,7 +682,7 @@ fn a_gpu_failing_mid_run_and_coming_back_is_read_again() {
     // Sweep n (from 0) is the source's (n+1)-th: retries happen at sweeps EVERY-1, 2*EVERY-1.
     let back_at = 2 * LOST_RETRY_EVERY_SWEEPS - 1;
     for sweep in 0..back_at + 3 {
-        let readings = source.read(sweep);
+        let readings = source.read(MonoNs(sweep));
         let expected: &[&str] = if sweep < first_error || sweep >= back_at {
             &["0", "1"]
         } else {
@@ -707,7 +735,7 @@ fn the_shipped_8_gpu_script_replays_as_an_8_gpu_node() {
         }
     }
     for sweep in 0..steps {
-        let readings = source.read(sweep as u64);
+        let readings = source.read(MonoNs(sweep as u64));
         for (i, gpu) in gpus.iter().enumerate() {
             let lost = gpu["lost_at_step"]
                 .as_u64()
@@ -908,24 +936,24 @@ fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
 
     // Sweep 0: GPU 0 runs the Slurm step; GPU 1 lists no processes (not scripted: NVML
     // says not supported), so no job.
-    let s0 = source.read(1);
+    let s0 = source.read(MonoNs(1));
     assert_eq!(job_of_gpu(&s0, "0"), slurm_job);
     assert_eq!(job_of_gpu(&s0, "1"), no_job);
     assert!(ended(&mut source).is_empty());
     // Sweep 1: GPU 0 unchanged, same series; GPU 1 taken by the pod: its unlabelled series
     // end, every one of them.
-    let s1 = source.read(2);
+    let s1 = source.read(MonoNs(2));
     assert_eq!(job_of_gpu(&s1, "0"), slurm_job);
     assert_eq!(series_of(&s1, "0"), series_of(&s0, "0"));
     assert_eq!(job_of_gpu(&s1, "1"), pod_job);
     assert_eq!(ended(&mut source), series_of(&s0, "1"));
     // Sweep 2: GPU 0 moves to the pod: the Slurm step's series end.
-    let s2 = source.read(3);
+    let s2 = source.read(MonoNs(3));
     assert_eq!(job_of_gpu(&s2, "0"), pod_job);
     assert_eq!(job_of_gpu(&s2, "1"), pod_job);
     assert_eq!(ended(&mut source), series_of(&s1, "0"));
     // Sweep 3: no process on GPU 0 any more: back to no job.
-    let s3 = source.read(4);
+    let s3 = source.read(MonoNs(4));
     assert_eq!(job_of_gpu(&s3, "0"), no_job);
     assert_eq!(ended(&mut source), series_of(&s2, "0"));
     assert_eq!(standin.breaches(), Vec::<String>::new());

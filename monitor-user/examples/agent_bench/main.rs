@@ -241,7 +241,8 @@ fn sweep_fixture_node(args: &WireArgs) -> anyhow::Result<(Vec<Vec<Reading>>, Jso
         last = Some(Instant::now());
         let now = t0 + i as u64 * step_ns;
         let mut readings = ib.read(now);
-        readings.extend(gpu.read(now));
+        // The sweep's instant as the sampler takes it (a synthetic clock here).
+        readings.extend(gpu.read(railscope::time_base::MonoNs(now)));
         sweeps.push(readings);
     }
     let problems = ib.problems().len();

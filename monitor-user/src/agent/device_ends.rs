@@ -15,6 +15,7 @@ use super::{families::Families, job_ends::GRACE};
 use crate::{
     pipeline::{Pipeline, VERB_SERIES},
     probes::RawCount,
+    time_base::MonoNs,
 };
 
 /// Devices whose state was released so far.
@@ -24,19 +25,18 @@ pub struct DeviceEnds {
 }
 
 /// At a sweep, right after the counters were read and handed to the pipeline: ends the
-/// devices that were freed at least [`GRACE`] ago (`now_ns`: CLOCK_MONOTONIC, the probes'
-/// clock).
+/// devices that were freed at least [`GRACE`] ago (`now`: the probes' clock).
 pub(super) fn end_devices(
     ends: &mut DeviceEnds,
     counts: &[RawCount],
     families: &mut Families,
     pipeline: Option<&mut Pipeline>,
-    now_ns: u64,
+    now: MonoNs,
 ) {
     let due: Vec<_> = families
         .removed_devices()
         .into_iter()
-        .filter(|(_, d)| now_ns.saturating_sub(d.removed_ns) >= GRACE.as_nanos() as u64)
+        .filter(|(_, d)| now.0.saturating_sub(d.removed_ns) >= GRACE.as_nanos() as u64)
         .collect();
     if due.is_empty() {
         return;

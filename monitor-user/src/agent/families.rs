@@ -718,7 +718,7 @@ async fn read_events(
             match monitor_common::events::EventRecord::from_bytes(&item) {
                 Some(record) => {
                     if wakes(&record) {
-                        let read_ns = crate::time_base::monotonic_ns();
+                        let read_ns = crate::time_base::monotonic_ns().0;
                         pace.record_woken(read_ns.saturating_sub(record.timestamp_ns));
                     }
                     if tx.send((family, record)).await.is_err() {

@@ -212,7 +212,7 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
     if counts.is_empty() {
         return;
     }
-    let snapshot = TimeBase::global().now_unix_ns();
+    let snapshot = TimeBase::global().now_unix_ns().0;
     let mut out = std::io::stdout().lock();
     let _ = write_counts(&mut out, &counts, snapshot, format).and_then(|()| out.flush());
 }

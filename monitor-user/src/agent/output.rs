@@ -37,14 +37,14 @@ pub fn write_gpu_event(
                 "uuid": uuid,
                 "code": event.code(),
                 "text": what,
-                "unix_ns": event.unix_ns(),
+                "unix_ns": event.unix_ns().0,
             });
             writeln!(out, "{value}")
         }
         OutputFormat::Text => writeln!(
             out,
             "{}  GPU {gpu} ({uuid})  {what}",
-            rfc3339(event.unix_ns())
+            rfc3339(event.unix_ns().0)
         ),
     }
 }

@@ -19,7 +19,7 @@ use std::fmt;
 use railscope_wire::{Kind, Labels, Reading, Series, Value};
 
 use super::{device_ends::DeviceEnds, families::Families, job_ends::JobEnds};
-use crate::{cgroup::CgroupNames, pipeline::Pipeline};
+use crate::{cgroup::CgroupNames, pipeline::Pipeline, time_base::MonoNs};
 
 /// One look at the agent's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,8 +77,9 @@ impl StateReport {
         }
     }
 
-    /// The report as readings taken at `unix_ns`.
-    pub fn readings(&self, unix_ns: u64) -> Vec<Reading> {
+    /// The report as readings taken at `now` (the sampler's clock).
+    pub fn readings(&self, now: MonoNs) -> Vec<Reading> {
+        let unix_ns = now.0;
         let reading = |name: &str, label: Option<(&str, &str)>, kind, value| Reading {
             series: Series {
                 name: name.into(),

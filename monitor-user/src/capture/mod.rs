@@ -302,7 +302,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
                 let result = push_snapshots(&mut encoder, out, &mut stats);
                 if result.is_ok() && (!reasons.is_empty() || last_flush.elapsed() >= FLUSH_EVERY) {
                     last_flush = Instant::now();
-                    write_frames(&mut writer, encoder.flush(clock.now_unix_ns()))
+                    write_frames(&mut writer, encoder.flush(clock.now_unix_ns().0))
                 } else {
                     result
                 }
@@ -345,7 +345,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
         let rest = recorder.finish();
         last = last
             .and_then(|()| push_snapshots(&mut encoder, rest, &mut stats))
-            .and_then(|()| write_frames(&mut writer, encoder.flush(clock.now_unix_ns())));
+            .and_then(|()| write_frames(&mut writer, encoder.flush(clock.now_unix_ns().0)));
     }
     families.abort_readers();
     let end = match (end, last) {
@@ -359,7 +359,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
     let bytes = writer.bytes_written();
     let trailer = Trailer {
         reason: end.reason(),
-        ended_unix_ns: clock.now_unix_ns(),
+        ended_unix_ns: clock.now_unix_ns().0,
         events: stats.events,
         snapshots_written: stats.snapshots,
         triggers: recorder.triggers,
@@ -412,7 +412,7 @@ fn snapshot(
     selected: &impl Fn(&Reading) -> bool,
 ) -> (u64, Vec<Reading>) {
     let mut readings: Vec<Reading> = sysfs.read(0).into_iter().filter(selected).collect();
-    let now = clock.now_unix_ns();
+    let now = clock.now_unix_ns().0;
     for r in &mut readings {
         r.unix_ns = now;
     }
@@ -462,7 +462,7 @@ fn on_record(
         code: i64::from(event.code),
         text: event.event.clone(),
     });
-    let now = clock.now_unix_ns();
+    let now = clock.now_unix_ns().0;
     write_frames(writer, encoder.flush_events(now))?;
     if !recorder.triggered(now) {
         tracing::info!(

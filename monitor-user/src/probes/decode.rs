@@ -10,7 +10,11 @@ use monitor_common::{
 use serde::Serialize;
 
 use super::{RawCount, names::KernelNames};
-use crate::{cgroup::CgroupNames, jobs::Job, time_base::TimeBase};
+use crate::{
+    cgroup::CgroupNames,
+    jobs::Job,
+    time_base::{MonoNs, TimeBase},
+};
 
 /// Where an event comes from; serialised as the name the JSON lines and the collector's
 /// event kinds carry (`port`, `qp_async`, `cq_async`, `qp_to_err`).
@@ -100,7 +104,8 @@ impl Event {
         let (cgroup, job) = cgroups.named(record.cgroup);
         Self {
             ktime_ns: record.timestamp_ns,
-            unix_ns: clock.unix_ns(record.timestamp_ns),
+            // bpf_ktime_get_ns: CLOCK_MONOTONIC.
+            unix_ns: clock.unix_ns(MonoNs(record.timestamp_ns)).0,
             origin: origin.into(),
             device,
             port: record.port,

@@ -16,6 +16,7 @@ use nvml_wrapper::{
 };
 
 use super::{GpuError, XID_UNKNOWN, gpu_labels, now_unix_ns};
+use crate::time_base::UnixNs;
 use railscope_wire::Labels;
 
 /// How long the event thread blocks in one wait, which bounds how long stopping it takes.
@@ -26,7 +27,7 @@ const EVENT_WAIT_MS: u32 = 250;
 pub enum GpuEvent {
     /// One XID error occurrence as the driver reported it (two identical XIDs are two events).
     Xid {
-        unix_ns: u64,
+        unix_ns: UnixNs,
         gpu: u32,
         uuid: String,
         /// The XID number; [`XID_UNKNOWN`] when NVML could not tell.
@@ -34,7 +35,7 @@ pub enum GpuEvent {
     },
     /// The GPU stopped answering; its metrics stop from this sweep on.
     Lost {
-        unix_ns: u64,
+        unix_ns: UnixNs,
         gpu: u32,
         uuid: String,
         reason: String,
@@ -50,7 +51,7 @@ impl GpuEvent {
         }
     }
 
-    pub fn unix_ns(&self) -> u64 {
+    pub fn unix_ns(&self) -> UnixNs {
         match self {
             GpuEvent::Xid { unix_ns, .. } | GpuEvent::Lost { unix_ns, .. } => *unix_ns,
         }
@@ -264,18 +265,18 @@ mod tests {
     #[test]
     fn gpu_events_map_to_a_kind_labels_and_a_code() {
         let xid = GpuEvent::Xid {
-            unix_ns: 7,
+            unix_ns: UnixNs(7),
             gpu: 3,
             uuid: "GPU-x".into(),
             xid: 79,
         };
         assert_eq!(xid.kind(), "xid");
         assert_eq!(xid.code(), Some(79));
-        assert_eq!(xid.unix_ns(), 7);
+        assert_eq!(xid.unix_ns(), UnixNs(7));
         assert_eq!(xid.labels().get("gpu"), Some("3"));
         assert_eq!(xid.labels().get("uuid"), Some("GPU-x"));
         let lost = GpuEvent::Lost {
-            unix_ns: 8,
+            unix_ns: UnixNs(8),
             gpu: 5,
             uuid: "GPU-y".into(),
             reason: "gone".into(),

@@ -48,6 +48,7 @@ pub use events::{EventThread, GpuEvent};
 pub use jobs::ProcessJobs;
 
 use super::{Collect, ReadingSink};
+use crate::time_base::{MonoNs, TimeBase, UnixNs};
 use device::{Gpu, Lost};
 use railscope_wire::{Labels, Reading, Series};
 
@@ -91,8 +92,8 @@ pub(super) fn gpu_labels(gpu: u32, uuid: &str) -> Labels {
 }
 
 /// Now, on the agent's time base (what its events and samples use).
-pub(super) fn now_unix_ns() -> u64 {
-    crate::time_base::TimeBase::global().now_unix_ns()
+pub(super) fn now_unix_ns() -> UnixNs {
+    TimeBase::global().now_unix_ns()
 }
 
 /// What [`GpuSource::open`] found about one GPU.
@@ -200,18 +201,19 @@ impl GpuSource {
         self.gpus.iter().map(|g| &g.info)
     }
 
-    /// One sweep over the GPUs that still answer, every reading stamped `unix_ns`. A GPU
-    /// found lost in this sweep contributes nothing to it and sends one [`GpuEvent::Lost`].
-    pub fn read(&mut self, unix_ns: u64) -> Vec<Reading> {
+    /// One sweep over the GPUs that still answer, at `now`, every reading stamped with it (on
+    /// CLOCK_MONOTONIC, the sampler's clock). A GPU found lost in this sweep contributes nothing
+    /// to it and sends one [`GpuEvent::Lost`], stamped with `now` on the wall clock.
+    pub fn read(&mut self, now: MonoNs) -> Vec<Reading> {
         let mut readings = Vec::new();
-        self.read_into(unix_ns, &mut Collect::new(&mut readings, unix_ns, |_| true));
+        self.read_into(now, &mut Collect::new(&mut readings, now.0, |_| true));
         readings
     }
 
     /// [`read`](Self::read), handing each value to `sink` with its series and slot. Every
     /// metric is read at each sweep (NVML answers several in one call; the sink's `due` is
     /// not asked).
-    pub fn read_into(&mut self, unix_ns: u64, sink: &mut dyn ReadingSink) {
+    pub fn read_into(&mut self, now: MonoNs, sink: &mut dyn ReadingSink) {
         self.sweeps += 1;
         // GPUs that answered again in this sweep's retry, read there already.
         let mut recovered = Vec::new();
@@ -249,7 +251,7 @@ impl GpuSource {
                         drop(unsafe { GpmSample::from_handle(&self.nvml, sample.0) });
                     }
                     lost.push(GpuEvent::Lost {
-                        unix_ns,
+                        unix_ns: TimeBase::global().unix_ns(now),
                         gpu: gpu.info.index,
                         uuid: gpu.info.uuid.clone(),
                         reason,
