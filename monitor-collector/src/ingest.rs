@@ -123,6 +123,9 @@ fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
             inbox.push(&node, event);
         }
     }
+    if let Some(inbox) = &shared.findings_inbox {
+        inbox.push_counters(&node, &frame, &schema);
+    }
     if let Some(queue) = &shared.archive {
         let (first_ns, last_ns) = time_range(&frame);
         queue.push(QueuedFrame {

@@ -1,8 +1,17 @@
 //! The findings thread: events come from ingest through a bounded channel ([`FindingsInbox`])
-//! and are evaluated at once; counters and gauges are read from the live view (the node
-//! table's latest value of each series) every `tick-s`, never per sample on the receive
-//! threads. Each pass runs the rules and hands what they saw to the [`FindingsStore`], which
-//! opens, keeps and ends findings.
+//! and are evaluated at once; so do the samples of the counters the rules read, a frame's
+//! worth at a time, which the thread folds into each counter's history by the samples' own
+//! times; gauges are read from the live view (the node table's latest value of each series)
+//! every `tick-s`. Nothing is evaluated per sample on the receive threads. Each pass runs the
+//! rules and hands what they saw to the [`FindingsStore`], which opens, keeps and ends
+//! findings.
+//!
+//! Why counters come as samples and gauges do not: a counter rule asks how much a counter rose
+//! within a window, which needs the value before the rise. Read from the live view at each
+//! tick, the rule saw only what the tick happened to see: a baseline and its rise arriving
+//! between two ticks (a node's first frames, a backlog, history sent in one burst) left the
+//! rise unseen, and the same data gave different findings at a different arrival pace. A gauge
+//! rule asks only what a value is now, which the latest sample answers.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -15,30 +24,40 @@ use std::{
     time::{Duration, Instant},
 };
 
-use railscope_wire::{Event, Kind, Series};
+use railscope_wire::{CounterSample, Event, Frame, Kind, Series, SeriesData};
 
 use super::{FindingsStore, Thresholds, gpus, ib_links, verbs};
 use crate::{
     collector::Shared,
     ingest::unix_now_ns,
     liveness::{BEAT_EVERY, Heartbeat},
-    nodes::{Latest, LatestValue, NodeTable},
+    nodes::{Latest, LatestValue, NodeTable, Schema},
 };
 
-/// Events waiting for the findings thread at most (beyond it they are counted and dropped:
-/// the receive threads never wait for it).
+/// Messages waiting for the findings thread at most: events, and frames' counter samples
+/// (beyond it they are counted and dropped: the receive threads never wait for it).
 const INBOX_CAPACITY: usize = 65_536;
 
-/// Where ingest hands events to the findings thread.
+/// The samples of one frame of the counters the rules read, by series, in the frame's order.
+pub type CounterSamples = Vec<(Series, Vec<CounterSample>)>;
+
+/// What ingest hands the findings thread.
+#[derive(Debug)]
+pub enum FindingsInput {
+    Event(Arc<str>, Event),
+    Counters(Arc<str>, CounterSamples),
+}
+
+/// Where ingest hands events and counter samples to the findings thread.
 #[derive(Clone)]
 pub struct FindingsInbox {
-    tx: SyncSender<(Arc<str>, Event)>,
+    tx: SyncSender<FindingsInput>,
     dropped: Arc<AtomicU64>,
 }
 
 impl FindingsInbox {
     /// An inbox and the receiving end the findings thread reads.
-    pub fn new() -> (Self, Receiver<(Arc<str>, Event)>) {
+    pub fn new() -> (Self, Receiver<FindingsInput>) {
         let (tx, rx) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
         (
             Self {
@@ -50,7 +69,19 @@ impl FindingsInbox {
     }
 
     pub fn push(&self, node: &Arc<str>, event: &Event) {
-        match self.tx.try_send((node.clone(), event.clone())) {
+        self.send(FindingsInput::Event(node.clone(), event.clone()));
+    }
+
+    /// Hands over the watched counters' samples of an accepted frame, if it has any.
+    pub fn push_counters(&self, node: &Arc<str>, frame: &Frame, schema: &Schema) {
+        let counters = watched_counters(frame, schema);
+        if !counters.is_empty() {
+            self.send(FindingsInput::Counters(node.clone(), counters));
+        }
+    }
+
+    fn send(&self, input: FindingsInput) {
+        match self.tx.try_send(input) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -58,7 +89,7 @@ impl FindingsInbox {
         }
     }
 
-    /// Events the findings thread could not take (its inbox was full).
+    /// Messages the findings thread could not take (its inbox was full).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -67,6 +98,22 @@ impl FindingsInbox {
 /// The series the rules read; every other series of the live view is skipped.
 fn watched(name: &str) -> bool {
     ib_links::SERIES.contains(&name) || gpus::SERIES.contains(&name) || name == verbs::SERIES
+}
+
+/// A frame's samples of the counters the rules read (see the module documentation).
+pub fn watched_counters(frame: &Frame, schema: &Schema) -> CounterSamples {
+    frame
+        .samples
+        .iter()
+        .filter_map(|s| {
+            let SeriesData::Counter(samples) = &s.data else {
+                return None;
+            };
+            let series = schema.entries.get(&s.id)?;
+            (series.kind == Kind::Counter && watched(&series.name))
+                .then(|| (series.clone(), samples.clone()))
+        })
+        .collect()
 }
 
 /// A counter's history is kept at this spacing...
@@ -80,11 +127,79 @@ pub struct Track {
     pub changed_ns: u64,
     /// Counters: (sample time, value), one per [`CHECKPOINT_EVERY_NS`], the newest last.
     checkpoints: VecDeque<(u64, u64)>,
+    /// Counters: the sample times at which the value rose (or reset), at most one per
+    /// [`CHECKPOINT_EVERY_NS`], the newest last: when a rule's increase began.
+    rises: VecDeque<u64>,
     /// The engine pass that last saw it in the live view.
     seen_pass: u64,
 }
 
 impl Track {
+    fn new(latest: Latest, pass: u64) -> Self {
+        Self {
+            latest,
+            changed_ns: latest.unix_ns,
+            checkpoints: VecDeque::new(),
+            rises: VecDeque::new(),
+            seen_pass: pass,
+        }
+    }
+
+    /// Takes one counter sample, by its own time: a sample newer than the latest advances the
+    /// counter (a checkpoint every [`CHECKPOINT_EVERY_NS`]); an older one only extends the
+    /// history back, as a checkpoint before the first (a resent backlog, frames reordered).
+    fn take_counter(&mut self, unix_ns: u64, value: u64) {
+        let newest = self.latest.unix_ns;
+        let LatestValue::Counter(held) = self.latest.value else {
+            // A gauge of that name: the sender's bug, as the live view treats it.
+            return;
+        };
+        if self.checkpoints.is_empty() {
+            self.latest = Latest {
+                unix_ns,
+                value: LatestValue::Counter(value),
+            };
+            self.checkpoints.push_back((unix_ns, value));
+            return;
+        }
+        if unix_ns > newest {
+            if value != held {
+                let due = self
+                    .rises
+                    .back()
+                    .is_none_or(|&t| unix_ns >= t + CHECKPOINT_EVERY_NS);
+                if due {
+                    self.rises.push_back(unix_ns);
+                }
+            }
+            self.latest = Latest {
+                unix_ns,
+                value: LatestValue::Counter(value),
+            };
+            let due = self
+                .checkpoints
+                .back()
+                .is_none_or(|&(t, _)| unix_ns >= t + CHECKPOINT_EVERY_NS);
+            if due {
+                self.checkpoints.push_back((unix_ns, value));
+            }
+        } else if let Some(&(first_ns, first)) = self.checkpoints.front()
+            && unix_ns + CHECKPOINT_EVERY_NS <= first_ns
+        {
+            if value != first {
+                self.rises.push_front(first_ns);
+            }
+            self.checkpoints.push_front((unix_ns, value));
+        }
+    }
+
+    /// When the counter first rose within the last `window_ns` of its samples (None: it did
+    /// not, as far as its history shows).
+    pub fn first_rise(&self, window_ns: u64) -> Option<u64> {
+        let from = self.latest.unix_ns.saturating_sub(window_ns);
+        self.rises.iter().copied().find(|&t| t >= from)
+    }
+
     pub fn gauge(&self) -> Option<f64> {
         match self.latest.value {
             LatestValue::Gauge { mean, .. } => Some(mean),
@@ -245,6 +360,20 @@ impl FindingsEngine {
         self.events.take(node, event);
     }
 
+    /// Takes one message of the inbox; true if it was an event (the event rules are due).
+    pub fn take(&mut self, input: FindingsInput) -> bool {
+        match input {
+            FindingsInput::Event(node, event) => {
+                self.take_event(&node, &event);
+                true
+            }
+            FindingsInput::Counters(node, counters) => {
+                self.take_counters(&node, counters);
+                false
+            }
+        }
+    }
+
     /// Reads the latest value of every watched series from the live view.
     pub fn refresh(&mut self, table: &NodeTable) {
         self.pass += 1;
@@ -261,13 +390,18 @@ impl FindingsEngine {
             {
                 gpu_jobs.insert((node.to_string(), gpu.into()), job.into());
             }
+            if series.kind == Kind::Counter {
+                // Counters come as samples through the inbox (see the module documentation):
+                // the live view only says the series is still there.
+                if let Some(track) = tracks.get_mut(&(node.clone(), series.clone())) {
+                    track.seen_pass = pass;
+                }
+                return;
+            }
             let key = (node.clone(), series.clone());
-            let track = tracks.entry(key).or_insert_with(|| Track {
-                latest: *latest,
-                changed_ns: latest.unix_ns,
-                checkpoints: VecDeque::new(),
-                seen_pass: pass,
-            });
+            let track = tracks
+                .entry(key)
+                .or_insert_with(|| Track::new(*latest, pass));
             track.seen_pass = pass;
             if latest.unix_ns < track.latest.unix_ns {
                 return;
@@ -279,26 +413,47 @@ impl FindingsEngine {
                 track.changed_ns = latest.unix_ns;
             }
             track.latest = *latest;
-            if series.kind == Kind::Counter
-                && let LatestValue::Counter(v) = latest.value
-            {
-                let due = track
-                    .checkpoints
-                    .back()
-                    .is_none_or(|&(t, _)| latest.unix_ns >= t + CHECKPOINT_EVERY_NS);
-                if due {
-                    track.checkpoints.push_back((latest.unix_ns, v));
-                }
-            }
         });
         let keep_ns = self.history_ns();
-        // Series gone from the live view (its ttl) are forgotten.
+        // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
+        // since the last pass count as seen.
         self.tracks.retain(|_, t| {
             while t.checkpoints.len() > 1 && t.checkpoints[1].0 + keep_ns <= t.latest.unix_ns {
                 t.checkpoints.pop_front();
             }
-            t.seen_pass == pass
+            while t
+                .rises
+                .front()
+                .is_some_and(|&r| r + keep_ns <= t.latest.unix_ns)
+            {
+                t.rises.pop_front();
+            }
+            t.seen_pass >= pass
         });
+    }
+
+    /// Takes a frame's samples of the counters the rules read (from
+    /// [`watched_counters`]), each by its own time.
+    pub fn take_counters(&mut self, node: &Arc<str>, counters: CounterSamples) {
+        // Seen in this pass-to-be: a series whose samples came is still there.
+        let pass = self.pass + 1;
+        for (series, samples) in counters {
+            let Some(first) = samples.first() else {
+                continue;
+            };
+            let first = Latest {
+                unix_ns: first.unix_ns,
+                value: LatestValue::Counter(first.value),
+            };
+            let track = self
+                .tracks
+                .entry((node.clone(), series))
+                .or_insert_with(|| Track::new(first, pass));
+            track.seen_pass = pass;
+            for sample in samples {
+                track.take_counter(sample.unix_ns, sample.value);
+            }
+        }
     }
 
     /// How far back counters are kept: the longest window a rule looks at.
@@ -362,7 +517,7 @@ impl FindingsThread {
     /// Starts the thread: events from `rx`, the live view from `shared`'s node table.
     pub fn spawn(
         engine: FindingsEngine,
-        rx: Receiver<(Arc<str>, Event)>,
+        rx: Receiver<FindingsInput>,
         shared: Arc<Shared>,
         heartbeat: Heartbeat,
     ) -> std::io::Result<Self> {
@@ -390,7 +545,7 @@ const EVENT_PASS_EVERY: Duration = Duration::from_millis(100);
 
 fn run(
     mut engine: FindingsEngine,
-    rx: Receiver<(Arc<str>, Event)>,
+    rx: Receiver<FindingsInput>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     heartbeat: Heartbeat,
@@ -401,6 +556,12 @@ fn run(
         heartbeat.beat();
         let now = Instant::now();
         if now >= next_tick {
+            // What ingest handed over before the live view is read is taken first, so the
+            // tick never sees a counter's latest value without the samples that led to it.
+            // (Events among them are evaluated by the full pass.)
+            while let Ok(input) = rx.try_recv() {
+                engine.take(input);
+            }
             engine.refresh(&shared.table);
             engine.evaluate(Pass::All, unix_now_ns());
             next_tick = now + tick;
@@ -409,15 +570,17 @@ fn run(
             .saturating_duration_since(Instant::now())
             .min(BEAT_EVERY);
         match rx.recv_timeout(wait) {
-            Ok((node, event)) => {
-                engine.take_event(&node, &event);
+            Ok(input) => {
+                let mut events = engine.take(input);
                 let until = Instant::now() + EVENT_PASS_EVERY;
-                while let Ok((node, event)) =
+                while let Ok(input) =
                     rx.recv_timeout(until.saturating_duration_since(Instant::now()))
                 {
-                    engine.take_event(&node, &event);
+                    events |= engine.take(input);
                 }
-                engine.evaluate(Pass::Events, unix_now_ns());
+                if events {
+                    engine.evaluate(Pass::Events, unix_now_ns());
+                }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,

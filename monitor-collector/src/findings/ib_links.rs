@@ -141,11 +141,17 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             ),
             _ => continue,
         };
-        out.push(observation(
+        let window = if matches!(severity, Severity::Critical) {
+            3600 * S
+        } else {
+            RATE_WINDOW_NS
+        };
+        out.push(rise_observation(
             "ib_symbol_errors",
             severity,
             subject,
             track,
+            window,
             what,
             json!({
                 "per_s": rate,
@@ -165,11 +171,12 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         };
         let per_min = n as f64 * 60.0 / span.max(60.0);
         if per_min > th.link_error_recovery_per_min {
-            out.push(observation(
+            out.push(rise_observation(
                 "ib_link_error_recovery",
                 Severity::Warning,
                 subject,
                 track,
+                RATE_WINDOW_NS,
                 format!(
                     "{per_min:.1} link error recoveries/min (threshold {}/min)",
                     th.link_error_recovery_per_min
@@ -187,11 +194,12 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             continue;
         };
         if n > 0 {
-            out.push(observation(
+            out.push(rise_observation(
                 "ib_link_downed",
                 Severity::Critical,
                 subject,
                 track,
+                th.link_downed_hold_s * S,
                 format!("link_downed rose by {n} in the last {span:.0} s"),
                 json!({"increase": n, "window_s": span, "value": track.counter()}),
             ));
@@ -343,6 +351,23 @@ fn observation(
         at_ns: track.latest.unix_ns,
         summary,
         evidence,
+    }
+}
+
+/// [`observation`] of a counter rule, dated at the counter's first rise within `window_ns` of
+/// its samples: the same samples give the same start, whenever they arrived.
+fn rise_observation(
+    rule: &'static str,
+    severity: Severity,
+    subject: Subject,
+    track: &Track,
+    window_ns: u64,
+    summary: String,
+    evidence: serde_json::Value,
+) -> Observation {
+    Observation {
+        at_ns: track.first_rise(window_ns).unwrap_or(track.latest.unix_ns),
+        ..observation(rule, severity, subject, track, summary, evidence)
     }
 }
 

@@ -9,7 +9,7 @@ use railscope_wire::Key;
 
 use super::{
     Finding, FindingsStore, Severity, Thresholds,
-    engine::{FindingsEngine, Pass},
+    engine::{FindingsEngine, Pass, watched_counters},
 };
 use crate::{config::Limits, nodes::NodeTable};
 
@@ -45,6 +45,10 @@ fn run_with(
                 engine.take_event(&accepted.node, e);
                 events = true;
             }
+            engine.take_counters(
+                &accepted.node,
+                watched_counters(&accepted.frame, &accepted.schema),
+            );
         }
         if events {
             engine.evaluate(Pass::Events, t);
@@ -305,28 +309,31 @@ fn qp_errors_and_cm_rejects_are_found_per_job() {
             .build(key()),
         40,
     );
-    let got: Vec<(String, String, Option<String>)> = found
+    // Both counters rise from the first tick: the two findings start together.
+    let mut got: Vec<(String, String, Option<String>)> = found
         .iter()
         .map(|f| (f.rule.clone(), f.node.clone(), f.job_id.clone()))
         .collect();
+    got.sort();
     assert_eq!(
         got,
         [
-            (
-                "verbs_qp_error".into(),
-                "node-001".into(),
-                Some("slurm:42".into())
-            ),
             (
                 "verbs_cm_reject".into(),
                 "node-002".into(),
                 Some("slurm:42".into())
             ),
+            (
+                "verbs_qp_error".into(),
+                "node-001".into(),
+                Some("slurm:42".into())
+            ),
         ]
     );
+    let qp = found.iter().find(|f| f.rule == "verbs_qp_error").unwrap();
     assert_eq!(
-        found[0].id,
-        format!("verbs_qp_error/node-001/slurm:42/{}", found[0].start)
+        qp.id,
+        format!("verbs_qp_error/node-001/slurm:42/{}", qp.start)
     );
 }
 
@@ -422,4 +429,69 @@ fn a_port_seen_down_at_every_pass_is_not_stuck_down_when_it_flaps_between() {
             port("ib_link_flapping", "node-001", "mlx5_0"),
         ]
     );
+}
+
+/// Every tick of `fleet` handed over in one burst (a node's backlog, history sent at once, a
+/// collector catching up), then one full pass at the last tick's time.
+fn run_in_one_burst(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut last = 0;
+    for _ in 0..ticks {
+        last = fleet.tick_unix_ns(fleet.ticks());
+        for f in fleet.tick() {
+            let accepted = table.ingest(&f, from, last + 1_000_000).expect("accepted");
+            for e in &accepted.frame.events {
+                engine.take_event(&accepted.node, e);
+            }
+            engine.take_counters(
+                &accepted.node,
+                watched_counters(&accepted.frame, &accepted.schema),
+            );
+        }
+    }
+    engine.refresh(&table);
+    engine.evaluate(Pass::All, last);
+    store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    })
+}
+
+#[test]
+fn counter_findings_do_not_depend_on_the_pace_frames_arrive_at() {
+    // Within the shortest counter window (60 s), so a live run's findings are all still open.
+    let ticks = 55;
+    let build = || {
+        fleet(4)
+            .degraded_port(3, 6)
+            .flapping_port(1, 2)
+            .qp_errors(0, "slurm:42")
+            .cm_rejects(2, "slurm:42")
+            .build(key())
+    };
+    let counter_rules = |found: &[Finding]| {
+        let mut v: Vec<_> = found
+            .iter()
+            .filter(|f| {
+                [
+                    "ib_symbol_errors",
+                    "ib_link_downed",
+                    "verbs_qp_error",
+                    "verbs_cm_reject",
+                ]
+                .contains(&f.rule.as_str())
+            })
+            .map(|f| (f.id.clone(), f.start, f.end))
+            .collect();
+        v.sort();
+        v
+    };
+    let live = counter_rules(&run(&mut build(), ticks));
+    let burst = counter_rules(&run_in_one_burst(&mut build(), ticks));
+    assert_eq!(live.len(), 4, "{live:#?}");
+    assert_eq!(burst, live);
 }

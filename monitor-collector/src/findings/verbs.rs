@@ -21,14 +21,13 @@ const S: u64 = 1_000_000_000;
 /// The job's closed rdma_cm connections, summed beside the rules to discount QPs moved to ERR.
 const DISCONNECTS: &str = "cm_disconnects";
 
-/// Per (rule, node, job or cgroup): the increase, the last sample time, the `job_id`, the
-/// cgroups.
+/// Per (rule, node, job or cgroup): the increase, when it began, the `job_id`, the cgroups.
 type Sum = (u64, u64, Option<String>, Vec<String>);
 
 pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
     let th = view.th;
     let window = th.verbs_window_s * S;
-    // (rule, node, job or cgroup) → (increase, last sample time, job_id, cgroups)
+    // (rule, node, job or cgroup) → (increase, when it began, job_id, cgroups)
     let mut sums: BTreeMap<(&'static str, String, String), Sum> = BTreeMap::new();
     for (key, track) in view.named(SERIES) {
         let labels = &key.1.labels;
@@ -51,7 +50,9 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             .entry((rule, key.0.to_string(), who))
             .or_insert((0, 0, job, Vec::new()));
         e.0 += n;
-        e.1 = e.1.max(track.latest.unix_ns);
+        // Dated at the first rise of any of its series in the window.
+        let at = track.first_rise(window).unwrap_or(track.latest.unix_ns);
+        e.1 = if e.1 == 0 { at } else { e.1.min(at) };
         if !e.3.contains(&cgroup) {
             e.3.push(cgroup);
         }
