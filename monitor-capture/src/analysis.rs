@@ -223,7 +223,8 @@ const ANY_INCREASE_DEGRADES: [&str; 2] = [
 pub enum Verdict {
     Stable,
     Flapping,
-    /// Errors, a narrower or slower link, or a single down that recovered.
+    /// Errors, a narrower or slower link, a single down that recovered, or a port down at the
+    /// start of the range that came up.
     Degraded,
     /// Down at the end of the range.
     Down,
