@@ -223,7 +223,8 @@ const ANY_INCREASE_DEGRADES: [&str; 2] = [
 pub enum Verdict {
     Stable,
     Flapping,
-    /// Errors, a narrower or slower link, or a single down that recovered.
+    /// Errors, a narrower or slower link, a single down that recovered, or a port down at the
+    /// start of the range that came up.
     Degraded,
     /// Down at the end of the range.
     Down,
@@ -240,13 +241,17 @@ impl Verdict {
     }
 }
 
-/// A period the port was down: from a down transition to the next up one (`None`: still down
-/// at the end).
+/// A period the port was down: from a down transition, or from the start of the range for a
+/// port already down then, to the next up one (`None`: still down at the end).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DownPeriod {
     pub down_unix_ns: u64,
     pub up_unix_ns: Option<u64>,
     pub duration_ns: u64,
+    /// The port was down when the range began: the period starts there, and no down
+    /// transition was seen (it is no down transition for the flapping rule; its time down and
+    /// its episode count all the same).
+    pub from_start: bool,
 }
 
 /// Down periods close together, as one incident, with the counters' deltas around it.
@@ -306,8 +311,9 @@ pub fn analyse(timelines: &Timelines, rules: &Rules) -> Vec<PortReport> {
 }
 
 fn analyse_port(id: &PortId, t: &PortTimeline, rules: &Rules, first: u64, last: u64) -> PortReport {
-    let (downs, transitions_from) = down_periods(t, last);
-    let down_transitions = downs.len();
+    let (downs, transitions_from) = down_periods(t, first, last);
+    // A port down from the start went down before the range: no down transition was seen.
+    let down_transitions = downs.iter().filter(|d| !d.from_start).count();
     let up_transitions = downs.iter().filter(|d| d.up_unix_ns.is_some()).count();
     let time_down_ns = downs.iter().map(|d| d.duration_ns).sum();
     let episodes = episodes(&downs, t, rules);
@@ -334,7 +340,10 @@ fn analyse_port(id: &PortId, t: &PortTimeline, rules: &Rules, first: u64, last: 
         verdict = Verdict::Down;
         reasons.push("down at the end of the range".to_owned());
     }
-    let most = most_downs_within(&downs, rules.flap_window_ns);
+    let most = most_downs_within(
+        &downs.iter().filter(|d| !d.from_start).collect::<Vec<_>>(),
+        rules.flap_window_ns,
+    );
     if most >= rules.flap_downs as usize {
         reasons.push(format!(
             "{most} down transitions within {} (rule: {} or more)",
@@ -370,6 +379,22 @@ fn analyse_port(id: &PortId, t: &PortTimeline, rules: &Rules, first: u64, last: 
         flap_reason(
             &mut reasons,
             format!("{most} down transition(s), recovered (below the flapping rule)"),
+            Verdict::Degraded,
+        );
+    }
+    // Down when the capture began and up since: as much a down that recovered as one seen
+    // going down (starting a capture on a misbehaving port is the common case).
+    if let Some(d) = downs
+        .first()
+        .filter(|d| d.from_start && d.up_unix_ns.is_some())
+        && !still_down
+    {
+        flap_reason(
+            &mut reasons,
+            format!(
+                "down at the start of the range, up after {} (no down transition seen)",
+                duration_text(d.duration_ns)
+            ),
             Verdict::Degraded,
         );
     }
@@ -434,50 +459,40 @@ fn analyse_port(id: &PortId, t: &PortTimeline, rules: &Rules, first: u64, last: 
 }
 
 /// The port's down periods: from its events when it has any (PORT_ERR takes it down,
-/// PORT_ACTIVE up; repeats change nothing), else from its `state` snapshots.
-fn down_periods(t: &PortTimeline, last: u64) -> (Vec<DownPeriod>, &'static str) {
+/// PORT_ACTIVE up; repeats change nothing), else from its `state` snapshots. The snapshots
+/// before the first PORT_ERR/PORT_ACTIVE (all of them without one) say how the port stood
+/// until then: a first one not ACTIVE means the port was down when the range began, so it is
+/// down from `first` (the range's start, not that snapshot: the capture did not see it go
+/// down, and dating it from a snapshot would drop the time before), a period `from_start`.
+fn down_periods(t: &PortTimeline, first: u64, last: u64) -> (Vec<DownPeriod>, &'static str) {
     let mut periods = Vec::new();
-    let mut down_since: Option<u64> = None;
-    let close = |periods: &mut Vec<DownPeriod>, since: u64, up: Option<u64>| {
-        let end = up.unwrap_or(last.max(since));
-        periods.push(DownPeriod {
-            down_unix_ns: since,
-            up_unix_ns: up,
-            duration_ns: end - since,
-        });
-    };
-    let has_updown = t
+    // Down since (when, from the start of the range).
+    let mut down_since: Option<(u64, bool)> = None;
+    let close =
+        |periods: &mut Vec<DownPeriod>, (since, from_start): (u64, bool), up: Option<u64>| {
+            let end = up.unwrap_or(last.max(since));
+            periods.push(DownPeriod {
+                down_unix_ns: since,
+                up_unix_ns: up,
+                duration_ns: end - since,
+                from_start,
+            });
+        };
+    let first_updown = t
         .events
         .iter()
-        .any(|(_, e)| e == "PORT_ERR" || e == "PORT_ACTIVE");
-    if has_updown {
-        // A port first seen down (its state before the first event) starts down.
-        let first_event = t.events[0].0;
-        if let Some(&(at, s)) = t.state.iter().take_while(|s| s.0 < first_event).last()
-            && s != STATE_ACTIVE
-        {
-            down_since = Some(at);
-        }
-        for (at, name) in &t.events {
-            match (name.as_str(), down_since) {
-                ("PORT_ERR", None) => down_since = Some(*at),
-                ("PORT_ACTIVE", Some(since)) => {
-                    close(&mut periods, since, Some(*at));
-                    down_since = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(since) = down_since {
-            close(&mut periods, since, None);
-        }
-        return (periods, "events");
-    }
+        .find(|(_, e)| e == "PORT_ERR" || e == "PORT_ACTIVE")
+        .map(|e| e.0);
+    let snapshots = match first_updown {
+        Some(at) => &t.state[..t.state.partition_point(|s| s.0 < at)],
+        None => &t.state[..],
+    };
     let mut was_active: Option<bool> = None;
-    for &(at, s) in &t.state {
+    for &(at, s) in snapshots {
         let active = s == STATE_ACTIVE;
         match (was_active, active) {
-            (Some(true), false) => down_since = Some(at),
+            (None, false) => down_since = Some((first.min(at), true)),
+            (Some(true), false) => down_since = Some((at, false)),
             (Some(false), true) => {
                 if let Some(since) = down_since.take() {
                     close(&mut periods, since, Some(at));
@@ -487,10 +502,25 @@ fn down_periods(t: &PortTimeline, last: u64) -> (Vec<DownPeriod>, &'static str) 
         }
         was_active = Some(active);
     }
+    let transitions_from = if first_updown.is_some() {
+        for (at, name) in &t.events {
+            match (name.as_str(), down_since) {
+                ("PORT_ERR", None) => down_since = Some((*at, false)),
+                ("PORT_ACTIVE", Some(since)) => {
+                    close(&mut periods, since, Some(*at));
+                    down_since = None;
+                }
+                _ => {}
+            }
+        }
+        "events"
+    } else {
+        "snapshots"
+    };
     if let Some(since) = down_since {
         close(&mut periods, since, None);
     }
-    (periods, "snapshots")
+    (periods, transitions_from)
 }
 
 /// Down periods merged into episodes when the port was up less than the rule's gap between
@@ -531,7 +561,7 @@ fn episodes(downs: &[DownPeriod], t: &PortTimeline, rules: &Rules) -> Vec<Episod
 }
 
 /// The most down transitions within any window of the given length.
-fn most_downs_within(downs: &[DownPeriod], window: u64) -> usize {
+fn most_downs_within(downs: &[&DownPeriod], window: u64) -> usize {
     let mut most = 0;
     let mut start = 0;
     for (i, d) in downs.iter().enumerate() {

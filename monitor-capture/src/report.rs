@@ -92,7 +92,8 @@ impl Report {
             for d in &p.downs {
                 let _ = writeln!(
                     out,
-                    "  down {} ({}) .. {}: {}",
+                    "  down {}{} ({}) .. {}: {}",
+                    if d.from_start { "at the start " } else { "" },
                     rel(d.down_unix_ns),
                     utc_text(d.down_unix_ns),
                     d.up_unix_ns.map_or("still down".into(), &rel),

@@ -386,3 +386,180 @@ fn a_counter_rising_beyond_u64_saturates_in_the_report() {
         assert!(svg.ends_with("</svg>\n"));
     }
 }
+
+/// A capture of 6 s (`started_unix_ns` T0, trailer at T0 + 6 s) begun while rxe0 was
+/// already down (state DOWN, phys_state Disabled), as the agent writes it: snapshots every
+/// 100 ms from T0 + 30 ms, rxe0 coming up at `up_ms` (never for `None`) with rxe's double
+/// `PORT_ACTIVE` when `with_events`; rxe2 up throughout.
+fn capture_started_down(up_ms: Option<u64>, with_events: bool) -> Vec<u8> {
+    let mut enc = FrameEncoder::new(EncoderConfig::new("node1"), Key::from_bytes(KEY)).unwrap();
+    let header = CaptureHeader {
+        interval_ns: 100 * MS,
+        ..header()
+    };
+    let mut w = CaptureWriter::new(Vec::new(), &header, 1 << 30).unwrap();
+    let up_at = up_ms.map(|ms| T0 + ms * MS);
+    let mut events_out = false;
+    for step in 0..60u64 {
+        let t = T0 + 30 * MS + step * 100 * MS;
+        if with_events
+            && !events_out
+            && let Some(up) = up_at.filter(|&up| up <= t)
+        {
+            enc.push_event(port_event(up, "rxe0", "PORT_ACTIVE"));
+            enc.push_event(port_event(up + MS, "rxe0", "PORT_ACTIVE"));
+            for f in enc.flush_events(up + 2 * MS) {
+                w.write_frame(&f).unwrap();
+            }
+            events_out = true;
+        }
+        let rxe0_up = up_at.is_some_and(|up| t >= up);
+        for (device, up) in [("rxe0", rxe0_up), ("rxe2", true)] {
+            let (state, phys) = if up { (4.0, 5.0) } else { (1.0, 3.0) };
+            for (name, kind, value) in [
+                ("railscope_ib_port_state", Kind::Gauge, Value::F64(state)),
+                (
+                    "railscope_ib_port_phys_state",
+                    Kind::Gauge,
+                    Value::F64(phys),
+                ),
+                (
+                    "railscope_ib_port_width_lanes",
+                    Kind::Gauge,
+                    Value::F64(4.0),
+                ),
+                (
+                    "railscope_ib_link_downed_total",
+                    Kind::Counter,
+                    Value::U64(0),
+                ),
+            ] {
+                enc.push_reading(&Reading {
+                    series: series(name, device, kind),
+                    value,
+                    unix_ns: t,
+                })
+                .unwrap();
+            }
+        }
+        if step % 10 == 9 {
+            for f in enc.flush(t + 3 * MS) {
+                w.write_frame(&f).unwrap();
+            }
+        }
+    }
+    for f in enc.flush(T0 + 6000 * MS) {
+        w.write_frame(&f).unwrap();
+    }
+    w.finish(&Trailer {
+        reason: "duration".into(),
+        ended_unix_ns: T0 + 6000 * MS,
+        events: if with_events && up_ms.is_some() { 2 } else { 0 },
+        snapshots_written: 60,
+        triggers: 0,
+    })
+    .unwrap()
+}
+
+/// What `railscope report` makes of a capture file (its range from the header's start to
+/// the trailer's end).
+fn report_as_railscope_does(bytes: &[u8]) -> crate::report::Report {
+    let mut timelines = Timelines::default();
+    let source = crate::report::load_capture("down.rscap", bytes, &mut timelines).unwrap();
+    timelines.finish();
+    crate::report::Report {
+        sources: vec![source],
+        rules: Rules::default(),
+        ports: analyse(&timelines, &Rules::default()),
+    }
+}
+
+/// Issue 28, defect 4: a port down when the capture starts is down from the start of the
+/// range (not from the last snapshot before its `PORT_ACTIVE`); no down transition was seen,
+/// the up one was.
+#[test]
+fn a_port_down_at_the_start_is_down_from_the_start_of_the_range_until_its_port_active() {
+    let report = report_as_railscope_does(&capture_started_down(Some(3400), true));
+    let p = &report.ports[0];
+    assert_eq!(p.port.device, "rxe0");
+    assert_eq!(p.first_unix_ns, T0);
+    assert_eq!(p.transitions_from, "events");
+    // Exact: from the range's start to the kernel's PORT_ACTIVE.
+    assert_eq!(p.time_down_ns, 3400 * MS, "{p:#?}");
+    assert_eq!(p.down_transitions, 0, "{p:#?}");
+    assert_eq!(p.up_transitions, 1, "{p:#?}");
+    assert_eq!(p.downs.len(), 1);
+    assert!(p.downs[0].from_start);
+    assert_eq!(p.downs[0].down_unix_ns, T0);
+    assert_eq!(p.downs[0].up_unix_ns, Some(T0 + 3400 * MS));
+    assert_eq!(p.episodes.len(), 1);
+    assert_eq!(p.verdict, Verdict::Degraded, "{p:#?}");
+    let text = report.to_text();
+    assert!(
+        text.contains(
+            "node1 rxe0/1: DEGRADED  (0 down, 1 up, 3.400 s down in all, 1 episode(s); \
+             transitions from events)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("because down at the start of the range, up after 3.400 s"),
+        "{text}"
+    );
+    assert!(text.contains("  down at the start +0.000 s"), "{text}");
+    let stable = &report.ports[1];
+    assert_eq!(stable.verdict, Verdict::Stable);
+    assert_eq!(stable.time_down_ns, 0);
+}
+
+/// The same from the snapshots alone: down from the start of the range to the first ACTIVE
+/// snapshot, within one snapshot interval of the truth.
+#[test]
+fn a_port_down_at_the_start_without_events_is_down_from_the_start_within_an_interval() {
+    let report = report_as_railscope_does(&capture_started_down(Some(3400), false));
+    let p = &report.ports[0];
+    assert_eq!(p.transitions_from, "snapshots");
+    assert!(
+        p.time_down_ns.abs_diff(3400 * MS) <= 100 * MS,
+        "{} ms down",
+        p.time_down_ns / MS
+    );
+    assert_eq!(p.down_transitions, 0, "{p:#?}");
+    assert_eq!(p.up_transitions, 1, "{p:#?}");
+    assert_eq!(p.downs.len(), 1);
+    assert!(p.downs[0].from_start);
+    assert_eq!(p.downs[0].down_unix_ns, T0);
+    assert_eq!(p.episodes.len(), 1);
+    assert_eq!(p.verdict, Verdict::Degraded, "{p:#?}");
+}
+
+/// A port down for the whole capture, without a single event: one period open from the
+/// start of the range to its end, the whole range down.
+#[test]
+fn a_port_down_throughout_is_down_for_the_whole_range() {
+    let report = report_as_railscope_does(&capture_started_down(None, false));
+    let p = &report.ports[0];
+    assert_eq!(p.transitions_from, "snapshots");
+    assert_eq!(p.verdict, Verdict::Down, "{p:#?}");
+    assert_eq!(p.down_transitions, 0);
+    assert_eq!(p.up_transitions, 0);
+    assert_eq!(p.time_down_ns, 6000 * MS, "{p:#?}");
+    assert_eq!(p.downs.len(), 1);
+    assert!(p.downs[0].from_start);
+    assert_eq!(p.downs[0].down_unix_ns, T0);
+    assert_eq!(p.downs[0].up_unix_ns, None);
+    assert_eq!(p.episodes.len(), 1);
+    assert_eq!(p.episodes[0].time_down_ns, 6000 * MS);
+    let text = report.to_text();
+    assert!(
+        text.contains(
+            "node1 rxe0/1: DOWN  (0 down, 0 up, 6.000 s down in all, 1 episode(s); \
+             transitions from snapshots)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("because down at the end of the range"),
+        "{text}"
+    );
+}
