@@ -130,8 +130,17 @@ struct Selected {
 }
 
 enum Gathered {
-    Counter(Vec<(u64, u64)>),
+    Counter(CounterGathered),
     Gauge(Vec<GaugePoint>),
+}
+
+/// A counter's samples in the range, and the newest one before it (the first rate's base).
+/// Only those in the range are answer points and count against `max_points`; of the
+/// look-back only one sample is kept, so a look-back costs no memory per sample either.
+#[derive(Default)]
+struct CounterGathered {
+    before: Option<(u64, u64)>,
+    inside: Vec<(u64, u64)>,
 }
 
 /// For each node and session: what each series id stands for in the answer (the index of
@@ -250,7 +259,7 @@ impl QueryEngine {
                             node: node.clone(),
                             series: e.series.clone(),
                             gathered: match e.series.kind {
-                                Kind::Counter => Gathered::Counter(Vec::new()),
+                                Kind::Counter => Gathered::Counter(CounterGathered::default()),
                                 Kind::Gauge => Gathered::Gauge(Vec::new()),
                             },
                         });
@@ -277,8 +286,16 @@ impl QueryEngine {
                 };
                 match (s.data, &mut selected[ix].gathered) {
                     (SeriesData::Counter(v), Gathered::Counter(out)) => {
-                        points += v.len();
-                        out.extend(v.iter().map(|c| (c.unix_ns, c.value)));
+                        for c in v.iter() {
+                            if c.unix_ns < q.start_ns {
+                                if out.before.is_none_or(|(t, _)| t < c.unix_ns) {
+                                    out.before = Some((c.unix_ns, c.value));
+                                }
+                            } else if c.unix_ns <= q.end_ns {
+                                points += 1;
+                                out.inside.push((c.unix_ns, c.value));
+                            }
+                        }
                     }
                     (SeriesData::Gauge(v), Gathered::Gauge(out)) => {
                         let before = out.len();
@@ -322,8 +339,9 @@ impl QueryEngine {
                      gathered,
                  }| {
                     let points = match gathered {
-                        Gathered::Counter(samples) => {
-                            let points = counter_points(samples, q.start_ns, q.end_ns);
+                        Gathered::Counter(CounterGathered { before, mut inside }) => {
+                            inside.extend(before);
+                            let points = counter_points(inside, q.start_ns, q.end_ns);
                             (!points.is_empty()).then_some(Points::Counter(points))?
                         }
                         Gathered::Gauge(mut points) => {

@@ -254,3 +254,42 @@ fn a_reversed_time_range_is_refused() {
         QueryError::Range { start: 2, end: 1 }
     ));
 }
+
+#[test]
+fn the_points_limit_counts_the_points_answered_not_the_look_back() {
+    let s = setup();
+    let metric = "railscope_ib_port_xmit_data_bytes_total";
+    let q = SeriesQuery {
+        metric: metric.into(),
+        matchers: matchers(&["node=gpu-node-001"]),
+        start_ns: T0 + 280 * S,
+        end_ns: T0 + 290 * S,
+    };
+    let (answers, _) = s.engine.series(&q).unwrap();
+    let answered: usize = answers
+        .iter()
+        .map(|a| match &a.points {
+            Points::Counter(p) => p.len(),
+            Points::Gauge(p) => p.len(),
+        })
+        .sum();
+    // The 5-minute look-back before the range holds many times the answer's points.
+    let gathered_before: usize = sent(&s, "gpu-node-001", metric, ("port", "1"))
+        .filter(|r| r.unix_ns >= q.start_ns - 300 * S && r.unix_ns < q.start_ns)
+        .count();
+    assert!(
+        gathered_before > 5 * answered,
+        "{gathered_before} vs {answered}"
+    );
+    let at_limit = QueryEngine::new(s.archive.reader(), key()).with_max_points(answered);
+    let (limited, _) = at_limit.series(&q).unwrap();
+    assert_eq!(
+        limited, answers,
+        "an answer of exactly the limit is given, rates included"
+    );
+    let below = QueryEngine::new(s.archive.reader(), key()).with_max_points(answered - 1);
+    assert!(matches!(
+        below.series(&q).unwrap_err(),
+        QueryError::TooManyPoints { .. }
+    ));
+}
