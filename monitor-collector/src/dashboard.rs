@@ -124,11 +124,12 @@ mod tests {
 
     #[test]
     fn the_views_declare_every_metric_the_script_names() {
-        let named: std::collections::BTreeSet<&str> = regex::Regex::new(r#""(railscope_[a-z0-9_]+)""#)
-            .unwrap()
-            .captures_iter(APP_JS)
-            .map(|c| c.get(1).unwrap().as_str())
-            .collect();
+        let named: std::collections::BTreeSet<&str> =
+            regex::Regex::new(r#""(railscope_[a-z0-9_]+)""#)
+                .unwrap()
+                .captures_iter(APP_JS)
+                .map(|c| c.get(1).unwrap().as_str())
+                .collect();
         let declared: std::collections::BTreeSet<&str> = VIEWS
             .iter()
             .flat_map(|(_, metrics)| metrics.iter().copied())

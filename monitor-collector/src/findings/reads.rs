@@ -32,7 +32,10 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
     ("gpu_ecc_uncorrected", &["railscope_gpu_ecc_errors_total"]),
-    ("gpu_row_remap_pending", &["railscope_gpu_row_remap_pending"]),
+    (
+        "gpu_row_remap_pending",
+        &["railscope_gpu_row_remap_pending"],
+    ),
     ("gpu_row_remap_failed", &["railscope_gpu_row_remap_failed"]),
     ("gpu_thermal_throttle", &["railscope_gpu_throttle_active"]),
     ("gpu_power_throttle", &["railscope_gpu_throttle_active"]),
@@ -73,7 +76,11 @@ mod tests {
     use super::*;
 
     /// Each family's rules and the series it declares.
-    fn families() -> [(&'static str, &'static [&'static str], BTreeSet<&'static str>); 3] {
+    fn families() -> [(
+        &'static str,
+        &'static [&'static str],
+        BTreeSet<&'static str>,
+    ); 3] {
         [
             (
                 "ib_links",
@@ -89,7 +96,11 @@ mod tests {
     fn every_rule_is_listed_once_with_what_it_reads() {
         let listed: Vec<&str> = RULE_READS.iter().map(|(r, _)| *r).collect();
         let unique: BTreeSet<&str> = listed.iter().copied().collect();
-        assert_eq!(unique.len(), listed.len(), "a rule listed twice: {listed:?}");
+        assert_eq!(
+            unique.len(),
+            listed.len(),
+            "a rule listed twice: {listed:?}"
+        );
         let rules: BTreeSet<&str> = families()
             .iter()
             .flat_map(|(_, rules, _)| rules.iter().copied())

@@ -418,6 +418,7 @@ fn select_reads_a_collectors_range_through_the_api() {
         min_variance: super::variance::DEFAULT_MIN_VARIANCE,
         max_distance: super::distance::DEFAULT_MAX_DISTANCE,
         keep: Vec::new(),
+        no_keep_failures: false,
         json: false,
     };
     let metrics = fetch(&args, T0, T0 + 119 * S).unwrap();
@@ -434,18 +435,20 @@ fn select_reads_a_collectors_range_through_the_api() {
         ]
     );
     let selection = select(&metrics, &SelectConfig::new(T0, T0 + 119 * S));
+    assert_eq!(selection.constant, ["railscope_gpu_sm_clock_hertz"]);
+    // The symbol-error counter never ticked, but a rule reads it: kept, at the agent's
+    // default cap.
+    assert_eq!(selection.kept_constant, ["railscope_ib_symbol_error_total"]);
     assert_eq!(
-        selection.constant,
-        [
-            "railscope_gpu_sm_clock_hertz",
-            "railscope_ib_symbol_error_total"
-        ]
+        selection.protected_reason("railscope_ib_symbol_error_total"),
+        Some("read by finding ib_symbol_errors; failure counter")
     );
     assert_eq!(
         selection.kept(),
         [
             "railscope_gpu_power_milliwatts",
-            "railscope_gpu_temperature_celsius"
+            "railscope_gpu_temperature_celsius",
+            "railscope_ib_symbol_error_total"
         ]
     );
     // Levels held 10 s: every period not cut by the range is 10 s; the temperatures' wave
@@ -456,6 +459,7 @@ fn select_reads_a_collectors_range_through_the_api() {
         "{settings:?}"
     );
     assert!(settings.contains(&"railscope_ib_port_xmit_data_bytes_total:drop".to_string()));
+    assert!(settings.contains(&"railscope_ib_symbol_error_total:on".to_string()));
 }
 
 /// A deterministic wobble of ±`amplitude` (a fraction), its phase set by `seed`.
@@ -533,7 +537,9 @@ fn agent_fleet() -> Vec<MetricTrace> {
         gauge("railscope_gpu_row_remap_failed", gpus(Box::new(|_, _| 0.0))),
         gauge(
             "railscope_ib_port_rate_gbps",
-            ports(Box::new(move |t, _, r| if down(t, r) { 200.0 } else { 400.0 })),
+            ports(Box::new(
+                move |t, _, r| if down(t, r) { 200.0 } else { 400.0 },
+            )),
         ),
         gauge(
             "railscope_ib_port_width_lanes",
@@ -573,7 +579,10 @@ fn nothing_a_rule_a_straggler_measure_or_a_dashboard_view_reads_is_dropped() {
         .into_iter()
         .filter(|m| read.contains(m))
         .collect();
-    assert!(dropped.is_empty(), "dropped what railscope reads: {dropped:?}");
+    assert!(
+        dropped.is_empty(),
+        "dropped what railscope reads: {dropped:?}"
+    );
     let kept = selection.kept();
     for m in &metrics {
         if read.contains(m.name.as_str()) {
@@ -590,9 +599,37 @@ fn nothing_a_rule_a_straggler_measure_or_a_dashboard_view_reads_is_dropped() {
         ]
     );
     let settings = selection.sampling_settings();
-    for m in read {
+    for m in &read {
         assert!(!settings.contains(&format!("{m}:drop")), "{settings:?}");
     }
+    // The report says why; width and rate share a shape (the retrained port) but both stay,
+    // and neither the port bytes nor the width are advised as "like" anything.
+    let text = selection.text();
+    for line in [
+        "  keep railscope_ib_port_width_lanes (kept: read by finding ib_port_degraded)\n",
+        "  keep railscope_ib_port_rate_gbps (kept: read by finding ib_port_degraded, dashboard fleet view, dashboard job view)\n",
+        "  keep railscope_ib_port_xmit_bytes_total (kept: read by stragglers, dashboard fleet view, dashboard job view, dashboard node view)\n",
+        "  keep railscope_ib_link_downed_total (kept: read by finding ib_link_downed; failure counter)\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
+    assert!(!text.contains("drop railscope_ib_"), "{text}");
+    // What railscope reads keeps the agent's default cap: the port bytes, stable within
+    // the tolerance all along, would otherwise be capped at 599 s.
+    for m in [
+        "railscope_ib_port_xmit_bytes_total",
+        "railscope_ib_port_rate_gbps",
+        "railscope_ib_link_downed_total",
+    ] {
+        assert!(settings.contains(&format!("{m}:on")), "{settings:?}");
+    }
+    assert!(
+        settings
+            .iter()
+            .filter(|s| s.contains(":on,max="))
+            .all(|s| !read.contains(s.split(':').next().unwrap())),
+        "{settings:?}"
+    );
 }
 
 /// Counters that stay at zero until something fails, none of them read by a rule.
@@ -632,6 +669,7 @@ fn constant_error_counters_are_kept_without_keep() {
     for name in FAILURE_COUNTERS {
         assert!(!dropped.contains(name), "{name} dropped: {dropped:?}");
         assert!(kept.contains(name), "{name} not kept: {kept:?}");
+        assert_eq!(selection.protected_reason(name), Some("failure counter"));
     }
     // A counter that merely never ticked here, and a fixed clock, are still dropped.
     assert_eq!(
@@ -641,6 +679,17 @@ fn constant_error_counters_are_kept_without_keep() {
             "railscope_ib_multicast_xmit_packets_total"
         ]
     );
+    // `--no-keep-failures`: the data decides again.
+    let selection = select(
+        &metrics,
+        &SelectConfig {
+            keep_failures: false,
+            ..config()
+        },
+    );
+    for name in FAILURE_COUNTERS {
+        assert!(selection.constant.iter().any(|c| c == name), "{name}");
+    }
 }
 
 /// A small deterministic shuffle (xorshift).
@@ -724,6 +773,7 @@ fn flat_series_are_not_alike() {
         ]
     );
     assert!(selection.groups.iter().all(|g| g.members.len() == 1));
+    assert!(!selection.text().contains("like"), "{}", selection.text());
 
     // Nothing constant (`--min-variance 0`): two metrics that never move stay apart too.
     let flat = |name: &str, v: f64| {
