@@ -19,6 +19,44 @@ const ICON_SVG: &str = include_str!("../ui/icon.svg");
 const DYGRAPH_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.js"));
 const DYGRAPH_CSS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.css"));
 
+/// The metrics each view of the page reads (`ui/app.js`, which names them): the fleet and job
+/// views colour GPUs by SM activity or utilization and ports by throughput against their line
+/// rate; a node's view charts these. `railscope select` never drops them ([`crate::reads`]);
+/// a test holds this list to the script.
+pub const VIEWS: &[(&str, &[&str])] = &[
+    (
+        "fleet",
+        &[
+            "railscope_gpu_utilization_ratio",
+            "railscope_gpu_sm_util_ratio",
+            "railscope_ib_port_xmit_bytes_total",
+            "railscope_ib_port_rcv_bytes_total",
+            "railscope_ib_port_rate_gbps",
+        ],
+    ),
+    (
+        "job",
+        &[
+            "railscope_gpu_utilization_ratio",
+            "railscope_gpu_sm_util_ratio",
+            "railscope_ib_port_xmit_bytes_total",
+            "railscope_ib_port_rcv_bytes_total",
+            "railscope_ib_port_rate_gbps",
+        ],
+    ),
+    (
+        "node",
+        &[
+            "railscope_gpu_utilization_ratio",
+            "railscope_gpu_sm_util_ratio",
+            "railscope_gpu_power_watts",
+            "railscope_gpu_temperature_celsius",
+            "railscope_ib_port_xmit_bytes_total",
+            "railscope_ib_port_rcv_bytes_total",
+        ],
+    ),
+];
+
 /// Only this collector may be asked for anything: a stray reference to another host would
 /// break on an air-gapped cluster, so the browser refuses it everywhere.
 const CONTENT_SECURITY_POLICY: &str =
@@ -82,5 +120,20 @@ mod tests {
         }
         assert!(!INDEX_HTML.contains("http://") && !INDEX_HTML.contains("https://"));
         assert!(DYGRAPH_JS.contains("Dygraph"), "dygraphs was embedded");
+    }
+
+    #[test]
+    fn the_views_declare_every_metric_the_script_names() {
+        let named: std::collections::BTreeSet<&str> =
+            regex::Regex::new(r#""(railscope_[a-z0-9_]+)""#)
+                .unwrap()
+                .captures_iter(APP_JS)
+                .map(|c| c.get(1).unwrap().as_str())
+                .collect();
+        let declared: std::collections::BTreeSet<&str> = VIEWS
+            .iter()
+            .flat_map(|(_, metrics)| metrics.iter().copied())
+            .collect();
+        assert_eq!(named, declared);
     }
 }

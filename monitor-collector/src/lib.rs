@@ -19,7 +19,8 @@
 //!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`liveness`]: the heartbeats of the receive threads, the archive writer and sealer, the
 //!   HTTP server and the findings thread, for systemd's watchdog;
-//! - [`select`]: `railscope select`, Moneo's metric selection over a stored range;
+//! - [`select`]: `railscope select`, Moneo's metric selection over a stored range; it never
+//!   drops what railscope itself reads ([`reads`]: the finding rules, stragglers, dashboard);
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`;
 //! - [`findings`]: health findings from what ingest received (events at once, the live view
@@ -40,6 +41,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod nodes;
 pub mod query;
+pub mod reads;
 pub mod remote_write;
 pub mod robust;
 pub mod select;

@@ -44,10 +44,15 @@ pub const GPU_METRICS: &[&str] = &[
 const GPU_FLOOR: f64 = 0.02;
 /// The port metric as reported, from the two counters whose rates it adds.
 pub const PORT_METRIC: &str = "railscope_ib_port_bytes_per_second";
-const PORT_COUNTERS: &[&str] = &[
+pub const PORT_COUNTERS: &[&str] = &[
     "railscope_ib_port_xmit_bytes_total",
     "railscope_ib_port_rcv_bytes_total",
 ];
+
+/// Every metric the search reads (what `railscope select` never drops, [`crate::reads`]).
+pub fn metrics_read() -> impl Iterator<Item = &'static str> {
+    GPU_METRICS.iter().chain(PORT_COUNTERS).copied()
+}
 /// A port's floor: 2% of the job's median throughput.
 const PORT_FLOOR_FRACTION: f64 = 0.02;
 

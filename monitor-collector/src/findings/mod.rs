@@ -8,6 +8,7 @@
 //!   when it is gone;
 //! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
 //!   [`xid`]), [`verbs`];
+//! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
 //! - [`store`]: the findings held in memory and the findings log in the data directory
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod gpus;
 pub mod ib_links;
 pub mod log;
+pub mod reads;
 pub mod remote;
 pub mod store;
 pub mod thresholds;
@@ -35,6 +37,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use engine::{FindingsEngine, FindingsInbox};
+pub use reads::metrics_read;
 pub use store::FindingsStore;
 pub use thresholds::Thresholds;
 

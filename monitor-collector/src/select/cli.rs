@@ -40,10 +40,16 @@ pub struct SelectArgs {
     /// Two metrics at most this max-normalised RMS distance apart are redundant.
     #[arg(long, default_value_t = super::distance::DEFAULT_MAX_DISTANCE)]
     pub max_distance: f64,
-    /// Never drop metrics whose name starts with this (e.g. the error counters the health
-    /// findings read, constant until something fails); repeat for several.
+    /// Never drop metrics whose name starts with this; repeat for several. (What a finding
+    /// rule, the straggler search or a dashboard view reads is never dropped, nor are failure
+    /// counters, constant until something fails.)
     #[arg(long, value_name = "PREFIX")]
     pub keep: Vec<String>,
+    /// Let failure counters (names with `error`, `err`, `downed`, `discards`, `dropped`,
+    /// `replays`, `ecc`, `remap`, ...) be dropped like any metric; those railscope reads are
+    /// kept whatever.
+    #[arg(long)]
+    pub no_keep_failures: bool,
     /// Print the selection as JSON (with the settings under `sampling`).
     #[arg(long)]
     pub json: bool,
@@ -159,6 +165,7 @@ pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
         min_variance: args.min_variance,
         max_distance: args.max_distance,
         keep: args.keep.clone(),
+        keep_failures: !args.no_keep_failures,
         ..SelectConfig::new(start_ns, end_ns)
     };
     let selection = select(&metrics, &config);

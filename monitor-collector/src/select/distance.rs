@@ -4,10 +4,16 @@
 //! GPU), each sum divided by its largest magnitude, and the root mean square of the
 //! difference taken over the cells where both have data. Two metrics are as far apart as
 //! their farthest pair of such sums: redundant only if redundant everywhere.
+//!
+//! A flat sum (max-normalised variance 0 or under `--min-variance`, zeros included) has no
+//! shape: two flat sums give no verdict (both are 1 everywhere once divided by their peaks,
+//! at distance 0 whatever they measure), and a flat sum against one that moves is a
+//! difference (one moves where the other does not). So a metric flat wherever it is compared
+//! is like nothing.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::{MetricTrace, SelectConfig};
+use super::{MetricTrace, SelectConfig, variance};
 
 /// Two metrics at most this far apart are redundant: the shapes differ by about 5 % of their
 /// peaks (one is the other scaled, or a sum of it, give or take noise).
@@ -27,7 +33,9 @@ pub struct Grids<'a> {
     cells: usize,
     /// Per metric, the label names every one of its series has.
     keys: Vec<BTreeSet<String>>,
-    sums: HashMap<(usize, Vec<String>), BTreeMap<Projection, Vec<f64>>>,
+    /// Under this max-normalised variance a sum is flat.
+    min_variance: f64,
+    sums: BTreeMap<(usize, Vec<String>), BTreeMap<Projection, Vec<f64>>>,
 }
 
 impl<'a> Grids<'a> {
@@ -51,7 +59,8 @@ impl<'a> Grids<'a> {
             step_ns,
             cells,
             keys,
-            sums: HashMap::new(),
+            min_variance: config.min_variance,
+            sums: BTreeMap::new(),
         }
     }
 
@@ -98,9 +107,11 @@ impl<'a> Grids<'a> {
     }
 
     /// The distance of metrics `a` and `b`; `None` when they have no sums with enough cells
-    /// in common to compare.
+    /// in common to compare, or only flat ones; infinite where one sum is flat and the other
+    /// moves.
     pub fn distance(&mut self, a: usize, b: usize) -> Option<f64> {
         let on: Vec<String> = self.keys[a].intersection(&self.keys[b]).cloned().collect();
+        let min_variance = self.min_variance;
         let sums_a = self.sums(a, &on).clone();
         let sums_b = self.sums(b, &on);
         let mut farthest: Option<f64> = None;
@@ -108,7 +119,7 @@ impl<'a> Grids<'a> {
             let Some(xb) = sums_b.get(projection) else {
                 continue;
             };
-            if let Some(d) = normalised_rms(xa, xb) {
+            if let Some(d) = normalised_rms(xa, xb, min_variance) {
                 farthest = Some(farthest.map_or(d, |f: f64| f.max(d)));
             }
         }
@@ -134,8 +145,10 @@ impl<'a> Grids<'a> {
 }
 
 /// The RMS difference of two series each divided by its largest magnitude, over the cells
-/// where both have data; `None` below [`MIN_OVERLAP`] common cells or if either is all zero.
-pub fn normalised_rms(a: &[f64], b: &[f64]) -> Option<f64> {
+/// where both have data; `None` below [`MIN_OVERLAP`] common cells or if both are flat over
+/// them ([`variance::is_flat`] at `min_variance`: no shape to compare), infinite if one is
+/// flat and the other is not.
+pub fn normalised_rms(a: &[f64], b: &[f64], min_variance: f64) -> Option<f64> {
     let common: Vec<(f64, f64)> = a
         .iter()
         .zip(b)
@@ -145,11 +158,15 @@ pub fn normalised_rms(a: &[f64], b: &[f64]) -> Option<f64> {
     if common.len() < MIN_OVERLAP {
         return None;
     }
+    let flat_a = variance::is_flat(common.iter().map(|c| c.0), min_variance);
+    let flat_b = variance::is_flat(common.iter().map(|c| c.1), min_variance);
+    match (flat_a, flat_b) {
+        (true, true) => return None,
+        (true, false) | (false, true) => return Some(f64::INFINITY),
+        (false, false) => {}
+    }
     let peak_a = common.iter().fold(0.0f64, |m, (x, _)| m.max(x.abs()));
     let peak_b = common.iter().fold(0.0f64, |m, (_, y)| m.max(y.abs()));
-    if peak_a == 0.0 || peak_b == 0.0 {
-        return None;
-    }
     let sum: f64 = common
         .iter()
         .map(|(x, y)| (x / peak_a - y / peak_b).powi(2))

@@ -2,8 +2,10 @@
 //! threshold of each other are linked; a group is a connected set of linked metrics. In each
 //! group the kept metrics are chosen greedily so that every dropped member is within the
 //! threshold of a kept one (a group whose members are all pairwise close keeps one): first
-//! those the operator always keeps, then the member close to the most members not yet
-//! covered (on a tie, the first by name).
+//! those never dropped ([`keep`](super::keep): read by railscope, failure counters,
+//! `--keep`), then the member close to the most members not yet covered (on a tie, the first
+//! by name). With unique names, nothing here depends on the order they come in:
+//! components are order-free and every choice is by name.
 
 use serde::Serialize;
 

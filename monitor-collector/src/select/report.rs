@@ -1,13 +1,16 @@
 //! What a selection found, as text for the operator, as JSON, and as the agent's `--sampling`
 //! settings: `NAME:drop` for every metric dropped (constant or redundant), `NAME:on,max=S`
 //! for every kept one with its learned cap (`on` so that a shorter dropped name that is a
-//! prefix of a kept one does not turn the kept one off: the agent takes the longest prefix).
+//! prefix of a kept one does not turn the kept one off: the agent takes the longest prefix),
+//! `NAME:on` for a kept metric that keeps the agent's default cap: one railscope reads (its
+//! readers were written for the default), or one constant in the range but kept (a failure
+//! counter, `--keep`: the range says nothing of how fast it moves when it does).
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{grouping::Group, interval_cap::MetricCap};
+use super::{grouping::Group, interval_cap::MetricCap, keep::Protected};
 use crate::query::time::format_time;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -20,12 +23,19 @@ pub struct Selection {
     /// Metrics with readings in the range, and their series.
     pub metrics: usize,
     pub series: usize,
+    /// The metrics in the range never dropped whatever the data, and why, by name.
+    pub protected: Vec<Protected>,
     /// Metrics dropped as constant, by name.
     pub constant: Vec<String>,
+    /// Metrics constant in the range but kept (protected), by name.
+    pub kept_constant: Vec<String>,
     /// The varying metrics, grouped (a metric alone is a group of one).
     pub groups: Vec<Group>,
-    /// The kept metrics' learned caps, by name.
+    /// The kept metrics' learned caps, by name (not those of `default_cap`).
     pub caps: Vec<MetricCap>,
+    /// The kept metrics left at the agent's default cap (`NAME:on`), by name: those railscope
+    /// reads and those constant in the range.
+    pub default_cap: Vec<String>,
 }
 
 impl Selection {
@@ -35,6 +45,7 @@ impl Selection {
             .groups
             .iter()
             .flat_map(|g| g.kept.iter().map(String::as_str))
+            .chain(self.kept_constant.iter().map(String::as_str))
             .collect();
         kept.sort_unstable();
         kept
@@ -68,7 +79,16 @@ impl Selection {
                 .iter()
                 .map(|c| format!("{}:on,max={}", c.metric, c.max_s)),
         );
+        out.extend(self.default_cap.iter().map(|m| format!("{m}:on")));
         out
+    }
+
+    /// Why `metric` is never dropped, if it is protected.
+    pub fn protected_reason(&self, metric: &str) -> Option<&str> {
+        self.protected
+            .iter()
+            .find(|p| p.metric == metric)
+            .map(|p| p.reason.as_str())
     }
 
     /// The report as text: the range, the constant metrics, the groups (with what each
@@ -86,12 +106,23 @@ impl Selection {
         );
         let _ = writeln!(
             out,
+            "\nnever dropped (read by railscope, failure counters, --keep): {}",
+            self.protected.len()
+        );
+        for p in &self.protected {
+            let _ = writeln!(out, "  keep {} (kept: {})", p.metric, p.reason);
+        }
+        let _ = writeln!(
+            out,
             "\nconstant (max-normalised variance < {}): {}",
             self.min_variance,
-            self.constant.len()
+            self.constant.len() + self.kept_constant.len()
         );
         for m in &self.constant {
             let _ = writeln!(out, "  drop {m}");
+        }
+        for m in &self.kept_constant {
+            let _ = writeln!(out, "  keep {m} (never dropped, above)");
         }
         let redundant: Vec<&Group> = self.groups.iter().filter(|g| g.members.len() > 1).collect();
         let _ = writeln!(
@@ -113,7 +144,7 @@ impl Selection {
         let _ = writeln!(
             out,
             "\nkept {} of {} metrics; interval caps (5th percentile of stable periods):",
-            self.caps.len(),
+            self.kept().len(),
             self.metrics
         );
         for c in &self.caps {
@@ -122,6 +153,14 @@ impl Selection {
                 "  {} max={} s (p5 {:.1} s of {} periods)",
                 c.metric, c.max_s, c.p5_s, c.periods
             );
+        }
+        for m in &self.default_cap {
+            let why = if self.kept_constant.contains(m) {
+                "constant here"
+            } else {
+                "read by railscope"
+            };
+            let _ = writeln!(out, "  {m} the agent's default cap ({why})");
         }
         let _ = writeln!(out, "\nagent settings:");
         for s in self.sampling_settings() {

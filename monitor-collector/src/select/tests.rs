@@ -72,7 +72,7 @@ fn trace(name: &str, series: Vec<Shape>, seconds: u64, counter: bool) -> MetricT
 /// Two nodes x 2 GPUs x 1 port, 10 min: `sm_active` steps through the phases of a training
 /// step (20 s each); `power` is it scaled, `xmit` (per port, per node) the node's sum of it
 /// as a rate; `memory_utilization` is an unrelated wave and `dram_active` that wave in [0, 1]
-/// with a 1 % wobble; the SM clock never moves and the symbol-error counter never ticks.
+/// with a 1 % wobble; the SM clock never moves and a multicast packet counter never ticks.
 fn fleet() -> Vec<MetricTrace> {
     const SECONDS: u64 = 600;
     let gpus = |f: fn(u64, u64) -> f64| -> Vec<Shape> {
@@ -141,7 +141,7 @@ fn fleet() -> Vec<MetricTrace> {
             false,
         ),
         trace(
-            "railscope_ib_symbol_error_total",
+            "railscope_ib_multicast_xmit_packets_total",
             ports(|_| 0.0),
             SECONDS,
             true,
@@ -161,7 +161,7 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
         selection.constant,
         [
             "railscope_gpu_sm_clock_hertz",
-            "railscope_ib_symbol_error_total"
+            "railscope_ib_multicast_xmit_packets_total"
         ]
     );
     let groups: Vec<(Vec<&str>, Vec<&str>)> = selection
@@ -227,7 +227,7 @@ fn the_settings_turn_off_what_is_dropped_and_cap_what_is_kept_at_its_stable_peri
         "railscope_gpu_sm_active_ratio",
         "railscope_gpu_sm_clock_hertz",
         "railscope_ib_port_xmit_data_bytes_total",
-        "railscope_ib_symbol_error_total",
+        "railscope_ib_multicast_xmit_packets_total",
     ] {
         assert!(
             settings.contains(&format!("{dropped}:drop")),
@@ -237,7 +237,7 @@ fn the_settings_turn_off_what_is_dropped_and_cap_what_is_kept_at_its_stable_peri
     assert_eq!(settings.len(), 7);
     let text = selection.text();
     assert!(
-        text.contains("  --sampling railscope_ib_symbol_error_total:drop\n"),
+        text.contains("  --sampling railscope_ib_multicast_xmit_packets_total:drop\n"),
         "{text}"
     );
     assert!(
@@ -260,8 +260,8 @@ fn metrics_the_operator_keeps_are_never_dropped_and_cover_their_group() {
         selection.kept(),
         [
             "railscope_gpu_dram_active_ratio",
-            "railscope_ib_port_xmit_data_bytes_total",
-            "railscope_ib_symbol_error_total"
+            "railscope_ib_multicast_xmit_packets_total",
+            "railscope_ib_port_xmit_data_bytes_total"
         ]
     );
 }
@@ -418,6 +418,7 @@ fn select_reads_a_collectors_range_through_the_api() {
         min_variance: super::variance::DEFAULT_MIN_VARIANCE,
         max_distance: super::distance::DEFAULT_MAX_DISTANCE,
         keep: Vec::new(),
+        no_keep_failures: false,
         json: false,
     };
     let metrics = fetch(&args, T0, T0 + 119 * S).unwrap();
@@ -434,18 +435,20 @@ fn select_reads_a_collectors_range_through_the_api() {
         ]
     );
     let selection = select(&metrics, &SelectConfig::new(T0, T0 + 119 * S));
+    assert_eq!(selection.constant, ["railscope_gpu_sm_clock_hertz"]);
+    // The symbol-error counter never ticked, but a rule reads it: kept, at the agent's
+    // default cap.
+    assert_eq!(selection.kept_constant, ["railscope_ib_symbol_error_total"]);
     assert_eq!(
-        selection.constant,
-        [
-            "railscope_gpu_sm_clock_hertz",
-            "railscope_ib_symbol_error_total"
-        ]
+        selection.protected_reason("railscope_ib_symbol_error_total"),
+        Some("read by finding ib_symbol_errors; failure counter")
     );
     assert_eq!(
         selection.kept(),
         [
             "railscope_gpu_power_milliwatts",
-            "railscope_gpu_temperature_celsius"
+            "railscope_gpu_temperature_celsius",
+            "railscope_ib_symbol_error_total"
         ]
     );
     // Levels held 10 s: every period not cut by the range is 10 s; the temperatures' wave
@@ -456,4 +459,344 @@ fn select_reads_a_collectors_range_through_the_api() {
         "{settings:?}"
     );
     assert!(settings.contains(&"railscope_ib_port_xmit_data_bytes_total:drop".to_string()));
+    assert!(settings.contains(&"railscope_ib_symbol_error_total:on".to_string()));
+}
+
+/// A deterministic wobble of ±`amplitude` (a fraction), its phase set by `seed`.
+fn jitter(t: u64, seed: u64, amplitude: f64) -> f64 {
+    1.0 + amplitude * (((t * 7919 + seed * 104_729) % 201) as f64 / 100.0 - 1.0)
+}
+
+/// Two nodes x 2 GPUs x 2 ports, 10 min, named as the agent names its series: the GPUs step
+/// (SM activity, power in step, the energy counter's rate the power), the SM clock never
+/// moves; the links run at 4x 400 Gb/s except n2's mlx5_1, retrained to 2x 200 for a minute
+/// (width and rate the same shape); the ports carry steady traffic with a ±3 % wobble
+/// (sent and received alike to the threshold, nearly flat); the error counters never tick,
+/// the ports stay ACTIVE and LinkUp, no row remapping is pending or failed.
+fn agent_fleet() -> Vec<MetricTrace> {
+    const SECONDS: u64 = 600;
+    let gpus = |f: Box<dyn Fn(u64, u64) -> f64>| -> Vec<Shape> {
+        let f = std::rc::Rc::new(f);
+        let mut out: Vec<Shape> = Vec::new();
+        for node in ["n1", "n2"] {
+            for gpu in 0..2u64 {
+                let f = f.clone();
+                out.push((
+                    labels(&[("node", node.into()), ("gpu", gpu.to_string())]),
+                    Box::new(move |t| f(t, gpu)),
+                ));
+            }
+        }
+        out
+    };
+    // f(t, port index 0..4, retrained port?)
+    let ports = |f: Box<dyn Fn(u64, u64, bool) -> f64>| -> Vec<Shape> {
+        let f = std::rc::Rc::new(f);
+        let mut out: Vec<Shape> = Vec::new();
+        for (n, node) in ["n1", "n2"].into_iter().enumerate() {
+            for (d, device) in ["mlx5_0", "mlx5_1"].into_iter().enumerate() {
+                let f = f.clone();
+                let index = (n * 2 + d) as u64;
+                let retrained = node == "n2" && device == "mlx5_1";
+                out.push((
+                    labels(&[
+                        ("node", node.into()),
+                        ("device", device.into()),
+                        ("port", "1".into()),
+                    ]),
+                    Box::new(move |t| f(t, index, retrained)),
+                ));
+            }
+        }
+        out
+    };
+    let down = |t: u64, retrained: bool| retrained && (300..360).contains(&t);
+    let gauge = |name: &str, series| trace(name, series, SECONDS, false);
+    let counter = |name: &str, series| trace(name, series, SECONDS, true);
+    vec![
+        gauge(
+            "railscope_gpu_sm_util_ratio",
+            gpus(Box::new(|t, g| step_level(t, 20, g) / 100.0)),
+        ),
+        gauge(
+            "railscope_gpu_power_watts",
+            gpus(Box::new(|t, g| step_level(t, 20, g) * 7.0)),
+        ),
+        counter(
+            "railscope_gpu_energy_millijoules_total",
+            gpus(Box::new(|t, g| step_level(t, 20, g) * 7000.0)),
+        ),
+        gauge(
+            "railscope_gpu_sm_clock_hertz",
+            gpus(Box::new(|_, _| 1.98e9)),
+        ),
+        gauge(
+            "railscope_gpu_row_remap_pending",
+            gpus(Box::new(|_, _| 0.0)),
+        ),
+        gauge("railscope_gpu_row_remap_failed", gpus(Box::new(|_, _| 0.0))),
+        gauge(
+            "railscope_ib_port_rate_gbps",
+            ports(Box::new(
+                move |t, _, r| if down(t, r) { 200.0 } else { 400.0 },
+            )),
+        ),
+        gauge(
+            "railscope_ib_port_width_lanes",
+            ports(Box::new(move |t, _, r| if down(t, r) { 2.0 } else { 4.0 })),
+        ),
+        gauge("railscope_ib_port_state", ports(Box::new(|_, _, _| 4.0))),
+        gauge(
+            "railscope_ib_port_phys_state",
+            ports(Box::new(|_, _, _| 5.0)),
+        ),
+        counter(
+            "railscope_ib_port_xmit_bytes_total",
+            ports(Box::new(|t, p, _| 5e9 * jitter(t, p, 0.03))),
+        ),
+        counter(
+            "railscope_ib_port_rcv_bytes_total",
+            ports(Box::new(|t, p, _| 5e9 * jitter(t, p + 17, 0.03))),
+        ),
+        counter(
+            "railscope_ib_link_downed_total",
+            ports(Box::new(|_, _, _| 0.0)),
+        ),
+        counter(
+            "railscope_ib_symbol_error_total",
+            ports(Box::new(|_, _, _| 0.0)),
+        ),
+    ]
+}
+
+#[test]
+fn nothing_a_rule_a_straggler_measure_or_a_dashboard_view_reads_is_dropped() {
+    let metrics = agent_fleet();
+    let selection = select(&metrics, &config());
+    let read = crate::reads::metrics_railscope_reads();
+    let dropped: Vec<&str> = selection
+        .dropped()
+        .into_iter()
+        .filter(|m| read.contains(m))
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "dropped what railscope reads: {dropped:?}"
+    );
+    let kept = selection.kept();
+    for m in &metrics {
+        if read.contains(m.name.as_str()) {
+            assert!(kept.contains(&m.name.as_str()), "{} not kept", m.name);
+        }
+    }
+    // What nothing reads is still dropped: the flat clock, the energy counter (the power's
+    // shape).
+    assert_eq!(
+        selection.dropped(),
+        [
+            "railscope_gpu_energy_millijoules_total",
+            "railscope_gpu_sm_clock_hertz"
+        ]
+    );
+    let settings = selection.sampling_settings();
+    for m in &read {
+        assert!(!settings.contains(&format!("{m}:drop")), "{settings:?}");
+    }
+    // The report says why; width and rate share a shape (the retrained port) but both stay,
+    // and neither the port bytes nor the width are advised as "like" anything.
+    let text = selection.text();
+    for line in [
+        "  keep railscope_ib_port_width_lanes (kept: read by finding ib_port_degraded)\n",
+        "  keep railscope_ib_port_rate_gbps (kept: read by finding ib_port_degraded, dashboard fleet view, dashboard job view)\n",
+        "  keep railscope_ib_port_xmit_bytes_total (kept: read by stragglers, dashboard fleet view, dashboard job view, dashboard node view)\n",
+        "  keep railscope_ib_link_downed_total (kept: read by finding ib_link_downed; failure counter)\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
+    assert!(!text.contains("drop railscope_ib_"), "{text}");
+    // What railscope reads keeps the agent's default cap: the port bytes, stable within
+    // the tolerance all along, would otherwise be capped at 599 s.
+    for m in [
+        "railscope_ib_port_xmit_bytes_total",
+        "railscope_ib_port_rate_gbps",
+        "railscope_ib_link_downed_total",
+    ] {
+        assert!(settings.contains(&format!("{m}:on")), "{settings:?}");
+    }
+    assert!(
+        settings
+            .iter()
+            .filter(|s| s.contains(":on,max="))
+            .all(|s| !read.contains(s.split(':').next().unwrap())),
+        "{settings:?}"
+    );
+}
+
+/// Counters that stay at zero until something fails, none of them read by a rule.
+const FAILURE_COUNTERS: &[&str] = &[
+    "railscope_ib_port_rcv_errors_total",
+    "railscope_ib_local_link_integrity_errors_total",
+    "railscope_ib_excessive_buffer_overrun_errors_total",
+    "railscope_ib_vl15_dropped_total",
+    "railscope_ib_port_xmit_discards_total",
+    "railscope_ib_out_of_sequence_total",
+    "railscope_ib_packet_seq_err_total",
+    "railscope_ib_local_ack_timeout_err_total",
+    "railscope_ib_hw_link_downed_total",
+    "railscope_gpu_nvlink_errors_total",
+    "railscope_gpu_pcie_replays_total",
+    "railscope_gpu_remapped_rows_total",
+];
+
+#[test]
+fn constant_error_counters_are_kept_without_keep() {
+    let mut metrics = fleet();
+    let zero = |_: u64| 0.0;
+    for name in FAILURE_COUNTERS {
+        metrics.push(trace(
+            name,
+            vec![(
+                labels(&[("node", "n1".into()), ("device", "mlx5_0".into())]),
+                Box::new(zero),
+            )],
+            600,
+            true,
+        ));
+    }
+    let selection = select(&metrics, &config());
+    let dropped = selection.dropped();
+    let kept = selection.kept();
+    for name in FAILURE_COUNTERS {
+        assert!(!dropped.contains(name), "{name} dropped: {dropped:?}");
+        assert!(kept.contains(name), "{name} not kept: {kept:?}");
+        assert_eq!(selection.protected_reason(name), Some("failure counter"));
+    }
+    // A counter that merely never ticked here, and a fixed clock, are still dropped.
+    assert_eq!(
+        selection.constant,
+        [
+            "railscope_gpu_sm_clock_hertz",
+            "railscope_ib_multicast_xmit_packets_total"
+        ]
+    );
+    // `--no-keep-failures`: the data decides again.
+    let selection = select(
+        &metrics,
+        &SelectConfig {
+            keep_failures: false,
+            ..config()
+        },
+    );
+    for name in FAILURE_COUNTERS {
+        assert!(selection.constant.iter().any(|c| c == name), "{name}");
+    }
+}
+
+/// A small deterministic shuffle (xorshift).
+fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut x = seed.max(1);
+    for i in (1..items.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        items.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+}
+
+#[test]
+fn the_same_data_gives_the_same_groups_whatever_the_order_and_however_often() {
+    let mut metrics = fleet();
+    metrics.extend(agent_fleet());
+    // The first GPU metric under another name too: a tie every time.
+    let mut twin = metrics[0].clone();
+    twin.name = "railscope_gpu_sm_active_twin_ratio".into();
+    metrics.push(twin);
+    let first = select(&metrics, &config());
+    for seed in 1..=8u64 {
+        let mut shuffled = metrics.clone();
+        shuffle(&mut shuffled, seed);
+        for (i, m) in shuffled.iter_mut().enumerate() {
+            shuffle(&mut m.series, seed * 31 + i as u64);
+        }
+        let again = select(&shuffled, &config());
+        assert_eq!(again, first, "seed {seed}");
+        assert_eq!(again.text(), first.text(), "seed {seed}");
+        assert_eq!(select(&metrics, &config()), first);
+    }
+}
+
+#[test]
+fn flat_series_are_not_alike() {
+    // Per node, two GPUs step in anti-phase and two ports wave in anti-phase: each metric
+    // moves on every device, but compared per node (their only common label) both sums are
+    // flat, and two flat lines have no shape to compare.
+    let anti = |f: fn(u64) -> f64, on: &'static [(&'static str, &'static str)]| -> Vec<Shape> {
+        let mut out: Vec<Shape> = Vec::new();
+        for node in ["n1", "n2"] {
+            for (i, (k, v)) in on.iter().enumerate() {
+                let sign = if i == 0 { 1.0 } else { -1.0 };
+                out.push((
+                    labels(&[("node", node.into()), (k, v.to_string())]),
+                    Box::new(move |t| 100.0 + sign * f(t)),
+                ));
+            }
+        }
+        out
+    };
+    let metrics = vec![
+        trace(
+            "railscope_gpu_memory_clock_hertz",
+            anti(
+                |t| if (t / 20) % 2 == 0 { 50.0 } else { -50.0 },
+                &[("gpu", "0"), ("gpu", "1")],
+            ),
+            600,
+            false,
+        ),
+        trace(
+            "railscope_ib_port_xmit_packets_total",
+            anti(
+                |t| 40.0 * (t as f64 / 15.0).sin(),
+                &[("device", "mlx5_0"), ("device", "mlx5_1")],
+            ),
+            600,
+            true,
+        ),
+    ];
+    let selection = select(&metrics, &config());
+    assert!(selection.constant.is_empty());
+    assert_eq!(
+        selection.kept(),
+        [
+            "railscope_gpu_memory_clock_hertz",
+            "railscope_ib_port_xmit_packets_total"
+        ]
+    );
+    assert!(selection.groups.iter().all(|g| g.members.len() == 1));
+    assert!(!selection.text().contains("like"), "{}", selection.text());
+
+    // Nothing constant (`--min-variance 0`): two metrics that never move stay apart too.
+    let flat = |name: &str, v: f64| {
+        trace(
+            name,
+            vec![(
+                labels(&[("node", "n1".into()), ("gpu", "0".into())]),
+                Box::new(move |_| v),
+            )],
+            600,
+            false,
+        )
+    };
+    let selection = select(
+        &[
+            flat("railscope_gpu_sm_clock_hertz", 1.98e9),
+            flat("railscope_gpu_memory_clock_hertz", 1.6e9),
+        ],
+        &SelectConfig {
+            min_variance: 0.0,
+            ..config()
+        },
+    );
+    assert!(selection.dropped().is_empty(), "{}", selection.text());
+    assert_eq!(selection.groups.len(), 2);
 }

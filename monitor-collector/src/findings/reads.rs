@@ -1,0 +1,147 @@
+//! Which series each rule reads. Each rule family declares the series it reads in its
+//! `SERIES` (the engine watches those and nothing else, so a rule cannot read a series its
+//! family leaves out); [`RULE_READS`] says which of its rules reads which, and the tests below
+//! hold the two together: every rule of a family is listed, and the series its rules are
+//! listed with are exactly its `SERIES`. `railscope select` asks [`metrics_read`] so that it
+//! never advises turning off what a rule needs ([`crate::reads`]).
+
+use std::collections::BTreeSet;
+
+use super::{gpus, ib_links, verbs};
+
+/// Each rule and the series it reads, by metric name; the rules that read events only (the
+/// kernel's port events, XIDs, a GPU lost) read none.
+pub const RULE_READS: &[(&str, &[&str])] = &[
+    ("ib_link_flapping", &[]),
+    ("ib_symbol_errors", &["railscope_ib_symbol_error_total"]),
+    (
+        "ib_link_error_recovery",
+        &["railscope_ib_link_error_recovery_total"],
+    ),
+    ("ib_link_downed", &["railscope_ib_link_downed_total"]),
+    (
+        "ib_port_degraded",
+        &[
+            "railscope_ib_port_state",
+            "railscope_ib_port_width_lanes",
+            "railscope_ib_port_rate_gbps",
+        ],
+    ),
+    ("ib_phys_state", &["railscope_ib_port_phys_state"]),
+    ("roce_congestion", &["railscope_ib_np_cnp_sent_total"]),
+    ("gpu_xid", &[]),
+    ("gpu_lost", &[]),
+    ("gpu_ecc_uncorrected", &["railscope_gpu_ecc_errors_total"]),
+    (
+        "gpu_row_remap_pending",
+        &["railscope_gpu_row_remap_pending"],
+    ),
+    ("gpu_row_remap_failed", &["railscope_gpu_row_remap_failed"]),
+    ("gpu_thermal_throttle", &["railscope_gpu_throttle_active"]),
+    ("gpu_power_throttle", &["railscope_gpu_throttle_active"]),
+    (
+        "gpu_pcie_degraded",
+        &[
+            "railscope_gpu_pcie_link_generation",
+            "railscope_gpu_pcie_link_max_generation",
+            "railscope_gpu_pcie_link_width_lanes",
+            "railscope_gpu_pcie_link_max_width_lanes",
+            "railscope_gpu_utilization_ratio",
+        ],
+    ),
+    ("verbs_qp_error", &[verbs::SERIES]),
+    ("verbs_cm_reject", &[verbs::SERIES]),
+];
+
+/// Every series a finding rule reads: the union of the families' `SERIES`.
+pub fn metrics_read() -> BTreeSet<&'static str> {
+    ib_links::SERIES
+        .iter()
+        .chain(gpus::SERIES)
+        .copied()
+        .chain([verbs::SERIES])
+        .collect()
+}
+
+/// The rules that read `metric`, in [`RULE_READS`]'s order.
+pub fn rules_reading(metric: &str) -> impl Iterator<Item = &'static str> + '_ {
+    RULE_READS
+        .iter()
+        .filter(move |(_, reads)| reads.contains(&metric))
+        .map(|(rule, _)| *rule)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each family's rules and the series it declares.
+    fn families() -> [(
+        &'static str,
+        &'static [&'static str],
+        BTreeSet<&'static str>,
+    ); 3] {
+        [
+            (
+                "ib_links",
+                ib_links::RULES,
+                ib_links::SERIES.iter().copied().collect(),
+            ),
+            ("gpus", gpus::RULES, gpus::SERIES.iter().copied().collect()),
+            ("verbs", verbs::RULES, [verbs::SERIES].into()),
+        ]
+    }
+
+    #[test]
+    fn every_rule_is_listed_once_with_what_it_reads() {
+        let listed: Vec<&str> = RULE_READS.iter().map(|(r, _)| *r).collect();
+        let unique: BTreeSet<&str> = listed.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            listed.len(),
+            "a rule listed twice: {listed:?}"
+        );
+        let rules: BTreeSet<&str> = families()
+            .iter()
+            .flat_map(|(_, rules, _)| rules.iter().copied())
+            .collect();
+        assert_eq!(unique, rules);
+    }
+
+    #[test]
+    fn a_familys_rules_read_exactly_the_series_it_declares() {
+        for (family, rules, series) in families() {
+            let read: BTreeSet<&str> = RULE_READS
+                .iter()
+                .filter(|(r, _)| rules.contains(r))
+                .flat_map(|(_, reads)| reads.iter().copied())
+                .collect();
+            assert_eq!(read, series, "{family}");
+        }
+        let all: BTreeSet<&str> = RULE_READS
+            .iter()
+            .flat_map(|(_, reads)| reads.iter().copied())
+            .collect();
+        assert_eq!(all, metrics_read());
+    }
+
+    #[test]
+    fn the_port_rules_read_width_rate_and_the_error_counters() {
+        assert_eq!(
+            rules_reading("railscope_ib_port_rate_gbps").collect::<Vec<_>>(),
+            ["ib_port_degraded"]
+        );
+        assert_eq!(
+            rules_reading("railscope_gpu_throttle_active").collect::<Vec<_>>(),
+            ["gpu_thermal_throttle", "gpu_power_throttle"]
+        );
+        for m in [
+            "railscope_ib_link_downed_total",
+            "railscope_ib_port_phys_state",
+            "railscope_gpu_row_remap_pending",
+            "railscope_gpu_row_remap_failed",
+        ] {
+            assert!(metrics_read().contains(m), "{m}");
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! What railscope itself reads from the agent's series: the finding rules
+//! ([`findings::reads`](crate::findings::reads)), the straggler search
+//! ([`stragglers::metrics_read`](crate::stragglers::metrics_read)) and the dashboard's views
+//! ([`dashboard::VIEWS`](crate::dashboard::VIEWS)). Each declares its own list next to the code
+//! that reads it; this module only gathers them, so that `railscope select` never advises
+//! turning off a metric one of them needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{dashboard, findings, stragglers};
+
+/// Every metric railscope reads, with what reads it (`finding ib_port_degraded`,
+/// `stragglers`, `dashboard fleet view`), each reader once, in declaration order.
+pub fn readers() -> BTreeMap<&'static str, Vec<String>> {
+    let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut add = |metric: &'static str, reader: String| {
+        let readers = out.entry(metric).or_default();
+        if !readers.contains(&reader) {
+            readers.push(reader);
+        }
+    };
+    for (rule, metrics) in findings::reads::RULE_READS {
+        for &m in *metrics {
+            add(m, format!("finding {rule}"));
+        }
+    }
+    for m in stragglers::metrics_read() {
+        add(m, "stragglers".into());
+    }
+    for (view, metrics) in dashboard::VIEWS {
+        for &m in *metrics {
+            add(m, format!("dashboard {view} view"));
+        }
+    }
+    out
+}
+
+/// Every metric railscope reads (the finding rules, the straggler search, the dashboard).
+pub fn metrics_railscope_reads() -> BTreeSet<&'static str> {
+    findings::metrics_read()
+        .into_iter()
+        .chain(stragglers::metrics_read())
+        .chain(
+            dashboard::VIEWS
+                .iter()
+                .flat_map(|(_, metrics)| metrics.iter().copied()),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_metrics_the_rules_stragglers_and_charts_need_are_read() {
+        let read = metrics_railscope_reads();
+        assert_eq!(read, readers().keys().copied().collect());
+        let readers = readers();
+        assert_eq!(
+            readers["railscope_ib_port_rate_gbps"],
+            [
+                "finding ib_port_degraded",
+                "dashboard fleet view",
+                "dashboard job view"
+            ]
+        );
+        assert_eq!(
+            readers["railscope_ib_port_xmit_bytes_total"],
+            [
+                "stragglers",
+                "dashboard fleet view",
+                "dashboard job view",
+                "dashboard node view"
+            ]
+        );
+        for m in [
+            "railscope_ib_port_width_lanes",
+            "railscope_ib_port_rcv_bytes_total",
+            "railscope_ib_link_downed_total",
+            "railscope_ib_port_phys_state",
+            "railscope_gpu_row_remap_pending",
+            "railscope_gpu_sm_util_ratio",
+        ] {
+            assert!(read.contains(m), "{m}");
+        }
+    }
+}
