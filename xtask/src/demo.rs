@@ -183,7 +183,8 @@ fn wait_for_node(
 }
 
 /// With `--demo-seconds`: after that long, what a new user would check through the API —
-/// live GPU and IB data, the verbs of both jobs' cgroups, a flapping-port finding.
+/// live GPU and IB data, the verbs of both jobs' cgroups, both jobs on the Jobs page (its
+/// `/api/v1/stragglers`), a flapping-port finding and, from 2 minutes on, GPU 7's `gpu_lost`.
 fn check(http: SocketAddr, seconds: u64) -> anyhow::Result<()> {
     thread::sleep(Duration::from_secs(seconds.saturating_sub(5)));
     let get = |path: &str| -> anyhow::Result<String> {
@@ -213,13 +214,23 @@ fn check(http: SocketAddr, seconds: u64) -> anyhow::Result<()> {
             missing.push(format!("no verb counters of {job}'s cgroup"));
         }
     }
+    let jobs = get("/api/v1/stragglers")?;
+    for job in ["slurm:101", "slurm:102"] {
+        if !jobs.contains(&format!("\"job_id\":\"{job}\"")) {
+            missing.push(format!("{job} is not on the Jobs page"));
+        }
+    }
     let findings = get("/api/v1/findings?start=-10m")?;
     if !findings.contains("ib_link_flapping") {
         missing.push("no ib_link_flapping finding".into());
     }
+    if seconds >= 120 && !findings.contains("\"rule\":\"gpu_lost\"") {
+        missing.push("no gpu_lost finding for GPU 7".into());
+    }
     if missing.is_empty() {
         setup::step(&format!(
-            "demo checked after {seconds} s: live GPU and IB data, both jobs, a flapping port"
+            "demo checked after {seconds} s: live GPU and IB data, both jobs (verbs and Jobs page), a flapping port{}",
+            if seconds >= 120 { ", a lost GPU" } else { "" }
         ));
         Ok(())
     } else {

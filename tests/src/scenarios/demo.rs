@@ -3,8 +3,10 @@
 //! Slurm-like jobs make soft-RoCE traffic — `ib_write_bw` in job 101, `rping` in job 102, each
 //! in its own `job_<id>/step_0` cgroup — the link under rxe0 flaps now and then (three times
 //! in the first minute, so the collector's flapping rule fires, then every 45 s), and the
-//! NVML stand-in replays an 8-GPU node (it is no GPU: docs/nvml-standin.md) with a throttled
-//! GPU and an XID now and then. Runs until QEMU is stopped, or for `railscope.demo_seconds`.
+//! NVML stand-in replays an 8-GPU node (it is no GPU: docs/nvml-standin.md) whose GPUs 0-3 run
+//! job 101's process and 4-7 job 102's (a `sleep` in each job's cgroup, as a training
+//! process would be), with a throttled GPU, an XID now and then, and GPU 7 falling off the
+//! bus 90 s in (`gpu_lost`). Runs until QEMU is stopped, or for `railscope.demo_seconds`.
 
 use std::{
     process::{Command, Stdio},
@@ -28,6 +30,9 @@ const STANDIN_DIR: &str = "/usr/lib/railscope";
 const PERFTEST_JOB: &str = "/system.slice/slurmstepd.scope/job_101/step_0";
 const RPING_JOB: &str = "/system.slice/slurmstepd.scope/job_102/step_0";
 
+/// The sweep (a second each) at which GPU 7 falls off the bus.
+const GPU_LOST_AT_STEP: usize = 90;
+
 /// Steps of the stand-in's script (one per agent sweep, a second each): 30 minutes before it
 /// holds its last step.
 const STEPS: usize = 1800;
@@ -42,10 +47,21 @@ pub fn run() -> anyhow::Result<()> {
     guest::ensure_rxe_pair()?;
     super::host_collector::user_net_up()?;
     guest::write_wire_key()?;
-    write_standin_script()?;
     for job in [PERFTEST_JOB, RPING_JOB] {
         std::fs::create_dir_all(format!("/sys/fs/cgroup{job}"))?;
     }
+    // Each job's "training process" on its GPUs: the agent finds the job of a GPU through its
+    // processes' cgroups, as on a real node.
+    let mut job_processes = Vec::new();
+    for job in [PERFTEST_JOB, RPING_JOB] {
+        let child = guest::in_cgroup(job, "/bin/sleep", &["infinity"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting the GPU process of {job}"))?;
+        job_processes.push(child);
+    }
+    write_standin_script(job_processes[0].id(), job_processes[1].id())?;
     let standin = format!("{STANDIN_DIR}/libnvidia-ml.so.1");
     let mut agent = guest::Agent::start_with(
         &[
@@ -86,6 +102,10 @@ pub fn run() -> anyhow::Result<()> {
     // The loops are left to the power-off (a round or a flap may be under way).
     stop.store(true, Ordering::Relaxed);
     agent.stop()?;
+    for mut process in job_processes {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
     Ok(())
 }
 
@@ -213,9 +233,10 @@ fn flapper() -> impl FnMut() -> anyhow::Result<()> + Send + 'static {
     }
 }
 
-/// The stand-in's script: 8 GPUs; 0-3 at the phases of a training step (~90 %), 4-7 busy
-/// at ~70 %, GPU 5 thermally throttled at ~45 %, an XID 31 on GPU 6 every 2 minutes.
-fn write_standin_script() -> anyhow::Result<()> {
+/// The stand-in's script: 8 GPUs; 0-3 at the phases of a training step (~90 %) running
+/// `job_101_pid`, 4-7 busy at ~70 % running `job_102_pid`, GPU 5 thermally throttled at
+/// ~45 %, an XID 31 on GPU 6 every 2 minutes, GPU 7 lost at [`GPU_LOST_AT_STEP`].
+fn write_standin_script(job_101_pid: u32, job_102_pid: u32) -> anyhow::Result<()> {
     let gpus: Vec<Value> = (0..8usize)
         .map(|g| {
             let mut energy = 4_000_000_000u64 + g as u64 * 1_000_000;
@@ -253,10 +274,14 @@ fn write_standin_script() -> anyhow::Result<()> {
             } else {
                 Vec::new()
             };
+            let pid = if g < 4 { job_101_pid } else { job_102_pid };
+            let mut steps = steps;
+            steps[0]["processes"] = json!([{"pid": pid, "memory_bytes": 40_000_000_000u64}]);
             json!({
                 "name": "NVIDIA H100 80GB HBM3 (stand-in)",
                 "uuid": format!("GPU-00000000-demo-0000-0000-00000000000{g}"),
                 "gpm_supported": true,
+                "lost_at_step": (g == 7).then_some(GPU_LOST_AT_STEP),
                 "xids": xids,
                 "steps": steps,
             })
