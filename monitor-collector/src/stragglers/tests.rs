@@ -187,7 +187,7 @@ fn stable_gpus(
     for sec in 0..=seconds {
         let t = T0 + sec * S;
         for (g, prev) in last.iter_mut().enumerate() {
-            if sec < phase(g) || (sec - phase(g)) % 32 != 0 {
+            if sec < phase(g) || !(sec - phase(g)).is_multiple_of(32) {
                 continue;
             }
             let v = sm(g);
