@@ -10,6 +10,26 @@
 //! whose series carry the job's `job_id`), and each port's IB throughput (sent + received)
 //! for the ports of the job's nodes (a node belongs to a job over the window if any of its
 //! series carries the `job_id`).
+//!
+//! # Spans
+//!
+//! The agent samples adaptively: a stable series is sent only every ~32 s, out of phase with
+//! its peers, and the two directions of a port at different times. So a sample is not a value
+//! at an instant but stands for the whole time it covers, its *span*, and a device's value at
+//! a step is the time-weighted mean of the spans that overlap the step:
+//!
+//! - a gauge sample (an envelope of the reads since the series' previous sample) spans
+//!   (previous sample, its time]; its mean holds over all of it. A series' first sample, or
+//!   one whose first read is more than [`LOOKBACK_NS`] after the previous sample (the series
+//!   paused), spans its own reads, `[start, t]`;
+//! - a counter's rate between two of its samples holds over (first, second];
+//! - a port's throughput at a step is its transmit rate plus its receive rate, each from its
+//!   own counter's spans over the step, whenever each direction was sent; a step where one
+//!   direction is not covered does not score the port.
+//!
+//! A device is scored at every step its spans cover, in part or whole. The window is read
+//! from [`LOOKBACK_NS`] before it to as long after it, so the spans that reach into it from
+//! either side are known.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -29,7 +49,7 @@ use crate::{
     findings::{Finding, FindingsStore, store::FindingFilter},
     query::{
         api::{ApiError, blocking, one, params, range},
-        engine::{Points, QueryEngine, QueryError, SeriesQuery},
+        engine::{CounterPoint, GaugePoint, Points, QueryEngine, QueryError, SeriesQuery},
         selector::Matcher,
     },
     robust::{Norm, median},
@@ -55,6 +75,10 @@ pub fn metrics_read() -> impl Iterator<Item = &'static str> {
 }
 /// A port's floor: 2% of the job's median throughput.
 const PORT_FLOOR_FRACTION: f64 = 0.02;
+/// How far before and after the window the samples whose spans reach into it are read: a
+/// stable series is sent at least every 32 s + 10% jitter (the agent's longest interval),
+/// with a margin for a lost frame or two.
+pub const LOOKBACK_NS: u64 = 120_000_000_000;
 
 /// How stragglers are searched for.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,10 +139,119 @@ enum Device {
     Port(String, String, u32),
 }
 
-/// Per step of the window: the sum of the values in it and their number.
-type StepSums = BTreeMap<u64, (f64, u32)>;
+/// What a series' spans give one step: the time covered, the value × time, and spans of no
+/// length (a single read with no previous sample) in it, their values' sum and number.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Cover {
+    ns: f64,
+    sum: f64,
+    instants: u32,
+    instant_sum: f64,
+}
+
+impl Cover {
+    /// The time-weighted mean of the spans over the step (instants only when no span of any
+    /// length covers it).
+    fn value(&self) -> Option<f64> {
+        if self.ns > 0.0 {
+            Some(self.sum / self.ns)
+        } else if self.instants > 0 {
+            Some(self.instant_sum / f64::from(self.instants))
+        } else {
+            None
+        }
+    }
+}
+
+/// Per step index: what covers it.
+type Covers = BTreeMap<u64, Cover>;
+/// Per step of the window: a device's value.
+type StepValues = BTreeMap<u64, f64>;
 /// Per job, metric and device: the values in each step of the window.
-type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, StepSums>>;
+type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, StepValues>>;
+
+/// The window `[start, end]` cut into steps `[start + k step, start + (k + 1) step)`, the last
+/// one ending at `end`.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    start: u64,
+    end: u64,
+    step: u64,
+}
+
+impl Grid {
+    fn steps(&self) -> u64 {
+        (self.end - self.start).div_ceil(self.step).max(1)
+    }
+
+    /// Adds `v` over the span `(a, b]` (the instant `b` when `a == b`) to the steps it
+    /// overlaps, each by the time it covers of the step.
+    fn spread(&self, covers: &mut Covers, a: u64, b: u64, v: f64) {
+        if !v.is_finite() || b < a {
+            return;
+        }
+        let last = self.steps() - 1;
+        if a == b {
+            if (self.start..=self.end).contains(&b) {
+                let c = covers
+                    .entry(((b - self.start) / self.step).min(last))
+                    .or_default();
+                c.instants += 1;
+                c.instant_sum += v;
+            }
+            return;
+        }
+        let (lo, hi) = (a.max(self.start), b.min(self.end));
+        if hi <= lo {
+            return;
+        }
+        let first = (lo - self.start) / self.step;
+        let final_k = ((hi - 1 - self.start) / self.step).min(last);
+        for k in first..=final_k {
+            let s0 = self.start + k * self.step;
+            let s1 = if k == last { self.end } else { s0 + self.step };
+            let overlap = hi.min(s1).saturating_sub(lo.max(s0));
+            if overlap > 0 {
+                let c = covers.entry(k).or_default();
+                c.ns += overlap as f64;
+                c.sum += v * overlap as f64;
+            }
+        }
+    }
+}
+
+/// The spans of a gauge's samples over the grid: each mean over (previous sample, its time].
+fn gauge_covers(grid: &Grid, points: &[GaugePoint]) -> Covers {
+    let mut covers = Covers::new();
+    let mut prev: Option<u64> = None;
+    for p in points {
+        let from = match prev {
+            Some(t) if p.start <= t.saturating_add(LOOKBACK_NS) => t,
+            _ => p.start.min(p.t),
+        };
+        grid.spread(&mut covers, from, p.t, p.mean);
+        prev = Some(p.t);
+    }
+    covers
+}
+
+/// The spans of a counter's samples over the grid: each rate over (previous sample, its time].
+fn counter_covers(grid: &Grid, points: &[CounterPoint]) -> Covers {
+    let mut covers = Covers::new();
+    for w in points.windows(2) {
+        if let Some(rate) = w[1].rate {
+            grid.spread(&mut covers, w[0].t, w[1].t, rate);
+        }
+    }
+    covers
+}
+
+fn values_of(covers: &Covers) -> StepValues {
+    covers
+        .iter()
+        .filter_map(|(&k, c)| c.value().map(|v| (k, v)))
+        .collect()
+}
 /// A job's nodes, GPUs and stragglers.
 type JobFound = (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>);
 /// A straggler's place: node, GPU, device, port.
@@ -139,28 +272,24 @@ pub fn find(
         None => Matcher::parse("job_id=~.+"),
     }
     .expect("a fixed matcher parses");
+    let grid = Grid {
+        start: start_ns,
+        end: end_ns.max(start_ns),
+        step,
+    };
+    // The spans that reach into the window from before or after it.
+    let (read_from, read_to) = (
+        start_ns.saturating_sub(LOOKBACK_NS),
+        end_ns.saturating_add(LOOKBACK_NS),
+    );
     let mut steps: Steps = BTreeMap::new();
     let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
-    let add = |steps: &mut Steps, job: &str, metric: &'static str, dev: Device, t: u64, v: f64| {
-        if !v.is_finite() || t < start_ns {
-            return;
-        }
-        let slot = steps
-            .entry((job.to_owned(), metric))
-            .or_default()
-            .entry(dev)
-            .or_default()
-            .entry((t - start_ns) / step)
-            .or_insert((0.0, 0));
-        slot.0 += v;
-        slot.1 += 1;
-    };
     for &metric in GPU_METRICS {
         let (answers, _) = engine.series(&SeriesQuery {
             metric: metric.into(),
             matchers: vec![job_matcher.clone()],
-            start_ns,
-            end_ns,
+            start_ns: read_from,
+            end_ns: read_to,
         })?;
         for a in answers {
             let (Some(node), Some(gpu), Some(job)) = (
@@ -170,33 +299,35 @@ pub fn find(
             ) else {
                 continue;
             };
+            let Points::Gauge(points) = &a.points else {
+                continue;
+            };
+            let values = values_of(&gauge_covers(&grid, points));
+            if values.is_empty() {
+                continue;
+            }
             node_jobs
                 .entry(node.clone())
                 .or_default()
                 .insert(job.clone());
-            if let Points::Gauge(points) = &a.points {
-                for p in points {
-                    add(
-                        &mut steps,
-                        job,
-                        metric,
-                        Device::Gpu(node.clone(), gpu.clone()),
-                        p.t,
-                        p.mean,
-                    );
-                }
-            }
+            steps
+                .entry((job.clone(), metric))
+                .or_default()
+                .entry(Device::Gpu(node.clone(), gpu.clone()))
+                .or_default()
+                .extend(values);
         }
     }
     if !node_jobs.is_empty() {
-        // Ports: rates of both directions added per step, for the nodes of the jobs.
-        let mut port_steps: HashMap<(String, String, u32), StepSums> = HashMap::new();
-        for &metric in PORT_COUNTERS {
+        // Ports, for the nodes of the jobs: each direction's rate over each step, then the
+        // two added where both cover the step.
+        let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
+        for (direction, &metric) in PORT_COUNTERS.iter().enumerate() {
             let (answers, _) = engine.series(&SeriesQuery {
                 metric: metric.into(),
                 matchers: Vec::new(),
-                start_ns,
-                end_ns,
+                start_ns: read_from,
+                end_ns: read_to,
             })?;
             for a in answers {
                 let (Some(node), Some(device), Some(port)) = (
@@ -210,39 +341,35 @@ pub fn find(
                     continue;
                 }
                 if let Points::Counter(points) = &a.points {
-                    let slots = port_steps
+                    let covers = counter_covers(&grid, points);
+                    let mine = &mut port_covers
                         .entry((node.clone(), device.clone(), port))
-                        .or_default();
-                    // The mean rate of each direction per step, then the two added.
-                    let mut own: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                    for p in points.iter().filter(|p| p.t >= start_ns) {
-                        if let Some(r) = p.rate {
-                            let s = own.entry((p.t - start_ns) / step).or_insert((0.0, 0));
-                            s.0 += r;
-                            s.1 += 1;
-                        }
-                    }
-                    for (k, (sum, n)) in own {
-                        let s = slots.entry(k).or_insert((0.0, 0));
-                        s.0 += sum / f64::from(n);
-                        s.1 = 1;
+                        .or_default()[direction];
+                    // Series of one port that differ in other labels: their spans add up.
+                    for (k, c) in covers {
+                        let m = mine.entry(k).or_default();
+                        m.ns += c.ns;
+                        m.sum += c.sum;
+                        m.instants += c.instants;
+                        m.instant_sum += c.instant_sum;
                     }
                 }
             }
         }
-        for ((node, device, port), slots) in port_steps {
+        for ((node, device, port), [tx, rx]) in port_covers {
+            let (tx, rx) = (values_of(&tx), values_of(&rx));
+            let values: StepValues = tx
+                .iter()
+                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
+                .collect();
+            if values.is_empty() {
+                continue;
+            }
             for job in &node_jobs[&node] {
-                for (&k, &(v, _)) in &slots {
-                    let t = start_ns + k * step;
-                    add(
-                        &mut steps,
-                        job,
-                        PORT_METRIC,
-                        Device::Port(node.clone(), device.clone(), port),
-                        t,
-                        v,
-                    );
-                }
+                steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
+                    Device::Port(node.clone(), device.clone(), port),
+                    values.clone(),
+                );
             }
         }
     }
@@ -302,26 +429,14 @@ pub fn find(
 
 fn score_metric(
     metric: &'static str,
-    devices: &BTreeMap<Device, BTreeMap<u64, (f64, u32)>>,
+    devices: &BTreeMap<Device, StepValues>,
     settings: &StragglerSettings,
     findings: &[Finding],
 ) -> Vec<Straggler> {
     if devices.len() < settings.min_devices {
         return Vec::new();
     }
-    // Each device's mean per step.
-    let means: BTreeMap<&Device, BTreeMap<u64, f64>> = devices
-        .iter()
-        .map(|(d, steps)| {
-            (
-                d,
-                steps
-                    .iter()
-                    .map(|(&k, &(sum, n))| (k, sum / f64::from(n.max(1))))
-                    .collect(),
-            )
-        })
-        .collect();
+    let means: BTreeMap<&Device, &StepValues> = devices.iter().collect();
     let all_steps: BTreeSet<u64> = means.values().flat_map(|m| m.keys().copied()).collect();
     let mut scores: BTreeMap<&Device, Vec<f64>> = BTreeMap::new();
     let mut step_medians = Vec::new();
@@ -506,3 +621,6 @@ pub fn run_cli(args: &StragglerArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,8 @@
 //! plus two idle nodes, one with a flapping port: the findings name those three devices and
 //! nothing else, the stragglers are exactly the slow GPU and the degraded port with their
 //! causes, `railscope-collector findings --json` prints them, and they survive a restart.
+//! And the same job sampled as agents sample (adaptively): the stragglers hold in every
+//! window.
 
 use std::{
     collections::BTreeSet,
@@ -225,6 +227,93 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
     };
     assert_eq!(ids(after), ids(&before));
     assert!(after.iter().all(|f| f["end"].is_null()), "{after:#?}");
+    stop(collector);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// (node, GPU or device/port) of each straggler of the only job of an answer.
+fn straggler_places(answer: &Value) -> BTreeSet<(String, String)> {
+    answer["jobs"][0]["stragglers"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|s| {
+                    let place = s["gpu"]
+                        .as_str()
+                        .map(|g| format!("gpu {g}"))
+                        .or_else(|| s["device"].as_str().map(|d| format!("{d}/{}", s["port"])))
+                        .unwrap_or_default();
+                    (s["node"].as_str().unwrap_or("?").to_owned(), place)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The same job sampled as agents sample it (`adaptive`: the agent's own sampler, stable
+/// series sent every ~32 s out of phase, the two directions of a port at different times):
+/// the stragglers of a 5-minute window, its end slid by 5 s a dozen times, are always the
+/// slow GPU and the degraded port, the port with the same score, no healthy port among them.
+#[test]
+fn with_adaptive_sampling_the_stragglers_hold_in_every_window() {
+    let dir = scratch_dir("stragglers-adaptive");
+    let collector = collector(&dir).start();
+    let mut fleet = SimulatedFleet::builder(64)
+        .job("slurm:4343", 0..64)
+        .slow_gpu(17, 3)
+        .degraded_port(42, 5)
+        .adaptive(true)
+        .ticks_before_now(420)
+        .build(key_from_hex(KEY_HEX));
+    fleet
+        .send_ticks(format!("127.0.0.1:{}", collector.udp).parse().unwrap(), 420)
+        .unwrap();
+    let last = fleet.tick_unix_ns(fleet.ticks() - 1);
+    let expected: BTreeSet<(String, String)> = [
+        ("node-017".to_owned(), "gpu 3".to_owned()),
+        ("node-042".to_owned(), "mlx5_5/1".to_owned()),
+    ]
+    .into();
+    let ask = |end: u64| {
+        collector.json(&format!(
+            "/api/v1/stragglers?job_id=slurm:4343&start={:.3}&end={:.3}",
+            (end - 300_000_000_000) as f64 / 1e9,
+            end as f64 / 1e9
+        ))
+    };
+    // The writer appends what was received within moments.
+    let start = Instant::now();
+    let first = loop {
+        let a = ask(last);
+        if straggler_places(&a) == expected || start.elapsed() > Duration::from_secs(30) {
+            break a;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(straggler_places(&first), expected, "{first:#}");
+    let mut scores = Vec::new();
+    for i in 0..12 {
+        let end = last - i * 5_000_000_000;
+        let answer = ask(end);
+        assert_eq!(answer["jobs"][0]["gpus"], 512, "{answer:#}");
+        assert_eq!(
+            straggler_places(&answer),
+            expected,
+            "window ending {} s before the last sample: {answer:#}",
+            i * 5
+        );
+        let port = answer["jobs"][0]["stragglers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["device"] == "mlx5_5")
+            .unwrap();
+        scores.push(port["score"].as_f64().unwrap());
+    }
+    let (lo, hi) = scores
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+    assert!(lo > 20.0 && hi - lo < 0.02 * lo, "{scores:?}");
     stop(collector);
     let _ = std::fs::remove_dir_all(&dir);
 }

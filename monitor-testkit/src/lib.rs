@@ -22,6 +22,10 @@
 //! that many ticks ends now and a collector accepts every frame). Values carry seeded noise:
 //! a fleet built twice with the same settings produces the same samples.
 //!
+//! With [`adaptive`](FleetBuilder::adaptive), each node sends what a real agent sends: every
+//! series through the agent's own adaptive sampler, so stable series are sent only every ~32 s,
+//! out of phase with each other, gauges as envelopes of the reads since their previous sample.
+//!
 //! Also the set-up the end-to-end tests share, one home each: scratch directories, key
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
@@ -31,6 +35,16 @@ pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
 pub mod scratch;
+
+/// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
+/// compiled into the testkit so an adaptive fleet sends exactly what the agent's sampler
+/// decides. It is included by path rather than by a dependency on monitor-user because that
+/// crate's build script builds the eBPF probes (nightly and bpf-linker), which the collector's
+/// tests, that use this crate, must not need (monitor-user also dev-depends on this crate).
+/// The module needs only monitor-wire and foldhash.
+#[allow(dead_code)]
+#[path = "../../monitor-user/src/sampler/mod.rs"]
+mod sampler;
 
 pub use child::{Running, json_output};
 pub use collector_process::{CollectorCommand, CollectorProcess, http_get};
@@ -49,8 +63,10 @@ use std::{
 };
 
 use railscope_wire::{
-    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value,
+    CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading,
+    Sample, Series, Value,
 };
+use sampler::{AdaptiveSampler, Emit, SamplerConfig};
 
 /// GPUs per node.
 pub const GPUS: usize = 8;
@@ -132,6 +148,7 @@ pub struct FleetBuilder {
     cm_disconnects: Vec<(usize, String)>,
     cm_rejects: Vec<(usize, String)>,
     roce: bool,
+    adaptive: bool,
     interval: Duration,
     flush_every: u64,
     start_unix_ns: Option<u64>,
@@ -259,6 +276,25 @@ impl FleetBuilder {
         self
     }
 
+    /// Each node sends what a real agent sends with adaptive sampling on (its default), instead
+    /// of every reading of every tick: each series goes through the agent's own
+    /// `AdaptiveSampler` (monitor-user/src/sampler, compiled in) configured as the agent
+    /// configures it (monitor-user's `pipeline::sampler_config`): the minimum interval is the
+    /// fleet's [`interval`](Self::interval), intervals of stable series double up to 32 s with
+    /// ±10% jitter, IB series are read every second minimum interval once stable. So a stable
+    /// series is sent about every 32 s; a gauge sample is the envelope (min, max, mean) of the
+    /// reads since the series' previous sample, a counter sample its cumulative value.
+    ///
+    /// The series of agents that have run for long are out of phase with each other (each
+    /// interval is jittered on its own): here each series of each node starts at its own tick
+    /// within the first 32 s (seeded), so the GPUs of a node, the nodes, and the transmit and
+    /// receive counters of one port are sent at different times. Until a series starts
+    /// nothing of it is sent. Events are sent at once, as before. Default off.
+    pub fn adaptive(mut self, on: bool) -> Self {
+        self.adaptive = on;
+        self
+    }
+
     /// Time between ticks (default 1 s).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
@@ -310,6 +346,11 @@ impl FleetBuilder {
                     name,
                     counters: BTreeMap::new(),
                     port_up: [true; PORTS],
+                    sampler: self.adaptive.then(|| {
+                        agent_sampler(self.interval).with_seed(
+                            self.seed ^ (n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        )
+                    }),
                 }
             })
             .collect();
@@ -330,6 +371,65 @@ struct SimNode {
     /// Cumulative counter values by series.
     counters: BTreeMap<Series, u64>,
     port_up: [bool; PORTS],
+    /// The agent's sampler, in an adaptive fleet.
+    sampler: Option<AdaptiveSampler>,
+}
+
+/// The sampler as the agent configures it with adaptive sampling on (monitor-user's
+/// `pipeline::sampler_config`, no `--sampling` settings): `interval` as the minimum, IB series
+/// read at least every second minimum interval when stable.
+fn agent_sampler(interval: Duration) -> AdaptiveSampler {
+    let config = SamplerConfig {
+        min_interval: interval,
+        ..SamplerConfig::default()
+    };
+    let ib = SamplerConfig {
+        ground_truth_every: 2,
+        ..config.clone()
+    };
+    AdaptiveSampler::new(config).with_group("railscope_ib_", "railscope_ib_", ib)
+}
+
+/// What the sampler emits, as a wire sample (monitor-user's `pipeline::wire_sample`).
+fn wire_sample(emit: &Emit) -> Sample {
+    match *emit {
+        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
+            unix_ns,
+            value: match value {
+                Value::U64(v) => v,
+                Value::F64(v) => v.max(0.0) as u64,
+            },
+        }),
+        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
+            start_unix_ns: e.start_ns,
+            end_unix_ns: e.end_ns,
+            min: e.min,
+            max: e.max,
+            mean: e.mean,
+        }),
+    }
+}
+
+/// FNV-1a of a node, a series and a seed: where in its phase a series of an adaptive fleet
+/// starts.
+fn series_phase(seed: u64, node: usize, series: &Series) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    eat(&(node as u64).to_le_bytes());
+    eat(series.name.as_bytes());
+    for (k, v) in series.labels.iter() {
+        eat(k.as_bytes());
+        eat(v.as_bytes());
+    }
+    // The low bits of a multiplicative hash are poorly mixed.
+    h ^ (h >> 29)
 }
 
 /// A fleet of simulated nodes; see the crate's documentation.
@@ -365,6 +465,7 @@ impl SimulatedFleet {
             cm_disconnects: Vec::new(),
             cm_rejects: Vec::new(),
             roce: false,
+            adaptive: false,
             interval: Duration::from_secs(1),
             flush_every: 10,
             start_unix_ns: None,
@@ -414,11 +515,32 @@ impl SimulatedFleet {
         for n in 0..self.nodes.len() {
             let readings = self.node_readings(n, tick, t);
             let events = self.node_events(n, tick, t);
+            let phase_ticks = self.phase_ticks();
+            let seed = self.spec.seed;
             let node = &mut self.nodes[n];
-            for r in &readings {
-                node.encoder
-                    .push_reading(r)
-                    .expect("simulated readings are valid");
+            match &mut node.sampler {
+                None => {
+                    for r in &readings {
+                        node.encoder
+                            .push_reading(r)
+                            .expect("simulated readings are valid");
+                    }
+                }
+                Some(sampler) => {
+                    // Read when due, as the agent reads, and send what the sampler says.
+                    for r in &readings {
+                        if tick < series_phase(seed, n, &r.series) % phase_ticks
+                            || !sampler.due(&r.series, t)
+                        {
+                            continue;
+                        }
+                        for emit in sampler.observe(&r.series, r.value, t) {
+                            node.encoder
+                                .push_sample(&r.series, wire_sample(&emit))
+                                .expect("the sampler's samples are valid");
+                        }
+                    }
+                }
             }
             let has_events = !events.is_empty();
             for e in events {
@@ -455,6 +577,13 @@ impl SimulatedFleet {
         let frames = self.flush();
         sent += send_paced(&socket, collector, &frames)?;
         Ok(sent)
+    }
+
+    /// Ticks over which the series of an adaptive fleet start: the agent's longest interval.
+    fn phase_ticks(&self) -> u64 {
+        (SamplerConfig::default().max_interval.as_nanos() as u64)
+            .div_ceil(self.interval_ns.max(1))
+            .max(1)
     }
 
     fn gpu_fault(&self, list: &[(usize, usize)], node: usize, gpu: usize) -> bool {
@@ -894,6 +1023,95 @@ mod tests {
             .filter(|e| e.kind == "port_transition" && e.text == "DOWN")
             .count();
         assert_eq!(downs, 1);
+    }
+
+    /// Samples of each series of an adaptive fleet: (node, series) -> [(start, end)] (a
+    /// counter's start is its end).
+    fn spans(frames: &[Frame]) -> BTreeMap<(String, Series), Vec<(u64, u64)>> {
+        let mut names = BTreeMap::new();
+        let mut out: BTreeMap<(String, Series), Vec<(u64, u64)>> = BTreeMap::new();
+        for f in frames {
+            for e in &f.schema {
+                names.insert((f.node.clone(), e.id), e.series.clone());
+            }
+            for s in &f.samples {
+                let series = names[&(f.node.clone(), s.id)].clone();
+                let times: Vec<(u64, u64)> = match &s.data {
+                    SeriesData::Gauge(v) => {
+                        v.iter().map(|g| (g.start_unix_ns, g.end_unix_ns)).collect()
+                    }
+                    SeriesData::Counter(v) => v.iter().map(|c| (c.unix_ns, c.unix_ns)).collect(),
+                };
+                out.entry((f.node.clone(), series))
+                    .or_default()
+                    .extend(times);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn an_adaptive_fleet_sends_stable_series_every_32_s_out_of_phase() {
+        let key = Key::from_bytes([3; 32]);
+        let t0 = 1_790_000_000_000_000_000;
+        let s = 1_000_000_000;
+        let mut fleet = SimulatedFleet::builder(2)
+            .job("slurm:42", 0..2)
+            .slow_gpu(1, 3)
+            .adaptive(true)
+            .start_unix_ns(t0)
+            .build(key.clone());
+        let mut frames = Vec::new();
+        for _ in 0..400 {
+            frames.extend(fleet.tick());
+        }
+        frames.extend(fleet.flush());
+        let spans = spans(&decode_all(&frames, &key));
+        let of = |node: &str, name: &str, label: (&str, &str)| {
+            spans
+                .iter()
+                .find(|((n, s), _)| {
+                    n == node && &*s.name == name && s.labels.get(label.0) == Some(label.1)
+                })
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        // After the first 200 s every series is stable: sent every 32 s ± 10%, each gauge
+        // sample the envelope of the reads since the previous one (read every second).
+        let mut last_sm = Vec::new();
+        for node in ["node-000", "node-001"] {
+            for g in 0..GPUS {
+                let sm = of(node, "railscope_gpu_sm_util_ratio", ("gpu", &g.to_string()));
+                for w in sm.windows(2).filter(|w| w[0].1 >= t0 + 200 * s) {
+                    let gap = w[1].1 - w[0].1;
+                    assert!((28 * s..=36 * s).contains(&gap), "{node} gpu {g}: {w:?}");
+                    assert_eq!(w[1].0, w[0].1 + s, "{node} gpu {g}: {w:?}");
+                }
+                last_sm.push(sm.last().unwrap().1);
+            }
+        }
+        // Out of phase: the GPUs' last samples are spread over the 32 s.
+        last_sm.sort_unstable();
+        last_sm.dedup();
+        assert!(last_sm.len() >= 8, "{last_sm:?}");
+        assert!(
+            last_sm.last().unwrap() - last_sm[0] >= 16 * s,
+            "{last_sm:?}"
+        );
+        // The two directions of a port are sent at different times, each every ~32 s.
+        let device = ("device", "mlx5_5");
+        let tx = of("node-000", "railscope_ib_port_xmit_bytes_total", device);
+        let rx = of("node-000", "railscope_ib_port_rcv_bytes_total", device);
+        let late = |v: &[(u64, u64)]| -> Vec<u64> {
+            v.iter()
+                .map(|p| p.1)
+                .filter(|&t| t >= t0 + 200 * s)
+                .collect()
+        };
+        let (tx, rx) = (late(&tx), late(&rx));
+        assert!((5..=8).contains(&tx.len()), "{tx:?}");
+        assert!((5..=8).contains(&rx.len()), "{rx:?}");
+        assert!(tx.iter().all(|t| !rx.contains(t)), "{tx:?} {rx:?}");
     }
 
     #[test]

@@ -1,0 +1,321 @@
+//! Stragglers over an archive filled as the collector fills it (frames ingested by a node
+//! table, appended with their node's schema), from what agents send: a simulated fleet with
+//! the agent's adaptive sampler (monitor-testkit), and hand-made envelopes.
+
+use std::{collections::BTreeSet, net::SocketAddr};
+
+use monitor_testkit::SimulatedFleet;
+use railscope_wire::{EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series};
+
+use super::*;
+use crate::{
+    archive::{AcceptedFrame, Archive, ArchiveConfig},
+    config::Limits,
+    nodes::{NodeTable, time_range},
+    writer::schema_frame,
+};
+
+const T0: u64 = 1_790_000_000_000_000_000;
+const S: u64 = 1_000_000_000;
+
+fn key() -> Key {
+    Key::from_bytes([5; 32])
+}
+
+/// An archive in a scratch directory, appended to as the collector's writer appends.
+struct Store {
+    _dir: tempfile::TempDir,
+    archive: Archive,
+    table: NodeTable,
+    engine: QueryEngine,
+}
+
+impl Store {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = Archive::open(ArchiveConfig {
+            retention_age: None,
+            ..ArchiveConfig::new(dir.path())
+        })
+        .unwrap();
+        let engine = QueryEngine::new(archive.reader(), key());
+        Self {
+            _dir: dir,
+            archive,
+            table: NodeTable::new(key(), Limits::default()),
+            engine,
+        }
+    }
+
+    /// Accepts and appends frames received at `received_ns`.
+    fn take(&mut self, frames: &[Vec<u8>], received_ns: u64) {
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        for bytes in frames {
+            let accepted = self
+                .table
+                .ingest(bytes, from, received_ns)
+                .expect("accepted");
+            let (first_ns, last_ns) = time_range(&accepted.frame);
+            let schema = |node: &str| {
+                (node == &*accepted.node)
+                    .then(|| schema_frame(&accepted.schema, accepted.frame.seq, first_ns, &key()))
+                    .flatten()
+            };
+            self.archive
+                .append(
+                    &AcceptedFrame {
+                        node: &accepted.node,
+                        received_ns,
+                        first_ns,
+                        last_ns,
+                        bytes,
+                    },
+                    &schema,
+                )
+                .unwrap();
+        }
+        self.archive.tick().unwrap();
+    }
+
+    /// Runs `ticks` ticks of the fleet into the archive.
+    fn run(&mut self, fleet: &mut SimulatedFleet, ticks: u64) {
+        for _ in 0..ticks {
+            let t = fleet.tick_unix_ns(fleet.ticks());
+            let frames = fleet.tick();
+            self.take(&frames, t + 1_000_000);
+        }
+    }
+
+    fn find(&self, start_ns: u64, end_ns: u64) -> Vec<JobStragglers> {
+        find(
+            &self.engine,
+            None,
+            None,
+            start_ns,
+            end_ns,
+            &StragglerSettings::default(),
+        )
+        .unwrap()
+    }
+}
+
+/// (node, GPU or device/port) of each straggler of the job.
+fn places(job: &JobStragglers) -> BTreeSet<(String, String)> {
+    job.stragglers
+        .iter()
+        .map(|s| {
+            let place = match (&s.gpu, &s.device) {
+                (Some(g), _) => format!("gpu {g}"),
+                (None, Some(d)) => format!("{d}/{}", s.port.unwrap_or(0)),
+                _ => "?".into(),
+            };
+            (s.node.clone(), place)
+        })
+        .collect()
+}
+
+fn place(node: &str, what: &str) -> (String, String) {
+    (node.into(), what.into())
+}
+
+/// Sixteen nodes sampled as agents sample (stable series sent every ~32 s, out of phase, the
+/// two directions of a port at different times), one port trained down to 2X carrying less
+/// than half its peers' traffic, one slow GPU: the stragglers of a live 5-minute window, asked
+/// every 5 s for a minute, are always exactly those two, the port's score steady.
+#[test]
+fn an_adaptive_fleet_has_the_same_stragglers_in_every_window() {
+    let mut fleet = SimulatedFleet::builder(16)
+        .job("slurm:77", 0..16)
+        .degraded_port(5, 5)
+        .slow_gpu(9, 2)
+        .adaptive(true)
+        .start_unix_ns(T0)
+        .build(key());
+    let mut store = Store::new();
+    store.run(&mut fleet, 360);
+    let mut port_scores = Vec::new();
+    for i in 0..13 {
+        if i > 0 {
+            store.run(&mut fleet, 5);
+        }
+        let end = fleet.tick_unix_ns(fleet.ticks() - 1);
+        let jobs = store.find(end - 300 * S, end);
+        assert_eq!(jobs.len(), 1, "{jobs:#?}");
+        let job = &jobs[0];
+        assert_eq!((job.nodes, job.gpus), (16, 128), "{job:#?}");
+        assert_eq!(
+            places(job),
+            BTreeSet::from([place("node-005", "mlx5_5/1"), place("node-009", "gpu 2")]),
+            "window ending at +{} s: {job:#?}",
+            (end - T0) / S
+        );
+        let port = job.stragglers.iter().find(|s| s.device.is_some()).unwrap();
+        assert_eq!(port.metric, PORT_METRIC);
+        // 2 x 11 GB/s against 2 x 25 GB/s, scaled by the floor (2% of the median).
+        assert!(
+            (port.value / 22.0e9 - 1.0).abs() < 0.05 && (port.median / 50.0e9 - 1.0).abs() < 0.05,
+            "{port:?}"
+        );
+        assert!(port.fraction >= 0.9, "{port:?}");
+        port_scores.push(port.score);
+        let gpu = job.stragglers.iter().find(|s| s.gpu.is_some()).unwrap();
+        assert!(gpu.value < 0.6 && gpu.median > 0.85, "{gpu:?}");
+    }
+    let (lo, hi) = port_scores
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+    assert!(lo > 20.0 && hi - lo < 0.01 * lo, "{port_scores:?}");
+}
+
+/// One node's SM activity as an agent sends a stable series: an envelope every 32 s, of the
+/// reads of each second since the previous one; GPU `g`'s samples end at `phase(g)` + 32 s i.
+fn stable_gpus(
+    store: &mut Store,
+    node: &str,
+    job: &str,
+    seconds: u64,
+    sm: impl Fn(usize) -> f64,
+    phase: impl Fn(usize) -> u64,
+) {
+    let mut encoder = FrameEncoder::new(EncoderConfig::new(node.to_owned()), key()).unwrap();
+    let series = |g: usize| Series {
+        name: "railscope_gpu_sm_util_ratio".into(),
+        labels: Labels::new([("gpu", g.to_string()), ("job_id", job.to_owned())]),
+        kind: Kind::Gauge,
+    };
+    let mut last: Vec<Option<u64>> = vec![None; 8];
+    for sec in 0..=seconds {
+        let t = T0 + sec * S;
+        for (g, prev) in last.iter_mut().enumerate() {
+            if sec < phase(g) || !(sec - phase(g)).is_multiple_of(32) {
+                continue;
+            }
+            let v = sm(g);
+            let start = prev.map_or(t, |p| p + S);
+            encoder
+                .push_sample(
+                    &series(g),
+                    Sample::Gauge(GaugeSample {
+                        start_unix_ns: start,
+                        end_unix_ns: t,
+                        min: v - 0.01,
+                        max: v + 0.01,
+                        mean: v,
+                    }),
+                )
+                .unwrap();
+            *prev = Some(t);
+        }
+        if sec % 10 == 9 {
+            let frames = encoder.flush(t);
+            store.take(&frames, t + 1_000_000);
+        }
+    }
+}
+
+/// A slow GPU whose SM activity is stable (0.54 against its peers' 0.93) is sent every 32 s,
+/// never within 10 s of its peers' samples: over any 120 s window its envelopes cover every
+/// step, so it is scored at every step and is the job's straggler.
+#[test]
+fn a_stable_slow_gpu_sent_every_32_s_is_a_straggler_over_120_s() {
+    let mut store = Store::new();
+    stable_gpus(
+        &mut store,
+        "node-000",
+        "slurm:8",
+        400,
+        |g| {
+            if g == 3 {
+                0.54
+            } else {
+                0.93 + 0.001 * g as f64
+            }
+        },
+        // GPU 3 at 0 s (mod 32), the others 13 to 19 s after it.
+        |g| if g == 3 { 0 } else { 12 + g as u64 },
+    );
+    for i in 0..8 {
+        let end = T0 + (300 + 5 * i) * S;
+        let jobs = store.find(end - 120 * S, end);
+        assert_eq!(jobs.len(), 1, "{jobs:#?}");
+        let job = &jobs[0];
+        assert_eq!(job.gpus, 8);
+        assert_eq!(
+            places(job),
+            BTreeSet::from([place("node-000", "gpu 3")]),
+            "window ending at +{} s: {job:#?}",
+            300 + 5 * i
+        );
+        let s = &job.stragglers[0];
+        assert_eq!(s.metric, "railscope_gpu_sm_util_ratio");
+        assert!((s.value - 0.54).abs() < 1e-9, "{s:?}");
+        assert!((s.median - 0.9335).abs() < 0.01, "{s:?}");
+        // Scored at every step (12 of 10 s), far at each: 0.39 over the 0.02 floor.
+        assert_eq!(s.fraction, 1.0, "{s:?}");
+        assert!(s.score > 19.0, "{s:?}");
+    }
+}
+
+/// Spans over the grid: a gauge's envelope holds over (previous sample, its time], a counter's
+/// rate over (previous sample, its time], each step weighted by the time it covers.
+#[test]
+fn spans_cover_the_steps_they_overlap() {
+    let grid = Grid {
+        start: 100 * S,
+        end: 130 * S,
+        step: 10 * S,
+    };
+    assert_eq!(grid.steps(), 3);
+    let gauge = |start: u64, t: u64, mean: f64| GaugePoint {
+        start: start * S,
+        t: t * S,
+        min: mean,
+        max: mean,
+        mean,
+    };
+    // 1.0 over (70, 102], 3.0 over (102, 134]: step 0 is 2 s of 1.0 and 8 s of 3.0.
+    let covers = gauge_covers(
+        &grid,
+        &[
+            gauge(70, 70, 9.0),
+            gauge(71, 102, 1.0),
+            gauge(103, 134, 3.0),
+        ],
+    );
+    let values = values_of(&covers);
+    assert_eq!(values.len(), 3);
+    assert!((values[&0] - 2.6).abs() < 1e-9, "{values:?}");
+    assert_eq!(values[&1], 3.0);
+    assert_eq!(values[&2], 3.0);
+    // A first sample with nothing before it spans its own reads; one after a long pause too.
+    let covers = gauge_covers(&grid, &[gauge(0, 0, 9.0), gauge(125, 128, 5.0)]);
+    assert_eq!(values_of(&covers), BTreeMap::from([(2, 5.0)]));
+    // A counter's rate over the pair it is between; the first sample gives none.
+    let counter = |t: u64, rate: Option<f64>| CounterPoint {
+        t: t * S,
+        value: 0,
+        rate,
+    };
+    let covers = counter_covers(
+        &grid,
+        &[
+            counter(95, Some(7.0)),
+            counter(115, Some(4.0)),
+            counter(150, Some(2.0)),
+        ],
+    );
+    assert_eq!(
+        values_of(&covers),
+        BTreeMap::from([(0, 4.0), (1, 3.0), (2, 2.0)])
+    );
+    // A window shorter than a step is one step; spans outside it cover nothing.
+    let short = Grid {
+        start: 100 * S,
+        end: 104 * S,
+        step: 10 * S,
+    };
+    let covers = counter_covers(&short, &[counter(90, None), counter(102, Some(6.0))]);
+    assert_eq!(values_of(&covers), BTreeMap::from([(0, 6.0)]));
+    let covers = counter_covers(&short, &[counter(105, None), counter(110, Some(6.0))]);
+    assert!(covers.is_empty());
+}
