@@ -9,7 +9,8 @@
 //! Metrics: GPU SM activity, tensor activity and memory bandwidth (the agent's GPM ratios,
 //! whose series carry the job's `job_id`), and each port's IB throughput (sent + received)
 //! for the ports of the job's nodes (a node belongs to a job over the window if any of its
-//! series carries the `job_id`).
+//! GPU series above carries the `job_id`: a job whose GPUs carry no job is not listed, as
+//! verb series alone would cost a query of every verb counter of the fleet).
 //!
 //! # Spans
 //!
