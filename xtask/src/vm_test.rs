@@ -41,6 +41,7 @@ pub const SCENARIOS: &[&str] = &[
     "clock-step",
     "perftest",
     "capture-flap",
+    "capture-down-at-start",
     "device-reuse",
     "ring-overflow",
     "soak",

@@ -199,7 +199,7 @@ fn check_flapped(report: &Value, cycles: usize, downs: &[(u64, u64)]) -> anyhow:
     Ok(())
 }
 
-fn port<'a>(report: &'a Value, device: &str) -> anyhow::Result<&'a Value> {
+pub(super) fn port<'a>(report: &'a Value, device: &str) -> anyhow::Result<&'a Value> {
     report["ports"]
         .as_array()
         .and_then(|ports| ports.iter().find(|p| p["port"]["device"] == device))
@@ -207,13 +207,13 @@ fn port<'a>(report: &'a Value, device: &str) -> anyhow::Result<&'a Value> {
 }
 
 /// The text report (echoed to the console by `guest::run`), then the JSON one.
-fn report(file: &str) -> anyhow::Result<Value> {
+pub(super) fn report(file: &str) -> anyhow::Result<Value> {
     guest::run("/usr/bin/railscope", &["report", "--no-svg", file])?;
     report_of(file)
 }
 
 /// `railscope report --json` of a file (not echoed: the text report says the same).
-fn report_of(file: &str) -> anyhow::Result<Value> {
+pub(super) fn report_of(file: &str) -> anyhow::Result<Value> {
     let out = Command::new("/usr/bin/railscope")
         .args(["report", "--json", "--no-svg", file])
         .output()
@@ -265,7 +265,7 @@ fn base64(bytes: &[u8]) -> String {
 }
 
 /// vethC/vethD with rxe2/rxe3, like the first pair.
-fn create_second_pair() -> anyhow::Result<()> {
+pub(super) fn create_second_pair() -> anyhow::Result<()> {
     if std::path::Path::new("/sys/class/infiniband/rxe2").exists() {
         return Ok(());
     }
@@ -306,7 +306,7 @@ fn create_second_pair() -> anyhow::Result<()> {
 
 /// Sets a network device up or down with one `SIOCSIFFLAGS` (microseconds, so the script's
 /// times are exact, unlike running `ip`).
-fn set_link(name: &str, up: bool) -> anyhow::Result<()> {
+pub(super) fn set_link(name: &str, up: bool) -> anyhow::Result<()> {
     // SAFETY: a socket for the ioctl, closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
     ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
@@ -340,13 +340,13 @@ fn set_link(name: &str, up: bool) -> anyhow::Result<()> {
 }
 
 /// `railscope capture` running as a child.
-struct Capture {
+pub(super) struct Capture {
     child: Child,
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
 impl Capture {
-    fn start(out: &str, args: &[&str], echo: &'static str) -> anyhow::Result<Self> {
+    pub(super) fn start(out: &str, args: &[&str], echo: &'static str) -> anyhow::Result<Self> {
         println!("+ railscope capture --out {out} {}", args.join(" "));
         let mut child = Command::new("/usr/bin/railscope")
             .args(["capture", "--out", out])
@@ -361,7 +361,7 @@ impl Capture {
     }
 
     /// Waits for the line saying the capture records, with port events from the probes.
-    fn wait_recording(&mut self) -> anyhow::Result<()> {
+    pub(super) fn wait_recording(&mut self) -> anyhow::Result<()> {
         guest::wait_for(Duration::from_secs(60), "capture: recording", || {
             self.lines()
                 .iter()
@@ -390,7 +390,7 @@ impl Capture {
     }
 
     /// Ctrl-C: the capture ends cleanly and exits 0.
-    fn interrupt(&mut self) -> anyhow::Result<()> {
+    pub(super) fn interrupt(&mut self) -> anyhow::Result<()> {
         // SAFETY: kill with a pid we own.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let status = self.child.wait()?;

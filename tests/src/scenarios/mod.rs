@@ -6,6 +6,7 @@ mod async_errors;
 mod attach_pace;
 mod bench_events;
 mod bench_probes;
+mod capture_down_at_start;
 mod capture_flap;
 mod cgroups_late;
 mod clock_step;
@@ -47,6 +48,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "host-collector" => host_collector::run(),
         "perftest" => perftest::run(),
         "capture-flap" => capture_flap::run(),
+        "capture-down-at-start" => capture_down_at_start::run(),
         "rdma-cm" => rdma_cm::run(),
         "cm-ids" => cm_ids::run(),
         "cm-wildcard" => cm_wildcard::run(),
