@@ -33,7 +33,7 @@ pub struct Options {
     #[arg(long, conflicts_with = "no_collector")]
     pub demo: bool,
     /// With --demo: stop after this many seconds and check what the API shows (live data,
-    /// both jobs, a flapping-port finding) instead of running until Ctrl-C.
+    /// both jobs, a flapping-port finding, from 120 s a lost GPU) instead of running until Ctrl-C.
     #[arg(long, value_name = "SECONDS", requires = "demo")]
     pub demo_seconds: Option<u64>,
     /// Arguments passed to `railscope agent` (e.g. `-- --json`).
