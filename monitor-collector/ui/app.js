@@ -934,7 +934,10 @@
         if (!highlight) state.timelineDots.push({ lane: seriesName, severity: sev, colour, t: row ? row[0].getTime() : null });
         ctx.beginPath();
         ctx.fillStyle = colour;
-        ctx.arc(cx, cy, highlight ? size + 2 : size, 0, 2 * Math.PI);
+        // Over an hour, dots seconds apart overlap: the worse ones are drawn larger, so a
+        // port's going down (warning) is not hidden by its coming back up (information).
+        const radius = size + (sev === "critical" ? 1 : sev === "warning" ? 0 : -1.5) + (highlight ? 2 : 0);
+        ctx.arc(cx, cy, radius, 0, 2 * Math.PI);
         ctx.fill();
         if (sev === "critical") {
           ctx.strokeStyle = "#5c0a16";
