@@ -1,11 +1,17 @@
 // railscope's dashboard: four views over this collector's API, kept current by polling it.
-//   #/fleet        nodes x GPUs and IB ports, coloured by utilisation, marked by findings
-//   #/jobs, #/job/ID  a job's GPUs and ports side by side, its stragglers marked and ranked
+//   #/fleet        nodes x GPUs and IB ports (labelled by device), coloured by utilisation
+//                  (ports against their class's nominal rate), marked by findings, lost
+//                  GPUs marked lost, each node's job(s)
+//   #/jobs, #/job/ID  the jobs; a job's GPUs and ports side by side, its stragglers marked
+//                  and ranked, its findings (on its nodes, GPUs and ports, or carrying its id)
 //   #/node/NAME    a node's time series (dygraphs: drag to zoom, double-click to reset;
-//                  gauges drawn as min/mean/max bands), its findings and events
-//   #/events       the event timeline: port flaps, XIDs, QP errors, findings
+//                  gauges drawn as min/mean/max bands), an always-visible legend, its
+//                  findings and events
+//   #/events       the last hour's timeline (HH:MM axis, dots coloured by severity): port
+//                  flaps, XIDs, lost GPUs, QP errors, findings
 // Elements a test or a script checks carry data-* attributes (data-node, data-gpu,
-// data-device, data-port, data-finding-rule, data-straggler, a chart's data-points).
+// data-device, data-port, data-finding-rule, data-straggler, data-lost, data-jobs, a chart's
+// data-points).
 // `?refresh=S` sets the polling interval (default 5 s).
 "use strict";
 
@@ -22,13 +28,28 @@
   const PORT_RATE = "railscope_ib_port_rate_gbps";
   // The fleet and job views colour each cell by its series' latest sample in this window (the
   // agent flushes every 10 s; sweeps are 1 s apart unless adaptive sampling stretches them).
-  // Its cost grows with the fleet: 2 x 8 port series per node at 60 points each, which
-  // reaches the collector's default points limit (1 M) at about 1,000 nodes.
+  // A port's line rate is a stable gauge the agent may read only every 32-64 s (its sampler's
+  // max_interval), so it is read over RATE_WINDOW. The collector refuses an answer of more
+  // than --query-max-points points (default 1 M; only answered points count), so the cost of
+  // one query must not grow with the fleet: past CHUNK_NODES nodes, every series query is
+  // asked per chunk of CHUNK_NODES live nodes (`match=node=~a|b|...`). One answer then holds
+  // at most CHUNK_NODES x 8 series x 120 points (the rate over 2 min at 1 s sweeps) = 192 k
+  // points, whatever the fleet's size (tests/dashboard.rs checks 1,000 nodes).
   const FLEET_WINDOW = "-1m";
+  const RATE_WINDOW = "-2m";
+  const CHUNK_NODES = 200;
+  // The straggler analysis' step (stragglers.rs, StragglerSettings::step_ns) and window
+  // (its default: 5 minutes). The jobs and job views ask for a window whose end is aligned to
+  // the step and one step behind the clock (the agent flushes every 10 s, so the last step is
+  // complete when asked): two loads within one step ask the same question and get the same
+  // answer, instead of a window sliding by the second.
+  const STRAGGLER_STEP_S = 10;
+  const STRAGGLER_WINDOW_S = 300;
   const SEVERITY_ORDER = { critical: 3, warning: 2, info: 1 };
 
-  // What the page holds: exposed for tests and for a curious operator's console.
-  const state = { updates: 0, view: null, charts: {}, busy: false };
+  // What the page holds: exposed for tests and for a curious operator's console
+  // (`maxSeriesPoints`: the most points one `/api/v1/series` answer held).
+  const state = { updates: 0, view: null, charts: {}, busy: false, maxSeriesPoints: 0 };
   window.railscope = state;
 
   // ------------------------------------------------------------------------------------
@@ -117,11 +138,30 @@
 
   const gpuKey = (l) => `${l.node}|${l.gpu}`;
 
+  // `/api/v1/series` for `metric`, asked per chunk of `nodes` when there are more than
+  // CHUNK_NODES of them (one question otherwise, of every node the archive holds), the
+  // answers merged: no answer grows with the fleet (see FLEET_WINDOW).
+  async function seriesOf(metric, nodes, match, start) {
+    const extra = match ? [match] : [];
+    const chunks = [];
+    if (!nodes || nodes.length <= CHUNK_NODES) chunks.push(extra);
+    else {
+      for (let i = 0; i < nodes.length; i += CHUNK_NODES) {
+        chunks.push([`node=~${nodes.slice(i, i + CHUNK_NODES).map(regexEscape).join("|")}`, ...extra]);
+      }
+    }
+    const answers = await Promise.all(chunks.map((m) => api(`/api/v1/series?${q({ metric, match: m, start })}`)));
+    const series = answers.flatMap((a) => a.series || []);
+    for (const a of answers) {
+      const points = (a.series || []).reduce((n, x) => n + x.points.length, 0);
+      state.maxSeriesPoints = Math.max(state.maxSeriesPoints, points);
+    }
+    return { series };
+  }
+
   // Each GPU's latest activity: SM activity where reported, NVML's utilization otherwise.
-  async function gpuActivity(match) {
-    const [sm, util] = await Promise.all(
-      [GPU_SM, GPU_UTIL].map((metric) => api(`/api/v1/series?${q({ metric, match, start: FLEET_WINDOW })}`))
-    );
+  async function gpuActivity(nodes, match) {
+    const [sm, util] = await Promise.all([GPU_SM, GPU_UTIL].map((metric) => seriesOf(metric, nodes, match, FLEET_WINDOW)));
     const out = latestBy(util, gpuKey);
     for (const v of out.values()) v.metric = "utilization";
     for (const [k, v] of latestBy(sm, gpuKey)) out.set(k, { ...v, metric: "SM activity" });
@@ -129,27 +169,69 @@
   }
   const portKey = (l) => `${l.node}|${l.device}|${l.port}`;
 
-  // Per port: throughput (the larger of both directions) as a share of its line rate.
+  // A port's class: its device's name without its number (`mlx5_2` -> `mlx5_`), so ports of
+  // one kind of adapter are compared with each other.
+  const portClass = (device) => String(device).replace(/\d+$/, "");
+
+  // The nominal line rate of each class of port: the most common rate among the ports in
+  // view (ties: the higher). A port trained down (4X -> 2X, NDR -> HDR) reports its reduced
+  // rate, and its load measured against that would look like its healthy peers' while it
+  // carries half their traffic; measured against its class's nominal rate, the halved
+  // throughput shows. The most common rate rather than the highest: a fleet of mixed
+  // adapters (200G and 400G ports of one driver) would otherwise colour its slower ports
+  // half idle; a degraded port is the exception in its class, so the mode is its nominal rate.
+  function nominalRates(rates) {
+    const counts = new Map();
+    for (const r of rates.values()) {
+      if (!r.value) continue;
+      const c = portClass(r.labels.device);
+      if (!counts.has(c)) counts.set(c, new Map());
+      const m = counts.get(c);
+      m.set(r.value, (m.get(r.value) || 0) + 1);
+    }
+    const out = new Map();
+    for (const [c, m] of counts) {
+      const [rate] = [...m.entries()].sort((a, b) => b[1] - a[1] || b[0] - a[0])[0];
+      out.set(c, rate);
+    }
+    return out;
+  }
+
+  // Per port: throughput (the larger of both directions) as a share of its class's nominal
+  // line rate (never less than its own rate); `degraded` where its own rate is below it.
   function portLoads(tx, rx, rate) {
     const out = new Map();
     const txs = latestBy(tx, portKey);
     const rxs = latestBy(rx, portKey);
     const rates = latestBy(rate, portKey);
+    const nominal = nominalRates(rates);
+    const rateOf = (k, labels) => {
+      const own = rates.get(k);
+      const ownGbps = own && own.value ? own.value : null;
+      const classGbps = nominal.get(portClass(labels.device)) || null;
+      const gbps = ownGbps && classGbps ? Math.max(ownGbps, classGbps) : ownGbps || classGbps;
+      return { ownGbps, gbps, degraded: !!(ownGbps && classGbps && ownGbps < classGbps) };
+    };
     for (const [k, t] of txs) {
       const r = rxs.get(k);
       const bps = Math.max(t.value || 0, (r && r.value) || 0);
-      const gbps = rates.get(k);
-      const capacity = gbps && gbps.value ? (gbps.value * 1e9) / 8 : null;
+      const { ownGbps, gbps, degraded } = rateOf(k, t.labels);
+      const capacity = gbps ? (gbps * 1e9) / 8 : null;
       out.set(k, {
         labels: t.labels,
         bytesPerSecond: t.value === null ? null : bps,
         load: capacity && t.value !== null ? bps / capacity : null,
+        ownGbps,
+        nominalGbps: gbps,
+        degraded,
       });
     }
     // A port without byte counters (soft-RoCE has only packet counts) still gets its cell,
     // uncoloured, so its findings can be marked on it.
     for (const [k, g] of rates) {
-      if (!out.has(k)) out.set(k, { labels: g.labels, bytesPerSecond: null, load: null });
+      if (out.has(k)) continue;
+      const { ownGbps, gbps, degraded } = rateOf(k, g.labels);
+      out.set(k, { labels: g.labels, bytesPerSecond: null, load: null, ownGbps, nominalGbps: gbps, degraded });
     }
     return out;
   }
@@ -187,40 +269,95 @@
     cell.title += "\n" + list.map((f) => `${f.severity}: ${f.rule}: ${f.summary}`).join("\n");
   }
 
-  function gpuCell(node, gpu, activity, extra) {
-    const util = activity ? activity.value : null;
+  // A GPU's cell: coloured by its activity; a GPU with an active `gpu_lost` finding (fallen
+  // off the bus: its series stopped, so it would look idle) is drawn lost instead, hatched
+  // and labelled so, whatever its last sample said.
+  function gpuCell(node, gpu, activity, findings) {
+    const lost = (findings || []).some((f) => f.rule === "gpu_lost" && (f.end === null || f.end === undefined));
+    const util = activity && !lost ? activity.value : null;
     const cell = el("a", {
-      class: "cell gpu",
+      class: lost ? "cell gpu lost" : "cell gpu",
       href: `#/node/${encodeURIComponent(node)}`,
       "data-node": node,
       "data-gpu": gpu,
+      "data-lost": lost ? "true" : null,
+      "aria-label": lost ? `GPU ${gpu} lost` : `GPU ${gpu}`,
       "data-util": util === null || util === undefined ? null : util.toFixed(3),
-      title: `${node} GPU ${gpu}: ${activity ? activity.metric : "activity"} ${util === null || util === undefined ? "no data" : Math.round(util * 100) + "%"}`,
+      title: lost
+        ? `${node} GPU ${gpu}: LOST (fallen off the bus, no data since)`
+        : `${node} GPU ${gpu}: ${activity ? activity.metric : "activity"} ${util === null || util === undefined ? "no data" : Math.round(util * 100) + "%"}`,
       text: gpu,
-      ...(extra || {}),
     });
-    cell.style.background = utilColour(util);
+    if (!lost) cell.style.background = utilColour(util);
     if (util > 0.6) cell.classList.add("dark");
+    markFindings(cell, findings);
     return cell;
   }
 
-  function portCell(node, device, port, load, extra) {
+  // A port's cell, labelled by its device (and port, where the device has several).
+  function portCell(node, device, port, load, severalPorts) {
+    const degraded = !!(load && load.degraded);
     const cell = el("a", {
-      class: "cell port",
+      class: degraded ? "cell port degraded" : "cell port",
       href: `#/node/${encodeURIComponent(node)}`,
       "data-node": node,
       "data-device": device,
       "data-port": port,
       "data-load": load && load.load !== null ? load.load.toFixed(3) : null,
-      title: `${node} ${device}/${port}: ${
-        load && load.bytesPerSecond !== null ? fmt((load.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no byte counters"
-      }`,
-      text: device.replace(/^.*?(\d+)$/, "$1"),
-      ...(extra || {}),
+      "data-rate-gbps": load && load.ownGbps ? load.ownGbps : null,
+      "data-nominal-gbps": load && load.nominalGbps ? load.nominalGbps : null,
+      title:
+        `${node} ${device}/${port}: ${
+          load && load.bytesPerSecond !== null ? fmt((load.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no byte counters"
+        }` +
+        (load && load.nominalGbps ? ` of ${fmt(load.nominalGbps)} Gb/s nominal` : "") +
+        (degraded ? ` (link trained down to ${fmt(load.ownGbps)} Gb/s)` : ""),
+      text: severalPorts ? `${device}/${port}` : device,
     });
     cell.style.background = utilColour(load ? load.load : null);
     if (load && load.load > 0.6) cell.classList.add("dark");
     return cell;
+  }
+
+  // The jobs whose GPUs a node runs (its GPU series' `job_id`), as links.
+  function jobLinks(node, jobs) {
+    const list = [...(jobs.get(node) || [])].sort();
+    return el(
+      "span",
+      { class: "jobs", "data-node": node, "data-jobs": list.join(" ") },
+      list.length ? list.map((j) => el("a", { href: `#/job/${encodeURIComponent(j)}`, class: "mono", text: j })) : el("span", { class: "quiet", text: "–" })
+    );
+  }
+
+  function jobsByNode(util) {
+    const out = new Map();
+    for (const v of util.values()) {
+      if (!v.labels.job_id) continue;
+      if (!out.has(v.labels.node)) out.set(v.labels.node, new Set());
+      out.get(v.labels.node).add(v.labels.job_id);
+    }
+    return out;
+  }
+
+  // The heading row of a grid of nodes.
+  const gridHead = (withJobs) =>
+    el(
+      "div",
+      { class: "row head" },
+      el("span", { class: "node-name", text: "node" }),
+      el("span", { class: "cells-head", text: "GPUs" }),
+      el("span", { class: "cells-head ports", text: "IB ports" }),
+      withJobs ? el("span", { class: "cells-head", text: "job" }) : el("span")
+    );
+
+  // A node's port cells, sorted by device and port.
+  function portCells(node, loads, decorate) {
+    const ports = [...loads.values()]
+      .filter((v) => v.labels.node === node)
+      .sort((a, b) => a.labels.device.localeCompare(b.labels.device, undefined, { numeric: true }) || byNumber(a.labels.port, b.labels.port));
+    const perDevice = new Map();
+    for (const p of ports) perDevice.set(p.labels.device, (perDevice.get(p.labels.device) || 0) + 1);
+    return ports.map((p) => decorate(portCell(node, p.labels.device, p.labels.port, p, perDevice.get(p.labels.device) > 1), p));
   }
 
   const byNumber = (a, b) => (Number(a) - Number(b)) || String(a).localeCompare(String(b));
@@ -285,6 +422,18 @@
     return { rows, labels: ["time", ...series.map((s) => labelOf(s.labels))], bars };
   }
 
+  // Series colours, far enough apart to tell 8 GPUs or 8 ports apart (Tableau 10).
+  const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+
+  // Time of day on an x axis, UTC: HH:MM, with seconds only where a tick is not on a minute
+  // (zoomed in to less than a few minutes).
+  function timeOfDay(d) {
+    const iso = new Date(d).toISOString();
+    return iso.slice(17, 19) === "00" ? iso.slice(11, 16) : iso.slice(11, 19);
+  }
+  // Wide enough for HH:MM:SS at 12 px: a narrower label box cuts its last digit off.
+  const X_AXIS = { axisLabelFormatter: timeOfDay, axisLabelWidth: 72, axisLabelFontSize: 12, pixelsPerLabel: 90 };
+
   // Creates or updates the chart `id` inside `box`, keeping the operator's zoom.
   function chart(box, id, data, options) {
     box.setAttribute("data-points", data.rows.length);
@@ -309,7 +458,12 @@
       labelsUTC: true,
       connectSeparatedPoints: true,
       height: 220,
+      colors: PALETTE.slice(0, Math.max(1, data.labels.length - 1)).concat(
+        data.labels.slice(PALETTE.length + 1).map((_, i) => `hsl(${(i * 137) % 360}, 55%, 45%)`)
+      ),
+      xAxisHeight: 22,
       ...options,
+      axes: { ...(options.axes || {}), x: { ...X_AXIS, ...((options.axes || {}).x || {}) } },
     });
     g.railscopeBox = box;
     state.charts[id] = g;
@@ -325,11 +479,13 @@
         el(
           "p",
           { class: "legend" },
-          "GPU cells coloured by SM activity (NVML utilization where the GPU does not report it), IB port cells by traffic against line rate: ",
+          "GPU cells coloured by SM activity (NVML utilization where the GPU does not report it), IB port cells (by device) by traffic against their class's nominal line rate: ",
           el("span", { class: "swatch", style: `background:${utilColour(0)}` }),
           " idle … ",
           el("span", { class: "swatch", style: `background:${utilColour(1)}` }),
-          " busy; outlined where a finding is active (red critical, orange warning). Click a cell for its node."
+          " busy; ",
+          el("span", { class: "swatch lost" }),
+          " GPU lost; dashed: port trained below its nominal rate; outlined where a finding is active (red critical, orange warning). Click a cell for its node, a job for its view."
         ),
         el("div", { id: "fleet-grid" }),
         el("h2", { text: "Active findings" }),
@@ -337,38 +493,31 @@
       );
     },
     async update() {
-      const [nodes, util, tx, rx, rate, findings] = await Promise.all([
-        api("/api/v1/live/nodes"),
-        gpuActivity(null),
-        api(`/api/v1/series?${q({ metric: PORT_TX, start: FLEET_WINDOW })}`),
-        api(`/api/v1/series?${q({ metric: PORT_RX, start: FLEET_WINDOW })}`),
-        api(`/api/v1/series?${q({ metric: PORT_RATE, start: "-10m" })}`),
-        optionalApi(`/api/v1/findings?${q({ active: "true" })}`),
+      const [live, findings] = await Promise.all([api("/api/v1/live/nodes"), optionalApi(`/api/v1/findings?${q({ active: "true" })}`)]);
+      const liveNames = live.map((n) => n.node);
+      const [util, tx, rx, rate] = await Promise.all([
+        gpuActivity(liveNames, null),
+        seriesOf(PORT_TX, liveNames, null, FLEET_WINDOW),
+        seriesOf(PORT_RX, liveNames, null, FLEET_WINDOW),
+        seriesOf(PORT_RATE, liveNames, null, RATE_WINDOW),
       ]);
       const loads = portLoads(tx, rx, rate);
       const idx = findingsIndex(findings);
-      const names = new Set(nodes.map((n) => n.node));
+      const jobs = jobsByNode(util);
+      const names = new Set(liveNames);
       for (const v of [...util.values(), ...loads.values()]) names.add(v.labels.node);
       for (const f of (findings && findings.findings) || []) names.add(f.node);
 
-      const grid = el("div", { class: "grid", "data-nodes": names.size });
+      const grid = el("div", { class: "grid", "data-nodes": names.size }, gridHead(true));
       for (const node of [...names].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }))) {
         const gpuIds = [...util.values()].filter((v) => v.labels.node === node).map((v) => v.labels.gpu);
         // A GPU with a finding but no series (fallen off the bus) still gets its cell.
         for (const key of idx.gpu.keys()) if (key.startsWith(node + "|")) gpuIds.push(key.slice(node.length + 1));
-        const gpuCells = [...new Set(gpuIds)].sort(byNumber).map((gpu) => {
-          const cell = gpuCell(node, gpu, util.get(`${node}|${gpu}`));
-          markFindings(cell, idx.gpu.get(`${node}|${gpu}`));
+        const gpuCells = [...new Set(gpuIds)].sort(byNumber).map((gpu) => gpuCell(node, gpu, util.get(`${node}|${gpu}`), idx.gpu.get(`${node}|${gpu}`)));
+        const ports = portCells(node, loads, (cell, p) => {
+          markFindings(cell, idx.forPort(node, p.labels.device, p.labels.port));
           return cell;
         });
-        const ports = [...loads.values()].filter((v) => v.labels.node === node);
-        const portCells = ports
-          .sort((a, b) => a.labels.device.localeCompare(b.labels.device, undefined, { numeric: true }) || byNumber(a.labels.port, b.labels.port))
-          .map((p) => {
-            const cell = portCell(node, p.labels.device, p.labels.port, p);
-            markFindings(cell, idx.forPort(node, p.labels.device, p.labels.port));
-            return cell;
-          });
         const name = el("a", { class: "node-name", href: `#/node/${encodeURIComponent(node)}`, "data-node": node, text: node, title: node });
         markFindings(name, idx.node.get(node));
         grid.append(
@@ -377,7 +526,8 @@
             { class: "row", "data-node": node },
             name,
             el("span", { class: "cells gpus", title: "GPUs" }, gpuCells.length ? gpuCells : el("span", { class: "quiet", text: "no GPUs" })),
-            el("span", { class: "cells ports", title: "IB ports" }, portCells.length ? portCells : el("span", { class: "quiet", text: "no IB ports" }))
+            el("span", { class: "cells ports", title: "IB ports" }, ports.length ? ports : el("span", { class: "quiet", text: "no IB ports" })),
+            jobLinks(node, jobs)
           )
         );
       }
@@ -392,13 +542,37 @@
   // ------------------------------------------------------------------------------------
   // Jobs
 
+  // The straggler window the jobs and job views ask for: its end aligned to the analysis'
+  // step, one step behind the clock (see STRAGGLER_STEP_S); unix seconds.
+  function stragglerWindow() {
+    const end = Math.floor(Date.now() / 1000 / STRAGGLER_STEP_S) * STRAGGLER_STEP_S - STRAGGLER_STEP_S;
+    return { start: end - STRAGGLER_WINDOW_S, end };
+  }
+  const clock = (s) => new Date(s * 1000).toISOString().slice(11, 19);
+  const windowText = (w) => `${clock(w.start)}–${clock(w.end)} UTC`;
+
+  // The stragglers of the window `w` (of one job, or of all); the question asked is kept in
+  // `state.stragglerQuery`.
+  function stragglers(w, job) {
+    const query = `/api/v1/stragglers?${q({ job_id: job, start: w.start, end: w.end })}`;
+    state.stragglerQuery = query;
+    return optionalApi(query);
+  }
+
   const jobsView = {
     mount(root) {
-      root.append(el("h1", { text: "Jobs" }), el("p", { class: "quiet", text: "Jobs seen over the straggler window (the last 5 minutes), with their stragglers." }), el("div", { id: "jobs-list" }));
+      root.append(
+        el("h1", { text: "Jobs" }),
+        el("p", { class: "quiet", id: "jobs-window", text: "Jobs seen over the straggler window (5 minutes, ending on a 10 s step), with their stragglers." }),
+        el("div", { id: "jobs-list" })
+      );
     },
     async update() {
-      const answer = await optionalApi("/api/v1/stragglers");
+      const w = stragglerWindow();
+      const answer = await stragglers(w, null);
+      document.getElementById("jobs-window").textContent = `Jobs seen over the straggler window ${windowText(w)} (5 minutes, ending on a 10 s step, so the answer holds until the next step), with their stragglers.`;
       const box = document.getElementById("jobs-list");
+      box.setAttribute("data-window", `${w.start}-${w.end}`);
       if (!answer) return box.replaceChildren(el("p", { class: "quiet", text: "This collector serves no straggler analysis." }));
       const jobs = answer.jobs || [];
       if (!jobs.length) return box.replaceChildren(el("p", { class: "quiet", text: "No job labels in this range." }));
@@ -428,35 +602,47 @@
         el("h1", {}, "Job ", el("span", { class: "mono", text: route.arg })),
         el(
           "p",
-          { class: "legend" },
-          "Its GPUs and its nodes' IB ports side by side, coloured by utilisation; stragglers (far from the job’s median over the last 5 minutes) outlined in magenta and ranked below."
+          { class: "legend", id: "job-legend" },
+          "Its GPUs and its nodes' IB ports side by side, coloured by utilisation (ports against their class's nominal rate); findings outlined (red critical, orange warning), lost GPUs hatched, stragglers (far from the job’s median over the straggler window) outlined in magenta and ranked below."
         ),
         el("div", { id: "job-grid" }),
+        el("h2", { text: "Findings" }),
+        el("p", { class: "quiet", text: "On the job's nodes, GPUs and ports, or carrying its id, over the straggler window and still active." }),
+        el("div", { id: "job-findings" }),
         el("h2", { text: "Stragglers" }),
         el("div", { id: "job-stragglers" })
       );
     },
     async update(route) {
       const job = route.arg;
+      const w = stragglerWindow();
+      const live = await api("/api/v1/live/nodes");
+      const liveNames = live.map((n) => n.node);
       const [answer, util, findings] = await Promise.all([
-        optionalApi(`/api/v1/stragglers?${q({ job_id: job })}`),
-        gpuActivity(`job_id=${JSON.stringify(job)}`),
-        optionalApi(`/api/v1/findings?${q({ start: "-10m" })}`),
+        stragglers(w, job),
+        gpuActivity(liveNames, `job_id=${JSON.stringify(job)}`),
+        optionalApi(`/api/v1/findings?${q({ start: w.start })}`),
       ]);
       const entry = answer && (answer.jobs || []).find((j) => j.job_id === job);
-      const stragglers = (entry && entry.stragglers) || [];
+      const stragglerList = (entry && entry.stragglers) || [];
       const nodes = new Set([...util.values()].map((v) => v.labels.node));
-      for (const s of stragglers) nodes.add(s.node);
+      for (const s of stragglerList) nodes.add(s.node);
       let loads = new Map();
       if (nodes.size) {
-        const match = `node=~${[...nodes].map(regexEscape).join("|")}`;
+        const names = [...nodes];
+        const match = names.length <= CHUNK_NODES ? `node=~${names.map(regexEscape).join("|")}` : null;
         const [tx, rx, rate] = await Promise.all([
-          api(`/api/v1/series?${q({ metric: PORT_TX, match, start: FLEET_WINDOW })}`),
-          api(`/api/v1/series?${q({ metric: PORT_RX, match, start: FLEET_WINDOW })}`),
-          api(`/api/v1/series?${q({ metric: PORT_RATE, match, start: "-10m" })}`),
+          seriesOf(PORT_TX, names, match, FLEET_WINDOW),
+          seriesOf(PORT_RX, names, match, FLEET_WINDOW),
+          seriesOf(PORT_RATE, names, match, RATE_WINDOW),
         ]);
         loads = portLoads(tx, rx, rate);
       }
+      // The job's findings: those carrying its id, and those on its nodes (their GPUs and
+      // ports too); ended ones only where they overlap the window.
+      const jobFindings = ((findings && findings.findings) || []).filter((f) => f.job_id === job || nodes.has(f.node));
+      const active = jobFindings.filter((f) => f.end === null || f.end === undefined);
+      const idx = findingsIndex({ findings: active });
       const findingById = new Map(((findings && findings.findings) || []).map((f) => [f.id, f]));
       // A cell is marked by its best-ranked straggler entry (one per metric it stands out in).
       const mark = (cell, s, rank) => {
@@ -467,44 +653,48 @@
         cell.setAttribute("data-straggler-metric", s.metric);
         cell.title += `\nstraggler #${rank}: ${s.metric} ${fmt(s.value)} (job median ${fmt(s.median)}, score ${fmt(s.score, 1)})`;
       };
-      const grid = el("div", { class: "grid", "data-nodes": nodes.size });
+      const grid = el("div", { class: "grid", "data-nodes": nodes.size }, gridHead(false));
       for (const node of [...nodes].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }))) {
         const gpuIds = [...util.values()].filter((v) => v.labels.node === node).map((v) => v.labels.gpu);
+        // A GPU of the node with an active finding (a lost one has no series) keeps its cell.
+        for (const key of idx.gpu.keys()) if (key.startsWith(node + "|")) gpuIds.push(key.slice(node.length + 1));
         const gpuCells = [...new Set(gpuIds)].sort(byNumber).map((gpu) => {
-          const cell = gpuCell(node, gpu, util.get(`${node}|${gpu}`));
-          stragglers.forEach((s, i) => {
+          const cell = gpuCell(node, gpu, util.get(`${node}|${gpu}`), idx.gpu.get(`${node}|${gpu}`));
+          stragglerList.forEach((s, i) => {
             if (s.node === node && String(s.gpu) === String(gpu)) mark(cell, s, i + 1);
           });
           return cell;
         });
-        const portCells = [...loads.values()]
-          .filter((v) => v.labels.node === node)
-          .sort((a, b) => a.labels.device.localeCompare(b.labels.device, undefined, { numeric: true }))
-          .map((p) => {
-            const cell = portCell(node, p.labels.device, p.labels.port, p);
-            stragglers.forEach((s, i) => {
-              if (s.node === node && s.device === p.labels.device && (s.port === null || String(s.port) === String(p.labels.port))) mark(cell, s, i + 1);
-            });
-            return cell;
+        const ports = portCells(node, loads, (cell, p) => {
+          markFindings(cell, idx.forPort(node, p.labels.device, p.labels.port));
+          stragglerList.forEach((s, i) => {
+            if (s.node === node && s.device === p.labels.device && (s.port === null || String(s.port) === String(p.labels.port))) mark(cell, s, i + 1);
           });
+          return cell;
+        });
         const name = el("a", { class: "node-name", href: `#/node/${encodeURIComponent(node)}`, "data-node": node, text: node });
-        stragglers.forEach((s, i) => {
+        markFindings(name, idx.node.get(node));
+        stragglerList.forEach((s, i) => {
           if (s.node === node && (s.gpu === null || s.gpu === undefined) && !s.device) mark(name, s, i + 1);
         });
-        grid.append(el("div", { class: "row", "data-node": node }, name, el("span", { class: "cells gpus" }, gpuCells), el("span", { class: "cells ports" }, portCells)));
+        grid.append(el("div", { class: "row", "data-node": node }, name, el("span", { class: "cells gpus" }, gpuCells), el("span", { class: "cells ports" }, ports), el("span")));
       }
       if (!nodes.size) grid.append(el("p", { class: "quiet", text: "No series carries this job in the last minute." }));
       document.getElementById("job-grid").replaceChildren(grid);
+      document
+        .getElementById("job-findings")
+        .replaceChildren(findings ? findingsTable({ findings: jobFindings }) : el("p", { class: "quiet", text: "This collector serves no findings." }));
 
       const list = document.getElementById("job-stragglers");
       if (!answer) return list.replaceChildren(el("p", { class: "quiet", text: "This collector serves no straggler analysis." }));
-      if (!stragglers.length) return list.replaceChildren(el("p", { class: "quiet", "data-stragglers": 0, text: "No straggler." }));
+      if (!stragglerList.length) return list.replaceChildren(el("p", { class: "quiet", "data-stragglers": 0, text: `No straggler over ${windowText(w)}.` }));
       list.replaceChildren(
+        el("p", { class: "quiet", text: `Over ${windowText(w)}.` }),
         el(
           "table",
-          { class: "list", "data-stragglers": stragglers.length },
+          { class: "list", "data-stragglers": stragglerList.length },
           el("tr", {}, ["#", "node", "where", "metric", "value", "job median", "score", "likely cause"].map((h) => el("th", { text: h }))),
-          stragglers.map((s, i) => {
+          stragglerList.map((s, i) => {
             const cause = s.cause ? findingById.get(s.cause) : null;
             return el(
               "tr",
@@ -554,12 +744,25 @@
       );
       root.append(
         el("h1", {}, "Node ", el("span", { class: "mono", text: route.arg })),
-        el("p", { class: "legend" }, buttons, " Drag across a chart to zoom, double-click to zoom out. Gauges show the min–max envelope of each sample as a band around its mean."),
+        el(
+          "p",
+          { class: "legend" },
+          buttons,
+          " Times in UTC. Drag across a chart to zoom, double-click to zoom out. Gauges show the min–max envelope of each sample as a light band around its mean; point at a line to see its values and bring it forward."
+        ),
         el("div", { id: "node-findings" }),
         el(
           "div",
           { class: "charts" },
-          NODE_CHARTS.map((c) => el("section", { class: "chart-box" }, el("h3", { text: c.title }), el("div", { class: "chart", "data-metric": c.metric })))
+          NODE_CHARTS.map((c) =>
+            el(
+              "section",
+              { class: "chart-box" },
+              el("h3", { text: c.title }),
+              el("div", { class: "chart-legend", "data-legend-for": c.metric }),
+              el("div", { class: "chart", "data-metric": c.metric })
+            )
+          )
         ),
         el("h2", { text: "Events" }),
         el("div", { id: "node-events" })
@@ -575,7 +778,17 @@
       ]);
       NODE_CHARTS.forEach((c, i) => {
         const box = document.querySelector(`.chart[data-metric="${c.metric}"]`);
-        chart(box, `node:${c.metric}`, chartRows(answers[i], c.label, c.scale), {});
+        const legend = document.querySelector(`.chart-legend[data-legend-for="${c.metric}"]`);
+        chart(box, `node:${c.metric}`, chartRows(answers[i], c.label, c.scale), {
+          // Always shown, above the chart: which colour is which GPU or port, without pointing.
+          legend: "always",
+          labelsDiv: legend,
+          // 8 bands on one chart: light enough that the lines inside stay readable.
+          fillAlpha: 0.07,
+          strokeWidth: 1.5,
+          highlightSeriesOpts: { strokeWidth: 3 },
+          highlightSeriesBackgroundAlpha: 0.6,
+        });
       });
       document.getElementById("node-findings").replaceChildren(findings ? findingsTable(findings) : "");
       document.getElementById("node-events").replaceChildren(eventsTable(events.events, 200));
@@ -611,8 +824,9 @@
         el(
           "tr",
           {
-            class: e.kind === "finding" ? `sev-${e.severity}` : `kind-${e.kind}`,
+            class: `sev-${eventSeverity(e)} kind-${e.kind}`,
             "data-event-kind": e.kind,
+            "data-severity": eventSeverity(e),
             "data-node": e.node,
             "data-device": e.labels.device,
             "data-port": e.labels.port,
@@ -631,11 +845,37 @@
     );
   }
 
+  // How bad an event is, for its dot's colour: a finding's own severity; a lost GPU or an
+  // XID critical; a port going down, a port error, a QP or CQ error a warning; the rest
+  // (a port coming back up, ...) information.
+  function eventSeverity(e) {
+    if (e.kind === "finding") return SEVERITY_ORDER[e.severity] ? e.severity : "info";
+    if (e.kind === "gpu_lost" || e.kind === "xid") return "critical";
+    if (e.kind === "port_transition") return e.text === "DOWN" ? "warning" : "info";
+    if (e.kind === "ib_port") return /ERR|DOWN|FAIL/i.test(e.text || "") ? "warning" : "info";
+    if (/qp|cq|async|err/i.test(e.kind)) return "warning";
+    return "info";
+  }
+  const SEVERITY_COLOUR = { critical: "#d7263d", warning: "#f29e02", info: "#8a94a6" };
+  const EVENTS_RANGE_S = 3600;
+
   const eventsView = {
+    // The operator's zoom ([from, to] ms), kept across updates; null: the whole last hour.
+    zoom: null,
     mount(root) {
+      this.zoom = null;
       root.append(
         el("h1", { text: "Events" }),
-        el("p", { class: "legend", text: "The last hour: one lane per kind, one dot per event or finding (point at one to see what it was, under the chart). Drag to zoom." }),
+        el(
+          "p",
+          { class: "legend" },
+          "The last hour (UTC): one lane per kind, one dot per event or finding, coloured by severity: ",
+          ["critical", "warning", "info"].flatMap((sev) => [
+            el("span", { class: "swatch dot", "data-severity": sev, style: `background:${SEVERITY_COLOUR[sev]}` }),
+            ` ${sev} `,
+          ]),
+          "(point at one to see what it was, under the chart). Drag to zoom, double-click for the whole hour."
+        ),
         el(
           "section",
           { class: "chart-box wide" },
@@ -647,6 +887,8 @@
     },
     async update() {
       const [events, findings] = await Promise.all([api(`/api/v1/events?${q({ start: "-1h" })}`), optionalApi(`/api/v1/findings?${q({ start: "-1h" })}`)]);
+      const now = Date.now();
+      const hour = [now - EVENTS_RANGE_S * 1000, now];
       const all = events.events.slice();
       for (const f of (findings && findings.findings) || []) {
         const labels = {};
@@ -659,24 +901,51 @@
       // One column per lane: a dot at the lane's height where an event of that lane is.
       const lanes = LANES.map(() => []);
       // What happened at each time, for the line under the chart as the pointer moves.
+      // A finding that began before the hour (still active) is drawn at the hour's start.
+      const at = (e) => Math.max(nsToMs(e.t), hour[0]);
       const said = new Map();
       for (const e of all) {
         lanes[LANES.findIndex((l) => l.test(e))].push(e);
-        const t = nsToMs(e.t);
+        const t = at(e);
         const what = `${e.node} ${e.kind === "finding" ? `finding ${e.rule}` : e.kind} ${whereOf(e.labels)} ${e.text}`;
         said.set(t, (said.get(t) || []).concat(what));
       }
       const hover = document.getElementById("timeline-hover");
       const byTime = new Map();
+      // The worst severity of the events at each row and lane: the colour of that dot.
+      const worst = new Map();
       lanes.forEach((list, i) => {
         for (const e of list) {
-          const t = nsToMs(e.t);
+          const t = at(e);
           if (!byTime.has(t)) byTime.set(t, [new Date(t), ...LANES.map(() => null)]);
           byTime.get(t)[i + 1] = LANES.length - i;
+          const key = `${t}|${LANES[i].name}`;
+          const sev = eventSeverity(e);
+          if ((SEVERITY_ORDER[sev] || 0) > (SEVERITY_ORDER[worst.get(key)] || 0)) worst.set(key, sev);
         }
       });
       const rows = [...byTime.entries()].sort((a, b) => a[0] - b[0]).map((e) => e[1]);
       const laneName = (y) => (LANES[LANES.length - Math.round(y)] || { name: "" }).name;
+      // Each dot drawn, with its severity and colour: for a test, or an operator's console.
+      const dot = (highlight) => (g, seriesName, ctx, cx, cy, _colour, size, idx) => {
+        const row = rows[idx];
+        const sev = (row && worst.get(`${row[0].getTime()}|${seriesName}`)) || "info";
+        const colour = SEVERITY_COLOUR[sev];
+        if (!highlight) state.timelineDots.push({ lane: seriesName, severity: sev, colour, t: row ? row[0].getTime() : null });
+        ctx.beginPath();
+        ctx.fillStyle = colour;
+        // Over an hour, dots seconds apart overlap: the worse ones are drawn larger, so a
+        // port's going down (warning) is not hidden by its coming back up (information).
+        const radius = size + (sev === "critical" ? 1 : sev === "warning" ? 0 : -1.5) + (highlight ? 2 : 0);
+        ctx.arc(cx, cy, radius, 0, 2 * Math.PI);
+        ctx.fill();
+        if (sev === "critical") {
+          ctx.strokeStyle = "#5c0a16";
+          ctx.lineWidth = 1;
+          ctx.stroke();
+        }
+      };
+      const self = this;
       chart(
         document.getElementById("timeline"),
         "events",
@@ -685,9 +954,26 @@
           drawPoints: true,
           strokeWidth: 0,
           pointSize: 4,
-          highlightCircleSize: 6,
+          highlightCircleSize: 5,
+          drawPointCallback: dot(false),
+          drawHighlightPointCallback: dot(true),
+          // Every drawing starts the list of dots afresh.
+          underlayCallback: () => {
+            state.timelineDots = [];
+          },
           valueRange: [0.5, LANES.length + 0.5],
+          dateWindow: this.zoom || hour,
           legend: "never",
+          zoomCallback: (from, to) => {
+            self.zoom = [from, to];
+          },
+          interactionModel: {
+            ...Dygraph.defaultInteractionModel,
+            dblclick: (_event, g) => {
+              self.zoom = null;
+              g.updateOptions({ dateWindow: [Date.now() - EVENTS_RANGE_S * 1000, Date.now()] });
+            },
+          },
           highlightCallback: (_event, x) => {
             hover.textContent = `${timeText(x * 1e6)}: ${(said.get(x) || []).join("; ")}`;
           },
@@ -698,6 +984,12 @@
           height: 200,
         }
       );
+      // An update keeps the chart and gives it new rows: the hour slides with the clock
+      // unless the operator zoomed in. The dots are drawn again with the new rows' colours.
+      const g = state.charts.events;
+      if (g) {
+        g.updateOptions({ dateWindow: this.zoom || hour, drawPointCallback: dot(false), drawHighlightPointCallback: dot(true) });
+      }
       const box = document.getElementById("timeline");
       box.setAttribute("data-events", all.length);
       box.title = `${all.length} events and findings`;
