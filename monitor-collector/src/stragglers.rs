@@ -284,95 +284,19 @@ pub fn find(
         end_ns.saturating_add(LOOKBACK_NS),
     );
     let mut steps: Steps = BTreeMap::new();
-    let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for &metric in GPU_METRICS {
-        let (answers, _) = engine.series(&SeriesQuery {
-            metric: metric.into(),
-            matchers: vec![job_matcher.clone()],
-            start_ns: read_from,
-            end_ns: read_to,
-        })?;
-        for a in answers {
-            let (Some(node), Some(gpu), Some(job)) = (
-                a.labels.get("node"),
-                a.labels.get("gpu"),
-                a.labels.get("job_id"),
-            ) else {
-                continue;
-            };
-            let Points::Gauge(points) = &a.points else {
-                continue;
-            };
-            let values = values_of(&gauge_covers(&grid, points));
-            if values.is_empty() {
-                continue;
-            }
-            node_jobs
-                .entry(node.clone())
-                .or_default()
-                .insert(job.clone());
-            steps
-                .entry((job.clone(), metric))
-                .or_default()
-                .entry(Device::Gpu(node.clone(), gpu.clone()))
-                .or_default()
-                .extend(values);
-        }
-    }
-    if !node_jobs.is_empty() {
-        // Ports, for the nodes of the jobs: each direction's rate over each step, then the
-        // two added where both cover the step.
-        let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
-        for (direction, &metric) in PORT_COUNTERS.iter().enumerate() {
-            let (answers, _) = engine.series(&SeriesQuery {
-                metric: metric.into(),
-                matchers: Vec::new(),
-                start_ns: read_from,
-                end_ns: read_to,
-            })?;
-            for a in answers {
-                let (Some(node), Some(device), Some(port)) = (
-                    a.labels.get("node"),
-                    a.labels.get("device"),
-                    a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
-                ) else {
-                    continue;
-                };
-                if !node_jobs.contains_key(node) {
-                    continue;
-                }
-                if let Points::Counter(points) = &a.points {
-                    let covers = counter_covers(&grid, points);
-                    let mine = &mut port_covers
-                        .entry((node.clone(), device.clone(), port))
-                        .or_default()[direction];
-                    // Series of one port that differ in other labels: their spans add up.
-                    for (k, c) in covers {
-                        let m = mine.entry(k).or_default();
-                        m.ns += c.ns;
-                        m.sum += c.sum;
-                        m.instants += c.instants;
-                        m.instant_sum += c.instant_sum;
-                    }
-                }
-            }
-        }
-        for ((node, device, port), [tx, rx]) in port_covers {
-            let (tx, rx) = (values_of(&tx), values_of(&rx));
-            let values: StepValues = tx
-                .iter()
-                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
-                .collect();
-            if values.is_empty() {
-                continue;
-            }
-            for job in &node_jobs[&node] {
-                steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
-                    Device::Port(node.clone(), device.clone(), port),
-                    values.clone(),
-                );
-            }
-        }
+    // A chunk of nodes at a time, so no answer grows with the fleet (a 1,000-node fleet read
+    // every second holds about 4,300 points per node and metric over the read range).
+    let all_nodes: Vec<String> = engine.nodes(read_from, read_to)?.into_iter().collect();
+    for chunk in all_nodes.chunks(NODES_PER_QUERY) {
+        let chunk: BTreeSet<String> = chunk.iter().cloned().collect();
+        read_chunk(
+            engine,
+            &chunk,
+            &job_matcher,
+            &grid,
+            (read_from, read_to),
+            &mut steps,
+        )?;
     }
 
     let active: Vec<Finding> = findings
@@ -426,6 +350,118 @@ pub fn find(
             }
         })
         .collect())
+}
+
+/// Nodes asked about in one query.
+const NODES_PER_QUERY: usize = 100;
+
+/// Adds the steps of the GPUs and ports of `nodes` (one chunk of the fleet) to `steps`.
+fn read_chunk(
+    engine: &QueryEngine,
+    nodes: &BTreeSet<String>,
+    job_matcher: &Matcher,
+    grid: &Grid,
+    (read_from, read_to): (u64, u64),
+    steps: &mut Steps,
+) -> Result<(), QueryError> {
+    let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for &metric in GPU_METRICS {
+        let (answers, _) = engine.series_of_nodes(
+            &SeriesQuery {
+                metric: metric.into(),
+                matchers: vec![job_matcher.clone()],
+                start_ns: read_from,
+                end_ns: read_to,
+            },
+            nodes,
+        )?;
+        for a in answers {
+            let (Some(node), Some(gpu), Some(job)) = (
+                a.labels.get("node"),
+                a.labels.get("gpu"),
+                a.labels.get("job_id"),
+            ) else {
+                continue;
+            };
+            let Points::Gauge(points) = &a.points else {
+                continue;
+            };
+            let values = values_of(&gauge_covers(grid, points));
+            if values.is_empty() {
+                continue;
+            }
+            node_jobs
+                .entry(node.clone())
+                .or_default()
+                .insert(job.clone());
+            steps
+                .entry((job.clone(), metric))
+                .or_default()
+                .entry(Device::Gpu(node.clone(), gpu.clone()))
+                .or_default()
+                .extend(values);
+        }
+    }
+    if !node_jobs.is_empty() {
+        // Ports, for the nodes of the jobs: each direction's rate over each step, then the
+        // two added where both cover the step.
+        let job_nodes: BTreeSet<String> = node_jobs.keys().cloned().collect();
+        let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
+        for (direction, &metric) in PORT_COUNTERS.iter().enumerate() {
+            let (answers, _) = engine.series_of_nodes(
+                &SeriesQuery {
+                    metric: metric.into(),
+                    matchers: Vec::new(),
+                    start_ns: read_from,
+                    end_ns: read_to,
+                },
+                &job_nodes,
+            )?;
+            for a in answers {
+                let (Some(node), Some(device), Some(port)) = (
+                    a.labels.get("node"),
+                    a.labels.get("device"),
+                    a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
+                ) else {
+                    continue;
+                };
+                if !node_jobs.contains_key(node) {
+                    continue;
+                }
+                if let Points::Counter(points) = &a.points {
+                    let covers = counter_covers(grid, points);
+                    let mine = &mut port_covers
+                        .entry((node.clone(), device.clone(), port))
+                        .or_default()[direction];
+                    // Series of one port that differ in other labels: their spans add up.
+                    for (k, c) in covers {
+                        let m = mine.entry(k).or_default();
+                        m.ns += c.ns;
+                        m.sum += c.sum;
+                        m.instants += c.instants;
+                        m.instant_sum += c.instant_sum;
+                    }
+                }
+            }
+        }
+        for ((node, device, port), [tx, rx]) in port_covers {
+            let (tx, rx) = (values_of(&tx), values_of(&rx));
+            let values: StepValues = tx
+                .iter()
+                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
+                .collect();
+            if values.is_empty() {
+                continue;
+            }
+            for job in &node_jobs[&node] {
+                steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
+                    Device::Port(node.clone(), device.clone(), port),
+                    values.clone(),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn score_metric(

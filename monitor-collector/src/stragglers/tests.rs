@@ -319,3 +319,50 @@ fn spans_cover_the_steps_they_overlap() {
     let covers = counter_covers(&short, &[counter(105, None), counter(110, Some(6.0))]);
     assert!(covers.is_empty());
 }
+
+/// A fleet larger than one query's chunk, read every second, against a points limit that one
+/// query of all its GPUs would pass: the answer still comes (each query asks a chunk of
+/// nodes), with the slow GPU found among all the nodes.
+#[test]
+fn a_fleet_larger_than_one_query_is_read_a_chunk_of_nodes_at_a_time() {
+    let nodes = NODES_PER_QUERY + 50;
+    let mut fleet = SimulatedFleet::builder(nodes)
+        .job("slurm:78", 0..nodes)
+        .slow_gpu(nodes - 3, 4)
+        .start_unix_ns(T0)
+        .build(key());
+    let mut store = Store::new();
+    store.run(&mut fleet, 60);
+    let end = fleet.tick_unix_ns(fleet.ticks() - 1);
+    // One metric of every GPU over the window: 8 x 60 points a node.
+    let per_node = 8 * 60;
+    let limit = per_node * (NODES_PER_QUERY + 20);
+    assert!(limit < per_node * nodes);
+    let limited = QueryEngine::new(store.archive.reader(), key()).with_max_points(limit);
+    let whole_fleet = limited.series(&SeriesQuery {
+        metric: GPU_METRICS[0].into(),
+        matchers: Vec::new(),
+        start_ns: end - 60 * S,
+        end_ns: end,
+    });
+    assert!(
+        matches!(whole_fleet, Err(QueryError::TooManyPoints { .. })),
+        "the limit must refuse one query of the whole fleet"
+    );
+    let jobs = find(
+        &limited,
+        None,
+        None,
+        end - 60 * S,
+        end,
+        &StragglerSettings::default(),
+    )
+    .unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    assert_eq!((jobs[0].nodes, jobs[0].gpus), (nodes, nodes * 8));
+    assert!(
+        places(&jobs[0]).contains(&place(&format!("node-{:03}", nodes - 3), "gpu 4")),
+        "{:#?}",
+        jobs[0]
+    );
+}
