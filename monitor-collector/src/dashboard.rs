@@ -53,6 +53,11 @@ pub const VIEWS: &[(&str, &[&str])] = &[
             "railscope_gpu_temperature_celsius",
             "railscope_ib_port_xmit_bytes_total",
             "railscope_ib_port_rcv_bytes_total",
+            // Charted instead where a port has no byte counters (soft-RoCE).
+            "railscope_ib_port_xmit_packets_total",
+            "railscope_ib_port_rcv_packets_total",
+            "railscope_ib_sent_pkts_total",
+            "railscope_ib_rcvd_pkts_total",
         ],
     ),
 ];

@@ -22,6 +22,8 @@
 //! - events: the flapping port's transitions are all in the list and the timeline; the
 //!   timeline spans the last hour, its ticks read `HH:MM`, and its dots are coloured by
 //!   severity (critical, warning, info: one colour each, three colours), with a legend;
+//! - a soft-RoCE node (packet counters, no byte counters): its IB charts show packets, titled
+//!   so;
 //! - no JavaScript error, failed request or blocked resource, and the error banner stays
 //!   hidden.
 //!
@@ -804,6 +806,30 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     screenshot(tab, "node-live");
     assert_no_problem(tab, problems, "the node view");
 
+    // A soft-RoCE node (rxe has packet counters, no byte counters): its IB charts show packets.
+    send_rxe_node(collector.udp, RXE_NODE, 30);
+    open(tab, &format!("#/node/{RXE_NODE}"), "node");
+    wait_until(
+        tab,
+        "the rxe node's transmit chart drawn from its packet counters",
+        "const c = document.querySelector('.chart[data-metric=\"railscope_ib_port_xmit_bytes_total\"]'); \
+         return c && c.dataset.shows === 'railscope_ib_sent_pkts_total' && c.dataset.series === '2' \
+           && !!c.querySelector('canvas')",
+    );
+    let titles = eval(
+        tab,
+        "return [...document.querySelectorAll('h3[data-title-for]')].map(h => h.textContent).slice(-2)",
+    );
+    assert_eq!(
+        titles,
+        serde_json::json!([
+            "IB transmit (packets/s; no byte counters)",
+            "IB receive (packets/s; no byte counters)"
+        ])
+    );
+    screenshot(tab, "node-rxe");
+    assert_no_problem(tab, problems, "the rxe node's view");
+
     // Events: every transition of the flapping port, listed and on the timeline.
     let transitions = collector.json(&format!(
         "/api/v1/events?kind=port_transition&node={flapping_node}&start=-15m"
@@ -894,6 +920,42 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
 }
 
 /// `HH:MM` (or, with `seconds`, also `HH:MM:SS`).
+/// A node without GPUs whose two rxe ports count packets only (as soft-RoCE's hw_counters do):
+/// `seconds` of 1 s sweeps ending now, sent as the agent names them.
+const RXE_NODE: &str = "rxe-node";
+
+fn send_rxe_node(udp: SocketAddr, node: &str, seconds: u64) {
+    use railscope_wire::{
+        CounterSample, EncoderConfig, FrameEncoder, Kind, Labels, Sample, Series,
+    };
+    let mut encoder = FrameEncoder::new(EncoderConfig::new(node), Key::from_bytes(KEY)).unwrap();
+    let now = unix_now_ns();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for s in 0..seconds {
+        let t = now - (seconds - 1 - s) * 1_000_000_000;
+        for device in ["rxe0", "rxe1"] {
+            for name in [
+                "railscope_ib_sent_pkts_total",
+                "railscope_ib_rcvd_pkts_total",
+            ] {
+                let series = Series {
+                    name: name.into(),
+                    labels: Labels::new([("device", device), ("port", "1")]),
+                    kind: Kind::Counter,
+                };
+                let sample = Sample::Counter(CounterSample {
+                    unix_ns: t,
+                    value: s * 25_000,
+                });
+                encoder.push_sample(&series, sample).unwrap();
+            }
+        }
+    }
+    for frame in encoder.flush(now) {
+        socket.send_to(&frame, udp).unwrap();
+    }
+}
+
 fn is_time_of_day(text: &str, seconds: bool) -> bool {
     let parts: Vec<&str> = text.split(':').collect();
     (parts.len() == 2 || (seconds && parts.len() == 3))

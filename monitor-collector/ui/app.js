@@ -722,9 +722,41 @@
     { metric: GPU_SM, title: "GPU SM activity (%)", scale: 100, label: (l) => `GPU ${l.gpu}` },
     { metric: "railscope_gpu_power_watts", title: "GPU power (W)", scale: 1, label: (l) => `GPU ${l.gpu}` },
     { metric: "railscope_gpu_temperature_celsius", title: "GPU temperature (°C)", scale: 1, label: (l) => `GPU ${l.gpu}` },
-    { metric: PORT_TX, title: "IB transmit (Gb/s)", scale: 8 / 1e9, label: (l) => `${l.device}/${l.port}` },
-    { metric: PORT_RX, title: "IB receive (Gb/s)", scale: 8 / 1e9, label: (l) => `${l.device}/${l.port}` },
+    // A port without byte counters (soft-RoCE's rxe has only hw_counters' packet counts) is
+    // charted by its packets, in the first of `fallbacks` the node has.
+    {
+      metric: PORT_TX,
+      title: "IB transmit (Gb/s)",
+      scale: 8 / 1e9,
+      label: (l) => `${l.device}/${l.port}`,
+      fallbacks: [
+        { metric: "railscope_ib_port_xmit_packets_total", title: "IB transmit (packets/s; no byte counters)", scale: 1 },
+        { metric: "railscope_ib_sent_pkts_total", title: "IB transmit (packets/s; no byte counters)", scale: 1 },
+      ],
+    },
+    {
+      metric: PORT_RX,
+      title: "IB receive (Gb/s)",
+      scale: 8 / 1e9,
+      label: (l) => `${l.device}/${l.port}`,
+      fallbacks: [
+        { metric: "railscope_ib_port_rcv_packets_total", title: "IB receive (packets/s; no byte counters)", scale: 1 },
+        { metric: "railscope_ib_rcvd_pkts_total", title: "IB receive (packets/s; no byte counters)", scale: 1 },
+      ],
+    },
   ];
+
+  // The answer of chart `c` over `range` on `match`: its metric's, or where that has no
+  // series, the first fallback's that has; with the title and scale of what was answered.
+  async function chartAnswer(c, match, range) {
+    const answer = await api(`/api/v1/series?${q({ metric: c.metric, match, start: range })}`);
+    if ((answer.series || []).length) return { answer, shown: c };
+    for (const f of c.fallbacks || []) {
+      const other = await api(`/api/v1/series?${q({ metric: f.metric, match, start: range })}`);
+      if ((other.series || []).length) return { answer: other, shown: f };
+    }
+    return { answer, shown: c };
+  }
   const RANGES = ["-15m", "-1h", "-6h"];
 
   const nodeView = {
@@ -758,7 +790,7 @@
             el(
               "section",
               { class: "chart-box" },
-              el("h3", { text: c.title }),
+              el("h3", { text: c.title, "data-title-for": c.metric }),
               el("div", { class: "chart-legend", "data-legend-for": c.metric }),
               el("div", { class: "chart", "data-metric": c.metric })
             )
@@ -772,14 +804,18 @@
       const node = route.arg;
       const match = `node=${JSON.stringify(node)}`;
       const [answers, events, findings] = await Promise.all([
-        Promise.all(NODE_CHARTS.map((c) => api(`/api/v1/series?${q({ metric: c.metric, match, start: this.range })}`))),
+        Promise.all(NODE_CHARTS.map((c) => chartAnswer(c, match, this.range))),
         api(`/api/v1/events?${q({ node, start: this.range })}`),
         optionalApi(`/api/v1/findings?${q({ node, start: this.range })}`),
       ]);
       NODE_CHARTS.forEach((c, i) => {
         const box = document.querySelector(`.chart[data-metric="${c.metric}"]`);
         const legend = document.querySelector(`.chart-legend[data-legend-for="${c.metric}"]`);
-        chart(box, `node:${c.metric}`, chartRows(answers[i], c.label, c.scale), {
+        const { answer, shown } = answers[i];
+        const title = document.querySelector(`h3[data-title-for="${c.metric}"]`);
+        title.textContent = shown.title;
+        box.dataset.shows = shown.metric;
+        chart(box, `node:${c.metric}`, chartRows(answer, c.label, shown.scale), {
           // Always shown, above the chart: which colour is which GPU or port, without pointing.
           legend: "always",
           labelsDiv: legend,
