@@ -772,10 +772,9 @@ fn a_fleet_of_real_agents_gives_exactly_the_expected_findings_and_stragglers() {
         thread::sleep(REFRESH);
     }
     eprintln!("{refreshes} refreshes over {WATCH:?}: findings exactly as expected");
-    for mut agent in agents {
-        assert!(agent.is_running(), "an agent exited early");
-        let (_, _, err) = agent.signal(libc::SIGTERM);
-        let _ = err;
+    for (n, mut agent) in (1..).zip(agents) {
+        assert!(agent.is_running(), "the agent of {} exited", node_name(n));
+        let _ = agent.signal(libc::SIGTERM);
     }
     let (ok, _, err) = collector.stop();
     assert!(ok, "the collector failed: {err}");
