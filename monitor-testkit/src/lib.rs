@@ -29,11 +29,13 @@
 //! Also the set-up the end-to-end tests share, one home each: scratch directories, key
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
-//! node with the NVML stand-in ([`fixture_agent`]).
+//! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
+//! the stand-in lists on a GPU ([`job_processes`]).
 
 pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
+pub mod job_processes;
 pub mod scratch;
 
 /// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
@@ -52,6 +54,7 @@ pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
     standin_with_script, sysfs_fixture,
 };
+pub use job_processes::JobProcesses;
 pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
 
 use std::{

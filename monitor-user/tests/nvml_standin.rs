@@ -21,6 +21,7 @@ use std::{
     time::Duration,
 };
 
+use monitor_testkit::JobProcesses;
 use railscope::{
     sources::gpu::{
         GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS, LOST_RETRY_EVERY_SWEEPS,
@@ -773,99 +774,19 @@ fn the_shipped_8_gpu_script_replays_as_an_8_gpu_node() {
     assert_eq!(got, expected_events);
 }
 
-/// Processes placed in cgroups laid out as Slurm and Kubernetes lay them out: on a cgroup2
-/// mount when this host lets us create cgroups there (root, `/sys/fs/cgroup` or its
-/// `unified` hybrid mount), each a real `sleep` moved in through `cgroup.procs` and read back
-/// through the real `/proc`; else pids with a `/proc`-like tree of `<pid>/cgroup` files.
-struct JobProcesses {
-    proc_root: PathBuf,
-    pids: Vec<u32>,
-    children: Vec<std::process::Child>,
-    /// Cgroups made, deepest first.
-    cgroups: Vec<PathBuf>,
-}
-
 const POD_UID: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
 
-impl JobProcesses {
-    fn new(test: &str) -> JobProcesses {
-        let paths = [
-            "system.slice/slurmstepd.scope/job_42/step_0".to_owned(),
-            format!(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-c1.scope",
-                POD_UID.replace('-', "_")
-            ),
-        ];
-        let top = format!("railscope-{test}-{}", std::process::id());
-        if let Some(made) = Self::in_cgroups(&top, &paths) {
-            eprintln!("processes in cgroups {:?}", made.cgroups);
-            return made;
-        }
-        eprintln!("no cgroup2 mount to create cgroups in: a /proc-like fixture instead");
-        let root = std::env::temp_dir().join(&top);
-        let pids = vec![4_000_001, 4_000_002];
-        for (pid, path) in pids.iter().zip(&paths) {
-            fs::create_dir_all(root.join(pid.to_string())).unwrap();
-            fs::write(
-                root.join(format!("{pid}/cgroup")),
-                format!("0::/{top}/{path}\n"),
-            )
-            .unwrap();
-        }
-        JobProcesses {
-            proc_root: root,
-            pids,
-            children: Vec::new(),
-            cgroups: Vec::new(),
-        }
-    }
-
-    fn in_cgroups(top: &str, paths: &[String]) -> Option<JobProcesses> {
-        let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-            .into_iter()
-            .map(Path::new)
-            .find(|m| {
-                fs::metadata(m.join("cgroup.procs")).is_ok() && fs::create_dir(m.join(top)).is_ok()
-            })?;
-        let mut made = JobProcesses {
-            proc_root: "/proc".into(),
-            pids: Vec::new(),
-            children: Vec::new(),
-            cgroups: vec![mount.join(top)],
-        };
-        for path in paths {
-            let mut dir = mount.join(top);
-            for part in path.split('/') {
-                dir.push(part);
-                fs::create_dir(&dir).ok()?;
-                made.cgroups.insert(0, dir.clone());
-            }
-            let child = std::process::Command::new("sleep")
-                .arg("120")
-                .spawn()
-                .ok()?;
-            let pid = child.id();
-            made.pids.push(pid);
-            made.children.push(child);
-            fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
-        }
-        Some(made)
-    }
-}
-
-impl Drop for JobProcesses {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for cgroup in &self.cgroups {
-            let _ = fs::remove_dir(cgroup);
-        }
-        if self.proc_root != Path::new("/proc") {
-            let _ = fs::remove_dir_all(&self.proc_root);
-        }
-    }
+/// A Slurm step's process and a Kubernetes pod's (monitor-testkit's [`JobProcesses`]: real
+/// processes in cgroups where this host allows, else a `/proc`-like fixture).
+fn job_processes(test: &str) -> JobProcesses {
+    let paths = [
+        "system.slice/slurmstepd.scope/job_42/step_0".to_owned(),
+        format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-c1.scope",
+            POD_UID.replace('-', "_")
+        ),
+    ];
+    JobProcesses::new(test, &paths)
 }
 
 /// The `job_id` and `job_step` labels of GPU `gpu`'s readings: all the same, or a panic.
@@ -888,7 +809,7 @@ fn job_of_gpu(readings: &[Reading], gpu: &str) -> (Option<String>, Option<String
 
 #[test]
 fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
-    let procs = JobProcesses::new("gpu-jobs");
+    let procs = job_processes("gpu-jobs");
     let (slurm, pod) = (procs.pids[0], procs.pids[1]);
     let step =
         |processes: Json| json!({"gpu_util_pct": 90, "temperature_c": 60, "processes": processes});
@@ -965,7 +886,7 @@ fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
 #[test]
 fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
     use railscope_wire::{Key, ReceiverState, SeriesData};
-    let procs = JobProcesses::new("agent-gpu-jobs");
+    let procs = job_processes("agent-gpu-jobs");
     if procs.proc_root != Path::new("/proc") {
         // The agent reads the real /proc: without cgroups of our own there is nothing to see
         // (GpuSource-level attribution is tested above with a /proc-like tree).
