@@ -49,7 +49,10 @@
 //! findings are exactly the expected ones (rule, node, port or GPU, severity), each active with
 //! one stable id, none other ever opened, every start within the run; the stragglers of each
 //! job over the last 60 s are exactly the expected ones, with their metric, value near the
-//! device's true activity, and cause.
+//! device's true activity, and cause. Then `railscope-collector select` on the fleet's data
+//! advises dropping nothing a finding rule, the straggler search or a dashboard view reads,
+//! and the dashboard in headless Chromium marks exactly the active findings' cells, draws the
+//! lost GPU lost and the trained-down port degraded, and lists job A's findings in its view.
 //!
 //! Not covered here: `ib_link_flapping` (from the kernel's port events, which the eBPF probes
 //! report: a fixture tree has none) and the verb rules (`verbs_qp_error`, `verbs_cm_reject`,
@@ -79,6 +82,8 @@ use monitor_testkit::{
     scratch_dir, standin_with_script, sysfs_fixture,
 };
 use serde_json::{Value, json};
+
+mod browser;
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 const NODES: usize = 7;
@@ -772,6 +777,52 @@ fn a_fleet_of_real_agents_gives_exactly_the_expected_findings_and_stragglers() {
         thread::sleep(REFRESH);
     }
     eprintln!("{refreshes} refreshes over {WATCH:?}: findings exactly as expected");
+
+    // `select` on this fleet's data advises dropping nothing a rule, the straggler search or
+    // a dashboard view reads.
+    let out = std::process::Command::new(COLLECTOR)
+        .args([
+            "select",
+            "--collector",
+            &collector.url(),
+            "--start",
+            "-2m",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "select: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let selection: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let read = railscope_collector::reads::metrics_railscope_reads();
+    let dropped: Vec<String> = selection["sampling"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str()?.strip_suffix(":drop").map(str::to_owned))
+        .collect();
+    let wrongly: Vec<&String> = dropped
+        .iter()
+        .filter(|m| read.contains(m.as_str()))
+        .collect();
+    assert!(
+        wrongly.is_empty(),
+        "select advises dropping what railscope reads: {wrongly:?}"
+    );
+    assert!(
+        selection["protected"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{selection:#}"
+    );
+    eprintln!(
+        "select on the fleet: {} dropped, none of them read by railscope",
+        dropped.len()
+    );
+    dashboard_marks(&collector);
     for (n, mut agent) in (1..).zip(agents) {
         assert!(agent.is_running(), "the agent of {} exited", node_name(n));
         let _ = agent.signal(libc::SIGTERM);
@@ -787,4 +838,100 @@ fn a_fleet_of_real_agents_gives_exactly_the_expected_findings_and_stragglers() {
         straggler_failures.join("\n")
     );
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// The dashboard in headless Chromium, as an operator opens it on this fleet: every active
+/// finding marked on its cell in the fleet view and no cell marked without one; node 3's lost
+/// GPU drawn lost; node 2's port trained down drawn degraded, its load below its peers'; job
+/// A's view listing its degraded port's and throttled GPU's findings; no error shown.
+fn dashboard_marks(collector: &CollectorProcess) {
+    let Some(chromium) = browser::chromium() else {
+        return;
+    };
+    let page = browser::Page::open(chromium, &format!("{}/?refresh=2#/fleet", collector.url()));
+    let tab = &page.tab;
+    browser::wait_until(
+        tab,
+        "the fleet grid of every node",
+        &format!(
+            "return window.railscope.updates >= 1 && \
+             document.querySelectorAll('#fleet-grid .cell.gpu').length === {}",
+            NODES * 8
+        ),
+    );
+    let active = collector.json("/api/v1/findings?active=true");
+    let mut expected: Vec<String> = active["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let node = f["node"].as_str().unwrap();
+            match (f["gpu"].as_str(), f["device"].as_str()) {
+                (Some(gpu), _) => format!("{node} gpu {gpu}"),
+                (None, Some(device)) => format!("{node} port {device}/{}", f["port"]),
+                _ => format!("{node} node"),
+            }
+        })
+        .collect();
+    expected.sort();
+    expected.dedup();
+    let marked = browser::eval(
+        tab,
+        "return [...document.querySelectorAll('#fleet-grid [data-finding-rule]')].map(c => \
+           c.dataset.gpu !== undefined ? `${c.dataset.node} gpu ${c.dataset.gpu}` \
+           : c.dataset.device !== undefined ? `${c.dataset.node} port ${c.dataset.device}/${c.dataset.port}` \
+           : `${c.dataset.node} node`).sort()",
+    );
+    assert_eq!(
+        marked,
+        json!(expected),
+        "cells marked by findings in the fleet view"
+    );
+    let lost = browser::eval(
+        tab,
+        "return [...document.querySelectorAll('#fleet-grid .cell.gpu[data-lost]')].map(c => \
+           `${c.dataset.node} gpu ${c.dataset.gpu}`)",
+    );
+    assert_eq!(lost, json!(["node-003 gpu 7"]), "GPUs drawn lost");
+    let ports = browser::eval(
+        tab,
+        "return [...document.querySelectorAll('#fleet-grid .cell.port[data-node=\"node-002\"]')].map(c => \
+           [c.dataset.device, c.classList.contains('degraded'), Number(c.dataset.load)])",
+    );
+    let ports = ports.as_array().unwrap();
+    let degraded = ports.iter().find(|p| p[0] == "mlx5_1").unwrap();
+    assert_eq!(
+        degraded[1],
+        json!(true),
+        "node-002 mlx5_1 drawn degraded: {ports:?}"
+    );
+    for peer in ports.iter().filter(|p| p[0] != "mlx5_1") {
+        assert_eq!(peer[1], json!(false), "{ports:?}");
+        assert!(
+            degraded[2].as_f64().unwrap() < 0.7 * peer[2].as_f64().unwrap(),
+            "the degraded port's load is not below its peer's: {ports:?}"
+        );
+    }
+    browser::screenshot(tab, "fleet-real-agents");
+    browser::assert_no_problem(tab, &page.problems, "the fleet view of real agents");
+
+    browser::open(tab, &format!("#/job/{JOB_A}"), "job");
+    let listed = browser::eval(
+        tab,
+        "return [...document.querySelectorAll('#job-findings tr[data-finding-rule]')].map(r => \
+           [r.dataset.findingRule, r.dataset.node, r.dataset.device || r.dataset.gpu || null])",
+    );
+    let listed = listed.as_array().unwrap();
+    for want in [
+        json!(["ib_port_degraded", "node-002", "mlx5_1"]),
+        json!(["gpu_thermal_throttle", "node-002", "3"]),
+        json!(["gpu_lost", "node-003", "7"]),
+    ] {
+        assert!(
+            listed.contains(&want),
+            "job A's view lists {want}: {listed:?}"
+        );
+    }
+    browser::screenshot(tab, "job-real-agents");
+    browser::assert_no_problem(tab, &page.problems, "job A's view");
 }
