@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope::settings::{AgentSettings, agent_options};
-use railscope_config::{ConfigFile, Sources};
+use monitor_config::{ConfigFile, Sources};
+use monitor_user::settings::{AgentSettings, agent_options};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -10,12 +10,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope_capture::{
+use monitor_capture::{
     CaptureHeader, Rules, Timelines, analyse,
     format::{PREAMBLE_LEN, RECORD_HEADER_LEN, parse_key_hex},
     report::{Report, load_capture},
 };
-use railscope_wire::{Key, MAC_LEN, MAGIC as FRAME_MAGIC, seal_for_fuzzing};
+use monitor_wire::{Key, MAC_LEN, MAGIC as FRAME_MAGIC, seal_for_fuzzing};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, capture)) = data.split_first() else {
@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = report.to_json();
     for port in &report.ports {
         if let Some(timeline) = timelines.ports.get(&port.port) {
-            let _ = railscope_capture::svg::port_timeline(port, timeline);
+            let _ = monitor_capture::svg::port_timeline(port, timeline);
         }
     }
 });

@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope_collector::settings::{CollectorSettings, limits};
-use railscope_config::{ConfigFile, Sources};
+use monitor_collector::settings::{CollectorSettings, limits};
+use monitor_config::{ConfigFile, Sources};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

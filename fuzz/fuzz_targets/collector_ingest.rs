@@ -7,8 +7,8 @@
 use std::{net::SocketAddr, time::Duration};
 
 use libfuzzer_sys::fuzz_target;
-use railscope_collector::{Limits, nodes::NodeTable};
-use railscope_wire::{Key, seal_for_fuzzing};
+use monitor_collector::{Limits, nodes::NodeTable};
+use monitor_wire::{Key, seal_for_fuzzing};
 
 const YEAR: u64 = 365 * 86_400;
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope_wire::{Key, decode_schema_request, seal_for_fuzzing};
+use monitor_wire::{Key, decode_schema_request, seal_for_fuzzing};
 
 fuzz_target!(|data: &[u8]| {
     // The layout of the frame targets' inputs: flags, a length (unused here), the datagram.

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope::sources::ib_sysfs::{parse_coded, parse_counter, parse_link_layer, parse_rate};
+use monitor_user::sources::ib_sysfs::{parse_coded, parse_counter, parse_link_layer, parse_rate};
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_counter(data);

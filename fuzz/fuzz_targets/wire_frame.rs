@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use railscope_wire::{Key, ReceiverState, decode, seal_for_fuzzing};
+use monitor_wire::{Key, ReceiverState, decode, seal_for_fuzzing};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {

@@ -10,13 +10,11 @@
 
 use std::path::PathBuf;
 
-use railscope_capture::{
+use monitor_capture::{
     CaptureHeader, CaptureWriter, PortInfo, Rules, Timelines, Trailer, Verdict, analyse,
     format::key_hex, report::load_capture,
 };
-use railscope_wire::{
-    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value,
-};
+use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
 
 const MS: u64 = 1_000_000;
 const T0: u64 = 1_763_164_800_000_000_000;

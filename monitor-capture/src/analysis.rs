@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use railscope_wire::{Event, Frame, ReceiverState, SeriesData};
+use monitor_wire::{Event, Frame, ReceiverState, SeriesData};
 use serde::Serialize;
 
 const NS_PER_S: u64 = 1_000_000_000;

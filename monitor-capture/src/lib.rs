@@ -2,7 +2,7 @@
 //! is the byte-level spec) and what reads them.
 //!
 //! A capture file is a self-describing header followed by records, each one frame of the wire
-//! format (`railscope_wire`): the probes' IB port events exactly as the kernel raised them
+//! format (`monitor_wire`): the probes' IB port events exactly as the kernel raised them
 //! (duplicates kept) and snapshots of each port's link and error counters. Because the
 //! records are wire frames, the same decoder and the same analysis serve a capture file, a
 //! replay to a collector and a range of the collector's archive.

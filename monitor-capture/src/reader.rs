@@ -2,7 +2,7 @@
 //! lose what precedes it: [`read_capture`] returns every frame before it, and the error that
 //! stopped it, naming its offset.
 
-use railscope_wire::{Frame, Key, MAGIC as FRAME_MAGIC, ReceiverState, decode};
+use monitor_wire::{Frame, Key, MAGIC as FRAME_MAGIC, ReceiverState, decode};
 
 use crate::{
     error::CaptureError,

@@ -1,9 +1,7 @@
 //! The writer, the reader and the analysis together on synthetic captures whose truth is
 //! known: one port flapping on a scripted pattern, one stable.
 
-use railscope_wire::{
-    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value,
-};
+use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
 
 use crate::{
     CaptureError, CaptureHeader, CaptureWriter, PortInfo, Rules, Timelines, Trailer, Verdict,

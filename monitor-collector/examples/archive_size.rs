@@ -1,6 +1,6 @@
 //! Bytes at rest per sample: frames of realistic nodes (the agent's own encoder, 8 GPUs x 40
 //! metrics and 8 IB ports x 40 counters, read every second, flushed every 10 s; see
-//! `railscope_collector::archive::fixture_node`) appended to an archive, then sealed. Prints
+//! `monitor_collector::archive::fixture_node`) appended to an archive, then sealed. Prints
 //! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
@@ -13,11 +13,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use railscope_collector::{
+use monitor_collector::{
     archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
     fixture_archive::append_fixture_frames,
 };
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 fn arg(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
     match args.iter().position(|a| a == name) {

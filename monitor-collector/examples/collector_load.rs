@@ -1,7 +1,7 @@
 //! The load generator of `cargo xtask bench collector`: simulated agents on loopback.
 //!
 //! It makes the frames of a fleet of realistic nodes up front (the agent's own encoder through
-//! `railscope_collector::archive::fixture_node`: 8 GPUs x 40 metrics and 8 IB ports x 40
+//! `monitor_collector::archive::fixture_node`: 8 GPUs x 40 metrics and 8 IB ports x 40
 //! counters, read every second, flushed every 10 s), then sends them to a collector when told,
 //! each node from its own UDP socket (so the kernel spreads the nodes over the collector's
 //! `SO_REUSEPORT` sockets as it does a fleet's), paced at a given number of samples per second.
@@ -31,8 +31,8 @@ use std::{
 };
 
 use anyhow::Context as _;
-use railscope_collector::archive::fixture_node::FixtureSender;
-use railscope_wire::Key;
+use monitor_collector::archive::fixture_node::FixtureSender;
+use monitor_wire::Key;
 
 /// Sending sockets: nodes share them round-robin (a node always sends from the same one).
 const SOCKETS: usize = 256;
@@ -392,7 +392,7 @@ fn main() -> anyhow::Result<()> {
     let fleet_samples: usize = fleet.iter().map(|d| d.samples).sum();
     let hour_samples: usize = hour.iter().map(|d| d.samples).sum();
     let metrics: std::collections::BTreeSet<String> = {
-        let mut node = railscope_collector::archive::fixture_node::FixtureNode::new(1);
+        let mut node = monitor_collector::archive::fixture_node::FixtureNode::new(1);
         node.sweep(0)
             .into_iter()
             .map(|r| r.series.name.to_string())
@@ -409,7 +409,7 @@ fn main() -> anyhow::Result<()> {
             "fleet_samples": fleet_samples,
             "fleet_bytes": fleet.iter().map(|d| d.bytes.len()).sum::<usize>(),
             "hour_samples": hour_samples,
-            "series_per_node": railscope_collector::archive::fixture_node::FixtureNode::new(1).series(),
+            "series_per_node": monitor_collector::archive::fixture_node::FixtureNode::new(1).series(),
             "t0_ns": t0_ns,
             "end_ns": t0_ns + span_ns,
             "hour_node": "hour-node",

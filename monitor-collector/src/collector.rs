@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 use crate::{
     config::CollectorConfig,
@@ -240,7 +240,7 @@ mod tests {
         time::Instant,
     };
 
-    use railscope_wire::{
+    use monitor_wire::{
         EncoderConfig, Event, FrameEncoder, Kind, Labels, Reading, ReceiverState, Series, Value,
     };
 
@@ -387,7 +387,7 @@ mod tests {
         let mut short = 0;
         for len in [0, 1, 10, 36, 37, 100, sent[0].len() - 1] {
             attacker.send_to(&sent[0][..len], to).unwrap();
-            short += u64::from(len < railscope_wire::MIN_FRAME_LEN);
+            short += u64::from(len < monitor_wire::MIN_FRAME_LEN);
         }
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for i in 0..50 {
@@ -433,11 +433,11 @@ mod tests {
             );
             let mut reader = ReceiverState::default();
             if let Some(schema) = &a.schema {
-                let schema = railscope_wire::decode(schema, &key(), &mut reader).unwrap();
+                let schema = monitor_wire::decode(schema, &key(), &mut reader).unwrap();
                 assert!(schema.samples.is_empty());
                 assert_eq!(schema.schema.len(), 8);
             }
-            let frame = railscope_wire::decode(&a.bytes, &key(), &mut reader).unwrap();
+            let frame = monitor_wire::decode(&a.bytes, &key(), &mut reader).unwrap();
             // Decoded alone with its schema frame: every series is named.
             assert_eq!(reader.node("gpu-node-001").unwrap().last.unknown_samples, 0);
             assert_eq!(a.schema.is_none(), frame.seq == 0);
@@ -469,7 +469,7 @@ mod tests {
         let reason = |r: &str| {
             metric(
                 &text,
-                &format!("railscope_collector_frames_dropped_total{{reason=\"{r}\"}}"),
+                &format!("monitor_collector_frames_dropped_total{{reason=\"{r}\"}}"),
             )
             .unwrap()
         };
@@ -478,16 +478,16 @@ mod tests {
         assert_eq!(
             metric(
                 &text,
-                "railscope_collector_node_frames_duplicated_total{node=\"gpu-node-001\"}"
+                "monitor_collector_node_frames_duplicated_total{node=\"gpu-node-001\"}"
             ),
             Some(sent.len().to_string())
         );
         assert_eq!(
-            metric(&text, "railscope_collector_samples_accepted_total"),
+            metric(&text, "monitor_collector_samples_accepted_total"),
             Some("24".into())
         );
         assert_eq!(
-            metric(&text, "railscope_collector_archive_frames_total"),
+            metric(&text, "monitor_collector_archive_frames_total"),
             Some(sent.len().to_string())
         );
         let events = http_get(http, "/api/v1/live/events?kind=xid");
@@ -512,7 +512,7 @@ mod tests {
         });
         let text = http_get(http, "/metrics");
         assert_eq!(
-            metric(&text, "railscope_collector_archive_failing"),
+            metric(&text, "monitor_collector_archive_failing"),
             Some("1".into())
         );
         assert!(text.contains(" 3003 "), "the live view kept going: {text}");

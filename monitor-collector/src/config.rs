@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use railscope_wire::{Key, MAX_FRAME_SAMPLES};
+use monitor_wire::{Key, MAX_FRAME_SAMPLES};
 
 /// The bounds of a collector's memory. Each is a count; docs/architecture.md gives what they
 /// cost in bytes.

@@ -11,10 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use railscope_wire::WireError;
+use monitor_wire::WireError;
 
 /// Why a datagram was dropped. The label is the `reason` of
-/// `railscope_collector_frames_dropped_total`.
+/// `monitor_collector_frames_dropped_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DropReason {
     /// Shorter than the smallest frame.

@@ -3,7 +3,7 @@
 
 use std::{collections::VecDeque, sync::Mutex};
 
-use railscope_wire::Event;
+use monitor_wire::Event;
 
 /// One event as the live view shows it.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -113,7 +113,7 @@ impl RecentEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use railscope_wire::Labels;
+    use monitor_wire::Labels;
 
     fn event(i: u64, text: &str) -> LiveEvent {
         LiveEvent::new(

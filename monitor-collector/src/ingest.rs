@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use railscope_wire::{self as wire, SchemaRequest};
+use monitor_wire::{self as wire, SchemaRequest};
 
 use crate::{
     collector::Shared,

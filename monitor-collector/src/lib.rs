@@ -1,6 +1,6 @@
 //! railscope's collector: where a fleet's frames land, stay and are read back. It runs
 //! unprivileged on an ordinary server, one per few thousand nodes. It shares only the wire
-//! format (`railscope_wire`) with the node agent: the agent never links what only the
+//! format (`monitor_wire`) with the node agent: the agent never links what only the
 //! collector needs, and the collector links no eBPF or NVML.
 //!
 //! The data's way through the crate:

@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use railscope_collector::{
+use monitor_collector::{
     Collector, Parts,
     archive::Archive,
     findings::{self, FindingsStore},
@@ -16,7 +16,7 @@ use railscope_collector::{
     settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
 };
-use railscope_config::ServiceManager;
+use monitor_config::ServiceManager;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -52,11 +52,11 @@ enum Command {
     Export(query::export::ExportArgs),
     /// Moneo's metric selection over a stored range: drops constant and redundant metrics,
     /// learns each kept metric's interval cap, prints the agent's `--sampling` settings.
-    Select(railscope_collector::select::cli::SelectArgs),
+    Select(monitor_collector::select::cli::SelectArgs),
     /// Ask a running collector for its health findings (docs/findings.md).
     Findings(findings::cli::FindingsArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
-    Stragglers(railscope_collector::stragglers::StragglerArgs),
+    Stragglers(monitor_collector::stragglers::StragglerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,9 +87,9 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(options)) => run(options),
         Some(Command::Query(args)) => query::cli::run(&args),
         Some(Command::Export(args)) => query::export::run(&args),
-        Some(Command::Select(args)) => railscope_collector::select::cli::run(&args),
+        Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
         Some(Command::Findings(args)) => findings::cli::run(&args),
-        Some(Command::Stragglers(args)) => railscope_collector::stragglers::run_cli(&args),
+        Some(Command::Stragglers(args)) => monitor_collector::stragglers::run_cli(&args),
         None => run(cli.run),
     }
 }
@@ -145,7 +145,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let engine = Arc::new(
         query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
     );
-    let now_ns = railscope_collector::ingest::unix_now_ns();
+    let now_ns = monitor_collector::ingest::unix_now_ns();
     let store = Arc::new(
         FindingsStore::open(
             &data_dir,
@@ -154,7 +154,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         )
         .context("opening the findings log")?,
     );
-    let api = query::api_router(engine.clone()).merge(railscope_collector::stragglers::router(
+    let api = query::api_router(engine.clone()).merge(monitor_collector::stragglers::router(
         engine,
         Some(store.clone()),
     ));

@@ -1,5 +1,5 @@
 //! What the collector knows of each sending node: its session, schema and sequence
-//! accounting (a `railscope_wire::ReceiverState` per node), the latest value of each series,
+//! accounting (a `monitor_wire::ReceiverState` per node), the latest value of each series,
 //! its frame, loss, duplicate and replay counts, last seen, address and agent version.
 //!
 //! Nodes are spread over shards, each behind its own lock, so receive threads rarely wait
@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use railscope_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
+use monitor_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
 
 use crate::{config::Limits, drops::DropReason};
 
@@ -570,7 +570,7 @@ pub fn kind_name(kind: Kind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use railscope_wire::{EncoderConfig, FrameEncoder, Labels, Reading, Value};
+    use monitor_wire::{EncoderConfig, FrameEncoder, Labels, Reading, Value};
 
     const T0: u64 = 1_763_164_800_000_000_000;
     const FROM: &str = "192.0.2.1:5000";

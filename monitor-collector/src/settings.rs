@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use railscope_config::{
+use monitor_config::{
     Age, ConfigError, Layered, Sources,
     layers::{is_false, pick},
 };
@@ -261,7 +261,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
     let limits = limits(sources)?;
     let s = sources.merged();
     let key_path = s.key.unwrap_or_else(|| DEFAULT_KEY.into());
-    let key = railscope_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
+    let key = monitor_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
     let sockets = s.sockets.map_or_else(
         || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
@@ -322,7 +322,7 @@ pub fn check(sources: &Sources<CollectorSettings>) -> Result<String, ConfigError
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory as _, Parser};
-    use railscope_config::ConfigFile;
+    use monitor_config::ConfigFile;
 
     use super::*;
 

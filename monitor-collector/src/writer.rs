@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use railscope_wire::{Frame, Key, SchemaEntry};
+use monitor_wire::{Frame, Key, SchemaEntry};
 
 use crate::{liveness::Heartbeat, nodes::Schema};
 
@@ -211,7 +211,7 @@ pub fn schema_frame(schema: &Schema, seq: u64, send_unix_ns: u64, key: &Key) -> 
         samples: Vec::new(),
         events: Vec::new(),
     };
-    match railscope_wire::encode_frame(&frame, key) {
+    match monitor_wire::encode_frame(&frame, key) {
         Ok(bytes) => Some(bytes),
         Err(e) => {
             tracing::warn!("schema frame of node {:?} not encoded: {e}", schema.node);

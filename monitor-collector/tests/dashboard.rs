@@ -50,7 +50,7 @@ use std::{
 use browser::{Page, assert_no_problem, chromium, eval, open, screenshot, wait_until};
 use headless_chrome::Tab;
 use monitor_testkit::SimulatedFleet;
-use railscope_wire::Key;
+use monitor_wire::Key;
 use serde_json::Value;
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
@@ -725,9 +725,7 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
 const RXE_NODE: &str = "rxe-node";
 
 fn send_rxe_node(udp: SocketAddr, node: &str, seconds: u64) {
-    use railscope_wire::{
-        CounterSample, EncoderConfig, FrameEncoder, Kind, Labels, Sample, Series,
-    };
+    use monitor_wire::{CounterSample, EncoderConfig, FrameEncoder, Kind, Labels, Sample, Series};
     let mut encoder = FrameEncoder::new(EncoderConfig::new(node), Key::from_bytes(KEY)).unwrap();
     let now = unix_now_ns();
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -797,7 +797,7 @@ fn a_fleet_of_real_agents_gives_exactly_the_expected_findings_and_stragglers() {
         String::from_utf8_lossy(&out.stderr)
     );
     let selection: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let read = railscope_collector::reads::metrics_railscope_reads();
+    let read = monitor_collector::reads::metrics_railscope_reads();
     let dropped: Vec<String> = selection["sampling"]
         .as_array()
         .unwrap()

@@ -16,7 +16,7 @@ use std::{
 };
 
 use monitor_testkit::{SimulatedFleet, free_tcp_port, free_udp_port};
-use railscope_wire::Key;
+use monitor_wire::Key;
 use serde_json::Value as Json;
 use tsdb::{Server, Tsdb, now_ms, tsdb_binary};
 

@@ -13,7 +13,7 @@ use std::{
 
 use monitor_testkit::{CollectorProcess, key_file};
 
-use railscope_wire::{
+use monitor_wire::{
     CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series,
 };
 

@@ -8,8 +8,8 @@ use std::{
     sync::atomic::{AtomicIsize, Ordering},
 };
 
-use railscope_collector::{Limits, drops::DropReason, nodes::NodeTable};
-use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
+use monitor_collector::{Limits, drops::DropReason, nodes::NodeTable};
+use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
 
 /// Bytes currently allocated by the process.
 static HELD: AtomicIsize = AtomicIsize::new(0);

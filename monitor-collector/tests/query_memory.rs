@@ -10,12 +10,12 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use railscope_collector::{
+use monitor_collector::{
     archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
     fixture_archive::append_fixture_frames,
     query::{Matcher, QueryEngine, QueryError, SeriesQuery, api::series_body},
 };
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 struct Counting;
 
@@ -112,8 +112,8 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
     let points: usize = answers
         .iter()
         .map(|a| match &a.points {
-            railscope_collector::query::engine::Points::Counter(p) => p.len(),
-            railscope_collector::query::engine::Points::Gauge(p) => p.len(),
+            monitor_collector::query::engine::Points::Counter(p) => p.len(),
+            monitor_collector::query::engine::Points::Gauge(p) => p.len(),
         })
         .sum();
     assert_eq!(answers.len(), 8, "one series per GPU");

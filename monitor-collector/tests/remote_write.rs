@@ -23,12 +23,12 @@ mod tsdb;
 
 use tsdb::{Server, Tsdb, canonical, now_ms, tsdb_binary};
 
-use monitor_testkit::free_tcp_port;
-use railscope_collector::remote_write::{
+use monitor_collector::remote_write::{
     Batch, Cursor, EndpointConfig, RemoteWriter, SampleSource, SeriesChunk, SourceError,
     prompb::decode_body,
 };
-use railscope_wire::{
+use monitor_testkit::free_tcp_port;
+use monitor_wire::{
     CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, ReceiverState,
     Sample, Series, decode,
 };

@@ -11,7 +11,7 @@ use std::{
 use crate::child::Running;
 
 /// The stand-in's file name as cargo builds it.
-const STANDIN: &str = "libnvidia_ml_standin.so";
+const STANDIN: &str = "libnvml_standin.so";
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

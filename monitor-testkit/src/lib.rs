@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use monitor_testkit::SimulatedFleet;
-//! let key = railscope_wire::Key::from_bytes([7; 32]);
+//! let key = monitor_wire::Key::from_bytes([7; 32]);
 //! let mut fleet = SimulatedFleet::builder(64)
 //!     .job("slurm:4242", 0..64)
 //!     .slow_gpu(17, 3)
@@ -65,7 +65,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use railscope_wire::{
+use monitor_wire::{
     CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading,
     Sample, Series, Value,
 };
@@ -953,7 +953,7 @@ fn counter(name: &str, labels: Labels) -> Series {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use railscope_wire::{Frame, ReceiverState, SeriesData, decode};
+    use monitor_wire::{Frame, ReceiverState, SeriesData, decode};
 
     fn decode_all(frames: &[Vec<u8>], key: &Key) -> Vec<Frame> {
         let mut state = ReceiverState::default();

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 /// The wire key most tests share (any 32 bytes do; a test that wants its own passes another).
 pub const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";

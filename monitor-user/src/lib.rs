@@ -7,7 +7,7 @@
 //! - [`time_base`]: one conversion from CLOCK_MONOTONIC to wall-clock time for everything.
 //! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
-//!   [`railscope_wire::Reading`]s.
+//!   [`monitor_wire::Reading`]s.
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
@@ -19,7 +19,7 @@
 //! - [`settings`]: `railscope agent`'s flags and `/etc/railscope/agent.toml`, one struct.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
-//! `railscope_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
+//! `monitor_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
 
 pub mod agent;
 pub mod btf;

@@ -15,7 +15,7 @@ use std::{
 use serde_json::{Value as Json, json};
 use tokio::net::UdpSocket;
 
-use railscope_wire::{
+use monitor_wire::{
     self as wire, Frame, Key, Kind, Labels, ReceiverState, SchemaRequest, Series, SeriesData,
     WireError,
 };
@@ -391,7 +391,7 @@ fn grow_receive_buffer(socket: &UdpSocket) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use railscope_wire::{EncoderConfig, Event, FrameEncoder, Reading, Value};
+    use monitor_wire::{EncoderConfig, Event, FrameEncoder, Reading, Value};
 
     use crate::sender::Sender;
 

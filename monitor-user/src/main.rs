@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use railscope::{
+use monitor_user::{
     agent,
     kernel::Kernel,
     probes::{self, AttachedFamily, Family, ProbeReport, btf_cache::BtfCache},
@@ -220,8 +220,8 @@ struct RulesArgs {
 }
 
 impl RulesArgs {
-    fn rules(&self) -> railscope_capture::Rules {
-        railscope_capture::Rules {
+    fn rules(&self) -> monitor_capture::Rules {
+        monitor_capture::Rules {
             flap_downs: self.flap_downs,
             flap_window_ns: self.flap_window.as_nanos() as u64,
             episode_gap_ns: self.episode_gap.as_nanos() as u64,
@@ -294,7 +294,7 @@ fn main() -> anyhow::Result<()> {
             error_rate,
             sysfs,
         } => {
-            use railscope::capture;
+            use monitor_user::capture;
             let interval: Duration = interval.into();
             if interval < capture::MIN_INTERVAL {
                 anyhow::bail!("--interval must be at least 10ms (got {interval:?})");
@@ -302,12 +302,12 @@ fn main() -> anyhow::Result<()> {
             if error_rate.is_nan() || error_rate <= 0.0 {
                 anyhow::bail!("--error-rate must be a positive number (got {error_rate})");
             }
-            let host = railscope::pipeline::hostname();
+            let host = monitor_user::pipeline::hostname();
             let options = capture::CaptureOptions {
                 out: out.unwrap_or_else(|| {
                     capture::default_out(
                         &host,
-                        railscope::time_base::TimeBase::global().now_unix_ns().0,
+                        monitor_user::time_base::TimeBase::global().now_unix_ns().0,
                     )
                 }),
                 ports: ports.as_deref().map(capture::parse_ports).transpose()?,
@@ -334,11 +334,11 @@ fn main() -> anyhow::Result<()> {
             key,
             node,
         } => one_line((|| {
-            let target = railscope::sender::Target::parse(&collector).context("--collector")?;
-            let key = railscope_wire::Key::from_file(&key)?;
+            let target = monitor_user::sender::Target::parse(&collector).context("--collector")?;
+            let key = monitor_wire::Key::from_file(&key)?;
             let bytes =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            let stats = railscope::replay::replay(
+            let stats = monitor_user::replay::replay(
                 &file.display().to_string(),
                 &bytes,
                 &target,
@@ -379,16 +379,16 @@ fn main() -> anyhow::Result<()> {
             key,
             json,
         } => {
-            let key = railscope_wire::Key::from_file(&key)?;
+            let key = monitor_wire::Key::from_file(&key)?;
             let format = if json {
-                railscope::listen::Format::Json
+                monitor_user::listen::Format::Json
             } else {
-                railscope::listen::Format::Text
+                monitor_user::listen::Format::Text
             };
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
-                .block_on(railscope::listen::listen(
+                .block_on(monitor_user::listen::listen(
                     (bind, port).into(),
                     key,
                     format,
@@ -516,9 +516,9 @@ fn report(
     json: bool,
     svg: Option<std::path::PathBuf>,
     no_svg: bool,
-    rules: &railscope_capture::Rules,
+    rules: &monitor_capture::Rules,
 ) -> anyhow::Result<()> {
-    use railscope_capture::{Timelines, analyse, report};
+    use monitor_capture::{Timelines, analyse, report};
     let mut timelines = Timelines::default();
     let mut sources = Vec::new();
     for file in files {
@@ -574,7 +574,7 @@ fn report(
             "{stem}.{}.{}-{}.svg",
             port.port.node, port.port.device, port.port.port
         ));
-        std::fs::write(&path, railscope_capture::svg::port_timeline(port, timeline))
+        std::fs::write(&path, monitor_capture::svg::port_timeline(port, timeline))
             .with_context(|| format!("writing {}", path.display()))?;
         if !json {
             println!("picture: {}", path.display());
@@ -588,7 +588,7 @@ fn report(
 /// Drops every capability the agent does not need (before any thread exists: capabilities are
 /// per thread), and says in one line each which needed one is missing.
 fn keep_only_needed_capabilities() {
-    use railscope::privileges;
+    use monitor_user::privileges;
     let paranoid = privileges::perf_needs_sys_admin();
     match privileges::keep_only_needed(paranoid) {
         Ok(dropped) => tracing::debug!("dropped {dropped} capabilities the agent does not need"),

@@ -19,7 +19,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use railscope_wire::{
+use monitor_wire::{
     self as wire, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels,
     Reading, Sample, Series, Value,
 };

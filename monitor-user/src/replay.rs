@@ -13,7 +13,7 @@
 use std::{net::UdpSocket, time::Duration};
 
 use anyhow::Context as _;
-use railscope_wire::{Key, encode_frame};
+use monitor_wire::{Key, encode_frame};
 
 use crate::{sender::Target, time_base::TimeBase};
 
@@ -53,7 +53,7 @@ pub fn replay(
         .connect(addr)
         .with_context(|| format!("connecting to {addr}"))?;
     let mut frames = Vec::new();
-    let read = railscope_capture::read_capture(bytes, |_, frame, _| frames.push(frame.clone()))
+    let read = monitor_capture::read_capture(bytes, |_, frame, _| frames.push(frame.clone()))
         .with_context(|| name.to_owned())?;
     if let Some(stopped) = &read.stopped {
         tracing::warn!("{name}: {stopped}; replaying what precedes it");

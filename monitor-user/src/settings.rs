@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use railscope_config::{
+use monitor_config::{
     ConfigError, Layered, Seconds, Sources,
     layers::{is_false, pick},
 };
@@ -207,7 +207,7 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
 pub fn check(sources: &Sources<AgentSettings>) -> Result<String, ConfigError> {
     let options = agent_options(sources)?;
     if let Some(pipeline) = &options.pipeline {
-        railscope_wire::Key::from_file(&pipeline.key).map_err(|e| sources.error("key", e))?;
+        monitor_wire::Key::from_file(&pipeline.key).map_err(|e| sources.error("key", e))?;
     }
     Ok(sources.merged_toml())
 }
@@ -215,7 +215,7 @@ pub fn check(sources: &Sources<AgentSettings>) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory as _, Parser};
-    use railscope_config::ConfigFile;
+    use monitor_config::ConfigFile;
 
     use super::*;
 

@@ -298,13 +298,13 @@ type Truth = (
 fn truth(bytes: &[u8]) -> Truth {
     let mut samples = std::collections::BTreeSet::new();
     let mut events = std::collections::BTreeSet::new();
-    let read = railscope_capture::read_capture(bytes, |_, frame, state| {
+    let read = monitor_capture::read_capture(bytes, |_, frame, state| {
         let node = state.node(&frame.node).unwrap();
         for s in &frame.samples {
             let series = node.series(s.id).unwrap();
             let labels: std::collections::BTreeMap<&str, &str> = series.labels.iter().collect();
             match &s.data {
-                railscope_wire::SeriesData::Counter(v) => {
+                monitor_wire::SeriesData::Counter(v) => {
                     for p in v {
                         samples.insert(format!(
                             "{} {labels:?} {} {}",
@@ -312,7 +312,7 @@ fn truth(bytes: &[u8]) -> Truth {
                         ));
                     }
                 }
-                railscope_wire::SeriesData::Gauge(v) => {
+                monitor_wire::SeriesData::Gauge(v) => {
                     for p in v {
                         samples.insert(format!(
                             "{} {labels:?} {} {}",

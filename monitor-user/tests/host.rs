@@ -25,13 +25,13 @@ fn expected_ib_status() -> &'static str {
 
 #[test]
 fn every_program_passes_this_kernels_verifier() {
-    let verdicts = railscope::probes::verify_all().expect("the eBPF object loads");
+    let verdicts = monitor_user::probes::verify_all().expect("the eBPF object loads");
     assert!(!verdicts.is_empty());
     for v in &verdicts {
         assert!(v.result.is_ok(), "{} rejected: {:?}", v.program, v.result);
     }
     let names: Vec<&str> = verdicts.iter().map(|v| v.program.as_str()).collect();
-    for info in railscope::probes::CATALOGUE {
+    for info in monitor_user::probes::CATALOGUE {
         assert!(
             names.contains(&info.program),
             "{} not in the object",

@@ -22,18 +22,18 @@ use std::{
 };
 
 use monitor_testkit::JobProcesses;
-use railscope::{
+use monitor_user::{
     sources::gpu::{
         GPM_MIN_INTERVAL, GpuEvent, GpuSource, LOST_AFTER_FAILED_SWEEPS, LOST_RETRY_EVERY_SWEEPS,
     },
     time_base::{MonoNs, TimeBase, monotonic_ns, realtime_ns},
 };
-use railscope_wire::{Kind, Reading, Value};
+use monitor_wire::{Kind, Reading, Value};
 use serde_json::{Value as Json, json};
 
-const STANDIN: &str = "libnvidia_ml_standin.so";
+const STANDIN: &str = "libnvml_standin.so";
 /// The stand-in's report of breaches of NVML's documented usage, next to the library
-/// (`nvidia_ml_standin::state::REPORT_FILE`; the crate is not linked into this test).
+/// (`nvml_standin::state::REPORT_FILE`; the crate is not linked into this test).
 const STANDIN_REPORT: &str = "nvml-standin.report";
 
 fn standin_library() -> PathBuf {
@@ -833,7 +833,7 @@ fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
     let standin = StandIn::new("gpu-jobs", &script);
     let mut source = standin
         .open()
-        .with_jobs(railscope::sources::gpu::ProcessJobs::new(
+        .with_jobs(monitor_user::sources::gpu::ProcessJobs::new(
             &procs.proc_root,
             Default::default(),
         ));
@@ -885,7 +885,7 @@ fn gpu_series_carry_the_job_of_the_processes_using_the_gpu() {
 /// last sample is the last value read under the job, and new unlabelled series take over.
 #[test]
 fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
-    use railscope_wire::{Key, ReceiverState, SeriesData};
+    use monitor_wire::{Key, ReceiverState, SeriesData};
     let procs = job_processes("agent-gpu-jobs");
     if procs.proc_root != Path::new("/proc") {
         // The agent reads the real /proc: without cgroups of our own there is nothing to see
@@ -957,7 +957,7 @@ fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
     let mut state = ReceiverState::default();
     let mut by_job: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
     for d in &datagrams {
-        let frame = railscope_wire::decode(d, &key, &mut state).expect("decodes");
+        let frame = monitor_wire::decode(d, &key, &mut state).expect("decodes");
         let node = state.node(&frame.node).unwrap();
         for s in &frame.samples {
             let series = node.series(s.id).expect("named");

@@ -11,11 +11,11 @@ use std::{
     time::Duration,
 };
 
-use railscope::{
+use monitor_user::{
     pipeline::{VERB_SERIES, sampler_config, wire_sample},
     sampler::Slot,
 };
-use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
+use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
 
 struct Counting;
 

@@ -8,7 +8,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use railscope_wire::{
+use monitor_wire::{
     EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, MAC_LEN, Reading, SchemaRequest, Series,
     Value, encode_schema_request,
 };

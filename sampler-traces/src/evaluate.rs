@@ -1,8 +1,8 @@
 //! [`evaluate`]: the adaptive sampler and a fixed interval over one trace, against the trace
 //! itself (see the crate documentation for what is measured).
 
-use railscope::sampler::{AdaptiveSampler, Emit, Mode, SamplerConfig};
-use railscope_wire::{Kind, Labels, Series, Value};
+use monitor_user::sampler::{AdaptiveSampler, Emit, Mode, SamplerConfig};
+use monitor_wire::{Kind, Labels, Series, Value};
 
 use crate::Trace;
 

@@ -47,9 +47,9 @@
 //!
 //! The traces themselves are in `workloads.rs`, the measure in `evaluate.rs`.
 //!
-//! [`AdaptiveSampler::due`]: railscope::sampler::AdaptiveSampler::due
-//! [`Emit`]: railscope::sampler::Emit
-//! [`Mode::Fast`]: railscope::sampler::Mode::Fast
+//! [`AdaptiveSampler::due`]: monitor_user::sampler::AdaptiveSampler::due
+//! [`Emit`]: monitor_user::sampler::Emit
+//! [`Mode::Fast`]: monitor_user::sampler::Mode::Fast
 
 mod evaluate;
 #[cfg(test)]
@@ -58,8 +58,8 @@ mod workloads;
 
 use std::time::Duration;
 
-use railscope::sampler::SamplerConfig;
-use railscope_wire::Kind;
+use monitor_user::sampler::SamplerConfig;
+use monitor_wire::Kind;
 
 pub use evaluate::{Evaluation, evaluate};
 pub use workloads::{

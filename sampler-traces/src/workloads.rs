@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use railscope::sampler::SplitMix64;
-use railscope_wire::Kind;
+use monitor_user::sampler::SplitMix64;
+use monitor_wire::Kind;
 
 use crate::Trace;
 

@@ -144,7 +144,7 @@ fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
         "--package",
         "nvml-standin",
     ]))?;
-    let lib = crate::cargo::workspace_root().join("target/release/libnvidia_ml_standin.so");
+    let lib = crate::cargo::workspace_root().join("target/release/libnvml_standin.so");
     if !lib.exists() {
         bail!("cargo built nvml-standin but {} is missing", lib.display());
     }

@@ -1,4 +1,4 @@
-//! `cargo xtask vm-test`: the soft-RoCE scenarios (crate `railscope-tests`, module
+//! `cargo xtask vm-test`: the soft-RoCE scenarios (crate `tests`, module
 //! `scenarios`) run inside QEMU guests booted from stock Debian kernels, against the real
 //! rdma_rxe driver, rdma-core and perftest.
 //!
@@ -145,15 +145,15 @@ pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinarie
     })
 }
 
-/// The guest's `/init` (crate `railscope-tests`), built for the host.
+/// The guest's `/init` (crate `tests`), built for the host.
 pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
-    setup::step("building the guest init (railscope-tests)");
+    setup::step("building the guest init (tests)");
     let mut cmd = cargo::command(tools);
     cmd.args([
         "build",
         "--release",
         "--package",
-        "railscope-tests",
+        "tests",
         "--bin",
         "railscope-guest-init",
     ]);

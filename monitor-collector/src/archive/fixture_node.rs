@@ -1,4 +1,4 @@
-//! A realistic node's frames, made by the agent's own encoder (`railscope_wire::FrameEncoder`,
+//! A realistic node's frames, made by the agent's own encoder (`monitor_wire::FrameEncoder`,
 //! default configuration): 8 GPUs x 40 metrics and 8 IB ports x 40 counters, read every
 //! second (each GPU and each port at its own instant of the sweep), flushed every 10 s. The
 //! archive's tests and its bytes-at-rest measurement use it; the collector bench can too.
@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use railscope_wire::{
+use monitor_wire::{
     EncoderConfig, Frame, FrameEncoder, Key, Kind, Labels, Reading, ReceiverState, SchemaEntry,
     Series, SeriesData, Value, decode, encode_frame,
 };
@@ -397,7 +397,7 @@ impl FixtureSender {
     }
 
     /// Sends `event` at once (as the agent does), as a frame of its own.
-    pub fn event(&mut self, event: railscope_wire::Event, received_ns: u64) -> FixtureFrame {
+    pub fn event(&mut self, event: monitor_wire::Event, received_ns: u64) -> FixtureFrame {
         self.encoder.push_event(event);
         let mut frames = self.encoder.flush_events(received_ns - 100_000);
         assert_eq!(frames.len(), 1, "one event makes one frame");

@@ -175,7 +175,7 @@ fn walk_frame(s: &mut impl Side) -> Option<()> {
         let len = usize::try_from(s.meta_varint()?).ok()?;
         s.meta(len)?;
     }
-    s.meta(railscope_wire::MAC_LEN)?;
+    s.meta(monitor_wire::MAC_LEN)?;
     Some(())
 }
 
@@ -838,7 +838,7 @@ pub(crate) fn decode_block(block: &[u8], packed: bool) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use railscope_wire::{
+    use monitor_wire::{
         CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels,
         ReceiverState, Sample, Series,
     };
@@ -1003,7 +1003,7 @@ mod tests {
         let rebuilt = decode_block(&block, true).expect("the block rebuilds");
         assert_eq!(rebuilt, layout(&records));
         // And the frames decode to every sample and event the agents sent, in both receivers.
-        let limits = railscope_wire::ReceiverLimits::default();
+        let limits = monitor_wire::ReceiverLimits::default();
         let (mut a, mut b) = (
             ReceiverState::with_limits(limits),
             ReceiverState::with_limits(limits),
@@ -1013,8 +1013,8 @@ mod tests {
             .collect();
         let (mut samples, mut events) = (0usize, 0usize);
         for (orig, again) in frames.iter().zip(&back) {
-            let x = railscope_wire::decode(orig, &key, &mut a).unwrap();
-            let y = railscope_wire::decode(again, &key, &mut b).unwrap();
+            let x = monitor_wire::decode(orig, &key, &mut a).unwrap();
+            let y = monitor_wire::decode(again, &key, &mut b).unwrap();
             assert_eq!(format!("{x:?}"), format!("{y:?}"));
             samples += y.sample_count();
             events += y.events.len();

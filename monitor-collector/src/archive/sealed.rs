@@ -436,7 +436,7 @@ mod tests {
             .map(|n| {
                 let name = format!("gpu-node-{n}");
                 let mut s =
-                    FixtureSender::new(&name, n + 1, railscope_wire::Key::from_bytes([7; 32]));
+                    FixtureSender::new(&name, n + 1, monitor_wire::Key::from_bytes([7; 32]));
                 let frames = s
                     .run(1_790_000_000_000_000_000, 300, 10)
                     .into_iter()
@@ -554,21 +554,21 @@ mod tests {
         let old = SealedSegment::open(&path).unwrap();
         assert_eq!(old.version, FORMAT_VERSION);
         let blocks = read_all(&old).unwrap();
-        let key = railscope_wire::Key::from_bytes([7; 32]);
+        let key = monitor_wire::Key::from_bytes([7; 32]);
         let mut samples = 0;
         let mut views: Vec<(&str, Vec<RecordView<'_>>)> = Vec::new();
         for (node, raw) in &blocks {
-            let mut receiver = railscope_wire::ReceiverState::default();
+            let mut receiver = monitor_wire::ReceiverState::default();
             let mut records = Vec::new();
             for r in read_block_records(raw, node) {
                 let r = r.expect("a whole record");
                 // A schema record is the receiver's schema as a frame of its own, seq 0.
-                let mut fresh = railscope_wire::ReceiverState::default();
+                let mut fresh = monitor_wire::ReceiverState::default();
                 let state = match r.kind {
                     super::super::RecordKind::Schema => &mut fresh,
                     super::super::RecordKind::Frame => &mut receiver,
                 };
-                let frame = railscope_wire::decode(r.bytes, &key, state)
+                let frame = monitor_wire::decode(r.bytes, &key, state)
                     .expect("the frame authenticates and decodes");
                 samples += frame.sample_count();
                 records.push(r);

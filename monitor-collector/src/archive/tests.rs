@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use railscope_wire::{Key, ReceiverState, decode};
+use monitor_wire::{Key, ReceiverState, decode};
 
 use super::{
     fixture_node::{FixtureFrame, FixtureSender},

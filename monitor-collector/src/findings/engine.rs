@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use railscope_wire::{CounterSample, Event, Frame, Kind, Series, SeriesData};
+use monitor_wire::{CounterSample, Event, Frame, Kind, Series, SeriesData};
 
 use super::{FindingsStore, Thresholds, gpus, ib_links, verbs};
 use crate::{

@@ -277,7 +277,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
 
 /// The GPU's identity in a series key: node, `gpu` and `job_id` labels, no metric detail.
 fn gpu_key(key: &TrackKey) -> TrackKey {
-    let labels = railscope_wire::Labels::new(
+    let labels = monitor_wire::Labels::new(
         key.1
             .labels
             .iter()
@@ -285,10 +285,10 @@ fn gpu_key(key: &TrackKey) -> TrackKey {
     );
     (
         key.0.clone(),
-        railscope_wire::Series {
+        monitor_wire::Series {
             name: "gpu".into(),
             labels,
-            kind: railscope_wire::Kind::Gauge,
+            kind: monitor_wire::Kind::Gauge,
         },
     )
 }

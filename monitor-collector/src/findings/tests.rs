@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use monitor_testkit::SimulatedFleet;
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 use super::{
     Finding, FindingsStore, Severity, Thresholds,

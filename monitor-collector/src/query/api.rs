@@ -221,8 +221,8 @@ async fn metric_names(
         .into_iter()
         .map(|(name, kind)| {
             let kind = match kind {
-                railscope_wire::Kind::Counter => "counter",
-                railscope_wire::Kind::Gauge => "gauge",
+                monitor_wire::Kind::Counter => "counter",
+                monitor_wire::Kind::Gauge => "gauge",
             };
             json!({ "name": name, "kind": kind })
         })

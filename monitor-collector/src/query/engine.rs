@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use railscope_wire::{Key, Kind, Series, SeriesData, StoredFrame, open_stored};
+use monitor_wire::{Key, Kind, Series, SeriesData, StoredFrame, open_stored};
 use serde::Serialize;
 
 use super::selector::Matcher;

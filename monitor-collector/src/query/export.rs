@@ -11,11 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
 
-use railscope_capture::{
+use monitor_capture::{
     CaptureHeader, CaptureWriter, PortInfo, Trailer,
     format::{MAX_RECORD_LEN, key_hex},
 };
-use railscope_wire::{Frame, Key, SchemaEntry, Series, SeriesData, SeriesSamples, encode_frame};
+use monitor_wire::{Frame, Key, SchemaEntry, Series, SeriesData, SeriesSamples, encode_frame};
 
 use super::engine::{QueryEngine, QueryError};
 use crate::archive::NodeSelector;
@@ -161,7 +161,7 @@ pub fn export_capture(
 }
 
 /// Writing to memory fails only on a bug; said as an archive error for the caller.
-fn capture_to_query(e: railscope_capture::CaptureError) -> QueryError {
+fn capture_to_query(e: monitor_capture::CaptureError) -> QueryError {
     QueryError::Archive(crate::archive::ArchiveError::Corrupt {
         path: "export".into(),
         what: e.to_string(),

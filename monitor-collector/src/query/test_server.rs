@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use railscope_wire::Key;
+use monitor_wire::Key;
 
 use super::{QueryEngine, api_router};
 use crate::archive::Archive;

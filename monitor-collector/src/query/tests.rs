@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use railscope_wire::{Key, Value};
+use monitor_wire::{Key, Value};
 
 use super::{
     cli::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_text, series_text},
@@ -148,11 +148,10 @@ fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node(
     })
     .unwrap();
     let bytes = std::fs::read(&out).unwrap();
-    let mut timelines = railscope_capture::Timelines::default();
-    let read = railscope_capture::read_capture(&bytes, |_, frame, state| {
-        timelines.add_frame(frame, state)
-    })
-    .unwrap();
+    let mut timelines = monitor_capture::Timelines::default();
+    let read =
+        monitor_capture::read_capture(&bytes, |_, frame, state| timelines.add_frame(frame, state))
+            .unwrap();
     assert!(read.stopped.is_none(), "{:?}", read.stopped);
     assert_eq!(read.header.host, "gpu-node-007");
     assert_eq!(read.header.ports.len(), 8);

@@ -9,7 +9,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use railscope_wire::{Key, ReceiverState, Series, decode};
+use monitor_wire::{Key, ReceiverState, Series, decode};
 
 use super::source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 use crate::archive::{ArchiveReader, Record, RecordKind, SequentialReader};
@@ -75,7 +75,7 @@ impl ArchiveSource {
 
     /// Decodes a record (a fresh receiver state each: archived frames are not checked for
     /// replays again) and learns its schema entries.
-    fn learn(&mut self, r: &Record) -> Option<railscope_wire::Frame> {
+    fn learn(&mut self, r: &Record) -> Option<monitor_wire::Frame> {
         let frame = match decode(&r.bytes, &self.key, &mut ReceiverState::default()) {
             Ok(f) => f,
             Err(e) => {

@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 
-use railscope_wire::{Series, SeriesData};
+use monitor_wire::{Series, SeriesData};
 
 use super::prompb::{Label, Sample, TimeSeries};
 
@@ -96,7 +96,7 @@ pub fn to_time_series(
             for (suffix, pick) in [
                 (
                     MIN_SUFFIX,
-                    (|g| g.min) as fn(&&railscope_wire::GaugeSample) -> f64,
+                    (|g| g.min) as fn(&&monitor_wire::GaugeSample) -> f64,
                 ),
                 (MAX_SUFFIX, |g| g.max),
             ] {
@@ -149,7 +149,7 @@ pub fn sanitize_name(name: &str, metric: bool) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use railscope_wire::{CounterSample, GaugeSample, Kind, Labels};
+    use monitor_wire::{CounterSample, GaugeSample, Kind, Labels};
 
     use super::*;
 

@@ -3,7 +3,7 @@
 
 use std::{fmt, sync::Arc};
 
-use railscope_wire::{Series, SeriesData};
+use monitor_wire::{Series, SeriesData};
 
 /// A position in the archive: "everything up to here". The archive decides what the two
 /// numbers mean (e.g. segment number and byte offset after a frame); remote-write compares

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
+use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
 
 use super::{
     MetricTrace, Reading, SelectConfig, SeriesTrace,
@@ -352,7 +352,7 @@ fn serve() -> (String, tempfile::TempDir) {
                 ("railscope_gpu_sm_clock_hertz", 1.98e9),
             ] {
                 encoder
-                    .push_reading(&railscope_wire::Reading {
+                    .push_reading(&monitor_wire::Reading {
                         series: series(name, Kind::Gauge, l.clone()),
                         value: Value::F64(value),
                         unix_ns: now,
@@ -370,7 +370,7 @@ fn serve() -> (String, tempfile::TempDir) {
         .enumerate()
         {
             encoder
-                .push_reading(&railscope_wire::Reading {
+                .push_reading(&monitor_wire::Reading {
                     series: series(name, Kind::Counter, port.clone()),
                     value: Value::U64(counters[i]),
                     unix_ns: now,

@@ -5,7 +5,7 @@
 use std::{collections::BTreeSet, net::SocketAddr};
 
 use monitor_testkit::SimulatedFleet;
-use railscope_wire::{EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series};
+use monitor_wire::{EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series};
 
 use super::*;
 use crate::{

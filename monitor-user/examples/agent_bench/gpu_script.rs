@@ -21,7 +21,7 @@ pub fn write(
     seed: u64,
 ) -> std::io::Result<(PathBuf, u64)> {
     std::fs::create_dir_all(dir)?;
-    let lib = dir.join("libnvidia_ml_standin.so");
+    let lib = dir.join("libnvml_standin.so");
     std::fs::copy(standin, &lib)?;
     let script = script(gpus, steps, interval_s, seed);
     let text = serde_json::to_string(&script).map_err(std::io::Error::other)?;

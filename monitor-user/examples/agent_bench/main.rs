@@ -38,18 +38,16 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use railscope::{
+use monitor_user::{
     sampler::{AdaptiveSampler, Emit, SamplerConfig},
     sources::{gpu::GpuSource, ib_sysfs::IbSysfs},
 };
-use railscope_wire::{
-    self as wire, EncoderConfig, FrameEncoder, Key, Kind, Reading, Series, Value,
-};
+use monitor_wire::{self as wire, EncoderConfig, FrameEncoder, Key, Kind, Reading, Series, Value};
 use sampler_traces::{self as traces, Evaluation};
 use serde_json::{Value as Json, json};
 
 /// The sampler's seeded generator, so fixtures and traces draw from one implementation.
-pub use railscope::sampler::SplitMix64 as Rng;
+pub use monitor_user::sampler::SplitMix64 as Rng;
 
 #[derive(Parser)]
 #[command(about = "measurements for `cargo xtask bench agent`")]
@@ -76,7 +74,7 @@ enum Command {
     GpuScript {
         #[arg(long)]
         dir: PathBuf,
-        /// The built stand-in library (`libnvidia_ml_standin.so`).
+        /// The built stand-in library (`libnvml_standin.so`).
         #[arg(long)]
         standin: PathBuf,
         #[arg(long)]
@@ -242,7 +240,7 @@ fn sweep_fixture_node(args: &WireArgs) -> anyhow::Result<(Vec<Vec<Reading>>, Jso
         let now = t0 + i as u64 * step_ns;
         let mut readings = ib.read(now);
         // The sweep's instant as the sampler takes it (a synthetic clock here).
-        readings.extend(gpu.read(railscope::time_base::MonoNs(now)));
+        readings.extend(gpu.read(monitor_user::time_base::MonoNs(now)));
         sweeps.push(readings);
     }
     let problems = ib.problems().len();
@@ -276,7 +274,7 @@ fn composition(readings: &[Reading]) -> Json {
 }
 
 fn push_emit(encoder: &mut FrameEncoder, series: &Series, emit: &Emit) {
-    let sample = railscope::pipeline::wire_sample(emit);
+    let sample = monitor_user::pipeline::wire_sample(emit);
     let _ = encoder.push_sample(series, sample);
 }
 

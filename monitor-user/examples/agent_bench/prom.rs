@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use crate::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
-use railscope_wire::{Kind, Reading, Series, Value};
+use monitor_wire::{Kind, Reading, Series, Value};
 
 /// A float as Go's `strconv.AppendFloat(f, 'g', -1, 64)` writes it, with the special cases
 /// of client_golang's `writeFloat`.

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 pub use output::{OutputFormat, write_counts, write_event, write_gpu_event, write_transition};
 
 use monitor_common::events::Origin;
-use railscope_config::ServiceManager;
+use monitor_config::ServiceManager;
 
 use crate::{
     cgroup::CgroupNames,

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use railscope_wire::{Kind, Labels, Reading, Series, Value};
+use monitor_wire::{Kind, Labels, Reading, Series, Value};
 
 use super::{device_ends::DeviceEnds, families::Families, job_ends::JobEnds};
 use crate::{cgroup::CgroupNames, pipeline::Pipeline, time_base::MonoNs};

@@ -2,7 +2,7 @@
 
 use crate::jobs::Job;
 use crate::probes::decode::{Event, EventOrigin, PortTransition, PortUpDown};
-use railscope_wire::{self as wire, Labels};
+use monitor_wire::{self as wire, Labels};
 
 /// An IB, QP or CQ event for the collector.
 pub(super) fn ib_wire_event(event: &Event) -> wire::Event {

@@ -21,10 +21,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use railscope_capture::{
+use monitor_capture::{
     CaptureError, CaptureHeader, CaptureWriter, PortInfo, Trailer, format::key_hex,
 };
-use railscope_wire::{EncoderConfig, FrameEncoder, Key, Kind, Reading};
+use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Reading};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -129,7 +129,7 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 /// The output file's default name: `railscope-<host>-<UTC time>.rscap`.
 pub fn default_out(host: &str, unix_ns: u64) -> PathBuf {
-    let stamp = railscope_capture::report::utc_text(unix_ns)
+    let stamp = monitor_capture::report::utc_text(unix_ns)
         .replace(':', "-")
         .replace(".000Z", "Z");
     let stamp = stamp.split('.').next().unwrap_or(&stamp).to_owned();
@@ -451,10 +451,10 @@ fn on_record(
         return Ok(());
     }
     stats.events += 1;
-    encoder.push_event(railscope_wire::Event {
+    encoder.push_event(monitor_wire::Event {
         unix_ns: event.unix_ns,
         kind: "ib_port".into(),
-        labels: railscope_wire::Labels::new([
+        labels: monitor_wire::Labels::new([
             ("device", event.device.clone()),
             ("port", event.port.to_string()),
             ("cgroup", event.cgroup.clone()),

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use railscope_wire::Reading;
+use monitor_wire::Reading;
 
 /// One read of every captured port.
 #[derive(Clone, Debug, PartialEq)]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use railscope_wire::Reading;
+use monitor_wire::Reading;
 
 /// Error counters whose rate is watched.
 const ERROR_COUNTERS: [&str; 5] = [
@@ -88,7 +88,7 @@ impl TriggerWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use railscope_wire::{Kind, Labels, Series, Value};
+    use monitor_wire::{Kind, Labels, Series, Value};
 
     fn reading(name: &str, value: f64, unix_ns: u64) -> Reading {
         Reading {

@@ -1,6 +1,6 @@
 //! What the sampler says to send for a series: a counter's value or a gauge's envelope.
 
-use railscope_wire::Value;
+use monitor_wire::Value;
 
 /// What to send for a gauge: every value read over `[start_ns, end_ns]` (the times of the
 /// first and the last read it covers).

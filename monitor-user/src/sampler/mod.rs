@@ -80,7 +80,7 @@ pub use emit::{Emit, Emitted, Envelope};
 pub use rng::SplitMix64;
 pub use state::Mode;
 
-use railscope_wire::{Series, Value};
+use monitor_wire::{Series, Value};
 use state::State;
 
 /// The sampler of every series the agent reads. Cheap per call: one hash lookup (none with a

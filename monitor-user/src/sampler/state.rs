@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64};
-use railscope_wire::{Kind, Value};
+use monitor_wire::{Kind, Value};
 
 /// Reads after a shift that decide whether it lasts: when one of them is back within the range
 /// the series had before, the shift was a transient (a stall of a training step or two) and

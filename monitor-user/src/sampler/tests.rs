@@ -1,7 +1,7 @@
 //! The sampler on synthetic signals: back-off, changes caught, envelopes, groups.
 
 use super::*;
-use railscope_wire::{Kind, Labels};
+use monitor_wire::{Kind, Labels};
 
 const S: u64 = 1_000_000_000;
 

@@ -6,7 +6,7 @@ pub mod ib_sysfs;
 
 pub mod gpu;
 
-use railscope_wire::{Reading, Series, Value};
+use monitor_wire::{Reading, Series, Value};
 
 use crate::sampler::Slot;
 

@@ -40,7 +40,7 @@ pub fn run() -> anyhow::Result<()> {
     let _ = guest::check_output("client", client.join().expect("no panic"));
     let _ = guest::check_output("server", server.join().expect("no panic"));
     // SAFETY: the guest init is single-threaded here.
-    unsafe { std::env::set_var("RAILSCOPE_LOG", "railscope=debug") };
+    unsafe { std::env::set_var("RAILSCOPE_LOG", "monitor_user=debug") };
     let mut agent = guest::Agent::start(&["--json"])?;
     agent.wait_for_log("ib_dealloc_pd_user attached", Duration::from_secs(20))?;
     let _ = guest::run("/usr/bin/bpftool", &["perf", "list"]);

@@ -207,7 +207,7 @@ fn slug(interval: f64) -> String {
 /// The stand-in `libnvidia-ml.so` (a cdylib, which cargo reports as a file, not an
 /// executable).
 pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
-    setup::step("building the NVML stand-in (libnvidia_ml_standin.so)");
+    setup::step("building the NVML stand-in (libnvml_standin.so)");
     let mut cmd = cargo::command(tools);
     cmd.args([
         "build",
@@ -225,9 +225,7 @@ pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| {
-            m["reason"] == "compiler-artifact" && m["target"]["name"] == "nvidia_ml_standin"
-        })
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "nvml_standin")
         .flat_map(|m| {
             m["filenames"]
                 .as_array()
@@ -238,7 +236,7 @@ pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
                 .collect::<Vec<_>>()
         })
         .find(|p| p.extension().is_some_and(|e| e == "so"))
-        .context("cargo did not report libnvidia_ml_standin.so")
+        .context("cargo did not report libnvml_standin.so")
 }
 
 fn build_example(tools: &Tools) -> anyhow::Result<PathBuf> {

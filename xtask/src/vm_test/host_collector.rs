@@ -170,8 +170,8 @@ impl HostCollector {
         let (mut last, mut since) = (f64::NAN, Instant::now());
         loop {
             let m = metrics_at(self.http, "/metrics/collector")?;
-            let sent = metric_sum(&m, "railscope_collector_remote_write_samples_sent_total");
-            let pending = metric_sum(&m, "railscope_collector_remote_write_samples_pending");
+            let sent = metric_sum(&m, "monitor_collector_remote_write_samples_sent_total");
+            let pending = metric_sum(&m, "monitor_collector_remote_write_samples_pending");
             if sent != last {
                 (last, since) = (sent, Instant::now());
             }
@@ -192,8 +192,8 @@ impl HostCollector {
                 .unwrap_or(f64::NAN)
         };
         let (frames, lost) = (
-            node("railscope_collector_node_frames_total"),
-            node("railscope_collector_node_frames_lost_total"),
+            node("monitor_collector_node_frames_total"),
+            node("monitor_collector_node_frames_lost_total"),
         );
         if frames.is_nan() || frames <= 0.0 {
             bail!("no frame of node {NODE:?} reached the collector on the host");
@@ -204,7 +204,7 @@ impl HostCollector {
         // The guest's metric names, from the live view.
         let names: std::collections::BTreeSet<String> = all
             .keys()
-            .filter(|k| k.starts_with("railscope_") && !k.starts_with("railscope_collector_"))
+            .filter(|k| k.starts_with("railscope_") && !k.starts_with("monitor_collector_"))
             .filter(|k| k.contains(&format!("node=\"{NODE}\"")))
             .filter_map(|k| k.split_once('{').map(|(n, _)| n.to_owned()))
             .collect();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use railscope_wire::{Event, Labels, Reading, Value};
+use monitor_wire::{Event, Labels, Reading, Value};
 
 use super::*;
 use crate::{

@@ -22,7 +22,7 @@ use super::{
     jobs::ProcessJobs, series::Out,
 };
 use crate::{jobs::Job, sampler::Slot, sources::ReadingSink};
-use railscope_wire::{Kind, Labels, Series, Value};
+use monitor_wire::{Kind, Labels, Series, Value};
 
 pub(super) struct Gpu {
     pub(super) info: GpuInfo,

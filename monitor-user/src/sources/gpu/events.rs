@@ -17,7 +17,7 @@ use nvml_wrapper::{
 
 use super::{GpuError, XID_UNKNOWN, gpu_labels, now_unix_ns};
 use crate::time_base::UnixNs;
-use railscope_wire::Labels;
+use monitor_wire::Labels;
 
 /// How long the event thread blocks in one wait, which bounds how long stopping it takes.
 const EVENT_WAIT_MS: u32 = 250;

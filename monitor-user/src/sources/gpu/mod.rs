@@ -50,7 +50,7 @@ pub use jobs::ProcessJobs;
 use super::{Collect, ReadingSink};
 use crate::time_base::{MonoNs, TimeBase, UnixNs};
 use device::{Gpu, Lost};
-use railscope_wire::{Labels, Reading, Series};
+use monitor_wire::{Labels, Reading, Series};
 
 /// The library an NVIDIA driver installs (`libnvidia-ml.so` without the `.1` only comes with
 /// development packages).

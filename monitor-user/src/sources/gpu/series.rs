@@ -2,7 +2,7 @@
 //! GPU's sweep go, each with its series and sampler slot.
 
 use crate::{sampler::Slot, sources::ReadingSink};
-use railscope_wire::{Kind, Labels, Series, Value};
+use monitor_wire::{Kind, Labels, Series, Value};
 
 /// Where the values of one GPU's sweep go: to the sink, each with its series and slot from
 /// the GPU's [`Gpu::series`].

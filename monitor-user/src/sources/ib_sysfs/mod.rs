@@ -84,8 +84,8 @@ pub use link::{
 };
 
 use super::{Collect, ReadingSink};
+use monitor_wire::{Reading, Series};
 use plan::DevicePlan;
-use railscope_wire::{Reading, Series};
 
 /// The prefix of every series name of this source.
 const PREFIX: &str = "railscope_ib_";

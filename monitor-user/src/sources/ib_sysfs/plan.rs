@@ -14,7 +14,7 @@ use super::{
     listing::{list_dir, list_files},
 };
 use crate::sampler::Slot;
-use railscope_wire::{Kind, Labels, Series};
+use monitor_wire::{Kind, Labels, Series};
 
 /// How a counter file's number becomes a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use super::{
     plan::{Convert, CounterFile, DevicePlan, PortPlan, Tracked},
 };
 use crate::sources::ReadingSink;
-use railscope_wire::{Kind, Labels, Series, Value};
+use monitor_wire::{Kind, Labels, Series, Value};
 
 /// What one read of the source touches: where values go (nowhere when only the link facts
 /// are read), the buffer and the problem list.

@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::*;
-use railscope_wire::{Kind, Labels, Value};
+use monitor_wire::{Kind, Labels, Value};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

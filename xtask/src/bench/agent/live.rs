@@ -217,7 +217,7 @@ pub(super) fn railscope_run(
         .lines()
         .find(|l| l.contains("sent ") && l.contains("frames"))
         .map(|l| {
-            l.split_once("railscope::agent: ")
+            l.split_once("monitor_user::agent: ")
                 .map_or(l, |(_, m)| m)
                 .to_owned()
         })

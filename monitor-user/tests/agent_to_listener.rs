@@ -1,4 +1,5 @@
-//! The node agent as an operator runs it with a collector: `railscope agent --collector` reads
+//! The node agent as an operator runs it, sending to `railscope listen` (no collector: the
+//! collector side is monitor-collector/tests/agent_to_collector.rs): `railscope agent` reads
 //! an mlx5-modelled sysfs tree and the NVML stand-in (a scripted 8-GPU replay, not a GPU),
 //! samples, and sends authenticated frames that `railscope listen` decodes. Also: a node with
 //! neither RDMA devices nor NVML says so and keeps running.
