@@ -469,7 +469,7 @@ mod tests {
         let reason = |r: &str| {
             metric(
                 &text,
-                &format!("monitor_collector_frames_dropped_total{{reason=\"{r}\"}}"),
+                &format!("railscope_collector_frames_dropped_total{{reason=\"{r}\"}}"),
             )
             .unwrap()
         };
@@ -478,16 +478,16 @@ mod tests {
         assert_eq!(
             metric(
                 &text,
-                "monitor_collector_node_frames_duplicated_total{node=\"gpu-node-001\"}"
+                "railscope_collector_node_frames_duplicated_total{node=\"gpu-node-001\"}"
             ),
             Some(sent.len().to_string())
         );
         assert_eq!(
-            metric(&text, "monitor_collector_samples_accepted_total"),
+            metric(&text, "railscope_collector_samples_accepted_total"),
             Some("24".into())
         );
         assert_eq!(
-            metric(&text, "monitor_collector_archive_frames_total"),
+            metric(&text, "railscope_collector_archive_frames_total"),
             Some(sent.len().to_string())
         );
         let events = http_get(http, "/api/v1/live/events?kind=xid");
@@ -512,7 +512,7 @@ mod tests {
         });
         let text = http_get(http, "/metrics");
         assert_eq!(
-            metric(&text, "monitor_collector_archive_failing"),
+            metric(&text, "railscope_collector_archive_failing"),
             Some("1".into())
         );
         assert!(text.contains(" 3003 "), "the live view kept going: {text}");

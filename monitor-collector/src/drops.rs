@@ -13,8 +13,10 @@ use std::{
 
 use monitor_wire::WireError;
 
+use crate::lock::lock;
+
 /// Why a datagram was dropped. The label is the `reason` of
-/// `monitor_collector_frames_dropped_total`.
+/// `railscope_collector_frames_dropped_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DropReason {
     /// Shorter than the smallest frame.
@@ -120,7 +122,7 @@ impl Drops {
     pub fn record(&self, reason: DropReason, from: SocketAddr, detail: &dyn std::fmt::Display) {
         self.add(reason, 1);
         let now = Instant::now();
-        let mut logged = self.logged.lock().expect("drop log lock");
+        let mut logged = lock(&self.logged);
         let (last, unlogged) = &mut logged[reason.index()];
         if last.is_some_and(|at| now.duration_since(at) < LOG_EVERY) {
             *unlogged += 1;

@@ -5,6 +5,8 @@ use std::{collections::VecDeque, sync::Mutex};
 
 use monitor_wire::Event;
 
+use crate::lock::lock;
+
 /// One event as the live view shows it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LiveEvent {
@@ -75,7 +77,7 @@ impl RecentEvents {
 
     pub fn push(&self, event: LiveEvent) {
         let size = event.bytes();
-        let mut guard = self.ring.lock().expect("events lock");
+        let mut guard = lock(&self.ring);
         let (ring, bytes) = &mut *guard;
         ring.push_back((event, size));
         *bytes += size;
@@ -88,7 +90,7 @@ impl RecentEvents {
     /// The newest events that match, oldest first.
     pub fn matching(&self, filter: &EventFilter) -> Vec<LiveEvent> {
         let limit = filter.limit.unwrap_or(100);
-        let guard = self.ring.lock().expect("events lock");
+        let guard = lock(&self.ring);
         let mut out: Vec<LiveEvent> = guard
             .0
             .iter()
@@ -105,7 +107,7 @@ impl RecentEvents {
 
     /// (events held, bytes they take).
     pub fn held(&self) -> (usize, usize) {
-        let guard = self.ring.lock().expect("events lock");
+        let guard = lock(&self.ring);
         (guard.0.len(), guard.1)
     }
 }

@@ -38,6 +38,7 @@ pub mod fixture_archive;
 pub mod http;
 pub mod ingest;
 pub mod liveness;
+pub mod lock;
 pub mod metrics;
 pub mod nodes;
 pub mod query;

@@ -48,61 +48,61 @@ pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
     use Kind::{Counter, Gauge};
     let families: [(&str, Kind, &str, u64); 10] = [
         (
-            "monitor_collector_archive_disk_bytes",
+            "railscope_collector_archive_disk_bytes",
             Gauge,
             "Bytes of all archive segment files.",
             s.bytes_on_disk,
         ),
         (
-            "monitor_collector_archive_segments",
+            "railscope_collector_archive_segments",
             Gauge,
             "Archive segments (sealed ones, full ones waiting to be sealed, the open one).",
             s.segments,
         ),
         (
-            "monitor_collector_archive_records",
+            "railscope_collector_archive_records",
             Gauge,
             "Records in the archive (frames and schema records).",
             s.records,
         ),
         (
-            "monitor_collector_archive_torn_tails_cut_total",
+            "railscope_collector_archive_torn_tails_cut_total",
             Counter,
             "Torn segment tails cut when the archive was opened.",
             s.torn_tails_cut,
         ),
         (
-            "monitor_collector_archive_file_errors_total",
+            "railscope_collector_archive_file_errors_total",
             Counter,
             "Failed archive file writes, syncs and seals.",
             s.write_errors,
         ),
         (
-            "monitor_collector_archive_dropped_records_total",
+            "railscope_collector_archive_dropped_records_total",
             Counter,
             "Records the archive dropped because writes kept failing.",
             s.dropped_records,
         ),
         (
-            "monitor_collector_archive_segments_deleted_total",
+            "railscope_collector_archive_segments_deleted_total",
             Counter,
             "Segments deleted by retention.",
             s.segments_deleted,
         ),
         (
-            "monitor_collector_archive_segments_sealed_total",
+            "railscope_collector_archive_segments_sealed_total",
             Counter,
             "Archive segments sealed since the collector started.",
             s.segments_sealed,
         ),
         (
-            "monitor_collector_archive_segments_waiting_seal",
+            "railscope_collector_archive_segments_waiting_seal",
             Gauge,
             "Full archive segments waiting for the sealer thread (readable meanwhile).",
             s.segments_waiting_seal,
         ),
         (
-            "monitor_collector_archive_unwritten_bytes",
+            "railscope_collector_archive_unwritten_bytes",
             Gauge,
             "Bytes appended to the archive and not yet written out.",
             s.unwritten_bytes,
@@ -221,42 +221,42 @@ fn render_health(out: &mut String, shared: &Shared) {
     use Kind::{Counter, Gauge};
     one(
         out,
-        "monitor_collector_datagrams_received_total",
+        "railscope_collector_datagrams_received_total",
         Counter,
         "Datagrams read from the UDP sockets.",
         get(&s.datagrams),
     );
     one(
         out,
-        "monitor_collector_receive_batches_total",
+        "railscope_collector_receive_batches_total",
         Counter,
         "recvmmsg calls that returned datagrams.",
         get(&s.batches),
     );
     one(
         out,
-        "monitor_collector_frames_accepted_total",
+        "railscope_collector_frames_accepted_total",
         Counter,
         "Frames authenticated, decoded and accepted.",
         get(&s.frames),
     );
     one(
         out,
-        "monitor_collector_samples_accepted_total",
+        "railscope_collector_samples_accepted_total",
         Counter,
         "Samples in accepted frames.",
         get(&s.samples),
     );
     one(
         out,
-        "monitor_collector_events_accepted_total",
+        "railscope_collector_events_accepted_total",
         Counter,
         "Events in accepted frames.",
         get(&s.events),
     );
     one(
         out,
-        "monitor_collector_accepted_bytes_total",
+        "railscope_collector_accepted_bytes_total",
         Counter,
         "Bytes of accepted frames.",
         get(&s.bytes),
@@ -272,28 +272,28 @@ fn render_health(out: &mut String, shared: &Shared) {
         .collect();
     family(
         out,
-        "monitor_collector_frames_dropped_total",
+        "railscope_collector_frames_dropped_total",
         Counter,
         "Datagrams dropped, by reason.",
         &drops,
     );
     one(
         out,
-        "monitor_collector_schema_requests_sent_total",
+        "railscope_collector_schema_requests_sent_total",
         Counter,
         "Schema requests sent to agents whose schema the collector lacked.",
         get(&s.schema_requests_sent),
     );
     one(
         out,
-        "monitor_collector_nodes",
+        "railscope_collector_nodes",
         Gauge,
         "Nodes held.",
         shared.table.node_count(),
     );
     one(
         out,
-        "monitor_collector_series",
+        "railscope_collector_series",
         Gauge,
         "Series held over all nodes.",
         shared.table.series_count(),
@@ -301,14 +301,14 @@ fn render_health(out: &mut String, shared: &Shared) {
     let limits = shared.table.limits();
     one(
         out,
-        "monitor_collector_max_nodes",
+        "railscope_collector_max_nodes",
         Gauge,
         "Bound on the nodes held.",
         limits.max_nodes,
     );
     one(
         out,
-        "monitor_collector_max_series",
+        "railscope_collector_max_series",
         Gauge,
         "Bound on the series held over all nodes.",
         limits.max_series,
@@ -316,14 +316,14 @@ fn render_health(out: &mut String, shared: &Shared) {
     let (events, event_bytes) = shared.events.held();
     one(
         out,
-        "monitor_collector_recent_events",
+        "railscope_collector_recent_events",
         Gauge,
         "Events held for the live view.",
         events,
     );
     one(
         out,
-        "monitor_collector_recent_event_bytes",
+        "railscope_collector_recent_event_bytes",
         Gauge,
         "Bytes the live view's events take.",
         event_bytes,
@@ -334,35 +334,35 @@ fn render_health(out: &mut String, shared: &Shared) {
             let w = queue.stats();
             one(
                 out,
-                "monitor_collector_archive_queue_frames",
+                "railscope_collector_archive_queue_frames",
                 Gauge,
                 "Accepted frames waiting for the archive writer.",
                 w.queued_frames.load(Ordering::Relaxed),
             );
             one(
                 out,
-                "monitor_collector_archive_queue_bytes",
+                "railscope_collector_archive_queue_bytes",
                 Gauge,
                 "Bytes of frames waiting for the archive writer.",
                 w.queued_bytes.load(Ordering::Relaxed),
             );
             one(
                 out,
-                "monitor_collector_archive_queue_capacity_bytes",
+                "railscope_collector_archive_queue_capacity_bytes",
                 Gauge,
                 "Bound of the archive queue.",
                 queue.capacity_bytes(),
             );
             one(
                 out,
-                "monitor_collector_archive_frames_total",
+                "railscope_collector_archive_frames_total",
                 Counter,
                 "Frames appended to the archive.",
                 get(&w.appended),
             );
             family(
                 out,
-                "monitor_collector_archive_dropped_frames_total",
+                "railscope_collector_archive_dropped_frames_total",
                 Counter,
                 "Accepted frames not archived, by reason (kept in the live view).",
                 &[
@@ -378,14 +378,14 @@ fn render_health(out: &mut String, shared: &Shared) {
             );
             one(
                 out,
-                "monitor_collector_archive_write_errors_total",
+                "railscope_collector_archive_write_errors_total",
                 Counter,
                 "Archive write-outs that failed.",
                 get(&w.tick_errors),
             );
             one(
                 out,
-                "monitor_collector_archive_failing",
+                "railscope_collector_archive_failing",
                 Gauge,
                 "1 while the archive's last append or write-out failed (a full disk).",
                 u8::from(w.failing.load(Ordering::Relaxed)),
@@ -393,7 +393,7 @@ fn render_health(out: &mut String, shared: &Shared) {
         }
         None => one(
             out,
-            "monitor_collector_archive_enabled",
+            "railscope_collector_archive_enabled",
             Gauge,
             "0: this collector keeps no archive.",
             0,
@@ -418,77 +418,77 @@ fn render_node_health(out: &mut String, shared: &Shared) {
     };
     family(
         out,
-        "monitor_collector_node_frames_total",
+        "railscope_collector_node_frames_total",
         Counter,
         "Frames accepted per node.",
         &per_node(&|n| n.frames.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_samples_total",
+        "railscope_collector_node_samples_total",
         Counter,
         "Samples accepted per node.",
         &per_node(&|n| n.samples.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_events_total",
+        "railscope_collector_node_events_total",
         Counter,
         "Events accepted per node.",
         &per_node(&|n| n.events.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_frames_lost_total",
+        "railscope_collector_node_frames_lost_total",
         Counter,
         "Frames missing from a node's sequence (a late arrival is taken back off).",
         &per_node(&|n| n.lost.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_frames_reordered_total",
+        "railscope_collector_node_frames_reordered_total",
         Counter,
         "Frames that arrived after a later one.",
         &per_node(&|n| n.reordered.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_frames_duplicated_total",
+        "railscope_collector_node_frames_duplicated_total",
         Counter,
         "Frames refused as already received.",
         &per_node(&|n| n.duplicates.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_frames_replayed_total",
+        "railscope_collector_node_frames_replayed_total",
         Counter,
         "Frames refused as too old to place (old sequence numbers or sessions).",
         &per_node(&|n| n.replayed.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_unknown_samples_total",
+        "railscope_collector_node_unknown_samples_total",
         Counter,
         "Samples of series the node had not named yet.",
         &per_node(&|n| n.unknown_samples.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_sessions_total",
+        "railscope_collector_node_sessions_total",
         Counter,
         "Sessions seen per node (1 + agent restarts).",
         &per_node(&|n| n.sessions.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_series",
+        "railscope_collector_node_series",
         Gauge,
         "Series held per node.",
         &per_node(&|n| n.series.to_string()),
     );
     family(
         out,
-        "monitor_collector_node_last_seen_timestamp_seconds",
+        "railscope_collector_node_last_seen_timestamp_seconds",
         Gauge,
         "When the node's last frame was accepted.",
         &per_node(&|n| float(n.last_seen_unix_ns as f64 / 1e9)),
@@ -512,7 +512,7 @@ fn render_node_health(out: &mut String, shared: &Shared) {
         .collect();
     family(
         out,
-        "monitor_collector_node_info",
+        "railscope_collector_node_info",
         Gauge,
         "Each node's agent version, address and session.",
         &info,

@@ -20,7 +20,7 @@ use std::{
 
 use monitor_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
 
-use crate::{config::Limits, drops::DropReason};
+use crate::{config::Limits, drops::DropReason, lock::lock};
 
 /// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
 /// which was a measurable part of ingest (bench collector).
@@ -257,7 +257,7 @@ impl NodeTable {
                 },
             );
         };
-        let mut shard = self.shard(name).lock().expect("node shard lock");
+        let mut shard = lock(self.shard(name));
         if let Some(node) = shard.get_mut(name) {
             if node.refused_session.is_some() && node.refused_session == peek_session(bytes) {
                 // Authenticate it all the same, so forgeries are counted as such.
@@ -467,7 +467,7 @@ impl NodeTable {
         let oldest = now_unix_ns.saturating_sub(self.limits.node_ttl.as_nanos() as u64);
         let mut forgotten = 0;
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().expect("node shard lock");
+            let mut shard = lock(shard);
             shard.retain(|name, node| {
                 if node.last_seen_unix_ns >= oldest {
                     return true;
@@ -489,7 +489,7 @@ impl NodeTable {
     pub fn summaries(&self) -> Vec<NodeSummary> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let shard = shard.lock().expect("node shard lock");
+            let shard = lock(shard);
             for node in shard.values() {
                 let received = node.receiver.node(&node.name);
                 out.push(NodeSummary {
@@ -523,7 +523,7 @@ impl NodeTable {
     /// in turn (nothing is copied: the findings engine keeps only the series it reads).
     pub fn visit_latest(&self, f: &mut dyn FnMut(&Arc<str>, &Series, &Latest)) {
         for shard in self.shards.iter() {
-            let shard = shard.lock().expect("node shard lock");
+            let shard = lock(shard);
             for node in shard.values() {
                 for (id, latest) in &node.latest {
                     if let Some(series) = node.schema.entries.get(id) {
@@ -539,7 +539,7 @@ impl NodeTable {
         let oldest = now_unix_ns.saturating_sub(self.limits.live_ttl.as_nanos() as u64);
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let shard = shard.lock().expect("node shard lock");
+            let shard = lock(shard);
             for node in shard.values() {
                 for (id, latest) in &node.latest {
                     if latest.unix_ns < oldest {
@@ -644,6 +644,33 @@ mod tests {
         assert_eq!(summary.series, 6);
         assert_eq!(table.series_count(), 6);
         assert_eq!(summary.lost, 0);
+    }
+
+    /// A receive thread that panics while it holds a node shard (a bug met on a crafted
+    /// datagram) poisons the shard's lock: the other receive threads go on ingesting that
+    /// shard's nodes, and readers (the live view, `/metrics`) go on reading.
+    #[test]
+    fn a_receive_thread_that_panics_in_a_shard_does_not_stop_the_others() {
+        let table = Arc::new(table(Limits::default()));
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        for frame in flush(&mut enc, 2, T0, 100) {
+            table.ingest(&frame, FROM.parse().unwrap(), T0).unwrap();
+        }
+        let crashing = table.clone();
+        let panicked = std::thread::spawn(move || {
+            let _held = lock(crashing.shard("n1"));
+            panic!("a receive thread's bug on a crafted datagram");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert!(table.shard("n1").is_poisoned());
+        for frame in flush(&mut enc, 2, T0 + 1_000_000_000, 200) {
+            table
+                .ingest(&frame, FROM.parse().unwrap(), T0 + 1_000_000_000)
+                .expect("ingest goes on in the poisoned shard");
+        }
+        assert_eq!(table.summaries()[0].samples, 8);
+        assert_eq!(table.live_series(T0 + 1_000_000_000).len(), 4);
     }
 
     #[test]

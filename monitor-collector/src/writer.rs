@@ -20,7 +20,7 @@ use std::{
 
 use monitor_wire::{Frame, Key, SchemaEntry};
 
-use crate::{liveness::Heartbeat, nodes::Schema};
+use crate::{liveness::Heartbeat, lock::lock, nodes::Schema};
 
 pub use crate::archive::AcceptedFrame;
 
@@ -337,7 +337,7 @@ fn note(stats: &WriterStats, what: &str, result: Result<(), ArchiveError>) {
                     "archive {what} failed: {text}; frames are not archived until it works again (the live view goes on)"
                 );
             }
-            *stats.last_error.lock().expect("writer error lock") = Some(text);
+            *lock(&stats.last_error) = Some(text);
         }
     }
 }

@@ -258,28 +258,28 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     let node_label = "{node=\"gpu-node-001\"}";
     let get = |name: &str| metric(&text, &format!("{name}{node_label}"));
     assert_eq!(
-        get("monitor_collector_node_frames_total"),
+        get("railscope_collector_node_frames_total"),
         Some(sent.frames.len().to_string()),
         "{text}"
     );
     assert_eq!(
-        get("monitor_collector_node_samples_total"),
+        get("railscope_collector_node_samples_total"),
         Some(samples.to_string())
     );
     assert_eq!(
-        get("monitor_collector_node_events_total"),
+        get("railscope_collector_node_events_total"),
         Some(events.to_string())
     );
     assert_eq!(
-        get("monitor_collector_node_frames_lost_total"),
+        get("railscope_collector_node_frames_lost_total"),
         Some("0".into())
     );
     assert_eq!(
-        get("monitor_collector_node_unknown_samples_total"),
+        get("railscope_collector_node_unknown_samples_total"),
         Some("0".into())
     );
     assert_eq!(
-        metric(&text, "monitor_collector_samples_accepted_total"),
+        metric(&text, "railscope_collector_samples_accepted_total"),
         Some(samples.to_string())
     );
     for reason in [
@@ -292,7 +292,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
         assert_eq!(
             metric(
                 &text,
-                &format!("monitor_collector_frames_dropped_total{{reason=\"{reason}\"}}")
+                &format!("railscope_collector_frames_dropped_total{{reason=\"{reason}\"}}")
             ),
             Some("0".into()),
             "{reason}"
@@ -301,7 +301,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     // The agent's version, from its railscope_agent_info series.
     assert!(
         text.lines()
-            .any(|l| l.starts_with("monitor_collector_node_info{")
+            .any(|l| l.starts_with("railscope_collector_node_info{")
                 && l.contains(&format!("agent_version=\"{}\"", env!("CARGO_PKG_VERSION")))),
         "{text}"
     );
@@ -419,7 +419,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     let dropped = |text: &str, reason: &str| {
         metric(
             text,
-            &format!("monitor_collector_frames_dropped_total{{reason=\"{reason}\"}}"),
+            &format!("railscope_collector_frames_dropped_total{{reason=\"{reason}\"}}"),
         )
         .unwrap()
         .parse::<u64>()
@@ -453,7 +453,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
         assert_eq!(dropped(&text, reason), *count, "{reason}");
     }
     assert_eq!(
-        get("monitor_collector_node_frames_total"),
+        get("railscope_collector_node_frames_total"),
         Some(sent.frames.len().to_string()),
         "nothing bad was accepted"
     );
@@ -496,14 +496,14 @@ fn a_collector_killed_mid_stream_asks_for_the_schema_when_it_is_back() {
         "{collector_err}"
     );
     assert!(agent_err.contains("asked for the schema"), "{agent_err}");
-    let requests: u64 = metric(&text, "monitor_collector_schema_requests_sent_total")
+    let requests: u64 = metric(&text, "railscope_collector_schema_requests_sent_total")
         .unwrap()
         .parse()
         .unwrap();
     assert!((1..=2).contains(&requests), "{requests} requests");
     let unknown: u64 = metric(
         &text,
-        "monitor_collector_node_unknown_samples_total{node=\"gpu-node-001\"}",
+        "railscope_collector_node_unknown_samples_total{node=\"gpu-node-001\"}",
     )
     .unwrap()
     .parse()
@@ -647,7 +647,7 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     );
     // The archive's files are on /metrics.
     let text = http_get(http, "/metrics");
-    let records: u64 = metric(&text, "monitor_collector_archive_records")
+    let records: u64 = metric(&text, "railscope_collector_archive_records")
         .unwrap()
         .parse()
         .unwrap();
@@ -749,8 +749,8 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let mut last = (f64::NAN, Instant::now());
     loop {
         let text = http_get(http, "/metrics/collector");
-        let sent = metric_sum(&text, "monitor_collector_remote_write_samples_sent_total");
-        let pending = metric_sum(&text, "monitor_collector_remote_write_samples_pending");
+        let sent = metric_sum(&text, "railscope_collector_remote_write_samples_sent_total");
+        let pending = metric_sum(&text, "railscope_collector_remote_write_samples_pending");
         if sent != last.0 {
             last = (sent, Instant::now());
         }
@@ -767,7 +767,7 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let (ok, _, second_err) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after the restart: {second_err}");
     assert_eq!(
-        metric_sum(&text, "monitor_collector_remote_write_samples_failed_total"),
+        metric_sum(&text, "railscope_collector_remote_write_samples_failed_total"),
         0.0,
         "{text}"
     );

@@ -99,13 +99,13 @@ fn get(m: &BTreeMap<String, f64>, key: &str) -> u64 {
 fn dropped(m: &BTreeMap<String, f64>, reason: &str) -> u64 {
     get(
         m,
-        &format!("monitor_collector_frames_dropped_total{{reason=\"{reason}\"}}"),
+        &format!("railscope_collector_frames_dropped_total{{reason=\"{reason}\"}}"),
     )
 }
 
 fn all_drops(m: &BTreeMap<String, f64>) -> u64 {
     m.iter()
-        .filter(|(k, _)| k.starts_with("monitor_collector_frames_dropped_total{"))
+        .filter(|(k, _)| k.starts_with("railscope_collector_frames_dropped_total{"))
         .map(|(_, v)| *v as u64)
         .sum()
 }
@@ -124,7 +124,7 @@ fn status_kb(pid: u32, field: &str) -> u64 {
 /// batch handled); returns the last scrape.
 fn wait_seen(port: u16, before: &BTreeMap<String, f64>, datagrams: u64) -> BTreeMap<String, f64> {
     let seen = |m: &BTreeMap<String, f64>| {
-        get(m, "monitor_collector_datagrams_received_total") + dropped(m, "receive_buffer_full")
+        get(m, "railscope_collector_datagrams_received_total") + dropped(m, "receive_buffer_full")
     };
     let started = Instant::now();
     let mut last = scrape(port);
@@ -207,11 +207,11 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
     }
     let after = wait_seen(collector.http, &before, frames.len() as u64);
     assert_eq!(
-        get(&after, "monitor_collector_frames_accepted_total"),
+        get(&after, "railscope_collector_frames_accepted_total"),
         frames.len() as u64,
         "every real frame accepted"
     );
-    assert_eq!(get(&after, "monitor_collector_nodes"), 8);
+    assert_eq!(get(&after, "railscope_collector_nodes"), 8);
 
     // Paced: each kind lands under its reason, exactly.
     let mut rng = Rng(11);
@@ -258,7 +258,7 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
         "no other reason"
     );
     assert_eq!(
-        get(&after, "monitor_collector_frames_accepted_total"),
+        get(&after, "railscope_collector_frames_accepted_total"),
         frames.len() as u64
     );
 
@@ -329,11 +329,11 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
         "every datagram of the flood counted as a drop, by reason"
     );
     assert_eq!(
-        get(&after, "monitor_collector_frames_accepted_total"),
+        get(&after, "railscope_collector_frames_accepted_total"),
         frames.len() as u64,
         "nothing of the flood accepted"
     );
-    assert_eq!(get(&after, "monitor_collector_nodes"), 8, "no node added");
+    assert_eq!(get(&after, "railscope_collector_nodes"), 8, "no node added");
     let rss_peak = status_kb(pid, "VmHWM");
     assert!(
         rss_peak <= rss_before + FLOOD_RSS_GROWTH_MAX_KB,
@@ -353,8 +353,8 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
         .filter(|(k, v)| before.get(*k) != Some(*v))
         .collect();
     assert_eq!(
-        get(&after, "monitor_collector_frames_accepted_total")
-            - get(&before, "monitor_collector_frames_accepted_total"),
+        get(&after, "railscope_collector_frames_accepted_total")
+            - get(&before, "railscope_collector_frames_accepted_total"),
         next.len() as u64,
         "a real node's frames after the flood: {moved:?}"
     );

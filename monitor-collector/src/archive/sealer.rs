@@ -73,7 +73,7 @@ impl Drop for SealerStall {
 
 impl Link {
     fn lock(&self) -> MutexGuard<'_, Control> {
-        self.control.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.control)
     }
 }
 

@@ -82,9 +82,9 @@ pub fn write_metrics(out: &mut String, store: &FindingsStore) {
     }
     let _ = writeln!(
         out,
-        "# HELP monitor_collector_findings_log_errors_total Findings log entries that could not be written.\n\
-         # TYPE monitor_collector_findings_log_errors_total counter\n\
-         monitor_collector_findings_log_errors_total {}",
+        "# HELP railscope_collector_findings_log_errors_total Findings log entries that could not be written.\n\
+         # TYPE railscope_collector_findings_log_errors_total counter\n\
+         railscope_collector_findings_log_errors_total {}",
         store.log_errors()
     );
 }

@@ -12,6 +12,8 @@ use super::{
     log::{Entry, FindingsLog, LogError},
 };
 
+use crate::lock::lock;
+
 /// Ended findings kept in memory at most (the oldest go first; the log keeps them all).
 const MAX_HELD: usize = 100_000;
 
@@ -94,7 +96,7 @@ impl FindingsStore {
     /// Takes one pass's observations: `rules` are the rules the pass evaluated, whose active
     /// findings not observed end at `now_ns`.
     pub fn apply(&self, seen: &[Observation], rules: &[&str], now_ns: u64) {
-        let mut inner = self.inner.lock().expect("findings lock");
+        let mut inner = lock(&self.inner);
         let mut observed: HashSet<(String, Subject)> = HashSet::new();
         for o in seen {
             let key = (o.rule.to_string(), o.subject.clone());
@@ -166,7 +168,7 @@ impl FindingsStore {
 
     /// The findings that match, oldest first.
     pub fn list(&self, filter: &FindingFilter) -> Vec<Finding> {
-        let inner = self.inner.lock().expect("findings lock");
+        let inner = lock(&self.inner);
         let mut out: Vec<Finding> = inner
             .findings
             .iter()
@@ -181,7 +183,7 @@ impl FindingsStore {
     }
 
     pub fn active(&self) -> Vec<Finding> {
-        let inner = self.inner.lock().expect("findings lock");
+        let inner = lock(&self.inner);
         let mut out: Vec<Finding> = inner
             .active
             .values()
@@ -193,12 +195,12 @@ impl FindingsStore {
 
     /// Findings opened by rule and severity.
     pub fn totals(&self) -> BTreeMap<(String, Severity), u64> {
-        self.inner.lock().expect("findings lock").totals.clone()
+        lock(&self.inner).totals.clone()
     }
 
     /// Entries the log could not take.
     pub fn log_errors(&self) -> u64 {
-        self.inner.lock().expect("findings lock").log_errors
+        lock(&self.inner).log_errors
     }
 }
 

@@ -69,32 +69,32 @@ impl EndpointStats {
 /// The families [`write_metrics`] writes, with their help text.
 const FAMILIES: [(&str, &str, &str); 6] = [
     (
-        "monitor_collector_remote_write_samples_sent_total",
+        "railscope_collector_remote_write_samples_sent_total",
         "counter",
         "Samples the remote-write endpoint acknowledged.",
     ),
     (
-        "monitor_collector_remote_write_samples_failed_total",
+        "railscope_collector_remote_write_samples_failed_total",
         "counter",
         "Samples in requests the endpoint refused for good (4xx), not retried.",
     ),
     (
-        "monitor_collector_remote_write_samples_retried_total",
+        "railscope_collector_remote_write_samples_retried_total",
         "counter",
         "Samples sent again after a retryable failure (5xx, 429, connection).",
     ),
     (
-        "monitor_collector_remote_write_samples_skipped_total",
+        "railscope_collector_remote_write_samples_skipped_total",
         "counter",
         "Samples removed from the archive by retention before they could be sent.",
     ),
     (
-        "monitor_collector_remote_write_samples_pending",
+        "railscope_collector_remote_write_samples_pending",
         "gauge",
         "Samples read from the archive, not yet acknowledged.",
     ),
     (
-        "monitor_collector_remote_write_lag_seconds",
+        "railscope_collector_remote_write_lag_seconds",
         "gauge",
         "Newest sample time read from the archive minus newest acknowledged.",
     ),
@@ -107,11 +107,11 @@ pub fn write_metrics(out: &mut String, endpoints: &[(&str, StatsSnapshot)]) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (endpoint, s) in endpoints {
             let value = match name {
-                "monitor_collector_remote_write_samples_sent_total" => s.samples_sent as f64,
-                "monitor_collector_remote_write_samples_failed_total" => s.samples_failed as f64,
-                "monitor_collector_remote_write_samples_retried_total" => s.samples_retried as f64,
-                "monitor_collector_remote_write_samples_skipped_total" => s.samples_skipped as f64,
-                "monitor_collector_remote_write_samples_pending" => s.samples_pending as f64,
+                "railscope_collector_remote_write_samples_sent_total" => s.samples_sent as f64,
+                "railscope_collector_remote_write_samples_failed_total" => s.samples_failed as f64,
+                "railscope_collector_remote_write_samples_retried_total" => s.samples_retried as f64,
+                "railscope_collector_remote_write_samples_skipped_total" => s.samples_skipped as f64,
+                "railscope_collector_remote_write_samples_pending" => s.samples_pending as f64,
                 _ => s.lag_seconds(),
             };
             let endpoint = endpoint.replace('\\', r"\\").replace('"', "\\\"");
@@ -142,10 +142,10 @@ mod tests {
         let mut out = String::new();
         write_metrics(&mut out, &[("vm", behind), ("prom", caught_up)]);
         assert!(
-            out.contains("monitor_collector_remote_write_samples_sent_total{endpoint=\"vm\"} 10\n")
+            out.contains("railscope_collector_remote_write_samples_sent_total{endpoint=\"vm\"} 10\n")
         );
-        assert!(out.contains("monitor_collector_remote_write_lag_seconds{endpoint=\"vm\"} 2.5\n"));
-        assert!(out.contains("monitor_collector_remote_write_lag_seconds{endpoint=\"prom\"} 0\n"));
+        assert!(out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"vm\"} 2.5\n"));
+        assert!(out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"prom\"} 0\n"));
         assert_eq!(out.matches("# TYPE").count(), FAMILIES.len());
     }
 }

@@ -225,7 +225,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         "rate_samples_per_s": WARM_UP_RATE,
         "samples": u64_of(&warm["samples"]),
         "collector_cpu_s": (cpu_ticks(pid)?.total() - warm_cpu) as f64 / clock_ticks_per_second(),
-        "nodes_held": metric_sum(&after, "monitor_collector_nodes"),
+        "nodes_held": metric_sum(&after, "railscope_collector_nodes"),
     });
     eprintln!("    {warm_up}");
 
@@ -253,9 +253,9 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         thread::sleep(SYNC_INTERVAL);
         let cpu_s = (cpu_ticks(pid)?.total() - cpu_before) as f64 / clock_ticks_per_second();
         let delta = |name: &str| metric_sum(&after, name) - metric_sum(&before, name);
-        let accepted = delta("monitor_collector_samples_accepted_total");
-        let frames = delta("monitor_collector_frames_accepted_total");
-        let archived = delta("monitor_collector_archive_frames_total");
+        let accepted = delta("railscope_collector_samples_accepted_total");
+        let frames = delta("railscope_collector_frames_accepted_total");
+        let archived = delta("railscope_collector_archive_frames_total");
         let lost = datagrams as f64 - frames;
         let send_s = f64_of(&sent["elapsed_s"]);
         let saturated = lost > 0.0 || archived_after.as_secs_f64() > send_s + MAX_LAG_S;
@@ -273,7 +273,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             "collector_cpu_s": cpu_s,
             "samples_per_cpu_s": accepted / cpu_s.max(1e-9),
             "accepted_samples_per_s": accepted / send_s,
-            "segments_sealed": delta("monitor_collector_archive_segments"),
+            "segments_sealed": delta("railscope_collector_archive_segments"),
             "saturated": saturated,
         });
         eprintln!(
@@ -316,10 +316,10 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
 
     // Memory, bytes at rest, queries.
     let after_steps = metrics(http)?;
-    let nodes_held = metric_sum(&after_steps, "monitor_collector_nodes");
+    let nodes_held = metric_sum(&after_steps, "railscope_collector_nodes");
     let rss_kb = status_kb(pid, "VmRSS").unwrap_or(0);
     let hwm_kb = status_kb(pid, "VmHWM").unwrap_or(0);
-    let samples_total = metric_sum(&after_steps, "monitor_collector_samples_accepted_total");
+    let samples_total = metric_sum(&after_steps, "railscope_collector_samples_accepted_total");
     let data_bytes = allocated_bytes(&data)?;
     setup::step("timing queries through the HTTP API");
     let queries = time_queries(http, &ready)?;
@@ -349,8 +349,8 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let after = metrics(http)?;
     let flood_drops = drops(&after, &before);
     let counted: f64 = flood_drops.values().sum();
-    let accepted_in_flood = metric_sum(&after, "monitor_collector_frames_accepted_total")
-        - metric_sum(&before, "monitor_collector_frames_accepted_total");
+    let accepted_in_flood = metric_sum(&after, "railscope_collector_frames_accepted_total")
+        - metric_sum(&before, "railscope_collector_frames_accepted_total");
     let flood_hwm_kb = status_kb(pid, "VmHWM").unwrap_or(0);
     let flood_rss_after_kb = status_kb(pid, "VmRSS").unwrap_or(0);
     let achieved = flood_sent as f64 / f64_of(&flood["elapsed_s"]).max(FLOOD_SECONDS);
@@ -580,7 +580,7 @@ fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
 
 /// Drops by reason between two scrapes (reasons that moved only).
 fn drops(after: &Metrics, before: &Metrics) -> BTreeMap<String, f64> {
-    const NAME: &str = "monitor_collector_frames_dropped_total{reason=\"";
+    const NAME: &str = "railscope_collector_frames_dropped_total{reason=\"";
     after
         .iter()
         .filter_map(|(k, v)| {
@@ -604,19 +604,19 @@ fn settle(
     let mut last = metrics(addr)?;
     let mut last_change = Instant::now();
     loop {
-        let seen = metric_sum(&last, "monitor_collector_datagrams_received_total")
+        let seen = metric_sum(&last, "railscope_collector_datagrams_received_total")
             + metric_sum(
                 &last,
-                "monitor_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
+                "railscope_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
             )
-            - metric_sum(before, "monitor_collector_datagrams_received_total")
+            - metric_sum(before, "railscope_collector_datagrams_received_total")
             - metric_sum(
                 before,
-                "monitor_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
+                "railscope_collector_frames_dropped_total{reason=\"receive_buffer_full\"}",
             );
-        let accepted = metric_sum(&last, "monitor_collector_frames_accepted_total");
-        let archived = metric_sum(&last, "monitor_collector_archive_frames_total")
-            + metric_sum(&last, "monitor_collector_archive_dropped_frames_total");
+        let accepted = metric_sum(&last, "railscope_collector_frames_accepted_total");
+        let archived = metric_sum(&last, "railscope_collector_archive_frames_total")
+            + metric_sum(&last, "railscope_collector_archive_dropped_frames_total");
         if seen >= datagrams as f64 && archived >= accepted {
             return Ok(last);
         }
@@ -775,7 +775,7 @@ fn victoria_metrics(
     let mut sent;
     loop {
         let m = metrics(http)?;
-        sent = metric_sum(&m, "monitor_collector_remote_write_samples_sent_total");
+        sent = metric_sum(&m, "railscope_collector_remote_write_samples_sent_total");
         let vm_rows = metric_sum(&metrics_at(addr, "/metrics")?, "vm_rows_inserted_total");
         if sent >= samples && vm_rows >= samples {
             break;

@@ -170,8 +170,8 @@ impl HostCollector {
         let (mut last, mut since) = (f64::NAN, Instant::now());
         loop {
             let m = metrics_at(self.http, "/metrics/collector")?;
-            let sent = metric_sum(&m, "monitor_collector_remote_write_samples_sent_total");
-            let pending = metric_sum(&m, "monitor_collector_remote_write_samples_pending");
+            let sent = metric_sum(&m, "railscope_collector_remote_write_samples_sent_total");
+            let pending = metric_sum(&m, "railscope_collector_remote_write_samples_pending");
             if sent != last {
                 (last, since) = (sent, Instant::now());
             }
@@ -192,8 +192,8 @@ impl HostCollector {
                 .unwrap_or(f64::NAN)
         };
         let (frames, lost) = (
-            node("monitor_collector_node_frames_total"),
-            node("monitor_collector_node_frames_lost_total"),
+            node("railscope_collector_node_frames_total"),
+            node("railscope_collector_node_frames_lost_total"),
         );
         if frames.is_nan() || frames <= 0.0 {
             bail!("no frame of node {NODE:?} reached the collector on the host");
