@@ -1,7 +1,7 @@
 //! `/metrics` in the Prometheus text format: the latest value of every series of every node
 //! (the agents' own names, which follow Prometheus' conventions: `_total` counters, units in
 //! the name), with a `node` label and the sample's own timestamp, then the collector's health
-//! under `monitor_collector_`.
+//! under `railscope_collector_`.
 //!
 //! Why timestamps: agents send samples in batches (every 10 s) and sample adaptively, so the
 //! time a value was read is not the time of the scrape; Prometheus keeps the read time.

@@ -224,7 +224,7 @@ fn exposition_labels(node: &str, labels: &Labels) -> String {
 /// collector's own families, nor its findings', docs/findings.md).
 fn node_series(text: &str) -> BTreeMap<String, String> {
     text.lines()
-        .filter(|l| l.starts_with("railscope_") && !l.starts_with("monitor_collector_"))
+        .filter(|l| l.starts_with("railscope_") && !l.starts_with("railscope_collector_"))
         .filter(|l| !l.starts_with("railscope_finding"))
         .map(|l| {
             let (series, rest) = l.split_once("} ").unwrap();

@@ -204,7 +204,7 @@ impl HostCollector {
         // The guest's metric names, from the live view.
         let names: std::collections::BTreeSet<String> = all
             .keys()
-            .filter(|k| k.starts_with("railscope_") && !k.starts_with("monitor_collector_"))
+            .filter(|k| k.starts_with("railscope_") && !k.starts_with("railscope_collector_"))
             .filter(|k| k.contains(&format!("node=\"{NODE}\"")))
             .filter_map(|k| k.split_once('{').map(|(n, _)| n.to_owned()))
             .collect();
