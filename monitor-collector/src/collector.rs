@@ -12,7 +12,6 @@ use std::{
 };
 
 use anyhow::Context as _;
-use monitor_wire::Key;
 
 use crate::{
     config::CollectorConfig,
@@ -22,34 +21,13 @@ use crate::{
         FindingsInbox, FindingsStore, Thresholds,
         engine::{FindingsEngine, FindingsThread},
     },
-    http,
-    ingest::{self, IngestStats},
+    http, ingest,
     liveness::{Heartbeat, Heartbeats},
     nodes::NodeTable,
+    shared::{ExtraMetrics, IngestStats, Shared},
     udp,
-    writer::{self, ArchiveQueue, FrameArchive, Writer},
+    writer::{self, FrameArchive, Writer},
 };
-
-/// What the receive threads, the writer and the HTTP server share.
-pub struct Shared {
-    pub key: Key,
-    pub table: NodeTable,
-    pub drops: Drops,
-    pub events: RecentEvents,
-    pub stats: IngestStats,
-    /// None: no archive (the live view only).
-    pub archive: Option<ArchiveQueue>,
-    /// More `/metrics` families (the archive's files, remote-write), appended to the page.
-    pub extra_metrics: Option<ExtraMetrics>,
-    /// One per watched thread (the receive threads first, by index), for the watchdog.
-    pub heartbeats: Heartbeats,
-    /// Health findings (None: not evaluated), and where ingest hands them events.
-    pub findings: Option<Arc<FindingsStore>>,
-    pub findings_inbox: Option<FindingsInbox>,
-}
-
-/// Writes more families onto the `/metrics` page.
-pub type ExtraMetrics = Box<dyn Fn(&mut String) + Send + Sync>;
 
 /// What a collector is started with beyond its configuration.
 #[derive(Default)]
@@ -246,8 +224,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::Limits, drops::DropReason, ingest::unix_now_ns, writer::testing::RecordingArchive,
+        clock::unix_now_ns, config::Limits, drops::DropReason, writer::testing::RecordingArchive,
     };
+    use monitor_wire::Key;
 
     fn key() -> Key {
         Key::from_bytes([5; 32])

@@ -15,11 +15,11 @@ use axum::{
 use tokio::sync::watch;
 
 use crate::{
-    collector::Shared,
+    clock::unix_now_ns,
     events::EventFilter,
-    ingest::unix_now_ns,
     liveness::{BEAT_EVERY, Heartbeat},
     metrics,
+    shared::Shared,
 };
 
 /// The routes of `/metrics` and the live view, merged with `api`.

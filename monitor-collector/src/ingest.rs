@@ -7,40 +7,22 @@ use std::{
     net::{SocketAddr, UdpSocket},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use monitor_wire::{self as wire, SchemaRequest};
 
 use crate::{
-    collector::Shared,
+    clock::unix_now_ns,
     drops::DropReason,
     events::LiveEvent,
     nodes::{Accepted, time_range},
+    shared::Shared,
     udp::BatchReceiver,
     writer::QueuedFrame,
 };
-
-/// Counters of everything that was received and accepted.
-#[derive(Debug, Default)]
-pub struct IngestStats {
-    pub datagrams: AtomicU64,
-    pub batches: AtomicU64,
-    pub frames: AtomicU64,
-    pub samples: AtomicU64,
-    pub events: AtomicU64,
-    pub bytes: AtomicU64,
-    pub schema_requests_sent: AtomicU64,
-    pub schema_request_errors: AtomicU64,
-}
-
-pub fn unix_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
 
 /// How often the first receive thread forgets nodes silent for the node ttl.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(10);

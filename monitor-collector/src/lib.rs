@@ -28,6 +28,7 @@
 //!   from their job's median over a window, read from the archive ([`robust`] statistics).
 
 pub mod archive;
+pub mod clock;
 pub mod collector;
 pub mod config;
 pub mod dashboard;
@@ -47,6 +48,7 @@ pub mod remote_write;
 pub mod robust;
 pub mod select;
 pub mod settings;
+pub mod shared;
 pub mod stragglers;
 pub mod udp;
 pub mod writer;

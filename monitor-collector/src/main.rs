@@ -145,7 +145,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let engine = Arc::new(
         query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
     );
-    let now_ns = monitor_collector::ingest::unix_now_ns();
+    let now_ns = monitor_collector::clock::unix_now_ns();
     let store = Arc::new(
         FindingsStore::open(
             &data_dir,

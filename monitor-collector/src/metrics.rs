@@ -11,9 +11,9 @@ use std::{fmt::Write as _, sync::atomic::Ordering};
 use monitor_wire::Kind;
 
 use crate::{
-    collector::Shared,
     drops::DropReason,
     nodes::{LatestValue, LiveSeries, kind_name},
+    shared::Shared,
 };
 
 /// The whole exposition at `now_unix_ns`.

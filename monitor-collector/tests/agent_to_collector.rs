@@ -767,7 +767,10 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     let (ok, _, second_err) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after the restart: {second_err}");
     assert_eq!(
-        metric_sum(&text, "railscope_collector_remote_write_samples_failed_total"),
+        metric_sum(
+            &text,
+            "railscope_collector_remote_write_samples_failed_total"
+        ),
         0.0,
         "{text}"
     );

@@ -1,7 +1,7 @@
 //! What can go wrong encoding or decoding a frame or a schema request.
 
 use crate::{
-    frame::{MAX_FRAME_SAMPLES, MIN_FRAME_LEN, VERSION},
+    limits::{MAX_FRAME_SAMPLES, MIN_FRAME_LEN, VERSION},
     series::Kind,
 };
 

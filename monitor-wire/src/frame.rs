@@ -1,22 +1,8 @@
 //! The frame model: what one datagram carries, as the encoder takes it and the decoder
-//! returns it, and the format's constants.
+//! returns it (the format's constants are in [`limits`](crate::limits)).
 
-use crate::{
-    mac::MAC_LEN,
-    series::{Kind, Labels, Series},
-};
-
-/// First bytes of every frame.
-pub const MAGIC: [u8; 4] = *b"RSWF";
-/// The format version this crate writes and reads.
-pub const VERSION: u8 = 1;
-/// Default largest frame, MAC included: fits a 1500-byte Ethernet MTU with IPv6 and UDP headers.
-pub const DEFAULT_MTU: usize = 1400;
-/// Most samples one frame may carry (a bound for the decoder: a constant series costs a few
-/// bytes for any number of samples).
-pub const MAX_FRAME_SAMPLES: usize = 1 << 16;
-/// Smallest possible frame: header with an empty node name and no sections, plus the MAC.
-pub const MIN_FRAME_LEN: usize = 4 + 1 + 1 + 1 + 4 + 1 + 8 + 1 + MAC_LEN;
+pub use crate::limits::{DEFAULT_MTU, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN, VERSION};
+use crate::series::{Kind, Labels, Series};
 
 // Header flags: which sections follow.
 pub(crate) const FLAG_SCHEMA: u8 = 1;

@@ -35,6 +35,7 @@ mod error;
 mod events;
 mod frame;
 mod key;
+mod limits;
 mod mac;
 mod measure;
 mod prim;

@@ -3,8 +3,7 @@
 
 use crate::{error::WireError, key::Key};
 
-/// Bytes of MAC at the end of every frame and schema request.
-pub const MAC_LEN: usize = 16;
+pub use crate::limits::MAC_LEN;
 
 /// The MAC of `body`.
 pub(crate) fn mac(key: &Key, body: &[u8]) -> [u8; MAC_LEN] {

@@ -16,7 +16,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// A `cargo` command in the workspace, with bpf-linker on PATH.
-pub fn command(tools: &crate::setup::Tools) -> Command {
+pub fn command(tools: &crate::tools::Tools) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())

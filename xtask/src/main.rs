@@ -10,10 +10,12 @@ mod http;
 mod lint;
 mod package;
 mod package_test;
+mod progress;
 mod run;
 mod setup;
 mod test;
 mod testbed;
+mod tools;
 mod units;
 mod vm_test;
 

@@ -11,7 +11,6 @@
 //! Each step checks first and says what it found, so a second run takes about a second.
 
 use std::{
-    ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -31,35 +30,14 @@ pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
 /// the browser its test drives headless.
 pub const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
 
+pub use crate::{progress::step, tools::Tools};
+
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
 pub struct Options {
     /// Skip installing Debian packages (when the caller has no root or manages them itself).
     #[arg(long)]
     pub no_apt: bool,
-}
-
-/// What setup found or installed, for the commands that follow.
-#[derive(Debug, Clone)]
-pub struct Tools {
-    pub bpf_linker_dir: PathBuf,
-    pub cache_dir: PathBuf,
-}
-
-impl Tools {
-    /// PATH with bpf-linker's directory first.
-    pub fn path_with_bpf_linker(&self) -> OsString {
-        let mut paths = vec![self.bpf_linker_dir.clone()];
-        if let Some(path) = std::env::var_os("PATH") {
-            paths.extend(std::env::split_paths(&path));
-        }
-        std::env::join_paths(paths).expect("PATH entries contain no separator")
-    }
-}
-
-/// Prints a progress line.
-pub fn step(what: &str) {
-    eprintln!("==> {what}");
 }
 
 /// railscope's cache: `$RAILSCOPE_CACHE`, else `$XDG_CACHE_HOME/railscope`, else

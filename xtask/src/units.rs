@@ -6,7 +6,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, setup};
+use crate::{cargo, progress};
 
 /// Debian packages the check needs (`systemd-analyze`).
 pub const PACKAGES: &[&str] = &["systemd"];
@@ -16,7 +16,7 @@ const DOC: &str = "docs/deployment.md";
 /// Verifies the units against the binaries in `bin_dir` (their `ExecStart` points there
 /// instead of /usr/bin, where `verify` would look for them) and checks the documented scores.
 pub fn check(bin_dir: &Path) -> anyhow::Result<()> {
-    setup::step("systemd units: systemd-analyze verify and security");
+    progress::step("systemd units: systemd-analyze verify and security");
     let root = cargo::workspace_root();
     let scratch = root.join("target/units-check");
     std::fs::create_dir_all(&scratch)?;

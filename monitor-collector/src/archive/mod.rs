@@ -34,7 +34,7 @@ pub mod fixture_node;
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 pub use reader::{ArchiveReader, NodeSelector, ScanFilter, ScanStats, SequentialReader};
@@ -42,6 +42,7 @@ pub use record::{Record, RecordKind, RecordView};
 pub use sealed::SealedSegment;
 pub use sealer::SealerStall;
 
+use crate::clock::unix_now_ns;
 use open::{OpenSegment, open_path};
 use sealed::{BlockSettings, sealed_path};
 use sealer::Sealer;
@@ -225,13 +226,6 @@ const RETENTION_EVERY: Duration = Duration::from_secs(10);
 /// and grows past `segment_bytes` until the sealer takes one (docs/archive-format.md,
 /// "Sealing").
 pub const MAX_FROZEN: usize = 2;
-
-fn unix_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::{
     Observation, Severity, Subject, Thresholds,
-    engine::{EventState, Track, TrackKey, View},
+    view::{EventState, Track, TrackKey, View},
     xid,
 };
 

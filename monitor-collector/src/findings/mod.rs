@@ -27,6 +27,7 @@ pub mod remote;
 pub mod store;
 pub mod thresholds;
 pub mod verbs;
+pub mod view;
 pub mod xid;
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::{
 
 use super::FindingsStore;
 use crate::{
-    ingest::unix_now_ns,
+    clock::unix_now_ns,
     remote_write::{
         EndpointConfig,
         client::{Client, Outcome},

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Observation, Severity, Subject, engine::View};
+use super::{Observation, Severity, Subject, view::View};
 
 pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
 

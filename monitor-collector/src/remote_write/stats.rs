@@ -109,8 +109,12 @@ pub fn write_metrics(out: &mut String, endpoints: &[(&str, StatsSnapshot)]) {
             let value = match name {
                 "railscope_collector_remote_write_samples_sent_total" => s.samples_sent as f64,
                 "railscope_collector_remote_write_samples_failed_total" => s.samples_failed as f64,
-                "railscope_collector_remote_write_samples_retried_total" => s.samples_retried as f64,
-                "railscope_collector_remote_write_samples_skipped_total" => s.samples_skipped as f64,
+                "railscope_collector_remote_write_samples_retried_total" => {
+                    s.samples_retried as f64
+                }
+                "railscope_collector_remote_write_samples_skipped_total" => {
+                    s.samples_skipped as f64
+                }
                 "railscope_collector_remote_write_samples_pending" => s.samples_pending as f64,
                 _ => s.lag_seconds(),
             };
@@ -142,10 +146,16 @@ mod tests {
         let mut out = String::new();
         write_metrics(&mut out, &[("vm", behind), ("prom", caught_up)]);
         assert!(
-            out.contains("railscope_collector_remote_write_samples_sent_total{endpoint=\"vm\"} 10\n")
+            out.contains(
+                "railscope_collector_remote_write_samples_sent_total{endpoint=\"vm\"} 10\n"
+            )
         );
-        assert!(out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"vm\"} 2.5\n"));
-        assert!(out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"prom\"} 0\n"));
+        assert!(
+            out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"vm\"} 2.5\n")
+        );
+        assert!(
+            out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"prom\"} 0\n")
+        );
         assert_eq!(out.matches("# TYPE").count(), FAMILIES.len());
     }
 }

@@ -1,0 +1,223 @@
+//! What the rules read, kept by the engine between passes: each watched series' [`Track`]
+//! (its latest value, and for counters their history by the samples' own times) and the
+//! ports' [`EventState`]. Below both the engine and the rule modules, so a rule imports what
+//! it reads without importing the engine that runs it.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
+
+use monitor_wire::{Event, Series};
+
+use super::Thresholds;
+use crate::nodes::{Latest, LatestValue};
+
+/// A counter's history is kept at this spacing...
+const CHECKPOINT_EVERY_NS: u64 = 30_000_000_000;
+
+/// One watched series as the engine follows it.
+#[derive(Clone, Debug)]
+pub struct Track {
+    pub latest: Latest,
+    /// When a gauge's value (mean) last changed, by sample time.
+    pub changed_ns: u64,
+    /// Counters: (sample time, value), one per [`CHECKPOINT_EVERY_NS`], the newest last.
+    pub(super) checkpoints: VecDeque<(u64, u64)>,
+    /// Counters: the sample times at which the value rose (or reset), at most one per
+    /// [`CHECKPOINT_EVERY_NS`], the newest last: when a rule's increase began.
+    pub(super) rises: VecDeque<u64>,
+    /// The engine pass that last saw it in the live view.
+    pub(super) seen_pass: u64,
+}
+
+impl Track {
+    pub(super) fn new(latest: Latest, pass: u64) -> Self {
+        Self {
+            latest,
+            changed_ns: latest.unix_ns,
+            checkpoints: VecDeque::new(),
+            rises: VecDeque::new(),
+            seen_pass: pass,
+        }
+    }
+
+    /// Takes one counter sample, by its own time: a sample newer than the latest advances the
+    /// counter (a checkpoint every [`CHECKPOINT_EVERY_NS`]); an older one only extends the
+    /// history back, as a checkpoint before the first (a resent backlog, frames reordered).
+    pub(super) fn take_counter(&mut self, unix_ns: u64, value: u64) {
+        let newest = self.latest.unix_ns;
+        let LatestValue::Counter(held) = self.latest.value else {
+            // A gauge of that name: the sender's bug, as the live view treats it.
+            return;
+        };
+        if self.checkpoints.is_empty() {
+            self.latest = Latest {
+                unix_ns,
+                value: LatestValue::Counter(value),
+            };
+            self.checkpoints.push_back((unix_ns, value));
+            return;
+        }
+        if unix_ns > newest {
+            if value != held {
+                let due = self
+                    .rises
+                    .back()
+                    .is_none_or(|&t| unix_ns >= t + CHECKPOINT_EVERY_NS);
+                if due {
+                    self.rises.push_back(unix_ns);
+                }
+            }
+            self.latest = Latest {
+                unix_ns,
+                value: LatestValue::Counter(value),
+            };
+            let due = self
+                .checkpoints
+                .back()
+                .is_none_or(|&(t, _)| unix_ns >= t + CHECKPOINT_EVERY_NS);
+            if due {
+                self.checkpoints.push_back((unix_ns, value));
+            }
+        } else if let Some(&(first_ns, first)) = self.checkpoints.front()
+            && unix_ns + CHECKPOINT_EVERY_NS <= first_ns
+        {
+            if value != first {
+                self.rises.push_front(first_ns);
+            }
+            self.checkpoints.push_front((unix_ns, value));
+        }
+    }
+
+    /// When the counter first rose within the last `window_ns` of its samples (None: it did
+    /// not, as far as its history shows).
+    pub fn first_rise(&self, window_ns: u64) -> Option<u64> {
+        let from = self.latest.unix_ns.saturating_sub(window_ns);
+        self.rises.iter().copied().find(|&t| t >= from)
+    }
+
+    pub fn gauge(&self) -> Option<f64> {
+        match self.latest.value {
+            LatestValue::Gauge { mean, .. } => Some(mean),
+            LatestValue::Counter(_) => None,
+        }
+    }
+
+    pub fn counter(&self) -> Option<u64> {
+        match self.latest.value {
+            LatestValue::Counter(v) => Some(v),
+            LatestValue::Gauge { .. } => None,
+        }
+    }
+
+    /// The counter's increase over the last `window_ns` of its samples (from the oldest
+    /// checkpoint within it), and the seconds that covers; a value below the previous one is
+    /// a reset and counts from zero. None until two samples are a second apart.
+    pub fn increase(&self, window_ns: u64) -> Option<(u64, f64)> {
+        let now = self.counter()?;
+        let t = self.latest.unix_ns;
+        let from = t.saturating_sub(window_ns);
+        let &(t0, v0) = self.checkpoints.iter().find(|(ct, _)| *ct >= from)?;
+        let span = (t.saturating_sub(t0)) as f64 / 1e9;
+        if span < 1.0 {
+            return None;
+        }
+        Some((if now >= v0 { now - v0 } else { now }, span))
+    }
+
+    /// Increase per second over the window.
+    pub fn rate(&self, window_ns: u64) -> Option<f64> {
+        self.increase(window_ns).map(|(n, s)| n as f64 / s)
+    }
+}
+
+/// The node and series of a [`Track`].
+pub type TrackKey = (Arc<str>, Series);
+
+/// What the rules read in one pass.
+pub struct View<'a> {
+    pub tracks: &'a HashMap<TrackKey, Track>,
+    pub now_ns: u64,
+    pub th: &'a Thresholds,
+}
+
+impl View<'_> {
+    pub fn named<'b>(&'b self, name: &'b str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
+        self.tracks.iter().filter(move |(k, _)| &*k.1.name == name)
+    }
+}
+
+/// A port's DOWN transitions and when they happened (event time).
+#[derive(Debug, Default)]
+pub struct EventState {
+    /// (node, device, port) → DOWN transition times, oldest first.
+    pub downs: HashMap<(String, String, u32), VecDeque<u64>>,
+    /// (node, gpu) → XIDs seen: (time, code).
+    pub xids: HashMap<(String, String), VecDeque<(u64, u64)>>,
+    /// (node, gpu) → when it was lost.
+    pub lost: HashMap<(String, String), u64>,
+    /// (node, gpu) → the job its series last carried.
+    pub gpu_jobs: HashMap<(String, String), String>,
+}
+
+impl EventState {
+    pub(super) fn take(&mut self, node: &str, e: &Event) {
+        match e.kind.as_str() {
+            // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
+            "port_transition" if e.code == 0 => {
+                let (Some(device), Some(port)) = (
+                    e.labels.get("device"),
+                    e.labels.get("port").and_then(|p| p.parse().ok()),
+                ) else {
+                    return;
+                };
+                self.downs
+                    .entry((node.into(), device.into(), port))
+                    .or_default()
+                    .push_back(e.unix_ns);
+            }
+            "xid" => {
+                if let Some(gpu) = e.labels.get("gpu") {
+                    self.xids
+                        .entry((node.into(), gpu.into()))
+                        .or_default()
+                        .push_back((e.unix_ns, e.code.max(0) as u64));
+                }
+            }
+            "gpu_lost" => {
+                if let Some(gpu) = e.labels.get("gpu") {
+                    self.lost.insert((node.into(), gpu.into()), e.unix_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets what is older than every window.
+    pub(super) fn prune(&mut self, now_ns: u64, th: &Thresholds) {
+        let flap_from = now_ns.saturating_sub(th.flap_window_s * 1_000_000_000);
+        self.downs.retain(|_, d| {
+            while d.front().is_some_and(|&t| t < flap_from) {
+                d.pop_front();
+            }
+            // Bounded whatever a port does.
+            while d.len() > 10_000 {
+                d.pop_front();
+            }
+            !d.is_empty()
+        });
+        let xid_from = now_ns.saturating_sub(th.xid_hold_s * 1_000_000_000);
+        self.xids.retain(|_, x| {
+            while x.front().is_some_and(|&(t, _)| t < xid_from) || x.len() > 1000 {
+                x.pop_front();
+            }
+            !x.is_empty()
+        });
+        self.lost.retain(|_, &mut t| t >= xid_from);
+    }
+
+    pub fn job_of(&self, node: &str, gpu: &str) -> Option<String> {
+        self.gpu_jobs.get(&(node.into(), gpu.into())).cloned()
+    }
+}
