@@ -135,7 +135,7 @@ pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinarie
     ]);
     let unit_tests = cargo::build_executables(cmd)?
         .into_iter()
-        .find(|(name, _)| name == "railscope")
+        .find(|(name, _)| name == "monitor_user")
         .map(|(_, p)| p)
         .context("cargo did not report the monitor-user unit test binary")?;
     Ok(GuestBinaries {
