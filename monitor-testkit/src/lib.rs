@@ -65,11 +65,8 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_wire::{
-    CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading,
-    Sample, Series, Value,
-};
-use sampler::{AdaptiveSampler, Emit, SamplerConfig};
+use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
+use sampler::{AdaptiveSampler, SamplerConfig, wire_sample};
 
 /// GPUs per node.
 pub const GPUS: usize = 8;
@@ -391,26 +388,6 @@ fn agent_sampler(interval: Duration) -> AdaptiveSampler {
         ..config.clone()
     };
     AdaptiveSampler::new(config).with_group("railscope_ib_", "railscope_ib_", ib)
-}
-
-/// What the sampler emits, as a wire sample (monitor-user's `pipeline::wire_sample`).
-fn wire_sample(emit: &Emit) -> Sample {
-    match *emit {
-        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
-            unix_ns,
-            value: match value {
-                Value::U64(v) => v,
-                Value::F64(v) => v.max(0.0) as u64,
-            },
-        }),
-        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
-            start_unix_ns: e.start_ns,
-            end_unix_ns: e.end_ns,
-            min: e.min,
-            max: e.max,
-            mean: e.mean,
-        }),
-    }
 }
 
 /// FNV-1a of a node, a series and a seed: where in its phase a series of an adaptive fleet

@@ -20,8 +20,8 @@ use std::{
 
 use anyhow::Context as _;
 use monitor_wire::{
-    self as wire, CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels,
-    Reading, Sample, Series, Value,
+    self as wire, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading, Sample,
+    Series, Value,
 };
 use tokio::sync::mpsc;
 
@@ -353,27 +353,8 @@ pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
     }
 }
 
-/// What the sampler emits, as a wire sample. Counters travel as whole numbers (every source
-/// counts in whole units: GPU energy in millijoules, NVML's own unit); a fractional value
-/// would be truncated.
-pub fn wire_sample(emit: &Emit) -> Sample {
-    match *emit {
-        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
-            unix_ns,
-            value: match value {
-                Value::U64(v) => v,
-                Value::F64(v) => v.max(0.0) as u64,
-            },
-        }),
-        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
-            start_unix_ns: e.start_ns,
-            end_unix_ns: e.end_ns,
-            min: e.min,
-            max: e.max,
-            mean: e.mean,
-        }),
-    }
-}
+/// What the sampler emits, as a wire sample (one function for the agent and the testkit).
+pub use crate::sampler::wire_sample;
 
 /// The metric the probes' verb counters are sent as.
 pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";

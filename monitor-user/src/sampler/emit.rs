@@ -1,6 +1,6 @@
 //! What the sampler says to send for a series: a counter's value or a gauge's envelope.
 
-use monitor_wire::Value;
+use monitor_wire::{CounterSample, GaugeSample, Sample, Value};
 
 /// What to send for a gauge: every value read over `[start_ns, end_ns]` (the times of the
 /// first and the last read it covers).
@@ -65,5 +65,27 @@ impl IntoIterator for Emitted {
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter().flatten()
+    }
+}
+
+/// What the sampler emits, as a wire sample. Counters travel as whole numbers (every source
+/// counts in whole units: GPU energy in millijoules, NVML's own unit); a fractional value
+/// would be truncated.
+pub fn wire_sample(emit: &Emit) -> Sample {
+    match *emit {
+        Emit::Counter { unix_ns, value } => Sample::Counter(CounterSample {
+            unix_ns,
+            value: match value {
+                Value::U64(v) => v,
+                Value::F64(v) => v.max(0.0) as u64,
+            },
+        }),
+        Emit::Gauge(e) => Sample::Gauge(GaugeSample {
+            start_unix_ns: e.start_ns,
+            end_unix_ns: e.end_ns,
+            min: e.min,
+            max: e.max,
+            mean: e.mean,
+        }),
     }
 }

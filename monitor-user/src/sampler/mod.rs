@@ -76,7 +76,7 @@ mod tests;
 use std::{collections::HashMap, time::Duration};
 
 pub use config::{SamplerConfig, SamplingSpec, SamplingSpecError};
-pub use emit::{Emit, Emitted, Envelope};
+pub use emit::{Emit, Emitted, Envelope, wire_sample};
 pub use rng::SplitMix64;
 pub use state::Mode;
 
