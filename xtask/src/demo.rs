@@ -1,5 +1,5 @@
 //! `cargo xtask run --demo`: railscope on a machine without RDMA devices or GPUs. The test
-//! bed's guest (Debian 6.1 in QEMU) runs the `demo` scenario (tests/src/scenarios/demo.rs):
+//! bed's guest (Debian 6.1 in QEMU) runs the `demo` scenario (tests/testbed-guest/src/scenarios/demo.rs):
 //! two Slurm-like jobs making soft-RoCE traffic (perftest, rping), a link that flaps now and
 //! then, and the NVML stand-in replaying an 8-GPU node; its agent sends over QEMU's user
 //! network to a collector started here on 127.0.0.1 (UDP 7670, HTTP 7671), whose dashboard
@@ -25,7 +25,7 @@ use crate::{
     vm_test,
 };
 
-/// The guest's key (tests/src/guest.rs, `WIRE_KEY_HEX`): the demo's collector uses it.
+/// The guest's key (tests/testbed-guest/src/guest.rs, `WIRE_KEY_HEX`): the demo's collector uses it.
 const GUEST_KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
 /// The node name the guest's agent sends as.

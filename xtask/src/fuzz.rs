@@ -277,7 +277,7 @@ fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
         dir("collector_config")?.join("collector.toml"),
     )?;
     let scripts = dir("nvml_script")?;
-    for entry in std::fs::read_dir(root.join("nvml-standin/scripts"))? {
+    for entry in std::fs::read_dir(root.join("tests/nvml-standin/scripts"))? {
         let path = entry?.path();
         if let Some(name) = path.file_name() {
             std::fs::copy(&path, scripts.join(name))?;

@@ -165,7 +165,7 @@ fn make_payload(work: &Path, deb: &Path, nvml_standin: &Path) -> anyhow::Result<
     fs::create_dir_all(&nvml)?;
     fs::copy(nvml_standin, nvml.join("libnvidia-ml.so.1"))?;
     fs::copy(
-        crate::cargo::workspace_root().join("nvml-standin/scripts/h100x8.json"),
+        crate::cargo::workspace_root().join("tests/nvml-standin/scripts/h100x8.json"),
         nvml.join("nvml-standin.json"),
     )?;
     let image = work.join("payload.img");

@@ -1,4 +1,4 @@
-//! `cargo xtask vm-test`: the soft-RoCE scenarios (crate `tests`, module
+//! `cargo xtask vm-test`: the soft-RoCE scenarios (crate `testbed-guest`, module
 //! `scenarios`) run inside QEMU guests booted from stock Debian kernels, against the real
 //! rdma_rxe driver, rdma-core and perftest.
 //!
@@ -145,7 +145,7 @@ pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinarie
     })
 }
 
-/// The guest's `/init` (crate `tests`), built for the host.
+/// The guest's `/init` (crate `testbed-guest`), built for the host.
 pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the guest init (tests)");
     let mut cmd = cargo::command(tools);
@@ -153,7 +153,7 @@ pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
         "build",
         "--release",
         "--package",
-        "tests",
+        "testbed-guest",
         "--bin",
         "railscope-guest-init",
     ]);

@@ -31,7 +31,7 @@ pub(crate) const SCENARIO: &str = "host-collector";
 /// The node name the guest's agent sends as.
 const NODE: &str = "guest";
 
-/// The guest's key (tests/src/guest.rs, `WIRE_KEY_HEX`).
+/// The guest's key (tests/testbed-guest/src/guest.rs, `WIRE_KEY_HEX`).
 const KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
 const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";

@@ -45,7 +45,7 @@ pub mod scratch;
 /// tests, that use this crate, must not need (monitor-user also dev-depends on this crate).
 /// The module needs only monitor-wire and foldhash.
 #[allow(dead_code)]
-#[path = "../../monitor-user/src/sampler/mod.rs"]
+#[path = "../../../monitor-user/src/sampler/mod.rs"]
 mod sampler;
 
 pub use child::{Running, json_output};

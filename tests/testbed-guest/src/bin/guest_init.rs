@@ -2,12 +2,12 @@
 //! named by `railscope.scenarios=a,b` on the kernel command line and powers off.
 //!
 //! Started by a scenario (so not as PID 1) with `cq-overflow ARGS`, it runs that verbs
-//! program instead ([`tests::cq_overflow`]); with `iwarp-errors ARGS`, the iWARP one
-//! ([`tests::iwarp_errors`]).
+//! program instead ([`testbed_guest::cq_overflow`]); with `iwarp-errors ARGS`, the iWARP one
+//! ([`testbed_guest::iwarp_errors`]).
 
 use std::time::Instant;
 
-use tests::{cq_overflow, guest, iwarp_errors, scenarios};
+use testbed_guest::{cq_overflow, guest, iwarp_errors, scenarios};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

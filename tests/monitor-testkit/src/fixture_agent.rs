@@ -14,7 +14,7 @@ use crate::child::Running;
 const STANDIN: &str = "libnvml_standin.so";
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The fixture sysfs tree `name` (`mlx5`, `rxe`, ...).
@@ -49,7 +49,7 @@ pub fn standin_with_script(dir: &Path) -> PathBuf {
         );
     let lib = dir.join(STANDIN);
     std::fs::copy(built, &lib).unwrap();
-    let script = workspace_root().join("nvml-standin/scripts/h100x8.json");
+    let script = workspace_root().join("tests/nvml-standin/scripts/h100x8.json");
     std::fs::copy(script, dir.join("nvml-standin.json")).unwrap();
     lib
 }
