@@ -1,10 +1,18 @@
 //! Builds the eBPF probes (`monitor-ebpf`) with the nightly toolchain and bpf-linker, through
 //! aya-build, so the `railscope` binary can embed the object. `cargo xtask setup` installs both.
+//!
+//! aya-build relays every line the nested cargo prints on stderr as a `cargo:warning`, so a
+//! clean build used to show some fifty "warning: monitor-user@...: Compiling core ..." lines
+//! that were only progress. The nested cargo runs quiet instead: its status lines are gone,
+//! while rustc's diagnostics (which aya-build reads from the JSON messages on stdout) and any
+//! error still come through as before; the build prints one line when the probes are built.
 
 use anyhow::{Context as _, anyhow, bail};
 use aya_build::Toolchain;
 
 const EBPF_PACKAGE: &str = "monitor-ebpf";
+/// The eBPF object, the package's binary (`include_bytes_aligned!` in `probes` reads it).
+const EBPF_OBJECT: &str = "railscope-probes";
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=PATH");
@@ -27,6 +35,11 @@ fn main() -> anyhow::Result<()> {
         .manifest_path
         .parent()
         .ok_or_else(|| anyhow!("no parent for {}", package.manifest_path))?;
+    // SAFETY: the build script is single-threaded here; the nested cargo inherits these.
+    unsafe {
+        std::env::set_var("CARGO_TERM_QUIET", "true");
+        std::env::set_var("CARGO_TERM_PROGRESS_WHEN", "never");
+    }
     aya_build::build_ebpf(
         [aya_build::Package {
             name: EBPF_PACKAGE,
@@ -34,7 +47,17 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         }],
         Toolchain::default(),
-    )
+    )?;
+    let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    let object = out_dir.join(EBPF_OBJECT);
+    let size = std::fs::metadata(&object)
+        .with_context(|| format!("the eBPF object {} was not built", object.display()))?
+        .len();
+    println!(
+        "cargo:warning=eBPF probes built: {EBPF_OBJECT} from {EBPF_PACKAGE} ({} KiB, nightly + bpf-linker)",
+        size.div_ceil(1024)
+    );
+    Ok(())
 }
 
 fn on_path(program: &str) -> bool {

@@ -6,8 +6,8 @@
 //! replayed, truncated and random datagrams counted exactly by reason, and a collector killed
 //! mid-stream that asks the agent for its schema when it comes back.
 //!
-//! The agent's binary is found next to the collector's (`cargo test` of the workspace builds
-//! both; `cargo build -p monitor-user` otherwise).
+//! The agent's binary is built next to the collector's before the first use
+//! (`monitor_testkit::agent_binary_next_to`), so `cargo test -p monitor-collector` alone runs it.
 
 use std::{
     collections::BTreeMap,

@@ -4,8 +4,8 @@
 //! back from the archive (through `/api/v1/export`) and must say exactly what `railscope
 //! report` says of the file: the same ports, verdicts, down periods and time down.
 //!
-//! The agent's binary is found next to the collector's (`cargo test` of the workspace builds
-//! both; `cargo build -p monitor-user` otherwise).
+//! The agent's binary is built next to the collector's before the first use
+//! (`monitor_testkit::agent_binary_next_to`), so `cargo test -p monitor-collector` alone runs it.
 
 use std::{
     path::{Path, PathBuf},

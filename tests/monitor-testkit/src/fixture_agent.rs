@@ -6,6 +6,7 @@ use std::{
     ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
+    sync::OnceLock,
 };
 
 use crate::child::Running;
@@ -24,16 +25,65 @@ pub fn sysfs_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `railscope`, next to another binary of the workspace (`cargo test` of the workspace builds
-/// both; `cargo build -p monitor-user` otherwise).
+/// `railscope`, next to another binary of the workspace (`binary`, the calling test's
+/// `CARGO_BIN_EXE_...`), built first.
+///
+/// The collector's end-to-end tests run the agent's binary, which cargo builds for a test of
+/// the whole workspace but not for `cargo test -p monitor-collector`, and cargo cannot name
+/// another package's binary as a test's dependency on stable. So the first call of a test
+/// process builds it (`cargo build -p monitor-user --bin railscope`, same profile and target
+/// directory; a no-op when it is up to date): the test never runs a missing or stale agent.
 pub fn agent_binary_next_to(binary: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Err(why) = BUILT.get_or_init(|| build_agent_next_to(Path::new(binary))) {
+        panic!("the agent binary could not be built: {why}");
+    }
     let path = Path::new(binary).with_file_name("railscope");
     assert!(
         path.is_file(),
-        "{} is missing: build the agent too (cargo build -p monitor-user, or cargo test for the workspace)",
+        "{} is missing after its build",
         path.display()
     );
     path
+}
+
+/// Builds `railscope` into the profile directory `binary` lies in (`<target>/<profile>/`).
+fn build_agent_next_to(binary: &Path) -> Result<(), String> {
+    let profile_dir = binary
+        .parent()
+        .ok_or_else(|| format!("{} has no directory", binary.display()))?;
+    let target_dir = profile_dir
+        .parent()
+        .ok_or_else(|| format!("{} has no target directory", profile_dir.display()))?;
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(name) => name.to_string(),
+        None => return Err(format!("{} names no profile", profile_dir.display())),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            "monitor-user",
+            "--bin",
+            "railscope",
+        ])
+        .arg("--profile")
+        .arg(&profile)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("{}: {e}", Path::new(&cargo).display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cargo build -p monitor-user --bin railscope --profile {profile}: {status}"
+        ))
+    }
 }
 
 /// The stand-in library (a dev-dependency of the calling test, built next to it) copied into
