@@ -24,6 +24,8 @@ use crate::{
     http, ingest,
     liveness::{Heartbeat, Heartbeats},
     nodes::NodeTable,
+    query::QueryEngine,
+    routes::{self, Sources},
     shared::{ExtraMetrics, IngestStats, Shared},
     udp,
     writer::{self, FrameArchive, Writer},
@@ -34,8 +36,11 @@ use crate::{
 pub struct Parts {
     /// The archive every accepted frame is appended to.
     pub archive: Option<Box<dyn FrameArchive>>,
-    /// More HTTP routes (the query API), merged with `/metrics` and the live view.
-    pub api: Option<axum::Router>,
+    /// The archive's query engine, for the query API and the stragglers (`crate::routes`).
+    pub query: Option<Arc<QueryEngine>>,
+    /// Routes a test adds to the table.
+    #[cfg(test)]
+    pub test_routes: Option<axum::Router>,
     /// More `/metrics` families (the archive's files, remote-write).
     pub extra_metrics: Option<ExtraMetrics>,
     /// Evaluate health findings into this store with these thresholds.
@@ -141,14 +146,18 @@ impl Collector {
                     .spawn(move || ingest::receive_loop(socket, index, shared, stop))?,
             );
         }
+        let routes = routes::router(Sources {
+            live: Some(shared.clone()),
+            query: parts.query,
+        });
+        #[cfg(test)]
+        let routes = match parts.test_routes {
+            Some(more) => routes.merge(more),
+            None => routes,
+        };
         let (http_stop, stopped) = tokio::sync::watch::channel(false);
         let server = match listener {
-            Some(listener) => Some(http::spawn(
-                listener,
-                http::router(shared.clone(), parts.api),
-                stopped,
-                http_beat,
-            )?),
+            Some(listener) => Some(http::spawn(listener, routes, stopped, http_beat)?),
             None => None,
         };
         tracing::info!(
@@ -235,9 +244,10 @@ mod tests {
     fn start(archive: &RecordingArchive) -> Collector {
         start_with(Parts {
             archive: Some(Box::new(archive.clone())),
-            api: None,
+            query: None,
             extra_metrics: None,
             findings: None,
+            test_routes: None,
         })
     }
 
@@ -524,7 +534,8 @@ mod tests {
         );
         let collector = start_with(Parts {
             archive: Some(Box::new(crate::writer::PublishingArchive::new(archive))),
-            api: Some(hang),
+            query: None,
+            test_routes: Some(hang),
             extra_metrics: None,
             findings: None,
         });

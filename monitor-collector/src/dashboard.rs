@@ -6,18 +6,16 @@
 //! (docs/http-api.md, "Dashboard").
 
 use axum::{
-    Router,
     http::{HeaderValue, header},
     response::IntoResponse,
-    routing::get,
 };
 
-const INDEX_HTML: &str = include_str!("../ui/index.html");
-const APP_JS: &str = include_str!("../ui/app.js");
-const APP_CSS: &str = include_str!("../ui/app.css");
-const ICON_SVG: &str = include_str!("../ui/icon.svg");
-const DYGRAPH_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.js"));
-const DYGRAPH_CSS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.css"));
+pub(crate) const INDEX_HTML: &str = include_str!("../ui/index.html");
+pub(crate) const APP_JS: &str = include_str!("../ui/app.js");
+pub(crate) const APP_CSS: &str = include_str!("../ui/app.css");
+pub(crate) const ICON_SVG: &str = include_str!("../ui/icon.svg");
+pub(crate) const DYGRAPH_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.js"));
+pub(crate) const DYGRAPH_CSS: &str = include_str!(concat!(env!("OUT_DIR"), "/dygraph.min.css"));
 
 /// The metrics each view of the page reads (`ui/app.js`, which names them): the fleet and job
 /// views colour GPUs by SM activity or utilization and ports by throughput against their line
@@ -67,30 +65,14 @@ pub const VIEWS: &[(&str, &[&str])] = &[
 const CONTENT_SECURITY_POLICY: &str =
     "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'";
 
-/// The dashboard's routes: `/` and `/ui/...`.
-pub fn router() -> Router {
-    Router::new()
-        .route("/", get(|| asset(INDEX_HTML, "text/html; charset=utf-8")))
-        .route(
-            "/ui/app.js",
-            get(|| asset(APP_JS, "text/javascript; charset=utf-8")),
-        )
-        .route(
-            "/ui/app.css",
-            get(|| asset(APP_CSS, "text/css; charset=utf-8")),
-        )
-        .route("/ui/icon.svg", get(|| asset(ICON_SVG, "image/svg+xml")))
-        .route(
-            "/ui/dygraph.min.js",
-            get(|| asset(DYGRAPH_JS, "text/javascript; charset=utf-8")),
-        )
-        .route(
-            "/ui/dygraph.min.css",
-            get(|| asset(DYGRAPH_CSS, "text/css; charset=utf-8")),
-        )
-}
+/// Content types of the assets.
+pub(crate) const HTML: &str = "text/html; charset=utf-8";
+pub(crate) const JS: &str = "text/javascript; charset=utf-8";
+pub(crate) const CSS: &str = "text/css; charset=utf-8";
+pub(crate) const SVG: &str = "image/svg+xml";
 
-async fn asset(body: &'static str, content_type: &'static str) -> impl IntoResponse {
+/// One asset as served (its routes are in [`crate::routes`]).
+pub(crate) async fn asset(body: &'static str, content_type: &'static str) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
@@ -112,7 +94,7 @@ mod tests {
 
     #[test]
     fn the_page_loads_only_assets_this_collector_serves() {
-        // Every script and stylesheet the page names is a route of `router`, by a path
+        // Every script and stylesheet the page names is a route of the table (`crate::routes`), by a path
         // relative to this collector (nothing fetched from elsewhere).
         for needed in [
             "/ui/icon.svg",

@@ -1,7 +1,7 @@
-//! The collector's HTTP server (axum on a small tokio runtime of its own thread): `/metrics`
-//! (and `/metrics/collector`, the collector's own health alone),
-//! the live view (`/api/v1/live/nodes`, `/api/v1/live/events`) and whatever API router the
-//! collector is given (the query API), and the dashboard at `/`.
+//! The collector's HTTP server (axum on a small tokio runtime of its own thread), serving the
+//! route table of [`crate::routes`]; and the handlers of what lives in memory: `/metrics`
+//! (and `/metrics/collector`, the collector's own health alone) and the live view
+//! (`/api/v1/live/nodes`, `/api/v1/live/events`).
 
 use std::{net::TcpListener, sync::Arc};
 
@@ -10,7 +10,6 @@ use axum::{
     extract::{Query, State},
     http::header,
     response::IntoResponse,
-    routing::get,
 };
 use tokio::sync::watch;
 
@@ -22,26 +21,8 @@ use crate::{
     shared::Shared,
 };
 
-/// The routes of `/metrics` and the live view, merged with `api`.
-pub fn router(shared: Arc<Shared>, api: Option<Router>) -> Router {
-    let own = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/metrics/collector", get(own_metrics_page))
-        .route("/api/v1/live/nodes", get(nodes))
-        .route("/api/v1/live/events", get(events))
-        .with_state(shared.clone())
-        .merge(crate::dashboard::router());
-    let own = match &shared.findings {
-        Some(store) => own.merge(crate::findings::api::router(store.clone())),
-        None => own,
-    };
-    match api {
-        Some(api) => own.merge(api),
-        None => own,
-    }
-}
-
-async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+/// `GET /metrics`.
+pub(crate) async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     // Rendering walks every node: off the async threads.
     let body = tokio::task::spawn_blocking(move || metrics::render(&shared, unix_now_ns()))
         .await
@@ -55,7 +36,8 @@ async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     )
 }
 
-async fn own_metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+/// `GET /metrics/collector`.
+pub(crate) async fn own_metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let body = tokio::task::spawn_blocking(move || metrics::render_own(&shared))
         .await
         .unwrap_or_default();
@@ -68,11 +50,13 @@ async fn own_metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoRespons
     )
 }
 
-async fn nodes(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+/// `GET /api/v1/live/nodes`.
+pub(crate) async fn live_nodes(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     Json(shared.table.summaries())
 }
 
-async fn events(
+/// `GET /api/v1/live/events`.
+pub(crate) async fn live_events(
     State(shared): State<Arc<Shared>>,
     Query(filter): Query<EventFilter>,
 ) -> impl IntoResponse {

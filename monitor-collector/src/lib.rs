@@ -46,6 +46,7 @@ pub mod query;
 pub mod reads;
 pub mod remote_write;
 pub mod robust;
+pub mod routes;
 pub mod select;
 pub mod settings;
 pub mod shared;

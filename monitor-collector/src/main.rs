@@ -154,10 +154,6 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         )
         .context("opening the findings log")?,
     );
-    let api = query::api_router(engine.clone()).merge(monitor_collector::stragglers::router(
-        engine,
-        Some(store.clone()),
-    ));
     let findings_sender = findings::remote::FindingsSender::start(
         store.clone(),
         &findings_endpoints,
@@ -165,7 +161,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     )?;
     let parts = Parts {
         archive: Some(Box::new(archive)),
-        api: Some(api),
+        query: Some(engine),
         extra_metrics: Some(extra_metrics),
         findings: Some((store, thresholds)),
     };

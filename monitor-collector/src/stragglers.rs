@@ -38,10 +38,9 @@ use std::{
 };
 
 use axum::{
-    Json, Router,
+    Json,
     extract::{RawQuery, State},
     response::{IntoResponse, Response},
-    routing::get,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -554,20 +553,15 @@ fn cause_of(
 /// Default window of `/api/v1/stragglers`: the last 5 minutes.
 const DEFAULT_WINDOW_NS: u64 = 300_000_000_000;
 
+/// What `GET /api/v1/stragglers` reads: the archive, and the findings for the likely causes.
 #[derive(Clone)]
-struct ApiState {
-    engine: Arc<QueryEngine>,
-    findings: Option<Arc<FindingsStore>>,
+pub(crate) struct ApiState {
+    pub(crate) engine: Arc<QueryEngine>,
+    pub(crate) findings: Option<Arc<FindingsStore>>,
 }
 
 /// `GET /api/v1/stragglers?job_id=&start=&end=`.
-pub fn router(engine: Arc<QueryEngine>, findings: Option<Arc<FindingsStore>>) -> Router {
-    Router::new()
-        .route("/api/v1/stragglers", get(stragglers))
-        .with_state(ApiState { engine, findings })
-}
-
-async fn stragglers(
+pub(crate) async fn stragglers(
     State(state): State<ApiState>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {

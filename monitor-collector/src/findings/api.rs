@@ -5,23 +5,17 @@
 use std::{fmt::Write as _, sync::Arc};
 
 use axum::{
-    Json, Router,
+    Json,
     extract::{RawQuery, State},
     response::{IntoResponse, Response},
-    routing::get,
 };
 use serde_json::json;
 
 use super::{FindingsStore, Severity, store::FindingFilter};
 use crate::query::api::{ApiError, bad, one, params, range};
 
-pub fn router(store: Arc<FindingsStore>) -> Router {
-    Router::new()
-        .route("/api/v1/findings", get(findings))
-        .with_state(store)
-}
-
-async fn findings(
+/// `GET /api/v1/findings`.
+pub(crate) async fn findings(
     State(store): State<Arc<FindingsStore>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {

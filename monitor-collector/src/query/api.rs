@@ -1,14 +1,14 @@
-//! The HTTP JSON API of the query engine (docs/http-api.md): an `axum::Router` that the
-//! collector's HTTP server mounts. Queries run on tokio's blocking pool (they read files).
+//! The HTTP JSON API of the query engine (docs/http-api.md): the handlers of
+//! `/api/v1/series`, `/events`, `/nodes`, `/metric-names` and `/export` (routed in
+//! [`crate::routes`]). Queries run on tokio's blocking pool (they read files).
 
 use std::{sync::Arc, time::SystemTime};
 
 use axum::{
-    Json, Router,
+    Json,
     extract::{RawQuery, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -21,18 +21,6 @@ use super::{
 
 /// Default range of a query without `start`: the hour before `end`.
 const DEFAULT_RANGE_NS: u64 = 3_600_000_000_000;
-
-/// `GET /api/v1/series`, `GET /api/v1/events`, `GET /api/v1/nodes`,
-/// `GET /api/v1/metric-names`, `GET /api/v1/export`.
-pub fn api_router(engine: Arc<QueryEngine>) -> Router {
-    Router::new()
-        .route("/api/v1/series", get(series))
-        .route("/api/v1/events", get(events))
-        .route("/api/v1/nodes", get(nodes))
-        .route("/api/v1/metric-names", get(metric_names))
-        .route("/api/v1/export", get(export))
-        .with_state(engine)
-}
 
 /// A refused request: 400 with the reason, naming the parameter.
 pub(crate) struct ApiError(pub(crate) StatusCode, pub(crate) String);
@@ -117,7 +105,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-async fn series(
+pub(crate) async fn series(
     State(engine): State<Arc<QueryEngine>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -175,7 +163,7 @@ fn release_freed_memory() {
     }
 }
 
-async fn events(
+pub(crate) async fn events(
     State(engine): State<Arc<QueryEngine>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -194,7 +182,7 @@ async fn events(
     Ok(Json(json!({ "events": answers, "cost": cost })).into_response())
 }
 
-async fn nodes(
+pub(crate) async fn nodes(
     State(engine): State<Arc<QueryEngine>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -205,7 +193,7 @@ async fn nodes(
 }
 
 /// The metric names with series in the range (`match` on `node` chooses the nodes read).
-async fn metric_names(
+pub(crate) async fn metric_names(
     State(engine): State<Arc<QueryEngine>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -231,7 +219,7 @@ async fn metric_names(
 }
 
 /// A node's frames over the range as a capture file (docs/capture-format.md).
-async fn export(
+pub(crate) async fn export(
     State(engine): State<Arc<QueryEngine>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {

@@ -19,7 +19,6 @@ pub mod export;
 pub mod selector;
 pub mod time;
 
-pub use api::api_router;
 pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
 pub use selector::Matcher;
 

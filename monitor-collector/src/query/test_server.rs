@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use monitor_wire::Key;
 
-use super::{QueryEngine, api_router};
-use crate::archive::Archive;
+use super::QueryEngine;
+use crate::{
+    archive::Archive,
+    routes::{self, Sources},
+};
 
 /// Serves `archive` (frames authenticated with `key`) until the test process ends; its URL.
 pub(crate) fn serve_on_loopback(archive: Archive, key: Key) -> String {
@@ -22,7 +25,11 @@ pub(crate) fn serve_on_loopback(archive: Archive, key: Key) -> String {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, api_router(engine)).await.unwrap();
+            let routes = routes::router(Sources {
+                live: None,
+                query: Some(engine),
+            });
+            axum::serve(listener, routes).await.unwrap();
         });
     });
     url

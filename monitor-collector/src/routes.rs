@@ -1,0 +1,140 @@
+//! Every HTTP route the collector serves, in one table ([`router`]), as Prometheus'
+//! `web/api/v1/api.go` registers its API in one place; docs/http-api.md documents each (a
+//! test holds the two together). The handlers live with what they serve: `/metrics` and the
+//! live view in [`http`], the archive's queries in [`query::api`], the findings in
+//! [`findings::api`], the stragglers in [`stragglers`], the page's assets in [`dashboard`].
+//! A route is served only where the collector has what it reads: no archive, no query API.
+
+use std::sync::Arc;
+
+use axum::{Router, routing::get};
+
+use crate::{
+    dashboard::{self, asset},
+    findings::{self, FindingsStore},
+    http,
+    query::{self, QueryEngine},
+    shared::Shared,
+    stragglers,
+};
+
+/// What the routes answer from.
+#[derive(Default)]
+pub struct Sources {
+    /// The collector's live state: `/metrics`, the live view, and (where it evaluates them)
+    /// the findings.
+    pub live: Option<Arc<Shared>>,
+    /// The archive's query engine: the query API and the stragglers.
+    pub query: Option<Arc<QueryEngine>>,
+}
+
+/// The route table.
+pub fn router(sources: Sources) -> Router {
+    let Sources { live, query } = sources;
+    let findings: Option<Arc<FindingsStore>> = live.as_ref().and_then(|s| s.findings.clone());
+    // The dashboard: one page and its assets, compiled into the binary.
+    let mut routes = Router::new()
+        .route("/", get(|| asset(dashboard::INDEX_HTML, dashboard::HTML)))
+        .route(
+            "/ui/app.js",
+            get(|| asset(dashboard::APP_JS, dashboard::JS)),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| asset(dashboard::APP_CSS, dashboard::CSS)),
+        )
+        .route(
+            "/ui/icon.svg",
+            get(|| asset(dashboard::ICON_SVG, dashboard::SVG)),
+        )
+        .route(
+            "/ui/dygraph.min.js",
+            get(|| asset(dashboard::DYGRAPH_JS, dashboard::JS)),
+        )
+        .route(
+            "/ui/dygraph.min.css",
+            get(|| asset(dashboard::DYGRAPH_CSS, dashboard::CSS)),
+        );
+    if let Some(live) = live {
+        routes = routes.merge(
+            Router::new()
+                // Prometheus' text format: every node's latest samples and the collector's
+                // own families; the collector's own families alone.
+                .route("/metrics", get(http::metrics_page))
+                .route("/metrics/collector", get(http::own_metrics_page))
+                // The live view, from memory: the nodes and the recent events.
+                .route("/api/v1/live/nodes", get(http::live_nodes))
+                .route("/api/v1/live/events", get(http::live_events))
+                .with_state(live),
+        );
+    }
+    if let Some(engine) = query {
+        routes = routes
+            .merge(
+                Router::new()
+                    // The archive: series, events, nodes, metric names, a capture file.
+                    .route("/api/v1/series", get(query::api::series))
+                    .route("/api/v1/events", get(query::api::events))
+                    .route("/api/v1/nodes", get(query::api::nodes))
+                    .route("/api/v1/metric-names", get(query::api::metric_names))
+                    .route("/api/v1/export", get(query::api::export))
+                    .with_state(engine.clone()),
+            )
+            .merge(
+                Router::new()
+                    // A job's stragglers over a window of the archive.
+                    .route("/api/v1/stragglers", get(stragglers::stragglers))
+                    .with_state(stragglers::ApiState {
+                        engine,
+                        findings: findings.clone(),
+                    }),
+            );
+    }
+    if let Some(store) = findings {
+        routes = routes.merge(
+            Router::new()
+                // The health findings, active and past.
+                .route("/api/v1/findings", get(findings::api::findings))
+                .with_state(store),
+        );
+    }
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    /// The routes of the table above, read from this file.
+    fn routes_in_table() -> Vec<&'static str> {
+        let source = include_str!("routes.rs");
+        let table = &source[..source.find("#[cfg(test)]").unwrap()];
+        table
+            .split(".route(")
+            .skip(1)
+            .map(|rest| {
+                let rest = rest.trim_start().strip_prefix('"').unwrap();
+                &rest[..rest.find('"').unwrap()]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn docs_http_api_documents_every_route_and_no_other() {
+        let docs = include_str!("../../docs/http-api.md");
+        let routes = routes_in_table();
+        assert!(routes.len() >= 16, "{routes:?}");
+        for route in &routes {
+            assert!(
+                docs.contains(&format!("`GET {route}`")) || docs.contains(&format!("`{route}`")),
+                "docs/http-api.md does not document {route}"
+            );
+        }
+        // Every `GET /...` heading of the docs is a route of the table.
+        for heading in docs.lines().filter_map(|l| l.strip_prefix("## `GET ")) {
+            let path = heading.split(['`', '?']).next().unwrap();
+            assert!(
+                routes.contains(&path),
+                "docs/http-api.md documents {path}, which the collector does not serve"
+            );
+        }
+    }
+}
