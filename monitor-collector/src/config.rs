@@ -1,11 +1,11 @@
 //! What a collector is started with: where it listens, its key, and the bounds that keep its
-//! memory finite whatever the senders do (docs/architecture.md, "Collector").
+//! memory finite whatever the senders do (docs/collector.md, "Memory bounds").
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use monitor_wire::{Key, MAX_FRAME_SAMPLES};
 
-/// The bounds of a collector's memory. Each is a count; docs/architecture.md gives what they
+/// The bounds of a collector's memory. Each is a count; docs/collector.md, "Memory bounds", gives what they
 /// cost in bytes.
 #[derive(Clone, Debug)]
 pub struct Limits {

@@ -63,7 +63,7 @@ pub struct CollectorSettings {
     #[arg(long, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
-    /// Nodes held at once (memory bound; see docs/architecture.md; default 10000).
+    /// Nodes held at once (memory bound; see docs/collector.md, "Memory bounds"; default 10000).
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_nodes: Option<usize>,

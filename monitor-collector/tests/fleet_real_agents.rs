@@ -10,7 +10,7 @@
 //! of the fleet carries 20 GB/s each way (`port_xmit_data`/`port_rcv_data`, ±0.5% per port),
 //! every port sends 50 CNP/s (`hw_counters/np_cnp_sent`), and the faults below count up.
 //!
-//! Two jobs, through both documented routes (docs/architecture.md, "Jobs"): job A,
+//! Two jobs, through both documented routes (docs/agent.md, "Jobs"): job A,
 //! `slurm:4242`, a real process in a Slurm-shaped cgroup (`.../slurmstepd.scope/job_4242/
 //! step_0`) listed by the stand-in on every GPU of nodes 1-4; job B, `trainer:7`, a real
 //! process in `.../trainer/run-7/rank-0`, named by a `[[jobs.patterns]]` rule of the agent.toml

@@ -58,7 +58,7 @@ pub struct ArchiveConfig {
     /// Frame bytes in a sealed block, one node's records (default 1 MiB): a block is the
     /// unit of re-coding per series and of reading, docs/archive-format.md.
     pub block_bytes: usize,
-    /// zstd level of sealed blocks (default 3; docs/architecture.md gives the sizes).
+    /// zstd level of sealed blocks (default 3; bench/results/archive-size.md gives the sizes).
     pub compression_level: i32,
     /// Sealed segments whose newest record was received longer ago are deleted (default 30
     /// days; `None`: kept whatever their age).

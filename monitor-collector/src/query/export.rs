@@ -1,6 +1,6 @@
 //! One node's frames over a time range, as a capture file (docs/capture-format.md), so
 //! `railscope report` runs on what the fleet recorded with the same code as on a local
-//! capture (docs/architecture.md, "Capture mode").
+//! capture (docs/agent.md, "Capture mode").
 //!
 //! The frames are decoded from the archive with the cluster key and written again into one
 //! new session numbered from 0, each carrying the schema entries of the series it holds (the

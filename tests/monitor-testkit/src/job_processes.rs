@@ -1,7 +1,7 @@
 //! Processes placed in cgroups laid out as a scheduler lays them out (Slurm, Kubernetes, or a
 //! path a `[[jobs.patterns]]` rule of agent.toml names), so that the agent, reading
 //! `/proc/<pid>/cgroup` of the pids the NVML stand-in lists as a GPU's processes, labels the
-//! GPU's series with their job (docs/architecture.md, "Jobs").
+//! GPU's series with their job (docs/agent.md, "Jobs").
 //!
 //! On a cgroup2 mount when this host lets us create cgroups there (root, `/sys/fs/cgroup` or
 //! its `unified` hybrid mount): each a real `sleep` moved in through `cgroup.procs` and read

@@ -1139,7 +1139,7 @@ fn markdown(r: &Value) -> String {
              | samples | {} | {} rows inserted |\n\
              | CPU per sample | | {} ns (remote-write ingest) |\n\n\
              Where ours is larger, the reason (every frame restarts each series' coding) and \
-             what would close the gap are in docs/architecture.md, \"Bytes at rest per sample\".\n\n",
+             what would close the gap are in bench/results/archive-size.md.\n\n",
             l["nodes"],
             f64_of(&l["samples_per_series"]),
             fmt(&l["bytes_at_rest_per_sample"], 3),
