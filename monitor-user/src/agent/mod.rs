@@ -5,10 +5,10 @@
 //! A source that fails never stops the agent: a family whose module is missing is looked for
 //! every `rescan` interval, one that fails to attach is retried with a backoff, and one whose
 //! module goes away is dropped and waited for the same way. Attaching runs on a blocking
-//! thread, so the loop keeps its pace meanwhile.
+//! thread, so the loop keeps its pace meanwhile. The families' lifecycle and their ring-buffer
+//! readers are [`crate::probes::families`] and [`crate::probes::ring`], which `railscope
+//! capture` shares.
 //!
-//! - [`families`]: each probe family attached, retried and detached as its module comes and
-//!   goes, and its ring buffer drained;
 //! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
 //! - [`wire_events`]: the same events as the collector receives them;
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
@@ -16,7 +16,6 @@
 //! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
 mod device_ends;
-pub(crate) mod families;
 mod job_ends;
 pub mod output;
 mod state_report;
@@ -36,11 +35,14 @@ use crate::{
     jobs::JobRules,
     kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
-    probes::decode::{self, Event, PortStates},
+    probes::{
+        decode::{self, Event, PortStates},
+        families::{self, AttachFn, Families},
+        ring::Record,
+    },
     stop_signals::StopSignals,
     time_base::{TimeBase, monotonic_ns},
 };
-use families::{AttachFn, Families, Record};
 use state_report::StateReport;
 use wire_events::{ib_wire_event, transition_wire_event};
 

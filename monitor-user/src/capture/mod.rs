@@ -5,7 +5,8 @@
 //! time (kprobes take several handlers on one function, each with its own ring buffer), so
 //! neither depends on the other's lifetime, options or failures — a capture is started for
 //! an hour on a suspect node and stopped with Ctrl-C without touching the daemon. The IB
-//! sysfs source and the probe families are the agent's own code.
+//! sysfs source and the probe families are the agent's own code ([`crate::sources::ib_sysfs`],
+//! [`crate::probes::families`] and its ring-buffer readers, [`crate::probes::ring`]).
 //!
 //! - [`recorder`]: the pre-trigger ring and which snapshots are written;
 //! - [`triggers`]: what, between two snapshots, starts a recording window.
@@ -28,10 +29,14 @@ use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Reading};
 use tokio::sync::mpsc;
 
 use crate::{
-    agent::families::{self, Families, Record},
     cgroup::CgroupNames,
     kernel::Kernel,
-    probes::{Family, decode::EventOrigin},
+    probes::{
+        Family,
+        decode::EventOrigin,
+        families::{self, Families},
+        ring::Record,
+    },
     sources::ib_sysfs::IbSysfs,
     stop_signals::StopSignals,
     time_base::TimeBase,

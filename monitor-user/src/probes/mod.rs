@@ -9,8 +9,10 @@
 
 pub mod btf_cache;
 pub mod decode;
+pub(crate) mod families;
 pub mod layout;
 pub mod names;
+pub(crate) mod ring;
 
 use std::{collections::BTreeSet, fmt};
 
