@@ -36,9 +36,9 @@ use crate::{
     kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
     probes::{
-        decode::{self, Event, PortStates},
+        decode::{self, PortStates, ProbeEvent},
         families::{self, AttachFn, Families},
-        ring::Record,
+        ring::RingRecord,
     },
     stop_signals::StopSignals,
     time_base::{TimeBase, monotonic_ns},
@@ -73,7 +73,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"))
         .with_jobs(options.jobs.clone());
     let mut ports = PortStates::default();
-    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let (records_tx, mut records_rx) = mpsc::channel::<RingRecord>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
     let mut devices = device_ends::DeviceEnds::default();
@@ -222,16 +222,16 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
 /// A record from a family's ring buffer: a new cgroup's notice (named now, while it exists)
 /// or an event, printed and sent.
 fn on_record(
-    record: &Record,
+    record: &RingRecord,
     families: &Families,
     cgroups: &mut CgroupNames,
     ports: &mut PortStates,
     pipeline: Option<&mut Pipeline>,
     format: OutputFormat,
 ) {
-    if Origin::from_u32(record.1.origin) == Some(Origin::NewCgroup) {
-        let name = cgroups.name(record.1.cgroup);
-        tracing::trace!(cgroup = record.1.cgroup, %name, "new cgroup named");
+    if Origin::from_u32(record.record.origin) == Some(Origin::NewCgroup) {
+        let name = cgroups.name(record.record.cgroup);
+        tracing::trace!(cgroup = record.record.cgroup, %name, "new cgroup named");
         return;
     }
     let event = families.decode(record, TimeBase::global(), cgroups);
@@ -241,7 +241,7 @@ fn on_record(
 /// Prints an event (and the port transition it makes, if any) and sends both to the
 /// collector.
 fn report_event(
-    event: &Event,
+    event: &ProbeEvent,
     ports: &mut PortStates,
     pipeline: Option<&mut Pipeline>,
     format: OutputFormat,

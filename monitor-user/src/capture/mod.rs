@@ -35,7 +35,7 @@ use crate::{
         Family,
         decode::EventOrigin,
         families::{self, Families},
-        ring::Record,
+        ring::RingRecord,
     },
     sources::ib_sysfs::IbSysfs,
     stop_signals::StopSignals,
@@ -232,7 +232,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
     let mut encoder = FrameEncoder::new(config, Key::from_bytes(key_bytes))
         .context("the capture's frame encoder")?;
 
-    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let (records_tx, mut records_rx) = mpsc::channel::<RingRecord>(4096);
     let mut families = Families::start(
         options.kernel.clone(),
         families::kernel_attach(options.kernel.clone()),
@@ -440,7 +440,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// A probe record: a port event of a captured port is written at once and triggers.
 #[allow(clippy::too_many_arguments)]
 fn on_record(
-    record: &Record,
+    record: &RingRecord,
     families: &Families,
     clock: &TimeBase,
     cgroups: &mut CgroupNames,
@@ -456,7 +456,7 @@ fn on_record(
         return Ok(());
     }
     stats.events += 1;
-    encoder.push_event(monitor_wire::Event {
+    encoder.push_event(monitor_wire::WireEvent {
         unix_ns: event.unix_ns,
         kind: "ib_port".into(),
         labels: monitor_wire::Labels::new([

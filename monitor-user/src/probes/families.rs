@@ -22,10 +22,10 @@ use super::{
     AttachedFamily, Family, FamilyUnavailable, ProbeLosses, ProbeReport, RawCount, RemovedDevice,
     Status, Unavailable,
     btf_cache::BtfCache,
-    decode::Event,
+    decode::ProbeEvent,
     names::KernelNames,
     render_table,
-    ring::{DrainPace, Record, read_events},
+    ring::{DrainPace, RingRecord, read_events},
     unnamed_device,
 };
 use crate::{
@@ -119,7 +119,7 @@ pub(crate) enum FamilyState {
 pub(crate) struct Families {
     kernel: Kernel,
     attach: AttachFn,
-    records: mpsc::Sender<Record>,
+    records: mpsc::Sender<RingRecord>,
     attempts_tx: mpsc::Sender<Attempt>,
     attempts: mpsc::Receiver<Attempt>,
     states: Vec<(Family, FamilyState)>,
@@ -132,7 +132,11 @@ pub(crate) struct Families {
 impl Families {
     /// Starts a first attempt for every family; the probe table is printed (to stderr) when
     /// all of them are in.
-    pub(crate) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
+    pub(crate) fn start(
+        kernel: Kernel,
+        attach: AttachFn,
+        records: mpsc::Sender<RingRecord>,
+    ) -> Self {
         let (attempts_tx, attempts) = mpsc::channel(Family::ALL.len());
         let mut families = Self {
             kernel,
@@ -408,16 +412,16 @@ impl Families {
     /// sent it.
     pub(crate) fn decode(
         &self,
-        (family, record): &Record,
+        RingRecord { family, record }: &RingRecord,
         clock: &TimeBase,
         cgroups: &mut CgroupNames,
-    ) -> Event {
+    ) -> ProbeEvent {
         let device = self
             .attached()
             .find(|(f, _)| f == family)
             .map(|(_, a)| a.device_name(record.device))
             .unwrap_or_else(|| unnamed_device(record.device));
-        Event::decode(record, device, &self.names, clock, cgroups)
+        ProbeEvent::decode(record, device, &self.names, clock, cgroups)
     }
 
     /// Asks every reader to drain its ring buffer once more and end, and waits (at most a
@@ -555,7 +559,7 @@ fn start_reader(
     family: Family,
     mut attached: AttachedFamily,
     module: Option<FileIdentity>,
-    records: &mpsc::Sender<Record>,
+    records: &mpsc::Sender<RingRecord>,
 ) -> (FamilyState, Vec<ProbeReport>) {
     let rows = attached.statuses.clone();
     let Some(ring) = attached.take_events() else {

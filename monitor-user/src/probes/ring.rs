@@ -16,6 +16,8 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
+use monitor_common::events::{EventRecord, Origin};
+
 use super::Family;
 
 /// How often each family's ring buffer is drained. Frequent events (QPs moved to ERR) are
@@ -25,8 +27,16 @@ use super::Family;
 /// async errors) wake the reader and are read at once.
 pub(crate) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
-/// What reader tasks send to the main loop.
-pub(crate) type Record = (Family, monitor_common::events::EventRecord);
+/// A record as a reader hands it to the loop: the kernel's [`EventRecord`], as the probe
+/// wrote it, and the family whose ring buffer it came from. The family is what it adds: the
+/// record names its device by a key into that family's own `DEVICE_NAMES` map (each family
+/// is its own instance of the object), so decoding it into a
+/// [`ProbeEvent`](super::decode::ProbeEvent) needs both
+/// ([`Families::decode`](super::families::Families::decode)).
+pub(crate) struct RingRecord {
+    pub family: Family,
+    pub record: EventRecord,
+}
 
 /// How regularly a reader drained its ring buffer: the longest time between two drains, the
 /// measure of a loop that stalls; and how late the records that wake it (port, device and
@@ -99,7 +109,7 @@ impl DrainPace {
 pub(crate) async fn read_events(
     family: Family,
     ring: RingBuf<MapData>,
-    tx: mpsc::Sender<Record>,
+    tx: mpsc::Sender<RingRecord>,
     mut stopped: oneshot::Receiver<()>,
     pace: Arc<DrainPace>,
 ) {
@@ -145,13 +155,13 @@ pub(crate) async fn read_events(
         };
         let buffer = ring.buffer();
         while let Some(item) = buffer.next() {
-            match monitor_common::events::EventRecord::from_bytes(&item) {
+            match EventRecord::from_bytes(&item) {
                 Some(record) => {
                     if wakes(&record) {
                         let read_ns = crate::time_base::monotonic_ns().0;
                         pace.record_woken(read_ns.saturating_sub(record.timestamp_ns));
                     }
-                    if tx.send((family, record)).await.is_err() {
+                    if tx.send(RingRecord { family, record }).await.is_err() {
                         return;
                     }
                 }
@@ -165,8 +175,7 @@ pub(crate) async fn read_events(
 }
 
 /// Whether the probes wrote this record with a wake-up (`Delivery::Wake` in monitor-ebpf).
-fn wakes(record: &monitor_common::events::EventRecord) -> bool {
-    use monitor_common::events::Origin;
+fn wakes(record: &EventRecord) -> bool {
     matches!(
         Origin::from_u32(record.origin),
         Some(Origin::Dispatch | Origin::QpAsync | Origin::CqAsync)
