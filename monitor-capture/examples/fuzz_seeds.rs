@@ -14,7 +14,9 @@ use monitor_capture::{
     CaptureHeader, CaptureWriter, PortInfo, Rules, Timelines, Trailer, Verdict, analyse,
     format::key_hex, report::load_capture,
 };
-use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
+use monitor_wire::{
+    EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value, WireEvent,
+};
 
 const MS: u64 = 1_000_000;
 const T0: u64 = 1_763_164_800_000_000_000;
@@ -206,7 +208,7 @@ fn capture(ports: &[Port], trailer: bool) -> Result<Vec<u8>, Box<dyn std::error:
             };
             let labels = Labels::new([("device", device), ("port", "1")]);
             for (n, event) in step.events.iter().enumerate() {
-                encoder.push_event(Event {
+                encoder.push_event(WireEvent {
                     unix_ns: t + n as u64 * MS,
                     kind: "ib_port".into(),
                     labels: labels.clone(),

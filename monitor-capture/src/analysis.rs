@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use monitor_wire::{Event, Frame, ReceiverState, SeriesData};
+use monitor_wire::{Frame, ReceiverState, SeriesData, WireEvent};
 use serde::Serialize;
 
 const NS_PER_S: u64 = 1_000_000_000;
@@ -123,7 +123,7 @@ impl Timelines {
     }
 
     /// Adds an event if it is an IB port event (`ib_port`, labels `device` and `port`).
-    pub fn add_event(&mut self, node: &str, event: &Event) {
+    pub fn add_event(&mut self, node: &str, event: &WireEvent) {
         if event.kind != "ib_port" {
             return;
         }

@@ -1,7 +1,9 @@
 //! The writer, the reader and the analysis together on synthetic captures whose truth is
 //! known: one port flapping on a scripted pattern, one stable.
 
-use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
+use monitor_wire::{
+    EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value, WireEvent,
+};
 
 use crate::{
     CaptureError, CaptureHeader, CaptureWriter, PortInfo, Rules, Timelines, Trailer, Verdict,
@@ -48,8 +50,8 @@ fn series(name: &str, device: &str, kind: Kind) -> Series {
     }
 }
 
-fn port_event(at: u64, device: &str, name: &str) -> Event {
-    Event {
+fn port_event(at: u64, device: &str, name: &str) -> WireEvent {
+    WireEvent {
         unix_ns: at,
         kind: "ib_port".into(),
         labels: Labels::new([("device", device), ("port", "1"), ("cgroup", "/")]),

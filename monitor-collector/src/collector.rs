@@ -228,7 +228,7 @@ mod tests {
     };
 
     use monitor_wire::{
-        EncoderConfig, Event, FrameEncoder, Kind, Labels, Reading, ReceiverState, Series, Value,
+        EncoderConfig, FrameEncoder, Kind, Labels, Reading, ReceiverState, Series, Value, WireEvent,
     };
 
     use super::*;
@@ -342,7 +342,7 @@ mod tests {
         for step in 0..3 {
             readings(&mut enc, t0 + step * 1_000_000_000, step);
             if step == 1 {
-                enc.push_event(Event {
+                enc.push_event(WireEvent {
                     unix_ns: t0 + 1_500_000_000,
                     kind: "xid".into(),
                     labels: Labels::new([("gpu", "3")]),

@@ -3,11 +3,15 @@
 
 use std::{collections::VecDeque, sync::Mutex};
 
-use monitor_wire::Event;
+use monitor_wire::WireEvent;
 
 use crate::lock::lock;
 
-/// One event as the live view shows it.
+/// One event as the live view shows it (`/api/v1/live/events`, the dashboard).
+///
+/// What it adds over the [`WireEvent`] it is made from: the node that sent it (a frame names
+/// its node once, not per event) and when the collector received it; its labels are a map,
+/// which serialises as a JSON object.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LiveEvent {
     pub node: String,
@@ -20,7 +24,7 @@ pub struct LiveEvent {
 }
 
 impl LiveEvent {
-    pub fn new(node: &str, event: &Event, received_unix_ns: u64) -> Self {
+    pub fn new(node: &str, event: &WireEvent, received_unix_ns: u64) -> Self {
         Self {
             node: node.to_owned(),
             unix_ns: event.unix_ns,
@@ -120,7 +124,7 @@ mod tests {
     fn event(i: u64, text: &str) -> LiveEvent {
         LiveEvent::new(
             if i.is_multiple_of(2) { "even" } else { "odd" },
-            &Event {
+            &WireEvent {
                 unix_ns: i,
                 kind: "xid".into(),
                 labels: Labels::new([("gpu", "0")]),

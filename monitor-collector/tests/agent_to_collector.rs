@@ -373,7 +373,7 @@ fn what_the_agent_sent_is_what_the_collector_holds_and_shows() {
     // Forged: the same node's frames sealed with another key.
     let mut forger =
         FrameEncoder::new(EncoderConfig::new("gpu-node-001"), Key::from_bytes([3; 32])).unwrap();
-    forger.push_event(monitor_wire::Event {
+    forger.push_event(monitor_wire::WireEvent {
         unix_ns: 1,
         kind: "xid".into(),
         labels: Labels::new([("gpu", "0")]),

@@ -67,7 +67,10 @@ impl Origin {
     }
 }
 
-/// One event as a probe writes it to the ring buffer.
+/// One event as a probe writes it to the ring buffer: the layout the kernel side and
+/// userspace share (`#[repr(C)]`, fixed size), raw numbers only (a device key, an enum value,
+/// a cgroup id), what a probe can write cheaply. Userspace names them
+/// (`monitor-user`'s `ProbeEvent`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EventRecord {

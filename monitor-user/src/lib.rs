@@ -5,7 +5,8 @@
 //! - [`jobs`]: which job a cgroup belongs to (Slurm, Kubernetes, systemd, configured patterns).
 //! - [`kernel`]: what the running kernel offers (modules, kprobes).
 //! - [`time_base`]: one conversion from CLOCK_MONOTONIC to wall-clock time for everything.
-//! - [`probes`]: the probe catalogue, loading and attaching the eBPF object.
+//! - [`probes`]: the probe catalogue, loading and attaching the eBPF object, draining and
+//!   decoding what the probes send.
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
 //!   [`monitor_wire::Reading`]s.
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.

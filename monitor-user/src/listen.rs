@@ -391,7 +391,7 @@ fn grow_receive_buffer(socket: &UdpSocket) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use monitor_wire::{EncoderConfig, Event, FrameEncoder, Reading, Value};
+    use monitor_wire::{EncoderConfig, FrameEncoder, Reading, Value, WireEvent};
 
     use crate::sender::Sender;
 
@@ -433,7 +433,7 @@ mod tests {
                 })
                 .unwrap();
         }
-        encoder.push_event(Event {
+        encoder.push_event(WireEvent {
             unix_ns: T0 + 1_500_000_000,
             kind: "ib_port".into(),
             labels: port,

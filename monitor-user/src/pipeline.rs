@@ -21,7 +21,7 @@ use std::{
 use anyhow::Context as _;
 use monitor_wire::{
     self as wire, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading, Sample,
-    Series, Value,
+    Series, Value, WireEvent,
 };
 use tokio::sync::mpsc;
 
@@ -253,7 +253,7 @@ impl Pipeline {
     }
 
     /// Sends an event now (events are never batched or sampled).
-    pub fn on_event(&mut self, event: wire::Event) {
+    pub fn on_event(&mut self, event: WireEvent) {
         self.encoder.push_event(event);
         let frames = self
             .encoder
@@ -388,12 +388,12 @@ pub fn verb_readings(counts: &[crate::probes::decode::VerbCount], now: MonoNs) -
 }
 
 /// A GPU event as a wire event.
-pub fn gpu_event(event: &GpuEvent) -> wire::Event {
+pub fn gpu_event(event: &GpuEvent) -> WireEvent {
     let text = match event {
         GpuEvent::Xid { xid, .. } => format!("XID {xid}"),
         GpuEvent::Lost { reason, .. } => reason.clone(),
     };
-    wire::Event {
+    WireEvent {
         unix_ns: event.unix_ns().0,
         kind: event.kind().into(),
         labels: event.labels(),

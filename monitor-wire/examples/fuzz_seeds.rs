@@ -9,8 +9,8 @@
 use std::{path::PathBuf, sync::Arc};
 
 use monitor_wire::{
-    EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, MAC_LEN, Reading, SchemaRequest, Series,
-    Value, encode_schema_request,
+    EncoderConfig, FrameEncoder, Key, Kind, Labels, MAC_LEN, Reading, SchemaRequest, Series, Value,
+    WireEvent, encode_schema_request,
 };
 
 /// The key the fuzz targets seal with.
@@ -62,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             unix_ns: t,
         })?;
         if step == 2 {
-            encoder.push_event(Event {
+            encoder.push_event(WireEvent {
                 unix_ns: t,
                 kind: "ib_port".into(),
                 labels: Labels::new([("device", "mlx5_0"), ("port", "1")]),

@@ -7,8 +7,8 @@ use crate::{
     error::WireError,
     events::{encode_events, parse_events},
     frame::{
-        DEFAULT_MTU, Event, FLAG_EVENTS, FLAG_SAMPLES, FLAG_SCHEMA, Frame, MAGIC,
-        MAX_FRAME_SAMPLES, MIN_FRAME_LEN, SchemaEntry, SeriesSamples, VERSION,
+        DEFAULT_MTU, FLAG_EVENTS, FLAG_SAMPLES, FLAG_SCHEMA, Frame, MAGIC, MAX_FRAME_SAMPLES,
+        MIN_FRAME_LEN, SchemaEntry, SeriesSamples, VERSION, WireEvent,
     },
     key::Key,
     mac,
@@ -45,7 +45,7 @@ pub(crate) struct FrameView<'a> {
     pub time_quantum_ns: u64,
     pub schema: Vec<(u32, &'a Series)>,
     pub samples: Vec<&'a SeriesSamples>,
-    pub events: Vec<&'a Event>,
+    pub events: Vec<&'a WireEvent>,
 }
 
 pub(crate) struct Encoded {
@@ -292,7 +292,7 @@ impl StoredFrame<'_> {
     }
 
     /// The frame's events.
-    pub fn events(&self) -> Result<Vec<Event>, WireError> {
+    pub fn events(&self) -> Result<Vec<WireEvent>, WireError> {
         match self.events.clone() {
             Some(mut s) => parse_events(
                 &mut s,
@@ -399,7 +399,7 @@ mod tests {
                     ]),
                 },
             ],
-            events: vec![Event {
+            events: vec![WireEvent {
                 unix_ns: t0 + 1_500_000_000,
                 kind: "xid".into(),
                 labels: Labels::new([("gpu", "0")]),

@@ -6,7 +6,9 @@ use std::{collections::HashMap, time::Duration};
 use crate::{
     codec::{Encoded, FrameView},
     error::WireError,
-    frame::{CounterSample, DEFAULT_MTU, Event, GaugeSample, Sample, SeriesData, SeriesSamples},
+    frame::{
+        CounterSample, DEFAULT_MTU, GaugeSample, Sample, SeriesData, SeriesSamples, WireEvent,
+    },
     key::Key,
     prim,
     series::{Kind, Reading, Series, Value},
@@ -94,7 +96,7 @@ struct Slot {
 
 /// What goes into frames: an event, a schema entry, or (part of) one series' samples.
 enum Unit {
-    Event(Event),
+    Event(WireEvent),
     Schema { id: u32, slot: usize },
     Series(SeriesSamples),
 }
@@ -117,7 +119,7 @@ pub struct FrameEncoder {
     next_id: u32,
     slots: Vec<Slot>,
     index: HashMap<Series, usize, foldhash::fast::RandomState>,
-    events: Vec<Event>,
+    events: Vec<WireEvent>,
     pending: usize,
     backlog_warned: bool,
     series_limit_warned: bool,
@@ -305,7 +307,7 @@ impl FrameEncoder {
 
     /// Adds an event; it goes out with the next [`flush`](FrameEncoder::flush) or
     /// [`flush_events`](FrameEncoder::flush_events).
-    pub fn push_event(&mut self, event: Event) {
+    pub fn push_event(&mut self, event: WireEvent) {
         self.events.push(event);
     }
 

@@ -4,12 +4,12 @@
 use crate::{
     budget::Budget,
     error::WireError,
-    frame::Event,
+    frame::WireEvent,
     prim::{Reader, put_str, put_varint, unzigzag, zigzag},
     series::Labels,
 };
 
-pub(crate) fn encode_events(events: &[&Event], send_ns: u64) -> Vec<u8> {
+pub(crate) fn encode_events(events: &[&WireEvent], send_ns: u64) -> Vec<u8> {
     let mut out = Vec::new();
     put_varint(&mut out, events.len() as u64);
     for e in events {
@@ -18,7 +18,7 @@ pub(crate) fn encode_events(events: &[&Event], send_ns: u64) -> Vec<u8> {
     out
 }
 
-fn put_event(out: &mut Vec<u8>, e: &Event, send_ns: u64) {
+fn put_event(out: &mut Vec<u8>, e: &WireEvent, send_ns: u64) {
     put_varint(out, send_ns.wrapping_sub(e.unix_ns));
     put_str(out, &e.kind);
     put_varint(out, e.labels.iter().count() as u64);
@@ -34,12 +34,12 @@ pub(crate) fn parse_events(
     r: &mut Reader<'_>,
     send_ns: u64,
     budget: &mut Budget,
-) -> Result<Vec<Event>, WireError> {
+) -> Result<Vec<WireEvent>, WireError> {
     const EVENT: &str = "event";
     // Every string of an event is copied from the section once: together, at most its bytes.
     budget.charge(r.remaining(), EVENT)?;
     let n = r.count("event count")?;
-    budget.charge_items::<Event>(n, EVENT)?;
+    budget.charge_items::<WireEvent>(n, EVENT)?;
     let mut events = Vec::with_capacity(n);
     for _ in 0..n {
         let unix_ns = send_ns.wrapping_sub(r.varint("event time")?);
@@ -57,7 +57,7 @@ pub(crate) fn parse_events(
         }
         let code = unzigzag(r.varint("event code")?);
         let text = r.str("event text")?;
-        events.push(Event {
+        events.push(WireEvent {
             unix_ns,
             kind,
             labels: Labels::new(pairs),

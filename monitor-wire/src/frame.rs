@@ -92,8 +92,14 @@ pub struct SchemaEntry {
 }
 
 /// Something that happened once (a port going down, an XID error, a QP error): never sampled.
+///
+/// The shape every source's event takes on the wire: a `kind`, string labels, a numeric
+/// `code` and a `text`. What it adds over the sender's own types (the agent's decoded probe
+/// events and port transitions, its GPU events) is one encoding for all of them, so the frame
+/// format, the capture files and the collector need not know any source's type; it is what a
+/// frame encodes and decodes (docs/wire-format.md, "Events section").
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Event {
+pub struct WireEvent {
     pub unix_ns: u64,
     /// `ib_port`, `xid`, `gpu_lost`, `qp_error`, ...
     pub kind: String,
@@ -116,7 +122,7 @@ pub struct Frame {
     pub time_quantum_ns: u64,
     pub schema: Vec<SchemaEntry>,
     pub samples: Vec<SeriesSamples>,
-    pub events: Vec<Event>,
+    pub events: Vec<WireEvent>,
 }
 
 impl Frame {

@@ -18,7 +18,7 @@
 //! or it is refused with [`WireError::OverBudget`]; a [`ReceiverState`] keeps at most
 //! [`ReceiverLimits`] of schema per node.
 //!
-//! A sender uses [`FrameEncoder`]: it takes [`Reading`]s, [`Sample`]s and [`Event`]s, assigns
+//! A sender uses [`FrameEncoder`]: it takes [`Reading`]s, [`Sample`]s and [`WireEvent`]s, assigns
 //! ids, decides when schema entries are due and cuts each batch into frames no larger than
 //! the MTU; [`encode_frame`] writes one frame exactly as given.
 //!
@@ -53,8 +53,8 @@ pub use codec::{StoredFrame, decode, encode_frame, open_stored};
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
 pub use frame::{
-    CounterSample, DEFAULT_MTU, Event, Frame, GaugeSample, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN,
-    Sample, SchemaEntry, SeriesData, SeriesSamples, VERSION,
+    CounterSample, DEFAULT_MTU, Frame, GaugeSample, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN,
+    Sample, SchemaEntry, SeriesData, SeriesSamples, VERSION, WireEvent,
 };
 pub use key::{Key, KeyError};
 pub use mac::MAC_LEN;

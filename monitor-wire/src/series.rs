@@ -1,6 +1,6 @@
 //! The series model shared by the agent, the frame format and receivers: a series is a metric
 //! name, labels and a kind; a reading is one value of one series at one time. (Events, which
-//! happen once and are never sampled away, are part of the [frame model](crate::Event).)
+//! happen once and are never sampled away, are part of the [frame model](crate::WireEvent).)
 
 use std::{fmt, sync::Arc};
 

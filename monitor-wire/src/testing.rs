@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use crate::{
     codec::decode,
-    frame::{CounterSample, Event, Frame, GaugeSample, SchemaEntry, SeriesData, SeriesSamples},
+    frame::{CounterSample, Frame, GaugeSample, SchemaEntry, SeriesData, SeriesSamples, WireEvent},
     key::Key,
     receiver::ReceiverState,
     samples::quantize,
@@ -94,7 +94,7 @@ pub(crate) fn sample_frame() -> Frame {
                 ]),
             },
         ],
-        events: vec![Event {
+        events: vec![WireEvent {
             unix_ns: t + 5_123_456_789,
             kind: "ib_port".into(),
             labels: Labels::new([("device", "mlx5_0"), ("port", "1")]),
@@ -185,7 +185,7 @@ pub(crate) fn arb_samples(q: u64) -> impl Strategy<Value = SeriesData> {
     prop_oneof![counters, gauges]
 }
 
-pub(crate) fn arb_event() -> impl Strategy<Value = Event> {
+pub(crate) fn arb_event() -> impl Strategy<Value = WireEvent> {
     (
         any::<u64>(),
         "[a-z_]{0,10}",
@@ -193,7 +193,7 @@ pub(crate) fn arb_event() -> impl Strategy<Value = Event> {
         any::<i64>(),
         ".{0,40}",
     )
-        .prop_map(|(unix_ns, kind, labels, code, text)| Event {
+        .prop_map(|(unix_ns, kind, labels, code, text)| WireEvent {
             unix_ns,
             kind,
             labels,

@@ -397,7 +397,7 @@ impl FixtureSender {
     }
 
     /// Sends `event` at once (as the agent does), as a frame of its own.
-    pub fn event(&mut self, event: monitor_wire::Event, received_ns: u64) -> FixtureFrame {
+    pub fn event(&mut self, event: monitor_wire::WireEvent, received_ns: u64) -> FixtureFrame {
         self.encoder.push_event(event);
         let mut frames = self.encoder.flush_events(received_ns - 100_000);
         assert_eq!(frames.len(), 1, "one event makes one frame");

@@ -839,8 +839,8 @@ pub(crate) fn decode_block(block: &[u8], packed: bool) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use monitor_wire::{
-        CounterSample, EncoderConfig, Event, FrameEncoder, GaugeSample, Key, Kind, Labels,
-        ReceiverState, Sample, Series,
+        CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, ReceiverState,
+        Sample, Series, WireEvent,
     };
 
     use super::*;
@@ -934,7 +934,7 @@ mod tests {
                 )
                 .unwrap();
                 if sweep % 17 == 3 {
-                    enc.push_event(Event {
+                    enc.push_event(WireEvent {
                         unix_ns: t + 5,
                         kind: "xid".into(),
                         labels: Labels::new([("gpu", "0")]),

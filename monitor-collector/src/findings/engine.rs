@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{CounterSample, Event, Frame, Kind, Series, SeriesData};
+use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent};
 
 use super::{
     FindingsStore, Thresholds, gpus, ib_links, verbs,
@@ -46,7 +46,7 @@ pub type CounterSamples = Vec<(Series, Vec<CounterSample>)>;
 /// What ingest hands the findings thread.
 #[derive(Debug)]
 pub enum FindingsInput {
-    Event(Arc<str>, Event),
+    Event(Arc<str>, WireEvent),
     Counters(Arc<str>, CounterSamples),
 }
 
@@ -70,7 +70,7 @@ impl FindingsInbox {
         )
     }
 
-    pub fn push(&self, node: &Arc<str>, event: &Event) {
+    pub fn push(&self, node: &Arc<str>, event: &WireEvent) {
         self.send(FindingsInput::Event(node.clone(), event.clone()));
     }
 
@@ -149,7 +149,7 @@ impl FindingsEngine {
         }
     }
 
-    pub fn take_event(&mut self, node: &str, event: &Event) {
+    pub fn take_event(&mut self, node: &str, event: &WireEvent) {
         self.events.take(node, event);
     }
 

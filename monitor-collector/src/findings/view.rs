@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-use monitor_wire::{Event, Series};
+use monitor_wire::{Series, WireEvent};
 
 use super::Thresholds;
 use crate::nodes::{Latest, LatestValue};
@@ -162,7 +162,7 @@ pub struct EventState {
 }
 
 impl EventState {
-    pub(super) fn take(&mut self, node: &str, e: &Event) {
+    pub(super) fn take(&mut self, node: &str, e: &WireEvent) {
         match e.kind.as_str() {
             // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
             "port_transition" if e.code == 0 => {

@@ -11,7 +11,8 @@
 
 use std::collections::HashSet;
 
-use super::{families::Families, job_ends::GRACE};
+use super::job_ends::GRACE;
+use crate::probes::families::Families;
 use crate::{
     pipeline::{Pipeline, VERB_SERIES},
     probes::RawCount,

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::families::Families;
+use crate::probes::families::Families;
 use crate::{
     cgroup::{CgroupNames, GONE_LIFETIME, MAX_GONE},
     pipeline::{Pipeline, VERB_SERIES},

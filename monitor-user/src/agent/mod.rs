@@ -5,10 +5,10 @@
 //! A source that fails never stops the agent: a family whose module is missing is looked for
 //! every `rescan` interval, one that fails to attach is retried with a backoff, and one whose
 //! module goes away is dropped and waited for the same way. Attaching runs on a blocking
-//! thread, so the loop keeps its pace meanwhile.
+//! thread, so the loop keeps its pace meanwhile. The families' lifecycle and their ring-buffer
+//! readers are [`crate::probes::families`] and [`crate::probes::ring`], which `railscope
+//! capture` shares.
 //!
-//! - [`families`]: each probe family attached, retried and detached as its module comes and
-//!   goes, and its ring buffer drained;
 //! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
 //! - [`wire_events`]: the same events as the collector receives them;
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
@@ -16,7 +16,6 @@
 //! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
 
 mod device_ends;
-pub(crate) mod families;
 mod job_ends;
 pub mod output;
 mod state_report;
@@ -36,11 +35,14 @@ use crate::{
     jobs::JobRules,
     kernel::Kernel,
     pipeline::{self, Pipeline, PipelineOptions, Polled},
-    probes::decode::{self, Event, PortStates},
+    probes::{
+        decode::{self, PortStates, ProbeEvent},
+        families::{self, AttachFn, Families},
+        ring::RingRecord,
+    },
     stop_signals::StopSignals,
     time_base::{TimeBase, monotonic_ns},
 };
-use families::{AttachFn, Families, Record};
 use state_report::StateReport;
 use wire_events::{ib_wire_event, transition_wire_event};
 
@@ -71,7 +73,7 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let mut cgroups = CgroupNames::new(options.kernel.sys_root().join("fs/cgroup"))
         .with_jobs(options.jobs.clone());
     let mut ports = PortStates::default();
-    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let (records_tx, mut records_rx) = mpsc::channel::<RingRecord>(4096);
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
     let mut devices = device_ends::DeviceEnds::default();
@@ -220,16 +222,16 @@ fn print_counts(families: &Families, cgroups: &mut CgroupNames, format: OutputFo
 /// A record from a family's ring buffer: a new cgroup's notice (named now, while it exists)
 /// or an event, printed and sent.
 fn on_record(
-    record: &Record,
+    record: &RingRecord,
     families: &Families,
     cgroups: &mut CgroupNames,
     ports: &mut PortStates,
     pipeline: Option<&mut Pipeline>,
     format: OutputFormat,
 ) {
-    if Origin::from_u32(record.1.origin) == Some(Origin::NewCgroup) {
-        let name = cgroups.name(record.1.cgroup);
-        tracing::trace!(cgroup = record.1.cgroup, %name, "new cgroup named");
+    if Origin::from_u32(record.record.origin) == Some(Origin::NewCgroup) {
+        let name = cgroups.name(record.record.cgroup);
+        tracing::trace!(cgroup = record.record.cgroup, %name, "new cgroup named");
         return;
     }
     let event = families.decode(record, TimeBase::global(), cgroups);
@@ -239,7 +241,7 @@ fn on_record(
 /// Prints an event (and the port transition it makes, if any) and sends both to the
 /// collector.
 fn report_event(
-    event: &Event,
+    event: &ProbeEvent,
     ports: &mut PortStates,
     pipeline: Option<&mut Pipeline>,
     format: OutputFormat,

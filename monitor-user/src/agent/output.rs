@@ -4,7 +4,7 @@
 use std::{io::Write, time::Duration};
 
 use crate::{
-    probes::decode::{self, Event, EventOrigin, PortTransition, VerbCount},
+    probes::decode::{self, EventOrigin, PortTransition, ProbeEvent, VerbCount},
     sources::gpu::GpuEvent,
 };
 
@@ -56,7 +56,7 @@ fn rfc3339(unix_ns: u64) -> humantime::Rfc3339Timestamp {
 /// Writes one event as a line: human-readable text or a JSON object (`kind: ib_event`).
 pub fn write_event(
     out: &mut impl Write,
-    event: &Event,
+    event: &ProbeEvent,
     format: OutputFormat,
 ) -> std::io::Result<()> {
     match format {
@@ -152,8 +152,8 @@ mod tests {
     use super::*;
     use crate::probes::decode::PortUpDown;
 
-    fn event() -> Event {
-        Event {
+    fn event() -> ProbeEvent {
+        ProbeEvent {
             ktime_ns: 5_000,
             unix_ns: 1_700_000_000_123_456_000,
             origin: EventOrigin::Port,
@@ -229,7 +229,12 @@ mod tests {
             (EventOrigin::Unknown, "unknown"),
         ] {
             let mut out = Vec::new();
-            write_event(&mut out, &Event { origin, ..event() }, OutputFormat::Json).unwrap();
+            write_event(
+                &mut out,
+                &ProbeEvent { origin, ..event() },
+                OutputFormat::Json,
+            )
+            .unwrap();
             let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
             assert_eq!(v["origin"], name);
             assert_eq!(origin.as_str(), name);

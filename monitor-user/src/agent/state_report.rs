@@ -18,7 +18,8 @@ use std::fmt;
 
 use monitor_wire::{Kind, Labels, Reading, Series, Value};
 
-use super::{device_ends::DeviceEnds, families::Families, job_ends::JobEnds};
+use super::{device_ends::DeviceEnds, job_ends::JobEnds};
+use crate::probes::families::Families;
 use crate::{cgroup::CgroupNames, pipeline::Pipeline, time_base::MonoNs};
 
 /// One look at the agent's state.

@@ -1,11 +1,11 @@
-//! IB events and port transitions as the collector receives them ([`wire::Event`]).
+//! IB events and port transitions as the collector receives them ([`WireEvent`]).
 
 use crate::jobs::Job;
-use crate::probes::decode::{Event, EventOrigin, PortTransition, PortUpDown};
-use monitor_wire::{self as wire, Labels};
+use crate::probes::decode::{EventOrigin, PortTransition, PortUpDown, ProbeEvent};
+use monitor_wire::{Labels, WireEvent};
 
 /// An IB, QP or CQ event for the collector.
-pub(super) fn ib_wire_event(event: &Event) -> wire::Event {
+pub(super) fn ib_wire_event(event: &ProbeEvent) -> WireEvent {
     let mut labels = vec![
         ("device", event.device.clone()),
         ("cgroup", event.cgroup.clone()),
@@ -18,7 +18,7 @@ pub(super) fn ib_wire_event(event: &Event) -> wire::Event {
             labels.push(("qp", event.qp_num.to_string()))
         }
     }
-    wire::Event {
+    WireEvent {
         unix_ns: event.unix_ns,
         kind: match event.origin {
             EventOrigin::Port => "ib_port".into(),
@@ -31,8 +31,8 @@ pub(super) fn ib_wire_event(event: &Event) -> wire::Event {
 }
 
 /// A port going UP or DOWN, for the collector.
-pub(super) fn transition_wire_event(t: &PortTransition) -> wire::Event {
-    wire::Event {
+pub(super) fn transition_wire_event(t: &PortTransition) -> WireEvent {
+    WireEvent {
         unix_ns: t.unix_ns,
         kind: "port_transition".into(),
         labels: Labels::new([

@@ -5,7 +5,8 @@
 //! time (kprobes take several handlers on one function, each with its own ring buffer), so
 //! neither depends on the other's lifetime, options or failures — a capture is started for
 //! an hour on a suspect node and stopped with Ctrl-C without touching the daemon. The IB
-//! sysfs source and the probe families are the agent's own code.
+//! sysfs source and the probe families are the agent's own code ([`crate::sources::ib_sysfs`],
+//! [`crate::probes::families`] and its ring-buffer readers, [`crate::probes::ring`]).
 //!
 //! - [`recorder`]: the pre-trigger ring and which snapshots are written;
 //! - [`triggers`]: what, between two snapshots, starts a recording window.
@@ -28,10 +29,14 @@ use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Reading};
 use tokio::sync::mpsc;
 
 use crate::{
-    agent::families::{self, Families, Record},
     cgroup::CgroupNames,
     kernel::Kernel,
-    probes::{Family, decode::EventOrigin},
+    probes::{
+        Family,
+        decode::EventOrigin,
+        families::{self, Families},
+        ring::RingRecord,
+    },
     sources::ib_sysfs::IbSysfs,
     stop_signals::StopSignals,
     time_base::TimeBase,
@@ -227,7 +232,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
     let mut encoder = FrameEncoder::new(config, Key::from_bytes(key_bytes))
         .context("the capture's frame encoder")?;
 
-    let (records_tx, mut records_rx) = mpsc::channel::<Record>(4096);
+    let (records_tx, mut records_rx) = mpsc::channel::<RingRecord>(4096);
     let mut families = Families::start(
         options.kernel.clone(),
         families::kernel_attach(options.kernel.clone()),
@@ -435,7 +440,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// A probe record: a port event of a captured port is written at once and triggers.
 #[allow(clippy::too_many_arguments)]
 fn on_record(
-    record: &Record,
+    record: &RingRecord,
     families: &Families,
     clock: &TimeBase,
     cgroups: &mut CgroupNames,
@@ -451,7 +456,7 @@ fn on_record(
         return Ok(());
     }
     stats.events += 1;
-    encoder.push_event(monitor_wire::Event {
+    encoder.push_event(monitor_wire::WireEvent {
         unix_ns: event.unix_ns,
         kind: "ib_port".into(),
         labels: monitor_wire::Labels::new([

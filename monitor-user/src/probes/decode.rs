@@ -58,9 +58,13 @@ impl From<Option<Origin>> for EventOrigin {
     }
 }
 
-/// One event, decoded.
+/// One event from the probes, decoded: what the JSON lines and the text output print and what
+/// the agent turns into a [`monitor_wire::WireEvent`] for the collector. What it adds over the
+/// kernel's [`EventRecord`]: names for what the record holds as numbers (the device, the
+/// event from the kernel's BTF, the cgroup's path and its job) and wall-clock time; its
+/// origin as a Rust enum.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Event {
+pub struct ProbeEvent {
     /// Kernel CLOCK_MONOTONIC nanoseconds when the hook ran.
     pub ktime_ns: u64,
     /// Wall-clock nanoseconds since the Unix epoch, from `ktime_ns` on the agent's time
@@ -86,7 +90,7 @@ pub struct Event {
     pub partial: bool,
 }
 
-impl Event {
+impl ProbeEvent {
     /// `device` is the record's device name, resolved by the caller from the family's
     /// `DEVICE_NAMES` map (see [`super::AttachedFamily::device_name`]).
     pub fn decode(
@@ -150,6 +154,10 @@ impl std::fmt::Display for PortUpDown {
 
 /// A port going up or down, de-duplicated from the raw events (rxe sends PORT_ACTIVE twice
 /// per link-up; mlx5 may repeat events too).
+///
+/// Not a copy of a port's [`ProbeEvent`]: [`PortStates`] makes one only when an event changes
+/// the port's state, and it carries the state before (`from`), which no single event knows.
+/// It is printed and sent (`port_transition`) besides the event itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PortTransition {
     pub ktime_ns: u64,
@@ -170,7 +178,7 @@ pub struct PortStates {
 
 impl PortStates {
     /// The transition `event` causes, if it changes the port's state.
-    pub fn observe(&mut self, event: &Event) -> Option<PortTransition> {
+    pub fn observe(&mut self, event: &ProbeEvent) -> Option<PortTransition> {
         if event.origin != EventOrigin::Port {
             return None;
         }
@@ -303,8 +311,8 @@ mod tests {
         }
     }
 
-    fn event(name: &str, device: &str, port: u32) -> Event {
-        Event {
+    fn event(name: &str, device: &str, port: u32) -> ProbeEvent {
+        ProbeEvent {
             ktime_ns: 1,
             unix_ns: 1,
             origin: EventOrigin::Port,

@@ -231,7 +231,7 @@ fn events_can_leave_at_once_while_samples_keep_batching() {
     encoder
         .push_sample(&temp, Sample::Gauge(GaugeSample::reading(T0, 61.0)))
         .unwrap();
-    encoder.push_event(Event {
+    encoder.push_event(WireEvent {
         unix_ns: T0 + 5,
         kind: "xid".into(),
         labels: Labels::new([("gpu", "0")]),
@@ -289,7 +289,7 @@ fn oversized_event_text_is_cut_to_fit() {
     let mut config = EncoderConfig::new("n");
     config.mtu = 300;
     let mut encoder = FrameEncoder::new(config, key()).unwrap();
-    encoder.push_event(Event {
+    encoder.push_event(WireEvent {
         unix_ns: T0,
         kind: "xid".into(),
         labels: Labels::new([("gpu", "3")]),

@@ -65,7 +65,9 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_wire::{EncoderConfig, Event, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
+use monitor_wire::{
+    EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value, WireEvent,
+};
 use sampler::{AdaptiveSampler, SamplerConfig, wire_sample};
 
 /// GPUs per node.
@@ -825,7 +827,7 @@ impl SimulatedFleet {
         out
     }
 
-    fn node_events(&self, n: usize, tick: u64, t: u64) -> Vec<Event> {
+    fn node_events(&self, n: usize, tick: u64, t: u64) -> Vec<WireEvent> {
         let mut out = Vec::new();
         for x in self
             .spec
@@ -833,7 +835,7 @@ impl SimulatedFleet {
             .iter()
             .filter(|x| x.node == n && x.tick == tick)
         {
-            out.push(Event {
+            out.push(WireEvent {
                 unix_ns: t,
                 kind: "xid".into(),
                 labels: gpu_labels(n, x.gpu),
@@ -847,7 +849,7 @@ impl SimulatedFleet {
             .iter()
             .filter(|l| l.node == n && l.tick == tick)
         {
-            out.push(Event {
+            out.push(WireEvent {
                 unix_ns: t,
                 kind: "gpu_lost".into(),
                 labels: gpu_labels(n, l.gpu),
@@ -867,14 +869,14 @@ impl SimulatedFleet {
             } else {
                 (9, "PORT_ACTIVE", "DOWN", true)
             };
-            out.push(Event {
+            out.push(WireEvent {
                 unix_ns: t,
                 kind: "ib_port".into(),
                 labels: Labels::new([("device", device.as_str()), ("cgroup", ""), ("port", "1")]),
                 code,
                 text: text.into(),
             });
-            out.push(Event {
+            out.push(WireEvent {
                 unix_ns: t + 1_000_000,
                 kind: "port_transition".into(),
                 labels: Labels::new([("device", device.as_str()), ("port", "1"), ("from", from)]),

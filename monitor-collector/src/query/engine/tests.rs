@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use monitor_wire::{Event, Labels, Reading, Value};
+use monitor_wire::{Labels, Reading, Value, WireEvent};
 
 use super::*;
 use crate::{
@@ -56,7 +56,7 @@ fn setup() -> Setup {
             .enumerate()
             {
                 let at = T0 + (100 + 50 * i as u64) * S;
-                let event = Event {
+                let event = WireEvent {
                     unix_ns: at,
                     kind: kind.into(),
                     labels,

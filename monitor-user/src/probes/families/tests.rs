@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::*;
-use crate::probes::{ProbeReport, Unavailable};
+use crate::probes::{ProbeReport, Unavailable, ring::EVENT_DRAIN_INTERVAL};
 
 /// A fake `/sys` with the given modules loaded.
 struct FakeSys(PathBuf);

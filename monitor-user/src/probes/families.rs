@@ -1,4 +1,4 @@
-//! The probe families in the agent: each attached when its kernel module is present, retried
+//! The probe families at run time (in the agent and in `railscope capture`): each attached when its kernel module is present, retried
 //! while it is not, detached when the module goes away, with a reader task per attached family
 //! draining its ring buffer.
 //!
@@ -9,37 +9,30 @@
 //! module appears or is loaded again is retried at the next rescan.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
 use tokio::{
-    io::{Interest, unix::AsyncFd},
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
 
+use super::{
+    AttachedFamily, Family, FamilyUnavailable, ProbeLosses, ProbeReport, RawCount, RemovedDevice,
+    Status, Unavailable,
+    btf_cache::BtfCache,
+    decode::ProbeEvent,
+    names::KernelNames,
+    render_table,
+    ring::{DrainPace, RingRecord, read_events},
+    unnamed_device,
+};
 use crate::{
     cgroup::CgroupNames,
     kernel::{FileIdentity, Kernel},
-    probes::{
-        AttachedFamily, Family, FamilyUnavailable, ProbeLosses, ProbeReport, RawCount,
-        RemovedDevice, Status, Unavailable, btf_cache::BtfCache, decode::Event, names::KernelNames,
-        render_table, unnamed_device,
-    },
     time_base::TimeBase,
 };
-
-/// How often each family's ring buffer is drained. Frequent events (QPs moved to ERR) are
-/// submitted without waking the reader (a wake-up is a self-IPI on the CPU that runs the
-/// hook, most of what the probe would cost there), so they reach the agent up to this late;
-/// their kernel timestamps keep the time they happened. Rare ones (port and device events,
-/// async errors) wake the reader and are read at once.
-pub(crate) const EVENT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The first wait before a family that failed to attach is tried again; it doubles at each
 /// failure up to [`RETRY_CAP`].
@@ -55,9 +48,6 @@ pub(crate) fn kernel_attach(kernel: Kernel) -> AttachFn {
     let btfs = BtfCache::new(kernel.clone());
     Arc::new(move |family| AttachedFamily::attach(family, &kernel, &btfs))
 }
-
-/// What reader tasks send to the main loop.
-pub(crate) type Record = (Family, monitor_common::events::EventRecord);
 
 /// The result of one attempt to attach a family, handed back to the loop.
 pub(crate) struct Attempt {
@@ -125,75 +115,11 @@ pub(crate) enum FamilyState {
     },
 }
 
-/// How regularly a reader drained its ring buffer: the longest time between two drains, the
-/// measure of a loop that stalls; and how late the records that wake it (port, device and
-/// async-error events) reached it after their kernel timestamp, the part of an event's
-/// latency that comes before the agent's own work (`cargo xtask bench events` reports it).
-#[derive(Default)]
-pub(crate) struct DrainPace {
-    drains: AtomicU64,
-    longest_gap_us: AtomicU64,
-    /// Kernel timestamp to reader, in µs, of the first [`MAX_WOKEN_SAMPLES`] woken records.
-    woken_us: std::sync::Mutex<Vec<u32>>,
-}
-
-/// Bound of [`DrainPace::woken_us`] (400 kB).
-const MAX_WOKEN_SAMPLES: usize = 100_000;
-
-impl DrainPace {
-    fn record(&self, gap: Duration) {
-        self.drains.fetch_add(1, Ordering::Relaxed);
-        let us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
-        self.longest_gap_us.fetch_max(us, Ordering::Relaxed);
-    }
-
-    /// A record that woke the reader, read `late_ns` after its kernel timestamp.
-    fn record_woken(&self, late_ns: u64) {
-        if let Ok(mut v) = self.woken_us.lock()
-            && v.len() < MAX_WOKEN_SAMPLES
-        {
-            v.push(u32::try_from(late_ns / 1000).unwrap_or(u32::MAX));
-        }
-    }
-
-    fn log(&self, family: Family) {
-        let woken = self
-            .woken_us
-            .lock()
-            .map(|mut v| {
-                if v.is_empty() {
-                    return String::new();
-                }
-                v.sort_unstable();
-                let at = |q: f64| {
-                    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-                    f64::from(v[rank - 1]) / 1000.0
-                };
-                format!(
-                    "; {} woken events, kernel to reader p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms \
-                     max {:.2} ms",
-                    v.len(),
-                    at(0.5),
-                    at(0.9),
-                    at(0.99),
-                    at(1.0)
-                )
-            })
-            .unwrap_or_default();
-        tracing::info!(
-            "{} event drain: {} drains, longest gap between two {} ms{woken}",
-            family.module(),
-            self.drains.load(Ordering::Relaxed),
-            self.longest_gap_us.load(Ordering::Relaxed) / 1000
-        );
-    }
-}
-
 /// Every probe family, its state, and the names their BTF gave.
 pub(crate) struct Families {
     kernel: Kernel,
     attach: AttachFn,
-    records: mpsc::Sender<Record>,
+    records: mpsc::Sender<RingRecord>,
     attempts_tx: mpsc::Sender<Attempt>,
     attempts: mpsc::Receiver<Attempt>,
     states: Vec<(Family, FamilyState)>,
@@ -206,7 +132,11 @@ pub(crate) struct Families {
 impl Families {
     /// Starts a first attempt for every family; the probe table is printed (to stderr) when
     /// all of them are in.
-    pub(crate) fn start(kernel: Kernel, attach: AttachFn, records: mpsc::Sender<Record>) -> Self {
+    pub(crate) fn start(
+        kernel: Kernel,
+        attach: AttachFn,
+        records: mpsc::Sender<RingRecord>,
+    ) -> Self {
         let (attempts_tx, attempts) = mpsc::channel(Family::ALL.len());
         let mut families = Self {
             kernel,
@@ -332,9 +262,7 @@ impl Families {
                 let mut table = self.table.take().unwrap_or_default();
                 // In the catalogue's order, whatever order the attempts finished in.
                 table.sort_by_key(|row| {
-                    crate::probes::CATALOGUE
-                        .iter()
-                        .position(|p| p.program == row.probe)
+                    super::CATALOGUE.iter().position(|p| p.program == row.probe)
                 });
                 eprint!("{}", render_table(&table));
             }
@@ -430,7 +358,7 @@ impl Families {
     }
 
     /// Devices freed in the kernel that some family still names, with the family.
-    pub(super) fn removed_devices(&self) -> Vec<(Family, RemovedDevice)> {
+    pub(crate) fn removed_devices(&self) -> Vec<(Family, RemovedDevice)> {
         self.attached()
             .flat_map(|(f, a)| a.removed_devices().into_iter().map(move |d| (f, d)))
             .collect()
@@ -438,7 +366,7 @@ impl Families {
 
     /// Forgets a removed device in one family (its counters and its name); returns how many
     /// counter keys went.
-    pub(super) fn remove_device(&mut self, family: Family, device: u64) -> usize {
+    pub(crate) fn remove_device(&mut self, family: Family, device: u64) -> usize {
         self.states
             .iter_mut()
             .filter(|(f, _)| *f == family)
@@ -450,7 +378,7 @@ impl Families {
     }
 
     /// Entries in every attached family's `DEVICE_NAMES`.
-    pub(super) fn device_entries(&self) -> u64 {
+    pub(crate) fn device_entries(&self) -> u64 {
         self.attached()
             .map(|(_, a)| a.device_entries() as u64)
             .sum()
@@ -484,16 +412,16 @@ impl Families {
     /// sent it.
     pub(crate) fn decode(
         &self,
-        (family, record): &Record,
+        RingRecord { family, record }: &RingRecord,
         clock: &TimeBase,
         cgroups: &mut CgroupNames,
-    ) -> Event {
+    ) -> ProbeEvent {
         let device = self
             .attached()
             .find(|(f, _)| f == family)
             .map(|(_, a)| a.device_name(record.device))
             .unwrap_or_else(|| unnamed_device(record.device));
-        Event::decode(record, device, &self.names, clock, cgroups)
+        ProbeEvent::decode(record, device, &self.names, clock, cgroups)
     }
 
     /// Asks every reader to drain its ring buffer once more and end, and waits (at most a
@@ -617,7 +545,6 @@ fn log_state(family: Family, state: &FamilyState, rows: &[ProbeReport], at_start
     }
 }
 
-/// An attached family with its reader task started on the loop's runtime.
 /// Drops a detached family (its programs, links and maps) on a blocking thread. Closing a
 /// kprobe's link unregisters it, which waits for RCU grace periods: hundreds of milliseconds
 /// on a busy or emulated machine (the `attach-pace` scenario saw ib_core's drain pause 811 ms
@@ -627,11 +554,12 @@ fn detach_off_loop(detached: impl Send + 'static) {
     tokio::task::spawn_blocking(move || drop(detached));
 }
 
+/// An attached family with its reader task started on the loop's runtime.
 fn start_reader(
     family: Family,
     mut attached: AttachedFamily,
     module: Option<FileIdentity>,
-    records: &mpsc::Sender<Record>,
+    records: &mpsc::Sender<RingRecord>,
 ) -> (FamilyState, Vec<ProbeReport>) {
     let rows = attached.statuses.clone();
     let Some(ring) = attached.take_events() else {
@@ -660,118 +588,6 @@ fn start_reader(
         reported_losses: ProbeLosses::default(),
     };
     (state, rows)
-}
-
-/// Drains a family's ring buffer into the loop's channel: at once when the probes wake it
-/// (rare events: port, device, async errors), and every [`EVENT_DRAIN_INTERVAL`] for what
-/// they write without a wake-up. A stop (or the agent dropping its end) drains once more,
-/// then ends.
-async fn read_events(
-    family: Family,
-    ring: RingBuf<MapData>,
-    tx: mpsc::Sender<Record>,
-    mut stopped: oneshot::Receiver<()>,
-    pace: Arc<DrainPace>,
-) {
-    // SAFETY: the ring buffer owns its map's file descriptor: it stays open, and `as_raw_fd`
-    // returns it, for as long as the `RingBuf` lives, which the `AsyncFd` owns.
-    let registered = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) };
-    let mut ring = match registered {
-        Ok(ring) => Ring::Woken(ring),
-        Err(e) => {
-            let (ring, e) = e.into_parts();
-            tracing::warn!(
-                "{}: cannot wait on the event ring buffer ({e}): events arrive within {:?}",
-                family.module(),
-                EVENT_DRAIN_INTERVAL
-            );
-            Ring::Timed(ring)
-        }
-    };
-    let mut drain = tokio::time::interval(EVENT_DRAIN_INTERVAL);
-    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    drain.tick().await;
-    let mut last_drain = Instant::now();
-    loop {
-        let last = tokio::select! {
-            _ = drain.tick() => {
-                pace.record(last_drain.elapsed());
-                last_drain = Instant::now();
-                false
-            }
-            _ = &mut stopped => true,
-            woken = ring.woken() => {
-                if let Err(e) = woken {
-                    tracing::warn!(
-                        "{}: waiting on the event ring buffer failed ({e}): events arrive \
-                         within {:?}",
-                        family.module(),
-                        EVENT_DRAIN_INTERVAL
-                    );
-                    ring = ring.into_timed();
-                }
-                false
-            }
-        };
-        let buffer = ring.buffer();
-        while let Some(item) = buffer.next() {
-            match monitor_common::events::EventRecord::from_bytes(&item) {
-                Some(record) => {
-                    if wakes(&record) {
-                        let read_ns = crate::time_base::monotonic_ns().0;
-                        pace.record_woken(read_ns.saturating_sub(record.timestamp_ns));
-                    }
-                    if tx.send((family, record)).await.is_err() {
-                        return;
-                    }
-                }
-                None => tracing::warn!(len = item.len(), "short event record ignored"),
-            }
-        }
-        if last {
-            return;
-        }
-    }
-}
-
-/// Whether the probes wrote this record with a wake-up (`Delivery::Wake` in monitor-ebpf).
-fn wakes(record: &monitor_common::events::EventRecord) -> bool {
-    use monitor_common::events::Origin;
-    matches!(
-        Origin::from_u32(record.origin),
-        Some(Origin::Dispatch | Origin::QpAsync | Origin::CqAsync)
-    )
-}
-
-/// A family's ring buffer as its reader waits on it: through epoll (the probes' wake-ups),
-/// or, where that failed, on the drain timer only.
-enum Ring {
-    Woken(AsyncFd<RingBuf<MapData>>),
-    Timed(RingBuf<MapData>),
-}
-
-impl Ring {
-    /// Resolves when the probes woke the reader (never for [`Ring::Timed`]).
-    async fn woken(&self) -> std::io::Result<()> {
-        match self {
-            Ring::Woken(fd) => fd.readable().await.map(|mut guard| guard.clear_ready()),
-            Ring::Timed(_) => std::future::pending().await,
-        }
-    }
-
-    fn into_timed(self) -> Self {
-        match self {
-            Ring::Woken(fd) => Ring::Timed(fd.into_inner()),
-            timed => timed,
-        }
-    }
-
-    fn buffer(&mut self) -> &mut RingBuf<MapData> {
-        match self {
-            Ring::Woken(fd) => fd.get_mut(),
-            Ring::Timed(ring) => ring,
-        }
-    }
 }
 
 #[cfg(test)]
