@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use monitor_wire::{Kind, Labels, Reading, Series, Value};
+use monitor_wire::{Kind, Labels, Reading, Series, Value, names::metric};
 
 use super::{device_ends::DeviceEnds, families::Families, job_ends::JobEnds};
 use crate::{cgroup::CgroupNames, pipeline::Pipeline, time_base::MonoNs};
@@ -91,7 +91,7 @@ impl StateReport {
         };
         let entries = |table, v| {
             reading(
-                "railscope_agent_entries",
+                metric::AGENT_ENTRIES,
                 Some(("table", table)),
                 Kind::Gauge,
                 v,
@@ -99,7 +99,7 @@ impl StateReport {
         };
         let hits = |bound, v| {
             reading(
-                "railscope_agent_bound_hits_total",
+                metric::AGENT_BOUND_HITS_TOTAL,
                 Some(("bound", bound)),
                 Kind::Counter,
                 v,
@@ -114,7 +114,7 @@ impl StateReport {
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
             reading(
-                "railscope_agent_rss_bytes",
+                metric::AGENT_RSS_BYTES,
                 None,
                 Kind::Gauge,
                 self.rss_bytes,
