@@ -203,6 +203,8 @@ pub mod metric {
             IB_REQ_CQE_FLUSH_ERROR_TOTAL = "req_cqe_flush_error";
             IB_REQ_REMOTE_ACCESS_ERRORS_TOTAL = "req_remote_access_errors";
             IB_REQ_REMOTE_INVALID_REQUEST_TOTAL = "req_remote_invalid_request";
+            IB_REQ_RNR_RETRIES_EXCEEDED_TOTAL = "req_rnr_retries_exceeded";
+            IB_REQ_TRANSPORT_RETRIES_EXCEEDED_TOTAL = "req_transport_retries_exceeded";
             IB_RESP_CQE_ERROR_TOTAL = "resp_cqe_error";
             IB_RESP_CQE_FLUSH_ERROR_TOTAL = "resp_cqe_flush_error";
             IB_RESP_LOCAL_LENGTH_ERROR_TOTAL = "resp_local_length_error";

@@ -171,3 +171,28 @@ fn rss_bytes() -> Option<u64> {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use monitor_wire::names::AGENT_METRICS;
+
+    #[test]
+    fn the_state_report_sends_only_names_of_agent_metrics() {
+        let names: std::collections::BTreeSet<String> = StateReport::default()
+            .readings(MonoNs(1))
+            .into_iter()
+            .map(|r| r.series.name.to_string())
+            .collect();
+        for n in &names {
+            assert!(AGENT_METRICS.contains(&n.as_str()), "{n}");
+        }
+        for n in [
+            metric::AGENT_ENTRIES,
+            metric::AGENT_RSS_BYTES,
+            metric::AGENT_BOUND_HITS_TOTAL,
+        ] {
+            assert!(names.contains(n), "{n}");
+        }
+    }
+}
