@@ -162,7 +162,10 @@ mod tests {
     fn the_views_declare_every_metric_the_script_names() {
         use std::collections::BTreeSet;
         // The script names metrics and event kinds only through `/ui/names.js`.
-        assert!(!APP_JS.contains("\"railscope_"), "a metric name copied into app.js");
+        assert!(
+            !APP_JS.contains("\"railscope_"),
+            "a metric name copied into app.js"
+        );
         assert!(
             !regex::Regex::new(r#"\be\.kind [!=]== "[a-z_]+""#)
                 .unwrap()
@@ -219,7 +222,10 @@ mod tests {
         for (k, v) in event_kind::ALL {
             assert_eq!(names["event_kind"][k], *v);
         }
-        assert_eq!(names["metric"]["IB_PORT_RATE_GBPS"], "railscope_ib_port_rate_gbps");
+        assert_eq!(
+            names["metric"]["IB_PORT_RATE_GBPS"],
+            "railscope_ib_port_rate_gbps"
+        );
         assert_eq!(names["event_kind"]["IB_PORT"], "ib_port");
     }
 }

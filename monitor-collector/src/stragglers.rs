@@ -43,8 +43,8 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use serde::Serialize;
 use monitor_wire::names::metric;
+use serde::Serialize;
 use serde_json::json;
 
 use crate::{

@@ -711,7 +711,8 @@ fn a_gpu_failing_mid_run_and_coming_back_is_read_again() {
 
 #[test]
 fn the_shipped_8_gpu_script_replays_as_an_8_gpu_node() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nvml-standin/scripts/h100x8.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nvml-standin/scripts/h100x8.json");
     let script: Json = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let gpus = script["gpus"].as_array().unwrap();
     let standin = StandIn::new("h100x8", &script);

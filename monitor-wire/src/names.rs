@@ -324,7 +324,10 @@ mod tests {
         assert_eq!(kinds.len(), EVENT_KINDS.len());
         assert_eq!(
             kinds,
-            event_kind::ALL.iter().map(|(_, k)| *k).collect::<BTreeSet<_>>()
+            event_kind::ALL
+                .iter()
+                .map(|(_, k)| *k)
+                .collect::<BTreeSet<_>>()
         );
         for (konst, kind) in event_kind::ALL {
             assert_eq!(konst.to_ascii_lowercase(), *kind);

@@ -34,10 +34,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
     ("gpu_ecc_uncorrected", &[metric::GPU_ECC_ERRORS_TOTAL]),
-    (
-        "gpu_row_remap_pending",
-        &[metric::GPU_ROW_REMAP_PENDING],
-    ),
+    ("gpu_row_remap_pending", &[metric::GPU_ROW_REMAP_PENDING]),
     ("gpu_row_remap_failed", &[metric::GPU_ROW_REMAP_FAILED]),
     ("gpu_thermal_throttle", &[metric::GPU_THROTTLE_ACTIVE]),
     ("gpu_power_throttle", &[metric::GPU_THROTTLE_ACTIVE]),

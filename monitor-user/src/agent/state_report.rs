@@ -113,12 +113,7 @@ impl StateReport {
             entries("cgroup_names", self.cgroup_names),
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
-            reading(
-                metric::AGENT_RSS_BYTES,
-                None,
-                Kind::Gauge,
-                self.rss_bytes,
-            ),
+            reading(metric::AGENT_RSS_BYTES, None, Kind::Gauge, self.rss_bytes),
             hits("verb_counts_map_full", self.verb_counts_map_full),
             hits("event_ring_full", self.event_ring_full),
             hits("device_names_map_full", self.device_names_map_full),

@@ -62,9 +62,7 @@ impl TriggerWatch {
                 metric::IB_PORT_PHYS_STATE if before == LINK_UP && value != LINK_UP => {
                     reasons.push(format!("{port}: phys_state left LinkUp ({value})"));
                 }
-                metric::IB_PORT_WIDTH_LANES | metric::IB_PORT_RATE_GBPS
-                    if value != before =>
-                {
+                metric::IB_PORT_WIDTH_LANES | metric::IB_PORT_RATE_GBPS if value != before => {
                     let what = name
                         .trim_start_matches(metric::IB_PREFIX)
                         .trim_start_matches("port_");

@@ -11,10 +11,7 @@ pub(super) const GPM_RATIOS: [(GpmMetricId, &str); 11] = [
     (GpmMetricId::SmUtil, metric::GPU_SM_UTIL_RATIO),
     (GpmMetricId::SmOccupancy, metric::GPU_SM_OCCUPANCY_RATIO),
     (GpmMetricId::IntegerUtil, metric::GPU_INTEGER_UTIL_RATIO),
-    (
-        GpmMetricId::AnyTensorUtil,
-        metric::GPU_TENSOR_UTIL_RATIO,
-    ),
+    (GpmMetricId::AnyTensorUtil, metric::GPU_TENSOR_UTIL_RATIO),
     (
         GpmMetricId::DfmaTensorUtil,
         metric::GPU_TENSOR_DFMA_UTIL_RATIO,
@@ -154,12 +151,6 @@ pub(super) const FIELD_COUNTERS: [FieldCounter; 10] = [
 
 /// 0/1 gauges read through the same call.
 pub(super) const FIELD_FLAGS: [(u32, &str); 2] = [
-    (
-        NVML_FI_DEV_REMAPPED_PENDING,
-        metric::GPU_ROW_REMAP_PENDING,
-    ),
-    (
-        NVML_FI_DEV_REMAPPED_FAILURE,
-        metric::GPU_ROW_REMAP_FAILED,
-    ),
+    (NVML_FI_DEV_REMAPPED_PENDING, metric::GPU_ROW_REMAP_PENDING),
+    (NVML_FI_DEV_REMAPPED_FAILURE, metric::GPU_ROW_REMAP_FAILED),
 ];

@@ -233,10 +233,7 @@ impl Gpu {
     ) -> Result<(), Lost> {
         if let Some(m) = self.check("memory", device.memory_info())? {
             out.gauge(metric::GPU_MEMORY_TOTAL_BYTES, Value::U64(m.total));
-            out.gauge(
-                metric::GPU_MEMORY_RESERVED_BYTES,
-                Value::U64(m.reserved),
-            );
+            out.gauge(metric::GPU_MEMORY_RESERVED_BYTES, Value::U64(m.reserved));
             out.gauge(metric::GPU_MEMORY_USED_BYTES, Value::U64(m.used));
             out.gauge(metric::GPU_MEMORY_FREE_BYTES, Value::U64(m.free));
         }
@@ -256,10 +253,7 @@ impl Gpu {
             out.gauge(metric::GPU_TEMPERATURE_CELSIUS, Value::U64(c.into()));
         }
         if let Some(mw) = self.check("power", device.power_usage())? {
-            out.gauge(
-                metric::GPU_POWER_WATTS,
-                Value::F64(f64::from(mw) / 1000.0),
-            );
+            out.gauge(metric::GPU_POWER_WATTS, Value::F64(f64::from(mw) / 1000.0));
         }
         if let Some(mj) = self.check("energy", device.total_energy_consumption())? {
             // In NVML's own unit, as dcgm-exporter does: an integer counter travels exactly,
