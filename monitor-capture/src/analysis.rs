@@ -8,7 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use monitor_wire::{Frame, ReceiverState, SeriesData, WireEvent};
+use monitor_wire::{
+    Frame, ReceiverState, SeriesData, WireEvent,
+    names::{event_kind, metric},
+};
 use serde::Serialize;
 
 const NS_PER_S: u64 = 1_000_000_000;
@@ -66,7 +69,7 @@ impl Timelines {
             let Some(series) = node.series(samples.id) else {
                 continue;
             };
-            let Some(name) = series.name.strip_prefix("railscope_ib_") else {
+            let Some(name) = series.name.strip_prefix(metric::IB_PREFIX) else {
                 continue;
             };
             let (Some(device), Some(port)) = (
@@ -124,7 +127,7 @@ impl Timelines {
 
     /// Adds an event if it is an IB port event (`ib_port`, labels `device` and `port`).
     pub fn add_event(&mut self, node: &str, event: &WireEvent) {
-        if event.kind != "ib_port" {
+        if event.kind != event_kind::IB_PORT {
             return;
         }
         let (Some(device), Some(port)) = (

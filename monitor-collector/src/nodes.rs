@@ -18,7 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData};
+use monitor_wire::{
+    self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData, names::metric,
+};
 
 use crate::{config::Limits, drops::DropReason, lock::lock};
 
@@ -56,7 +58,7 @@ pub enum LatestValue {
 
 /// Name of the series an agent reports its version in (a Prometheus `_info` gauge, 1, with a
 /// `version` label).
-pub const AGENT_INFO: &str = "railscope_agent_info";
+pub const AGENT_INFO: &str = metric::AGENT_INFO;
 
 /// Counts of one node beyond the receiver state's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

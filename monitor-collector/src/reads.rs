@@ -52,6 +52,22 @@ pub fn metrics_railscope_reads() -> BTreeSet<&'static str> {
 mod tests {
     use super::*;
 
+    /// A finding rule, the straggler search, a `select` keep-rule (which keeps exactly what
+    /// these read) or a dashboard view reading a metric the agent never sends would wait
+    /// forever on nothing: each must be one of `monitor_wire::names::AGENT_METRICS`.
+    #[test]
+    fn everything_railscope_reads_is_a_metric_the_agent_sends() {
+        let unknown: Vec<(&str, Vec<String>)> = readers()
+            .into_iter()
+            .filter(|(metric, _)| !monitor_wire::names::is_agent_metric(metric))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "read, but never sent by the agent: {unknown:?}"
+        );
+        assert_eq!(metrics_railscope_reads().len(), readers().len());
+    }
+
     #[test]
     fn the_port_metrics_the_rules_stragglers_and_charts_need_are_read() {
         let read = metrics_railscope_reads();

@@ -42,6 +42,7 @@ use axum::{
     extract::{RawQuery, State},
     response::{IntoResponse, Response},
 };
+use monitor_wire::names::metric;
 use serde::Serialize;
 use serde_json::json;
 
@@ -57,16 +58,16 @@ use crate::{
 
 /// The GPU metrics compared, and the smallest scale a score divides by (2 points of a ratio).
 pub const GPU_METRICS: &[&str] = &[
-    "railscope_gpu_sm_util_ratio",
-    "railscope_gpu_tensor_util_ratio",
-    "railscope_gpu_dram_bw_util_ratio",
+    metric::GPU_SM_UTIL_RATIO,
+    metric::GPU_TENSOR_UTIL_RATIO,
+    metric::GPU_DRAM_BW_UTIL_RATIO,
 ];
 const GPU_FLOOR: f64 = 0.02;
 /// The port metric as reported, from the two counters whose rates it adds.
 pub const PORT_METRIC: &str = "railscope_ib_port_bytes_per_second";
 pub const PORT_COUNTERS: &[&str] = &[
-    "railscope_ib_port_xmit_bytes_total",
-    "railscope_ib_port_rcv_bytes_total",
+    metric::IB_PORT_XMIT_BYTES_TOTAL,
+    metric::IB_PORT_RCV_BYTES_TOTAL,
 ];
 
 /// Every metric the search reads (what `railscope select` never drops, [`crate::reads`]).

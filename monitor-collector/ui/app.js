@@ -19,13 +19,20 @@
   const params = new URLSearchParams(location.search);
   const REFRESH_S = Math.max(0.5, Number(params.get("refresh")) || 5);
 
-  const GPU_UTIL = "railscope_gpu_utilization_ratio";
+  // The metric names and event kinds, from the collector (`/ui/names.js`, built from
+  // monitor_wire::names, the names the agent sends): the page holds no copy of its own.
+  const METRIC = window.RAILSCOPE_NAMES.metric;
+  const EVENT = window.RAILSCOPE_NAMES.event_kind;
+  // The page's own kind for a finding drawn among the events (not an agent event).
+  const FINDING = "finding";
+
+  const GPU_UTIL = METRIC.GPU_UTILIZATION_RATIO;
   // SM activity (GPM, as DCGM's): how much of the GPU works, where NVML's utilization only
   // says a kernel ran during the period; shown where the GPU reports it.
-  const GPU_SM = "railscope_gpu_sm_util_ratio";
-  const PORT_TX = "railscope_ib_port_xmit_bytes_total";
-  const PORT_RX = "railscope_ib_port_rcv_bytes_total";
-  const PORT_RATE = "railscope_ib_port_rate_gbps";
+  const GPU_SM = METRIC.GPU_SM_UTIL_RATIO;
+  const PORT_TX = METRIC.IB_PORT_XMIT_BYTES_TOTAL;
+  const PORT_RX = METRIC.IB_PORT_RCV_BYTES_TOTAL;
+  const PORT_RATE = METRIC.IB_PORT_RATE_GBPS;
   // The fleet and job views colour each cell by its series' latest sample in this window (the
   // agent flushes every 10 s; sweeps are 1 s apart unless adaptive sampling stretches them).
   // A port's line rate is a stable gauge the agent may read only every 32-64 s (its sampler's
@@ -720,8 +727,8 @@
   const NODE_CHARTS = [
     { metric: GPU_UTIL, title: "GPU utilization (%)", scale: 100, label: (l) => `GPU ${l.gpu}` },
     { metric: GPU_SM, title: "GPU SM activity (%)", scale: 100, label: (l) => `GPU ${l.gpu}` },
-    { metric: "railscope_gpu_power_watts", title: "GPU power (W)", scale: 1, label: (l) => `GPU ${l.gpu}` },
-    { metric: "railscope_gpu_temperature_celsius", title: "GPU temperature (°C)", scale: 1, label: (l) => `GPU ${l.gpu}` },
+    { metric: METRIC.GPU_POWER_WATTS, title: "GPU power (W)", scale: 1, label: (l) => `GPU ${l.gpu}` },
+    { metric: METRIC.GPU_TEMPERATURE_CELSIUS, title: "GPU temperature (°C)", scale: 1, label: (l) => `GPU ${l.gpu}` },
     // A port without byte counters (soft-RoCE's rxe has only hw_counters' packet counts) is
     // charted by its packets, in the first of `fallbacks` the node has.
     {
@@ -730,8 +737,8 @@
       scale: 8 / 1e9,
       label: (l) => `${l.device}/${l.port}`,
       fallbacks: [
-        { metric: "railscope_ib_port_xmit_packets_total", title: "IB transmit (packets/s; no byte counters)", scale: 1 },
-        { metric: "railscope_ib_sent_pkts_total", title: "IB transmit (packets/s; no byte counters)", scale: 1 },
+        { metric: METRIC.IB_PORT_XMIT_PACKETS_TOTAL, title: "IB transmit (packets/s; no byte counters)", scale: 1 },
+        { metric: METRIC.IB_SENT_PKTS_TOTAL, title: "IB transmit (packets/s; no byte counters)", scale: 1 },
       ],
     },
     {
@@ -740,8 +747,8 @@
       scale: 8 / 1e9,
       label: (l) => `${l.device}/${l.port}`,
       fallbacks: [
-        { metric: "railscope_ib_port_rcv_packets_total", title: "IB receive (packets/s; no byte counters)", scale: 1 },
-        { metric: "railscope_ib_rcvd_pkts_total", title: "IB receive (packets/s; no byte counters)", scale: 1 },
+        { metric: METRIC.IB_PORT_RCV_PACKETS_TOTAL, title: "IB receive (packets/s; no byte counters)", scale: 1 },
+        { metric: METRIC.IB_RCVD_PKTS_TOTAL, title: "IB receive (packets/s; no byte counters)", scale: 1 },
       ],
     },
   ];
@@ -835,11 +842,11 @@
   // Events
 
   const LANES = [
-    { name: "port transitions", test: (e) => e.kind === "port_transition" },
-    { name: "IB port events", test: (e) => e.kind === "ib_port" },
-    { name: "XID", test: (e) => e.kind === "xid" || e.kind === "gpu_lost" },
-    { name: "QP errors", test: (e) => e.kind === "qp_error" || /qp|cq|async/.test(e.kind) },
-    { name: "findings", test: (e) => e.kind === "finding" },
+    { name: "port transitions", test: (e) => e.kind === EVENT.PORT_TRANSITION },
+    { name: "IB port events", test: (e) => e.kind === EVENT.IB_PORT },
+    { name: "XID", test: (e) => e.kind === EVENT.XID || e.kind === EVENT.GPU_LOST },
+    { name: "QP errors", test: (e) => /qp|cq|async/.test(e.kind) },
+    { name: "findings", test: (e) => e.kind === FINDING },
     { name: "other", test: () => true },
   ];
 
@@ -872,7 +879,7 @@
           },
           el("td", { text: timeText(e.t) }),
           el("td", {}, el("a", { href: `#/node/${encodeURIComponent(e.node)}`, text: e.node })),
-          el("td", { text: e.kind === "finding" ? `finding ${e.rule}` : e.kind }),
+          el("td", { text: e.kind === FINDING ? `finding ${e.rule}` : e.kind }),
           el("td", { text: whereOf(e.labels) }),
           el("td", { text: e.code ?? "" }),
           el("td", { text: e.text })
@@ -885,10 +892,10 @@
   // XID critical; a port going down, a port error, a QP or CQ error a warning; the rest
   // (a port coming back up, ...) information.
   function eventSeverity(e) {
-    if (e.kind === "finding") return SEVERITY_ORDER[e.severity] ? e.severity : "info";
-    if (e.kind === "gpu_lost" || e.kind === "xid") return "critical";
-    if (e.kind === "port_transition") return e.text === "DOWN" ? "warning" : "info";
-    if (e.kind === "ib_port") return /ERR|DOWN|FAIL/i.test(e.text || "") ? "warning" : "info";
+    if (e.kind === FINDING) return SEVERITY_ORDER[e.severity] ? e.severity : "info";
+    if (e.kind === EVENT.GPU_LOST || e.kind === EVENT.XID) return "critical";
+    if (e.kind === EVENT.PORT_TRANSITION) return e.text === "DOWN" ? "warning" : "info";
+    if (e.kind === EVENT.IB_PORT) return /ERR|DOWN|FAIL/i.test(e.text || "") ? "warning" : "info";
     if (/qp|cq|async|err/i.test(e.kind)) return "warning";
     return "info";
   }
@@ -931,7 +938,7 @@
         if (f.gpu !== null && f.gpu !== undefined) labels.gpu = String(f.gpu);
         if (f.device) labels.device = f.device;
         if (f.port !== null && f.port !== undefined) labels.port = String(f.port);
-        all.push({ t: f.start, node: f.node, kind: "finding", labels, code: null, text: f.summary, rule: f.rule, severity: f.severity });
+        all.push({ t: f.start, node: f.node, kind: FINDING, labels, code: null, text: f.summary, rule: f.rule, severity: f.severity });
       }
       all.sort((a, b) => a.t - b.t);
       // One column per lane: a dot at the lane's height where an event of that lane is.
@@ -943,7 +950,7 @@
       for (const e of all) {
         lanes[LANES.findIndex((l) => l.test(e))].push(e);
         const t = at(e);
-        const what = `${e.node} ${e.kind === "finding" ? `finding ${e.rule}` : e.kind} ${whereOf(e.labels)} ${e.text}`;
+        const what = `${e.node} ${e.kind === FINDING ? `finding ${e.rule}` : e.kind} ${whereOf(e.labels)} ${e.text}`;
         said.set(t, (said.get(t) || []).concat(what));
       }
       const hover = document.getElementById("timeline-hover");

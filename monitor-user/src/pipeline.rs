@@ -21,7 +21,7 @@ use std::{
 use anyhow::Context as _;
 use monitor_wire::{
     self as wire, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading, Sample,
-    Series, Value, WireEvent,
+    Series, Value, WireEvent, names::metric,
 };
 use tokio::sync::mpsc;
 
@@ -103,7 +103,7 @@ pub struct Pipeline {
 /// with every flush (a constant: about a byte per flush).
 pub fn agent_info_series() -> Series {
     Series {
-        name: "railscope_agent_info".into(),
+        name: metric::AGENT_INFO.into(),
         labels: Labels::new([("version", env!("CARGO_PKG_VERSION"))]),
         kind: Kind::Gauge,
     }
@@ -128,7 +128,7 @@ pub fn sampler_config(
             ground_truth_every: 2,
             ..config.clone()
         };
-        AdaptiveSampler::new(config).with_group("railscope_ib_", "railscope_ib_", ib)
+        AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
     } else {
         AdaptiveSampler::new(config.fixed())
     };
@@ -357,7 +357,7 @@ pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
 pub use crate::sampler::wire_sample;
 
 /// The metric the probes' verb counters are sent as.
-pub const VERB_SERIES: &str = "railscope_rdma_verbs_total";
+pub const VERB_SERIES: &str = metric::RDMA_VERBS_TOTAL;
 
 /// Verb counters from the probes as readings ([`VERB_SERIES`], labelled with the device, verb,
 /// detail, cgroup and, when the cgroup names one, `job_id` and `job_step`), read at `now` (the

@@ -1005,3 +1005,70 @@ fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
     let last_labelled = by_job["slurm:42/0"].last().unwrap().0;
     assert!(by_job["-/-"].iter().all(|(t, _)| *t > last_labelled));
 }
+
+/// `monitor_wire::names::AGENT_METRICS` is exactly what the agent's sources send: every name
+/// the GPU source (on the stand-in, GPM included), the IB source (on the fixture trees, taken
+/// from real mlx5 and rxe adapters) and the pipeline (version, verb counters) emit is in the
+/// list, and every name in the list is emitted by one of them (the state report's own three
+/// by its unit test). The one exception is the fixture's stand-in for a counter file new
+/// firmware adds: passed through under the IB scheme, and in no list.
+#[test]
+fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
+    use monitor_user::{
+        pipeline::{VERB_SERIES, agent_info_series},
+        sources::ib_sysfs::IbSysfs,
+    };
+    use monitor_wire::names::{AGENT_METRICS, metric};
+    use std::collections::BTreeSet;
+
+    let script = json!({"gpus": [
+        {"name": "stand-in A", "uuid": uuid(0), "nvlink_links": 4, "gpm_supported": true,
+         "steps": [full_step(61, 5_000_000),
+                   {"gpm": {"sm_util": 1.0, "sm_occupancy": 1.0, "integer_util": 1.0,
+                            "any_tensor_util": 1.0, "dfma_tensor_util": 1.0,
+                            "hmma_tensor_util": 1.0, "imma_tensor_util": 1.0, "fp64_util": 1.0,
+                            "fp32_util": 1.0, "fp16_util": 1.0, "dram_bw_util": 1.0,
+                            "pcie_tx_per_sec": 1.0, "pcie_rx_per_sec": 1.0,
+                            "nvlink_total_tx_per_sec": 1.0, "nvlink_total_rx_per_sec": 1.0}}]}
+    ]});
+    let standin = StandIn::new("agent-metrics", &script);
+    let mut source = standin.open();
+    let mut sent: BTreeSet<String> = BTreeSet::new();
+    let mut add = |readings: Vec<Reading>| {
+        sent.extend(readings.into_iter().map(|r| r.series.name.to_string()));
+    };
+    add(source.read(MonoNs(1)));
+    thread::sleep(GPM_MIN_INTERVAL + Duration::from_millis(20));
+    add(source.read(MonoNs(2)));
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs");
+    for tree in ["mlx5", "rxe", "broken"] {
+        add(IbSysfs::new(fixtures.join(tree)).read(1));
+    }
+    sent.insert(agent_info_series().name.to_string());
+    sent.insert(VERB_SERIES.to_owned());
+
+    let unknown_firmware_counter = format!("{}roce_cc_future_event_total", metric::IB_PREFIX);
+    assert!(sent.contains(&unknown_firmware_counter));
+    let unlisted: Vec<&String> = sent
+        .iter()
+        .filter(|n| **n != unknown_firmware_counter && !AGENT_METRICS.contains(&n.as_str()))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "sent, but not in AGENT_METRICS: {unlisted:?}"
+    );
+    let state_report = [
+        metric::AGENT_ENTRIES,
+        metric::AGENT_RSS_BYTES,
+        metric::AGENT_BOUND_HITS_TOTAL,
+    ];
+    let never_sent: Vec<&str> = AGENT_METRICS
+        .iter()
+        .copied()
+        .filter(|n| !sent.contains(*n) && !state_report.contains(n))
+        .collect();
+    assert!(
+        never_sent.is_empty(),
+        "in AGENT_METRICS, but no source sends it: {never_sent:?}"
+    );
+}

@@ -26,7 +26,8 @@
 //! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
 //! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
 //! value coders), `request` (schema requests), `receiver` (receiver state), `encoder`,
-//! `measure` (cost of a batch).
+//! `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
+//! the collector reads).
 
 mod budget;
 mod codec;
@@ -38,6 +39,7 @@ mod key;
 mod limits;
 mod mac;
 mod measure;
+pub mod names;
 mod prim;
 mod receiver;
 mod request;

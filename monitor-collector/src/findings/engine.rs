@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent};
+use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
     FindingsStore, Thresholds, gpus, ib_links, verbs,
@@ -177,7 +177,7 @@ impl FindingsEngine {
             if !watched(&series.name) {
                 return;
             }
-            if series.name.starts_with("railscope_gpu_")
+            if series.name.starts_with(metric::GPU_PREFIX)
                 && let (Some(gpu), Some(job)) =
                     (series.labels.get("gpu"), series.labels.get("job_id"))
             {

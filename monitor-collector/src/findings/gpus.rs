@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{
@@ -23,15 +24,15 @@ pub const RULES: &[&str] = &[
     "gpu_pcie_degraded",
 ];
 
-const ECC: &str = "railscope_gpu_ecc_errors_total";
-const REMAP_PENDING: &str = "railscope_gpu_row_remap_pending";
-const REMAP_FAILED: &str = "railscope_gpu_row_remap_failed";
-const THROTTLE: &str = "railscope_gpu_throttle_active";
-const UTILIZATION: &str = "railscope_gpu_utilization_ratio";
-pub const PCIE_GEN: &str = "railscope_gpu_pcie_link_generation";
-pub const PCIE_MAX_GEN: &str = "railscope_gpu_pcie_link_max_generation";
-pub const PCIE_WIDTH: &str = "railscope_gpu_pcie_link_width_lanes";
-pub const PCIE_MAX_WIDTH: &str = "railscope_gpu_pcie_link_max_width_lanes";
+const ECC: &str = metric::GPU_ECC_ERRORS_TOTAL;
+const REMAP_PENDING: &str = metric::GPU_ROW_REMAP_PENDING;
+const REMAP_FAILED: &str = metric::GPU_ROW_REMAP_FAILED;
+const THROTTLE: &str = metric::GPU_THROTTLE_ACTIVE;
+const UTILIZATION: &str = metric::GPU_UTILIZATION_RATIO;
+pub const PCIE_GEN: &str = metric::GPU_PCIE_LINK_GENERATION;
+pub const PCIE_MAX_GEN: &str = metric::GPU_PCIE_LINK_MAX_GENERATION;
+pub const PCIE_WIDTH: &str = metric::GPU_PCIE_LINK_WIDTH_LANES;
+pub const PCIE_MAX_WIDTH: &str = metric::GPU_PCIE_LINK_MAX_WIDTH_LANES;
 
 pub const SERIES: &[&str] = &[
     ECC,

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{
@@ -22,14 +23,14 @@ pub const RULES: &[&str] = &[
     "roce_congestion",
 ];
 
-const SYMBOL_ERROR: &str = "railscope_ib_symbol_error_total";
-const LINK_ERROR_RECOVERY: &str = "railscope_ib_link_error_recovery_total";
-const LINK_DOWNED: &str = "railscope_ib_link_downed_total";
-const STATE: &str = "railscope_ib_port_state";
-const PHYS_STATE: &str = "railscope_ib_port_phys_state";
-const WIDTH: &str = "railscope_ib_port_width_lanes";
-const RATE: &str = "railscope_ib_port_rate_gbps";
-const CNP_SENT: &str = "railscope_ib_np_cnp_sent_total";
+const SYMBOL_ERROR: &str = metric::IB_SYMBOL_ERROR_TOTAL;
+const LINK_ERROR_RECOVERY: &str = metric::IB_LINK_ERROR_RECOVERY_TOTAL;
+const LINK_DOWNED: &str = metric::IB_LINK_DOWNED_TOTAL;
+const STATE: &str = metric::IB_PORT_STATE;
+const PHYS_STATE: &str = metric::IB_PORT_PHYS_STATE;
+const WIDTH: &str = metric::IB_PORT_WIDTH_LANES;
+const RATE: &str = metric::IB_PORT_RATE_GBPS;
+const CNP_SENT: &str = metric::IB_NP_CNP_SENT_TOTAL;
 
 /// The series these rules read.
 pub const SERIES: &[&str] = &[

@@ -7,46 +7,45 @@
 
 use std::collections::BTreeSet;
 
+use monitor_wire::names::metric;
+
 use super::{gpus, ib_links, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
 pub const RULE_READS: &[(&str, &[&str])] = &[
     ("ib_link_flapping", &[]),
-    ("ib_symbol_errors", &["railscope_ib_symbol_error_total"]),
+    ("ib_symbol_errors", &[metric::IB_SYMBOL_ERROR_TOTAL]),
     (
         "ib_link_error_recovery",
-        &["railscope_ib_link_error_recovery_total"],
+        &[metric::IB_LINK_ERROR_RECOVERY_TOTAL],
     ),
-    ("ib_link_downed", &["railscope_ib_link_downed_total"]),
+    ("ib_link_downed", &[metric::IB_LINK_DOWNED_TOTAL]),
     (
         "ib_port_degraded",
         &[
-            "railscope_ib_port_state",
-            "railscope_ib_port_width_lanes",
-            "railscope_ib_port_rate_gbps",
+            metric::IB_PORT_STATE,
+            metric::IB_PORT_WIDTH_LANES,
+            metric::IB_PORT_RATE_GBPS,
         ],
     ),
-    ("ib_phys_state", &["railscope_ib_port_phys_state"]),
-    ("roce_congestion", &["railscope_ib_np_cnp_sent_total"]),
+    ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),
+    ("roce_congestion", &[metric::IB_NP_CNP_SENT_TOTAL]),
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
-    ("gpu_ecc_uncorrected", &["railscope_gpu_ecc_errors_total"]),
-    (
-        "gpu_row_remap_pending",
-        &["railscope_gpu_row_remap_pending"],
-    ),
-    ("gpu_row_remap_failed", &["railscope_gpu_row_remap_failed"]),
-    ("gpu_thermal_throttle", &["railscope_gpu_throttle_active"]),
-    ("gpu_power_throttle", &["railscope_gpu_throttle_active"]),
+    ("gpu_ecc_uncorrected", &[metric::GPU_ECC_ERRORS_TOTAL]),
+    ("gpu_row_remap_pending", &[metric::GPU_ROW_REMAP_PENDING]),
+    ("gpu_row_remap_failed", &[metric::GPU_ROW_REMAP_FAILED]),
+    ("gpu_thermal_throttle", &[metric::GPU_THROTTLE_ACTIVE]),
+    ("gpu_power_throttle", &[metric::GPU_THROTTLE_ACTIVE]),
     (
         "gpu_pcie_degraded",
         &[
-            "railscope_gpu_pcie_link_generation",
-            "railscope_gpu_pcie_link_max_generation",
-            "railscope_gpu_pcie_link_width_lanes",
-            "railscope_gpu_pcie_link_max_width_lanes",
-            "railscope_gpu_utilization_ratio",
+            metric::GPU_PCIE_LINK_GENERATION,
+            metric::GPU_PCIE_LINK_MAX_GENERATION,
+            metric::GPU_PCIE_LINK_WIDTH_LANES,
+            metric::GPU_PCIE_LINK_MAX_WIDTH_LANES,
+            metric::GPU_UTILIZATION_RATIO,
         ],
     ),
     ("verbs_qp_error", &[verbs::SERIES]),

@@ -8,13 +8,14 @@
 
 use std::collections::BTreeMap;
 
+use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{Observation, Severity, Subject, view::View};
 
 pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
 
-pub const SERIES: &str = "railscope_rdma_verbs_total";
+pub const SERIES: &str = metric::RDMA_VERBS_TOTAL;
 
 const S: u64 = 1_000_000_000;
 

@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-use monitor_wire::{Series, WireEvent};
+use monitor_wire::{Series, WireEvent, names::event_kind};
 
 use super::Thresholds;
 use crate::nodes::{Latest, LatestValue};
@@ -165,7 +165,7 @@ impl EventState {
     pub(super) fn take(&mut self, node: &str, e: &WireEvent) {
         match e.kind.as_str() {
             // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
-            "port_transition" if e.code == 0 => {
+            event_kind::PORT_TRANSITION if e.code == 0 => {
                 let (Some(device), Some(port)) = (
                     e.labels.get("device"),
                     e.labels.get("port").and_then(|p| p.parse().ok()),
@@ -177,7 +177,7 @@ impl EventState {
                     .or_default()
                     .push_back(e.unix_ns);
             }
-            "xid" => {
+            event_kind::XID => {
                 if let Some(gpu) = e.labels.get("gpu") {
                     self.xids
                         .entry((node.into(), gpu.into()))
@@ -185,7 +185,7 @@ impl EventState {
                         .push_back((e.unix_ns, e.code.max(0) as u64));
                 }
             }
-            "gpu_lost" => {
+            event_kind::GPU_LOST => {
                 if let Some(gpu) = e.labels.get("gpu") {
                     self.lost.insert((node.into(), gpu.into()), e.unix_ns);
                 }

@@ -15,7 +15,9 @@ use monitor_capture::{
     CaptureHeader, CaptureWriter, PortInfo, Trailer,
     format::{MAX_RECORD_LEN, key_hex},
 };
-use monitor_wire::{Frame, Key, SchemaEntry, Series, SeriesData, SeriesSamples, encode_frame};
+use monitor_wire::{
+    Frame, Key, SchemaEntry, Series, SeriesData, SeriesSamples, encode_frame, names::metric,
+};
 
 use super::engine::{QueryEngine, QueryError};
 use crate::archive::NodeSelector;
@@ -79,7 +81,7 @@ pub fn export_capture(
                 continue;
             }
             if let (Some(name), Some(device), Some(port)) = (
-                series.name.strip_prefix("railscope_ib_"),
+                series.name.strip_prefix(metric::IB_PREFIX),
                 series.labels.get("device"),
                 series
                     .labels

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use monitor_wire::{Kind, Labels, Reading, Series, Value};
+use monitor_wire::{Kind, Labels, Reading, Series, Value, names::metric};
 
 use super::{device_ends::DeviceEnds, job_ends::JobEnds};
 use crate::probes::families::Families;
@@ -92,7 +92,7 @@ impl StateReport {
         };
         let entries = |table, v| {
             reading(
-                "railscope_agent_entries",
+                metric::AGENT_ENTRIES,
                 Some(("table", table)),
                 Kind::Gauge,
                 v,
@@ -100,7 +100,7 @@ impl StateReport {
         };
         let hits = |bound, v| {
             reading(
-                "railscope_agent_bound_hits_total",
+                metric::AGENT_BOUND_HITS_TOTAL,
                 Some(("bound", bound)),
                 Kind::Counter,
                 v,
@@ -114,12 +114,7 @@ impl StateReport {
             entries("cgroup_names", self.cgroup_names),
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
-            reading(
-                "railscope_agent_rss_bytes",
-                None,
-                Kind::Gauge,
-                self.rss_bytes,
-            ),
+            reading(metric::AGENT_RSS_BYTES, None, Kind::Gauge, self.rss_bytes),
             hits("verb_counts_map_full", self.verb_counts_map_full),
             hits("event_ring_full", self.event_ring_full),
             hits("device_names_map_full", self.device_names_map_full),
@@ -171,4 +166,29 @@ fn rss_bytes() -> Option<u64> {
     // SAFETY: sysconf has no memory effects.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use monitor_wire::names::AGENT_METRICS;
+
+    #[test]
+    fn the_state_report_sends_only_names_of_agent_metrics() {
+        let names: std::collections::BTreeSet<String> = StateReport::default()
+            .readings(MonoNs(1))
+            .into_iter()
+            .map(|r| r.series.name.to_string())
+            .collect();
+        for n in &names {
+            assert!(AGENT_METRICS.contains(&n.as_str()), "{n}");
+        }
+        for n in [
+            metric::AGENT_ENTRIES,
+            metric::AGENT_RSS_BYTES,
+            metric::AGENT_BOUND_HITS_TOTAL,
+        ] {
+            assert!(names.contains(n), "{n}");
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use crate::jobs::Job;
 use crate::probes::decode::{EventOrigin, PortTransition, PortUpDown, ProbeEvent};
-use monitor_wire::{Labels, WireEvent};
+use monitor_wire::{Labels, WireEvent, names::event_kind};
 
 /// An IB, QP or CQ event for the collector.
 pub(super) fn ib_wire_event(event: &ProbeEvent) -> WireEvent {
@@ -21,7 +21,7 @@ pub(super) fn ib_wire_event(event: &ProbeEvent) -> WireEvent {
     WireEvent {
         unix_ns: event.unix_ns,
         kind: match event.origin {
-            EventOrigin::Port => "ib_port".into(),
+            EventOrigin::Port => event_kind::IB_PORT.into(),
             origin => origin.as_str().into(),
         },
         labels: Labels::new(labels),
@@ -34,7 +34,7 @@ pub(super) fn ib_wire_event(event: &ProbeEvent) -> WireEvent {
 pub(super) fn transition_wire_event(t: &PortTransition) -> WireEvent {
     WireEvent {
         unix_ns: t.unix_ns,
-        kind: "port_transition".into(),
+        kind: event_kind::PORT_TRANSITION.into(),
         labels: Labels::new([
             ("device", t.device.clone()),
             ("port", t.port.to_string()),

@@ -190,7 +190,7 @@ pub async fn run(options: CaptureOptions) -> anyhow::Result<()> {
         .filter_map(|r| {
             r.series
                 .name
-                .strip_prefix("railscope_ib_")
+                .strip_prefix(monitor_wire::names::metric::IB_PREFIX)
                 .map(|n| n.trim_end_matches("_total").to_owned())
         })
         .collect();
@@ -458,7 +458,7 @@ fn on_record(
     stats.events += 1;
     encoder.push_event(monitor_wire::WireEvent {
         unix_ns: event.unix_ns,
-        kind: "ib_port".into(),
+        kind: monitor_wire::names::event_kind::IB_PORT.into(),
         labels: monitor_wire::Labels::new([
             ("device", event.device.clone()),
             ("port", event.port.to_string()),

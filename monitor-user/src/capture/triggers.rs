@@ -4,15 +4,15 @@
 
 use std::collections::HashMap;
 
-use monitor_wire::Reading;
+use monitor_wire::{Reading, names::metric};
 
 /// Error counters whose rate is watched.
 const ERROR_COUNTERS: [&str; 5] = [
-    "railscope_ib_symbol_error_total",
-    "railscope_ib_port_rcv_errors_total",
-    "railscope_ib_link_error_recovery_total",
-    "railscope_ib_local_link_integrity_errors_total",
-    "railscope_ib_excessive_buffer_overrun_errors_total",
+    metric::IB_SYMBOL_ERROR_TOTAL,
+    metric::IB_PORT_RCV_ERRORS_TOTAL,
+    metric::IB_LINK_ERROR_RECOVERY_TOTAL,
+    metric::IB_LOCAL_LINK_INTEGRITY_ERRORS_TOTAL,
+    metric::IB_EXCESSIVE_BUFFER_OVERRUN_ERRORS_TOTAL,
 ];
 /// `phys_state` LinkUp.
 const LINK_UP: f64 = 5.0;
@@ -53,19 +53,19 @@ impl TriggerWatch {
             };
             let port = &key.0;
             match name {
-                "railscope_ib_link_downed_total" if value != before => {
+                metric::IB_LINK_DOWNED_TOTAL if value != before => {
                     reasons.push(format!("{port}: link_downed {before} -> {value}"));
                 }
-                "railscope_ib_port_state" if before == ACTIVE && value != ACTIVE => {
+                metric::IB_PORT_STATE if before == ACTIVE && value != ACTIVE => {
                     reasons.push(format!("{port}: state left ACTIVE ({value})"));
                 }
-                "railscope_ib_port_phys_state" if before == LINK_UP && value != LINK_UP => {
+                metric::IB_PORT_PHYS_STATE if before == LINK_UP && value != LINK_UP => {
                     reasons.push(format!("{port}: phys_state left LinkUp ({value})"));
                 }
-                "railscope_ib_port_width_lanes" | "railscope_ib_port_rate_gbps"
-                    if value != before =>
-                {
-                    let what = name.trim_start_matches("railscope_ib_port_");
+                metric::IB_PORT_WIDTH_LANES | metric::IB_PORT_RATE_GBPS if value != before => {
+                    let what = name
+                        .trim_start_matches(metric::IB_PREFIX)
+                        .trim_start_matches("port_");
                     reasons.push(format!("{port}: {what} {before} -> {value}"));
                 }
                 _ if ERROR_COUNTERS.contains(&name) && value > before => {
@@ -73,7 +73,7 @@ impl TriggerWatch {
                     let rate = (value - before) / seconds;
                     if rate > self.error_rate {
                         let short = name
-                            .trim_start_matches("railscope_ib_")
+                            .trim_start_matches(metric::IB_PREFIX)
                             .trim_end_matches("_total");
                         reasons.push(format!("{port}: {short} at {rate:.0}/s"));
                     }

@@ -67,6 +67,7 @@ use std::{
 
 use monitor_wire::{
     EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value, WireEvent,
+    names::{event_kind, metric},
 };
 use sampler::{AdaptiveSampler, SamplerConfig, wire_sample};
 
@@ -389,7 +390,7 @@ fn agent_sampler(interval: Duration) -> AdaptiveSampler {
         ground_truth_every: 2,
         ..config.clone()
     };
-    AdaptiveSampler::new(config).with_group("railscope_ib_", "railscope_ib_", ib)
+    AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
 }
 
 /// FNV-1a of a node, a series and a seed: where in its phase a series of an adaptive fleet
@@ -626,19 +627,16 @@ impl SimulatedFleet {
                 ),
             };
             let gauges = [
-                ("railscope_gpu_sm_util_ratio", self.noisy(sm, 3.0)),
-                ("railscope_gpu_tensor_util_ratio", self.noisy(tensor, 3.0)),
-                ("railscope_gpu_dram_bw_util_ratio", self.noisy(dram, 3.0)),
+                (metric::GPU_SM_UTIL_RATIO, self.noisy(sm, 3.0)),
+                (metric::GPU_TENSOR_UTIL_RATIO, self.noisy(tensor, 3.0)),
+                (metric::GPU_DRAM_BW_UTIL_RATIO, self.noisy(dram, 3.0)),
+                (metric::GPU_UTILIZATION_RATIO, if busy { 1.0 } else { 0.0 }),
                 (
-                    "railscope_gpu_utilization_ratio",
-                    if busy { 1.0 } else { 0.0 },
-                ),
-                (
-                    "railscope_gpu_temperature_celsius",
+                    metric::GPU_TEMPERATURE_CELSIUS,
                     self.noisy(if slow { 88.0 } else { 62.0 }, 2.0).round(),
                 ),
                 (
-                    "railscope_gpu_power_watts",
+                    metric::GPU_POWER_WATTS,
                     self.noisy(if busy { 640.0 } else { 90.0 }, 3.0),
                 ),
             ];
@@ -654,7 +652,7 @@ impl SimulatedFleet {
             ] {
                 let on = slow && self.spec.throttled && reason == "hw_thermal_slowdown";
                 out.push(gauge(
-                    "railscope_gpu_throttle_active",
+                    metric::GPU_THROTTLE_ACTIVE,
                     labels(&[("reason", reason)]),
                     f64::from(u8::from(on)),
                     t,
@@ -662,41 +660,38 @@ impl SimulatedFleet {
             }
             let pending = self.gpu_fault(&self.spec.remap_pending, n, g);
             out.push(gauge(
-                "railscope_gpu_row_remap_pending",
+                metric::GPU_ROW_REMAP_PENDING,
                 labels(&[]),
                 f64::from(u8::from(pending)),
                 t,
             ));
-            out.push(gauge("railscope_gpu_row_remap_failed", labels(&[]), 0.0, t));
+            out.push(gauge(metric::GPU_ROW_REMAP_FAILED, labels(&[]), 0.0, t));
             let pcie_bad = self.gpu_fault(&self.spec.pcie_degraded, n, g);
             for (name, v) in [
                 (
-                    "railscope_gpu_pcie_link_generation",
+                    metric::GPU_PCIE_LINK_GENERATION,
                     if pcie_bad { 4.0 } else { values::PCIE_GEN },
                 ),
-                ("railscope_gpu_pcie_link_max_generation", values::PCIE_GEN),
+                (metric::GPU_PCIE_LINK_MAX_GENERATION, values::PCIE_GEN),
                 (
-                    "railscope_gpu_pcie_link_width_lanes",
+                    metric::GPU_PCIE_LINK_WIDTH_LANES,
                     if pcie_bad { 8.0 } else { values::PCIE_WIDTH },
                 ),
-                (
-                    "railscope_gpu_pcie_link_max_width_lanes",
-                    values::PCIE_WIDTH,
-                ),
+                (metric::GPU_PCIE_LINK_MAX_WIDTH_LANES, values::PCIE_WIDTH),
             ] {
                 out.push(gauge(name, labels(&[]), v, t));
             }
             let dbe = u64::from(self.gpu_fault(&self.spec.ecc_dbe, n, g) && tick > 0);
             counters.push((
                 counter(
-                    "railscope_gpu_ecc_errors_total",
+                    metric::GPU_ECC_ERRORS_TOTAL,
                     labels(&[("type", "uncorrected"), ("scope", "volatile")]),
                 ),
                 dbe,
             ));
             counters.push((
                 counter(
-                    "railscope_gpu_ecc_errors_total",
+                    metric::GPU_ECC_ERRORS_TOTAL,
                     labels(&[("type", "corrected"), ("scope", "volatile")]),
                 ),
                 0,
@@ -712,29 +707,19 @@ impl SimulatedFleet {
                 (values::RATE_GBPS, values::WIDTH_LANES)
             };
             out.push(gauge(
-                "railscope_ib_port_state",
+                metric::IB_PORT_STATE,
                 labels.clone(),
                 if down { 1.0 } else { 4.0 },
                 t,
             ));
             out.push(gauge(
-                "railscope_ib_port_phys_state",
+                metric::IB_PORT_PHYS_STATE,
                 labels.clone(),
                 if down { 2.0 } else { 5.0 },
                 t,
             ));
-            out.push(gauge(
-                "railscope_ib_port_rate_gbps",
-                labels.clone(),
-                rate,
-                t,
-            ));
-            out.push(gauge(
-                "railscope_ib_port_width_lanes",
-                labels.clone(),
-                width,
-                t,
-            ));
+            out.push(gauge(metric::IB_PORT_RATE_GBPS, labels.clone(), rate, t));
+            out.push(gauge(metric::IB_PORT_WIDTH_LANES, labels.clone(), width, t));
             let bytes = match (busy, degraded, down) {
                 (_, _, true) | (false, _, _) => 1.0e3,
                 (true, false, false) => values::PORT_BYTES_PER_S,
@@ -751,12 +736,12 @@ impl SimulatedFleet {
             let downed = u64::from(was_up && down);
             self.nodes[n].port_up[p] = !down;
             for (name, inc) in [
-                ("railscope_ib_port_xmit_bytes_total", xmit),
-                ("railscope_ib_port_rcv_bytes_total", rcv),
-                ("railscope_ib_symbol_error_total", symbol),
-                ("railscope_ib_link_error_recovery_total", 0),
-                ("railscope_ib_link_downed_total", downed),
-                ("railscope_ib_port_rcv_errors_total", 0),
+                (metric::IB_PORT_XMIT_BYTES_TOTAL, xmit),
+                (metric::IB_PORT_RCV_BYTES_TOTAL, rcv),
+                (metric::IB_SYMBOL_ERROR_TOTAL, symbol),
+                (metric::IB_LINK_ERROR_RECOVERY_TOTAL, 0),
+                (metric::IB_LINK_DOWNED_TOTAL, downed),
+                (metric::IB_PORT_RCV_ERRORS_TOTAL, 0),
             ] {
                 counters.push((counter(name, labels.clone()), inc));
             }
@@ -767,9 +752,9 @@ impl SimulatedFleet {
                     self.noisy(values::CNP_PER_S as f64, 20.0) as u64
                 } * (dt as u64).max(1);
                 for name in [
-                    "railscope_ib_np_cnp_sent_total",
-                    "railscope_ib_rp_cnp_handled_total",
-                    "railscope_ib_np_ecn_marked_roce_packets_total",
+                    metric::IB_NP_CNP_SENT_TOTAL,
+                    metric::IB_RP_CNP_HANDLED_TOTAL,
+                    metric::IB_NP_ECN_MARKED_ROCE_PACKETS_TOTAL,
                 ] {
                     counters.push((counter(name, labels.clone()), cnp));
                 }
@@ -801,7 +786,7 @@ impl SimulatedFleet {
                 };
                 counters.push((
                     counter(
-                        "railscope_rdma_verbs_total",
+                        metric::RDMA_VERBS_TOTAL,
                         Labels::new([
                             ("device", device),
                             ("verb", verb),
@@ -837,7 +822,7 @@ impl SimulatedFleet {
         {
             out.push(WireEvent {
                 unix_ns: t,
-                kind: "xid".into(),
+                kind: event_kind::XID.into(),
                 labels: gpu_labels(n, x.gpu),
                 code: x.code as i64,
                 text: format!("XID {}", x.code),
@@ -851,7 +836,7 @@ impl SimulatedFleet {
         {
             out.push(WireEvent {
                 unix_ns: t,
-                kind: "gpu_lost".into(),
+                kind: event_kind::GPU_LOST.into(),
                 labels: gpu_labels(n, l.gpu),
                 code: 0,
                 text: "GPU is lost".into(),
@@ -871,14 +856,14 @@ impl SimulatedFleet {
             };
             out.push(WireEvent {
                 unix_ns: t,
-                kind: "ib_port".into(),
+                kind: event_kind::IB_PORT.into(),
                 labels: Labels::new([("device", device.as_str()), ("cgroup", ""), ("port", "1")]),
                 code,
                 text: text.into(),
             });
             out.push(WireEvent {
                 unix_ns: t + 1_000_000,
-                kind: "port_transition".into(),
+                kind: event_kind::PORT_TRANSITION.into(),
                 labels: Labels::new([("device", device.as_str()), ("port", "1"), ("from", from)]),
                 code: i64::from(to_up),
                 text: if to_up { "UP" } else { "DOWN" }.into(),

@@ -1,54 +1,52 @@
 //! What is read from NVML besides the per-query metrics: GPM metrics, throttle reasons, and
 //! the counters and flags of the batched field-value call, each with its series name.
 
+use monitor_wire::names::metric;
 use nvml_wrapper::{
     bitmasks::device::ThrottleReasons, enums::gpm::GpmMetricId, sys_exports::field_id::*,
 };
 
 /// GPM utilizations, which NVML gives in percent, reported as 0-1 ratios.
 pub(super) const GPM_RATIOS: [(GpmMetricId, &str); 11] = [
-    (GpmMetricId::SmUtil, "railscope_gpu_sm_util_ratio"),
-    (GpmMetricId::SmOccupancy, "railscope_gpu_sm_occupancy_ratio"),
-    (GpmMetricId::IntegerUtil, "railscope_gpu_integer_util_ratio"),
-    (
-        GpmMetricId::AnyTensorUtil,
-        "railscope_gpu_tensor_util_ratio",
-    ),
+    (GpmMetricId::SmUtil, metric::GPU_SM_UTIL_RATIO),
+    (GpmMetricId::SmOccupancy, metric::GPU_SM_OCCUPANCY_RATIO),
+    (GpmMetricId::IntegerUtil, metric::GPU_INTEGER_UTIL_RATIO),
+    (GpmMetricId::AnyTensorUtil, metric::GPU_TENSOR_UTIL_RATIO),
     (
         GpmMetricId::DfmaTensorUtil,
-        "railscope_gpu_tensor_dfma_util_ratio",
+        metric::GPU_TENSOR_DFMA_UTIL_RATIO,
     ),
     (
         GpmMetricId::HmmaTensorUtil,
-        "railscope_gpu_tensor_hmma_util_ratio",
+        metric::GPU_TENSOR_HMMA_UTIL_RATIO,
     ),
     (
         GpmMetricId::ImmaTensorUtil,
-        "railscope_gpu_tensor_imma_util_ratio",
+        metric::GPU_TENSOR_IMMA_UTIL_RATIO,
     ),
-    (GpmMetricId::Fp64Util, "railscope_gpu_fp64_util_ratio"),
-    (GpmMetricId::Fp32Util, "railscope_gpu_fp32_util_ratio"),
-    (GpmMetricId::Fp16Util, "railscope_gpu_fp16_util_ratio"),
-    (GpmMetricId::DramBwUtil, "railscope_gpu_dram_bw_util_ratio"),
+    (GpmMetricId::Fp64Util, metric::GPU_FP64_UTIL_RATIO),
+    (GpmMetricId::Fp32Util, metric::GPU_FP32_UTIL_RATIO),
+    (GpmMetricId::Fp16Util, metric::GPU_FP16_UTIL_RATIO),
+    (GpmMetricId::DramBwUtil, metric::GPU_DRAM_BW_UTIL_RATIO),
 ];
 
 /// GPM bandwidths, which NVML gives in MiB/s, reported in bytes per second.
 pub(super) const GPM_RATES: [(GpmMetricId, &str); 4] = [
     (
         GpmMetricId::PcieTxPerSec,
-        "railscope_gpu_gpm_pcie_tx_bytes_per_second",
+        metric::GPU_GPM_PCIE_TX_BYTES_PER_SECOND,
     ),
     (
         GpmMetricId::PcieRxPerSec,
-        "railscope_gpu_gpm_pcie_rx_bytes_per_second",
+        metric::GPU_GPM_PCIE_RX_BYTES_PER_SECOND,
     ),
     (
         GpmMetricId::NvlinkTotalTxPerSec,
-        "railscope_gpu_gpm_nvlink_tx_bytes_per_second",
+        metric::GPU_GPM_NVLINK_TX_BYTES_PER_SECOND,
     ),
     (
         GpmMetricId::NvlinkTotalRxPerSec,
-        "railscope_gpu_gpm_nvlink_rx_bytes_per_second",
+        metric::GPU_GPM_NVLINK_RX_BYTES_PER_SECOND,
     ),
 ];
 
@@ -101,64 +99,58 @@ pub(super) const fn field_counter(
 pub(super) const FIELD_COUNTERS: [FieldCounter; 10] = [
     field_counter(
         NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-        "railscope_gpu_ecc_errors_total",
+        metric::GPU_ECC_ERRORS_TOTAL,
         &[("type", "corrected"), ("scope", "volatile")],
     ),
     field_counter(
         NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-        "railscope_gpu_ecc_errors_total",
+        metric::GPU_ECC_ERRORS_TOTAL,
         &[("type", "uncorrected"), ("scope", "volatile")],
     ),
     field_counter(
         NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
-        "railscope_gpu_ecc_errors_total",
+        metric::GPU_ECC_ERRORS_TOTAL,
         &[("type", "corrected"), ("scope", "aggregate")],
     ),
     field_counter(
         NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
-        "railscope_gpu_ecc_errors_total",
+        metric::GPU_ECC_ERRORS_TOTAL,
         &[("type", "uncorrected"), ("scope", "aggregate")],
     ),
     field_counter(
         NVML_FI_DEV_REMAPPED_COR,
-        "railscope_gpu_remapped_rows_total",
+        metric::GPU_REMAPPED_ROWS_TOTAL,
         &[("type", "corrected")],
     ),
     field_counter(
         NVML_FI_DEV_REMAPPED_UNC,
-        "railscope_gpu_remapped_rows_total",
+        metric::GPU_REMAPPED_ROWS_TOTAL,
         &[("type", "uncorrected")],
     ),
     field_counter(
         NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-        "railscope_gpu_nvlink_errors_total",
+        metric::GPU_NVLINK_ERRORS_TOTAL,
         &[("type", "crc_flit")],
     ),
     field_counter(
         NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-        "railscope_gpu_nvlink_errors_total",
+        metric::GPU_NVLINK_ERRORS_TOTAL,
         &[("type", "crc_data")],
     ),
     field_counter(
         NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
-        "railscope_gpu_nvlink_errors_total",
+        metric::GPU_NVLINK_ERRORS_TOTAL,
         &[("type", "replay")],
     ),
     field_counter(
         NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-        "railscope_gpu_nvlink_errors_total",
+        metric::GPU_NVLINK_ERRORS_TOTAL,
         &[("type", "recovery")],
     ),
 ];
 
 /// 0/1 gauges read through the same call.
 pub(super) const FIELD_FLAGS: [(u32, &str); 2] = [
-    (
-        NVML_FI_DEV_REMAPPED_PENDING,
-        "railscope_gpu_row_remap_pending",
-    ),
-    (
-        NVML_FI_DEV_REMAPPED_FAILURE,
-        "railscope_gpu_row_remap_failed",
-    ),
+    (NVML_FI_DEV_REMAPPED_PENDING, metric::GPU_ROW_REMAP_PENDING),
+    (NVML_FI_DEV_REMAPPED_FAILURE, metric::GPU_ROW_REMAP_FAILED),
 ];

@@ -22,7 +22,7 @@ use super::{
     jobs::ProcessJobs, series::Out,
 };
 use crate::{jobs::Job, sampler::Slot, sources::ReadingSink};
-use monitor_wire::{Kind, Labels, Series, Value};
+use monitor_wire::{Kind, Labels, Series, Value, names::metric};
 
 pub(super) struct Gpu {
     pub(super) info: GpuInfo,
@@ -211,11 +211,11 @@ impl Gpu {
         };
         if let Some(u) = utilization {
             out.gauge(
-                "railscope_gpu_utilization_ratio",
+                metric::GPU_UTILIZATION_RATIO,
                 Value::F64(f64::from(u.gpu) / 100.0),
             );
             out.gauge(
-                "railscope_gpu_memory_utilization_ratio",
+                metric::GPU_MEMORY_UTILIZATION_RATIO,
                 Value::F64(f64::from(u.memory) / 100.0),
             );
         }
@@ -232,45 +232,39 @@ impl Gpu {
         out: &mut Out<'_>,
     ) -> Result<(), Lost> {
         if let Some(m) = self.check("memory", device.memory_info())? {
-            out.gauge("railscope_gpu_memory_total_bytes", Value::U64(m.total));
-            out.gauge(
-                "railscope_gpu_memory_reserved_bytes",
-                Value::U64(m.reserved),
-            );
-            out.gauge("railscope_gpu_memory_used_bytes", Value::U64(m.used));
-            out.gauge("railscope_gpu_memory_free_bytes", Value::U64(m.free));
+            out.gauge(metric::GPU_MEMORY_TOTAL_BYTES, Value::U64(m.total));
+            out.gauge(metric::GPU_MEMORY_RESERVED_BYTES, Value::U64(m.reserved));
+            out.gauge(metric::GPU_MEMORY_USED_BYTES, Value::U64(m.used));
+            out.gauge(metric::GPU_MEMORY_FREE_BYTES, Value::U64(m.free));
         }
         if let Some(mhz) = self.check("SM clock", device.clock_info(Clock::SM))? {
             out.gauge(
-                "railscope_gpu_sm_clock_hertz",
+                metric::GPU_SM_CLOCK_HERTZ,
                 Value::U64(u64::from(mhz) * 1_000_000),
             );
         }
         if let Some(mhz) = self.check("memory clock", device.clock_info(Clock::Memory))? {
             out.gauge(
-                "railscope_gpu_memory_clock_hertz",
+                metric::GPU_MEMORY_CLOCK_HERTZ,
                 Value::U64(u64::from(mhz) * 1_000_000),
             );
         }
         if let Some(c) = self.check("temperature", device.temperature(TemperatureSensor::Gpu))? {
-            out.gauge("railscope_gpu_temperature_celsius", Value::U64(c.into()));
+            out.gauge(metric::GPU_TEMPERATURE_CELSIUS, Value::U64(c.into()));
         }
         if let Some(mw) = self.check("power", device.power_usage())? {
-            out.gauge(
-                "railscope_gpu_power_watts",
-                Value::F64(f64::from(mw) / 1000.0),
-            );
+            out.gauge(metric::GPU_POWER_WATTS, Value::F64(f64::from(mw) / 1000.0));
         }
         if let Some(mj) = self.check("energy", device.total_energy_consumption())? {
             // In NVML's own unit, as dcgm-exporter does: an integer counter travels exactly,
             // where joules would need a fraction the wire does not carry for counters.
-            out.counter("railscope_gpu_energy_millijoules_total", Value::U64(mj));
+            out.counter(metric::GPU_ENERGY_MILLIJOULES_TOTAL, Value::U64(mj));
         }
         if let Some(reasons) = self.check("throttle reasons", device.current_throttle_reasons())? {
             for (flag, reason) in THROTTLE_REASONS {
                 let active = u64::from(reasons.contains(flag));
                 out.push(
-                    "railscope_gpu_throttle_active",
+                    metric::GPU_THROTTLE_ACTIVE,
                     Kind::Gauge,
                     &[("reason", reason)],
                     Value::U64(active),
@@ -280,7 +274,7 @@ impl Gpu {
         // NVML reports KB/s over its last 20 ms; taken as KiB/s.
         if let Some(kbps) = self.check("PCIe tx", device.pcie_throughput(PcieUtilCounter::Send))? {
             out.gauge(
-                "railscope_gpu_pcie_tx_bytes_per_second",
+                metric::GPU_PCIE_TX_BYTES_PER_SECOND,
                 Value::U64(u64::from(kbps) * 1024),
             );
         }
@@ -288,33 +282,33 @@ impl Gpu {
             self.check("PCIe rx", device.pcie_throughput(PcieUtilCounter::Receive))?
         {
             out.gauge(
-                "railscope_gpu_pcie_rx_bytes_per_second",
+                metric::GPU_PCIE_RX_BYTES_PER_SECOND,
                 Value::U64(u64::from(kbps) * 1024),
             );
         }
         if let Some(n) = self.check("PCIe replays", device.pcie_replay_counter())? {
-            out.counter("railscope_gpu_pcie_replays_total", Value::U64(n.into()));
+            out.counter(metric::GPU_PCIE_REPLAYS_TOTAL, Value::U64(n.into()));
         }
         // The link as trained against what it can do (the findings' gpu_pcie_degraded).
         for (what, name, value) in [
             (
                 "PCIe generation",
-                "railscope_gpu_pcie_link_generation",
+                metric::GPU_PCIE_LINK_GENERATION,
                 device.current_pcie_link_gen(),
             ),
             (
                 "PCIe max generation",
-                "railscope_gpu_pcie_link_max_generation",
+                metric::GPU_PCIE_LINK_MAX_GENERATION,
                 device.max_pcie_link_gen(),
             ),
             (
                 "PCIe width",
-                "railscope_gpu_pcie_link_width_lanes",
+                metric::GPU_PCIE_LINK_WIDTH_LANES,
                 device.current_pcie_link_width(),
             ),
             (
                 "PCIe max width",
-                "railscope_gpu_pcie_link_max_width_lanes",
+                metric::GPU_PCIE_LINK_MAX_WIDTH_LANES,
                 device.max_pcie_link_width(),
             ),
         ] {
@@ -355,11 +349,11 @@ impl Gpu {
         for (direction, name) in [
             (
                 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-                "railscope_gpu_nvlink_tx_bytes_total",
+                metric::GPU_NVLINK_TX_BYTES_TOTAL,
             ),
             (
                 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-                "railscope_gpu_nvlink_rx_bytes_total",
+                metric::GPU_NVLINK_RX_BYTES_TOTAL,
             ),
         ] {
             let kib: Option<u64> = self.fields[links..]

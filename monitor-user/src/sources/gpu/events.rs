@@ -17,7 +17,7 @@ use nvml_wrapper::{
 
 use super::{GpuError, XID_UNKNOWN, gpu_labels, now_unix_ns};
 use crate::time_base::UnixNs;
-use monitor_wire::Labels;
+use monitor_wire::{Labels, names::event_kind};
 
 /// How long the event thread blocks in one wait, which bounds how long stopping it takes.
 const EVENT_WAIT_MS: u32 = 250;
@@ -46,8 +46,8 @@ impl GpuEvent {
     /// The generic event kind: `"xid"` or `"gpu_lost"`.
     pub fn kind(&self) -> &'static str {
         match self {
-            GpuEvent::Xid { .. } => "xid",
-            GpuEvent::Lost { .. } => "gpu_lost",
+            GpuEvent::Xid { .. } => event_kind::XID,
+            GpuEvent::Lost { .. } => event_kind::GPU_LOST,
         }
     }
 

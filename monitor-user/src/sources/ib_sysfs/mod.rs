@@ -44,6 +44,9 @@
 //! | `railscope_ib_port_width_lanes` | gauge | device, port | `rate`: "(4X NDR)" gives 4; a link trained down to one lane gives 1 |
 //! | `railscope_ib_port_link_layer_info` | gauge, always 1 | device, port, link_layer | `link_layer`: `InfiniBand`, `Ethernet` (RoCE) |
 //!
+//! The names are `monitor_wire::names::metric`'s (`AGENT_METRICS` lists them all, with the
+//! counter files known from real adapters).
+//!
 //! `<file>` is the file name lowercased (`VL15_dropped` gives `railscope_ib_vl15_dropped_total`),
 //! with any character outside `[a-z0-9_]` replaced by `_` and a trailing `_total` not doubled.
 //!
@@ -84,11 +87,11 @@ pub use link::{
 };
 
 use super::{Collect, ReadingSink};
-use monitor_wire::{Reading, Series};
+use monitor_wire::{Reading, Series, names::metric};
 use plan::DevicePlan;
 
 /// The prefix of every series name of this source.
-const PREFIX: &str = "railscope_ib_";
+const PREFIX: &str = metric::IB_PREFIX;
 
 /// The IB sysfs source: per device present, the files it reads, kept open; the problems of
 /// the files that are failing now, and the ones already warned about.

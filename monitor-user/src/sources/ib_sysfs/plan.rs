@@ -14,7 +14,7 @@ use super::{
     listing::{list_dir, list_files},
 };
 use crate::sampler::Slot;
-use monitor_wire::{Kind, Labels, Series};
+use monitor_wire::{Kind, Labels, Series, names::metric};
 
 /// How a counter file's number becomes a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,9 +118,9 @@ pub(super) fn plan_device(
         let pdir = ports_dir.join(name);
         let port_label = port.to_string();
         let labels = Labels::new([("device", device), ("port", port_label.as_str())]);
-        let gauge = |name: &str| {
+        let gauge = |name: &'static str| {
             Tracked::new(Series {
-                name: format!("{PREFIX}{name}").into(),
+                name: name.into(),
                 labels: labels.clone(),
                 kind: Kind::Gauge,
             })
@@ -149,10 +149,10 @@ pub(super) fn plan_device(
             phys_state: OpenFile::new(pdir.join("phys_state")),
             rate: OpenFile::new(pdir.join("rate")),
             link_layer: OpenFile::new(pdir.join("link_layer")),
-            state_series: gauge("port_state"),
-            phys_state_series: gauge("port_phys_state"),
-            rate_series: gauge("port_rate_gbps"),
-            width_series: gauge("port_width_lanes"),
+            state_series: gauge(metric::IB_PORT_STATE),
+            phys_state_series: gauge(metric::IB_PORT_PHYS_STATE),
+            rate_series: gauge(metric::IB_PORT_RATE_GBPS),
+            width_series: gauge(metric::IB_PORT_WIDTH_LANES),
             link_layer_series: None,
             counters,
         });
@@ -190,27 +190,27 @@ pub(super) fn counter_files(
         .map(|file| {
             let (name, kind, convert) = match file.as_str() {
                 "lifespan" => (
-                    "hw_counters_lifespan_seconds".to_string(),
+                    metric::IB_HW_COUNTERS_LIFESPAN_SECONDS.to_string(),
                     Kind::Gauge,
                     Convert::LifespanMs,
                 ),
                 "port_xmit_data" => (
-                    "port_xmit_bytes_total".to_string(),
+                    metric::IB_PORT_XMIT_BYTES_TOTAL.to_string(),
                     Kind::Counter,
                     Convert::Words,
                 ),
                 "port_rcv_data" => (
-                    "port_rcv_bytes_total".to_string(),
+                    metric::IB_PORT_RCV_BYTES_TOTAL.to_string(),
                     Kind::Counter,
                     Convert::Words,
                 ),
                 _ => (
-                    format!("{}_total", metric_stem(&file)),
+                    format!("{PREFIX}{}_total", metric_stem(&file)),
                     Kind::Counter,
                     Convert::Count,
                 ),
             };
-            let mut name = format!("{PREFIX}{name}");
+            let mut name = name;
             if kind == Kind::Counter && taken.is_some_and(|t| t.contains(&name)) {
                 name = format!("{PREFIX}hw_{}", &name[PREFIX.len()..]);
             }

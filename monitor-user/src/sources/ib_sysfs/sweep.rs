@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::{
-    PREFIX, SysfsError,
+    SysfsError,
     counter_value::parse_counter,
     kept_file::OpenFile,
     link::{
@@ -18,7 +18,7 @@ use super::{
     plan::{Convert, CounterFile, DevicePlan, PortPlan, Tracked},
 };
 use crate::sources::ReadingSink;
-use monitor_wire::{Kind, Labels, Series, Value};
+use monitor_wire::{Kind, Labels, Series, Value, names::metric};
 
 /// What one read of the source touches: where values go (nowhere when only the link facts
 /// are read), the buffer and the problem list.
@@ -128,7 +128,7 @@ impl Sweep<'_, '_> {
                     .is_some_and(|t| t.series.labels.get("link_layer") == Some(l.as_str()));
                 if !current {
                     let series = Series {
-                        name: format!("{PREFIX}port_link_layer_info").into(),
+                        name: metric::IB_PORT_LINK_LAYER_INFO.into(),
                         labels: Labels::new([
                             ("device", port.link.device.as_str()),
                             ("port", port.link.port.to_string().as_str()),
