@@ -39,6 +39,11 @@ pub fn router(sources: Sources) -> Router {
             "/ui/app.js",
             get(|| asset(dashboard::APP_JS, dashboard::JS)),
         )
+        // The names agent and collector share (`monitor_wire::names`), for the script.
+        .route(
+            "/ui/names.js",
+            get(|| asset(dashboard::NAMES_JS.as_str(), dashboard::JS)),
+        )
         .route(
             "/ui/app.css",
             get(|| asset(dashboard::APP_CSS, dashboard::CSS)),
@@ -115,6 +120,23 @@ mod tests {
                 &rest[..rest.find('"').unwrap()]
             })
             .collect()
+    }
+
+    #[test]
+    fn every_asset_the_page_loads_is_a_route() {
+        let routes = routes_in_table();
+        let page = crate::dashboard::INDEX_HTML;
+        let assets: Vec<&str> = page
+            .split(['"', '\''])
+            .filter(|s| s.starts_with("/ui/"))
+            .collect();
+        assert!(assets.len() >= 5, "{assets:?}");
+        for asset in assets {
+            assert!(
+                routes.contains(&asset),
+                "the page loads {asset}, which is no route"
+            );
+        }
     }
 
     #[test]
