@@ -244,7 +244,7 @@ fn wal_file(dir: &Path) -> PathBuf {
 #[test]
 fn a_torn_tail_is_cut_at_start_up_and_the_records_before_it_kept() {
     let tmp = tempfile::tempdir().unwrap();
-    let fleet = Fleet::new(1, 200);
+    let fleet = Fleet::new(1, 240);
     let frames = &fleet.frames[..40];
     let cfg = ArchiveConfig {
         segment_bytes: 1 << 30,
@@ -552,7 +552,7 @@ fn a_full_disk_stops_archiving_with_a_clear_error_and_it_resumes_when_space_is_f
     // A filler leaves little room.
     let filler = fs.0.join("filler");
     std::fs::write(&filler, vec![1u8; 1700 << 10]).unwrap();
-    let fleet = Fleet::new(1, 2400);
+    let fleet = Fleet::new(1, 3600);
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: 1 << 30,
         max_unwritten_bytes: 64 << 10,
