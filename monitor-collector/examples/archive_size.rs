@@ -1,11 +1,14 @@
-//! Bytes at rest per sample: frames of realistic nodes (the agent's own encoder, 8 GPUs x 40
-//! metrics and 8 IB ports x 40 counters, read every second, flushed every 10 s; see
-//! `monitor_collector::archive::fixture_node`) appended to an archive, then sealed. Prints
-//! one JSON line: samples, and frame bytes and bytes at rest (sealed), each per sample.
+//! Bytes at rest per sample: frames of simulated nodes (`monitor_testkit::NodeSender`: a busy
+//! node of 8 GPUs and 8 IB ports sending the agent's own series, 236 of them, read every
+//! second through the agent's encoder, flushed every 10 s) appended to an archive as the
+//! collector appends them, then sealed. Every reading is sent (the agent with adaptive
+//! sampling off), or with `--adaptive` what the agent's adaptive sampler sends (its default:
+//! stable series about every 32 s, gauges as envelopes). Prints one JSON line: samples, and
+//! frame bytes and bytes at rest (sealed), each per sample.
 //!
 //! `cargo run --release -p monitor-collector --example archive_size -- [--nodes N]
 //! [--seconds S] [--level L] [--block-kib K] [--segment-mib M] [--span-s S] [--flush-s F]
-//! [--data DIR --key FILE]`
+//! [--adaptive] [--data DIR --key FILE]`
 //!
 //! With `--data` the archive is kept in DIR (frames made with the key of FILE), for a
 //! collector to open: `cargo xtask bench collector` feeds VictoriaMetrics from it.
@@ -13,10 +16,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use monitor_collector::{
-    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
-    fixture_archive::append_fixture_frames,
-};
+use monitor_collector::archive::{AcceptedFrame, Archive, ArchiveConfig};
+use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 
 fn arg(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
@@ -42,6 +43,7 @@ fn main() -> anyhow::Result<()> {
     let span_s = arg(&args, "--span-s", 3600)?;
     // The agent's flush interval: each flush starts every series' coding afresh.
     let flush_s = arg(&args, "--flush-s", 10)?.max(1);
+    let adaptive = args.iter().any(|a| a == "--adaptive");
     let kept = args
         .iter()
         .position(|a| a == "--data")
@@ -57,8 +59,10 @@ fn main() -> anyhow::Result<()> {
         .as_secs();
     let t0: u64 = (now_s - seconds) * 1_000_000_000;
 
-    let mut senders: Vec<FixtureSender> = (0..nodes)
-        .map(|n| FixtureSender::new(&format!("gpu-node-{n:04}"), n + 1, key.clone()))
+    let mut senders: Vec<NodeSender> = (0..nodes)
+        .map(|n| {
+            NodeSender::new(&format!("gpu-node-{n:04}"), n + 1, key.clone()).adaptive(adaptive)
+        })
         .collect();
     let temp = tempfile::tempdir()?;
     let dir = kept.as_deref().unwrap_or(temp.path());
@@ -78,8 +82,15 @@ fn main() -> anyhow::Result<()> {
         let len = (seconds - chunk * flush_s).min(flush_s);
         for s in senders.iter_mut() {
             let batch = s.run(start, len, flush_s);
-            append_fixture_frames(&mut archive, s, &batch)?;
             for f in &batch {
+                let accepted = AcceptedFrame {
+                    node: &s.name,
+                    received_ns: f.received_ns,
+                    first_ns: f.first_ns,
+                    last_ns: f.last_ns,
+                    bytes: &f.bytes,
+                };
+                archive.append(&accepted, &|_| s.schema_frame())?;
                 samples += f.samples as u64;
                 frame_bytes += f.bytes.len() as u64;
                 frames += 1;
@@ -106,6 +117,8 @@ fn main() -> anyhow::Result<()> {
             "block_kib": block_kib,
             "segment_mib": segment_mib,
             "flush_s": flush_s,
+            "adaptive": adaptive,
+            "series_per_node": senders.first().map_or(0, NodeSender::series),
             "samples": samples,
             "frames": frames,
             "frame_bytes_per_sample": per(frame_bytes),

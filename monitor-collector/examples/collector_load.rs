@@ -1,8 +1,9 @@
 //! The load generator of `cargo xtask bench collector`: simulated agents on loopback.
 //!
-//! It makes the frames of a fleet of realistic nodes up front (the agent's own encoder through
-//! `monitor_collector::archive::fixture_node`: 8 GPUs x 40 metrics and 8 IB ports x 40
-//! counters, read every second, flushed every 10 s), then sends them to a collector when told,
+//! It makes the frames of a fleet of simulated nodes up front (`monitor_testkit::NodeSender`:
+//! a busy node of 8 GPUs and 8 IB ports sending the agent's own series, 236 of them, every
+//! reading of every second, as the agent sends with adaptive sampling off, through the agent's
+//! encoder, flushed every 10 s), then sends them to a collector when told,
 //! each node from its own UDP socket (so the kernel spreads the nodes over the collector's
 //! `SO_REUSEPORT` sockets as it does a fleet's), paced at a given number of samples per second.
 //! The bench (xtask/src/bench/collector.rs) drives it over stdin, one command a line, and reads
@@ -22,7 +23,8 @@
 //! - `quit`.
 //!
 //! `cargo run --release -p monitor-collector --example collector_load -- --target ADDR --key
-//! FILE [--nodes N] [--rounds R] [--threads T]`
+//! FILE [--nodes N] [--samples S | --rounds R] [--threads T]`: rounds of 10 s of every node,
+//! enough for S samples and one more round (default 6 rounds).
 
 use std::{
     io::{BufRead, Write as _},
@@ -31,7 +33,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use monitor_collector::archive::fixture_node::FixtureSender;
+use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 
 /// Sending sockets: nodes share them round-robin (a node always sends from the same one).
@@ -45,6 +47,8 @@ struct Args {
     key: Key,
     nodes: usize,
     rounds: u64,
+    /// Samples the fleet's rounds must hold at least (then one more round); overrides rounds.
+    samples: Option<u64>,
     threads: usize,
 }
 
@@ -69,6 +73,9 @@ fn parse_args() -> anyhow::Result<Args> {
         key: Key::from_file(value("--key").context("--key FILE is required")?)?,
         nodes: number("--nodes", 2000)? as usize,
         rounds: number("--rounds", 6)?,
+        samples: value("--samples")
+            .map(|_| number("--samples", 0))
+            .transpose()?,
         threads: number("--threads", 2)?.max(1) as usize,
     })
 }
@@ -101,8 +108,7 @@ fn make_fleet(args: &Args, t0_ns: u64) -> (Vec<Datagram>, Vec<usize>) {
                 scope.spawn(move || {
                     let mut out = Vec::new();
                     for n in (t..nodes).step_by(threads) {
-                        let mut sender =
-                            FixtureSender::new(&node_name(n), n as u64 + 1, key.clone());
+                        let mut sender = NodeSender::new(&node_name(n), n as u64 + 1, key.clone());
                         for r in 0..rounds {
                             let start = t0_ns + r * ROUND_S * 1_000_000_000;
                             let frames = sender
@@ -139,7 +145,7 @@ fn make_fleet(args: &Args, t0_ns: u64) -> (Vec<Datagram>, Vec<usize>) {
 
 /// One node's frames over the hour that ends at `end_ns`.
 fn make_hour(key: &Key, end_ns: u64) -> Vec<Datagram> {
-    let mut sender = FixtureSender::new("hour-node", 1_000_000, key.clone());
+    let mut sender = NodeSender::new("hour-node", 1_000_000, key.clone());
     sender
         .run(end_ns - 3600 * 1_000_000_000, 3600, ROUND_S)
         .into_iter()
@@ -378,8 +384,18 @@ fn ping(sockets: &[UdpSocket], target: SocketAddr, rng: &mut Rng) -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let mut args = parse_args()?;
     let started = Instant::now();
+    // A node's series and metric names: what its first second sends.
+    let (series_per_node, metrics) = {
+        let mut probe = NodeSender::new(&node_name(0), 1, args.key.clone());
+        probe.run(1_790_000_000_000_000_000, 1, ROUND_S);
+        (probe.series(), probe.metrics())
+    };
+    if let Some(samples) = args.samples {
+        let per_round = (args.nodes * series_per_node) as u64 * ROUND_S;
+        args.rounds = samples.div_ceil(per_round.max(1)) + 1;
+    }
     // The fleet's data ends a minute before now; the hour node's hour ends where it starts.
     let span_ns = args.rounds * ROUND_S * 1_000_000_000;
     let t0_ns = (unix_now_ns() / 1_000_000_000) * 1_000_000_000 - span_ns - 60_000_000_000;
@@ -391,13 +407,6 @@ fn main() -> anyhow::Result<()> {
         .context("binding the sending sockets")?;
     let fleet_samples: usize = fleet.iter().map(|d| d.samples).sum();
     let hour_samples: usize = hour.iter().map(|d| d.samples).sum();
-    let metrics: std::collections::BTreeSet<String> = {
-        let mut node = monitor_collector::archive::fixture_node::FixtureNode::new(1);
-        node.sweep(0)
-            .into_iter()
-            .map(|r| r.series.name.to_string())
-            .collect()
-    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -409,7 +418,8 @@ fn main() -> anyhow::Result<()> {
             "fleet_samples": fleet_samples,
             "fleet_bytes": fleet.iter().map(|d| d.bytes.len()).sum::<usize>(),
             "hour_samples": hour_samples,
-            "series_per_node": monitor_collector::archive::fixture_node::FixtureNode::new(1).series(),
+            "series_per_node": series_per_node,
+            "rounds": args.rounds,
             "t0_ns": t0_ns,
             "end_ns": t0_ns + span_ns,
             "hour_node": "hour-node",

@@ -35,12 +35,13 @@ pub mod dashboard;
 pub mod drops;
 pub mod events;
 pub mod findings;
-pub mod fixture_archive;
 pub mod http;
 pub mod ingest;
 pub mod liveness;
 pub mod lock;
 pub mod metrics;
+#[cfg(test)]
+mod node_archive;
 pub mod nodes;
 pub mod query;
 pub mod reads;

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_collector::archive::fixture_node::FixtureSender;
+use monitor_testkit::NodeSender;
 use monitor_testkit::{free_tcp_port, free_udp_port, http_get};
 use monitor_wire::{Key, MIN_FRAME_LEN};
 
@@ -197,7 +197,7 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
     let start_ns = (now_s - 60) * 1_000_000_000;
     let mut frames = Vec::new();
     for n in 0..8u64 {
-        let mut sender = FixtureSender::new(&format!("gpu-node-{n:03}"), n + 1, key.clone());
+        let mut sender = NodeSender::new(&format!("gpu-node-{n:03}"), n + 1, key.clone());
         frames.extend(sender.run(start_ns, 30, 10).into_iter().map(|f| f.bytes));
     }
     let before = scrape(collector.http);
@@ -230,7 +230,7 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
         datagrams.push(buf.clone());
     }
     // Sealed with the right key, but sent three hours ago.
-    let mut old = FixtureSender::new("gpu-node-old", 99, key.clone());
+    let mut old = NodeSender::new("gpu-node-old", 99, key.clone());
     let old_frames = old.run((now_s - 3 * 3600) * 1_000_000_000, 10, 10);
     *expected.entry("out_of_time_range").or_default() += old_frames.len() as u64;
     datagrams.extend(old_frames.into_iter().map(|f| f.bytes));
@@ -341,7 +341,7 @@ fn bad_datagrams_are_counted_by_reason_and_a_flood_changes_nothing() {
     );
 
     // Still ingesting: the next frames of a node are accepted.
-    let mut sender = FixtureSender::new("gpu-node-after", 1234, key.clone());
+    let mut sender = NodeSender::new("gpu-node-after", 1234, key.clone());
     let next = sender.run(start_ns + 40_000_000_000, 10, 10);
     let before = scrape(collector.http);
     for f in &next {

@@ -1,5 +1,6 @@
-//! A query's memory is bounded: over a node-hour (2.3 M samples of 640 series), one metric's
-//! answer and its JSON take a few MiB (the node-hour decoded would take about 90 MiB), an
+//! A query's memory is bounded: over a node-hour (0.85 M samples of the 236 series of a busy
+//! simulated node, `monitor_testkit::NodeSender`), one metric's answer and its JSON take a few
+//! MiB (the node-hour decoded would take about 30 MiB), an
 //! answer over the points limit is refused before it grows past it, and nothing a query
 //! decoded is kept after it answered. Measured with a counting global allocator (this test
 //! binary holds one test, so no other test allocates meanwhile).
@@ -11,10 +12,10 @@ use std::{
 };
 
 use monitor_collector::{
-    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
-    fixture_archive::append_fixture_frames,
+    archive::{AcceptedFrame, Archive, ArchiveConfig},
     query::{Matcher, QueryEngine, QueryError, SeriesQuery, api::series_body},
 };
+use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 
 struct Counting;
@@ -69,16 +70,28 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
         ..ArchiveConfig::new(dir.path())
     })
     .unwrap();
-    let mut sender = FixtureSender::new("gpu-node-0001", 1, key.clone());
+    let mut sender = NodeSender::new("gpu-node-0001", 1, key.clone());
     let mut samples = 0;
     for chunk in 0..seconds / 10 {
         let frames = sender.run(t0 + chunk * 10_000_000_000, 10, 10);
         samples += frames.iter().map(|f| f.samples).sum::<usize>();
-        append_fixture_frames(&mut archive, &sender, &frames).unwrap();
+        for f in &frames {
+            let accepted = AcceptedFrame {
+                node: &sender.name,
+                received_ns: f.received_ns,
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+                bytes: &f.bytes,
+            };
+            archive
+                .append(&accepted, &|_| sender.schema_frame())
+                .unwrap();
+        }
         archive.tick().unwrap();
     }
     archive.seal().unwrap();
-    assert_eq!(samples, 640 * 3600);
+    assert_eq!(sender.series(), 236, "a busy node's series");
+    assert_eq!(samples, 236 * 3600);
 
     let query = |metric: &str| SeriesQuery {
         metric: metric.into(),
@@ -91,8 +104,7 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
     let live_before = LIVE.load(Ordering::Relaxed);
 
     // One metric of 8 ports: 8 x 3600 points, over the limit of 20,000.
-    let (refused, peak) =
-        peak_of(|| limited.series(&query("railscope_ib_port_xmit_data_bytes_total")));
+    let (refused, peak) = peak_of(|| limited.series(&query("railscope_ib_port_xmit_bytes_total")));
     match refused {
         Err(e @ QueryError::TooManyPoints { limit: 20_000 }) => {
             assert!(e.to_string().contains("more than 20000 points"), "{e}")
@@ -103,9 +115,7 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
 
     // One GPU metric of 8 GPUs (its default limit of a million points).
     let ((answers, body), peak) = peak_of(|| {
-        let (answers, _) = engine
-            .series(&query("railscope_gpu_power_milliwatts"))
-            .unwrap();
+        let (answers, _) = engine.series(&query("railscope_gpu_power_watts")).unwrap();
         let body = series_body(&answers, &Default::default());
         (answers, body)
     });

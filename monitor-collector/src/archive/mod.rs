@@ -29,8 +29,6 @@ mod sealed;
 mod sealer;
 
 #[doc(hidden)]
-pub mod fixture_node;
-
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, RwLock},

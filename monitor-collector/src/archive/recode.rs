@@ -1062,9 +1062,9 @@ mod tests {
     #[test]
     #[ignore]
     fn where_the_bytes_go() {
-        use crate::archive::fixture_node::FixtureSender;
+        use monitor_testkit::NodeSender;
         let key = Key::from_bytes([7; 32]);
-        let mut sender = FixtureSender::new("gpu-node-0000", 1, key);
+        let mut sender = NodeSender::new("gpu-node-0000", 1, key);
         let frames = sender.run(T0, 800, 10);
         let samples: usize = frames.iter().map(|f| f.samples).sum();
         let records: Vec<RecordView<'_>> = frames

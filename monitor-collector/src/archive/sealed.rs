@@ -425,7 +425,7 @@ impl SealedSegment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::fixture_node::FixtureSender;
+    use monitor_testkit::NodeSender;
 
     /// A frame and its received, first and last times.
     type Timed = (Vec<u8>, u64, u64, u64);
@@ -435,8 +435,7 @@ mod tests {
         (0..3)
             .map(|n| {
                 let name = format!("gpu-node-{n}");
-                let mut s =
-                    FixtureSender::new(&name, n + 1, monitor_wire::Key::from_bytes([7; 32]));
+                let mut s = NodeSender::new(&name, n + 1, monitor_wire::Key::from_bytes([7; 32]));
                 let frames = s
                     .run(1_790_000_000_000_000_000, 300, 10)
                     .into_iter()
@@ -575,7 +574,8 @@ mod tests {
             }
             views.push((node, records));
         }
-        // Two nodes of 640 series, read every second for 10 s.
+        // Two nodes of 640 series (archive_size's fixture node of then), read every second
+        // for 10 s.
         assert_eq!(samples, 2 * 640 * 10);
         let again = write(dir.path(), 2, &views, settings(true), &|| {}).unwrap();
         let again = SealedSegment::open(&again.path).unwrap();

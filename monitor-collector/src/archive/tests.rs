@@ -12,10 +12,9 @@ use std::{
 
 use monitor_wire::{Key, ReceiverState, decode};
 
-use super::{
-    fixture_node::{FixtureFrame, FixtureSender},
-    *,
-};
+use monitor_testkit::node_frames::{self, NodeFrame, NodeSender};
+
+use super::*;
 
 const T0: u64 = 1_790_000_000_000_000_000;
 
@@ -25,17 +24,17 @@ fn key() -> Key {
 
 fn config(dir: &Path) -> ArchiveConfig {
     ArchiveConfig {
-        segment_bytes: 256 << 10,
+        segment_bytes: 64 << 10,
         segment_span: Duration::from_secs(1 << 40),
         retention_age: None,
         ..ArchiveConfig::new(dir)
     }
 }
 
-/// Frames of `nodes` fixture nodes over `seconds`, in the order they arrive.
+/// Frames of `nodes` simulated nodes (about 280 B a second each) over `seconds`, in the order they arrive.
 struct Fleet {
-    senders: HashMap<String, FixtureSender>,
-    frames: Vec<(String, FixtureFrame)>,
+    senders: HashMap<String, NodeSender>,
+    frames: Vec<(String, NodeFrame)>,
 }
 
 impl Fleet {
@@ -44,7 +43,7 @@ impl Fleet {
         let mut frames = Vec::new();
         for n in 0..nodes {
             let name = format!("gpu-node-{n:03}");
-            let mut s = FixtureSender::new(&name, n as u64 + 1, key());
+            let mut s = NodeSender::new(&name, n as u64 + 1, key());
             frames.extend(
                 s.run(T0, seconds, 10)
                     .into_iter()
@@ -60,7 +59,7 @@ impl Fleet {
         |node| self.senders[node].schema_frame()
     }
 
-    fn append(&self, archive: &mut Archive, frames: &[(String, FixtureFrame)]) {
+    fn append(&self, archive: &mut Archive, frames: &[(String, NodeFrame)]) {
         for (i, (node, f)) in frames.iter().enumerate() {
             archive.append(&accepted(node, f), &self.schema()).unwrap();
             if i % 10 == 9 {
@@ -72,14 +71,14 @@ impl Fleet {
 
     /// Appends as a writer at a real pace would: the sealer keeps up (it seals each segment
     /// before the next one is full).
-    fn append_paced(&self, archive: &mut Archive, frames: &[(String, FixtureFrame)]) {
+    fn append_paced(&self, archive: &mut Archive, frames: &[(String, NodeFrame)]) {
         for chunk in frames.chunks(20) {
             self.append(archive, chunk);
             archive.wait_for_sealer().unwrap();
         }
     }
 
-    fn of(&self, node: &str) -> Vec<&FixtureFrame> {
+    fn of(&self, node: &str) -> Vec<&NodeFrame> {
         self.frames
             .iter()
             .filter(|(n, _)| n == node)
@@ -88,7 +87,7 @@ impl Fleet {
     }
 }
 
-fn accepted<'a>(node: &'a str, f: &'a FixtureFrame) -> AcceptedFrame<'a> {
+fn accepted<'a>(node: &'a str, f: &'a NodeFrame) -> AcceptedFrame<'a> {
     AcceptedFrame {
         node,
         received_ns: f.received_ns,
@@ -190,7 +189,7 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     for (_, _, bytes) in &seen {
         let frame = decode(bytes, &key(), &mut ReceiverState::default()).unwrap();
         schema.extend(frame.schema.iter().map(|e| e.id));
-        let (lo, hi) = fixture_node::time_range(&frame).unwrap_or((0, 0));
+        let (lo, hi) = node_frames::time_range(&frame).unwrap_or((0, 0));
         if lo <= end && hi >= start {
             for s in &frame.samples {
                 assert!(schema.contains(&s.id), "series id {} has no schema", s.id);
@@ -198,8 +197,9 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
             }
         }
     }
+    let series = fleet.senders["gpu-node-002"].series();
     assert!(
-        in_range_samples >= 20 * 640,
+        in_range_samples >= 20 * series,
         "{in_range_samples} samples in range"
     );
 }
@@ -244,7 +244,7 @@ fn wal_file(dir: &Path) -> PathBuf {
 #[test]
 fn a_torn_tail_is_cut_at_start_up_and_the_records_before_it_kept() {
     let tmp = tempfile::tempdir().unwrap();
-    let fleet = Fleet::new(1, 60);
+    let fleet = Fleet::new(1, 240);
     let frames = &fleet.frames[..40];
     let cfg = ArchiveConfig {
         segment_bytes: 1 << 30,
@@ -330,7 +330,7 @@ fn sigkill_child_writer() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
-fn write_frames(path: &Path, frames: &[(String, FixtureFrame)]) {
+fn write_frames(path: &Path, frames: &[(String, NodeFrame)]) {
     let mut b = Vec::new();
     for (_, f) in frames {
         for v in [f.received_ns, f.first_ns, f.last_ns, f.bytes.len() as u64] {
@@ -341,7 +341,7 @@ fn write_frames(path: &Path, frames: &[(String, FixtureFrame)]) {
     std::fs::write(path, b).unwrap();
 }
 
-fn read_frames(path: &Path) -> Vec<FixtureFrame> {
+fn read_frames(path: &Path) -> Vec<NodeFrame> {
     let b = std::fs::read(path).unwrap();
     let mut at = 0;
     let mut out = Vec::new();
@@ -353,7 +353,7 @@ fn read_frames(path: &Path) -> Vec<FixtureFrame> {
     while at < b.len() {
         let (received_ns, first_ns, last_ns, len) =
             (u(&mut at), u(&mut at), u(&mut at), u(&mut at));
-        out.push(FixtureFrame {
+        out.push(NodeFrame {
             bytes: b[at..at + len as usize].to_vec(),
             received_ns,
             first_ns,
@@ -431,16 +431,18 @@ fn sigkill_mid_append_loses_nothing_written_out() {
 #[test]
 fn retention_deletes_the_oldest_segments_by_size_and_by_age() {
     let tmp = tempfile::tempdir().unwrap();
-    let fleet = Fleet::new(2, 600);
+    let fleet = Fleet::new(2, 1200);
     let mut archive = Archive::open(ArchiveConfig {
-        retention_bytes: Some(700 << 10),
+        // Segments of about 40 s of the two nodes (the by-age check below allows one).
+        segment_bytes: 24 << 10,
+        retention_bytes: Some(128 << 10),
         ..config(tmp.path())
     })
     .unwrap();
     fleet.append_paced(&mut archive, &fleet.frames);
     let stats = archive.stats();
     assert!(stats.segments_deleted > 0, "nothing was deleted: {stats:?}");
-    assert!(stats.bytes_on_disk <= 700 << 10, "{stats:?}");
+    assert!(stats.bytes_on_disk <= 128 << 10, "{stats:?}");
     // What is left is the newest records, to the last one.
     let reader = archive.reader();
     let mut seq = reader.sequential(0);
@@ -550,7 +552,7 @@ fn a_full_disk_stops_archiving_with_a_clear_error_and_it_resumes_when_space_is_f
     // A filler leaves little room.
     let filler = fs.0.join("filler");
     std::fs::write(&filler, vec![1u8; 1700 << 10]).unwrap();
-    let fleet = Fleet::new(1, 600);
+    let fleet = Fleet::new(1, 3600);
     let mut archive = Archive::open(ArchiveConfig {
         segment_bytes: 1 << 30,
         max_unwritten_bytes: 64 << 10,
@@ -650,7 +652,7 @@ fn frames_back(archive: &Archive) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn sent(frames: &[(String, FixtureFrame)]) -> Vec<Vec<u8>> {
+fn sent(frames: &[(String, NodeFrame)]) -> Vec<Vec<u8>> {
     frames.iter().map(|(_, f)| f.bytes.clone()).collect()
 }
 

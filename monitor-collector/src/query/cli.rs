@@ -25,7 +25,7 @@ pub struct QueryArgs {
 pub enum QueryCommand {
     /// Series of one metric: counters with their rates, gauges with their min/max/mean.
     Series {
-        /// Metric name, e.g. railscope_ib_port_xmit_data_bytes_total.
+        /// Metric name, e.g. railscope_ib_port_xmit_bytes_total.
         metric: String,
         /// Label matcher: label=value, label!=value, label=~regex, label!~regex; the node is
         /// the `node` label. Repeat for several.

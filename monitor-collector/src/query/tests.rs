@@ -9,13 +9,13 @@ use super::{
     test_server::serve_on_loopback,
 };
 use crate::{
-    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
-    fixture_archive::append_fixture_frames,
+    archive::{Archive, ArchiveConfig},
+    node_archive::{NodeSender, append_node_frames},
 };
 
 const T0: u64 = 1_790_000_000_000_000_000;
 
-/// Serves the API of an archive holding one fixture node's minute, on a loopback port.
+/// Serves the API of an archive holding one simulated node's minute, on a loopback port.
 fn serve() -> (String, Vec<(u64, f64)>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let key = Key::from_bytes([7; 32]);
@@ -25,7 +25,7 @@ fn serve() -> (String, Vec<(u64, f64)>, tempfile::TempDir) {
         ..ArchiveConfig::new(dir.path())
     })
     .unwrap();
-    let mut sender = FixtureSender::new("gpu-node-007", 7, key.clone());
+    let mut sender = NodeSender::new("gpu-node-007", 7, key.clone());
     let mut temps = Vec::new();
     let frames = sender.run_observed(T0, 60, 10, &mut |r| {
         if &*r.series.name == "railscope_gpu_temperature_celsius"
@@ -35,7 +35,7 @@ fn serve() -> (String, Vec<(u64, f64)>, tempfile::TempDir) {
         }
         assert!(!matches!(r.value, Value::F64(v) if v.is_nan()));
     });
-    append_fixture_frames(&mut archive, &sender, &frames).unwrap();
+    append_node_frames(&mut archive, &sender, &frames).unwrap();
     archive.tick().unwrap();
     let url = serve_on_loopback(archive, key);
     (url, temps, dir)
@@ -73,13 +73,10 @@ fn railscope_query_reads_series_and_nodes_through_the_api() {
         .collect();
     assert_eq!(got, temps);
     let text = series_text(&json);
-    let first_line = format!(
-        "  2026-09-21T14:13:20.002Z  {:?}",
-        temps[0].1 // gpu 2 is read 2 ms into the sweep
-    );
-    assert!(
-        text.starts_with("railscope_gpu_temperature_celsius{gpu=\"2\",node=\"gpu-node-007\",uuid=")
-    );
+    let first_line = format!("  2026-09-21T14:13:20.000Z  {:?}", temps[0].1);
+    assert!(text.starts_with(
+        "railscope_gpu_temperature_celsius{gpu=\"2\",job_id=\"slurm:7\",node=\"gpu-node-007\",uuid="
+    ));
     assert!(text.contains(&first_line), "{text}");
     assert_eq!(text.lines().count(), 61);
 
@@ -97,7 +94,7 @@ fn bad_queries_are_refused_with_the_reason() {
         collector: url.clone(),
         json: false,
         what: QueryCommand::Series {
-            metric: "railscope_gpu_power_milliwatts".into(),
+            metric: "railscope_gpu_power_watts".into(),
             matchers,
             range,
         },
@@ -160,7 +157,7 @@ fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node(
         .ports
         .iter()
         .flat_map(|(id, t)| {
-            t.counters["port_xmit_packets"]
+            t.counters["port_xmit_bytes"]
                 .iter()
                 .map(|&(at, v)| (id.device.clone(), id.port.to_string(), at, v))
         })
@@ -171,7 +168,7 @@ fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node(
         collector: url,
         json: true,
         what: QueryCommand::Series {
-            metric: "railscope_ib_port_xmit_packets_total".into(),
+            metric: "railscope_ib_port_xmit_bytes_total".into(),
             matchers: vec![],
             range: range(),
         },

@@ -164,10 +164,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::archive::{
-        AcceptedFrame, Archive, ArchiveConfig,
-        fixture_node::{FixtureFrame, FixtureSender},
-    };
+    use monitor_testkit::{NodeFrame, NodeSender};
+
+    use crate::archive::{AcceptedFrame, Archive, ArchiveConfig};
 
     const T0: u64 = 1_790_000_000_000_000_000;
 
@@ -209,10 +208,10 @@ mod tests {
         };
         let mut archive = Archive::open(config).unwrap();
         let mut senders = BTreeMap::new();
-        let mut frames: Vec<(String, FixtureFrame)> = Vec::new();
+        let mut frames: Vec<(String, NodeFrame)> = Vec::new();
         for n in 0..2u64 {
             let name = format!("gpu-node-{n:03}");
-            let mut s = FixtureSender::new(&name, n + 1, key.clone());
+            let mut s = NodeSender::new(&name, n + 1, key.clone());
             frames.extend(s.run(T0, 300, 10).into_iter().map(|f| (name.clone(), f)));
             senders.insert(name, s);
         }

@@ -30,12 +30,14 @@
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
 //! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
-//! the stand-in lists on a GPU ([`job_processes`]).
+//! the stand-in lists on a GPU ([`job_processes`]); and one node's frames as a collector
+//! accepts them, for the collector's archive and query tests and benches ([`node_frames`]).
 
 pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
 pub mod job_processes;
+pub mod node_frames;
 pub mod scratch;
 
 /// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
@@ -55,6 +57,7 @@ pub use fixture_agent::{
     standin_with_script, sysfs_fixture,
 };
 pub use job_processes::JobProcesses;
+pub use node_frames::{NodeFrame, NodeSender};
 pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
 
 use std::{
@@ -133,6 +136,7 @@ pub struct SimLostGpu {
 pub struct FleetBuilder {
     nodes: usize,
     node_prefix: String,
+    node_names: Vec<String>,
     jobs: Vec<SimJob>,
     slow_gpus: Vec<(usize, usize)>,
     /// Slow GPUs whose cause is a thermal slowdown (the throttle flag is up).
@@ -154,6 +158,7 @@ pub struct FleetBuilder {
     adaptive: bool,
     interval: Duration,
     flush_every: u64,
+    schema_refresh: Duration,
     start_unix_ns: Option<u64>,
     ticks_before_now: u64,
     seed: u64,
@@ -163,6 +168,12 @@ impl FleetBuilder {
     /// Node names are `<prefix><index, 3 digits>`; default `node-`.
     pub fn node_prefix(mut self, prefix: &str) -> Self {
         self.node_prefix = prefix.into();
+        self
+    }
+
+    /// The names of the first nodes, in order, instead of `<prefix><index>`.
+    pub fn node_names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.node_names = names.into_iter().map(Into::into).collect();
         self
     }
 
@@ -310,6 +321,14 @@ impl FleetBuilder {
         self
     }
 
+    /// How often each node's encoder sends its whole schema again (default 60 s, so that a
+    /// collector started late learns every series soon; the agent's is the encoder's default,
+    /// 5 min).
+    pub fn schema_refresh(mut self, every: Duration) -> Self {
+        self.schema_refresh = every;
+        self
+    }
+
     /// Time of tick 0.
     pub fn start_unix_ns(mut self, t: u64) -> Self {
         self.start_unix_ns = Some(t);
@@ -340,9 +359,13 @@ impl FleetBuilder {
         });
         let nodes = (0..self.nodes)
             .map(|n| {
-                let name = format!("{}{n:03}", self.node_prefix);
+                let name = self
+                    .node_names
+                    .get(n)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}{n:03}", self.node_prefix));
                 let mut config = EncoderConfig::new(name.clone());
-                config.schema_refresh = Duration::from_secs(60);
+                config.schema_refresh = self.schema_refresh;
                 SimNode {
                     encoder: FrameEncoder::new(config, key.clone())
                         .expect("a simulated node's name fits a frame"),
@@ -431,6 +454,7 @@ impl SimulatedFleet {
         FleetBuilder {
             nodes,
             node_prefix: "node-".into(),
+            node_names: Vec::new(),
             jobs: Vec::new(),
             slow_gpus: Vec::new(),
             throttled: false,
@@ -451,6 +475,7 @@ impl SimulatedFleet {
             adaptive: false,
             interval: Duration::from_secs(1),
             flush_every: 10,
+            schema_refresh: Duration::from_secs(60),
             start_unix_ns: None,
             ticks_before_now: 300,
             seed: 0x5eed,
@@ -546,6 +571,14 @@ impl SimulatedFleet {
             .iter_mut()
             .flat_map(|n| n.encoder.flush(t))
             .collect()
+    }
+
+    /// Node `node` sends `event` at once, as the agent sends events: its frame, sent at
+    /// `send_unix_ns`.
+    pub fn event(&mut self, node: usize, event: WireEvent, send_unix_ns: u64) -> Vec<Vec<u8>> {
+        let encoder = &mut self.nodes[node].encoder;
+        encoder.push_event(event);
+        encoder.flush_events(send_unix_ns)
     }
 
     /// Runs `ticks` ticks and sends their frames (and a last flush) to a collector's UDP

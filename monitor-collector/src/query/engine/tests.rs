@@ -1,4 +1,4 @@
-//! Queries against what the fixture nodes sent, sample by sample.
+//! Queries against what the simulated nodes sent, sample by sample.
 
 use std::time::Duration;
 
@@ -6,8 +6,8 @@ use monitor_wire::{Labels, Reading, Value, WireEvent};
 
 use super::*;
 use crate::{
-    archive::{Archive, ArchiveConfig, fixture_node::FixtureSender},
-    fixture_archive::append_fixture_frames,
+    archive::{Archive, ArchiveConfig},
+    node_archive::{NodeSender, append_node_frames},
 };
 
 const T0: u64 = 1_790_000_000_000_000_000;
@@ -29,7 +29,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let mut archive = Archive::open(ArchiveConfig {
-        segment_bytes: 128 << 10,
+        segment_bytes: 32 << 10,
         segment_span: Duration::from_secs(1 << 30),
         retention_age: None,
         ..ArchiveConfig::new(dir.path())
@@ -38,11 +38,11 @@ fn setup() -> Setup {
     let mut readings = Vec::new();
     for n in 0..2 {
         let name = format!("gpu-node-{n:03}");
-        let mut sender = FixtureSender::new(&name, n + 1, key());
+        let mut sender = NodeSender::new(&name, n + 1, key());
         let frames = sender.run_observed(T0, 300, 10, &mut |r| {
             readings.push((name.clone(), r.clone()));
         });
-        append_fixture_frames(&mut archive, &sender, &frames).unwrap();
+        append_node_frames(&mut archive, &sender, &frames).unwrap();
         if n == 1 {
             for (i, (kind, labels)) in [
                 ("xid", Labels::new([("gpu", "3")])),
@@ -64,7 +64,7 @@ fn setup() -> Setup {
                     text: format!("event {i}"),
                 };
                 let f = sender.event(event, at + 1_000_000);
-                append_fixture_frames(&mut archive, &sender, &[f]).unwrap();
+                append_node_frames(&mut archive, &sender, &[f]).unwrap();
             }
         }
         archive.tick().unwrap();
@@ -101,7 +101,7 @@ fn a_counter_comes_back_with_every_value_and_its_rate() {
         s.archive.stats().segments > 3,
         "the test needs sealed segments"
     );
-    let metric = "railscope_ib_port_xmit_data_bytes_total";
+    let metric = "railscope_ib_port_xmit_bytes_total";
     let q = SeriesQuery {
         metric: metric.into(),
         matchers: matchers(&["node=gpu-node-001", "device=mlx5_4"]),
@@ -140,7 +140,7 @@ fn a_counter_comes_back_with_every_value_and_its_rate() {
 #[test]
 fn a_gauge_comes_back_with_its_envelopes_and_matchers_select_series() {
     let s = setup();
-    let metric = "railscope_gpu_power_milliwatts";
+    let metric = "railscope_gpu_power_watts";
     let q = SeriesQuery {
         metric: metric.into(),
         matchers: matchers(&["node=~gpu-node-00[01]", "gpu!~[1-7]"]),
@@ -219,9 +219,9 @@ fn events_by_kind_node_device_and_time() {
 fn answers_include_what_was_appended_and_not_yet_written_out() {
     let mut s = setup();
     let name = "gpu-node-009";
-    let mut sender = FixtureSender::new(name, 9, key());
+    let mut sender = NodeSender::new(name, 9, key());
     let frames = sender.run(T0 + 300 * S, 10, 10);
-    append_fixture_frames(&mut s.archive, &sender, &frames).unwrap(); // no tick
+    append_node_frames(&mut s.archive, &sender, &frames).unwrap(); // no tick
     assert!(s.archive.stats().unwritten_bytes > 0);
     let q = SeriesQuery {
         metric: "railscope_gpu_temperature_celsius".into(),
@@ -258,7 +258,7 @@ fn a_reversed_time_range_is_refused() {
 #[test]
 fn the_points_limit_counts_the_points_answered_not_the_look_back() {
     let s = setup();
-    let metric = "railscope_ib_port_xmit_data_bytes_total";
+    let metric = "railscope_ib_port_xmit_bytes_total";
     let q = SeriesQuery {
         metric: metric.into(),
         matchers: matchers(&["node=gpu-node-001"]),

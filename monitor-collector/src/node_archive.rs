@@ -1,0 +1,26 @@
+//! Test-only: a simulated node's frames (`monitor_testkit::NodeSender`, the agent's series)
+//! appended to an archive as the collector appends what it accepts, the sender's schema at
+//! hand: the archive the query tests fill.
+
+pub use monitor_testkit::{NodeFrame, NodeSender};
+
+use crate::archive::{AcceptedFrame, Archive, ArchiveError};
+
+/// Appends `frames`, made by `sender`, under the sender's node name.
+pub fn append_node_frames(
+    archive: &mut Archive,
+    sender: &NodeSender,
+    frames: &[NodeFrame],
+) -> Result<(), ArchiveError> {
+    for f in frames {
+        let frame = AcceptedFrame {
+            node: &sender.name,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        archive.append(&frame, &|_| sender.schema_frame())?;
+    }
+    Ok(())
+}
