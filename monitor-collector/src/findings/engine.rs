@@ -14,9 +14,9 @@
 //! rule asks only what a value is now, which the latest sample answers.
 
 use std::{
-    collections::HashMap,
+    collections::HashSet,
     sync::{
-        Arc,
+        Arc, LazyLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError},
     },
@@ -28,7 +28,7 @@ use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, na
 
 use super::{
     FindingsStore, Thresholds, gpus, ib_links, verbs,
-    view::{EventState, Track, TrackKey, View},
+    view::{EventState, Track, Tracks, View},
 };
 use crate::{
     clock::unix_now_ns,
@@ -97,9 +97,20 @@ impl FindingsInbox {
     }
 }
 
-/// The series the rules read; every other series of the live view is skipped.
+/// The series the rules read; every other series of the live view is skipped. A set, not a
+/// scan of the rules' lists: it is asked for every series of the fleet each tick and for
+/// every counter of every frame.
 fn watched(name: &str) -> bool {
-    ib_links::SERIES.contains(&name) || gpus::SERIES.contains(&name) || name == verbs::SERIES
+    static WATCHED: LazyLock<HashSet<&'static str, foldhash::fast::RandomState>> =
+        LazyLock::new(|| {
+            ib_links::SERIES
+                .iter()
+                .chain(gpus::SERIES)
+                .copied()
+                .chain([verbs::SERIES])
+                .collect()
+        });
+    WATCHED.contains(name)
 }
 
 /// A frame's samples of the counters the rules read (see the module documentation).
@@ -132,7 +143,7 @@ pub const EVENT_RULES: &[&str] = &["ib_link_flapping", "gpu_xid", "gpu_lost"];
 /// The rules' state between passes.
 pub struct FindingsEngine {
     th: Thresholds,
-    tracks: HashMap<TrackKey, Track>,
+    tracks: Tracks,
     pub events: EventState,
     pass: u64,
     store: Arc<FindingsStore>,
@@ -142,7 +153,7 @@ impl FindingsEngine {
     pub fn new(th: Thresholds, store: Arc<FindingsStore>) -> Self {
         Self {
             th,
-            tracks: HashMap::new(),
+            tracks: Tracks::default(),
             events: EventState::default(),
             pass: 0,
             store,
@@ -172,7 +183,7 @@ impl FindingsEngine {
         self.pass += 1;
         let pass = self.pass;
         let tracks = &mut self.tracks;
-        let gpu_jobs = &mut self.events.gpu_jobs;
+        let events = &mut self.events;
         table.visit_latest(&mut |node, series, latest| {
             if !watched(&series.name) {
                 return;
@@ -181,7 +192,7 @@ impl FindingsEngine {
                 && let (Some(gpu), Some(job)) =
                     (series.labels.get("gpu"), series.labels.get("job_id"))
             {
-                gpu_jobs.insert((node.to_string(), gpu.into()), job.into());
+                events.note_gpu_job(node, gpu, job);
             }
             if series.kind == Kind::Counter {
                 // Counters come as samples through the inbox (see the module documentation):
@@ -267,11 +278,7 @@ impl FindingsEngine {
         let rules: Vec<&str> = match pass {
             Pass::Events => EVENT_RULES.to_vec(),
             Pass::All => {
-                let view = View {
-                    tracks: &self.tracks,
-                    now_ns,
-                    th: &self.th,
-                };
+                let view = View::new(&self.tracks, now_ns, &self.th);
                 ib_links::evaluate_series(&view, &self.events, &mut seen);
                 gpus::evaluate_series(&view, &self.events, &mut seen);
                 verbs::evaluate(&view, &mut seen);

@@ -54,7 +54,8 @@ const POWER: &[&str] = &["hw_power_brake_slowdown", "hw_slowdown"];
 const S: u64 = 1_000_000_000;
 
 /// A GPU's active throttle reasons (name, fraction of the sample) and one of their series.
-type Throttled<'a> = (Vec<(&'a str, f64)>, &'a Track);
+/// A GPU's throttle reasons that are active, its first flag's track and key.
+type Throttled<'a> = (Vec<(&'a str, f64)>, &'a Track, &'a TrackKey);
 
 fn gpu_of(key: &TrackKey) -> Option<(Subject, Option<String>)> {
     let gpu = key.1.labels.get("gpu")?;
@@ -199,7 +200,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         }
     }
     // Throttle flags, grouped per GPU and rule.
-    let mut per_gpu: HashMap<(&'static str, TrackKey), Throttled> = HashMap::new();
+    let mut per_gpu: GpuMap<(&'static str, GpuId), Throttled> = GpuMap::default();
     for (key, track) in view.named(THROTTLE) {
         let Some(reason) = key.1.labels.get("reason") else {
             continue;
@@ -215,12 +216,13 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             continue;
         };
         per_gpu
-            .entry((rule, gpu_key(key)))
-            .or_insert_with(|| (Vec::new(), track))
+            .entry((rule, gpu_id(key)))
+            .or_insert_with(|| (Vec::new(), track, key))
             .0
             .push((reason, v));
     }
-    for ((rule, key), (reasons, track)) in per_gpu {
+    for ((rule, _), (reasons, track, first)) in per_gpu {
+        let key = gpu_key(first);
         let names: Vec<&str> = reasons.iter().map(|r| r.0).collect();
         push(
             rule,
@@ -236,8 +238,8 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         );
     }
     // PCIe link: current against maximum, on busy GPUs only (idle GPUs lower their link).
-    let by_gpu = |name: &'static str| -> HashMap<TrackKey, &Track> {
-        view.named(name).map(|(k, t)| (gpu_key(k), t)).collect()
+    let by_gpu = |name: &'static str| -> GpuMap<GpuId, &Track> {
+        view.named(name).map(|(k, t)| (gpu_id(k), t)).collect()
     };
     let (gen_max, width, width_max, util) = (
         by_gpu(PCIE_MAX_GEN),
@@ -245,8 +247,8 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         by_gpu(PCIE_MAX_WIDTH),
         by_gpu(UTILIZATION),
     );
-    for (key, track) in view.named(PCIE_GEN) {
-        let key = gpu_key(key);
+    for (series_key, track) in view.named(PCIE_GEN) {
+        let key = gpu_id(series_key);
         let busy = util
             .get(&key)
             .and_then(|t| t.gauge())
@@ -261,7 +263,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             push(
                 "gpu_pcie_degraded",
                 Severity::Warning,
-                &key,
+                &gpu_key(series_key),
                 track,
                 format!(
                     "PCIe link at Gen{} x{} of Gen{} x{}: reseat the GPU or check the riser",
@@ -274,6 +276,24 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             );
         }
     }
+}
+
+/// A GPU's identity borrowed from a series key (node, `gpu`, `job_id`, `uuid`): the same
+/// GPU as [`gpu_key`] makes, without making one. The rules group a tick's series per GPU with
+/// it, thousands of GPUs each tick, and build a finding's key only for a finding.
+type GpuId<'a> = (&'a str, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+
+/// Maps of a tick's GPUs (foldhash, as the tracks: see `view::Tracks`).
+type GpuMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+fn gpu_id(key: &TrackKey) -> GpuId<'_> {
+    let labels = &key.1.labels;
+    (
+        &key.0,
+        labels.get("gpu"),
+        labels.get("job_id"),
+        labels.get("uuid"),
+    )
 }
 
 /// The GPU's identity in a series key: node, `gpu` and `job_id` labels, no metric detail.

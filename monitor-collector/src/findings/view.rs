@@ -135,16 +135,39 @@ impl Track {
 /// The node and series of a [`Track`].
 pub type TrackKey = (Arc<str>, Series);
 
+/// Every watched series' track. Hashed with foldhash rather than std's SipHash: the findings
+/// thread walks every watched series of the fleet each tick (hundreds of thousands at 2,000
+/// nodes), and the keys are the collector's own, not an attacker's choice of strings alone.
+pub type Tracks = HashMap<TrackKey, Track, foldhash::fast::RandomState>;
+
 /// What the rules read in one pass.
 pub struct View<'a> {
-    pub tracks: &'a HashMap<TrackKey, Track>,
+    /// The tracks by series name, indexed once per pass: each rule reads a few names, and a
+    /// scan of every track per name read made the findings thread the collector's busiest.
+    by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, foldhash::fast::RandomState>,
     pub now_ns: u64,
     pub th: &'a Thresholds,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
+    pub fn new(tracks: &'a Tracks, now_ns: u64, th: &'a Thresholds) -> Self {
+        let mut by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, _> =
+            HashMap::with_hasher(foldhash::fast::RandomState::default());
+        for (key, track) in tracks {
+            by_name.entry(&*key.1.name).or_default().push((key, track));
+        }
+        Self {
+            by_name,
+            now_ns,
+            th,
+        }
+    }
+
     pub fn named<'b>(&'b self, name: &'b str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
-        self.tracks.iter().filter(move |(k, _)| &*k.1.name == name)
+        self.by_name
+            .get(name)
+            .into_iter()
+            .flat_map(|tracks| tracks.iter().map(|&(k, t)| (k, t)))
     }
 }
 
@@ -157,11 +180,23 @@ pub struct EventState {
     pub xids: HashMap<(String, String), VecDeque<(u64, u64)>>,
     /// (node, gpu) → when it was lost.
     pub lost: HashMap<(String, String), u64>,
-    /// (node, gpu) → the job its series last carried.
-    pub gpu_jobs: HashMap<(String, String), String>,
+    /// node → gpu → the job its series last carried (by node first, so a tick's walk looks
+    /// it up without making a key).
+    pub gpu_jobs: HashMap<Arc<str>, HashMap<String, String>>,
 }
 
 impl EventState {
+    /// Notes that `node`'s GPU `gpu` carries `job` (allocating only when it changed).
+    pub(super) fn note_gpu_job(&mut self, node: &Arc<str>, gpu: &str, job: &str) {
+        let gpus = match self.gpu_jobs.get_mut(node) {
+            Some(gpus) => gpus,
+            None => self.gpu_jobs.entry(node.clone()).or_default(),
+        };
+        if gpus.get(gpu).is_none_or(|known| known != job) {
+            gpus.insert(gpu.to_owned(), job.to_owned());
+        }
+    }
+
     pub(super) fn take(&mut self, node: &str, e: &WireEvent) {
         match e.kind.as_str() {
             // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
@@ -218,6 +253,6 @@ impl EventState {
     }
 
     pub fn job_of(&self, node: &str, gpu: &str) -> Option<String> {
-        self.gpu_jobs.get(&(node.into(), gpu.into())).cloned()
+        self.gpu_jobs.get(node)?.get(gpu).cloned()
     }
 }
