@@ -147,7 +147,7 @@ pub(crate) fn build_guest_binaries(tools: &Tools) -> anyhow::Result<GuestBinarie
 
 /// The guest's `/init` (crate `testbed-guest`), built for the host.
 pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
-    setup::step("building the guest init (tests)");
+    setup::step("building the guest init (testbed-guest)");
     let mut cmd = cargo::command(tools);
     cmd.args([
         "build",
