@@ -80,11 +80,11 @@ fn fleet(nodes: usize, sweeps: u64, start_ms: u64) -> Fleet {
         for p in 0..8 {
             let l = [("device", format!("mlx5_{p}")), ("port", "1".to_string())];
             for name in [
-                "railscope_ib_port_xmit_data_bytes_total",
-                "railscope_ib_port_rcv_data_bytes_total",
+                "railscope_ib_port_xmit_bytes_total",
+                "railscope_ib_port_rcv_bytes_total",
                 "railscope_ib_port_xmit_packets_total",
                 "railscope_ib_port_rcv_packets_total",
-                "railscope_ib_port_symbol_error_total",
+                "railscope_ib_symbol_error_total",
             ] {
                 series_list.push(series(name, &l, Kind::Counter));
             }

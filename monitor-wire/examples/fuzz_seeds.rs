@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Labels::new([("device", "mlx5_0".to_string()), ("port", port.to_string())]);
             encoder.push_reading(&Reading {
                 series: series(
-                    "railscope_ib_port_xmit_data_bytes_total",
+                    "railscope_ib_port_xmit_bytes_total",
                     labels.clone(),
                     Kind::Counter,
                 ),
