@@ -69,9 +69,10 @@ fn trace(name: &str, series: Vec<Shape>, seconds: u64, counter: bool) -> MetricT
     }
 }
 
-/// Two nodes x 2 GPUs x 1 port, 10 min: `sm_active` steps through the phases of a training
-/// step (20 s each); `power` is it scaled, `xmit` (per port, per node) the node's sum of it
-/// as a rate; `memory_utilization` is an unrelated wave and `dram_active` that wave in [0, 1]
+/// Two nodes x 2 GPUs x 1 port, 10 min, under names the agent sends that railscope itself does
+/// not read (so only the data decides): `pcie_tx` steps through the phases of a training step
+/// (20 s each); `pcie_rx` is it scaled, `unicast_xmit` (per port, per node) the node's sum of
+/// it as a rate; `memory_utilization` is an unrelated wave and `fp16_util` that wave in [0, 1]
 /// with a 1 % wobble; the SM clock never moves and a multicast packet counter never ticks.
 fn fleet() -> Vec<MetricTrace> {
     const SECONDS: u64 = 600;
@@ -105,31 +106,31 @@ fn fleet() -> Vec<MetricTrace> {
     };
     vec![
         trace(
-            "railscope_gpu_sm_active_ratio",
+            "railscope_gpu_pcie_tx_bytes_per_second",
             gpus(|t, g| step_level(t, 20, g) / 100.0),
             SECONDS,
             false,
         ),
         trace(
-            "railscope_gpu_power_milliwatts",
+            "railscope_gpu_pcie_rx_bytes_per_second",
             gpus(|t, g| step_level(t, 20, g) * 7000.0),
             SECONDS,
             false,
         ),
         trace(
-            "railscope_ib_port_xmit_data_bytes_total",
+            "railscope_ib_unicast_xmit_packets_total",
             ports(|t| (step_level(t, 20, 0) + step_level(t, 20, 1)) * 1e8),
             SECONDS,
             true,
         ),
         trace(
-            "railscope_gpu_memory_utilization_percent",
+            "railscope_gpu_memory_utilization_ratio",
             gpus(wave),
             SECONDS,
             false,
         ),
         trace(
-            "railscope_gpu_dram_active_ratio",
+            "railscope_gpu_fp16_util_ratio",
             gpus(|t, g| wave(t, g) / 100.0 * wobble(t, g)),
             SECONDS,
             false,
@@ -179,29 +180,29 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
         [
             (
                 vec![
-                    "railscope_gpu_dram_active_ratio",
-                    "railscope_gpu_memory_utilization_percent"
+                    "railscope_gpu_fp16_util_ratio",
+                    "railscope_gpu_memory_utilization_ratio"
                 ],
-                vec!["railscope_gpu_dram_active_ratio"]
+                vec!["railscope_gpu_fp16_util_ratio"]
             ),
             (
                 vec![
-                    "railscope_gpu_power_milliwatts",
-                    "railscope_gpu_sm_active_ratio",
-                    "railscope_ib_port_xmit_data_bytes_total"
+                    "railscope_gpu_pcie_rx_bytes_per_second",
+                    "railscope_gpu_pcie_tx_bytes_per_second",
+                    "railscope_ib_unicast_xmit_packets_total"
                 ],
-                vec!["railscope_gpu_power_milliwatts"]
+                vec!["railscope_gpu_pcie_rx_bytes_per_second"]
             ),
         ]
     );
     assert_eq!(
         selection.kept(),
         [
-            "railscope_gpu_dram_active_ratio",
-            "railscope_gpu_power_milliwatts"
+            "railscope_gpu_fp16_util_ratio",
+            "railscope_gpu_pcie_rx_bytes_per_second"
         ]
     );
-    // Scaled copies are at distance 0; the wobble keeps dram_active within about 1 %.
+    // Scaled copies are at distance 0; the wobble keeps fp16_util within about 1 %.
     let dram = &selection.groups[0].dropped[0];
     assert!(dram.distance > 0.0 && dram.distance < 0.02, "{dram:?}");
     assert!(
@@ -216,17 +217,17 @@ fn constant_and_redundant_metrics_are_dropped_and_one_of_each_group_kept() {
 fn the_settings_turn_off_what_is_dropped_and_cap_what_is_kept_at_its_stable_periods() {
     let selection = select(&fleet(), &config());
     let settings = selection.sampling_settings();
-    // sm_active's levels are held 20 s: its copy's stable periods are 20 s (the first and
+    // pcie_tx's levels are held 20 s: its copy's stable periods are 20 s (the first and
     // last of each series, cut by the range, are left out).
     assert!(
-        settings.contains(&"railscope_gpu_power_milliwatts:on,max=20".to_string()),
+        settings.contains(&"railscope_gpu_pcie_rx_bytes_per_second:on,max=20".to_string()),
         "{settings:?}"
     );
     for dropped in [
-        "railscope_gpu_memory_utilization_percent",
-        "railscope_gpu_sm_active_ratio",
+        "railscope_gpu_memory_utilization_ratio",
+        "railscope_gpu_pcie_tx_bytes_per_second",
         "railscope_gpu_sm_clock_hertz",
-        "railscope_ib_port_xmit_data_bytes_total",
+        "railscope_ib_unicast_xmit_packets_total",
         "railscope_ib_multicast_xmit_packets_total",
     ] {
         assert!(
@@ -241,7 +242,7 @@ fn the_settings_turn_off_what_is_dropped_and_cap_what_is_kept_at_its_stable_peri
         "{text}"
     );
     assert!(
-        text.contains("    drop railscope_gpu_sm_active_ratio (like railscope_gpu_power_milliwatts, distance 0.0000)"),
+        text.contains("    drop railscope_gpu_pcie_tx_bytes_per_second (like railscope_gpu_pcie_rx_bytes_per_second, distance 0.0000)"),
         "{text}"
     );
 }
@@ -259,9 +260,9 @@ fn metrics_the_operator_keeps_are_never_dropped_and_cover_their_group() {
     assert_eq!(
         selection.kept(),
         [
-            "railscope_gpu_dram_active_ratio",
+            "railscope_gpu_fp16_util_ratio",
             "railscope_ib_multicast_xmit_packets_total",
-            "railscope_ib_port_xmit_data_bytes_total"
+            "railscope_ib_unicast_xmit_packets_total"
         ]
     );
 }
@@ -286,9 +287,9 @@ fn a_looser_threshold_merges_groups_and_a_tighter_one_splits_them() {
     assert_eq!(
         tight.kept(),
         [
-            "railscope_gpu_dram_active_ratio",
-            "railscope_gpu_memory_utilization_percent",
-            "railscope_gpu_power_milliwatts"
+            "railscope_gpu_fp16_util_ratio",
+            "railscope_gpu_memory_utilization_ratio",
+            "railscope_gpu_pcie_rx_bytes_per_second"
         ]
     );
 }
@@ -346,8 +347,8 @@ fn serve() -> (String, tempfile::TempDir) {
             let l = Labels::new([("gpu", gpu.to_string())]);
             let level = step_level(s, 10, gpu % 2);
             for (name, value) in [
-                ("railscope_gpu_sm_active_ratio", level / 100.0),
-                ("railscope_gpu_power_milliwatts", level * 7000.0),
+                ("railscope_gpu_pcie_tx_bytes_per_second", level / 100.0),
+                ("railscope_gpu_pcie_rx_bytes_per_second", level * 7000.0),
                 ("railscope_gpu_temperature_celsius", wave(s, gpu)),
                 ("railscope_gpu_sm_clock_hertz", 1.98e9),
             ] {
@@ -363,7 +364,7 @@ fn serve() -> (String, tempfile::TempDir) {
         let port = Labels::new([("device", "mlx5_0"), ("port", "1")]);
         counters[0] += ((0..4).map(|g| step_level(s, 10, g % 2)).sum::<f64>() * 1e6) as u64;
         for (i, name) in [
-            "railscope_ib_port_xmit_data_bytes_total",
+            "railscope_ib_unicast_xmit_packets_total",
             "railscope_ib_symbol_error_total",
         ]
         .into_iter()
@@ -426,12 +427,12 @@ fn select_reads_a_collectors_range_through_the_api() {
     assert_eq!(
         names,
         [
-            "railscope_gpu_power_milliwatts",
-            "railscope_gpu_sm_active_ratio",
+            "railscope_gpu_pcie_rx_bytes_per_second",
+            "railscope_gpu_pcie_tx_bytes_per_second",
             "railscope_gpu_sm_clock_hertz",
             "railscope_gpu_temperature_celsius",
-            "railscope_ib_port_xmit_data_bytes_total",
             "railscope_ib_symbol_error_total",
+            "railscope_ib_unicast_xmit_packets_total",
         ]
     );
     let selection = select(&metrics, &SelectConfig::new(T0, T0 + 119 * S));
@@ -446,7 +447,7 @@ fn select_reads_a_collectors_range_through_the_api() {
     assert_eq!(
         selection.kept(),
         [
-            "railscope_gpu_power_milliwatts",
+            "railscope_gpu_pcie_rx_bytes_per_second",
             "railscope_gpu_temperature_celsius",
             "railscope_ib_symbol_error_total"
         ]
@@ -455,10 +456,10 @@ fn select_reads_a_collectors_range_through_the_api() {
     // (10 % steps of a 90 s period) stays within the tolerance for only a few seconds.
     let settings = selection.sampling_settings();
     assert!(
-        settings.contains(&"railscope_gpu_power_milliwatts:on,max=10".to_string()),
+        settings.contains(&"railscope_gpu_pcie_rx_bytes_per_second:on,max=10".to_string()),
         "{settings:?}"
     );
-    assert!(settings.contains(&"railscope_ib_port_xmit_data_bytes_total:drop".to_string()));
+    assert!(settings.contains(&"railscope_ib_unicast_xmit_packets_total:drop".to_string()));
     assert!(settings.contains(&"railscope_ib_symbol_error_total:on".to_string()));
 }
 
@@ -642,7 +643,7 @@ const FAILURE_COUNTERS: &[&str] = &[
     "railscope_ib_out_of_sequence_total",
     "railscope_ib_packet_seq_err_total",
     "railscope_ib_local_ack_timeout_err_total",
-    "railscope_ib_hw_link_downed_total",
+    "railscope_ib_req_transport_retries_exceeded_total",
     "railscope_gpu_nvlink_errors_total",
     "railscope_gpu_pcie_replays_total",
     "railscope_gpu_remapped_rows_total",
@@ -709,7 +710,7 @@ fn the_same_data_gives_the_same_groups_whatever_the_order_and_however_often() {
     metrics.extend(agent_fleet());
     // The first GPU metric under another name too: a tie every time.
     let mut twin = metrics[0].clone();
-    twin.name = "railscope_gpu_sm_active_twin_ratio".into();
+    twin.name = "railscope_gpu_gpm_pcie_tx_bytes_per_second".into();
     metrics.push(twin);
     let first = select(&metrics, &config());
     for seed in 1..=8u64 {
@@ -799,4 +800,15 @@ fn flat_series_are_not_alike() {
     );
     assert!(selection.dropped().is_empty(), "{}", selection.text());
     assert_eq!(selection.groups.len(), 2);
+}
+
+#[test]
+fn the_fixtures_name_only_metrics_the_agent_sends() {
+    for metric in fleet().iter().chain(&agent_fleet()) {
+        assert!(
+            monitor_wire::names::is_agent_metric(&metric.name),
+            "{} is no metric the agent sends",
+            metric.name
+        );
+    }
 }
