@@ -6,7 +6,8 @@
 //! vm-test` puts it at [`SIW_KO`]). The scenario loads it, makes `siw0` on a veth of its own
 //! and runs the iWARP program [`crate::iwarp_errors`] as two processes of one job:
 //! - an RDMA WRITE into the target's buffer with a wrong rkey: siw terminates the connection
-//!   and raises no async event (checked too, since docs/probes.md says so);
+//!   and raises no async event on the target's QP, and at most a QP_FATAL on the writer's
+//!   (when its transmit path is still inside the write as the socket closes: a race);
 //! - an RDMA WRITE with the target's rkey past the end of its buffer: siw raises QP_ACCESS_ERR
 //!   on the target's QP (`siw_check_mem` fails in the receive path);
 //! - the target is killed (SIGKILL) while the writer streams RDMA WRITEs into it: the writer's
@@ -206,10 +207,8 @@ fn provoke_and_compare() -> anyhow::Result<()> {
             .and_then(|q| q["qp_num"].as_u64())
             .with_context(|| format!("the target printed no QP for connection {connection}"))
     };
-    let wrong_rkey_qps = [
-        target_qp(1)?,
-        result["wrong_rkey"]["qp_num"].as_u64().unwrap_or(u64::MAX),
-    ];
+    let wrong_rkey_target_qp = target_qp(1)?;
+    let wrong_rkey_writer_qp = result["wrong_rkey"]["qp_num"].as_u64().unwrap_or(u64::MAX);
     let first_target_qp = target_qp(2)?;
     let stream_qp = result["stream"]["qp_num"].as_u64().unwrap_or(u64::MAX);
     let received_events: Vec<Value> = tagged(&target_out, iwarp_errors::EVENT_PREFIX)?
@@ -240,9 +239,27 @@ fn provoke_and_compare() -> anyhow::Result<()> {
         "rdma_cm put the program on {} instead of {DEVICE}",
         result["device"]
     );
+    // A wrong rkey: the target's siw refuses the write and terminates the connection, with no
+    // async event on the target's QP. The writer's QP may see one QP_FATAL: the same race as
+    // the peer's death below, when its transmit path is still inside the write as the target
+    // closes the socket (seen once in CI on 6.1, 2026-11-27); nothing else.
     ensure!(
-        !received.iter().any(|(_, qp)| wrong_rkey_qps.contains(qp)),
-        "siw raised an async event for the wrong rkey (QPs {wrong_rkey_qps:?}): {received:?}"
+        !received.iter().any(|(_, qp)| *qp == wrong_rkey_target_qp),
+        "siw raised an async event on the target's QP {wrong_rkey_target_qp} for the wrong \
+         rkey: {received:?}"
+    );
+    let on_wrong_rkey_writer: Vec<&str> = received
+        .iter()
+        .filter(|(_, qp)| *qp == wrong_rkey_writer_qp)
+        .map(|(kind, _)| kind.as_str())
+        .collect();
+    ensure!(
+        on_wrong_rkey_writer.is_empty() || on_wrong_rkey_writer == ["QP_FATAL"],
+        "siw raised {on_wrong_rkey_writer:?} on the writer's QP {wrong_rkey_writer_qp} for the \
+         wrong rkey (at most one QP_FATAL): {received:?}"
+    );
+    println!(
+        "the wrong rkey raised {on_wrong_rkey_writer:?} on the writer's QP {wrong_rkey_writer_qp}"
     );
     ensure!(
         received.contains(&("QP_ACCESS_ERR".to_owned(), first_target_qp)),
