@@ -102,14 +102,7 @@ impl FindingsInbox {
 /// every counter of every frame.
 fn watched(name: &str) -> bool {
     static WATCHED: LazyLock<HashSet<&'static str, foldhash::fast::RandomState>> =
-        LazyLock::new(|| {
-            ib_links::SERIES
-                .iter()
-                .chain(gpus::SERIES)
-                .copied()
-                .chain([verbs::SERIES])
-                .collect()
-        });
+        LazyLock::new(|| super::reads::metrics_read().into_iter().collect());
     WATCHED.contains(name)
 }
 
