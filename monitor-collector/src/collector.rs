@@ -89,7 +89,7 @@ impl Collector {
                 heartbeats.watch("archive-writer", beat.clone());
                 let (queue, handle) = writer::spawn(
                     archive,
-                    config.key.clone(),
+                    config.keys.clone(),
                     config.limits.archive_queue_bytes,
                     beat,
                 )?;
@@ -113,8 +113,7 @@ impl Collector {
             None => (None, None),
         };
         let shared = Arc::new(Shared {
-            key: config.key.clone(),
-            table: NodeTable::new(config.key.clone(), config.limits.clone()),
+            table: NodeTable::new(config.keys.clone(), config.limits.clone()),
             drops: Drops::default(),
             events: RecentEvents::new(
                 config.limits.max_recent_events,
@@ -258,7 +257,7 @@ mod tests {
                 sockets: 2,
                 http: Some("127.0.0.1:0".parse().unwrap()),
                 data_dir: "/nonexistent".into(),
-                key: key(),
+                keys: key().into(),
                 limits: Limits::default(),
             },
             parts,

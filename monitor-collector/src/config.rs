@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use monitor_wire::{Key, MAX_FRAME_SAMPLES};
+use monitor_wire::{Keyring, MAX_FRAME_SAMPLES};
 
 /// The bounds of a collector's memory. Each is a count; docs/collector.md, "Memory bounds", gives what they
 /// cost in bytes.
@@ -99,6 +99,8 @@ pub struct CollectorConfig {
     pub http: Option<SocketAddr>,
     /// Data directory of the archive.
     pub data_dir: PathBuf,
-    pub key: Key,
+    /// The keys frames are accepted with: each node's own (from the fleet secret), the
+    /// previous secret's during a rotation, the shared key of old.
+    pub keys: Keyring,
     pub limits: Limits,
 }

@@ -23,6 +23,11 @@ pub enum DropReason {
     TooShort,
     /// Wrong MAC: forged, another cluster's key, corrupted or truncated in transit.
     BadMac,
+    /// Sealed with a key that is not the named node's own: another node's key (a node
+    /// speaking for another), or the shared key after the node moved to its own.
+    WrongNodeKey,
+    /// Sealed with the node's key from the previous fleet secret after the rotation window.
+    RetiredKey,
     /// Authenticated but not a frame (a schema request, another magic).
     BadMagic,
     /// A frame format version this build does not read.
@@ -44,9 +49,11 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::TooShort,
         DropReason::BadMac,
+        DropReason::WrongNodeKey,
+        DropReason::RetiredKey,
         DropReason::BadMagic,
         DropReason::UnsupportedVersion,
         DropReason::Malformed,
@@ -62,6 +69,8 @@ impl DropReason {
         match self {
             DropReason::TooShort => "too_short",
             DropReason::BadMac => "bad_mac",
+            DropReason::WrongNodeKey => "wrong_node_key",
+            DropReason::RetiredKey => "retired_key",
             DropReason::BadMagic => "bad_magic",
             DropReason::UnsupportedVersion => "unsupported_version",
             DropReason::Malformed => "malformed",
@@ -178,7 +187,10 @@ mod tests {
         let labels: std::collections::BTreeSet<_> =
             DropReason::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(labels.len(), DropReason::ALL.len());
-        assert_eq!(drops.total(), (1..=11).sum::<u64>());
+        assert_eq!(
+            drops.total(),
+            (1..=DropReason::ALL.len() as u64).sum::<u64>()
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{self as wire, SchemaRequest};
+use monitor_wire::{self as wire, Key, SchemaRequest};
 
 use crate::{
     clock::unix_now_ns,
@@ -72,11 +72,11 @@ pub fn receive_loop(socket: UdpSocket, index: usize, shared: Arc<Shared>, stop: 
 pub fn handle(shared: &Shared, socket: &UdpSocket, bytes: &[u8], from: SocketAddr, now_ns: u64) {
     match shared.table.ingest(bytes, from, now_ns) {
         Ok(accepted) => {
-            let ask = accepted.ask_schema;
+            let reply_key = accepted.reply_key.clone();
             let (node, session) = (accepted.node.clone(), accepted.frame.session);
             take(shared, accepted, bytes, now_ns);
-            if ask {
-                ask_for_schema(shared, socket, &node, session, from);
+            if let Some(key) = reply_key {
+                ask_for_schema(shared, socket, &key, &node, session, from);
             }
         }
         Err(refused) => shared.drops.record(refused.reason, from, &refused.detail),
@@ -122,12 +122,21 @@ fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
     }
 }
 
-fn ask_for_schema(shared: &Shared, socket: &UdpSocket, node: &str, session: u32, to: SocketAddr) {
+/// Asks `node` for its schema, sealed with `key`: the node's own, which it holds (the one its
+/// frame carried).
+fn ask_for_schema(
+    shared: &Shared,
+    socket: &UdpSocket,
+    key: &Key,
+    node: &str,
+    session: u32,
+    to: SocketAddr,
+) {
     let request = SchemaRequest {
         node: node.to_owned(),
         session,
     };
-    let sent = wire::encode_schema_request(&request, &shared.key)
+    let sent = wire::encode_schema_request(&request, key)
         .map_err(|e| e.to_string())
         .and_then(|bytes| socket.send_to(&bytes, to).map_err(|e| e.to_string()));
     match sent {

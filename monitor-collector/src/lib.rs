@@ -7,6 +7,8 @@
 //! - [`udp`]: sockets sharing one port (`SO_REUSEPORT`), batched receives (`recvmmsg`);
 //! - [`ingest`]: a thread per socket: MAC check, decode and accounting by the [`nodes`]
 //!   table, drops counted by reason ([`drops`]), schema requests to agents;
+//! - [`node_keys`]: which key each node's frames must carry (its own, derived from the fleet
+//!   secret) and why a frame was refused;
 //! - [`nodes`]: per node, session, schema, sequence accounting, latest value of each series;
 //!   [`events`]: the recent events; together the live view;
 //! - [`writer`]: the archive queue and its writer thread, which hands every accepted frame to
@@ -42,6 +44,7 @@ pub mod lock;
 pub mod metrics;
 #[cfg(test)]
 mod node_archive;
+pub mod node_keys;
 pub mod nodes;
 pub mod query;
 pub mod reads;

@@ -126,7 +126,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let findings_endpoints = endpoints.clone();
     let mut writers = Vec::new();
     for endpoint in endpoints {
-        let source = ArchiveSource::new(reader.clone(), config.key.clone());
+        let source = ArchiveSource::new(reader.clone(), config.keys.clone());
         writers.push(RemoteWriter::start(endpoint, source, &state_dir)?);
     }
     let writers = Arc::new(Mutex::new(writers));
@@ -143,7 +143,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     });
     let engine = Arc::new(
-        query::QueryEngine::new(reader, config.key.clone()).with_max_points(query_max_points),
+        query::QueryEngine::new(reader, config.keys.clone()).with_max_points(query_max_points),
     );
     let now_ns = monitor_collector::clock::unix_now_ns();
     let store = Arc::new(

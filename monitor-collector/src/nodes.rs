@@ -19,10 +19,15 @@ use std::{
 };
 
 use monitor_wire::{
-    self as wire, Frame, Key, Kind, ReceiverState, Series, SeriesData, names::metric,
+    self as wire, Frame, Key, Keyring, Kind, ReceiverState, Series, SeriesData, names::metric,
 };
 
-use crate::{config::Limits, drops::DropReason, lock::lock};
+use crate::{
+    config::Limits,
+    drops::DropReason,
+    lock::lock,
+    node_keys::{DecodeError, IngestKeys, NodeKeys},
+};
 
 /// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
 /// which was a measurable part of ingest (bench collector).
@@ -92,6 +97,8 @@ struct Node {
     refused_session: Option<u32>,
     /// When this session was last asked for its schema.
     schema_asked: Option<(u32, Instant)>,
+    /// Its keys, derived when it was first heard from.
+    keys: NodeKeys,
 }
 
 /// One node as the live view and `/metrics` show it.
@@ -116,6 +123,9 @@ pub struct NodeSummary {
     pub refused: u64,
     pub schema_requests: u64,
     pub series_refused: bool,
+    /// What sealed its last frame: `node` (its own key), `previous_node` (its key from the
+    /// previous fleet secret, during a rotation) or `shared` (the cluster's shared key).
+    pub key: &'static str,
 }
 
 /// One series' latest value, for `/metrics` and the live view.
@@ -136,6 +146,8 @@ pub struct Accepted {
     /// Ask the sender for its schema: samples of unknown ids came, and this session was not
     /// asked in the last 5 s.
     pub ask_schema: bool,
+    /// The key to seal the schema request with (the one the frame carried), when asked.
+    pub reply_key: Option<Key>,
 }
 
 /// A dropped datagram: why, and what to log.
@@ -146,6 +158,13 @@ pub struct Refused {
 }
 
 impl Refused {
+    fn decode(error: DecodeError) -> Self {
+        match error {
+            DecodeError::Wire(e) => Self::wire(&e),
+            DecodeError::Refused(refused) => refused,
+        }
+    }
+
     fn wire(error: &wire::WireError) -> Self {
         Self {
             reason: DropReason::of(error),
@@ -170,13 +189,7 @@ pub struct NodeTable {
     nodes: AtomicUsize,
     series: AtomicUsize,
     limits: Limits,
-    key: Key,
-}
-
-/// The node name of a frame's header, read before the MAC is checked (for routing only).
-fn peek_node(bytes: &[u8]) -> Option<&str> {
-    let len = usize::from(*bytes.get(6)?);
-    std::str::from_utf8(bytes.get(7..7 + len)?).ok()
+    keys: IngestKeys,
 }
 
 /// The session of a frame's header, read before the MAC is checked.
@@ -209,7 +222,7 @@ pub fn time_range(frame: &Frame) -> (u64, u64) {
 }
 
 impl NodeTable {
-    pub fn new(key: Key, limits: Limits) -> Self {
+    pub fn new(keys: impl Into<Keyring>, limits: Limits) -> Self {
         Self {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::default()))
@@ -218,7 +231,7 @@ impl NodeTable {
             nodes: AtomicUsize::new(0),
             series: AtomicUsize::new(0),
             limits,
-            key,
+            keys: IngestKeys::new(keys.into()),
         }
     }
 
@@ -247,10 +260,11 @@ impl NodeTable {
         from: SocketAddr,
         now_unix_ns: u64,
     ) -> Result<Accepted, Refused> {
-        let Some(name) = peek_node(bytes) else {
+        let Some(name) = wire::peek_node(bytes) else {
             // Too short, or a name that is not UTF-8: the decoder says which (MAC first).
+            let any_key = self.keys.ring().sealing_key("");
             return Err(
-                match wire::decode(bytes, &self.key, &mut ReceiverState::default()) {
+                match wire::decode(bytes, &any_key, &mut ReceiverState::default()) {
                     Err(e) => Refused::wire(&e),
                     Ok(_) => Refused {
                         reason: DropReason::Malformed,
@@ -263,8 +277,10 @@ impl NodeTable {
         if let Some(node) = shard.get_mut(name) {
             if node.refused_session.is_some() && node.refused_session == peek_session(bytes) {
                 // Authenticate it all the same, so forgeries are counted as such.
-                wire::decode(bytes, &self.key, &mut ReceiverState::default())
-                    .map_err(|e| Refused::wire(&e))?;
+                let mut scratch = ReceiverState::default();
+                self.keys
+                    .decode(bytes, name, &mut node.keys, &mut scratch, from, now_unix_ns)
+                    .map_err(Refused::decode)?;
                 node.counts.refused += 1;
                 return Err(Refused {
                     reason: DropReason::SeriesLimit,
@@ -273,9 +289,18 @@ impl NodeTable {
                     ),
                 });
             }
-            let frame = match wire::decode(bytes, &self.key, &mut node.receiver) {
+            let decoded = self.keys.decode(
+                bytes,
+                name,
+                &mut node.keys,
+                &mut node.receiver,
+                from,
+                now_unix_ns,
+            );
+            let frame = match decoded {
                 Ok(frame) => frame,
-                Err(e) => {
+                Err(DecodeError::Refused(refused)) => return Err(refused),
+                Err(DecodeError::Wire(e)) => {
                     match e {
                         wire::WireError::Duplicate { .. } => node.counts.duplicates += 1,
                         wire::WireError::Stale { .. } => node.counts.replayed += 1,
@@ -288,7 +313,11 @@ impl NodeTable {
             return self.absorb(node, frame, bytes.len(), from, now_unix_ns);
         }
         let mut receiver = ReceiverState::default();
-        let frame = wire::decode(bytes, &self.key, &mut receiver).map_err(|e| Refused::wire(&e))?;
+        let mut keys = self.keys.node_keys(name);
+        let frame = self
+            .keys
+            .decode(bytes, name, &mut keys, &mut receiver, from, now_unix_ns)
+            .map_err(Refused::decode)?;
         self.check_time(&frame, now_unix_ns)?;
         if self.nodes.load(Ordering::Relaxed) >= self.limits.max_nodes {
             return Err(Refused {
@@ -318,6 +347,7 @@ impl NodeTable {
             agent_version: None,
             refused_session: None,
             schema_asked: None,
+            keys,
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)
     }
@@ -461,6 +491,7 @@ impl NodeTable {
             frame,
             schema: node.schema.clone(),
             ask_schema,
+            reply_key: ask_schema.then(|| node.keys.reply_key().clone()),
         })
     }
 
@@ -479,6 +510,7 @@ impl NodeTable {
                     self.limits.node_ttl
                 );
                 self.series.fetch_sub(node.footprint, Ordering::Relaxed);
+                self.keys.forget(name);
                 forgotten += 1;
                 false
             });
@@ -514,6 +546,7 @@ impl NodeTable {
                     refused: node.counts.refused,
                     schema_requests: node.counts.schema_requests,
                     series_refused: node.refused_session.is_some(),
+                    key: node.keys.sealer().label(),
                 });
             }
         }

@@ -9,7 +9,7 @@ use std::{
     num::NonZeroUsize,
     path::{Path, PathBuf},
     str::FromStr,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use monitor_config::{
@@ -54,11 +54,26 @@ pub struct CollectorSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub no_http: bool,
-    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters (default
-    /// /etc/railscope/wire.key).
+    /// The cluster's shared key, which every node holds (32 raw bytes or 64 hex characters;
+    /// default /etc/railscope/wire.key when no fleet secret is given). With a fleet secret,
+    /// accepted only while nodes move to their own keys (docs/deployment.md, "Keys").
     #[arg(long, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
+    /// The fleet secret each node's own key is derived from (`railscope-gen-wire-key`).
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet_secret: Option<PathBuf>,
+    /// The fleet secret before the last rotation: its node keys are accepted until
+    /// `previous-fleet-secret-until`, and archived frames sealed with them stay readable.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_fleet_secret: Option<PathBuf>,
+    /// End of the rotation window, RFC 3339 (e.g. 2026-12-01T00:00:00Z): afterwards frames
+    /// sealed with the previous secret's keys are refused (`retired_key`).
+    #[arg(long, value_name = "TIME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_fleet_secret_until: Option<Deadline>,
     /// Data directory of the archive (default /var/lib/railscope).
     #[arg(long, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -111,6 +126,36 @@ pub struct CollectorSettings {
     pub findings: Option<crate::findings::Thresholds>,
 }
 
+/// A point in time, written as RFC 3339 (`2026-12-01T00:00:00Z`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline(pub SystemTime);
+
+impl FromStr for Deadline {
+    type Err = humantime::TimestampError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        humantime::parse_rfc3339_weak(text).map(Self)
+    }
+}
+
+impl fmt::Display for Deadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_seconds(self.0))
+    }
+}
+
+impl Serialize for Deadline {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Deadline {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A remote-write endpoint as `NAME=URL`, with the default settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemoteWriteSpec(pub EndpointConfig);
@@ -147,7 +192,6 @@ impl Layered for CollectorSettings {
         Self {
             listen: DEFAULT_LISTEN.parse().ok(),
             http: DEFAULT_HTTP.parse().ok(),
-            key: Some(DEFAULT_KEY.into()),
             data: Some(DEFAULT_DATA.into()),
             max_nodes: Some(limits.max_nodes),
             max_series_per_node: Some(limits.max_series_per_node),
@@ -168,6 +212,9 @@ impl Layered for CollectorSettings {
             http,
             no_http,
             key,
+            fleet_secret,
+            previous_fleet_secret,
+            previous_fleet_secret_until,
             data,
             max_nodes,
             max_series_per_node,
@@ -187,6 +234,12 @@ impl Layered for CollectorSettings {
             http: pick(http, over.http),
             no_http: no_http || over.no_http,
             key: pick(key, over.key),
+            fleet_secret: pick(fleet_secret, over.fleet_secret),
+            previous_fleet_secret: pick(previous_fleet_secret, over.previous_fleet_secret),
+            previous_fleet_secret_until: pick(
+                previous_fleet_secret_until,
+                over.previous_fleet_secret_until,
+            ),
             data: pick(data, over.data),
             max_nodes: pick(max_nodes, over.max_nodes),
             max_series_per_node: pick(max_series_per_node, over.max_series_per_node),
@@ -255,13 +308,64 @@ pub fn limits(sources: &Sources<CollectorSettings>) -> Result<Limits, ConfigErro
     Ok(limits)
 }
 
+/// The keys frames are accepted with, their files read: the fleet secret's node keys, the
+/// previous secret's during a rotation, and the shared key (by default, only on a cluster
+/// without a fleet secret).
+fn keyring(
+    sources: &Sources<CollectorSettings>,
+    s: &CollectorSettings,
+) -> Result<monitor_wire::Keyring, ConfigError> {
+    use monitor_wire::{FleetSecret, Key, Keyring, PreviousSecret};
+    let secret = |key: &str, path: &Option<PathBuf>| {
+        path.as_ref()
+            .map(|p| FleetSecret::from_file(p).map_err(|e| sources.error(key, e)))
+            .transpose()
+    };
+    let current = secret("fleet-secret", &s.fleet_secret)?;
+    let previous = secret("previous-fleet-secret", &s.previous_fleet_secret)?;
+    if previous.is_some() && current.is_none() {
+        return Err(sources.error(
+            "previous-fleet-secret",
+            "a previous fleet secret needs the current one (fleet-secret)",
+        ));
+    }
+    if s.previous_fleet_secret_until.is_some() && previous.is_none() {
+        return Err(sources.error(
+            "previous-fleet-secret-until",
+            "no previous-fleet-secret to end the window of",
+        ));
+    }
+    let previous = previous.map(|secret| PreviousSecret {
+        secret,
+        until_unix_ns: s.previous_fleet_secret_until.map(|d| {
+            d.0.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |t| t.as_nanos() as u64)
+        }),
+    });
+    let shared_path = match (&s.key, &current) {
+        (Some(path), _) => Some(path.clone()),
+        (None, None) => Some(PathBuf::from(DEFAULT_KEY)),
+        (None, Some(_)) => None,
+    };
+    let shared = shared_path
+        .map(|p| Key::from_file(&p).map_err(|e| sources.error("key", e)))
+        .transpose()?;
+    if current.is_some() && shared.is_some() {
+        tracing::warn!(
+            "frames sealed with the shared key are accepted next to per-node keys: a node \
+             holding it can speak for every node not yet on its own key (remove `key` once \
+             every node has its own)"
+        );
+    }
+    Keyring::new(current, previous, shared).map_err(|e| sources.error("key", e))
+}
+
 /// Every value checked and the key file read; a setting that cannot be used is named with
 /// where it was set.
 pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
     let limits = limits(sources)?;
     let s = sources.merged();
-    let key_path = s.key.unwrap_or_else(|| DEFAULT_KEY.into());
-    let key = monitor_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
+    let keys = keyring(sources, &s)?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
     let sockets = s.sockets.map_or_else(
         || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
@@ -294,7 +398,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
                     .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7671)))
             }),
             data_dir: data,
-            key,
+            keys,
             limits,
         },
         archive,
@@ -480,13 +584,21 @@ mod tests {
         let key = key_file();
         let key_flag = key.path().to_str().unwrap();
         run_plan(&sources(&text, &["--key", key_flag]).unwrap()).unwrap();
+        // The secrets' example paths do not exist here: the flags point them at a key file.
+        let flags = [
+            "--key",
+            key_flag,
+            "--fleet-secret",
+            key_flag,
+            "--previous-fleet-secret",
+            key_flag,
+        ];
         let uncommented: String = text
             .lines()
             .map(|l| l.strip_prefix('#').filter(|l| is_setting(l)).unwrap_or(l))
             .map(|l| format!("{l}\n"))
             .collect();
-        let all =
-            sources(&uncommented, &["--key", key_flag]).expect("every commented setting parses");
+        let all = sources(&uncommented, &flags).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {
             let Some(flag) = arg.get_long() else { continue };

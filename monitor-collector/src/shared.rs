@@ -5,8 +5,6 @@
 
 use std::sync::{Arc, atomic::AtomicU64};
 
-use monitor_wire::Key;
-
 use crate::{
     drops::Drops,
     events::RecentEvents,
@@ -18,7 +16,6 @@ use crate::{
 
 /// What the receive threads, the writer and the HTTP server share.
 pub struct Shared {
-    pub key: Key,
     pub table: NodeTable,
     pub drops: Drops,
     pub events: RecentEvents,

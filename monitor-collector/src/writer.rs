@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{Frame, Key, SchemaEntry};
+use monitor_wire::{Frame, Key, Keyring, SchemaEntry};
 
 use crate::{liveness::Heartbeat, lock::lock, nodes::Schema};
 
@@ -237,7 +237,7 @@ impl Writer {
 /// Starts the writer thread; it beats `heartbeat` at every turn (at least every tick).
 pub fn spawn(
     mut archive: Box<dyn FrameArchive>,
-    key: Key,
+    keys: Keyring,
     capacity_bytes: usize,
     heartbeat: Heartbeat,
 ) -> std::io::Result<(ArchiveQueue, Writer)> {
@@ -253,7 +253,7 @@ pub fn spawn(
     let stopping = stop.clone();
     let thread = std::thread::Builder::new()
         .name("archive-writer".into())
-        .spawn(move || write_loop(&mut *archive, &rx, &stats, &key, &stopping, &heartbeat))?;
+        .spawn(move || write_loop(&mut *archive, &rx, &stats, &keys, &stopping, &heartbeat))?;
     Ok((queue, Writer { stop, thread }))
 }
 
@@ -261,7 +261,7 @@ fn write_loop(
     archive: &mut dyn FrameArchive,
     rx: &Receiver<QueuedFrame>,
     stats: &WriterStats,
-    key: &Key,
+    keys: &Keyring,
     stop: &AtomicBool,
     heartbeat: &Heartbeat,
 ) {
@@ -283,7 +283,14 @@ fn write_loop(
                 stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
                 let schema = |node: &str| {
                     (node == &*item.node)
-                        .then(|| schema_frame(&item.schema, item.seq, item.first_ns, key))
+                        .then(|| {
+                            schema_frame(
+                                &item.schema,
+                                item.seq,
+                                item.first_ns,
+                                &keys.sealing_key(&item.node),
+                            )
+                        })
                         .flatten()
                 };
                 let frame = AcceptedFrame {

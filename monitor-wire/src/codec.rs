@@ -304,6 +304,13 @@ impl StoredFrame<'_> {
     }
 }
 
+/// The node name in a frame's header, read before the MAC is checked: for routing, and for
+/// choosing the node's key (docs/wire-format.md, "Keys"). `None` when too short or not UTF-8.
+pub fn peek_node(bytes: &[u8]) -> Option<&str> {
+    let len = usize::from(*bytes.get(6)?);
+    std::str::from_utf8(bytes.get(7..7 + len)?).ok()
+}
+
 /// Verifies, parses and accounts one received datagram: the MAC is checked before anything
 /// else is read; then the frame's schema entries are merged into `state`, and its sequence
 /// number is checked against the node's (gaps are counted as lost frames, a frame seen

@@ -4,7 +4,8 @@
 //! listen` and the collector share this crate; it has no eBPF, NVML or async runtime in it.
 //!
 //! A receiver needs:
-//! - [`Key`]: the cluster's pre-shared key, from its file;
+//! - [`Key`]: a node's key (or the cluster's shared key of old), from its file, and a
+//!   [`Keyring`]: which keys a receiver accepts, each node's derived from the [`FleetSecret`];
 //! - [`decode`]: checks the MAC before reading anything else, parses the frame and accounts
 //!   it in a [`ReceiverState`] (per node: session, schema, lost, late, duplicate and replayed
 //!   frames, samples of unknown ids);
@@ -22,7 +23,7 @@
 //! ids, decides when schema entries are due and cuts each batch into frames no larger than
 //! the MTU; [`encode_frame`] writes one frame exactly as given.
 //!
-//! Modules, one concept each: `key`, `series` (the series model), `frame` (the frame model and
+//! Modules, one concept each: `key`, `keyring` (per-node keys and what a receiver accepts), `series` (the series model), `frame` (the frame model and
 //! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
 //! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
 //! value coders), `request` (schema requests), `receiver` (receiver state), `encoder`,
@@ -36,6 +37,7 @@ mod error;
 mod events;
 mod frame;
 mod key;
+mod keyring;
 mod limits;
 mod mac;
 mod measure;
@@ -51,7 +53,7 @@ mod series;
 mod testing;
 
 pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
-pub use codec::{StoredFrame, decode, encode_frame, open_stored};
+pub use codec::{StoredFrame, decode, encode_frame, open_stored, peek_node};
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
 pub use frame::{
@@ -59,6 +61,9 @@ pub use frame::{
     Sample, SchemaEntry, SeriesData, SeriesSamples, VERSION, WireEvent,
 };
 pub use key::{Key, KeyError};
+pub use keyring::{
+    FleetSecret, Keyring, NODE_KEY_CONTEXT, NoKeys, PreviousSecret, Sealer, sealed_with,
+};
 pub use mac::MAC_LEN;
 pub use measure::{WireCost, measure, measure_with};
 pub use receiver::{LastFrame, NodeState, ReceiverLimits, ReceiverState, schema_entry_cost};

@@ -1,5 +1,5 @@
 //! The query engine: reads the archive (which includes what was appended and not yet written
-//! out) for a node set and time range, decodes the frames with the cluster key, and answers
+//! out) for a node set and time range, decodes the frames with the keyring (each node's keys), and answers
 //! series by metric name and label matchers (counters as rates, gauges as their min/max/mean
 //! envelopes) and events by kind, node, device and time.
 
@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use monitor_wire::{Key, Kind, Series, SeriesData, StoredFrame, open_stored};
+use monitor_wire::{Keyring, Kind, Series, SeriesData, StoredFrame};
 use serde::Serialize;
 
 use super::selector::Matcher;
@@ -118,7 +118,7 @@ pub const DEFAULT_MAX_POINTS: usize = 1_000_000;
 /// caller's thread.
 pub struct QueryEngine {
     reader: ArchiveReader,
-    key: Key,
+    keys: Keyring,
     max_points: usize,
 }
 
@@ -152,10 +152,10 @@ type Slots = HashMap<(Arc<str>, u32), Vec<Option<usize>>>;
 const COUNTER_LOOKBACK_NS: u64 = 300_000_000_000;
 
 impl QueryEngine {
-    pub fn new(reader: ArchiveReader, key: Key) -> Self {
+    pub fn new(reader: ArchiveReader, keys: impl Into<Keyring>) -> Self {
         Self {
             reader,
-            key,
+            keys: keys.into(),
             max_points: DEFAULT_MAX_POINTS,
         }
     }
@@ -197,7 +197,7 @@ impl QueryEngine {
         let mut cost = QueryCost::default();
         let stats = self.reader.scan(&filter, &mut |r| {
             cost.frames += 1;
-            let Ok(frame) = open_stored(r.bytes, &self.key) else {
+            let Ok(frame) = self.keys.open_stored(r.bytes) else {
                 cost.undecodable += 1;
                 return ControlFlow::Continue(());
             };

@@ -9,7 +9,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use monitor_wire::{Key, ReceiverState, Series, decode};
+use monitor_wire::{Keyring, ReceiverState, Series};
 
 use super::source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 use crate::archive::{ArchiveReader, Record, RecordKind, SequentialReader};
@@ -20,7 +20,7 @@ const READ_RECORDS: usize = 64;
 /// One endpoint's reader of the archive.
 pub struct ArchiveSource {
     archive: ArchiveReader,
-    key: Key,
+    keys: Keyring,
     reader: Option<SequentialReader>,
     /// Records read from the archive, not yet turned into a batch (last first).
     carry: Vec<Record>,
@@ -34,10 +34,10 @@ pub struct ArchiveSource {
 }
 
 impl ArchiveSource {
-    pub fn new(archive: ArchiveReader, key: Key) -> Self {
+    pub fn new(archive: ArchiveReader, keys: impl Into<Keyring>) -> Self {
         Self {
             archive,
-            key,
+            keys: keys.into(),
             reader: None,
             carry: Vec::new(),
             next: 0,
@@ -76,7 +76,7 @@ impl ArchiveSource {
     /// Decodes a record (a fresh receiver state each: archived frames are not checked for
     /// replays again) and learns its schema entries.
     fn learn(&mut self, r: &Record) -> Option<monitor_wire::Frame> {
-        let frame = match decode(&r.bytes, &self.key, &mut ReceiverState::default()) {
+        let frame = match self.keys.decode(&r.bytes, &mut ReceiverState::default()) {
             Ok(f) => f,
             Err(e) => {
                 self.undecodable += 1;
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn every_archived_sample_is_read_once_with_its_series_also_when_resuming_mid_segment() {
         let tmp = tempfile::tempdir().unwrap();
-        let key = Key::from_bytes([7; 32]);
+        let key = monitor_wire::Key::from_bytes([7; 32]);
         let config = ArchiveConfig {
             segment_bytes: 256 << 10,
             retention_age: None,
@@ -222,7 +222,7 @@ mod tests {
         let mut states: BTreeMap<&str, ReceiverState> = BTreeMap::new();
         for (node, f) in &frames {
             let state = states.entry(node).or_default();
-            let frame = decode(&f.bytes, &key, state).unwrap();
+            let frame = monitor_wire::decode(&f.bytes, &key, state).unwrap();
             let schema = state.node(node).unwrap();
             let chunks: Vec<SeriesChunk> = frame
                 .samples

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use monitor_wire::{Labels, Reading, Value, WireEvent};
+use monitor_wire::{Key, Labels, Reading, Value, WireEvent};
 
 use super::*;
 use crate::{
