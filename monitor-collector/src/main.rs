@@ -57,6 +57,37 @@ enum Command {
     Findings(findings::cli::FindingsArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
     Stragglers(monitor_collector::stragglers::StragglerArgs),
+    /// Derive a node's own frame key from the fleet secret, as 64 hex characters (what
+    /// `railscope-gen-wire-key --node NAME` runs).
+    NodeKey(NodeKeyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct NodeKeyArgs {
+    /// The node's name, exactly as its agent sends it (`node` in agent.toml; default its
+    /// hostname).
+    #[arg(long)]
+    node: String,
+    /// The fleet secret.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/etc/railscope/fleet.secret"
+    )]
+    fleet_secret: PathBuf,
+}
+
+/// Prints the node's key: the one line a provisioning pipeline writes to the node's
+/// /etc/railscope/wire.key.
+fn node_key(args: &NodeKeyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.node.is_empty() && args.node.len() <= 255,
+        "node name {:?}: 1 to 255 bytes, as a frame carries it",
+        args.node
+    );
+    let secret = monitor_wire::FleetSecret::from_file(&args.fleet_secret)?;
+    println!("{}", secret.node_key(&args.node).to_hex());
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -90,6 +121,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
         Some(Command::Findings(args)) => findings::cli::run(&args),
         Some(Command::Stragglers(args)) => monitor_collector::stragglers::run_cli(&args),
+        Some(Command::NodeKey(args)) => node_key(&args),
         None => run(cli.run),
     }
 }

@@ -415,6 +415,27 @@ mod tests {
             }],
         };
         assert_eq!(encode_frame(&frame, &key).unwrap(), expected);
+        // Sealed with node n1's own key, derived from the fleet secret `00 01 ... 1f`: the
+        // same bytes up to the MAC ("Keys" in the spec).
+        let secret = crate::FleetSecret::from_bytes(std::array::from_fn(|i| i as u8));
+        let node_key = secret.node_key("n1");
+        assert_eq!(
+            node_key.to_hex(),
+            "ca8c7ab9d33dabf36ce2f4320cd5edb3abad752f43e027d2ee82d33d70e81509"
+        );
+        let sealed = encode_frame(&frame, &node_key).unwrap();
+        let mac: String = sealed[sealed.len() - MAC_LEN..]
+            .iter()
+            .map(|b| format!("{b:02x} "))
+            .collect();
+        assert_eq!(
+            mac.trim_end(),
+            "d7 89 e2 fa a9 53 01 31 1a 4c 12 23 6d 26 95 4e"
+        );
+        assert_eq!(
+            sealed[..sealed.len() - MAC_LEN],
+            expected[..expected.len() - MAC_LEN]
+        );
         assert_eq!(
             decode(&expected, &key, &mut ReceiverState::default()).unwrap(),
             frame

@@ -79,6 +79,11 @@ impl Key {
         Ok(Self(key))
     }
 
+    /// The key as 64 lowercase hex characters, as a key file holds it.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The key's bytes, for the MAC.
     pub(crate) fn bytes(&self) -> &[u8; 32] {
         &self.0
