@@ -416,6 +416,22 @@ fn render_node_health(out: &mut String, shared: &Shared) {
             })
             .collect()
     };
+    // Which key the nodes' last frames carried: a rotation or a move off the shared key is
+    // done when every node counts under `node`.
+    let by_key: Vec<(String, String)> = ["node", "previous_node", "shared"]
+        .iter()
+        .map(|key| {
+            let count = nodes.iter().filter(|n| n.key == *key).count();
+            (format!("{{key=\"{key}\"}}"), count.to_string())
+        })
+        .collect();
+    family(
+        out,
+        "railscope_collector_nodes_by_key",
+        Gauge,
+        "Nodes held, by the key their last frame was sealed with (node, previous_node, shared).",
+        &by_key,
+    );
     family(
         out,
         "railscope_collector_node_frames_total",

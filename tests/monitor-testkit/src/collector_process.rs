@@ -108,6 +108,18 @@ impl CollectorProcess {
         }
     }
 
+    /// [`CollectorProcess::command`] with per-node keys: `--fleet-secret SECRET` and no
+    /// shared key.
+    pub fn fleet_command(
+        program: impl Into<PathBuf>,
+        secret: &Path,
+        data: &Path,
+    ) -> CollectorCommand {
+        let mut command = Self::command(program, secret, data);
+        command.args[0] = "--fleet-secret".into();
+        command
+    }
+
     /// Where agents send.
     pub fn udp_addr(&self) -> SocketAddr {
         ([127, 0, 0, 1], self.udp).into()
