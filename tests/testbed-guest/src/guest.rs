@@ -508,11 +508,21 @@ pub fn write_wire_key() -> anyhow::Result<()> {
 /// (mode 600, as the agent requires).
 pub fn agent_sending_to(collector: &str, extra: &[&str], echo: bool) -> anyhow::Result<Agent> {
     write_wire_key()?;
+    agent_sealing_with(collector, WIRE_KEY, extra, echo)
+}
+
+/// [`agent_sending_to`] with the key file `key` (the node's own key).
+pub fn agent_sealing_with(
+    collector: &str,
+    key: &str,
+    extra: &[&str],
+    echo: bool,
+) -> anyhow::Result<Agent> {
     let mut args = vec![
         "--collector",
         collector,
         "--key",
-        WIRE_KEY,
+        key,
         "--node",
         "guest",
         "--no-gpu",

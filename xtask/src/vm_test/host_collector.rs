@@ -31,9 +31,6 @@ pub(crate) const SCENARIO: &str = "host-collector";
 /// The node name the guest's agent sends as.
 const NODE: &str = "guest";
 
-/// The guest's key (tests/testbed-guest/src/guest.rs, `WIRE_KEY_HEX`).
-const KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
-
 const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
 
 /// A child killed when dropped.
@@ -54,6 +51,8 @@ pub(crate) struct HostCollector {
     http: SocketAddr,
     vm: SocketAddr,
     dir: PathBuf,
+    /// The guest's own frame key, derived from the host's fleet secret.
+    node_key_hex: String,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -88,10 +87,26 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir_all(&dir)?;
-    let key = dir.join("wire.key");
-    fs::write(&key, KEY_HEX)?;
+    // Per-node keys, as a fleet runs them: a fresh fleet secret for the collector, and the
+    // guest's own key derived from it by the collector's command, for the guest only.
+    let secret = dir.join("fleet.secret");
+    let mut random = [0u8; 32];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut random)?;
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    fs::write(&secret, hex)?;
     use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600))?;
+    let derived = Command::new(&binary)
+        .args(["node-key", "--node", NODE, "--fleet-secret"])
+        .arg(&secret)
+        .output()?;
+    if !derived.status.success() {
+        bail!(
+            "railscope-collector node-key: {}",
+            String::from_utf8_lossy(&derived.stderr)
+        );
+    }
+    let node_key_hex = String::from_utf8(derived.stdout)?.trim().to_owned();
 
     let vm: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let victoria_metrics = spawn(
@@ -124,8 +139,8 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
         Command::new(&binary)
             .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
             .args(["--http", &http.to_string(), "--sockets", "1"])
-            .arg("--key")
-            .arg(&key)
+            .arg("--fleet-secret")
+            .arg(&secret)
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--remote-write")
@@ -140,13 +155,18 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
         http,
         vm,
         dir,
+        node_key_hex,
     })
 }
 
 impl HostCollector {
-    /// What the guest's kernel command line gets: where the collector is.
+    /// What the guest's kernel command line gets: where the collector is, and the guest's
+    /// own key (a test bed's throwaway secret).
     pub(crate) fn cmdline(&self) -> String {
-        format!("railscope.collector=10.0.2.2:{}", self.udp)
+        format!(
+            "railscope.collector=10.0.2.2:{} railscope.node_key={}",
+            self.udp, self.node_key_hex
+        )
     }
 
     /// Waits for remote-write to catch up, compares, stops both servers.
@@ -200,6 +220,21 @@ impl HostCollector {
         }
         if lost != 0.0 {
             bail!("the collector counted {lost} of the guest agent's frames lost (of {frames})");
+        }
+        // The guest sealed with its own key, and nothing was refused.
+        let on_own_key = all
+            .get("railscope_collector_nodes_by_key{key=\"node\"}")
+            .copied();
+        if on_own_key != Some(1.0) {
+            bail!("the guest is not counted as on its own key: {on_own_key:?} nodes");
+        }
+        let refused: f64 = all
+            .iter()
+            .filter(|(k, _)| k.starts_with("railscope_collector_frames_dropped_total{"))
+            .map(|(_, v)| v)
+            .sum();
+        if refused != 0.0 {
+            bail!("the collector dropped {refused} datagrams of the guest's");
         }
         // The guest's metric names, from the live view.
         let names: std::collections::BTreeSet<String> = all

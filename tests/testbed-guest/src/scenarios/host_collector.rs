@@ -3,13 +3,18 @@
 //! runs `railscope collector run` with remote-write to VictoriaMetrics and, after the guest
 //! powered off, compares what VictoriaMetrics holds with the collector's archive sample by
 //! sample (xtask/src/vm_test/host_collector.rs). Here: the NIC up, and the agent sending
-//! while `ib_write_bw` moves the rxe counters and a link flaps.
+//! while `ib_write_bw` moves the rxe counters and a link flaps. The host's collector has
+//! per-node keys: the guest's agent seals with its own key, derived on the host from the
+//! collector's fleet secret and handed over as `railscope.node_key=` (a throwaway secret).
 
 use std::{thread, time::Duration};
 
 use anyhow::{Context as _, ensure};
 
 use crate::guest;
+
+/// The guest's own key file, written from the kernel command line.
+const NODE_KEY: &str = "/tmp/node.key";
 
 /// The guest's address on QEMU's user network (its DHCP would give the same).
 const GUEST_ADDR: &str = "10.0.2.15/24";
@@ -24,8 +29,19 @@ pub fn run() -> anyhow::Result<()> {
     let nic = user_net_up()?;
     println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
 
-    let mut agent =
-        guest::agent_sending_to(&collector, &["--interval", "0.5", "--flush", "1"], true)?;
+    let node_key = guest::cmdline_value(&cmdline, "railscope.node_key")
+        .context("no railscope.node_key= on the kernel command line (cargo xtask vm-test)")?;
+    std::fs::write(NODE_KEY, format!("{node_key}\n"))?;
+    std::fs::set_permissions(
+        NODE_KEY,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    let mut agent = guest::agent_sealing_with(
+        &collector,
+        NODE_KEY,
+        &["--interval", "0.5", "--flush", "1"],
+        true,
+    )?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
     guest::write_bw_then_flap(1000)?;
     thread::sleep(Duration::from_secs(3));
