@@ -73,6 +73,12 @@ wait_for 60 running $AGENT && ok "agent started by dpkg -i: $(state $AGENT)" \
 # 2. Configure as an operator does: a key, the agent pointed at the collector, check, start.
 railscope-gen-wire-key && [ "$(stat -c %a /etc/railscope/wire.key)" = 600 ] \
     && ok "railscope-gen-wire-key (mode 600)" || fail "railscope-gen-wire-key"
+# Per-node keys as a provisioning host makes them: a fleet secret, one node's key from it.
+railscope-gen-wire-key /root/fleet.secret 2>/dev/null \
+    && nodekey=$(railscope-gen-wire-key --node gpu-001 --secret /root/fleet.secret) \
+    && [ "${#nodekey}" = 64 ] && [ "$(stat -c %a /root/fleet.secret)" = 600 ] \
+    && [ "$nodekey" != "$(railscope-gen-wire-key --node gpu-002 --secret /root/fleet.secret)" ] \
+    && ok "railscope-gen-wire-key --node (a node's own key)" || fail "railscope-gen-wire-key --node"
 sed -i -e 's|^#collector = .*|collector = "127.0.0.1:7670"|' \
     -e 's|^#key = .*|key = "/etc/railscope/wire.key"|' \
     -e 's|^#interval = .*|interval = 0.5|' \
