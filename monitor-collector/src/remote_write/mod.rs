@@ -28,6 +28,7 @@ pub mod prompb;
 pub mod shard;
 pub mod source;
 pub mod stats;
+pub mod table;
 pub mod tls;
 
 use std::{
@@ -48,6 +49,7 @@ pub use client::Failure;
 pub use progress::Progress;
 pub use source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 pub use stats::{EndpointStats, StatsSnapshot, write_metrics};
+pub use table::EndpointTable;
 pub use tls::TlsFiles;
 
 use self::{progress::Ticket, prompb::TimeSeries, shard::Work};
