@@ -611,7 +611,8 @@ mod tests {
     /// `key = value`, as the example shows a setting commented out (`#key = value`), unlike
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
-        line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = ")
+        (line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = "))
+            || line.starts_with("[[")
     }
 
     /// The example installed with the package parses as it is, and with every commented
@@ -626,11 +627,30 @@ mod tests {
         let key = key_file();
         let key_flag = key.path().to_str().unwrap();
         run_plan(&sources(&text, &["--key", key_flag]).unwrap()).unwrap();
+        // The files the example's remote-write table names, made here.
+        let dir = tempfile::tempdir().unwrap();
+        let certified =
+            rcgen::generate_simple_self_signed(vec!["mimir.example.com".into()]).unwrap();
+        for (name, text) in [
+            ("ca.pem", certified.cert.pem()),
+            ("client.pem", certified.cert.pem()),
+            ("client.key", certified.signing_key.serialize_pem()),
+            ("mimir.password", "secret\n".into()),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let here = format!("{}/", dir.path().display());
         let uncommented: String = text
             .lines()
             .map(|l| l.strip_prefix('#').filter(|l| is_setting(l)).unwrap_or(l))
-            .map(|l| format!("{l}\n"))
+            .map(|l| {
+                let l = l
+                    .replace("/etc/railscope/", &here)
+                    .replace("/run/credentials/railscope-collector.service/", &here);
+                format!("{l}\n")
+            })
             .collect();
+        assert!(uncommented.contains("\n[[remote-write-endpoint]]\n"));
         let all =
             sources(&uncommented, &["--key", key_flag]).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
