@@ -449,6 +449,35 @@ fn retries_5xx_and_429_until_acknowledged_then_resumes_after_restart_without_dup
     std::fs::remove_dir_all(&state).unwrap();
 }
 
+/// A refused credential is a configuration error that gets fixed, not bad data: 401 and 403
+/// are retried (counted with reason `auth`, the endpoint named in the error), and every
+/// sample arrives once the endpoint accepts.
+#[test]
+fn a_401_or_403_is_retried_and_loses_nothing() {
+    let fleet = fleet(1, 20, now_ms() - 600_000);
+    let expected = expected(&fleet.pushed);
+    let (url, received) = fake_receiver(vec![401, 403, 401], 204);
+    let state = temp_dir("fake-401");
+    let archive = MemoryArchive::default();
+    let end = archive.publish(&fleet.frames);
+    let writer = RemoteWriter::start(quick_config("fake", &url, 1), archive, &state).unwrap();
+    wait_for("everything committed", Duration::from_secs(30), || {
+        writer.committed() == end
+    });
+    let stats = writer.stats();
+    assert_eq!(writer.last_error(), None, "delivering again");
+    writer.shutdown();
+    assert_eq!(stats.failures(Failure::Auth), 3, "{stats:?}");
+    assert_eq!(stats.samples_failed, 0, "{stats:?}");
+    assert!(stats.samples_retried > 0, "{stats:?}");
+    compare(
+        &expected,
+        &received.lock().unwrap().samples,
+        "fake receiver",
+    );
+    std::fs::remove_dir_all(&state).unwrap();
+}
+
 #[test]
 fn a_400_is_counted_as_failed_not_retried_and_does_not_block_the_cursor() {
     let fleet = fleet(1, 20, now_ms() - 600_000);
@@ -467,6 +496,7 @@ fn a_400_is_counted_as_failed_not_retried_and_does_not_block_the_cursor() {
     writer.shutdown();
     assert_eq!(stats.samples_failed, expected_samples);
     assert_eq!((stats.samples_sent, stats.samples_retried), (0, 0));
+    assert!(stats.failures(Failure::Rejected) > 0, "{stats:?}");
     // Each request was sent once: about one per max_samples_per_send samples.
     let requests = received.lock().unwrap().statuses.len() as u64;
     assert!(
