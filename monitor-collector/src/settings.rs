@@ -99,8 +99,9 @@ pub struct CollectorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub query_max_points: Option<usize>,
     /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
-    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics).
-    /// Repeatable; the file's endpoints and the command line's are all used.
+    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics; an https://
+    /// URL is verified against the system's roots). Repeatable; the file's endpoints and the
+    /// command line's are all used.
     #[arg(long = "remote-write", value_name = "NAME=URL")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub remote_write: Vec<RemoteWriteSpec>,
