@@ -41,7 +41,10 @@ fn main() -> anyhow::Result<()> {
     let secret = FleetSecret::from_bytes([0x42; 32]);
     let shared = Key::from_bytes([0x24; 32]);
     let (ring, sealing): (Keyring, Box<dyn Fn(&str) -> Key>) = match mode {
-        "shared" => (Keyring::shared(shared.clone()), Box::new(move |_| shared.clone())),
+        "shared" => (
+            Keyring::shared(shared.clone()),
+            Box::new(move |_| shared.clone()),
+        ),
         "node" | "flood" => {
             let s = secret.clone();
             (Keyring::fleet(secret), Box::new(move |n| s.node_key(n)))

@@ -22,7 +22,7 @@ use crate::{
     CollectorConfig, Limits,
     archive::ArchiveConfig,
     config::ConfigError as LimitsError,
-    remote_write::{EndpointConfig, RemoteWriteError},
+    remote_write::{EndpointConfig, EndpointTable, RemoteWriteError},
 };
 
 /// Read when `--config` is not given, if it exists.
@@ -114,11 +114,17 @@ pub struct CollectorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub query_max_points: Option<usize>,
     /// Remote-write the archive's samples to this Prometheus-compatible endpoint, e.g.
-    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics).
-    /// Repeatable; the file's endpoints and the command line's are all used.
+    /// vm=http://127.0.0.1:8428/api/v1/write (NAME names its cursor and metrics; an https://
+    /// URL is verified against the system's roots). Repeatable; the file's endpoints and the
+    /// command line's are all used.
     #[arg(long = "remote-write", value_name = "NAME=URL")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub remote_write: Vec<RemoteWriteSpec>,
+    /// Remote-write endpoints with TLS, authentication or headers: `[[remote-write-endpoint]]`
+    /// tables of the file only (docs/deployment.md lists their keys).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remote_write_endpoint: Vec<EndpointTable>,
     /// The health findings' thresholds: the `[findings]` table of the file only
     /// (docs/findings.md lists every key, its default and its source).
     #[arg(skip)]
@@ -225,9 +231,11 @@ impl Layered for CollectorSettings {
             retention_bytes,
             query_max_points,
             mut remote_write,
+            mut remote_write_endpoint,
             findings,
         } = self;
         remote_write.extend(over.remote_write);
+        remote_write_endpoint.extend(over.remote_write_endpoint);
         Self {
             listen: pick(listen, over.listen),
             sockets: pick(sockets, over.sockets),
@@ -250,6 +258,7 @@ impl Layered for CollectorSettings {
             retention_bytes: pick(retention_bytes, over.retention_bytes),
             query_max_points: pick(query_max_points, over.query_max_points),
             remote_write,
+            remote_write_endpoint,
             findings: pick(findings, over.findings),
         }
     }
@@ -365,24 +374,13 @@ fn keyring(
 pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
     let limits = limits(sources)?;
     let s = sources.merged();
+    let remote_write = remote_write_endpoints(sources, &s)?;
     let keys = keyring(sources, &s)?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
     let sockets = s.sockets.map_or_else(
         || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         NonZeroUsize::get,
     );
-    let mut names = std::collections::HashSet::new();
-    for endpoint in &s.remote_write {
-        if !names.insert(endpoint.0.name.clone()) {
-            return Err(sources.error(
-                "remote-write",
-                format!(
-                    "two endpoints are named {:?} (the name names the cursor file)",
-                    endpoint.0.name
-                ),
-            ));
-        }
-    }
     let mut archive = ArchiveConfig::new(&data);
     let retention_age = s.retention_age.map_or(DEFAULT_RETENTION_AGE, Age::duration);
     archive.retention_age = (!retention_age.is_zero()).then_some(retention_age);
@@ -402,7 +400,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             limits,
         },
         archive,
-        remote_write: s.remote_write.into_iter().map(|r| r.0).collect(),
+        remote_write,
         query_max_points: match s.query_max_points {
             Some(0) => return Err(sources.error("query-max-points", "must be at least 1")),
             Some(n) => n,
@@ -414,6 +412,36 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             th
         },
     })
+}
+
+/// The endpoints of both forms (`remote-write` and `[[remote-write-endpoint]]`), their names
+/// unique and their CA, certificate and secret files read, so that the collector (and
+/// `--check-config`) stops at start-up with the file named rather than failing every request.
+fn remote_write_endpoints(
+    sources: &Sources<CollectorSettings>,
+    s: &CollectorSettings,
+) -> Result<Vec<EndpointConfig>, ConfigError> {
+    let short = s.remote_write.iter().map(|r| ("remote-write", &r.0));
+    let tables = s
+        .remote_write_endpoint
+        .iter()
+        .map(|t| ("remote-write-endpoint", &t.0));
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (key, endpoint) in short.chain(tables) {
+        if !names.insert(endpoint.name.clone()) {
+            return Err(sources.error(
+                key,
+                format!(
+                    "two endpoints are named {:?} (the name names the cursor file)",
+                    endpoint.name
+                ),
+            ));
+        }
+        crate::remote_write::client::Client::new(endpoint).map_err(|e| sources.error(key, e))?;
+        out.push(endpoint.clone());
+    }
+    Ok(out)
 }
 
 /// `railscope-collector run --check-config`: [`run_plan`]; returns the settings in effect,
@@ -512,14 +540,14 @@ mod tests {
             e.starts_with("/etc/railscope/collector.toml:1:11: key `sockets`: "),
             "{e}"
         );
-        let e = sources("remote-write = [\"vm=https://h/api/v1/write\"]\n", &[])
+        let e = sources("remote-write = [\"vm=ftp://h/api/v1/write\"]\n", &[])
             .unwrap_err()
             .to_string();
         assert!(
             e.starts_with("/etc/railscope/collector.toml:1:16: key `remote-write`: "),
             "{e}"
         );
-        assert!(e.contains("https"), "{e}");
+        assert!(e.contains("https://"), "{e}");
         let e = sources("retention = \"30d\"\n", &[])
             .unwrap_err()
             .to_string();
@@ -566,10 +594,130 @@ mod tests {
         assert!(e.contains("two endpoints are named \"a\""), "{e}");
     }
 
+    /// A `[[remote-write-endpoint]]` over https with a CA file, basic auth and a Mimir tenant
+    /// header, next to the short form; the secret stays out of `--check-config`'s output.
+    #[test]
+    fn remote_write_tables_take_tls_auth_and_headers() {
+        let key = key_file();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let ca_cert = rcgen::generate_simple_self_signed(vec!["mimir.example".into()]).unwrap();
+        std::fs::write(&ca, ca_cert.cert.pem()).unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret-Pa55\n").unwrap();
+        let text = format!(
+            "key = {key:?}\nremote-write = [\"vm=http://h:8428/api/v1/write\"]\n\n\
+             [[remote-write-endpoint]]\nname = \"mimir\"\n\
+             url = \"https://mimir.example/api/v1/push\"\nca-file = {ca:?}\n\
+             basic-auth-user = \"railscope\"\nbasic-auth-password-file = {password:?}\n\
+             headers = {{ \"X-Scope-OrgID\" = \"fleet-a\" }}\n",
+            key = key.path(),
+        );
+        let all = sources(
+            &text,
+            &["--remote-write", "prom=https://p:9090/api/v1/write"],
+        )
+        .unwrap();
+        let plan = run_plan(&all).unwrap();
+        let names: Vec<&str> = plan.remote_write.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["vm", "prom", "mimir"]);
+        let mimir = &plan.remote_write[2];
+        assert_eq!(mimir.tls.ca_file.as_deref(), Some(ca.as_path()));
+        assert_eq!(
+            mimir.auth,
+            crate::remote_write::Auth::Basic {
+                username: "railscope".into(),
+                password_file: password.clone()
+            }
+        );
+        assert_eq!(
+            mimir.headers,
+            [("X-Scope-OrgID".to_owned(), "fleet-a".to_owned())]
+        );
+        let shown = check(&all).unwrap();
+        assert!(shown.contains("[[remote-write-endpoint]]"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        // The file form read back as --check-config prints it.
+        let again = sources(&shown, &[]).unwrap();
+        assert_eq!(run_plan(&again).unwrap().remote_write.len(), 3);
+    }
+
+    #[test]
+    fn remote_write_table_errors_name_the_file_or_the_key() {
+        let key = key_file();
+        let table = |rest: &str| {
+            format!(
+                "key = {:?}\n[[remote-write-endpoint]]\nname = \"mimir\"\n\
+                 url = \"https://mimir.example/api/v1/push\"\n{rest}",
+                key.path()
+            )
+        };
+        // An unreadable secret file: one line, naming the file and the endpoint.
+        let missing = "/nonexistent/mimir.password";
+        let text = table(&format!(
+            "basic-auth-user = \"u\"\nbasic-auth-password-file = {missing:?}\n"
+        ));
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:")
+                && e.contains("key `remote-write-endpoint`")
+                && e.contains("remote-write endpoint mimir: basic-auth-password-file")
+                && e.contains(missing)
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = run_plan(&sources(&table("ca-file = \"/nonexistent/ca.pem\"\n"), &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ca-file /nonexistent/ca.pem"), "{e}");
+        // Mistakes in the table itself, at its line.
+        for (rest, needle) in [
+            ("password-file = \"/x\"\n", "unknown field `password-file`"),
+            (
+                "bearer-token-file = \"/t\"\nbasic-auth-user = \"u\"\nbasic-auth-password-file = \"/p\"\n",
+                "exclude each other",
+            ),
+            ("basic-auth-user = \"u\"\n", "go together"),
+            (
+                "cert-file = \"/c.pem\"\n",
+                "cert-file and key-file go together",
+            ),
+            (
+                "headers = { Authorization = \"Bearer x\" }\n",
+                "bearer-token-file",
+            ),
+        ] {
+            let e = sources(&table(rest), &[]).unwrap_err().to_string();
+            assert!(
+                e.starts_with("/etc/railscope/collector.toml:") && e.contains(needle),
+                "{rest}: {e}"
+            );
+        }
+        let text = format!(
+            "key = {:?}\n[[remote-write-endpoint]]\nname = \"m\"\nurl = \"http://h/w\"\n\
+             ca-file = \"/ca.pem\"\n",
+            key.path()
+        );
+        let e = sources(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("need an https:// URL"), "{e}");
+        let text = format!(
+            "key = {:?}\nremote-write = [\"a=http://h:1/w\"]\n[[remote-write-endpoint]]\n\
+             name = \"a\"\nurl = \"http://h:2/w\"\n",
+            key.path()
+        );
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two endpoints are named \"a\""), "{e}");
+    }
+
     /// `key = value`, as the example shows a setting commented out (`#key = value`), unlike
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
-        line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = ")
+        (line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = "))
+            || line.starts_with("[[")
     }
 
     /// The example installed with the package parses as it is, and with every commented
@@ -593,11 +741,30 @@ mod tests {
             "--previous-fleet-secret",
             key_flag,
         ];
+        // The files the example's remote-write table names, made here.
+        let dir = tempfile::tempdir().unwrap();
+        let certified =
+            rcgen::generate_simple_self_signed(vec!["mimir.example.com".into()]).unwrap();
+        for (name, text) in [
+            ("ca.pem", certified.cert.pem()),
+            ("client.pem", certified.cert.pem()),
+            ("client.key", certified.signing_key.serialize_pem()),
+            ("mimir.password", "secret\n".into()),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let here = format!("{}/", dir.path().display());
         let uncommented: String = text
             .lines()
             .map(|l| l.strip_prefix('#').filter(|l| is_setting(l)).unwrap_or(l))
-            .map(|l| format!("{l}\n"))
+            .map(|l| {
+                let l = l
+                    .replace("/etc/railscope/", &here)
+                    .replace("/run/credentials/railscope-collector.service/", &here);
+                format!("{l}\n")
+            })
             .collect();
+        assert!(uncommented.contains("\n[[remote-write-endpoint]]\n"));
         let all = sources(&uncommented, &flags).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {

@@ -5,7 +5,11 @@
 //! - a real Prometheus and a real VictoriaMetrics, started from their Debian packages: every
 //!   sample back through the query API, compared sample by sample with what the agent pushed
 //!   (none missing, none duplicated, times and values exact), also across the TSDB being
-//!   stopped for a while and the writer being restarted meanwhile.
+//!   stopped for a while and the writer being restarted meanwhile;
+//! - a real Prometheus behind https (a test CA, a client certificate required) and basic
+//!   auth: a wrong CA and a wrong password fail with errors naming the endpoint and counted
+//!   by reason, nothing is dropped, and once the settings are corrected every sample
+//!   arrives.
 //!
 //! The TSDB tests skip with a message when the servers are not installed, unless
 //! `RAILSCOPE_REQUIRE_TSDB=1` (set by `cargo xtask test`), which makes that a failure.
@@ -21,11 +25,11 @@ use std::{
 
 mod tsdb;
 
-use tsdb::{Server, Tsdb, canonical, now_ms, tsdb_binary};
+use tsdb::{Server, Tsdb, Web, canonical, now_ms, tsdb_binary};
 
 use monitor_collector::remote_write::{
-    Batch, Cursor, EndpointConfig, RemoteWriter, SampleSource, SeriesChunk, SourceError,
-    prompb::decode_body,
+    Auth, Batch, Cursor, EndpointConfig, Failure, RemoteWriter, SampleSource, SeriesChunk,
+    SourceError, TlsFiles, prompb::decode_body,
 };
 use monitor_testkit::free_tcp_port;
 use monitor_wire::{
@@ -445,6 +449,35 @@ fn retries_5xx_and_429_until_acknowledged_then_resumes_after_restart_without_dup
     std::fs::remove_dir_all(&state).unwrap();
 }
 
+/// A refused credential is a configuration error that gets fixed, not bad data: 401 and 403
+/// are retried (counted with reason `auth`, the endpoint named in the error), and every
+/// sample arrives once the endpoint accepts.
+#[test]
+fn a_401_or_403_is_retried_and_loses_nothing() {
+    let fleet = fleet(1, 20, now_ms() - 600_000);
+    let expected = expected(&fleet.pushed);
+    let (url, received) = fake_receiver(vec![401, 403, 401], 204);
+    let state = temp_dir("fake-401");
+    let archive = MemoryArchive::default();
+    let end = archive.publish(&fleet.frames);
+    let writer = RemoteWriter::start(quick_config("fake", &url, 1), archive, &state).unwrap();
+    wait_for("everything committed", Duration::from_secs(30), || {
+        writer.committed() == end
+    });
+    let stats = writer.stats();
+    assert_eq!(writer.last_error(), None, "delivering again");
+    writer.shutdown();
+    assert_eq!(stats.failures(Failure::Auth), 3, "{stats:?}");
+    assert_eq!(stats.samples_failed, 0, "{stats:?}");
+    assert!(stats.samples_retried > 0, "{stats:?}");
+    compare(
+        &expected,
+        &received.lock().unwrap().samples,
+        "fake receiver",
+    );
+    std::fs::remove_dir_all(&state).unwrap();
+}
+
 #[test]
 fn a_400_is_counted_as_failed_not_retried_and_does_not_block_the_cursor() {
     let fleet = fleet(1, 20, now_ms() - 600_000);
@@ -463,6 +496,7 @@ fn a_400_is_counted_as_failed_not_retried_and_does_not_block_the_cursor() {
     writer.shutdown();
     assert_eq!(stats.samples_failed, expected_samples);
     assert_eq!((stats.samples_sent, stats.samples_retried), (0, 0));
+    assert!(stats.failures(Failure::Rejected) > 0, "{stats:?}");
     // Each request was sent once: about one per max_samples_per_send samples.
     let requests = received.lock().unwrap().statuses.len() as u64;
     assert!(
@@ -551,4 +585,263 @@ fn prometheus_holds_every_sample_exactly_once_across_an_outage() {
 #[test]
 fn victoria_metrics_holds_every_sample_exactly_once_across_an_outage() {
     write_through_an_outage(Tsdb::VictoriaMetrics);
+}
+
+// ---------------------------------------------------------------------------------------
+// Prometheus over https with basic auth.
+
+/// A CA of this test run, and certificates it signs (ECDSA P-256, made by rcgen).
+struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        Self {
+            issuer: rcgen::CertifiedIssuer::self_signed(params, key).unwrap(),
+        }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// (certificate PEM, key PEM) for `names`, for a server or a client.
+    fn issue(&self, names: &[&str], usage: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
+        params.extended_key_usages = vec![usage];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Waits until the writer fails for `failure`, then checks that nothing moved: no sample
+/// refused for good, none acknowledged, the cursor where it was.
+fn fails_without_losing(writer: &RemoteWriter, failure: Failure, start: Cursor) -> String {
+    wait_for(
+        &format!("failures of reason {}", failure.as_str()),
+        Duration::from_secs(30),
+        || writer.stats().failures(failure) > 0,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = writer.stats();
+    assert_eq!(
+        (stats.samples_failed, stats.samples_sent),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(writer.committed(), start);
+    let mut text = String::new();
+    monitor_collector::remote_write::write_metrics(&mut text, &[(writer.name(), stats)]);
+    let line = format!(
+        "railscope_collector_remote_write_failures_total{{endpoint=\"{}\",reason=\"{}\"}} ",
+        writer.name(),
+        failure.as_str()
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.strip_prefix(&line).is_some_and(|v| v != "0")),
+        "{text}"
+    );
+    writer.last_error().expect("a failure is reported")
+}
+
+/// Prometheus 2.42 with `--web.config.file`: TLS from a test CA, client certificates of that
+/// CA required, basic auth with a bcrypt hash. The collector's writer is started three times
+/// with the same cursor directory (as the collector restarts after its settings are edited):
+/// with the wrong CA (TLS failures), with the wrong password (401s), then right; and every
+/// sample arrives exactly once, read back over https with the same credentials.
+#[test]
+fn prometheus_over_https_with_basic_auth_gets_every_sample_once_the_settings_are_right() {
+    let Some(binary) = tsdb_binary(Tsdb::Prometheus) else {
+        return;
+    };
+    let dir = temp_dir("prometheus-tls");
+    let ca = TestCa::new("railscope test CA");
+    let other_ca = TestCa::new("some other CA");
+    let (server_cert, server_key) = ca.issue(
+        &["localhost", "127.0.0.1"],
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = ca.issue(
+        &["railscope-collector"],
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let ca_file = write(&dir, "ca.pem", &ca.pem());
+    let other_ca_file = write(&dir, "other-ca.pem", &other_ca.pem());
+    let server_cert = write(&dir, "server.pem", &server_cert);
+    let server_key = write(&dir, "server.key", &server_key);
+    let cert_file = write(&dir, "client.pem", &client_cert);
+    let key_file = write(&dir, "client.key", &client_key);
+    let password = "correct horse battery staple";
+    let password_file = write(&dir, "password", &format!("{password}\n"));
+    let wrong_password_file = write(&dir, "wrong-password", "Tr0ub4dor&3\n");
+    // Cost 4, the least bcrypt takes: the hash is checked on every request.
+    let hash = bcrypt::hash(password, 4).unwrap();
+    let web_config = write(
+        &dir,
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: \
+             RequireAndVerifyClientCert\n  client_ca_file: {}\nbasic_auth_users:\n  railscope: \
+             '{hash}'\n",
+            server_cert.display(),
+            server_key.display(),
+            ca_file.display()
+        ),
+    );
+    // The test's own client, as an operator's curl --cacert --cert --key -u.
+    let pem = std::fs::read(&ca_file).unwrap();
+    let roots = ureq::tls::Certificate::from_pem(&pem).unwrap();
+    let client = ureq::tls::ClientCert::new_with_certs(
+        &[ureq::tls::Certificate::from_pem(client_cert.as_bytes()).unwrap()],
+        ureq::tls::PrivateKey::from_pem(client_key.as_bytes()).unwrap(),
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&[roots]))
+                .client_cert(Some(client))
+                .build(),
+        )
+        .build()
+        .into();
+    let web = Web {
+        config_file: web_config,
+        agent,
+        authorization: format!(
+            "Basic {}",
+            base64_of(format!("railscope:{password}").as_bytes())
+        ),
+    };
+    let mut server =
+        Server::start_with(Tsdb::Prometheus, &binary, free_tcp_port(), &dir, Some(web));
+    let url = format!("{}/api/v1/write", server.base());
+    assert!(url.starts_with("https://"));
+
+    let fleet = fleet(2, 120, now_ms() - 20 * 60_000);
+    let expected = expected(&fleet.pushed);
+    let archive = MemoryArchive::default();
+    let state = dir.join("remote_write");
+    let half = fleet.frames.len() / 2;
+    let first = archive.publish(&fleet.frames[..half]);
+    let config = |ca: &PathBuf, password: &PathBuf| {
+        let mut c = quick_config("prom-tls", &url, 2);
+        c.tls = TlsFiles {
+            ca_file: Some(ca.clone()),
+            cert_file: Some(cert_file.clone()),
+            key_file: Some(key_file.clone()),
+            insecure_skip_verify: false,
+        };
+        c.auth = Auth::Basic {
+            username: "railscope".into(),
+            password_file: password.clone(),
+        };
+        c
+    };
+
+    // The endpoint's certificate is not from the CA given: TLS failures, retried.
+    let writer = RemoteWriter::start(
+        config(&other_ca_file, &password_file),
+        archive.clone(),
+        &state,
+    )
+    .unwrap();
+    let start = writer.committed();
+    let error = fails_without_losing(&writer, Failure::Tls, start);
+    assert!(
+        error.contains("remote-write endpoint prom-tls") && error.contains("TLS"),
+        "{error}"
+    );
+    eprintln!("wrong CA: {error}");
+    writer.shutdown();
+
+    // The right CA, the wrong password: 401s, retried.
+    let writer = RemoteWriter::start(
+        config(&ca_file, &wrong_password_file),
+        archive.clone(),
+        &state,
+    )
+    .unwrap();
+    assert_eq!(writer.committed(), start, "the cursor survived the restart");
+    let error = fails_without_losing(&writer, Failure::Auth, start);
+    assert!(
+        error.contains("remote-write endpoint prom-tls") && error.contains("HTTP 401"),
+        "{error}"
+    );
+    eprintln!("wrong password: {error}");
+    writer.shutdown();
+
+    // Corrected: everything held back arrives, and what comes after.
+    let writer =
+        RemoteWriter::start(config(&ca_file, &password_file), archive.clone(), &state).unwrap();
+    wait_for(
+        "the first half acknowledged",
+        Duration::from_secs(60),
+        || writer.committed() == first,
+    );
+    let end = archive.publish(&fleet.frames[half..]);
+    wait_for("everything acknowledged", Duration::from_secs(60), || {
+        writer.committed() == end
+    });
+    let stats = writer.stats();
+    assert_eq!(writer.last_error(), None);
+    writer.shutdown();
+    assert_eq!(
+        (stats.samples_failed, stats.samples_pending),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.samples_sent as usize, total(&expected), "{stats:?}");
+
+    let got = server.read_back();
+    compare(&expected, &got, "prometheus over https");
+    eprintln!(
+        "prometheus over https: {} samples of {} series read back, all as sent",
+        got.len(),
+        expected.len()
+    );
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Standard base64 (the test's own basic-auth header).
+fn base64_of(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            out.push(if i <= c.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
 }

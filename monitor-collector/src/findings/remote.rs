@@ -83,13 +83,16 @@ impl FindingsSender {
         if endpoints.is_empty() {
             return Ok(None);
         }
+        // The endpoints' files were read (and checked) when their writers started; one that
+        // cannot be read now is left out of the findings, with a warning.
         let clients: Vec<(String, Client)> = endpoints
             .iter()
-            .map(|e| {
-                (
-                    e.name.clone(),
-                    Client::new(&e.url, e.timeout, e.headers.clone()),
-                )
+            .filter_map(|e| match Client::new(e) {
+                Ok(c) => Some((e.name.clone(), c)),
+                Err(err) => {
+                    tracing::warn!("findings' series not sent: {err}");
+                    None
+                }
             })
             .collect();
         let stop = Arc::new(AtomicBool::new(false));

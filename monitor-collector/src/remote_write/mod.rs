@@ -11,9 +11,16 @@
 //! reading, and the archive keeps everything: nothing is dropped, and when the endpoint is
 //! back the writer goes on from where it stopped. The cursor, in `<state_dir>/<name>.cursor`,
 //! moves only past batches the endpoint acknowledged (or refused for good: 4xx other than
-//! 429, counted and logged) and survives a collector restart ([`progress`]).
+//! 401, 403 and 429, counted and logged) and survives a collector restart ([`progress`]).
+//!
+//! An `https://` endpoint is verified against the system's roots or a CA file, and may be
+//! shown a client certificate ([`tls`]); basic auth or a bearer token, read from files,
+//! authenticate the collector ([`auth`]). A certificate that does not verify and a 401/403
+//! are retried like an outage (counted by reason, logged when the state changes), never
+//! accepted or dropped: once the operator fixes the configuration, every sample arrives.
 
 pub mod archive_source;
+pub mod auth;
 pub mod client;
 pub mod naming;
 pub mod progress;
@@ -21,6 +28,8 @@ pub mod prompb;
 pub mod shard;
 pub mod source;
 pub mod stats;
+pub mod table;
+pub mod tls;
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -35,9 +44,13 @@ use std::{
 };
 
 pub use archive_source::ArchiveSource;
+pub use auth::Auth;
+pub use client::Failure;
 pub use progress::Progress;
 pub use source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 pub use stats::{EndpointStats, StatsSnapshot, write_metrics};
+pub use table::EndpointTable;
+pub use tls::TlsFiles;
 
 use self::{progress::Ticket, prompb::TimeSeries, shard::Work};
 
@@ -45,6 +58,14 @@ use self::{progress::Ticket, prompb::TimeSeries, shard::Work};
 pub enum RemoteWriteError {
     #[error("remote-write endpoint {spec:?}: {reason}")]
     Config { spec: String, reason: String },
+    /// A CA, certificate, key or secret file of an endpoint that cannot be used.
+    #[error("remote-write endpoint {endpoint}: {what} {}: {reason}", path.display())]
+    File {
+        endpoint: String,
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("remote-write cursor file {}: {source}", path.display())]
     CursorFile {
         path: PathBuf,
@@ -59,10 +80,15 @@ pub enum RemoteWriteError {
 pub struct EndpointConfig {
     /// Names the cursor file and the `endpoint` label of the metrics (`[A-Za-z0-9_.-]+`).
     pub name: String,
-    /// `http://host:port/path` (Prometheus: `/api/v1/write`; VictoriaMetrics: `/api/v1/write`).
+    /// `http(s)://host:port/path` (Prometheus: `/api/v1/write`; VictoriaMetrics:
+    /// `/api/v1/write`; Mimir: `/api/v1/push`). No user or password in it: see `auth`.
     pub url: String,
     /// Extra request headers (e.g. `X-Scope-OrgID` for a Mimir tenant).
     pub headers: Vec<(String, String)>,
+    /// CA, client certificate: for an `https://` URL only.
+    pub tls: TlsFiles,
+    /// Basic auth or a bearer token, from files.
+    pub auth: Auth,
     /// Parallel senders; a series always goes to the same one.
     pub shards: usize,
     /// Samples per request, about (a request is closed once it holds this many).
@@ -93,6 +119,8 @@ impl EndpointConfig {
             name: name.into(),
             url: url.into(),
             headers: Vec::new(),
+            tls: TlsFiles::default(),
+            auth: Auth::None,
             shards: 4,
             max_samples_per_send: 2000,
             batch_send_deadline: Duration::from_secs(1),
@@ -135,13 +163,63 @@ impl EndpointConfig {
         {
             return fail("the name must be letters, digits, '_', '.' or '-'");
         }
-        if self.url.starts_with("https://") {
+        let Some(rest) = ["http://", "https://"]
+            .iter()
+            .find_map(|scheme| self.url.strip_prefix(scheme))
+            .filter(|rest| !rest.is_empty())
+        else {
+            return fail("the URL must start with http:// or https://");
+        };
+        if rest
+            .split(['/', '?', '#'])
+            .next()
+            .is_some_and(|a| a.contains('@'))
+        {
             return fail(
-                "https is not built in: use http, or a TLS-terminating proxy on this host",
+                "no user or password in the URL (it is logged): use basic-auth-user and \
+                 basic-auth-password-file",
             );
         }
-        if !self.url.starts_with("http://") || self.url.len() <= "http://".len() {
-            return fail("the URL must start with http://");
+        if self.tls.is_set() && !self.url.starts_with("https://") {
+            return fail(
+                "ca-file, cert-file, key-file and insecure-skip-verify need an https:// URL",
+            );
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return fail("cert-file and key-file go together");
+        }
+        for (name, value) in &self.headers {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            {
+                return fail(&format!(
+                    "header name {name:?} is not a valid HTTP header name"
+                ));
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                return fail(&format!("header {name}: control characters in its value"));
+            }
+            let lower = name.to_ascii_lowercase();
+            if lower == "authorization" {
+                return fail(
+                    "header Authorization: the secret would sit in the configuration; use \
+                     bearer-token-file or basic-auth-password-file",
+                );
+            }
+            if [
+                "content-type",
+                "content-encoding",
+                "content-length",
+                "host",
+                "user-agent",
+                "x-prometheus-remote-write-version",
+            ]
+            .contains(&lower.as_str())
+            {
+                return fail(&format!("header {name} is set by the collector"));
+            }
         }
         if self.shards == 0 || self.max_samples_per_send == 0 || self.queue_capacity == 0 {
             return fail("shards, max_samples_per_send and queue_capacity must be at least 1");
@@ -172,6 +250,8 @@ impl RemoteWriter {
             path: state_dir.to_owned(),
             source,
         })?;
+        // The CA, certificate and secret files are read before anything starts.
+        let client = client::Client::new(&config)?;
         let file = state_dir.join(format!("{}.cursor", config.name));
         let progress = Progress::load(file, config.cursor_sync_interval)?;
         let stats = Arc::new(EndpointStats::default());
@@ -187,6 +267,7 @@ impl RemoteWriter {
         let reader = Reader {
             name: name.clone(),
             config,
+            client,
             stats: stats.clone(),
             committed: committed.clone(),
             stop: stop.clone(),
@@ -211,6 +292,12 @@ impl RemoteWriter {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// The endpoint's current failure, as logged (naming the endpoint), while requests fail;
+    /// None once they succeed again.
+    pub fn last_error(&self) -> Option<String> {
+        self.stats.last_error()
     }
 
     /// The cursor after everything the endpoint has acknowledged (written to the cursor file
@@ -243,6 +330,7 @@ impl Drop for RemoteWriter {
 struct Reader {
     name: String,
     config: EndpointConfig,
+    client: client::Client,
     stats: Arc<EndpointStats>,
     committed: Arc<Mutex<Cursor>>,
     stop: Arc<AtomicBool>,
@@ -259,11 +347,7 @@ impl Reader {
             let shard = shard::Shard {
                 index,
                 endpoint: self.name.clone(),
-                client: client::Client::new(
-                    &self.config.url,
-                    self.config.timeout,
-                    self.config.headers.clone(),
-                ),
+                client: self.client.clone(),
                 config: self.config.clone(),
                 stats: self.stats.clone(),
                 abort: abort.clone(),
@@ -434,11 +518,14 @@ mod tests {
         let ok = EndpointConfig::parse("vm=http://127.0.0.1:8428/api/v1/write").unwrap();
         assert_eq!(ok.name, "vm");
         assert_eq!(ok.url, "http://127.0.0.1:8428/api/v1/write");
+        let tls = EndpointConfig::parse("mimir=https://mimir.example:443/api/v1/push").unwrap();
+        assert_eq!(tls.tls, TlsFiles::default());
         for (spec, needle) in [
             ("http://127.0.0.1:8428/api/v1/write", "NAME=URL"),
             ("v m=http://x/api/v1/write", "name"),
-            ("vm=https://x/api/v1/write", "https"),
+            ("vm=https://u:p@x/api/v1/write", "no user or password"),
             ("vm=ftp://x", "http://"),
+            ("vm=https://", "https://"),
         ] {
             let err = EndpointConfig::parse(spec).unwrap_err().to_string();
             assert!(

@@ -2,6 +2,11 @@
 //! packs them into requests of about `max_samples_per_send` samples and sends each until the
 //! endpoint acknowledges it (backing off exponentially on retryable failures) or refuses it
 //! for good. A series always goes to the same shard, so its samples arrive in order.
+//!
+//! The endpoint's state (delivering, or failing for one [`Failure`] reason) is shared by its
+//! shards: a change is logged once, naming the endpoint (an error for TLS and credentials,
+//! which need the operator; a warning otherwise), and the endpoint's recovery likewise;
+//! repeats of the same failure are logged at debug level, at most every 10 s per shard.
 
 use std::{
     sync::{
@@ -14,7 +19,7 @@ use std::{
 
 use super::{
     EndpointConfig,
-    client::{Client, Outcome},
+    client::{Client, Failure, Outcome},
     progress::Ticket,
     prompb::{TimeSeries, WriteRequest, encode_body},
     stats::EndpointStats,
@@ -104,14 +109,25 @@ impl Shard {
         quiet: &mut u64,
     ) -> bool {
         let mut backoff = self.config.min_backoff;
-        let mut log = |msg: String| {
-            if last_log.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+        let endpoint = &self.endpoint;
+        let mut log = |failure: Failure, msg: String| {
+            let state = format!("remote-write endpoint {endpoint}: {msg}");
+            if self.stats.record(Some((failure, state.clone()))) {
+                match failure {
+                    Failure::Tls | Failure::Auth => tracing::error!(endpoint, "{state}"),
+                    _ => tracing::warn!(endpoint, "{state}"),
+                }
+            } else if last_log.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
                 let more = std::mem::take(quiet);
-                tracing::warn!(
-                    endpoint = %self.endpoint,
+                tracing::debug!(
+                    endpoint,
                     shard = self.index,
-                    "{msg}{}",
-                    if more > 0 { format!(" ({more} similar lines not shown)") } else { String::new() }
+                    "{state}{}",
+                    if more > 0 {
+                        format!(" ({more} similar lines not shown)")
+                    } else {
+                        String::new()
+                    }
                 );
                 *last_log = Some(Instant::now());
             } else {
@@ -123,20 +139,34 @@ impl Shard {
                 Outcome::Accepted => {
                     self.stats.samples_sent.fetch_add(samples as u64, Relaxed);
                     self.stats.requests_sent.fetch_add(1, Relaxed);
+                    if self.stats.record(None) {
+                        tracing::info!(endpoint, "remote-write endpoint {endpoint}: delivering");
+                    }
                     return true;
                 }
                 Outcome::Rejected { status, reason } => {
                     self.stats.samples_failed.fetch_add(samples as u64, Relaxed);
-                    log(format!(
-                        "remote-write refused {samples} samples ({reason}); not retried (status {status})"
-                    ));
+                    log(
+                        Failure::Rejected,
+                        format!(
+                            "refused {samples} samples ({reason}); not retried (status {status})"
+                        ),
+                    );
                     return true;
                 }
-                Outcome::Retry { reason, after } => {
+                Outcome::Retry {
+                    failure,
+                    reason,
+                    after,
+                } => {
                     let wait = after.unwrap_or(backoff).min(self.config.max_backoff);
-                    log(format!(
-                        "remote-write failed ({reason}); retrying {samples} samples in {wait:.1?}"
-                    ));
+                    log(
+                        failure,
+                        format!(
+                            "{reason}; retrying {samples} samples (next in {wait:.1?}, backing off up to {:.1?}; nothing is dropped)",
+                            self.config.max_backoff
+                        ),
+                    );
                     if !self.sleep(wait) {
                         return false;
                     }

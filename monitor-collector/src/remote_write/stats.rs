@@ -2,8 +2,13 @@
 
 use std::{
     fmt::Write,
-    sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
+    sync::{
+        Mutex,
+        atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
+    },
 };
+
+use super::client::Failure;
 
 /// What one endpoint has done so far. Samples are Prometheus samples (a gauge envelope
 /// counts three: mean, min and max).
@@ -11,7 +16,7 @@ use std::{
 pub struct EndpointStats {
     /// Samples the endpoint acknowledged.
     pub samples_sent: AtomicU64,
-    /// Samples in requests the endpoint refused for good (4xx other than 429).
+    /// Samples in requests the endpoint refused for good (4xx other than 401, 403, 429).
     pub samples_failed: AtomicU64,
     /// Samples sent again after a retryable failure (each retry counts them again).
     pub samples_retried: AtomicU64,
@@ -25,6 +30,11 @@ pub struct EndpointStats {
     pub highest_read_ms: AtomicI64,
     /// Newest sample time acknowledged, in ms (0: none yet).
     pub highest_sent_ms: AtomicI64,
+    /// Failed requests by [`Failure`] (its index).
+    pub failures: [AtomicU64; Failure::ALL.len()],
+    /// The current failure and its message while requests fail (the endpoint's state: a
+    /// log line is written when it changes, not on every retry).
+    pub state: Mutex<Option<(Failure, String)>>,
 }
 
 /// A copy of the counters at one time.
@@ -38,9 +48,16 @@ pub struct StatsSnapshot {
     pub requests_sent: u64,
     pub highest_read_ms: i64,
     pub highest_sent_ms: i64,
+    /// Failed requests by [`Failure`] (its index).
+    pub failures: [u64; Failure::ALL.len()],
 }
 
 impl StatsSnapshot {
+    /// Failed requests for one reason.
+    pub fn failures(&self, failure: Failure) -> u64 {
+        self.failures[failure.index()]
+    }
+
     /// How far the endpoint is behind the archive, in seconds: newest sample read minus
     /// newest acknowledged (Prometheus' own remote-write reports the same difference).
     pub fn lag_seconds(&self) -> f64 {
@@ -62,7 +79,26 @@ impl EndpointStats {
             requests_sent: self.requests_sent.load(Relaxed),
             highest_read_ms: self.highest_read_ms.load(Relaxed),
             highest_sent_ms: self.highest_sent_ms.load(Relaxed),
+            failures: std::array::from_fn(|i| self.failures[i].load(Relaxed)),
         }
+    }
+
+    /// The current failure's message, None while requests succeed.
+    pub fn last_error(&self) -> Option<String> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.as_ref().map(|(_, m)| m.clone())
+    }
+
+    /// Records the outcome of a request (None: acknowledged) and says whether the endpoint's
+    /// state changed, i.e. whether it is worth a log line.
+    pub fn record(&self, failure: Option<(Failure, String)>) -> bool {
+        if let Some((f, _)) = &failure {
+            self.failures[f.index()].fetch_add(1, Relaxed);
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = state.as_ref().map(|s| s.0) != failure.as_ref().map(|f| f.0);
+        *state = failure;
+        changed
     }
 }
 
@@ -76,12 +112,12 @@ const FAMILIES: [(&str, &str, &str); 6] = [
     (
         "railscope_collector_remote_write_samples_failed_total",
         "counter",
-        "Samples in requests the endpoint refused for good (4xx), not retried.",
+        "Samples in requests the endpoint refused for good (4xx other than 401, 403, 429), not retried.",
     ),
     (
         "railscope_collector_remote_write_samples_retried_total",
         "counter",
-        "Samples sent again after a retryable failure (5xx, 429, connection).",
+        "Samples sent again after a retryable failure (5xx, 429, 401/403, TLS, connection).",
     ),
     (
         "railscope_collector_remote_write_samples_skipped_total",
@@ -100,9 +136,29 @@ const FAMILIES: [(&str, &str, &str); 6] = [
     ),
 ];
 
+const FAILURES: &str = "railscope_collector_remote_write_failures_total";
+
 /// Appends the remote-write families in the text exposition format, one series per
-/// endpoint (label `endpoint`, the endpoint's name).
+/// endpoint (label `endpoint`, the endpoint's name), and per reason for the failures.
 pub fn write_metrics(out: &mut String, endpoints: &[(&str, StatsSnapshot)]) {
+    let _ = writeln!(
+        out,
+        "# HELP {FAILURES} Requests that failed, by reason: tls (the certificate did not \
+         verify, or the handshake failed), auth (401/403), http (5xx, 429), connection (no \
+         connection, timeout): all retried; rejected (other 4xx): not retried.\n\
+         # TYPE {FAILURES} counter"
+    );
+    for (endpoint, s) in endpoints {
+        let endpoint = endpoint.replace('\\', r"\\").replace('"', "\\\"");
+        for failure in Failure::ALL {
+            let _ = writeln!(
+                out,
+                "{FAILURES}{{endpoint=\"{endpoint}\",reason=\"{}\"}} {}",
+                failure.as_str(),
+                s.failures(failure)
+            );
+        }
+    }
     for (name, kind, help) in FAMILIES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (endpoint, s) in endpoints {
@@ -156,6 +212,9 @@ mod tests {
         assert!(
             out.contains("railscope_collector_remote_write_lag_seconds{endpoint=\"prom\"} 0\n")
         );
-        assert_eq!(out.matches("# TYPE").count(), FAMILIES.len());
+        assert_eq!(out.matches("# TYPE").count(), FAMILIES.len() + 1);
+        assert!(out.contains(
+            "railscope_collector_remote_write_failures_total{endpoint=\"vm\",reason=\"tls\"} 0\n"
+        ));
     }
 }

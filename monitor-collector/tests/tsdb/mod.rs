@@ -30,6 +30,16 @@ pub struct Server {
     pub port: u16,
     data: PathBuf,
     child: Option<Child>,
+    web: Option<Web>,
+}
+
+/// A Prometheus whose HTTP API is behind TLS and basic auth (`--web.config.file`), and how
+/// the test itself reaches it: an agent trusting the test CA (with the client certificate if
+/// the server asks for one) and the `Authorization` header.
+pub struct Web {
+    pub config_file: PathBuf,
+    pub agent: ureq::Agent,
+    pub authorization: String,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -79,18 +89,36 @@ pub fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
 
 impl Server {
     pub fn start(kind: Tsdb, binary: &Path, port: u16, data: &Path) -> Self {
+        Self::start_with(kind, binary, port, data, None)
+    }
+
+    /// Prometheus only: with `web`, its API (remote-write receiver included) is https with
+    /// basic auth.
+    pub fn start_with(kind: Tsdb, binary: &Path, port: u16, data: &Path, web: Option<Web>) -> Self {
         let mut server = Server {
             kind,
             port,
             data: data.to_owned(),
             child: None,
+            web,
         };
         server.spawn(binary);
         server
     }
 
     pub fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.web.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    fn get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        match &self.web {
+            Some(web) => web
+                .agent
+                .get(url)
+                .header("Authorization", &web.authorization),
+            None => ureq::get(url),
+        }
     }
 
     pub fn spawn(&mut self, binary: &Path) {
@@ -115,6 +143,9 @@ impl Server {
                     ))
                     .arg(format!("--web.listen-address={addr}"))
                     .arg("--web.enable-remote-write-receiver");
+                if let Some(web) = &self.web {
+                    cmd.arg(format!("--web.config.file={}", web.config_file.display()));
+                }
             }
             Tsdb::VictoriaMetrics => {
                 cmd.arg(format!(
@@ -143,7 +174,7 @@ impl Server {
         let url = format!("{}{ready}", self.base());
         let start = Instant::now();
         loop {
-            if ureq::get(&url).call().is_ok_and(|r| r.status() == 200) {
+            if self.get(&url).call().is_ok_and(|r| r.status() == 200) {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -195,7 +226,8 @@ impl Server {
                 let query = "{__name__=~\"railscope_.+\"}[3h]";
                 let time = (now_ms() / 1000 + 60).to_string();
                 let url = format!("{}/api/v1/query", self.base());
-                let text = ureq::get(&url)
+                let text = self
+                    .get(&url)
                     .query("query", query)
                     .query("time", &time)
                     .call()
