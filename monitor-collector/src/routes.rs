@@ -7,7 +7,10 @@
 
 use std::sync::Arc;
 
-use axum::{Router, routing::get};
+use axum::{
+    Router,
+    routing::{get, post},
+};
 
 use crate::{
     dashboard::{self, asset},
@@ -16,6 +19,10 @@ use crate::{
     query::{self, QueryEngine},
     shared::Shared,
     stragglers,
+    web::{
+        WebAuth,
+        auth::{admin, read},
+    },
 };
 
 /// What the routes answer from.
@@ -26,50 +33,54 @@ pub struct Sources {
     pub live: Option<Arc<Shared>>,
     /// The archive's query engine: the query API and the stragglers.
     pub query: Option<Arc<QueryEngine>>,
+    /// Who may use the routes (the layer that authenticates every request is
+    /// [`http::spawn`]'s), and what `POST /-/reload` reloads.
+    pub web: Arc<WebAuth>,
 }
 
-/// The route table.
+/// The route table. Each route names the role it asks for: `read` (any authenticated
+/// caller) or `admin` (what changes the collector's state).
 pub fn router(sources: Sources) -> Router {
-    let Sources { live, query } = sources;
+    let Sources { live, query, web } = sources;
     let findings: Option<Arc<FindingsStore>> = live.as_ref().and_then(|s| s.findings.clone());
     // The dashboard: one page and its assets, compiled into the binary.
     let mut routes = Router::new()
-        .route("/", get(|| asset(dashboard::INDEX_HTML, dashboard::HTML)))
+        .route("/", read(get(|| asset(dashboard::INDEX_HTML, dashboard::HTML))))
         .route(
             "/ui/app.js",
-            get(|| asset(dashboard::APP_JS, dashboard::JS)),
+            read(get(|| asset(dashboard::APP_JS, dashboard::JS))),
         )
         // The names agent and collector share (`monitor_wire::names`), for the script.
         .route(
             "/ui/names.js",
-            get(|| asset(dashboard::NAMES_JS.as_str(), dashboard::JS)),
+            read(get(|| asset(dashboard::NAMES_JS.as_str(), dashboard::JS))),
         )
         .route(
             "/ui/app.css",
-            get(|| asset(dashboard::APP_CSS, dashboard::CSS)),
+            read(get(|| asset(dashboard::APP_CSS, dashboard::CSS))),
         )
         .route(
             "/ui/icon.svg",
-            get(|| asset(dashboard::ICON_SVG, dashboard::SVG)),
+            read(get(|| asset(dashboard::ICON_SVG, dashboard::SVG))),
         )
         .route(
             "/ui/dygraph.min.js",
-            get(|| asset(dashboard::DYGRAPH_JS, dashboard::JS)),
+            read(get(|| asset(dashboard::DYGRAPH_JS, dashboard::JS))),
         )
         .route(
             "/ui/dygraph.min.css",
-            get(|| asset(dashboard::DYGRAPH_CSS, dashboard::CSS)),
+            read(get(|| asset(dashboard::DYGRAPH_CSS, dashboard::CSS))),
         );
     if let Some(live) = live {
         routes = routes.merge(
             Router::new()
                 // Prometheus' text format: every node's latest samples and the collector's
                 // own families; the collector's own families alone.
-                .route("/metrics", get(http::metrics_page))
-                .route("/metrics/collector", get(http::own_metrics_page))
+                .route("/metrics", read(get(http::metrics_page)))
+                .route("/metrics/collector", read(get(http::own_metrics_page)))
                 // The live view, from memory: the nodes and the recent events.
-                .route("/api/v1/live/nodes", get(http::live_nodes))
-                .route("/api/v1/live/events", get(http::live_events))
+                .route("/api/v1/live/nodes", read(get(http::live_nodes)))
+                .route("/api/v1/live/events", read(get(http::live_events)))
                 .with_state(live),
         );
     }
@@ -78,17 +89,17 @@ pub fn router(sources: Sources) -> Router {
             .merge(
                 Router::new()
                     // The archive: series, events, nodes, metric names, a capture file.
-                    .route("/api/v1/series", get(query::api::series))
-                    .route("/api/v1/events", get(query::api::events))
-                    .route("/api/v1/nodes", get(query::api::nodes))
-                    .route("/api/v1/metric-names", get(query::api::metric_names))
-                    .route("/api/v1/export", get(query::api::export))
+                    .route("/api/v1/series", read(get(query::api::series)))
+                    .route("/api/v1/events", read(get(query::api::events)))
+                    .route("/api/v1/nodes", read(get(query::api::nodes)))
+                    .route("/api/v1/metric-names", read(get(query::api::metric_names)))
+                    .route("/api/v1/export", read(get(query::api::export)))
                     .with_state(engine.clone()),
             )
             .merge(
                 Router::new()
                     // A job's stragglers over a window of the archive.
-                    .route("/api/v1/stragglers", get(stragglers::stragglers))
+                    .route("/api/v1/stragglers", read(get(stragglers::stragglers)))
                     .with_state(stragglers::ApiState {
                         engine,
                         findings: findings.clone(),
@@ -99,11 +110,17 @@ pub fn router(sources: Sources) -> Router {
         routes = routes.merge(
             Router::new()
                 // The health findings, active and past.
-                .route("/api/v1/findings", get(findings::api::findings))
+                .route("/api/v1/findings", read(get(findings::api::findings)))
                 .with_state(store),
         );
     }
-    routes
+    routes.merge(
+        Router::new()
+            // Prometheus' lifecycle API: reads the web config file and its certificates
+            // again (as SIGHUP does).
+            .route("/-/reload", admin(post(crate::web::auth::reload)))
+            .with_state(web),
+    )
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::{
     num::NonZeroUsize,
     path::{Path, PathBuf},
     str::FromStr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -20,6 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     CollectorConfig, Limits,
+    web::WebAuth,
     archive::ArchiveConfig,
     config::ConfigError as LimitsError,
     remote_write::{EndpointConfig, RemoteWriteError},
@@ -28,7 +30,6 @@ use crate::{
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/collector.toml";
 const DEFAULT_LISTEN: &str = "0.0.0.0:7670";
-const DEFAULT_HTTP: &str = "0.0.0.0:7671";
 const DEFAULT_KEY: &str = "/etc/railscope/wire.key";
 const DEFAULT_DATA: &str = "/var/lib/railscope";
 const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(30 * 86_400);
@@ -46,7 +47,8 @@ pub struct CollectorSettings {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sockets: Option<NonZeroUsize>,
-    /// HTTP address of /metrics, the live view and the query API (default 0.0.0.0:7671).
+    /// HTTP address of /metrics, the live view and the query API (default 0.0.0.0:7671 with
+    /// a web config file, else 127.0.0.1:7671).
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http: Option<SocketAddr>,
@@ -54,6 +56,15 @@ pub struct CollectorSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub no_http: bool,
+    /// Prometheus' web config file (YAML): TLS, basic-auth users and railscope's roles of the
+    /// HTTP API (docs/http-api.md, "Authentication"); re-read on SIGHUP and POST /-/reload.
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_config_file: Option<PathBuf>,
+    /// Serve the HTTP API on a non-loopback address without authentication.
+    #[arg(long = "web.allow-unauthenticated")]
+    #[serde(skip_serializing_if = "is_false")]
+    pub web_allow_unauthenticated: bool,
     /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters (default
     /// /etc/railscope/wire.key).
     #[arg(long, value_name = "PATH")]
@@ -146,7 +157,6 @@ impl Layered for CollectorSettings {
         let limits = Limits::default();
         Self {
             listen: DEFAULT_LISTEN.parse().ok(),
-            http: DEFAULT_HTTP.parse().ok(),
             key: Some(DEFAULT_KEY.into()),
             data: Some(DEFAULT_DATA.into()),
             max_nodes: Some(limits.max_nodes),
@@ -167,6 +177,8 @@ impl Layered for CollectorSettings {
             sockets,
             http,
             no_http,
+            web_config_file,
+            web_allow_unauthenticated,
             key,
             data,
             max_nodes,
@@ -186,6 +198,8 @@ impl Layered for CollectorSettings {
             sockets: pick(sockets, over.sockets),
             http: pick(http, over.http),
             no_http: no_http || over.no_http,
+            web_config_file: pick(web_config_file, over.web_config_file),
+            web_allow_unauthenticated: web_allow_unauthenticated || over.web_allow_unauthenticated,
             key: pick(key, over.key),
             data: pick(data, over.data),
             max_nodes: pick(max_nodes, over.max_nodes),
@@ -260,6 +274,7 @@ pub fn limits(sources: &Sources<CollectorSettings>) -> Result<Limits, ConfigErro
 pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigError> {
     let limits = limits(sources)?;
     let s = sources.merged();
+    let (http, web) = web_plan(sources, &s)?;
     let key_path = s.key.unwrap_or_else(|| DEFAULT_KEY.into());
     let key = monitor_wire::Key::from_file(&key_path).map_err(|e| sources.error("key", e))?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
@@ -289,10 +304,8 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7670))),
             sockets,
-            http: (!s.no_http).then(|| {
-                s.http
-                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7671)))
-            }),
+            http,
+            web,
             data_dir: data,
             key,
             limits,
@@ -310,6 +323,37 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             th
         },
     })
+}
+
+/// The HTTP address and who may use it: the web config file read and checked; without one
+/// the default address is loopback, and a non-loopback one without authentication needs
+/// `--web.allow-unauthenticated` (an API open to the network is a choice, not a default).
+fn web_plan(
+    sources: &Sources<CollectorSettings>,
+    s: &CollectorSettings,
+) -> Result<(Option<SocketAddr>, Arc<WebAuth>), ConfigError> {
+    let web = match &s.web_config_file {
+        Some(path) => WebAuth::load(path).map_err(|e| sources.error("web-config-file", e))?,
+        None => WebAuth::open(),
+    };
+    if s.no_http {
+        return Ok((None, Arc::new(web)));
+    }
+    let any = if web.path().is_some() { [0, 0, 0, 0] } else { [127, 0, 0, 1] };
+    let http = s.http.unwrap_or_else(|| SocketAddr::from((any, 7671)));
+    if !http.ip().is_loopback() && !web.current().authenticates() && !s.web_allow_unauthenticated
+    {
+        return Err(sources.error(
+            "http",
+            format!(
+                "{http} is not a loopback address and the HTTP API would answer anyone: give a \
+                 web config file with basic_auth_users or client_auth_type \
+                 RequireAndVerifyClientCert (--web.config.file, docs/deployment.md), or pass \
+                 --web.allow-unauthenticated"
+            ),
+        ));
+    }
+    Ok((Some(http), Arc::new(web)))
 }
 
 /// `railscope-collector run --check-config`: [`run_plan`]; returns the settings in effect,

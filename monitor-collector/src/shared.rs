@@ -13,6 +13,7 @@ use crate::{
     findings::{FindingsInbox, FindingsStore},
     liveness::Heartbeats,
     nodes::NodeTable,
+    web::WebAuth,
     writer::ArchiveQueue,
 };
 
@@ -32,6 +33,8 @@ pub struct Shared {
     /// Health findings (None: not evaluated), and where ingest hands them events.
     pub findings: Option<Arc<FindingsStore>>,
     pub findings_inbox: Option<FindingsInbox>,
+    /// Who may use the HTTP API, and the requests it refused.
+    pub web: Arc<WebAuth>,
 }
 
 /// Writes more families onto the `/metrics` page.
