@@ -45,7 +45,10 @@ pub fn router(sources: Sources) -> Router {
     let findings: Option<Arc<FindingsStore>> = live.as_ref().and_then(|s| s.findings.clone());
     // The dashboard: one page and its assets, compiled into the binary.
     let mut routes = Router::new()
-        .route("/", read(get(|| asset(dashboard::INDEX_HTML, dashboard::HTML))))
+        .route(
+            "/",
+            read(get(|| asset(dashboard::INDEX_HTML, dashboard::HTML))),
+        )
         .route(
             "/ui/app.js",
             read(get(|| asset(dashboard::APP_JS, dashboard::JS))),

@@ -21,10 +21,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     CollectorConfig, Limits,
-    web::WebAuth,
     archive::ArchiveConfig,
     config::ConfigError as LimitsError,
     remote_write::{EndpointConfig, RemoteWriteError},
+    web::WebAuth,
 };
 
 /// Read when `--config` is not given, if it exists.
@@ -333,16 +333,28 @@ fn web_plan(
     s: &CollectorSettings,
 ) -> Result<(Option<SocketAddr>, Arc<WebAuth>), ConfigError> {
     let web = match &s.web_config_file {
-        Some(path) => WebAuth::load(path).map_err(|e| sources.error("web-config-file", e))?,
+        Some(path) => {
+            WebAuth::load(path).map_err(|e| match sources.error("web-config-file", e) {
+                // The flag is Prometheus' dotted one.
+                ConfigError::Flag { message, .. } => ConfigError::Flag {
+                    key: "web.config.file".into(),
+                    message,
+                },
+                e => e,
+            })?
+        }
         None => WebAuth::open(),
     };
     if s.no_http {
         return Ok((None, Arc::new(web)));
     }
-    let any = if web.path().is_some() { [0, 0, 0, 0] } else { [127, 0, 0, 1] };
+    let any = if web.path().is_some() {
+        [0, 0, 0, 0]
+    } else {
+        [127, 0, 0, 1]
+    };
     let http = s.http.unwrap_or_else(|| SocketAddr::from((any, 7671)));
-    if !http.ip().is_loopback() && !web.current().authenticates() && !s.web_allow_unauthenticated
-    {
+    if !http.ip().is_loopback() && !web.current().authenticates() && !s.web_allow_unauthenticated {
         return Err(sources.error(
             "http",
             format!(
@@ -506,6 +518,75 @@ mod tests {
         assert!(e.contains("two endpoints are named \"a\""), "{e}");
     }
 
+    #[test]
+    fn the_http_api_leaves_loopback_only_with_authentication_or_the_operators_word() {
+        let key = key_file();
+        let text = format!("key = {:?}\n", key.path());
+        let plan = run_plan(&sources(&text, &[]).unwrap()).unwrap();
+        assert_eq!(plan.collector.http, "127.0.0.1:7671".parse().ok());
+        let e = run_plan(&sources(&text, &["--http", "0.0.0.0:7671"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--http: 0.0.0.0:7671 is not a loopback address")
+                && e.contains("--web.allow-unauthenticated")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = run_plan(&sources(&format!("{text}http = \"[::]:7671\"\n"), &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "/etc/railscope/collector.toml:2:1: key `http`: [::]:7671 is not a loopback"
+            ),
+            "{e}"
+        );
+        let plan = run_plan(
+            &sources(
+                &text,
+                &["--http", "10.1.2.3:7671", "--web.allow-unauthenticated"],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(plan.collector.http, "10.1.2.3:7671".parse().ok());
+        // With users: every address by default.
+        let web = tempfile::NamedTempFile::new().unwrap();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        std::fs::write(web.path(), format!("basic_auth_users:\n  alice: {hash}\n")).unwrap();
+        let with_web = format!("{text}web-config-file = {:?}\n", web.path());
+        let plan = run_plan(&sources(&with_web, &[]).unwrap()).unwrap();
+        assert_eq!(plan.collector.http, "0.0.0.0:7671".parse().ok());
+        assert!(plan.collector.web.current().authenticates());
+        // A web config without users nor verified client certificates authenticates no one.
+        std::fs::write(web.path(), "").unwrap();
+        let e = run_plan(&sources(&with_web, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.0.0.0:7671 is not a loopback address"), "{e}");
+        // A bad web config is named with the key or flag that names it, and its own field.
+        std::fs::write(web.path(), "basic_auth_users:\n  alice: x\n").unwrap();
+        let flag = web.path().to_str().unwrap();
+        let e = run_plan(&sources(&text, &["--web.config.file", flag]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "--web.config.file: {flag}: basic_auth_users.alice: "
+            )),
+            "{e}"
+        );
+        let e = run_plan(&sources(&with_web, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:2:1: key `web-config-file`: ")
+                && e.contains("basic_auth_users.alice: not a bcrypt hash"),
+            "{e}"
+        );
+    }
+
     /// `key = value`, as the example shows a setting commented out (`#key = value`), unlike
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
@@ -524,16 +605,26 @@ mod tests {
         let key = key_file();
         let key_flag = key.path().to_str().unwrap();
         run_plan(&sources(&text, &["--key", key_flag]).unwrap()).unwrap();
+        // The example's web config, which a test machine has not: one with a user.
+        let web = tempfile::NamedTempFile::new().unwrap();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        std::fs::write(web.path(), format!("basic_auth_users:\n  alice: {hash}\n")).unwrap();
         let uncommented: String = text
             .lines()
             .map(|l| l.strip_prefix('#').filter(|l| is_setting(l)).unwrap_or(l))
             .map(|l| format!("{l}\n"))
-            .collect();
+            .collect::<String>()
+            .replace(
+                "\"/etc/railscope/web-config.yml\"",
+                &format!("{:?}", web.path()),
+            );
         let all =
             sources(&uncommented, &["--key", key_flag]).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {
             let Some(flag) = arg.get_long() else { continue };
+            // Prometheus' dotted flags (`--web.config.file`) are dashed keys.
+            let flag = flag.replace('.', "-");
             assert!(
                 uncommented
                     .lines()

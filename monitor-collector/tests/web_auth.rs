@@ -30,8 +30,8 @@ use browser::{Page, assert_no_problem, chromium, eval, wait_until};
 use monitor_testkit::SimulatedFleet;
 use monitor_wire::Key;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, PublicKeyData as _, SanType,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PublicKeyData as _, SanType,
 };
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
@@ -105,7 +105,9 @@ fn make_pki(dir: &Path) -> Pki {
     let other = Issuer::new(other_params, other_key);
     let stranger_key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, "stranger");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "stranger");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let stranger_cert = params.signed_by(&stranger_key, &other).unwrap();
 
@@ -396,13 +398,21 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
             cells,
             serde_json::json!(["https:", NODES * 8, NODES.to_string()])
         );
-        assert_no_problem(tab, problems, "opening the fleet view over HTTPS with basic auth");
+        assert_no_problem(
+            tab,
+            problems,
+            "opening the fleet view over HTTPS with basic auth",
+        );
     }
 
     // A new password for bob, read on SIGHUP: no restart.
     let new_bob = ("bob", "bob's new password");
     std::fs::write(collector.web_config(), web_config(new_bob.1)).unwrap();
-    assert_eq!(collector.status("GET", "/", Some(new_bob)), 401, "before SIGHUP");
+    assert_eq!(
+        collector.status("GET", "/", Some(new_bob)),
+        401,
+        "before SIGHUP"
+    );
     assert_eq!(
         unsafe { libc::kill(collector.child.id() as i32, libc::SIGHUP) },
         0
@@ -412,7 +422,11 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
         assert!(Instant::now() < deadline, "the new password never worked");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(collector.status("GET", "/", Some(BOB)), 401, "the old password");
+    assert_eq!(
+        collector.status("GET", "/", Some(BOB)),
+        401,
+        "the old password"
+    );
 
     // A broken file is refused, naming itself; the config in effect stays.
     std::fs::write(

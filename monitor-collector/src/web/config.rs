@@ -191,7 +191,11 @@ impl WebConfig {
                     format!("not a bcrypt hash ($2a$, $2b$ or $2y$, 60 characters): {e}"),
                 )
             })?;
-            let role = file.railscope_roles.get(name).copied().unwrap_or(Role::Read);
+            let role = file
+                .railscope_roles
+                .get(name)
+                .copied()
+                .unwrap_or(Role::Read);
             users.insert(
                 name.clone(),
                 User {
@@ -316,10 +320,17 @@ fn server_config(
         })?;
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&read("client_ca_file", &ca_path)?) {
-            let cert = cert
-                .map_err(|e| error(&field("client_ca_file"), format!("{}: {e}", ca_path.display())))?;
+            let cert = cert.map_err(|e| {
+                error(
+                    &field("client_ca_file"),
+                    format!("{}: {e}", ca_path.display()),
+                )
+            })?;
             roots.add(cert).map_err(|e| {
-                error(&field("client_ca_file"), format!("{}: {e}", ca_path.display()))
+                error(
+                    &field("client_ca_file"),
+                    format!("{}: {e}", ca_path.display()),
+                )
             })?;
         }
         if roots.is_empty() {
@@ -338,10 +349,9 @@ fn server_config(
             .map_err(|e| error(&field("client_ca_file"), e.to_string()))?
     } else {
         match tls.client_auth_type {
-            ClientAuthType::RequestClientCert => Arc::new(super::tls::AnyClientCert::new(
-                provider.clone(),
-                false,
-            )),
+            ClientAuthType::RequestClientCert => {
+                Arc::new(super::tls::AnyClientCert::new(provider.clone(), false))
+            }
             ClientAuthType::RequireAnyClientCert => {
                 Arc::new(super::tls::AnyClientCert::new(provider.clone(), true))
             }
@@ -361,14 +371,148 @@ fn server_config(
         .map_err(|e| {
             error(
                 &field("key_file"),
-                format!(
-                    "{} with {}: {e}",
-                    key_path.display(),
-                    cert_path.display()
-                ),
+                format!("{} with {}: {e}", key_path.display(), cert_path.display()),
             )
         })?;
     // The server speaks HTTP/1.1 only.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory with `web.yml` holding `text`, and a certificate and key for TLS.
+    fn dir_with(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("server.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn error(text: &str) -> String {
+        let (_dir, path) = dir_with(text);
+        let e = WebConfig::load(&path).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "one line: {e}");
+        assert!(
+            e.starts_with(&format!("{}: ", path.display())),
+            "names the file: {e}"
+        );
+        e[path.display().to_string().len() + 2..].to_owned()
+    }
+
+    #[test]
+    fn users_roles_and_tls_are_read() {
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let (_dir, path) = dir_with(&format!(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+             min_version: TLS13\nbasic_auth_users:\n  alice: {hash}\n  bob: '{hash}'\n\
+             railscope_roles:\n  alice: admin\n"
+        ));
+        let config = WebConfig::load(&path).unwrap();
+        assert!(config.tls.is_some() && config.authenticates());
+        assert_eq!(
+            config.verified_before("alice", "pw"),
+            None,
+            "not yet checked"
+        );
+        assert_eq!(config.verify("alice", "pw"), Some(Role::Admin));
+        assert_eq!(config.verified_before("alice", "pw"), Some(Role::Admin));
+        assert_eq!(
+            config.verify("bob", "pw"),
+            Some(Role::Read),
+            "read by default"
+        );
+        assert_eq!(config.verify("bob", "wrong"), None);
+        assert_eq!(config.verified_before("bob", "wrong"), None);
+        assert_eq!(config.verify("carol", "pw"), None);
+        let (_dir, path) = dir_with("");
+        let empty = WebConfig::load(&path).unwrap();
+        assert!(empty.tls.is_none() && !empty.authenticates());
+    }
+
+    #[test]
+    fn a_bad_file_is_one_line_naming_the_file_and_the_field() {
+        let e = error("tls_server_config:\n  cert_file: server.pem\n  certfile: x\n");
+        assert!(
+            e.starts_with("tls_server_config: unknown field `certfile`"),
+            "{e}"
+        );
+        let e = error(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  client_auth_type: Sometimes\n",
+        );
+        assert!(
+            e.starts_with("tls_server_config.client_auth_type: unknown variant `Sometimes`"),
+            "{e}"
+        );
+        let e = error("basic_auth_users: [alice]\n");
+        assert!(e.starts_with("basic_auth_users: invalid type"), "{e}");
+        let e = error("basic_auth_users:\n  alice: $1$md5$notbcrypt\n");
+        assert!(
+            e.starts_with("basic_auth_users.alice: not a bcrypt hash"),
+            "{e}"
+        );
+        let e = error("basic_auth_users:\n  alice: plain-password\n");
+        assert!(
+            e.starts_with("basic_auth_users.alice: not a bcrypt hash"),
+            "{e}"
+        );
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let e = error(&format!(
+            "basic_auth_users:\n  alice: {hash}\nrailscope_roles:\n  alice: root\n"
+        ));
+        assert!(
+            e.starts_with("railscope_roles.alice: unknown variant `root`"),
+            "{e}"
+        );
+        let e = error(&format!(
+            "basic_auth_users:\n  alice: {hash}\nrailscope_roles:\n  bob: admin\n"
+        ));
+        assert_eq!(e, "railscope_roles.bob: no such user in basic_auth_users");
+        let e = error(":\n  - [\n");
+        assert!(!e.is_empty(), "{e}");
+    }
+
+    #[test]
+    fn missing_certificates_and_keys_are_named() {
+        let e = error("tls_server_config:\n  cert_file: nowhere.pem\n  key_file: server.key\n");
+        assert!(
+            e.starts_with("tls_server_config.cert_file: ")
+                && e.contains("nowhere.pem: No such file"),
+            "{e}"
+        );
+        let e = error("tls_server_config:\n  cert_file: server.pem\n");
+        assert_eq!(e, "tls_server_config.key_file: missing");
+        let e = error("tls_server_config:\n  cert_file: server.key\n  key_file: server.key\n");
+        assert!(
+            e.starts_with("tls_server_config.cert_file: ") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let e = error("tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n");
+        assert!(e.starts_with("tls_server_config.key_file: "), "{e}");
+        let e = error(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+             client_auth_type: RequireAndVerifyClientCert\n",
+        );
+        assert!(
+            e.starts_with("tls_server_config.client_ca_file: missing"),
+            "{e}"
+        );
+        let e = error(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+             client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: ca.pem\n",
+        );
+        assert!(
+            e.starts_with("tls_server_config.client_ca_file: ") && e.contains("ca.pem"),
+            "{e}"
+        );
+    }
 }
