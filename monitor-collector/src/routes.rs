@@ -142,6 +142,50 @@ mod tests {
             .collect()
     }
 
+    /// Each route of the table with the role it asks for (`read(...)` or `admin(...)`).
+    fn roles_in_table() -> Vec<(&'static str, &'static str)> {
+        let source = include_str!("routes.rs");
+        let table = &source[..source.find("#[cfg(test)]").unwrap()];
+        table
+            .split(".route(")
+            .skip(1)
+            .map(|rest| {
+                let rest = rest.trim_start().strip_prefix('"').unwrap();
+                let path = &rest[..rest.find('"').unwrap()];
+                let after = rest[path.len() + 1..].trim_start_matches([',', ' ', '\n']);
+                let role = ["read", "admin"]
+                    .into_iter()
+                    .find(|role| after.starts_with(&format!("{role}(")))
+                    .unwrap_or_else(|| panic!("{path} names no role: {after:.40}"));
+                (path, role)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_route_names_its_role_as_the_docs_do() {
+        let docs = include_str!("../../docs/http-api.md");
+        let roles = roles_in_table();
+        assert!(roles.contains(&("/-/reload", "admin")), "{roles:?}");
+        // The docs' route table: | routes | role | ...
+        let mut documented = Vec::new();
+        for row in docs.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            for (i, part) in cells[1].split('`').enumerate() {
+                if i % 2 == 1 {
+                    let path = part.strip_prefix("POST ").unwrap_or(part);
+                    documented.push((path.to_owned(), cells[2].to_owned()));
+                }
+            }
+        }
+        for (path, role) in &roles {
+            assert!(
+                documented.contains(&((*path).to_owned(), (*role).to_owned())),
+                "docs/http-api.md's table does not give {path} the role {role}"
+            );
+        }
+    }
+
     #[test]
     fn every_asset_the_page_loads_is_a_route() {
         let routes = routes_in_table();
@@ -166,12 +210,17 @@ mod tests {
         assert!(routes.len() >= 16, "{routes:?}");
         for route in &routes {
             assert!(
-                docs.contains(&format!("`GET {route}`")) || docs.contains(&format!("`{route}`")),
+                docs.contains(&format!("`GET {route}`"))
+                    || docs.contains(&format!("`POST {route}`"))
+                    || docs.contains(&format!("`{route}`")),
                 "docs/http-api.md does not document {route}"
             );
         }
-        // Every `GET /...` heading of the docs is a route of the table.
-        for heading in docs.lines().filter_map(|l| l.strip_prefix("## `GET ")) {
+        // Every `GET /...` (or `POST`) heading of the docs is a route of the table.
+        for heading in docs.lines().filter_map(|l| {
+            l.strip_prefix("## `GET ")
+                .or_else(|| l.strip_prefix("## `POST "))
+        }) {
             let path = heading.split(['`', '?']).next().unwrap();
             assert!(
                 routes.contains(&path),
