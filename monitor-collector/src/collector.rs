@@ -59,6 +59,29 @@ pub struct Collector {
     findings: Option<FindingsThread>,
 }
 
+/// One line at start-up saying who may use the HTTP API.
+fn log_who_may_use(addr: SocketAddr, web: &crate::web::WebAuth) {
+    let config = web.current();
+    let scheme = if web.serves_tls() { "HTTPS" } else { "HTTP" };
+    match web.path() {
+        Some(path) if config.authenticates() => tracing::info!(
+            "{scheme} API on {addr}, authenticated as {} says",
+            path.display()
+        ),
+        Some(path) => tracing::warn!(
+            "{scheme} API on {addr} without authentication ({} has no basic_auth_users nor \
+             RequireAndVerifyClientCert)",
+            path.display()
+        ),
+        None if addr.ip().is_loopback() => tracing::info!(
+            "HTTP API without authentication (no --web.config.file): on loopback {addr} only"
+        ),
+        None => tracing::warn!(
+            "HTTP API on {addr} answers anyone (no --web.config.file, --web.allow-unauthenticated)"
+        ),
+    }
+}
+
 /// How long a receive thread waits for a datagram before it looks at the stop flag.
 const RECEIVE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -125,6 +148,7 @@ impl Collector {
             heartbeats,
             findings: parts.findings.as_ref().map(|(store, _)| store.clone()),
             findings_inbox,
+            web: config.web.clone(),
         });
         let findings = match (parts.findings, findings_rx) {
             (Some((store, thresholds)), Some(rx)) => Some(FindingsThread::spawn(
@@ -148,15 +172,25 @@ impl Collector {
         let routes = routes::router(Sources {
             live: Some(shared.clone()),
             query: parts.query,
+            web: config.web.clone(),
         });
         #[cfg(test)]
         let routes = match parts.test_routes {
             Some(more) => routes.merge(more),
             None => routes,
         };
+        if let Some(addr) = http_addr {
+            log_who_may_use(addr, &config.web);
+        }
         let (http_stop, stopped) = tokio::sync::watch::channel(false);
         let server = match listener {
-            Some(listener) => Some(http::spawn(listener, routes, stopped, http_beat)?),
+            Some(listener) => Some(http::spawn(
+                listener,
+                routes,
+                config.web.clone(),
+                stopped,
+                http_beat,
+            )?),
             None => None,
         };
         tracing::info!(
@@ -256,6 +290,7 @@ mod tests {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 sockets: 2,
                 http: Some("127.0.0.1:0".parse().unwrap()),
+                web: Default::default(),
                 data_dir: "/nonexistent".into(),
                 keys: key().into(),
                 limits: Limits::default(),

@@ -1,9 +1,11 @@
 //! What a collector is started with: where it listens, its key, and the bounds that keep its
 //! memory finite whatever the senders do (docs/collector.md, "Memory bounds").
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use monitor_wire::{Keyring, MAX_FRAME_SAMPLES};
+
+use crate::web::WebAuth;
 
 /// The bounds of a collector's memory. Each is a count; docs/collector.md, "Memory bounds", gives what they
 /// cost in bytes.
@@ -97,6 +99,9 @@ pub struct CollectorConfig {
     pub sockets: usize,
     /// HTTP address of `/metrics`, the live view and the query API (none: no HTTP server).
     pub http: Option<SocketAddr>,
+    /// Who may use the HTTP API (the web config file; without one, everyone who can reach
+    /// the port, which then is loopback unless the operator allowed more).
+    pub web: Arc<WebAuth>,
     /// Data directory of the archive.
     pub data_dir: PathBuf,
     /// The keys frames are accepted with: each node's own (from the fleet secret), the

@@ -19,6 +19,7 @@ use crate::{
     liveness::{BEAT_EVERY, Heartbeat},
     metrics,
     shared::Shared,
+    web::{WebAuth, auth, tls::TlsListener},
 };
 
 /// `GET /metrics`.
@@ -63,16 +64,22 @@ pub(crate) async fn live_events(
     Json(shared.events.matching(&filter))
 }
 
-/// Serves `router` on `listener` from a thread of its own until `stop` turns true. A task on
-/// the server's runtime beats `heartbeat` every [`BEAT_EVERY`]: a runtime whose worker hangs
-/// (a handler blocking it) stops beating, and the watchdog sees it.
+/// Serves `router` on `listener` from a thread of its own until `stop` turns true, every
+/// request authenticated by `web` (and over TLS when its config has `tls_server_config`). A
+/// task on the server's runtime beats `heartbeat` every [`BEAT_EVERY`]: a runtime whose
+/// worker hangs (a handler blocking it) stops beating, and the watchdog sees it.
 pub fn spawn(
     listener: TcpListener,
     router: Router,
+    web: Arc<WebAuth>,
     mut stop: watch::Receiver<bool>,
     heartbeat: Heartbeat,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        web.clone(),
+        auth::authenticate,
+    ));
     std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
@@ -105,10 +112,21 @@ pub fn spawn(
                 let shutdown = async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                 };
-                if let Err(e) = axum::serve(listener, router)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-                {
+                let served = if web.serves_tls() {
+                    match TlsListener::new(listener, web) {
+                        Ok(listener) => {
+                            axum::serve(listener, router)
+                                .with_graceful_shutdown(shutdown)
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                };
+                if let Err(e) = served {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             });

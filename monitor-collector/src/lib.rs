@@ -16,7 +16,8 @@
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
 //!   index; what queries and remote-write read back;
 //! - [`http`] and [`metrics`]: `/metrics`, the live view's JSON and the query API;
-//!   [`dashboard`]: the web dashboard at `/`, its assets compiled in;
+//!   [`dashboard`]: the web dashboard at `/`, its assets compiled in; [`web`]: who may use
+//!   them (Prometheus' web config file: TLS, basic-auth users, railscope's roles);
 //! - [`remote_write`]: the archive's samples to Prometheus-compatible TSDBs (remote-write
 //!   v1), each endpoint following the archive from its own persisted cursor;
 //! - [`liveness`]: the heartbeats of the receive threads, the archive writer and sealer, the
@@ -56,6 +57,7 @@ pub mod settings;
 pub mod shared;
 pub mod stragglers;
 pub mod udp;
+pub mod web;
 pub mod writer;
 
 pub use collector::{Collector, Parts};

@@ -144,6 +144,10 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         query_max_points,
         findings: thresholds,
     } = settings::run_plan(&sources)?;
+    // Before anything serves: a SIGHUP that comes once the API answers must reload, not
+    // kill (its default action).
+    let signals = Signals::install()?;
+    let web = config.web.clone();
     let data_dir = config.data_dir.clone();
     let retention_ns = archive_config
         .retention_age
@@ -201,10 +205,16 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let mut service = ServiceManager::from_env();
     service.ready("receiving");
     let shared = collector.shared().clone();
-    wait_for_signal(&service, |max_age| {
-        shared.heartbeats.watchdog_check(max_age)
-    })
-    .context("waiting for a signal")?;
+    signals
+        .wait(
+            &service,
+            |max_age| shared.heartbeats.watchdog_check(max_age),
+            || {
+                // The error is logged by reload, naming the file; the old config stays.
+                let _ = web.reload();
+            },
+        )
+        .context("waiting for a signal")?;
     service.stopping();
     tracing::info!("stopping");
     collector.stop();
@@ -218,33 +228,61 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM, pinging systemd's watchdog meanwhile if it is on, but only
-/// while `check` (whether every watched thread turned within the given time) passes: a hung
-/// receive thread, archive writer or sealer, HTTP server or findings thread stops the pings
-/// (its name logged), and systemd restarts the collector.
-fn wait_for_signal(
-    service: &ServiceManager,
-    check: impl Fn(std::time::Duration) -> Result<(), String>,
-) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let ping_every = service.ping_every();
-        let mut watchdog =
-            tokio::time::interval(ping_every.unwrap_or(std::time::Duration::MAX / 4));
-        loop {
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => return r,
-                _ = term.recv() => return Ok(()),
-                _ = watchdog.tick(), if ping_every.is_some() => {
-                    match check(ping_every.unwrap_or_default()) {
-                        Ok(()) => service.alive(),
-                        Err(line) => tracing::error!("{line}"),
+/// SIGINT, SIGTERM and SIGHUP, taken from their default actions at start-up.
+struct Signals {
+    runtime: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _entered = runtime.enter();
+        let term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        Ok(Self { runtime, term, hup })
+    }
+
+    /// Blocks until SIGINT or SIGTERM, calling `on_hup` on each SIGHUP (the web config's
+    /// reload, as Prometheus does), and pinging systemd's watchdog meanwhile if it is on, but
+    /// only while `check` (whether every watched thread turned within the given time)
+    /// passes: a hung receive thread, archive writer or sealer, HTTP server or findings
+    /// thread stops the pings (its name logged), and systemd restarts the collector.
+    fn wait(
+        self,
+        service: &ServiceManager,
+        check: impl Fn(std::time::Duration) -> Result<(), String>,
+        on_hup: impl Fn(),
+    ) -> std::io::Result<()> {
+        let Self {
+            runtime,
+            mut term,
+            mut hup,
+        } = self;
+        runtime.block_on(async {
+            let ping_every = service.ping_every();
+            let mut watchdog =
+                tokio::time::interval(ping_every.unwrap_or(std::time::Duration::MAX / 4));
+            loop {
+                tokio::select! {
+                    r = tokio::signal::ctrl_c() => return r,
+                    _ = term.recv() => return Ok(()),
+                    _ = hup.recv() => {
+                        tracing::info!("SIGHUP: reloading the web config");
+                        on_hup();
+                    }
+                    _ = watchdog.tick(), if ping_every.is_some() => {
+                        match check(ping_every.unwrap_or_default()) {
+                            Ok(()) => service.alive(),
+                            Err(line) => tracing::error!("{line}"),
+                        }
                     }
                 }
             }
-        }
-    })
+        })
+    }
 }

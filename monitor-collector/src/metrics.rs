@@ -277,6 +277,20 @@ fn render_health(out: &mut String, shared: &Shared) {
         "Datagrams dropped, by reason.",
         &drops,
     );
+    let (unauthenticated, forbidden) = shared.web.refused.get();
+    family(
+        out,
+        "railscope_collector_http_refused_total",
+        Counter,
+        "HTTP requests refused: without valid credentials (401), or by role (403).",
+        &[
+            (
+                "{reason=\"unauthenticated\"}".into(),
+                unauthenticated.to_string(),
+            ),
+            ("{reason=\"forbidden\"}".into(), forbidden.to_string()),
+        ],
+    );
     one(
         out,
         "railscope_collector_schema_requests_sent_total",

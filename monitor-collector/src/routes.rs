@@ -7,7 +7,10 @@
 
 use std::sync::Arc;
 
-use axum::{Router, routing::get};
+use axum::{
+    Router,
+    routing::{get, post},
+};
 
 use crate::{
     dashboard::{self, asset},
@@ -16,6 +19,10 @@ use crate::{
     query::{self, QueryEngine},
     shared::Shared,
     stragglers,
+    web::{
+        WebAuth,
+        auth::{admin, read},
+    },
 };
 
 /// What the routes answer from.
@@ -26,50 +33,57 @@ pub struct Sources {
     pub live: Option<Arc<Shared>>,
     /// The archive's query engine: the query API and the stragglers.
     pub query: Option<Arc<QueryEngine>>,
+    /// Who may use the routes (the layer that authenticates every request is
+    /// [`http::spawn`]'s), and what `POST /-/reload` reloads.
+    pub web: Arc<WebAuth>,
 }
 
-/// The route table.
+/// The route table. Each route names the role it asks for: `read` (any authenticated
+/// caller) or `admin` (what changes the collector's state).
 pub fn router(sources: Sources) -> Router {
-    let Sources { live, query } = sources;
+    let Sources { live, query, web } = sources;
     let findings: Option<Arc<FindingsStore>> = live.as_ref().and_then(|s| s.findings.clone());
     // The dashboard: one page and its assets, compiled into the binary.
     let mut routes = Router::new()
-        .route("/", get(|| asset(dashboard::INDEX_HTML, dashboard::HTML)))
+        .route(
+            "/",
+            read(get(|| asset(dashboard::INDEX_HTML, dashboard::HTML))),
+        )
         .route(
             "/ui/app.js",
-            get(|| asset(dashboard::APP_JS, dashboard::JS)),
+            read(get(|| asset(dashboard::APP_JS, dashboard::JS))),
         )
         // The names agent and collector share (`monitor_wire::names`), for the script.
         .route(
             "/ui/names.js",
-            get(|| asset(dashboard::NAMES_JS.as_str(), dashboard::JS)),
+            read(get(|| asset(dashboard::NAMES_JS.as_str(), dashboard::JS))),
         )
         .route(
             "/ui/app.css",
-            get(|| asset(dashboard::APP_CSS, dashboard::CSS)),
+            read(get(|| asset(dashboard::APP_CSS, dashboard::CSS))),
         )
         .route(
             "/ui/icon.svg",
-            get(|| asset(dashboard::ICON_SVG, dashboard::SVG)),
+            read(get(|| asset(dashboard::ICON_SVG, dashboard::SVG))),
         )
         .route(
             "/ui/dygraph.min.js",
-            get(|| asset(dashboard::DYGRAPH_JS, dashboard::JS)),
+            read(get(|| asset(dashboard::DYGRAPH_JS, dashboard::JS))),
         )
         .route(
             "/ui/dygraph.min.css",
-            get(|| asset(dashboard::DYGRAPH_CSS, dashboard::CSS)),
+            read(get(|| asset(dashboard::DYGRAPH_CSS, dashboard::CSS))),
         );
     if let Some(live) = live {
         routes = routes.merge(
             Router::new()
                 // Prometheus' text format: every node's latest samples and the collector's
                 // own families; the collector's own families alone.
-                .route("/metrics", get(http::metrics_page))
-                .route("/metrics/collector", get(http::own_metrics_page))
+                .route("/metrics", read(get(http::metrics_page)))
+                .route("/metrics/collector", read(get(http::own_metrics_page)))
                 // The live view, from memory: the nodes and the recent events.
-                .route("/api/v1/live/nodes", get(http::live_nodes))
-                .route("/api/v1/live/events", get(http::live_events))
+                .route("/api/v1/live/nodes", read(get(http::live_nodes)))
+                .route("/api/v1/live/events", read(get(http::live_events)))
                 .with_state(live),
         );
     }
@@ -78,17 +92,17 @@ pub fn router(sources: Sources) -> Router {
             .merge(
                 Router::new()
                     // The archive: series, events, nodes, metric names, a capture file.
-                    .route("/api/v1/series", get(query::api::series))
-                    .route("/api/v1/events", get(query::api::events))
-                    .route("/api/v1/nodes", get(query::api::nodes))
-                    .route("/api/v1/metric-names", get(query::api::metric_names))
-                    .route("/api/v1/export", get(query::api::export))
+                    .route("/api/v1/series", read(get(query::api::series)))
+                    .route("/api/v1/events", read(get(query::api::events)))
+                    .route("/api/v1/nodes", read(get(query::api::nodes)))
+                    .route("/api/v1/metric-names", read(get(query::api::metric_names)))
+                    .route("/api/v1/export", read(get(query::api::export)))
                     .with_state(engine.clone()),
             )
             .merge(
                 Router::new()
                     // A job's stragglers over a window of the archive.
-                    .route("/api/v1/stragglers", get(stragglers::stragglers))
+                    .route("/api/v1/stragglers", read(get(stragglers::stragglers)))
                     .with_state(stragglers::ApiState {
                         engine,
                         findings: findings.clone(),
@@ -99,11 +113,17 @@ pub fn router(sources: Sources) -> Router {
         routes = routes.merge(
             Router::new()
                 // The health findings, active and past.
-                .route("/api/v1/findings", get(findings::api::findings))
+                .route("/api/v1/findings", read(get(findings::api::findings)))
                 .with_state(store),
         );
     }
-    routes
+    routes.merge(
+        Router::new()
+            // Prometheus' lifecycle API: reads the web config file and its certificates
+            // again (as SIGHUP does).
+            .route("/-/reload", admin(post(crate::web::auth::reload)))
+            .with_state(web),
+    )
 }
 
 #[cfg(test)]
@@ -120,6 +140,50 @@ mod tests {
                 &rest[..rest.find('"').unwrap()]
             })
             .collect()
+    }
+
+    /// Each route of the table with the role it asks for (`read(...)` or `admin(...)`).
+    fn roles_in_table() -> Vec<(&'static str, &'static str)> {
+        let source = include_str!("routes.rs");
+        let table = &source[..source.find("#[cfg(test)]").unwrap()];
+        table
+            .split(".route(")
+            .skip(1)
+            .map(|rest| {
+                let rest = rest.trim_start().strip_prefix('"').unwrap();
+                let path = &rest[..rest.find('"').unwrap()];
+                let after = rest[path.len() + 1..].trim_start_matches([',', ' ', '\n']);
+                let role = ["read", "admin"]
+                    .into_iter()
+                    .find(|role| after.starts_with(&format!("{role}(")))
+                    .unwrap_or_else(|| panic!("{path} names no role: {after:.40}"));
+                (path, role)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_route_names_its_role_as_the_docs_do() {
+        let docs = include_str!("../../docs/http-api.md");
+        let roles = roles_in_table();
+        assert!(roles.contains(&("/-/reload", "admin")), "{roles:?}");
+        // The docs' route table: | routes | role | ...
+        let mut documented = Vec::new();
+        for row in docs.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            for (i, part) in cells[1].split('`').enumerate() {
+                if i % 2 == 1 {
+                    let path = part.strip_prefix("POST ").unwrap_or(part);
+                    documented.push((path.to_owned(), cells[2].to_owned()));
+                }
+            }
+        }
+        for (path, role) in &roles {
+            assert!(
+                documented.contains(&((*path).to_owned(), (*role).to_owned())),
+                "docs/http-api.md's table does not give {path} the role {role}"
+            );
+        }
     }
 
     #[test]
@@ -146,12 +210,17 @@ mod tests {
         assert!(routes.len() >= 16, "{routes:?}");
         for route in &routes {
             assert!(
-                docs.contains(&format!("`GET {route}`")) || docs.contains(&format!("`{route}`")),
+                docs.contains(&format!("`GET {route}`"))
+                    || docs.contains(&format!("`POST {route}`"))
+                    || docs.contains(&format!("`{route}`")),
                 "docs/http-api.md does not document {route}"
             );
         }
-        // Every `GET /...` heading of the docs is a route of the table.
-        for heading in docs.lines().filter_map(|l| l.strip_prefix("## `GET ")) {
+        // Every `GET /...` (or `POST`) heading of the docs is a route of the table.
+        for heading in docs.lines().filter_map(|l| {
+            l.strip_prefix("## `GET ")
+                .or_else(|| l.strip_prefix("## `POST "))
+        }) {
             let path = heading.split(['`', '?']).next().unwrap();
             assert!(
                 routes.contains(&path),

@@ -9,6 +9,7 @@ use std::{
     num::NonZeroUsize,
     path::{Path, PathBuf},
     str::FromStr,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -23,12 +24,12 @@ use crate::{
     archive::ArchiveConfig,
     config::ConfigError as LimitsError,
     remote_write::{EndpointConfig, EndpointTable, RemoteWriteError},
+    web::WebAuth,
 };
 
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/collector.toml";
 const DEFAULT_LISTEN: &str = "0.0.0.0:7670";
-const DEFAULT_HTTP: &str = "0.0.0.0:7671";
 const DEFAULT_KEY: &str = "/etc/railscope/wire.key";
 const DEFAULT_DATA: &str = "/var/lib/railscope";
 const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(30 * 86_400);
@@ -46,7 +47,8 @@ pub struct CollectorSettings {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sockets: Option<NonZeroUsize>,
-    /// HTTP address of /metrics, the live view and the query API (default 0.0.0.0:7671).
+    /// HTTP address of /metrics, the live view and the query API (default 0.0.0.0:7671 with
+    /// a web config file, else 127.0.0.1:7671).
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http: Option<SocketAddr>,
@@ -54,6 +56,15 @@ pub struct CollectorSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub no_http: bool,
+    /// Prometheus' web config file (YAML): TLS, basic-auth users and railscope's roles of the
+    /// HTTP API (docs/http-api.md, "Authentication"); re-read on SIGHUP and POST /-/reload.
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_config_file: Option<PathBuf>,
+    /// Serve the HTTP API on a non-loopback address without authentication.
+    #[arg(long = "web.allow-unauthenticated")]
+    #[serde(skip_serializing_if = "is_false")]
+    pub web_allow_unauthenticated: bool,
     /// The cluster's shared key, which every node holds (32 raw bytes or 64 hex characters;
     /// default /etc/railscope/wire.key when no fleet secret is given). With a fleet secret,
     /// accepted only while nodes move to their own keys (docs/deployment.md, "Keys").
@@ -197,7 +208,6 @@ impl Layered for CollectorSettings {
         let limits = Limits::default();
         Self {
             listen: DEFAULT_LISTEN.parse().ok(),
-            http: DEFAULT_HTTP.parse().ok(),
             data: Some(DEFAULT_DATA.into()),
             max_nodes: Some(limits.max_nodes),
             max_series_per_node: Some(limits.max_series_per_node),
@@ -217,6 +227,8 @@ impl Layered for CollectorSettings {
             sockets,
             http,
             no_http,
+            web_config_file,
+            web_allow_unauthenticated,
             key,
             fleet_secret,
             previous_fleet_secret,
@@ -241,6 +253,8 @@ impl Layered for CollectorSettings {
             sockets: pick(sockets, over.sockets),
             http: pick(http, over.http),
             no_http: no_http || over.no_http,
+            web_config_file: pick(web_config_file, over.web_config_file),
+            web_allow_unauthenticated: web_allow_unauthenticated || over.web_allow_unauthenticated,
             key: pick(key, over.key),
             fleet_secret: pick(fleet_secret, over.fleet_secret),
             previous_fleet_secret: pick(previous_fleet_secret, over.previous_fleet_secret),
@@ -375,6 +389,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
     let limits = limits(sources)?;
     let s = sources.merged();
     let remote_write = remote_write_endpoints(sources, &s)?;
+    let (http, web) = web_plan(sources, &s)?;
     let keys = keyring(sources, &s)?;
     let data = s.data.unwrap_or_else(|| DEFAULT_DATA.into());
     let sockets = s.sockets.map_or_else(
@@ -391,10 +406,8 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7670))),
             sockets,
-            http: (!s.no_http).then(|| {
-                s.http
-                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7671)))
-            }),
+            http,
+            web,
             data_dir: data,
             keys,
             limits,
@@ -442,6 +455,49 @@ fn remote_write_endpoints(
         out.push(endpoint.clone());
     }
     Ok(out)
+}
+
+/// The HTTP address and who may use it: the web config file read and checked; without one
+/// the default address is loopback, and a non-loopback one without authentication needs
+/// `--web.allow-unauthenticated` (an API open to the network is a choice, not a default).
+fn web_plan(
+    sources: &Sources<CollectorSettings>,
+    s: &CollectorSettings,
+) -> Result<(Option<SocketAddr>, Arc<WebAuth>), ConfigError> {
+    let web = match &s.web_config_file {
+        Some(path) => {
+            WebAuth::load(path).map_err(|e| match sources.error("web-config-file", e) {
+                // The flag is Prometheus' dotted one.
+                ConfigError::Flag { message, .. } => ConfigError::Flag {
+                    key: "web.config.file".into(),
+                    message,
+                },
+                e => e,
+            })?
+        }
+        None => WebAuth::open(),
+    };
+    if s.no_http {
+        return Ok((None, Arc::new(web)));
+    }
+    let any = if web.path().is_some() {
+        [0, 0, 0, 0]
+    } else {
+        [127, 0, 0, 1]
+    };
+    let http = s.http.unwrap_or_else(|| SocketAddr::from((any, 7671)));
+    if !http.ip().is_loopback() && !web.current().authenticates() && !s.web_allow_unauthenticated {
+        return Err(sources.error(
+            "http",
+            format!(
+                "{http} is not a loopback address and the HTTP API would answer anyone: give a \
+                 web config file with basic_auth_users or client_auth_type \
+                 RequireAndVerifyClientCert (--web.config.file, docs/deployment.md), or pass \
+                 --web.allow-unauthenticated"
+            ),
+        ));
+    }
+    Ok((Some(http), Arc::new(web)))
 }
 
 /// `railscope-collector run --check-config`: [`run_plan`]; returns the settings in effect,
@@ -713,6 +769,75 @@ mod tests {
         assert!(e.contains("two endpoints are named \"a\""), "{e}");
     }
 
+    #[test]
+    fn the_http_api_leaves_loopback_only_with_authentication_or_the_operators_word() {
+        let key = key_file();
+        let text = format!("key = {:?}\n", key.path());
+        let plan = run_plan(&sources(&text, &[]).unwrap()).unwrap();
+        assert_eq!(plan.collector.http, "127.0.0.1:7671".parse().ok());
+        let e = run_plan(&sources(&text, &["--http", "0.0.0.0:7671"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--http: 0.0.0.0:7671 is not a loopback address")
+                && e.contains("--web.allow-unauthenticated")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = run_plan(&sources(&format!("{text}http = \"[::]:7671\"\n"), &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "/etc/railscope/collector.toml:2:1: key `http`: [::]:7671 is not a loopback"
+            ),
+            "{e}"
+        );
+        let plan = run_plan(
+            &sources(
+                &text,
+                &["--http", "10.1.2.3:7671", "--web.allow-unauthenticated"],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(plan.collector.http, "10.1.2.3:7671".parse().ok());
+        // With users: every address by default.
+        let web = tempfile::NamedTempFile::new().unwrap();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        std::fs::write(web.path(), format!("basic_auth_users:\n  alice: {hash}\n")).unwrap();
+        let with_web = format!("{text}web-config-file = {:?}\n", web.path());
+        let plan = run_plan(&sources(&with_web, &[]).unwrap()).unwrap();
+        assert_eq!(plan.collector.http, "0.0.0.0:7671".parse().ok());
+        assert!(plan.collector.web.current().authenticates());
+        // A web config without users nor verified client certificates authenticates no one.
+        std::fs::write(web.path(), "").unwrap();
+        let e = run_plan(&sources(&with_web, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.0.0.0:7671 is not a loopback address"), "{e}");
+        // A bad web config is named with the key or flag that names it, and its own field.
+        std::fs::write(web.path(), "basic_auth_users:\n  alice: x\n").unwrap();
+        let flag = web.path().to_str().unwrap();
+        let e = run_plan(&sources(&text, &["--web.config.file", flag]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "--web.config.file: {flag}: basic_auth_users.alice: "
+            )),
+            "{e}"
+        );
+        let e = run_plan(&sources(&with_web, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/railscope/collector.toml:2:1: key `web-config-file`: ")
+                && e.contains("basic_auth_users.alice: not a bcrypt hash"),
+            "{e}"
+        );
+    }
+
     /// `key = value`, as the example shows a setting commented out (`#key = value`), unlike
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
@@ -750,6 +875,14 @@ mod tests {
             ("client.pem", certified.cert.pem()),
             ("client.key", certified.signing_key.serialize_pem()),
             ("mimir.password", "secret\n".into()),
+            // The example's web config, which a test machine has not: one with a user.
+            (
+                "web-config.yml",
+                format!(
+                    "basic_auth_users:\n  alice: {}\n",
+                    bcrypt::hash("pw", 4).unwrap()
+                ),
+            ),
         ] {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
@@ -769,6 +902,8 @@ mod tests {
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {
             let Some(flag) = arg.get_long() else { continue };
+            // Prometheus' dotted flags (`--web.config.file`) are dashed keys.
+            let flag = flag.replace('.', "-");
             assert!(
                 uncommented
                     .lines()

@@ -11,6 +11,7 @@ use crate::{
     findings::{FindingsInbox, FindingsStore},
     liveness::Heartbeats,
     nodes::NodeTable,
+    web::WebAuth,
     writer::ArchiveQueue,
 };
 
@@ -29,6 +30,8 @@ pub struct Shared {
     /// Health findings (None: not evaluated), and where ingest hands them events.
     pub findings: Option<Arc<FindingsStore>>,
     pub findings_inbox: Option<FindingsInbox>,
+    /// Who may use the HTTP API, and the requests it refused.
+    pub web: Arc<WebAuth>,
 }
 
 /// Writes more families onto the `/metrics` page.

@@ -28,6 +28,7 @@ pub(crate) fn serve_on_loopback(archive: Archive, key: Key) -> String {
             let routes = routes::router(Sources {
                 live: None,
                 query: Some(engine),
+                ..Default::default()
             });
             axum::serve(listener, routes).await.unwrap();
         });

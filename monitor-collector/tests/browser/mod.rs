@@ -179,7 +179,24 @@ pub struct Page {
 
 impl Page {
     pub fn open(chromium: PathBuf, url: &str) -> Self {
+        Self::open_with(chromium, url, &[], None)
+    }
+
+    /// [`Page::open`] with more Chromium flags, answering the server's basic-auth
+    /// challenges with `credentials` (as a user typing them in the browser's own prompt).
+    pub fn open_with(
+        chromium: PathBuf,
+        url: &str,
+        extra_args: &[&str],
+        credentials: Option<(&str, &str)>,
+    ) -> Self {
         let profile = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            OsStr::new("--disable-quic"),
+            OsStr::new("--disable-component-update"),
+            OsStr::new("--no-first-run"),
+        ];
+        args.extend(extra_args.iter().map(OsStr::new));
         let browser = Browser::new(
             LaunchOptions::default_builder()
                 .path(Some(chromium))
@@ -187,11 +204,7 @@ impl Page {
                 .sandbox(false)
                 .window_size(Some((1500, 1100)))
                 .user_data_dir(Some(profile.path().to_owned()))
-                .args(vec![
-                    OsStr::new("--disable-quic"),
-                    OsStr::new("--disable-component-update"),
-                    OsStr::new("--no-first-run"),
-                ])
+                .args(args)
                 .idle_browser_timeout(Duration::from_secs(300))
                 .build()
                 .unwrap(),
@@ -204,6 +217,13 @@ impl Page {
         tab.add_event_listener(Arc::new(move |event: &Event| recorder.record(event)))
             .unwrap();
         tab.enable_log().unwrap().enable_runtime().unwrap();
+        if let Some((user, password)) = credentials {
+            // Every request passes through the Fetch domain (continued as it is); the
+            // challenges are answered with the credentials.
+            tab.enable_fetch(None, Some(true)).unwrap();
+            tab.authenticate(Some(user.into()), Some(password.into()))
+                .unwrap();
+        }
         tab.navigate_to(url).unwrap();
         // On a loaded machine (the other test's browser and fleet beside this one) the load
         // event can come later than the tab's timeout: the callers wait for the page's own
