@@ -9,9 +9,14 @@
 //! - `shared`: one shared key, the collector holding it (as before per-node keys);
 //! - `node`: each node's own key, the collector holding the fleet secret;
 //! - `flood`: the `node` fleet's frames first, then as many datagrams again that name
-//!   random nodes (each a well-formed frame sealed with a random key), all refused; the
-//!   counted part is the flood alone, and it prints the nodes held and the resident memory
-//!   before and after it.
+//!   random nodes (each a well-formed frame with a random MAC), all refused, from an address
+//!   no node sent from; the counted part is the flood alone ([`ingest_flood`]), and it
+//!   prints the nodes held, the refusals by reason and the resident memory before and after;
+//! - `flood-neighbour`: the worst case: the fleet's frames with a random MAC, each naming a
+//!   node the table holds, from the address every node of the fleet sent from (a refused frame
+//!   naming a held node is also tried with the keys of the 8 nodes remembered for its address,
+//!   to name a node speaking for another);
+//! - `flood-shared`: the same flood against the `shared` fleet, for comparison.
 //!
 //! It prints one JSON line: frames, accepted, refused, samples, nodes held, RSS.
 
@@ -41,15 +46,17 @@ fn main() -> anyhow::Result<()> {
     let secret = FleetSecret::from_bytes([0x42; 32]);
     let shared = Key::from_bytes([0x24; 32]);
     let (ring, sealing): (Keyring, Box<dyn Fn(&str) -> Key>) = match mode {
-        "shared" => (
+        "shared" | "flood-shared" => (
             Keyring::shared(shared.clone()),
             Box::new(move |_| shared.clone()),
         ),
-        "node" | "flood" => {
+        "node" | "flood" | "flood-neighbour" => {
             let s = secret.clone();
             (Keyring::fleet(secret), Box::new(move |n| s.node_key(n)))
         }
-        other => anyhow::bail!("mode {other:?}: shared, node or flood"),
+        other => {
+            anyhow::bail!("mode {other:?}: shared, node, flood, flood-neighbour or flood-shared")
+        }
     };
     let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut senders: Vec<NodeSender> = (0..nodes)
@@ -71,20 +78,24 @@ fn main() -> anyhow::Result<()> {
     let table = NodeTable::new(ring, Limits::default());
     let from = "10.0.0.1:7000".parse().unwrap();
 
-    if mode == "flood" {
+    if mode.starts_with("flood") {
         let (accepted, _) = ingest_all(&table, &frames, from, now);
-        let forged = random_node_frames(&frames);
+        let forged = forged_frames(&frames, mode != "flood-neighbour");
         let rss_before = rss_kib();
         let nodes_before = table.node_count();
+        let flood_from = match mode {
+            "flood-neighbour" => from,
+            _ => "192.0.2.66:7000".parse().unwrap(),
+        };
         let started = Instant::now();
-        let (refused_ok, refused) = ingest_all_flood(&table, &forged, from, now);
+        let outcomes = ingest_flood(&table, &forged, flood_from, now);
         let took = started.elapsed();
         println!(
             "{}",
             serde_json::json!({
                 "mode": mode, "fleet_frames": frames.len(), "accepted": accepted,
-                "flood_datagrams": forged.len(), "flood_accepted": refused_ok,
-                "flood_refused": refused, "nodes_before": nodes_before,
+                "flood_datagrams": forged.len(), "flood_outcomes": outcomes,
+                "nodes_before": nodes_before,
                 "nodes_after": table.node_count(), "rss_kib_before": rss_before,
                 "rss_kib_after": rss_kib(), "flood_seconds": secs(took),
             })
@@ -123,30 +134,30 @@ fn ingest_all(
     (accepted, refused)
 }
 
-/// The flood through the table, from the address every node of the fleet sent from (the
-/// worst case: a refused frame is tried against the keys of the 8 nodes remembered for its
-/// address): the counted part in `flood` mode.
+/// The flood through the table, refusals counted by reason: the counted part in the flood
+/// modes.
 #[inline(never)]
-fn ingest_all_flood(
+fn ingest_flood(
     table: &NodeTable,
     forged: &[Vec<u8>],
     from: std::net::SocketAddr,
     now: u64,
-) -> (usize, usize) {
-    let (mut accepted, mut refused) = (0, 0);
+) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut outcomes = std::collections::BTreeMap::new();
     for f in forged {
-        match table.ingest(f, from, now) {
-            Ok(_) => accepted += 1,
-            Err(_) => refused += 1,
-        }
+        let outcome = match table.ingest(f, from, now) {
+            Ok(_) => "accepted",
+            Err(refused) => refused.reason.label(),
+        };
+        *outcomes.entry(outcome).or_default() += 1;
     }
-    (accepted, refused)
+    outcomes
 }
 
-/// As many datagrams as `frames`, each a frame of the fleet with its node renamed to a random
-/// name of the same length and sealed again with a random key: what a flood naming random
+/// As many datagrams as `frames`, each a frame of the fleet with a random MAC and, when
+/// `rename`, its node renamed to a random name of the same length: what a flood naming random
 /// nodes looks like once past the header.
-fn random_node_frames(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
+fn forged_frames(frames: &[Vec<u8>], rename: bool) -> Vec<Vec<u8>> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -160,8 +171,10 @@ fn random_node_frames(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
         .map(|f| {
             let mut f = f.clone();
             let len = usize::from(f[6]);
-            for b in &mut f[7..7 + len] {
-                *b = b'a' + (next() % 26) as u8;
+            if rename {
+                for b in &mut f[7..7 + len] {
+                    *b = b'a' + (next() % 26) as u8;
+                }
             }
             let n = f.len();
             for b in &mut f[n - 16..] {

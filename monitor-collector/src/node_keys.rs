@@ -8,10 +8,13 @@
 //! - once a node has sealed a frame with its own key, the shared key is refused for it (a
 //!   tenant who kept the old shared key cannot speak for a node that moved off it).
 //!
-//! A refused frame is told apart only when that is cheap: sealed with the key of a node whose
-//! frames came from the same address (at most [`NAMES_PER_ADDRESS`] names an address), with
-//! the shared key after the node's own, or with the previous secret's key after the rotation
-//! window. Anything else is a bad MAC.
+//! A refused frame is told apart only when that is cheap: sealed with the shared key after the
+//! node's own, or with the previous secret's key after the rotation window (one more MAC); or,
+//! for a frame naming a node the table holds, with the key of a node whose frames came from
+//! the same address (at most [`NAMES_PER_ADDRESS`] names an address; on a fleet with an
+//! address per node, none to try): the node found doing so is tried first from then on, and
+//! all of them at most once a second per address. Anything else is a bad MAC, at the cost of
+//! one MAC, as with one shared key: a flood naming random nodes costs what it did.
 
 use std::{
     collections::HashMap,
@@ -29,8 +32,24 @@ pub const NAMES_PER_ADDRESS: usize = 8;
 /// The ring ingest accepts, and which nodes sent from which address.
 pub struct IngestKeys {
     ring: Keyring,
-    by_address: Mutex<HashMap<IpAddr, Vec<Arc<str>>>>,
+    by_address: Mutex<HashMap<IpAddr, Neighbours>>,
 }
+
+/// The nodes that sent from one address, and which of them was found sealing frames for
+/// others.
+#[derive(Clone, Default)]
+struct Neighbours {
+    names: Vec<Arc<str>>,
+    /// Found sealing a frame that named another node: its key is tried first.
+    forger: Option<Arc<str>>,
+    /// When a refused frame from this address was last tried with every neighbour's key.
+    searched_unix_ns: u64,
+}
+
+/// A refused frame from an address is tried with all its neighbours' keys at most this often
+/// (a flood of garbage from an address with several nodes costs one MAC per datagram, and a
+/// few more once a second).
+const SEARCH_EVERY_NS: u64 = 1_000_000_000;
 
 /// One node's keys, as ingest tries them.
 pub struct NodeKeys {
@@ -75,11 +94,14 @@ impl IngestKeys {
         }
     }
 
-    /// Verifies and decodes a frame naming `node` with one of its keys the ring accepts now.
+    /// Verifies and decodes a frame naming `node` (`held`: a node of the table) with one of
+    /// its keys the ring accepts now.
+    #[allow(clippy::too_many_arguments)]
     pub fn decode(
         &self,
         bytes: &[u8],
         node: &str,
+        held: bool,
         keys: &mut NodeKeys,
         state: &mut ReceiverState,
         from: SocketAddr,
@@ -109,15 +131,14 @@ impl IngestKeys {
                 }
             }
         }
-        Err(DecodeError::Refused(
-            self.why_refused(bytes, node, keys, from),
-        ))
+        let refused = self.why_refused(bytes, node, held, keys, from, now_unix_ns);
+        Err(DecodeError::Refused(refused))
     }
 
     /// Remembers that `node` sends from `address` (bounded per address).
     fn remember(&self, address: IpAddr, node: &str) {
         let mut by_address = lock(&self.by_address);
-        let names = by_address.entry(address).or_default();
+        let names = &mut by_address.entry(address).or_default().names;
         if names.len() < NAMES_PER_ADDRESS && !names.iter().any(|n| &**n == node) {
             names.push(node.into());
         }
@@ -126,15 +147,32 @@ impl IngestKeys {
     /// Forgets a node (it went silent and left the table).
     pub fn forget(&self, node: &str) {
         let mut by_address = lock(&self.by_address);
-        by_address.retain(|_, names| {
-            names.retain(|n| &**n != node);
-            !names.is_empty()
+        by_address.retain(|_, neighbours| {
+            neighbours.names.retain(|n| &**n != node);
+            if neighbours.forger.as_deref() == Some(node) {
+                neighbours.forger = None;
+            }
+            !neighbours.names.is_empty()
         });
     }
 
     /// Why a frame naming `node` carried none of the keys accepted now.
-    fn why_refused(&self, bytes: &[u8], node: &str, keys: &NodeKeys, from: SocketAddr) -> Refused {
-        for (sealer, key) in &keys.keys {
+    fn why_refused(
+        &self,
+        bytes: &[u8],
+        node: &str,
+        held: bool,
+        keys: &NodeKeys,
+        from: SocketAddr,
+        now_unix_ns: u64,
+    ) -> Refused {
+        // The node's keys not tried because they are not accepted now.
+        let untried = keys.keys.iter().filter(|(sealer, _)| match sealer {
+            Sealer::Node => false,
+            Sealer::PreviousNode => !self.ring.accepts_previous_at(now_unix_ns),
+            Sealer::Shared => keys.on_own_key,
+        });
+        for (sealer, key) in untried {
             if !wire::sealed_with(bytes, key) {
                 continue;
             }
@@ -155,27 +193,17 @@ impl IngestKeys {
                 },
             };
         }
-        if self.ring.has_fleet_secret() {
-            let neighbours = lock(&self.by_address)
-                .get(&from.ip())
-                .cloned()
-                .unwrap_or_default();
-            for other in neighbours.iter().filter(|n| &***n != node) {
-                let sealed_by_other = self
-                    .ring
-                    .keys_of(other)
-                    .iter()
-                    .any(|(s, key)| *s != Sealer::Shared && wire::sealed_with(bytes, key));
-                if sealed_by_other {
-                    return Refused {
-                        reason: DropReason::WrongNodeKey,
-                        detail: format!(
-                            "frame names node {node:?} but is sealed with the key of node \
-                             {other:?}, which sends from the same address"
-                        ),
-                    };
-                }
-            }
+        if held
+            && self.ring.has_fleet_secret()
+            && let Some(sealer) = self.neighbour_sealing(bytes, node, from.ip(), now_unix_ns)
+        {
+            return Refused {
+                reason: DropReason::WrongNodeKey,
+                detail: format!(
+                    "frame names node {node:?} but is sealed with the key of node {sealer:?}, \
+                     which sends from the same address"
+                ),
+            };
         }
         Refused {
             reason: DropReason::BadMac,
@@ -185,6 +213,49 @@ impl IngestKeys {
                 bytes.len()
             ),
         }
+    }
+}
+
+impl IngestKeys {
+    /// The node sending from `address` whose key sealed a frame naming `node`: the one found
+    /// doing so before, else (at most once a second per address) any of its neighbours.
+    fn neighbour_sealing(
+        &self,
+        bytes: &[u8],
+        node: &str,
+        address: IpAddr,
+        now_unix_ns: u64,
+    ) -> Option<Arc<str>> {
+        let (forger, others) = {
+            let mut by_address = lock(&self.by_address);
+            let neighbours = by_address.get_mut(&address)?;
+            let search = now_unix_ns.saturating_sub(neighbours.searched_unix_ns) >= SEARCH_EVERY_NS;
+            if search {
+                neighbours.searched_unix_ns = now_unix_ns;
+            }
+            let others: Vec<Arc<str>> = if search {
+                neighbours.names.clone()
+            } else {
+                Vec::new()
+            };
+            (neighbours.forger.clone(), others)
+        };
+        let sealed_by = |other: &str| {
+            other != node
+                && self
+                    .ring
+                    .keys_of(other)
+                    .iter()
+                    .any(|(s, key)| *s != Sealer::Shared && wire::sealed_with(bytes, key))
+        };
+        if let Some(forger) = forger.filter(|f| sealed_by(f)) {
+            return Some(forger);
+        }
+        let found = others.into_iter().find(|o| sealed_by(o))?;
+        if let Some(neighbours) = lock(&self.by_address).get_mut(&address) {
+            neighbours.forger = Some(found.clone());
+        }
+        Some(found)
     }
 }
 
@@ -266,6 +337,14 @@ mod tests {
             "{}",
             e.detail
         );
+        // Within the same second (no new search): the node found forging is tried first, so
+        // every forgery of it is named as such.
+        for _ in 0..3 {
+            let e = table
+                .ingest(&forged, at("10.0.0.1"), T0 + SECOND)
+                .unwrap_err();
+            assert_eq!(e.reason, DropReason::WrongNodeKey, "{}", e.detail);
+        }
         // The same forgery from an address no node sent from: a bad MAC, no more is known.
         let e = table
             .ingest(&forged, at("10.0.0.9"), T0 + SECOND)

@@ -279,7 +279,15 @@ impl NodeTable {
                 // Authenticate it all the same, so forgeries are counted as such.
                 let mut scratch = ReceiverState::default();
                 self.keys
-                    .decode(bytes, name, &mut node.keys, &mut scratch, from, now_unix_ns)
+                    .decode(
+                        bytes,
+                        name,
+                        true,
+                        &mut node.keys,
+                        &mut scratch,
+                        from,
+                        now_unix_ns,
+                    )
                     .map_err(Refused::decode)?;
                 node.counts.refused += 1;
                 return Err(Refused {
@@ -292,6 +300,7 @@ impl NodeTable {
             let decoded = self.keys.decode(
                 bytes,
                 name,
+                true,
                 &mut node.keys,
                 &mut node.receiver,
                 from,
@@ -316,7 +325,15 @@ impl NodeTable {
         let mut keys = self.keys.node_keys(name);
         let frame = self
             .keys
-            .decode(bytes, name, &mut keys, &mut receiver, from, now_unix_ns)
+            .decode(
+                bytes,
+                name,
+                false,
+                &mut keys,
+                &mut receiver,
+                from,
+                now_unix_ns,
+            )
             .map_err(Refused::decode)?;
         self.check_time(&frame, now_unix_ns)?;
         if self.nodes.load(Ordering::Relaxed) >= self.limits.max_nodes {
