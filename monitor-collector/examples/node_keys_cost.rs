@@ -27,6 +27,9 @@ use monitor_testkit::NodeSender;
 use monitor_wire::{FleetSecret, Key, Keyring};
 
 const ROUND_S: u64 = 10;
+
+/// The key each node seals with.
+type Sealing = Box<dyn Fn(&str) -> Key>;
 const T0: u64 = 1_790_000_000_000_000_000;
 
 fn main() -> anyhow::Result<()> {
@@ -45,7 +48,7 @@ fn main() -> anyhow::Result<()> {
     let rounds = flag("--rounds", 2)?;
     let secret = FleetSecret::from_bytes([0x42; 32]);
     let shared = Key::from_bytes([0x24; 32]);
-    let (ring, sealing): (Keyring, Box<dyn Fn(&str) -> Key>) = match mode {
+    let (ring, sealing): (Keyring, Sealing) = match mode {
         "shared" | "flood-shared" => (
             Keyring::shared(shared.clone()),
             Box::new(move |_| shared.clone()),

@@ -521,3 +521,65 @@ fn a_non_loopback_address_without_authentication_needs_the_operators_word() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The command-line clients reach an API behind TLS and basic auth through the HTTP client
+/// file of Prometheus' tools (`RAILSCOPE_HTTP_CONFIG_FILE`); without it they are refused, and
+/// say why.
+#[test]
+fn command_line_clients_use_the_http_client_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path());
+    let client_dir = tempfile::tempdir().unwrap();
+    let collector = RunningCollector::start(dir, &pki, &web_config(BOB.1), &[]);
+    let url = format!("https://{}", collector.http);
+    let password = client_dir.path().join("password");
+    std::fs::write(&password, format!("{}\n", BOB.1)).unwrap();
+    let config = client_dir.path().join("http.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "basic_auth:\n  username: {}\n  password_file: {}\ntls_config:\n  ca_file: {}\n",
+            BOB.0,
+            password.display(),
+            pki.ca.display()
+        ),
+    )
+    .unwrap();
+    let run = |env: Option<&Path>, args: &[&str]| {
+        let mut command = Command::new(COLLECTOR);
+        command.args(args).env_remove("RAILSCOPE_HTTP_CONFIG_FILE");
+        if let Some(file) = env {
+            command.env("RAILSCOPE_HTTP_CONFIG_FILE", file);
+        }
+        let out = command.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let findings = ["findings", "--collector", url.as_str(), "--json"];
+    let nodes = ["query", "--collector", url.as_str(), "--json", "nodes"];
+    for args in [&findings[..], &nodes[..]] {
+        let (ok, stdout, stderr) = run(Some(&config), args);
+        assert!(ok, "{args:?}: {stderr}");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&stdout).is_ok(),
+            "{stdout}"
+        );
+    }
+    // Without the file: the system's roots do not know the test CA.
+    let (ok, _, stderr) = run(None, &nodes);
+    assert!(!ok && stderr.contains(&url), "{stderr}");
+    // A wrong password: the collector's 401, said as such.
+    std::fs::write(&password, "not bob's password\n").unwrap();
+    let (ok, _, stderr) = run(Some(&config), &nodes);
+    assert!(!ok && stderr.contains("401"), "{stderr}");
+    // A file the clients cannot use is named.
+    std::fs::write(&config, "basic_auth: [\n").unwrap();
+    let (ok, _, stderr) = run(Some(&config), &nodes);
+    assert!(
+        !ok && stderr.contains("RAILSCOPE_HTTP_CONFIG_FILE") && stderr.contains("http.yml"),
+        "{stderr}"
+    );
+}

@@ -172,7 +172,9 @@ enum Command {
         /// The collector (HOST:PORT, UDP).
         #[arg(long, value_name = "HOST:PORT")]
         collector: String,
-        /// The collector's pre-shared key: 32 raw bytes or 64 hex characters.
+        /// The key sealing the frames: the own key of the node they are sent as (the
+        /// capture's host, or `--node`), or a cluster's shared key; 32 raw bytes or 64 hex
+        /// characters.
         #[arg(long, value_name = "PATH", default_value = "/etc/railscope/wire.key")]
         key: std::path::PathBuf,
         /// Send under this node name instead of the capture's host (replaying under a live

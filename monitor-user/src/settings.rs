@@ -51,8 +51,9 @@ pub struct AgentSettings {
     #[arg(long, value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub collector: Option<Target>,
-    /// Pre-shared key that authenticates frames: 32 raw bytes or 64 hex characters (default
-    /// /etc/railscope/wire.key).
+    /// The key sealing this node's frames: its own, derived from the collector's fleet secret
+    /// and its name (`railscope-gen-wire-key --node NAME`), or a cluster's shared key; 32 raw
+    /// bytes or 64 hex characters (default /etc/railscope/wire.key).
     #[arg(long, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,

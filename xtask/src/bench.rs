@@ -38,6 +38,7 @@ use crate::{
 mod agent;
 mod collector;
 mod events;
+mod node_keys;
 
 /// The NVML stand-in library (also what `cargo xtask run --demo` puts in its guest).
 pub(crate) use agent::build_standin;
@@ -82,6 +83,9 @@ pub enum Target {
     /// The collector under simulated agents on loopback, next to VictoriaMetrics (on this
     /// host).
     Collector,
+    /// What per-node keys cost the collector's ingest next to one shared key, and floods of
+    /// refused datagrams (callgrind, on this host; `--nodes` simulated nodes).
+    NodeKeys,
 }
 
 /// The guest scenario that measures the probes.
@@ -115,6 +119,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Agent => "running the agent (it loads eBPF probes)",
         Target::Events => "building the guest image",
         Target::Collector => "installing VictoriaMetrics (setup)",
+        Target::NodeKeys => "installing valgrind",
     })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
@@ -122,6 +127,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Agent => agent::run(&tools, options),
         Target::Events => events::run(&tools, options),
         Target::Collector => collector::run(&tools, options),
+        Target::NodeKeys => node_keys::run(&tools, options.collector.nodes),
     }
 }
 
@@ -817,6 +823,7 @@ fn results_path(target: Target) -> PathBuf {
         Target::Agent => "agent",
         Target::Events => "events",
         Target::Collector => "collector",
+        Target::NodeKeys => "node-keys",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

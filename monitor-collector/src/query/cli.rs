@@ -103,12 +103,8 @@ pub fn fetch(args: &QueryArgs) -> anyhow::Result<Json> {
 /// `GET collector + path ? query` as JSON; a refusal is an error with the collector's reason.
 pub fn get_json(collector: &str, path: &str, query: &[(&str, String)]) -> anyhow::Result<Json> {
     let url = format!("{}{path}", collector.trim_end_matches('/'));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
-    let mut response = agent
+    let client = super::client::Client::from_env(Duration::from_secs(60))?;
+    let mut response = client
         .get(&url)
         .query_pairs(query.iter().map(|(k, v)| (*k, v.as_str())))
         .call()

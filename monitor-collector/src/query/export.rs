@@ -224,12 +224,8 @@ pub struct ExportArgs {
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let url = format!("{}/api/v1/export", args.collector.trim_end_matches('/'));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(300)))
-        .build()
-        .into();
-    let mut response = agent
+    let client = super::client::Client::from_env(std::time::Duration::from_secs(300))?;
+    let mut response = client
         .get(&url)
         .query("node", &args.node)
         .query("start", &args.range.start)

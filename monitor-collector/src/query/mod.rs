@@ -4,16 +4,18 @@
 //! and not yet written out.
 //!
 //! - [`engine`]: the query engine ([`QueryEngine`]) over an
-//!   [`ArchiveReader`](crate::archive::ArchiveReader) and the cluster key;
+//!   [`ArchiveReader`](crate::archive::ArchiveReader) and the keyring;
 //! - [`api`]: its HTTP JSON API, an `axum::Router` ([`api_router`]) that the collector's HTTP
 //!   server mounts (docs/http-api.md);
-//! - [`cli`]: the client, `railscope query`;
+//! - [`cli`]: the client, `railscope query`; [`client`]: how every command-line client
+//!   reaches an API behind TLS and basic auth (`RAILSCOPE_HTTP_CONFIG_FILE`);
 //! - [`export`]: a node's range as a capture file (`/api/v1/export`, `railscope-collector
 //!   export`), for `railscope report`;
 //! - [`selector`]: label matchers; [`time`]: query times.
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod engine;
 pub mod export;
 pub mod selector;

@@ -60,7 +60,7 @@ use crate::{
 /// Options of `cargo xtask bench collector`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CollectorOptions {
-    /// `collector`: simulated nodes (node identities) of the fleet.
+    /// `collector`, `node-keys`: simulated nodes (node identities) of the fleet.
     #[arg(long, default_value_t = 2000)]
     pub nodes: usize,
     /// `collector`: the rising rates, in samples a second, sent until the collector saturates.
