@@ -22,8 +22,9 @@
 //!   kernel's count of datagrams it dropped, which comes with the next datagram received);
 //! - `quit`.
 //!
-//! `cargo run --release -p monitor-collector --example collector_load -- --target ADDR --key
-//! FILE [--nodes N] [--samples S | --rounds R] [--threads T]`: rounds of 10 s of every node,
+//! `cargo run --release -p monitor-collector --example collector_load -- --target ADDR (--key
+//! FILE | --fleet-secret FILE) [--nodes N] [--samples S | --rounds R] [--threads T]` (each
+//! node's frames sealed with the shared key, or with its own key from the fleet secret): rounds of 10 s of every node,
 //! enough for S samples and one more round (default 6 rounds).
 
 use std::{
@@ -34,7 +35,7 @@ use std::{
 
 use anyhow::Context as _;
 use monitor_testkit::NodeSender;
-use monitor_wire::Key;
+use monitor_wire::{FleetSecret, Key};
 
 /// Sending sockets: nodes share them round-robin (a node always sends from the same one).
 const SOCKETS: usize = 256;
@@ -44,7 +45,8 @@ const ROUND_S: u64 = 10;
 
 struct Args {
     target: SocketAddr,
-    key: Key,
+    /// Who seals each node's frames: one shared key, or each node's own key.
+    keys: Sealing,
     nodes: usize,
     rounds: u64,
     /// Samples the fleet's rounds must hold at least (then one more round); overrides rounds.
@@ -70,7 +72,11 @@ fn parse_args() -> anyhow::Result<Args> {
             .context("--target ADDR:PORT is required")?
             .parse()
             .context("--target: not an ADDR:PORT")?,
-        key: Key::from_file(value("--key").context("--key FILE is required")?)?,
+        keys: match (value("--key"), value("--fleet-secret")) {
+            (Some(key), None) => Sealing::Shared(Key::from_file(key)?),
+            (None, Some(secret)) => Sealing::PerNode(FleetSecret::from_file(secret)?),
+            _ => anyhow::bail!("give --key FILE (a shared key) or --fleet-secret FILE"),
+        },
         nodes: number("--nodes", 2000)? as usize,
         rounds: number("--rounds", 6)?,
         samples: value("--samples")
@@ -78,6 +84,24 @@ fn parse_args() -> anyhow::Result<Args> {
             .transpose()?,
         threads: number("--threads", 2)?.max(1) as usize,
     })
+}
+
+/// How the simulated nodes seal their frames.
+#[derive(Clone)]
+enum Sealing {
+    /// One key shared by every node.
+    Shared(Key),
+    /// Each node its own key, derived from the fleet secret.
+    PerNode(FleetSecret),
+}
+
+impl Sealing {
+    fn key_of(&self, node: &str) -> Key {
+        match self {
+            Sealing::Shared(key) => key.clone(),
+            Sealing::PerNode(secret) => secret.node_key(node),
+        }
+    }
 }
 
 /// One datagram of the fleet: its node (which socket sends it) and its sample count.
@@ -103,12 +127,13 @@ fn make_fleet(args: &Args, t0_ns: u64) -> (Vec<Datagram>, Vec<usize>) {
     let per_thread: Vec<Vec<(u64, usize, Vec<Datagram>)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
-                let key = args.key.clone();
+                let keys = args.keys.clone();
                 let (nodes, rounds, threads) = (args.nodes, args.rounds, args.threads);
                 scope.spawn(move || {
                     let mut out = Vec::new();
                     for n in (t..nodes).step_by(threads) {
-                        let mut sender = NodeSender::new(&node_name(n), n as u64 + 1, key.clone());
+                        let name = node_name(n);
+                        let mut sender = NodeSender::new(&name, n as u64 + 1, keys.key_of(&name));
                         for r in 0..rounds {
                             let start = t0_ns + r * ROUND_S * 1_000_000_000;
                             let frames = sender
@@ -144,8 +169,8 @@ fn make_fleet(args: &Args, t0_ns: u64) -> (Vec<Datagram>, Vec<usize>) {
 }
 
 /// One node's frames over the hour that ends at `end_ns`.
-fn make_hour(key: &Key, end_ns: u64) -> Vec<Datagram> {
-    let mut sender = NodeSender::new("hour-node", 1_000_000, key.clone());
+fn make_hour(keys: &Sealing, end_ns: u64) -> Vec<Datagram> {
+    let mut sender = NodeSender::new("hour-node", 1_000_000, keys.key_of("hour-node"));
     sender
         .run(end_ns - 3600 * 1_000_000_000, 3600, ROUND_S)
         .into_iter()
@@ -388,7 +413,7 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     // A node's series and metric names: what its first second sends.
     let (series_per_node, metrics) = {
-        let mut probe = NodeSender::new(&node_name(0), 1, args.key.clone());
+        let mut probe = NodeSender::new(&node_name(0), 1, args.keys.key_of(&node_name(0)));
         probe.run(1_790_000_000_000_000_000, 1, ROUND_S);
         (probe.series(), probe.metrics())
     };
@@ -400,7 +425,7 @@ fn main() -> anyhow::Result<()> {
     let span_ns = args.rounds * ROUND_S * 1_000_000_000;
     let t0_ns = (unix_now_ns() / 1_000_000_000) * 1_000_000_000 - span_ns - 60_000_000_000;
     let (fleet, round_ends) = make_fleet(&args, t0_ns);
-    let hour = make_hour(&args.key, t0_ns);
+    let hour = make_hour(&args.keys, t0_ns);
     let sockets = (0..SOCKETS)
         .map(|_| UdpSocket::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()

@@ -79,6 +79,18 @@ pub struct CollectorOptions {
     /// `collector`: only write bench/results/collector.md again from collector.json.
     #[arg(long)]
     pub rewrite_report: bool,
+    /// `collector`: how the simulated nodes seal their frames: `shared` (one key, the
+    /// collector's `--key`; bench/results/collector.md) or `node` (each node its own key,
+    /// the collector's `--fleet-secret`; bench/results/collector-node-keys.md).
+    #[arg(long, value_enum, default_value_t = Keys::Shared)]
+    pub keys: Keys,
+}
+
+/// How the bench's nodes seal their frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Keys {
+    Shared,
+    Node,
 }
 
 /// The goals of issue 11.
@@ -108,7 +120,10 @@ const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
 
 pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let o = &options.collector;
-    let md_path = cargo::workspace_root().join(super::results_path(super::Target::Collector));
+    let md_path = match o.keys {
+        Keys::Shared => cargo::workspace_root().join(super::results_path(super::Target::Collector)),
+        Keys::Node => cargo::workspace_root().join("bench/results/collector-node-keys.md"),
+    };
     if o.rewrite_report {
         let report: Value =
             serde_json::from_str(&fs::read_to_string(md_path.with_extension("json"))?)?;
@@ -142,8 +157,13 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
                 "--sockets",
                 &sockets.to_string(),
             ])
+            // The long series' archive is sealed with the shared key: kept in node mode too.
             .arg("--key")
             .arg(&key)
+            .args(match o.keys {
+                Keys::Shared => vec![],
+                Keys::Node => vec!["--fleet-secret".into(), key.clone().into_os_string()],
+            })
             .arg("--data")
             .arg(data)
             // The hour node's frames are up to 1 h 2 min old when sent.
@@ -165,7 +185,10 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let mut load_cmd = Command::new(&load_bin);
     load_cmd
         .args(["--target", &format!("127.0.0.1:{udp}")])
-        .arg("--key")
+        .arg(match o.keys {
+            Keys::Shared => "--key",
+            Keys::Node => "--fleet-secret",
+        })
         .arg(&key)
         .args([
             "--nodes",
@@ -542,7 +565,11 @@ fn command_line(options: &super::Options) -> String {
         o.sockets
             .map(|s| format!(" --sockets {s}"))
             .unwrap_or_default()
-    )
+    ) + if o.keys == Keys::Node {
+        " --keys node"
+    } else {
+        ""
+    }
 }
 
 /// Sends one command to the load generator and reads its JSON answer.
@@ -863,11 +890,25 @@ fn markdown(r: &Value) -> String {
         }
     };
     let mut s = String::new();
-    s += "# Collector bench\n\n";
+    let per_node = r["command"]
+        .as_str()
+        .is_some_and(|c| c.ends_with("--keys node"));
+    s += if per_node {
+        "# Collector bench, per-node keys\n\n"
+    } else {
+        "# Collector bench\n\n"
+    };
     s += &format!(
         "Command: `{}`  \n",
         r["command"].as_str().unwrap_or_default()
     );
+    if per_node {
+        s += "Each simulated node seals its frames with its own key, derived from the fleet \
+              secret the collector holds (`--fleet-secret`; docs/wire-format.md, \"Keys\"): the \
+              same run as bench/results/collector.md otherwise. What the keys cost per sample, \
+              counted exactly, is in bench/results/node-keys.md; CPU time here is shared and \
+              noisy.  \n";
+    }
     s += &format!(
         "Date: {}; machine: {} ({} cores, shared with other work: load average at the end {}); net.core.rmem_max {}.\n\n",
         r["date"].as_str().unwrap_or_default(),
