@@ -13,7 +13,7 @@
 //! for a frame naming a node the table holds, with the key of a node whose frames came from
 //! the same address (at most [`NAMES_PER_ADDRESS`] names an address; on a fleet with an
 //! address per node, none to try): the node found doing so is tried first from then on, and
-//! all of them at most once a second per address. Anything else is a bad MAC, at the cost of
+//! all of them at most once a second per named node. Anything else is a bad MAC, at the cost of
 //! one MAC, as with one shared key: a flood naming random nodes costs what it did.
 
 use std::{
@@ -32,22 +32,11 @@ pub const NAMES_PER_ADDRESS: usize = 8;
 /// The ring ingest accepts, and which nodes sent from which address.
 pub struct IngestKeys {
     ring: Keyring,
-    by_address: Mutex<HashMap<IpAddr, Neighbours>>,
+    by_address: Mutex<HashMap<IpAddr, Vec<Arc<str>>>>,
 }
 
-/// The nodes that sent from one address, and which of them was found sealing frames for
-/// others.
-#[derive(Clone, Default)]
-struct Neighbours {
-    names: Vec<Arc<str>>,
-    /// Found sealing a frame that named another node: its key is tried first.
-    forger: Option<Arc<str>>,
-    /// When a refused frame from this address was last tried with every neighbour's key.
-    searched_unix_ns: u64,
-}
-
-/// A refused frame from an address is tried with all its neighbours' keys at most this often
-/// (a flood of garbage from an address with several nodes costs one MAC per datagram, and a
+/// A refused frame naming a node is tried with all its address's neighbours' keys at most
+/// this often per node (a flood of garbage naming a node costs one MAC per datagram, and a
 /// few more once a second).
 const SEARCH_EVERY_NS: u64 = 1_000_000_000;
 
@@ -58,6 +47,11 @@ pub struct NodeKeys {
     last: usize,
     /// The node sealed a frame with its own key: the shared key is refused for it.
     on_own_key: bool,
+    /// The node found sealing frames that name this one, and its key: tried first on every
+    /// refused frame (kept with the node, under its shard's lock: no lock of its own).
+    forger: Option<(Arc<str>, Key)>,
+    /// When a refused frame naming this node was last tried with every neighbour's key.
+    searched_unix_ns: u64,
 }
 
 impl NodeKeys {
@@ -91,6 +85,8 @@ impl IngestKeys {
             keys: self.ring.keys_of(node),
             last: 0,
             on_own_key: false,
+            forger: None,
+            searched_unix_ns: 0,
         }
     }
 
@@ -138,7 +134,7 @@ impl IngestKeys {
     /// Remembers that `node` sends from `address` (bounded per address).
     fn remember(&self, address: IpAddr, node: &str) {
         let mut by_address = lock(&self.by_address);
-        let names = &mut by_address.entry(address).or_default().names;
+        let names = by_address.entry(address).or_default();
         if names.len() < NAMES_PER_ADDRESS && !names.iter().any(|n| &**n == node) {
             names.push(node.into());
         }
@@ -147,12 +143,9 @@ impl IngestKeys {
     /// Forgets a node (it went silent and left the table).
     pub fn forget(&self, node: &str) {
         let mut by_address = lock(&self.by_address);
-        by_address.retain(|_, neighbours| {
-            neighbours.names.retain(|n| &**n != node);
-            if neighbours.forger.as_deref() == Some(node) {
-                neighbours.forger = None;
-            }
-            !neighbours.names.is_empty()
+        by_address.retain(|_, names| {
+            names.retain(|n| &**n != node);
+            !names.is_empty()
         });
     }
 
@@ -162,7 +155,7 @@ impl IngestKeys {
         bytes: &[u8],
         node: &str,
         held: bool,
-        keys: &NodeKeys,
+        keys: &mut NodeKeys,
         from: SocketAddr,
         now_unix_ns: u64,
     ) -> Refused {
@@ -195,13 +188,12 @@ impl IngestKeys {
         }
         if held
             && self.ring.has_fleet_secret()
-            && let Some(sealer) = self.neighbour_sealing(bytes, node, from.ip(), now_unix_ns)
+            && let Some(sealer) = self.neighbour_sealing(bytes, node, keys, from.ip(), now_unix_ns)
         {
             return Refused {
                 reason: DropReason::WrongNodeKey,
                 detail: format!(
-                    "frame names node {node:?} but is sealed with the key of node {sealer:?}, \
-                     which sends from the same address"
+                    "frame names node {node:?} but is sealed with the key of node {sealer:?}"
                 ),
             };
         }
@@ -218,44 +210,37 @@ impl IngestKeys {
 
 impl IngestKeys {
     /// The node sending from `address` whose key sealed a frame naming `node`: the one found
-    /// doing so before, else (at most once a second per address) any of its neighbours.
+    /// doing so before, else (at most once a second per named node) any of its neighbours.
     fn neighbour_sealing(
         &self,
         bytes: &[u8],
         node: &str,
+        keys: &mut NodeKeys,
         address: IpAddr,
         now_unix_ns: u64,
     ) -> Option<Arc<str>> {
-        let (forger, others) = {
-            let mut by_address = lock(&self.by_address);
-            let neighbours = by_address.get_mut(&address)?;
-            let search = now_unix_ns.saturating_sub(neighbours.searched_unix_ns) >= SEARCH_EVERY_NS;
-            if search {
-                neighbours.searched_unix_ns = now_unix_ns;
+        if let Some((forger, key)) = &keys.forger
+            && wire::sealed_with(bytes, key)
+        {
+            return Some(forger.clone());
+        }
+        if now_unix_ns.saturating_sub(keys.searched_unix_ns) < SEARCH_EVERY_NS {
+            return None;
+        }
+        keys.searched_unix_ns = now_unix_ns;
+        let names = lock(&self.by_address).get(&address).cloned()?;
+        for other in names.iter().filter(|o| &***o != node) {
+            let found = self
+                .ring
+                .keys_of(other)
+                .into_iter()
+                .find(|(s, key)| *s != Sealer::Shared && wire::sealed_with(bytes, key));
+            if let Some((_, key)) = found {
+                keys.forger = Some((other.clone(), key));
+                return Some(other.clone());
             }
-            let others: Vec<Arc<str>> = if search {
-                neighbours.names.clone()
-            } else {
-                Vec::new()
-            };
-            (neighbours.forger.clone(), others)
-        };
-        let sealed_by = |other: &str| {
-            other != node
-                && self
-                    .ring
-                    .keys_of(other)
-                    .iter()
-                    .any(|(s, key)| *s != Sealer::Shared && wire::sealed_with(bytes, key))
-        };
-        if let Some(forger) = forger.filter(|f| sealed_by(f)) {
-            return Some(forger);
         }
-        let found = others.into_iter().find(|o| sealed_by(o))?;
-        if let Some(neighbours) = lock(&self.by_address).get_mut(&address) {
-            neighbours.forger = Some(found.clone());
-        }
-        Some(found)
+        None
     }
 }
 
@@ -345,11 +330,12 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.reason, DropReason::WrongNodeKey, "{}", e.detail);
         }
-        // The same forgery from an address no node sent from: a bad MAC, no more is known.
+        // gpu-a's key naming gpu-b from elsewhere: still gpu-a's key, which gpu-b's entry
+        // remembers.
         let e = table
             .ingest(&forged, at("10.0.0.9"), T0 + SECOND)
             .unwrap_err();
-        assert_eq!(e.reason, DropReason::BadMac);
+        assert_eq!(e.reason, DropReason::WrongNodeKey, "{}", e.detail);
         // A genuine frame of gpu-a with its header rewritten to name gpu-b: the MAC covers
         // the name.
         let mut renamed = frame("gpu-a", key("gpu-a"), T0 + SECOND);
@@ -362,6 +348,12 @@ mod tests {
         table
             .ingest(&frame("gpu-c", key("gpu-c"), T0), at("10.0.0.3"), T0)
             .unwrap();
+        // A forgery of gpu-c from an address no node sent from: a bad MAC, no more is known.
+        let t = T0 + 2 * SECOND;
+        let e = table
+            .ingest(&frame("gpu-c", key("gpu-a"), t), at("10.0.0.9"), t)
+            .unwrap_err();
+        assert_eq!(e.reason, DropReason::BadMac, "{}", e.detail);
         assert_eq!(summary(&table, "gpu-b").frames, 1);
         assert_eq!(table.node_count(), 3);
     }

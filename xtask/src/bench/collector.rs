@@ -157,12 +157,17 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
                 "--sockets",
                 &sockets.to_string(),
             ])
-            // The long series' archive is sealed with the shared key: kept in node mode too.
-            .arg("--key")
-            .arg(&key)
-            .args(match o.keys {
-                Keys::Shared => vec![],
-                Keys::Node => vec!["--fleet-secret".into(), key.clone().into_os_string()],
+            // Per-node keys only; the long series' archive (made with the shared key) needs
+            // the shared key too.
+            .args(match (o.keys, o.long_nodes) {
+                (Keys::Shared, _) => vec!["--key".into(), key.clone().into_os_string()],
+                (Keys::Node, 0) => vec!["--fleet-secret".into(), key.clone().into_os_string()],
+                (Keys::Node, _) => vec![
+                    "--fleet-secret".into(),
+                    key.clone().into_os_string(),
+                    "--key".into(),
+                    key.clone().into_os_string(),
+                ],
             })
             .arg("--data")
             .arg(data)
