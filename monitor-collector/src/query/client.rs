@@ -70,7 +70,7 @@ impl Client {
                 let path = PathBuf::from(path);
                 let text = std::fs::read_to_string(&path)
                     .with_context(|| format!("{HTTP_CONFIG_ENV}={}", path.display()))?;
-                let config: HttpConfig = serde_norway::from_str(&text)
+                let config: HttpConfig = serde_saphyr::from_str(&text)
                     .map_err(|e| anyhow::anyhow!("{HTTP_CONFIG_ENV}={}: {e}", path.display()))?;
                 Some((path, config))
             }

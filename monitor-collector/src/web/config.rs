@@ -168,14 +168,13 @@ impl WebConfig {
         let file: File = if text.trim().is_empty() {
             File::default()
         } else {
-            serde_norway::from_str(&text).map_err(|e| {
-                // serde's message names the field's path first (`a.b: ...`): split it off so
-                // the line reads file: field: message.
-                let message = e.to_string().replace('\n', " ");
-                match message.split_once(": ") {
-                    Some((field, rest)) if !field.contains(' ') => error(field, rest.into()),
-                    _ => error("", message),
-                }
+            serde_saphyr::from_str(&text).map_err(|e| {
+                // The parser's message is `error: line L column C: what`, then a snippet of
+                // the file on further lines: the first line is the one to log.
+                let message = e.to_string();
+                let first = message.lines().next().unwrap_or_default();
+                let first = first.trim().trim_start_matches("error: ");
+                error("", first.split(" --> ").next().unwrap_or(first).into())
             })?
         };
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -443,18 +442,18 @@ mod tests {
     fn a_bad_file_is_one_line_naming_the_file_and_the_field() {
         let e = error("tls_server_config:\n  cert_file: server.pem\n  certfile: x\n");
         assert!(
-            e.starts_with("tls_server_config: unknown field `certfile`"),
+            e.starts_with("line 3 column 3: unknown field `certfile`"),
             "{e}"
         );
         let e = error(
             "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  client_auth_type: Sometimes\n",
         );
         assert!(
-            e.starts_with("tls_server_config.client_auth_type: unknown variant `Sometimes`"),
+            e.starts_with("line 4 column 21: unknown variant `Sometimes`"),
             "{e}"
         );
         let e = error("basic_auth_users: [alice]\n");
-        assert!(e.starts_with("basic_auth_users: invalid type"), "{e}");
+        assert!(e.starts_with("line 1 column 19: expected mapping"), "{e}");
         let e = error("basic_auth_users:\n  alice: $1$md5$notbcrypt\n");
         assert!(
             e.starts_with("basic_auth_users.alice: not a bcrypt hash"),
@@ -470,7 +469,7 @@ mod tests {
             "basic_auth_users:\n  alice: {hash}\nrailscope_roles:\n  alice: root\n"
         ));
         assert!(
-            e.starts_with("railscope_roles.alice: unknown variant `root`"),
+            e.starts_with("line 4 column 10: unknown variant `root`"),
             "{e}"
         );
         let e = error(&format!(
