@@ -13,13 +13,16 @@
 //! for a frame naming a node the table holds, with the key of a node whose frames came from
 //! the same address (at most [`NAMES_PER_ADDRESS`] names an address; on a fleet with an
 //! address per node, none to try): the node found doing so is tried first from then on, and
-//! all of them at most once a second per named node. Anything else is a bad MAC, at the cost of
+//! all of them at most once a second per named node and 100 times a second in all. Anything else is a bad MAC, at the cost of
 //! one MAC, as with one shared key: a flood naming random nodes costs what it did.
 
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use monitor_wire::{self as wire, Frame, Key, Keyring, ReceiverState, Sealer, WireError};
@@ -33,12 +36,18 @@ pub const NAMES_PER_ADDRESS: usize = 8;
 pub struct IngestKeys {
     ring: Keyring,
     by_address: Mutex<HashMap<IpAddr, Vec<Arc<str>>>>,
+    /// When any refused frame was last tried with its neighbours' keys (all nodes together).
+    searched_unix_ns: AtomicU64,
 }
 
 /// A refused frame naming a node is tried with all its address's neighbours' keys at most
 /// this often per node (a flood of garbage naming a node costs one MAC per datagram, and a
 /// few more once a second).
 const SEARCH_EVERY_NS: u64 = 1_000_000_000;
+
+/// And at most this often over all nodes together: a flood of forgeries each naming another
+/// node starts at most 100 searches a second (at most 800 more MACs).
+const ANY_SEARCH_EVERY_NS: u64 = 10_000_000;
 
 /// One node's keys, as ingest tries them.
 pub struct NodeKeys {
@@ -72,6 +81,7 @@ impl IngestKeys {
         Self {
             ring,
             by_address: Mutex::new(HashMap::new()),
+            searched_unix_ns: AtomicU64::new(0),
         }
     }
 
@@ -225,6 +235,15 @@ impl IngestKeys {
             return Some(forger.clone());
         }
         if now_unix_ns.saturating_sub(keys.searched_unix_ns) < SEARCH_EVERY_NS {
+            return None;
+        }
+        let last = self.searched_unix_ns.load(Ordering::Relaxed);
+        if now_unix_ns.saturating_sub(last) < ANY_SEARCH_EVERY_NS
+            || self
+                .searched_unix_ns
+                .compare_exchange(last, now_unix_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
             return None;
         }
         keys.searched_unix_ns = now_unix_ns;

@@ -190,7 +190,7 @@ fn markdown(r: &Value) -> anyhow::Result<String> {
          case for per-node keys: fleet frames with a random MAC, each naming a node the table \
          holds, from the one address every node sent from (a refused frame naming a held node \
          may be tried with the keys of the 8 nodes remembered for its address, at most once a \
-         second per named node). Nodes held and resident memory before and after the flood: no \
+         second per named node and 100 times a second in all). Nodes held and resident memory before and after the flood: no \
          state is kept for a refused datagram.\n"
     )?;
     writeln!(
