@@ -38,6 +38,9 @@ pub struct IngestKeys {
     by_address: Mutex<HashMap<IpAddr, Vec<Arc<str>>>>,
     /// When any refused frame was last tried with its neighbours' keys (all nodes together).
     searched_unix_ns: AtomicU64,
+    /// A key for a datagram whose header names no node (too short, or not UTF-8): derived
+    /// once, so that a flood of garbage costs no key derivation.
+    unnamed: Key,
 }
 
 /// A refused frame naming a node is tried with all its address's neighbours' keys at most
@@ -79,14 +82,16 @@ impl NodeKeys {
 impl IngestKeys {
     pub fn new(ring: Keyring) -> Self {
         Self {
+            unnamed: ring.sealing_key(""),
             ring,
             by_address: Mutex::new(HashMap::new()),
             searched_unix_ns: AtomicU64::new(0),
         }
     }
 
-    pub fn ring(&self) -> &Keyring {
-        &self.ring
+    /// The key to check a datagram with whose header names no node (its refusal says why).
+    pub fn unnamed_key(&self) -> &Key {
+        &self.unnamed
     }
 
     /// `node`'s keys, derived once per node.

@@ -262,9 +262,9 @@ impl NodeTable {
     ) -> Result<Accepted, Refused> {
         let Some(name) = wire::peek_node(bytes) else {
             // Too short, or a name that is not UTF-8: the decoder says which (MAC first).
-            let any_key = self.keys.ring().sealing_key("");
+            let any_key = self.keys.unnamed_key();
             return Err(
-                match wire::decode(bytes, &any_key, &mut ReceiverState::default()) {
+                match wire::decode(bytes, any_key, &mut ReceiverState::default()) {
                     Err(e) => Refused::wire(&e),
                     Ok(_) => Refused {
                         reason: DropReason::Malformed,

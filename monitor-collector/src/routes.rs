@@ -130,16 +130,7 @@ pub fn router(sources: Sources) -> Router {
 mod tests {
     /// The routes of the table above, read from this file.
     fn routes_in_table() -> Vec<&'static str> {
-        let source = include_str!("routes.rs");
-        let table = &source[..source.find("#[cfg(test)]").unwrap()];
-        table
-            .split(".route(")
-            .skip(1)
-            .map(|rest| {
-                let rest = rest.trim_start().strip_prefix('"').unwrap();
-                &rest[..rest.find('"').unwrap()]
-            })
-            .collect()
+        roles_in_table().into_iter().map(|(path, _)| path).collect()
     }
 
     /// Each route of the table with the role it asks for (`read(...)` or `admin(...)`).

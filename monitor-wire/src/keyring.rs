@@ -210,24 +210,25 @@ impl Keyring {
 
     /// [`codec::decode`] for a reader of archived frames: tries each key of the frame's node.
     pub fn decode(&self, bytes: &[u8], state: &mut ReceiverState) -> Result<Frame, WireError> {
-        let keys = self.reader_keys(codec::peek_node(bytes).unwrap_or_default());
-        let mut last = WireError::TooShort { len: bytes.len() };
-        for key in keys.iter() {
-            match codec::decode(bytes, key, state) {
-                Err(e @ WireError::BadMac { .. }) => last = e,
-                other => return other,
-            }
-        }
-        Err(last)
+        self.with_each_key(bytes, |key| codec::decode(bytes, key, state))
     }
 
     /// [`codec::open_stored`] for a reader of archived frames: tries each key of the frame's
     /// node.
     pub fn open_stored<'a>(&self, bytes: &'a [u8]) -> Result<StoredFrame<'a>, WireError> {
+        self.with_each_key(bytes, |key| codec::open_stored(bytes, key))
+    }
+
+    /// `open` with each key of the node `bytes` names, until one is not a bad MAC.
+    fn with_each_key<T>(
+        &self,
+        bytes: &[u8],
+        mut open: impl FnMut(&Key) -> Result<T, WireError>,
+    ) -> Result<T, WireError> {
         let keys = self.reader_keys(codec::peek_node(bytes).unwrap_or_default());
         let mut last = WireError::TooShort { len: bytes.len() };
         for key in keys.iter() {
-            match codec::open_stored(bytes, key) {
+            match open(key) {
                 Err(e @ WireError::BadMac { .. }) => last = e,
                 other => return other,
             }
