@@ -311,6 +311,17 @@ pub fn peek_node(bytes: &[u8]) -> Option<&str> {
     std::str::from_utf8(bytes.get(7..7 + len)?).ok()
 }
 
+/// The session and sequence number in a frame's header, read without checking the MAC: for
+/// frames already authenticated (an agent's own spool, the collector's archive). `None` when
+/// the header is cut short.
+pub fn peek_sequence(bytes: &[u8]) -> Option<(u32, u64)> {
+    let at = 7 + usize::from(*bytes.get(6)?);
+    let session = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
+    let mut r = Reader::new(bytes.get(at + 4..)?, 0);
+    let seq = r.varint("seq").ok()?;
+    Some((session, seq))
+}
+
 /// Verifies, parses and accounts one received datagram: the MAC is checked before anything
 /// else is read; then the frame's schema entries are merged into `state`, and its sequence
 /// number is checked against the node's (gaps are counted as lost frames, a frame seen

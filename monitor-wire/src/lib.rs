@@ -30,6 +30,7 @@
 //! `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
 //! the collector reads).
 
+mod ack;
 mod budget;
 mod codec;
 mod encoder;
@@ -47,13 +48,15 @@ mod receiver;
 mod request;
 mod samples;
 mod schema;
+mod seqset;
 mod series;
 
 #[cfg(test)]
 mod testing;
 
+pub use ack::{ACK_MAGIC, Ack, MIN_ACK_LEN, decode_ack, encode_ack};
 pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
-pub use codec::{StoredFrame, decode, encode_frame, open_stored, peek_node};
+pub use codec::{StoredFrame, decode, encode_frame, open_stored, peek_node, peek_sequence};
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
 pub use frame::{
@@ -70,6 +73,7 @@ pub use receiver::{LastFrame, NodeState, ReceiverLimits, ReceiverState, schema_e
 pub use request::{
     MIN_REQUEST_LEN, REQUEST_MAGIC, SchemaRequest, decode_schema_request, encode_schema_request,
 };
+pub use seqset::{MAX_RANGES, SeqSet};
 pub use series::{Kind, Labels, Reading, Series, Value};
 
 /// Appends the MAC of `body` with `key`: for the fuzz targets only (cargo-fuzz builds with

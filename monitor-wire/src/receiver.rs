@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::{error::WireError, frame::Frame, series::Series};
+use crate::{error::WireError, frame::Frame, seqset::SeqSet, series::Series};
 
 /// What a receiver knows of each sending node.
 #[derive(Debug, Default)]
@@ -48,8 +48,6 @@ pub fn schema_entry_cost(series: &Series) -> usize {
 
 /// Sessions remembered per node after they end, so a replayed old frame cannot reset a node.
 const RETIRED_SESSIONS: usize = 8;
-/// How far back (in sequence numbers) a late frame is still placed.
-const SEQ_WINDOW: u64 = 64;
 
 #[derive(Debug)]
 pub struct NodeState {
@@ -58,9 +56,13 @@ pub struct NodeState {
     schema: HashMap<u32, Series>,
     /// The schema's cost ([`schema_entry_cost`] of each entry).
     schema_bytes: usize,
-    highest_seq: u64,
-    /// Bit i: frame `highest_seq - i` was received.
-    seen: u64,
+    /// The frames of the session received (and not taken back): a frame held is refused as
+    /// a duplicate, a late one it lacks is taken however late (an agent sends again what
+    /// was not acknowledged).
+    received: SeqSet,
+    /// The first frame of the session this receiver saw: frames missing before it are not
+    /// counted as lost (the receiver started after the sender).
+    first_seen: u64,
     /// Frames accepted from this node (all sessions).
     pub frames: u64,
     /// Frames missing from the sequence (a late arrival is taken back off).
@@ -97,8 +99,8 @@ impl NodeState {
             retired: Vec::new(),
             schema: HashMap::new(),
             schema_bytes: 0,
-            highest_seq: frame.seq,
-            seen: 1,
+            received: SeqSet::default(),
+            first_seen: frame.seq,
             frames: 0,
             lost: 0,
             late: 0,
@@ -114,6 +116,11 @@ impl NodeState {
 
     pub fn session(&self) -> u32 {
         self.session
+    }
+
+    /// The frames of the current session received so far.
+    pub fn received(&self) -> &SeqSet {
+        &self.received
     }
 
     /// The series an id stands for in the current session, once its entry was received.
@@ -166,6 +173,50 @@ impl ReceiverState {
         self.nodes.iter().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// Takes a frame back out of what `node` sent in `session` (it was accepted, then could
+    /// not be stored): a copy sent again is taken then.
+    pub fn forget_frame(&mut self, node: &str, session: u32, seq: u64) {
+        if let Some(state) = self.nodes.get_mut(node)
+            && state.session == session
+            && state.received.contains(seq)
+        {
+            state.received.remove(seq);
+            if seq >= state.first_seen {
+                state.lost += 1;
+            }
+        }
+    }
+
+    /// Starts `node` in `session` with the frames `received` already held (a collector that
+    /// restarted, from its archive): copies of them are refused, the rest taken. The schema
+    /// starts empty, as for any session this receiver had not seen.
+    pub fn resume(&mut self, node: &str, session: u32, received: SeqSet) {
+        let first_seen = received.ranges().first().map_or(received.floor(), |r| r.0);
+        let first_seen = if received.floor() > 0 {
+            received.floor().min(first_seen)
+        } else {
+            first_seen
+        };
+        self.nodes.insert(
+            node.to_owned(),
+            NodeState {
+                session,
+                retired: Vec::new(),
+                schema: HashMap::new(),
+                schema_bytes: 0,
+                received,
+                first_seen,
+                frames: 0,
+                lost: 0,
+                late: 0,
+                unknown_samples: 0,
+                sessions: 1,
+                schema_refused: 0,
+                last: LastFrame::default(),
+            },
+        );
+    }
+
     pub(crate) fn accept(&mut self, frame: &Frame) -> Result<(), WireError> {
         let node = match self.nodes.get_mut(&frame.node) {
             Some(node) => node,
@@ -196,41 +247,32 @@ impl ReceiverState {
             node.session = frame.session;
             node.schema.clear();
             node.schema_bytes = 0;
-            node.highest_seq = frame.seq;
-            node.seen = 1;
+            node.received = SeqSet::default();
+            node.first_seen = frame.seq;
             node.sessions += 1;
             last.new_session = true;
         } else if node.frames == 0 {
             last.new_session = true;
-        } else if frame.seq > node.highest_seq {
-            let ahead = frame.seq - node.highest_seq;
-            last.lost_before = ahead - 1;
-            node.lost += ahead - 1;
-            node.seen = if ahead >= SEQ_WINDOW {
-                1
-            } else {
-                (node.seen << ahead) | 1
-            };
-            node.highest_seq = frame.seq;
+        }
+        if node.received.contains(frame.seq) {
+            // Held, or given up at the set's bound (counted there): either way not taken.
+            return Err(WireError::Duplicate {
+                node: frame.node.clone(),
+                seq: frame.seq,
+            });
+        }
+        let highest = node.received.end();
+        if frame.seq >= highest {
+            let from = highest.max(node.first_seen);
+            last.lost_before = frame.seq.saturating_sub(from);
+            node.lost += last.lost_before;
         } else {
-            let behind = node.highest_seq - frame.seq;
-            if behind >= SEQ_WINDOW {
-                return Err(WireError::Stale {
-                    node: frame.node.clone(),
-                    seq: frame.seq,
-                    session: frame.session,
-                });
+            if frame.seq >= node.first_seen {
+                node.lost = node.lost.saturating_sub(1);
             }
-            if node.seen & (1 << behind) != 0 {
-                return Err(WireError::Duplicate {
-                    node: frame.node.clone(),
-                    seq: frame.seq,
-                });
-            }
-            node.seen |= 1 << behind;
-            node.lost = node.lost.saturating_sub(1);
             node.late += 1;
         }
+        node.received.insert(frame.seq);
         node.frames += 1;
         for entry in &frame.schema {
             if !node.learn(entry.id, &entry.series, &self.limits) {
@@ -311,6 +353,44 @@ mod tests {
             send(&frame, &mut state).unwrap_err(),
             WireError::Stale { .. }
         ));
+    }
+
+    #[test]
+    fn a_late_frame_is_taken_however_late_and_a_held_one_never_twice() {
+        let key = key();
+        let mut state = ReceiverState::default();
+        let mut frame = sample_frame();
+        let session = frame.session;
+        let mut send = |seq: u64, state: &mut ReceiverState| {
+            frame.seq = seq;
+            decode(&encode_frame(&frame, &key).unwrap(), &key, state)
+        };
+        send(0, &mut state).unwrap();
+        send(1000, &mut state).unwrap();
+        assert_eq!(state.node("gpu-node-017").unwrap().lost, 999);
+        // Sent again 999 frames later (a collector that was away): still taken.
+        send(5, &mut state).unwrap();
+        assert!(matches!(
+            send(5, &mut state),
+            Err(WireError::Duplicate { seq: 5, .. })
+        ));
+        // Taken, then not stored: a copy is taken again.
+        state.forget_frame("gpu-node-017", session, 5);
+        send(5, &mut state).unwrap();
+        let node = state.node("gpu-node-017").unwrap();
+        assert_eq!((node.lost, node.late), (998, 2));
+        assert_eq!(node.received().ranges(), &[(5, 6), (1000, 1001)]);
+
+        // A receiver that restarted resumes from what it stored: copies refused, the rest taken.
+        let mut restarted = ReceiverState::default();
+        let held = state.node("gpu-node-017").unwrap().received().clone();
+        restarted.resume("gpu-node-017", session, held);
+        assert!(send(1000, &mut restarted).is_err());
+        send(7, &mut restarted).unwrap();
+        send(1001, &mut restarted).unwrap();
+        let node = restarted.node("gpu-node-017").unwrap();
+        assert_eq!(node.sessions, 1);
+        assert_eq!(node.received().ranges(), &[(5, 6), (7, 8), (1000, 1002)]);
     }
 
     /// A frame of node `n` that names series `ids` and carries one sample of each.
