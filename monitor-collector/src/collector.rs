@@ -2,6 +2,7 @@
 //! state they share.
 
 use std::{
+    collections::HashMap,
     net::{SocketAddr, TcpListener},
     sync::{
         Arc,
@@ -14,6 +15,7 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
+    acks::{AckStats, Acker},
     config::CollectorConfig,
     drops::Drops,
     events::RecentEvents,
@@ -28,7 +30,7 @@ use crate::{
     routes::{self, Sources},
     shared::{ExtraMetrics, IngestStats, Shared},
     udp,
-    writer::{self, FrameArchive, Writer},
+    writer::{self, Delivery, FrameArchive, Writer},
 };
 
 /// What a collector is started with beyond its configuration.
@@ -45,6 +47,9 @@ pub struct Parts {
     pub extra_metrics: Option<ExtraMetrics>,
     /// Evaluate health findings into this store with these thresholds.
     pub findings: Option<(Arc<FindingsStore>, Thresholds)>,
+    /// What the archive holds of each node's newest session ([`crate::acks::held_in_archive`],
+    /// read at start-up): copies of those frames are refused and acknowledged.
+    pub held: HashMap<Arc<str>, (u32, monitor_wire::SeqSet)>,
 }
 
 pub struct Collector {
@@ -103,6 +108,8 @@ impl Collector {
         // Every thread the watchdog watches: the receive threads (beaten by index), the
         // archive's writer and its own threads, the HTTP server, the findings thread.
         let mut heartbeats = Heartbeats::new((0..sockets.len()).map(|i| format!("receive-{i}")));
+        let table = Arc::new(NodeTable::new(config.keys.clone(), config.limits.clone()));
+        let ack_stats = Arc::new(AckStats::default());
         let (archive, writer) = match parts.archive {
             Some(archive) => {
                 for (name, beat) in archive.heartbeats() {
@@ -110,11 +117,30 @@ impl Collector {
                 }
                 let beat = Heartbeat::new();
                 heartbeats.watch("archive-writer", beat.clone());
+                let mut acker = Acker::new(Some(sockets[0].try_clone()?), ack_stats.clone());
+                for (node, (session, held)) in &parts.held {
+                    acker.seed(node, *session, held.clone());
+                }
+                if !parts.held.is_empty() {
+                    tracing::info!(
+                        "the archive holds recent frames of {} nodes: copies of them are acknowledged, not stored again",
+                        parts.held.len()
+                    );
+                }
+                table.resume_from_archive(parts.held);
+                let forget = table.clone();
+                let delivery = Delivery {
+                    acker,
+                    not_stored: Box::new(move |frame| {
+                        forget.forget_frame(&frame.node, frame.session, frame.seq)
+                    }),
+                };
                 let (queue, handle) = writer::spawn(
                     archive,
                     config.keys.clone(),
                     config.limits.archive_queue_bytes,
                     beat,
+                    delivery,
                 )?;
                 (Some(queue), Some(handle))
             }
@@ -136,7 +162,8 @@ impl Collector {
             None => (None, None),
         };
         let shared = Arc::new(Shared {
-            table: NodeTable::new(config.keys.clone(), config.limits.clone()),
+            table,
+            acks: ack_stats,
             drops: Drops::default(),
             events: RecentEvents::new(
                 config.limits.max_recent_events,
@@ -281,6 +308,7 @@ mod tests {
             extra_metrics: None,
             findings: None,
             test_routes: None,
+            held: HashMap::new(),
         })
     }
 
@@ -572,6 +600,7 @@ mod tests {
             test_routes: Some(hang),
             extra_metrics: None,
             findings: None,
+            held: HashMap::new(),
         });
         let names: Vec<&str> = collector.shared().heartbeats.names().collect();
         for name in [

@@ -15,6 +15,7 @@ use std::{
 use monitor_wire::{self as wire, Key, SchemaRequest};
 
 use crate::{
+    acks::Copied,
     clock::unix_now_ns,
     drops::DropReason,
     events::LiveEvent,
@@ -74,20 +75,38 @@ pub fn handle(shared: &Shared, socket: &UdpSocket, bytes: &[u8], from: SocketAdd
         Ok(accepted) => {
             let reply_key = accepted.reply_key.clone();
             let (node, session) = (accepted.node.clone(), accepted.frame.session);
-            take(shared, accepted, bytes, now_ns);
+            take(shared, accepted, bytes, from, now_ns);
             if let Some(key) = reply_key {
                 ask_for_schema(shared, socket, &key, &node, session, from);
             }
         }
-        Err(refused) => shared.drops.record(refused.reason, from, &refused.detail),
+        Err(refused) => {
+            if refused.reason == DropReason::Duplicate
+                && let Some(queue) = &shared.archive
+                && let (Some(node), Some((session, seq))) =
+                    (wire::peek_node(bytes), wire::peek_sequence(bytes))
+            {
+                // Its MAC was checked before it was found a copy: acknowledged again once
+                // durable (the agent missed the acknowledgement, or sent before it came).
+                queue.duplicate(Copied {
+                    node: node.into(),
+                    session,
+                    seq,
+                    len: bytes.len(),
+                    from,
+                });
+            }
+            shared.drops.record(refused.reason, from, &refused.detail)
+        }
     }
 }
 
-fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
+fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], from: SocketAddr, now_ns: u64) {
     let Accepted {
         node,
         frame,
         schema,
+        key,
         ..
     } = accepted;
     let stats = &shared.stats;
@@ -110,15 +129,23 @@ fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], now_ns: u64) {
     }
     if let Some(queue) = &shared.archive {
         let (first_ns, last_ns) = time_range(&frame);
-        queue.push(QueuedFrame {
-            node,
+        let (session, seq) = (frame.session, frame.seq);
+        let queued = queue.push(QueuedFrame {
+            node: node.clone(),
             received_ns: now_ns,
             first_ns,
             last_ns,
-            seq: frame.seq,
+            seq,
             bytes: bytes.to_vec(),
             schema,
+            session,
+            from,
+            key,
         });
+        if !queued {
+            // Not archived: the agent's next copy of it must be taken.
+            shared.table.forget_frame(&node, session, seq);
+        }
     }
 }
 

@@ -30,6 +30,7 @@
 //!   on a tick), kept in a log next to the archive; [`stragglers`]: the GPUs and ports far
 //!   from their job's median over a window, read from the archive ([`robust`] statistics).
 
+pub mod acks;
 pub mod archive;
 pub mod clock;
 pub mod collector;

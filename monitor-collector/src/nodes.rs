@@ -148,6 +148,8 @@ pub struct Accepted {
     pub ask_schema: bool,
     /// The key to seal the schema request with (the one the frame carried), when asked.
     pub reply_key: Option<Key>,
+    /// The key the frame carried: acknowledgements are sealed with it.
+    pub key: Key,
 }
 
 /// A dropped datagram: why, and what to log.
@@ -185,6 +187,9 @@ type Shard = Mutex<HashMap<Arc<str>, Node>>;
 /// Every node, sharded by name.
 pub struct NodeTable {
     shards: Box<[Shard]>,
+    /// Sessions read back from the archive at start-up, per node not heard from yet: the
+    /// node's receiver state starts from them (copies refused, the rest taken).
+    resumed: Mutex<HashMap<Arc<str>, (u32, wire::SeqSet)>>,
     hasher: std::collections::hash_map::RandomState,
     nodes: AtomicUsize,
     series: AtomicUsize,
@@ -227,6 +232,7 @@ impl NodeTable {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
+            resumed: Mutex::new(HashMap::default()),
             hasher: Default::default(),
             nodes: AtomicUsize::new(0),
             series: AtomicUsize::new(0),
@@ -237,6 +243,24 @@ impl NodeTable {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// What the archive holds of each node's newest session (read at start-up): a node's
+    /// receiver state resumes from it when the node is first heard from.
+    pub fn resume_from_archive(
+        &self,
+        held: impl IntoIterator<Item = (Arc<str>, (u32, wire::SeqSet))>,
+    ) {
+        *lock(&self.resumed) = held.into_iter().collect();
+    }
+
+    /// Takes a frame back out of its node's receiver state: it was accepted but not stored
+    /// (the archive's queue was full, an append failed), so the agent's next copy is taken.
+    pub fn forget_frame(&self, node: &str, session: u32, seq: u64) {
+        let mut shard = lock(self.shard(node));
+        if let Some(held) = shard.get_mut(node) {
+            held.receiver.forget_frame(node, session, seq);
+        }
     }
 
     /// Nodes held.
@@ -322,6 +346,10 @@ impl NodeTable {
             return self.absorb(node, frame, bytes.len(), from, now_unix_ns);
         }
         let mut receiver = ReceiverState::default();
+        let resumed = lock(&self.resumed).get(name).cloned();
+        if let Some((session, held)) = resumed {
+            receiver.resume(name, session, held);
+        }
         let mut keys = self.keys.node_keys(name);
         let frame = self
             .keys
@@ -346,6 +374,7 @@ impl NodeTable {
             });
         }
         self.nodes.fetch_add(1, Ordering::Relaxed);
+        lock(&self.resumed).remove(name);
         let name: Arc<str> = Arc::from(name);
         tracing::info!("new node {name:?} from {from}");
         let node = shard.entry(name.clone()).or_insert(Node {
@@ -509,6 +538,7 @@ impl NodeTable {
             schema: node.schema.clone(),
             ask_schema,
             reply_key: ask_schema.then(|| node.keys.reply_key().clone()),
+            key: node.keys.reply_key().clone(),
         })
     }
 

@@ -17,12 +17,14 @@ use crate::{
 
 /// What the receive threads, the writer and the HTTP server share.
 pub struct Shared {
-    pub table: NodeTable,
+    pub table: Arc<NodeTable>,
     pub drops: Drops,
     pub events: RecentEvents,
     pub stats: IngestStats,
     /// None: no archive (the live view only).
     pub archive: Option<ArchiveQueue>,
+    /// Acknowledgements sent to the agents (with an archive).
+    pub acks: Arc<crate::acks::AckStats>,
     /// More `/metrics` families (the archive's files, remote-write), appended to the page.
     pub extra_metrics: Option<ExtraMetrics>,
     /// One per watched thread (the receive threads first, by index), for the watchdog.

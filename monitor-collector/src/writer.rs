@@ -6,9 +6,14 @@
 //! go on.
 //!
 //! The archive is reached through [`FrameArchive`], the contract between ingest and archive
-//! (`Archive::append` and `Archive::tick`): the writer calls nothing else.
+//! (`Archive::append`, `Archive::tick`, and the sequence numbers that say what is durable):
+//! the writer calls nothing else. Once a frame's record is durable the writer acknowledges
+//! it to its agent ([`crate::acks`]); a frame it could not append is taken back out of the
+//! node's receiver state, so the agent's next copy of it is taken.
 
 use std::{
+    collections::VecDeque,
+    net::SocketAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
@@ -20,7 +25,12 @@ use std::{
 
 use monitor_wire::{Frame, Key, Keyring, SchemaEntry};
 
-use crate::{liveness::Heartbeat, lock::lock, nodes::Schema};
+use crate::{
+    acks::{Acker, Copied, Delivered},
+    liveness::Heartbeat,
+    lock::lock,
+    nodes::Schema,
+};
 
 pub use crate::archive::AcceptedFrame;
 
@@ -39,6 +49,10 @@ pub trait FrameArchive: Send + 'static {
     ) -> Result<(), ArchiveError>;
     /// Writes out buffered data; called at least every 100 ms.
     fn tick(&mut self) -> Result<(), ArchiveError>;
+    /// The sequence number the next appended record gets.
+    fn next_seq(&self) -> u64;
+    /// Every record below this sequence number is on disk, fsynced.
+    fn durable_seq(&self) -> u64;
     /// The threads the archive runs itself, by name, for the watchdog.
     fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
         Vec::new()
@@ -56,6 +70,14 @@ impl FrameArchive for crate::archive::Archive {
 
     fn tick(&mut self) -> Result<(), ArchiveError> {
         crate::archive::Archive::tick(self).map_err(Into::into)
+    }
+
+    fn next_seq(&self) -> u64 {
+        crate::archive::Archive::next_seq(self)
+    }
+
+    fn durable_seq(&self) -> u64 {
+        crate::archive::Archive::durable_seq(self)
     }
 
     fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
@@ -101,6 +123,14 @@ impl FrameArchive for PublishingArchive {
         result
     }
 
+    fn next_seq(&self) -> u64 {
+        self.archive.next_seq()
+    }
+
+    fn durable_seq(&self) -> u64 {
+        self.archive.durable_seq()
+    }
+
     fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
         FrameArchive::heartbeats(&self.archive)
     }
@@ -120,6 +150,24 @@ pub struct QueuedFrame {
     pub bytes: Vec<u8>,
     /// The node's schema when the frame was accepted.
     pub schema: Arc<Schema>,
+    /// The frame's session, where its agent's socket is and the key it carried: to
+    /// acknowledge it once durable.
+    pub session: u32,
+    pub from: SocketAddr,
+    pub key: Key,
+}
+
+impl QueuedFrame {
+    fn delivered(&self) -> Delivered {
+        Delivered {
+            node: self.node.clone(),
+            session: self.session,
+            seq: self.seq,
+            len: self.bytes.len(),
+            from: self.from,
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// Counters of the queue and the writer, read by `/metrics`.
@@ -140,6 +188,8 @@ pub struct WriterStats {
 #[derive(Debug, Clone)]
 pub struct ArchiveQueue {
     tx: SyncSender<QueuedFrame>,
+    /// Copies of frames ingest had already: to acknowledge again.
+    duplicates: SyncSender<Copied>,
     stats: Arc<WriterStats>,
     capacity_bytes: usize,
 }
@@ -168,6 +218,12 @@ impl ArchiveQueue {
                 false
             }
         }
+    }
+
+    /// A copy of a frame already taken arrived: its acknowledgement was lost, or is not due
+    /// yet. Dropped when the writer is that far behind (the agent sends it again).
+    pub fn duplicate(&self, copy: Copied) {
+        let _ = self.duplicates.try_send(copy);
     }
 
     pub fn stats(&self) -> &Arc<WriterStats> {
@@ -234,18 +290,44 @@ impl Writer {
     }
 }
 
+/// What the writer does for the rest of the collector besides appending: acknowledge durable
+/// frames, and take a frame it could not append back out of ingest's receiver state.
+pub struct Delivery {
+    pub acker: Acker,
+    pub not_stored: Box<dyn Fn(&Delivered) + Send>,
+}
+
+impl Delivery {
+    /// Acknowledges nothing and forgets nothing (tests of the writer alone).
+    pub fn none() -> Self {
+        Self {
+            acker: Acker::new(None, Arc::default()),
+            not_stored: Box::new(|_| {}),
+        }
+    }
+}
+
+struct Inputs {
+    frames: Receiver<QueuedFrame>,
+    /// Copies of frames ingest had already.
+    copies: Receiver<Copied>,
+}
+
 /// Starts the writer thread; it beats `heartbeat` at every turn (at least every tick).
 pub fn spawn(
     mut archive: Box<dyn FrameArchive>,
     keys: Keyring,
     capacity_bytes: usize,
     heartbeat: Heartbeat,
+    mut delivery: Delivery,
 ) -> std::io::Result<(ArchiveQueue, Writer)> {
     // The byte bound is the real one; the channel's is a second guard (small frames).
-    let (tx, rx) = sync_channel(capacity_bytes / 64 + 1);
+    let (tx, frames) = sync_channel(capacity_bytes / 64 + 1);
+    let (duplicates, copies) = sync_channel(4096);
     let stats = Arc::new(WriterStats::default());
     let queue = ArchiveQueue {
         tx,
+        duplicates,
         stats: stats.clone(),
         capacity_bytes,
     };
@@ -253,19 +335,34 @@ pub fn spawn(
     let stopping = stop.clone();
     let thread = std::thread::Builder::new()
         .name("archive-writer".into())
-        .spawn(move || write_loop(&mut *archive, &rx, &stats, &keys, &stopping, &heartbeat))?;
+        .spawn(move || {
+            let inputs = Inputs { frames, copies };
+            write_loop(
+                &mut *archive,
+                &inputs,
+                &stats,
+                &keys,
+                &stopping,
+                &heartbeat,
+                &mut delivery,
+            )
+        })?;
     Ok((queue, Writer { stop, thread }))
 }
 
 fn write_loop(
     archive: &mut dyn FrameArchive,
-    rx: &Receiver<QueuedFrame>,
+    inputs: &Inputs,
     stats: &WriterStats,
     keys: &Keyring,
     stop: &AtomicBool,
     heartbeat: &Heartbeat,
+    delivery: &mut Delivery,
 ) {
+    let rx = &inputs.frames;
     let mut last_tick = Instant::now();
+    // Appended frames not durable yet, with the archive sequence number their record ends at.
+    let mut pending: VecDeque<(u64, Delivered)> = VecDeque::new();
     loop {
         heartbeat.beat();
         let wait = TICK_EVERY.saturating_sub(last_tick.elapsed());
@@ -304,9 +401,11 @@ fn write_loop(
                 match &result {
                     Ok(()) => {
                         stats.appended.fetch_add(1, Ordering::Relaxed);
+                        pending.push_back((archive.next_seq(), item.delivered()));
                     }
                     Err(_) => {
                         stats.append_errors.fetch_add(1, Ordering::Relaxed);
+                        (delivery.not_stored)(&item.delivered());
                     }
                 }
                 note(stats, "append", result);
@@ -325,8 +424,27 @@ fn write_loop(
                 stats.tick_errors.fetch_add(1, Ordering::Relaxed);
             }
             note(stats, "write-out", result);
+            acknowledge(archive, &mut pending, inputs, delivery);
         }
     }
+}
+
+/// Acknowledges what became durable since the last tick, and copies of durable frames.
+fn acknowledge(
+    archive: &dyn FrameArchive,
+    pending: &mut VecDeque<(u64, Delivered)>,
+    inputs: &Inputs,
+    delivery: &mut Delivery,
+) {
+    let durable = archive.durable_seq();
+    while pending.front().is_some_and(|(end, _)| *end <= durable) {
+        let (_, frame) = pending.pop_front().expect("checked");
+        delivery.acker.durable(&frame);
+    }
+    while let Ok(copy) = inputs.copies.try_recv() {
+        delivery.acker.duplicate(&copy);
+    }
+    delivery.acker.send_due();
 }
 
 /// Logs when the archive starts failing and when it works again (not every failure).
@@ -402,6 +520,14 @@ pub(crate) mod testing {
             }
             self.ticks.fetch_add(1, Ordering::Relaxed);
             Ok(())
+        }
+
+        fn next_seq(&self) -> u64 {
+            self.appended.lock().unwrap().len() as u64
+        }
+
+        fn durable_seq(&self) -> u64 {
+            self.next_seq()
         }
     }
 }

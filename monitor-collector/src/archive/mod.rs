@@ -208,6 +208,9 @@ pub struct Archive {
     config: ArchiveConfig,
     shared: Arc<RwLock<State>>,
     next_seq: u64,
+    /// Every record below this sequence number is on disk, fsynced: what a collector may
+    /// acknowledge to the agents (docs/wire-format.md, "Acknowledgements").
+    durable_seq: u64,
     stats: ArchiveStats,
     last_sync: Instant,
     last_retention: Instant,
@@ -365,6 +368,8 @@ impl Archive {
             config,
             shared,
             next_seq,
+            // Read back from the files: as durable as they are.
+            durable_seq: next_seq,
             stats,
             last_sync: Instant::now(),
             last_retention: Instant::now() - RETENTION_EVERY,
@@ -376,6 +381,17 @@ impl Archive {
 
     pub fn config(&self) -> &ArchiveConfig {
         &self.config
+    }
+
+    /// The sequence number the next appended record gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Every record below this sequence number is written and fsynced (at most
+    /// `sync_interval` behind the appends).
+    pub fn durable_seq(&self) -> u64 {
+        self.durable_seq
     }
 
     /// Appends one accepted frame. `schema` is called when the node's first record goes into
@@ -509,6 +525,8 @@ impl Archive {
                 }
             }
             drop(st);
+            // Everything appended was written out above (or this returned its error).
+            self.durable_seq = self.next_seq;
             self.last_sync = Instant::now();
         }
         let now = unix_now_ns();
@@ -597,6 +615,16 @@ impl Archive {
         if empty {
             return Ok(());
         }
+        // Fsynced before the sealer gets it, so that what it holds may be acknowledged now
+        // (one fsync per segment).
+        {
+            let st = read_lock(&self.shared);
+            st.open
+                .file
+                .sync_data()
+                .map_err(|e| ArchiveError::io(&st.open.path, e))?;
+        }
+        self.durable_seq = self.next_seq;
         let fresh = match OpenSegment::create(&dir, id + 1) {
             Ok(fresh) => fresh,
             Err(e) => {

@@ -234,6 +234,24 @@ impl ArchiveReader {
             .unwrap_or(0)
     }
 
+    /// The first record of the oldest segment that holds a record received at or after
+    /// `cutoff_ns`: a reader from there sees every record received since (and some before).
+    pub fn received_since(&self, cutoff_ns: u64) -> u64 {
+        let st = self.state();
+        if let Some(s) = st.sealed.iter().find(|s| s.max_received_ns >= cutoff_ns) {
+            return s.first_seq;
+        }
+        let in_wal = st.wal_segments().find_map(|o| {
+            o.entries
+                .iter()
+                .any(|e| e.received_ns >= cutoff_ns)
+                .then(|| o.entries.first().map(|e| e.seq))
+                .flatten()
+        });
+        drop(st);
+        in_wal.unwrap_or_else(|| self.end_seq())
+    }
+
     /// The sequence number of the first record of the segment that holds `seq`, where that
     /// segment's schema records are (`seq` itself when no kept segment holds it): a reader
     /// that resumes at `seq` reads from there to learn what the series ids stand for.

@@ -1,0 +1,265 @@
+//! Acknowledgements to the agents: which frames of each node's session are durable in the
+//! archive (docs/wire-format.md, "Acknowledgements"). The archive's writer owns this: a frame
+//! counts once its record is fsynced ([`crate::archive::Archive::durable_seq`]), never on
+//! receipt, so an agent drops from its spool only what a collector crash cannot lose. At
+//! start-up what the archive holds of recent sessions is read back ([`held_in_archive`]), so
+//! a collector that restarted refuses the copies it has and asks for the rest.
+
+use std::{
+    collections::HashMap,
+    net::{SocketAddr, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use monitor_wire::{self as wire, Ack, Key, SeqSet};
+
+use crate::archive::{ArchiveError, ArchiveReader, RecordKind};
+
+/// Sessions acknowledged per node: the newest ones (an agent resumes its session across a
+/// restart, so a node rarely has more than one).
+const SESSIONS_PER_NODE: usize = 4;
+/// A session not added to for this long is forgotten (the longest an agent keeps a frame,
+/// docs/agent.md, "Delivery").
+const SESSION_IDLE: Duration = Duration::from_secs(3600);
+/// How far back a collector that starts reads what the archive holds: frames durable but
+/// not yet acknowledged when it stopped were received in its last seconds (acknowledgements
+/// are cumulative and go out every second), so ten minutes leaves a wide margin.
+pub const HELD_HORIZON: Duration = Duration::from_secs(600);
+/// The largest acknowledgement: within one unfragmented datagram, like a frame.
+const MAX_ACK_LEN: usize = 1400;
+
+/// What was acknowledged, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct AckStats {
+    pub sent: AtomicU64,
+    pub bytes: AtomicU64,
+    pub errors: AtomicU64,
+    /// Frames that arrived again after they were stored, acknowledged again.
+    pub duplicates_answered: AtomicU64,
+}
+
+/// A frame accepted by ingest, to acknowledge once its record is durable.
+#[derive(Clone, Debug)]
+pub struct Delivered {
+    pub node: Arc<str>,
+    pub session: u32,
+    pub seq: u64,
+    /// Its size: an acknowledgement is never larger than the frames it answers.
+    pub len: usize,
+    /// Where the agent's socket is, and the key its frame carried (the node's own).
+    pub from: SocketAddr,
+    pub key: Key,
+}
+
+/// A copy of a frame ingest had already (refused as a duplicate after its MAC was checked).
+#[derive(Clone, Debug)]
+pub struct Copied {
+    pub node: Arc<str>,
+    pub session: u32,
+    pub seq: u64,
+    pub len: usize,
+    pub from: SocketAddr,
+}
+
+struct SessionAcks {
+    session: u32,
+    durable: SeqSet,
+    /// Bytes of frames answered since the last acknowledgement.
+    answered: usize,
+    last_added: Instant,
+}
+
+struct NodeAcks {
+    sessions: Vec<SessionAcks>,
+    to: SocketAddr,
+    key: Key,
+    /// A frame of this collector's run carried the node's key (not so for sessions read
+    /// back from the archive, until the node's next frame).
+    key_known: bool,
+}
+
+/// Per node and session, the frames durable in the archive, and the acknowledgements due.
+pub struct Acker {
+    nodes: HashMap<Arc<str>, NodeAcks>,
+    due: Vec<(Arc<str>, u32)>,
+    socket: Option<UdpSocket>,
+    stats: Arc<AckStats>,
+    last_sweep: Instant,
+}
+
+impl Acker {
+    /// Sends from `socket` (one of the collector's receive sockets, so that the agents'
+    /// connected sockets take the reply); None: acknowledges nothing (tests of the writer).
+    pub fn new(socket: Option<UdpSocket>, stats: Arc<AckStats>) -> Self {
+        Self {
+            nodes: HashMap::new(),
+            due: Vec::new(),
+            socket,
+            stats,
+            last_sweep: Instant::now(),
+        }
+    }
+
+    fn session(&mut self, node: &Arc<str>, session: u32, to: SocketAddr, key: &Key) -> &mut SessionAcks {
+        let acks = self.nodes.entry(node.clone()).or_insert_with(|| NodeAcks {
+            sessions: Vec::new(),
+            to,
+            key: key.clone(),
+            key_known: true,
+        });
+        acks.to = to;
+        acks.key_known = true;
+        if acks.key != *key {
+            acks.key = key.clone();
+        }
+        let i = match acks.sessions.iter().position(|s| s.session == session) {
+            Some(i) => i,
+            None => {
+                if acks.sessions.len() == SESSIONS_PER_NODE {
+                    acks.sessions.remove(0);
+                }
+                acks.sessions.push(SessionAcks {
+                    session,
+                    durable: SeqSet::default(),
+                    answered: 0,
+                    last_added: Instant::now(),
+                });
+                acks.sessions.len() - 1
+            }
+        };
+        &mut acks.sessions[i]
+    }
+
+    /// Frames read back from the archive at start-up: durable already.
+    pub fn seed(&mut self, node: &Arc<str>, session: u32, held: SeqSet) {
+        let acks = self.nodes.entry(node.clone()).or_insert_with(|| NodeAcks {
+            sessions: Vec::new(),
+            to: SocketAddr::from(([0, 0, 0, 0], 0)),
+            key: Key::from_bytes([0; 32]),
+            key_known: false,
+        });
+        acks.sessions.retain(|s| s.session != session);
+        acks.sessions.push(SessionAcks {
+            session,
+            durable: held,
+            answered: 0,
+            last_added: Instant::now(),
+        });
+    }
+
+    /// The frame's record is durable: acknowledge it with the next [`send_due`](Self::send_due).
+    pub fn durable(&mut self, frame: &Delivered) {
+        let s = self.session(&frame.node, frame.session, frame.from, &frame.key);
+        s.durable.insert(frame.seq);
+        s.last_added = Instant::now();
+        let first = s.answered == 0;
+        s.answered += frame.len;
+        if first {
+            self.due.push((frame.node.clone(), frame.session));
+        }
+    }
+
+    /// A copy of a frame ingest had already: acknowledged again (its acknowledgement was
+    /// lost) if it is durable; if not yet, the acknowledgement comes when it is.
+    pub fn duplicate(&mut self, frame: &Copied) {
+        let Some(acks) = self.nodes.get_mut(&frame.node) else {
+            return;
+        };
+        let Some(s) = acks.sessions.iter_mut().find(|s| s.session == frame.session) else {
+            return;
+        };
+        if !s.durable.contains(frame.seq) || !acks.key_known {
+            return;
+        }
+        acks.to = frame.from;
+        self.stats.duplicates_answered.fetch_add(1, Ordering::Relaxed);
+        let first = s.answered == 0;
+        s.answered += frame.len;
+        if first {
+            self.due.push((frame.node.clone(), frame.session));
+        }
+    }
+
+    /// Sends the acknowledgements due: one per session that has new durable frames, sealed
+    /// with the key the node's frames carry, no larger than the frames it answers.
+    pub fn send_due(&mut self) {
+        for (node, session) in std::mem::take(&mut self.due) {
+            let Some(acks) = self.nodes.get_mut(&node) else {
+                continue;
+            };
+            let Some(s) = acks.sessions.iter_mut().find(|s| s.session == session) else {
+                continue;
+            };
+            if !acks.key_known {
+                continue;
+            }
+            let max_len = std::mem::take(&mut s.answered).min(MAX_ACK_LEN);
+            let ack = Ack::of(&node, session, &s.durable);
+            let Some(socket) = &self.socket else {
+                continue;
+            };
+            let sent = wire::encode_ack(&ack, &acks.key, max_len)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| {
+                    socket
+                        .send_to(&bytes, acks.to)
+                        .map(|_| bytes.len())
+                        .map_err(|e| e.to_string())
+                });
+            match sent {
+                Ok(len) => {
+                    self.stats.sent.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("acknowledgement to {node} ({}): {e}", acks.to);
+                }
+            }
+        }
+        if self.last_sweep.elapsed() >= Duration::from_secs(10) {
+            self.last_sweep = Instant::now();
+            self.nodes.retain(|_, acks| {
+                acks.sessions.retain(|s| s.last_added.elapsed() < SESSION_IDLE);
+                !acks.sessions.is_empty()
+            });
+        }
+    }
+}
+
+/// What the archive holds of each node's newest session, among the records received since
+/// `cutoff_ns`: read at start-up, so that a restarted collector refuses the copies it has
+/// and acknowledges them, and names the rest as missing. Returns, per node, its newest
+/// session (by append order) and the frames of it held.
+pub fn held_in_archive(
+    reader: &ArchiveReader,
+    cutoff_ns: u64,
+) -> Result<HashMap<Arc<str>, (u32, SeqSet)>, ArchiveError> {
+    let mut held: HashMap<Arc<str>, (u32, SeqSet)> = HashMap::new();
+    let mut sequential = reader.sequential(reader.received_since(cutoff_ns));
+    loop {
+        let batch = sequential.next_batch(4096)?;
+        if batch.is_empty() {
+            return Ok(held);
+        }
+        for record in batch {
+            if record.kind != RecordKind::Frame || record.received_ns < cutoff_ns {
+                continue;
+            }
+            let Some((session, seq)) = wire::peek_sequence(&record.bytes) else {
+                continue;
+            };
+            let entry = held
+                .entry(record.node.clone())
+                .or_insert_with(|| (session, SeqSet::default()));
+            if entry.0 != session {
+                *entry = (session, SeqSet::default());
+            }
+            entry.1.insert(seq);
+        }
+    }
+}
