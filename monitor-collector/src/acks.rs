@@ -104,7 +104,13 @@ impl Acker {
         }
     }
 
-    fn session(&mut self, node: &Arc<str>, session: u32, to: SocketAddr, key: &Key) -> &mut SessionAcks {
+    fn session(
+        &mut self,
+        node: &Arc<str>,
+        session: u32,
+        to: SocketAddr,
+        key: &Key,
+    ) -> &mut SessionAcks {
         let acks = self.nodes.entry(node.clone()).or_insert_with(|| NodeAcks {
             sessions: Vec::new(),
             to,
@@ -169,14 +175,20 @@ impl Acker {
         let Some(acks) = self.nodes.get_mut(&frame.node) else {
             return;
         };
-        let Some(s) = acks.sessions.iter_mut().find(|s| s.session == frame.session) else {
+        let Some(s) = acks
+            .sessions
+            .iter_mut()
+            .find(|s| s.session == frame.session)
+        else {
             return;
         };
         if !s.durable.contains(frame.seq) || !acks.key_known {
             return;
         }
         acks.to = frame.from;
-        self.stats.duplicates_answered.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .duplicates_answered
+            .fetch_add(1, Ordering::Relaxed);
         let first = s.answered == 0;
         s.answered += frame.len;
         if first {
@@ -224,7 +236,8 @@ impl Acker {
         if self.last_sweep.elapsed() >= Duration::from_secs(10) {
             self.last_sweep = Instant::now();
             self.nodes.retain(|_, acks| {
-                acks.sessions.retain(|s| s.last_added.elapsed() < SESSION_IDLE);
+                acks.sessions
+                    .retain(|s| s.last_added.elapsed() < SESSION_IDLE);
                 !acks.sessions.is_empty()
             });
         }

@@ -298,6 +298,35 @@ fn render_health(out: &mut String, shared: &Shared) {
         "Schema requests sent to agents whose schema the collector lacked.",
         get(&s.schema_requests_sent),
     );
+    let acks = &shared.acks;
+    one(
+        out,
+        "railscope_collector_acks_sent_total",
+        Counter,
+        "Acknowledgements sent to agents: which of their frames are durable in the archive.",
+        get(&acks.sent),
+    );
+    one(
+        out,
+        "railscope_collector_ack_bytes_total",
+        Counter,
+        "Bytes of the acknowledgements sent (UDP payload).",
+        get(&acks.bytes),
+    );
+    one(
+        out,
+        "railscope_collector_ack_errors_total",
+        Counter,
+        "Acknowledgements that could not be sent.",
+        get(&acks.errors),
+    );
+    one(
+        out,
+        "railscope_collector_duplicates_acknowledged_total",
+        Counter,
+        "Copies of stored frames that arrived again and were acknowledged again, not stored.",
+        get(&acks.duplicates_answered),
+    );
     one(
         out,
         "railscope_collector_nodes",

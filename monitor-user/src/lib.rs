@@ -37,6 +37,7 @@ pub mod sampler;
 pub mod sender;
 pub mod settings;
 pub mod sources;
+pub mod spool;
 pub mod stop_signals;
 pub mod time_base;
 pub mod tracefs;

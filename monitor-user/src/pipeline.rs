@@ -7,7 +7,9 @@
 //!   reading each IB file) and what each reading adds to the next send. The poller owns the
 //!   sampler of what it reads; the agent's loop has one for the probes' verb counters;
 //! - the frame encoder batches samples until the flush interval and sends events at once;
-//! - the sender ships frames over UDP without ever blocking this loop.
+//! - the sender ships frames over UDP without ever blocking this loop, to each collector
+//!   (a pair); the spool keeps every frame until the collectors acknowledge it and sends
+//!   again what they lack.
 //!
 //! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
 
@@ -28,19 +30,23 @@ use tokio::sync::mpsc;
 use crate::{
     jobs::{Job, JobRules},
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
-    sender::{Sender, SenderHandle, Target},
+    sender::{Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
         gpu::{GpuEvent, GpuSource, ProcessJobs},
         ib_sysfs::IbSysfs,
     },
+    spool::{Spool, SpoolConfig, SpoolStats},
     time_base::{MonoNs, TimeBase},
 };
 
 /// Where and how the agent sends its metrics.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
-    pub collector: Target,
+    /// One collector, or a pair: each gets every frame and acknowledges on its own.
+    pub collectors: Vec<Target>,
+    /// What is kept until acknowledged, and how it is sent again.
+    pub spool: SpoolConfig,
     pub key: PathBuf,
     /// This node's name in every frame.
     pub node: String,
@@ -86,13 +92,13 @@ pub struct Pipeline {
     /// Samples the readings handed to [`Pipeline::on_readings`] (the verb counters).
     sampler: AdaptiveSampler,
     encoder: FrameEncoder,
-    sender: SenderHandle,
+    /// One per collector, with what that collector sent back (acknowledgements, schema
+    /// requests).
+    senders: Vec<(SenderHandle, mpsc::Receiver<Vec<u8>>)>,
+    spool: Spool,
     polled: mpsc::Receiver<Polled>,
     poller: std_mpsc::Sender<FlushRequest>,
-    /// What the collector sent back: schema requests.
-    replies: mpsc::Receiver<Vec<u8>>,
     key: Key,
-    collector: Target,
     /// `railscope_agent_info{version}`: how a collector knows which agent version a node runs.
     info: Series,
     pub flush_every: Duration,
@@ -145,16 +151,34 @@ impl Pipeline {
         let key = Key::from_file(&options.key)?;
         let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key.clone())
             .context("frame encoder")?;
-        let (replies_tx, replies) = mpsc::channel(16);
-        let (sender, _task) =
-            Sender::spawn_with_replies(options.collector.clone(), 1024, Some(replies_tx));
+        let senders = options
+            .collectors
+            .iter()
+            .map(|collector| {
+                let (replies_tx, replies) = mpsc::channel(64);
+                let (sender, _task) =
+                    Sender::spawn_with_replies(collector.clone(), 1024, Some(replies_tx));
+                (sender, replies)
+            })
+            .collect();
+        let spool = Spool::new(
+            &options.node,
+            options.collectors.len(),
+            options.spool,
+            Instant::now(),
+        );
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
         spawn_poller(options.clone(), tx, requests)?;
         tracing::info!(
             "sending to {} as node {:?} (read every {:?}, sent every {:?}, adaptive sampling {})",
-            options.collector,
+            options
+                .collectors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" and "),
             options.node,
             options.interval,
             options.flush_every,
@@ -163,12 +187,11 @@ impl Pipeline {
         Ok(Self {
             sampler,
             encoder,
-            sender,
+            senders,
+            spool,
             polled,
             poller,
-            replies,
             key,
-            collector: options.collector.clone(),
             info: agent_info_series(),
             flush_every: options.flush_every,
             interval: options.interval,
@@ -264,7 +287,7 @@ impl Pipeline {
     /// Sends everything batched since the last flush (with every schema entry again if the
     /// collector asked for them).
     pub fn flush(&mut self) {
-        self.answer_schema_requests();
+        self.take_replies();
         let now = TimeBase::global().now_unix_ns().0;
         if let Err(e) = self
             .encoder
@@ -276,33 +299,76 @@ impl Pipeline {
         self.send(frames);
     }
 
-    /// A collector that restarted asks for the schema of this session; anything else that
-    /// comes back (another session's request, a forged or garbled datagram) is ignored.
-    fn answer_schema_requests(&mut self) {
-        let mut asked = false;
-        while let Ok(datagram) = self.replies.try_recv() {
-            match wire::decode_schema_request(&datagram, &self.key) {
-                Ok(r)
-                    if r.node == self.encoder.config().node
-                        && r.session == self.encoder.session() =>
-                {
-                    asked = true;
+    /// Takes what the collectors sent back: acknowledgements (frames leave the spool, gaps
+    /// are sent again) and schema requests (a collector that restarted asks for the schema of
+    /// this session); anything else (another node's, a forged or garbled datagram) is
+    /// counted or ignored.
+    fn take_replies(&mut self) {
+        let mut asked = None;
+        let now = Instant::now();
+        for (i, (sender, replies)) in self.senders.iter_mut().enumerate() {
+            while let Ok(datagram) = replies.try_recv() {
+                if datagram.starts_with(&wire::ACK_MAGIC) {
+                    // Counted by the spool either way: a wrong MAC (another node's key, a
+                    // forgery) here, an acknowledgement that cannot be right there.
+                    let taken = match wire::decode_ack(&datagram, &self.key) {
+                        Ok(ack) => self.spool.on_ack(i, &ack, now).map_err(|e| e.to_string()),
+                        Err(e) => {
+                            self.spool.count_refused();
+                            Err(e.to_string())
+                        }
+                    };
+                    if let Err(e) = taken {
+                        tracing::debug!("acknowledgement from {} refused: {e}", sender.target());
+                    }
+                    continue;
                 }
-                Ok(r) => tracing::debug!(
-                    "schema request for {:?} session {:08x} ignored: not this agent's",
-                    r.node,
-                    r.session
-                ),
-                Err(e) => tracing::debug!("datagram from {} ignored: {e}", self.collector),
+                match wire::decode_schema_request(&datagram, &self.key) {
+                    Ok(r)
+                        if r.node == self.encoder.config().node
+                            && r.session == self.encoder.session() =>
+                    {
+                        asked = Some(sender.target().clone());
+                    }
+                    Ok(r) => tracing::debug!(
+                        "schema request for {:?} session {:08x} ignored: not this agent's",
+                        r.node,
+                        r.session
+                    ),
+                    Err(e) => tracing::debug!("datagram from {} ignored: {e}", sender.target()),
+                }
             }
         }
-        if asked {
+        if let Some(collector) = asked {
             tracing::info!(
-                "{} asked for the schema (it restarted?): sending every entry again",
-                self.collector
+                "{collector} asked for the schema (it restarted?): sending every entry again"
             );
             self.encoder.resend_schema();
         }
+    }
+
+    /// Takes the collectors' replies and sends again what they lack, within the pace.
+    pub fn deliver(&mut self) {
+        self.take_replies();
+        for (collector, frame) in self.spool.due(Instant::now()) {
+            // A full queue is counted by the sender; the frame stays in the spool.
+            let _ = self.senders[collector].0.try_send(frame);
+        }
+    }
+
+    /// Frames not yet acknowledged by every collector.
+    pub fn undelivered(&self) -> usize {
+        self.spool.len()
+    }
+
+    /// What the spool did.
+    pub fn spool_stats(&self) -> SpoolStats {
+        self.spool.stats()
+    }
+
+    /// Bytes the spool holds.
+    pub fn spool_bytes(&self) -> usize {
+        self.spool.bytes()
     }
 
     /// At shutdown: also sends what the sampler read but had not sent yet (the latest value
@@ -322,16 +388,24 @@ impl Pipeline {
         self.flush();
     }
 
-    fn send(&self, frames: Vec<Vec<u8>>) {
+    fn send(&mut self, frames: Vec<Vec<u8>>) {
+        let now = Instant::now();
         for frame in frames {
             // A full queue is counted by the sender; sampling never waits for the network.
-            let _ = self.sender.try_send(frame);
+            // The spool keeps the frame until it is acknowledged.
+            for (sender, _) in &self.senders {
+                let _ = sender.try_send(frame.clone());
+            }
+            self.spool.push(frame, now);
         }
     }
 
-    /// Frames sent and dropped (by reason), send errors.
-    pub fn sender_stats(&self) -> crate::sender::SenderStats {
-        self.sender.stats()
+    /// Per collector: frames sent and dropped (by reason), send errors.
+    pub fn sender_stats(&self) -> Vec<(Target, SenderStats)> {
+        self.senders
+            .iter()
+            .map(|(s, _)| (s.target().clone(), s.stats()))
+            .collect()
     }
 }
 

@@ -20,7 +20,34 @@ use crate::{
     kernel::Kernel,
     pipeline::{self, PipelineOptions},
     sender::Target,
+    spool::SpoolConfig,
 };
+
+/// `collector = "host:port"` or `collector = ["a:7670", "b:7670"]`; a bad address is
+/// refused with the address's own error.
+fn one_or_more<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Target>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<Target>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a collector address HOST:PORT, or a list of them")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Target::parse(v).map(|t| vec![t]).map_err(E::custom)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(t) = seq.next_element::<Target>()? {
+                out.push(t);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Visitor)
+}
 
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/agent.toml";
@@ -46,11 +73,26 @@ pub struct AgentSettings {
     #[arg(long, value_name = "SECONDS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters: Option<Seconds>,
-    /// Send metrics and events to this collector (HOST:PORT, UDP). Without it the agent only
-    /// prints events.
+    /// Send metrics and events to this collector (HOST:PORT, UDP); twice for a collector
+    /// pair, each of which gets every frame. Without it the agent only prints events. In the
+    /// file: one address, or a list of two.
     #[arg(long, value_name = "HOST:PORT")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "one_or_more"
+    )]
+    pub collector: Vec<Target>,
+    /// Bytes of frames kept until the collectors acknowledge them (default 16 MiB: hours of
+    /// a node of 8 GPUs and 8 ports).
+    #[arg(long, value_name = "BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub collector: Option<Target>,
+    pub spool_bytes: Option<u64>,
+    /// Seconds a frame no collector acknowledged is kept (default 3600, the collector's
+    /// `max-frame-age`; in a pair, a frame one collector has leaves the spool after this).
+    #[arg(long, value_name = "SECONDS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spool_age: Option<Seconds>,
     /// The key sealing this node's frames: its own, derived from the collector's fleet secret
     /// and its name (`railscope-gen-wire-key --node NAME`), or a cluster's shared key; 32 raw
     /// bytes or 64 hex characters (default /etc/railscope/wire.key).
@@ -121,6 +163,8 @@ impl Layered for AgentSettings {
             rescan,
             counters,
             collector,
+            spool_bytes,
+            spool_age,
             key,
             node,
             sysfs,
@@ -137,7 +181,13 @@ impl Layered for AgentSettings {
             json: json || over.json,
             rescan: pick(rescan, over.rescan),
             counters: pick(counters, over.counters),
-            collector: pick(collector, over.collector),
+            collector: if over.collector.is_empty() {
+                collector
+            } else {
+                over.collector
+            },
+            spool_bytes: pick(spool_bytes, over.spool_bytes),
+            spool_age: pick(spool_age, over.spool_age),
             key: pick(key, over.key),
             node: pick(node, over.node),
             sysfs: pick(sysfs, over.sysfs),
@@ -176,8 +226,27 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
     let adaptive = !s.no_adaptive;
     pipeline::sampler_config(interval, adaptive, &s.sampling)
         .map_err(|e| sources.error("sampling", e))?;
-    let pipeline = s.collector.map(|collector| PipelineOptions {
-        collector,
+    if s.collector.len() > crate::spool::MAX_COLLECTORS {
+        return Err(sources.error(
+            "collector",
+            format!(
+                "{} collectors given: at most {}",
+                s.collector.len(),
+                crate::spool::MAX_COLLECTORS
+            ),
+        ));
+    }
+    let defaults = SpoolConfig::default();
+    let spool = SpoolConfig {
+        max_bytes: s.spool_bytes.map_or(defaults.max_bytes, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        }),
+        max_age: s.spool_age.map_or(defaults.max_age, Seconds::duration),
+        ..defaults
+    };
+    let pipeline = (!s.collector.is_empty()).then(|| PipelineOptions {
+        collectors: s.collector.clone(),
+        spool,
         key: s.key.clone().unwrap_or_else(|| DEFAULT_KEY.into()),
         node: s.node.clone().unwrap_or_else(pipeline::hostname),
         sysfs_root: s.sysfs.clone().unwrap_or_else(|| DEFAULT_SYSFS.into()),
@@ -251,11 +320,33 @@ mod tests {
         let pipeline = options.pipeline.unwrap();
         assert_eq!(pipeline.interval, Duration::from_millis(500));
         assert_eq!(pipeline.flush_every, Duration::from_secs(30));
-        assert_eq!(pipeline.collector.to_string(), "c1:7670");
+        assert_eq!(pipeline.collectors, vec![Target::parse("c1:7670").unwrap()]);
+        assert_eq!(pipeline.spool, SpoolConfig::default());
         assert!(!pipeline.gpu);
         assert_eq!(pipeline.key, Path::new(DEFAULT_KEY));
         let options = agent_options(&sources(text, &["--collector", "c2:1"]).unwrap()).unwrap();
-        assert_eq!(options.pipeline.unwrap().collector.to_string(), "c2:1");
+        assert_eq!(options.pipeline.unwrap().collectors[0].to_string(), "c2:1");
+        // A pair, from the file or the flags; the spool's bounds.
+        let pair = "collector = [\"a:7670\", \"b:7670\"]\nspool-bytes = 1000000\nspool-age = 600\n";
+        let pipeline = agent_options(&sources(pair, &[]).unwrap())
+            .unwrap()
+            .pipeline
+            .unwrap();
+        let names: Vec<String> = pipeline
+            .collectors
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["a:7670", "b:7670"]);
+        assert_eq!(pipeline.spool.max_bytes, 1_000_000);
+        assert_eq!(pipeline.spool.max_age, Duration::from_secs(600));
+        let flags = ["--collector", "c:1", "--collector", "d:2"];
+        let pipeline = agent_options(&sources(pair, &flags).unwrap())
+            .unwrap()
+            .pipeline
+            .unwrap();
+        assert_eq!(pipeline.collectors.len(), 2);
+        assert_eq!(pipeline.collectors[1].to_string(), "d:2");
     }
 
     #[test]

@@ -60,6 +60,11 @@ pub struct AgentOptions {
     pub pipeline: Option<PipelineOptions>,
 }
 
+/// How often acknowledgements are taken and resends paced.
+const DELIVER_EVERY: Duration = Duration::from_millis(250);
+/// How long a stopping agent waits for its last frames to be acknowledged.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
 pub async fn run(options: AgentOptions) -> anyhow::Result<()> {
     let attach = families::kernel_attach(options.kernel.clone());
     run_with(options, attach).await
@@ -93,6 +98,9 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
         .map_or(Duration::MAX / 4, |p| p.flush_every);
     let mut flush = tokio::time::interval(flush_every);
     flush.tick().await;
+    // Acknowledgements taken and what the collectors lack sent again, paced.
+    let mut deliver = tokio::time::interval(DELIVER_EVERY);
+    deliver.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Under systemd: ready once every family's first attach attempt is in, and a watchdog
     // ping from this loop, so a loop that stops turning gets the agent restarted.
     let mut service = ServiceManager::from_env();
@@ -164,6 +172,11 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                     p.flush();
                 }
             }
+            _ = deliver.tick(), if pipeline.is_some() => {
+                if let Some(p) = pipeline.as_mut() {
+                    p.deliver();
+                }
+            }
             _ = counters.tick(), if options.counters_every.is_some() => {
                 print_counts(&families, &mut cgroups, options.format);
             }
@@ -189,10 +202,23 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     }
     if let Some(p) = pipeline.as_mut() {
         p.flush_all();
-        // Give the sender a moment to hand the last frames to the kernel.
+        // Give the sender a moment to hand the last frames to the kernel, and the collectors
+        // a moment to acknowledge them (they do within about a second of receipt).
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let stats = p.sender_stats();
-        tracing::info!("to the collector: {stats}");
+        let waited = std::time::Instant::now();
+        while p.undelivered() > 0 && waited.elapsed() < STOP_WAIT {
+            tokio::time::sleep(DELIVER_EVERY).await;
+            p.deliver();
+        }
+        if p.undelivered() > 0 {
+            tracing::warn!(
+                "stopping with {} frames no collector acknowledged yet",
+                p.undelivered()
+            );
+        }
+        for (collector, stats) in p.sender_stats() {
+            tracing::info!("to {collector}: {stats}");
+        }
     }
     if options.counters_every.is_some() {
         // A last snapshot, so a run's totals are on record.

@@ -5,14 +5,18 @@
 //! - `railscope_agent_entries{table}` (gauge): `verb_keys` (keys in the probes'
 //!   `VERB_COUNTS`), `verb_series` and `encoder_series` (series the loop's sampler and the
 //!   frame encoder know), `device_names` (entries in the probes' `DEVICE_NAMES`),
-//!   `cgroup_names`, `cgroup_gone`, `jobs_ending` (gone, in the grace period);
+//!   `cgroup_names`, `cgroup_gone`, `jobs_ending` (gone, in the grace period),
+//!   `spool_frames` and `spool_bytes` (frames kept until the collectors acknowledge them);
 //! - `railscope_agent_rss_bytes` (gauge);
 //! - `railscope_agent_bound_hits_total{bound}` (counter): `verb_counts_map_full`,
 //!   `event_ring_full`, `device_names_map_full` (from the probes' `PROBE_STATS`),
 //!   `cgroup_names_evicted`,
 //!   `encoder_series_limit`, `encoder_pending_limit` (samples dropped), `late_verb_counts`
-//!   (counted in a job's cgroup after its end), and `jobs_ended` and `devices_removed` (not
-//!   bounds: the jobs and devices whose state was released).
+//!   (counted in a job's cgroup after its end), `spool_full` and `spool_age` (frames the
+//!   spool evicted unacknowledged, at its byte bound or its age limit), `acks_refused`
+//!   (acknowledgements that could not be right: forged, another node's, of frames never
+//!   sent), and `jobs_ended`, `devices_removed` and `frames_resent` (not bounds: the jobs and
+//!   devices whose state was released, the frames sent again).
 
 use std::fmt;
 
@@ -32,6 +36,8 @@ pub struct StateReport {
     pub cgroup_names: u64,
     pub cgroup_gone: u64,
     pub jobs_ending: u64,
+    pub spool_frames: u64,
+    pub spool_bytes: u64,
     pub rss_bytes: u64,
     pub verb_counts_map_full: u64,
     pub event_ring_full: u64,
@@ -42,6 +48,10 @@ pub struct StateReport {
     pub late_verb_counts: u64,
     pub jobs_ended: u64,
     pub devices_removed: u64,
+    pub spool_full: u64,
+    pub spool_age: u64,
+    pub acks_refused: u64,
+    pub frames_resent: u64,
 }
 
 impl StateReport {
@@ -57,6 +67,7 @@ impl StateReport {
         let names = cgroups.stats();
         let (verb_series, encoder_series) = pipeline.map_or((0, 0), Pipeline::series_counts);
         let encoder = pipeline.map(Pipeline::encoder_stats).unwrap_or_default();
+        let spool = pipeline.map(Pipeline::spool_stats).unwrap_or_default();
         Self {
             verb_keys,
             verb_series: verb_series as u64,
@@ -65,6 +76,8 @@ impl StateReport {
             cgroup_names: names.names as u64,
             cgroup_gone: names.gone as u64,
             jobs_ending: jobs.pending() as u64,
+            spool_frames: pipeline.map_or(0, |p| p.undelivered() as u64),
+            spool_bytes: pipeline.map_or(0, |p| p.spool_bytes() as u64),
             rss_bytes: rss_bytes().unwrap_or(0),
             verb_counts_map_full: losses.counts,
             event_ring_full: losses.events,
@@ -75,6 +88,10 @@ impl StateReport {
             late_verb_counts: jobs.stats().late_counts,
             jobs_ended: jobs.stats().ended,
             devices_removed: devices.ended,
+            spool_full: spool.evicted_full,
+            spool_age: spool.evicted_age,
+            acks_refused: spool.acks_refused,
+            frames_resent: spool.resent,
         }
     }
 
@@ -114,6 +131,8 @@ impl StateReport {
             entries("cgroup_names", self.cgroup_names),
             entries("cgroup_gone", self.cgroup_gone),
             entries("jobs_ending", self.jobs_ending),
+            entries("spool_frames", self.spool_frames),
+            entries("spool_bytes", self.spool_bytes),
             reading(metric::AGENT_RSS_BYTES, None, Kind::Gauge, self.rss_bytes),
             hits("verb_counts_map_full", self.verb_counts_map_full),
             hits("event_ring_full", self.event_ring_full),
@@ -124,6 +143,10 @@ impl StateReport {
             hits("late_verb_counts", self.late_verb_counts),
             hits("jobs_ended", self.jobs_ended),
             hits("devices_removed", self.devices_removed),
+            hits("spool_full", self.spool_full),
+            hits("spool_age", self.spool_age),
+            hits("acks_refused", self.acks_refused),
+            hits("frames_resent", self.frames_resent),
         ]
     }
 }
@@ -137,7 +160,8 @@ impl fmt::Display for StateReport {
              cgroup_gone={} jobs_ending={} rss_bytes={} verb_counts_map_full={} \
              event_ring_full={} device_names_map_full={} cgroup_names_evicted={} \
              encoder_series_limit={} encoder_pending_limit={} late_verb_counts={} \
-             jobs_ended={} devices_removed={}",
+             jobs_ended={} devices_removed={} spool_frames={} spool_bytes={} spool_full={} \
+             spool_age={} acks_refused={} frames_resent={}",
             self.verb_keys,
             self.verb_series,
             self.encoder_series,
@@ -154,7 +178,13 @@ impl fmt::Display for StateReport {
             self.encoder_pending_limit,
             self.late_verb_counts,
             self.jobs_ended,
-            self.devices_removed
+            self.devices_removed,
+            self.spool_frames,
+            self.spool_bytes,
+            self.spool_full,
+            self.spool_age,
+            self.acks_refused,
+            self.frames_resent
         )
     }
 }

@@ -1,0 +1,448 @@
+//! The spool: every frame the agent sends, kept until its collectors acknowledge it
+//! (docs/wire-format.md, "Acknowledgements"; docs/agent.md, "Delivery"). A collector
+//! acknowledges only frames durable in its archive, so a frame leaves the spool once no
+//! collector crash can lose it: when every collector has it, or, past the age limit, when
+//! one has it (a collector pair with one member away for long).
+//!
+//! What is not acknowledged in time, or what a collector names as missing, is sent again,
+//! oldest first, paced ([`SpoolConfig::resend_rate`]) so that a fleet returning to a
+//! collector after an outage does not flood it. Resent frames are the very bytes first sent
+//! (original times, original sequence numbers): the collector stores each once.
+//!
+//! Bounded: at [`SpoolConfig::max_bytes`] the oldest frames are evicted, and frames no
+//! collector acknowledged within [`SpoolConfig::max_age`] are given up; both are counted
+//! (`railscope_agent_bound_hits_total{bound="spool_full"|"spool_age"}`), never silent.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use monitor_wire::{Ack, peek_sequence};
+
+/// How much the spool keeps, and how it sends again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpoolConfig {
+    /// Bytes of frames kept at most (default 16 MiB: over four hours of a node of 8 GPUs and
+    /// 8 ports, which sends about 1 KB/s).
+    pub max_bytes: usize,
+    /// A frame no collector acknowledged is given up after this (default 1 h, the
+    /// collector's `max-frame-age`: older frames would be refused there).
+    pub max_age: Duration,
+    /// A frame not acknowledged this long after it was sent is sent again, while its
+    /// collector answers (default 10 s: a collector acknowledges within about a second).
+    pub resend_after: Duration,
+    /// Bytes per second resent at most, per collector (default 16 KiB/s, 16 times what a
+    /// node sends live: a 10-minute backlog drains in about 40 s).
+    pub resend_rate: u64,
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: 16 << 20,
+            max_age: Duration::from_secs(3600),
+            resend_after: Duration::from_secs(10),
+            resend_rate: 16 << 10,
+        }
+    }
+}
+
+/// What the spool did, for the agent's state report and its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpoolStats {
+    /// Frames evicted at the byte bound, unacknowledged.
+    pub evicted_full: u64,
+    /// Frames given up at the age limit, acknowledged by no collector.
+    pub evicted_age: u64,
+    /// Frames that left the spool acknowledged.
+    pub delivered: u64,
+    /// Frames sent again.
+    pub resent: u64,
+    /// Acknowledgements taken.
+    pub acks: u64,
+    /// Acknowledgements refused: not for this node, of a session it never had, or naming
+    /// frames it never sent.
+    pub acks_refused: u64,
+}
+
+/// Why an acknowledgement was not taken.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AckRefused {
+    #[error("acknowledgement for node {0:?}, not this one")]
+    OtherNode(String),
+    #[error("acknowledgement of session {0:08x}, which this agent never had")]
+    UnknownSession(u32),
+    #[error(
+        "acknowledgement of frames up to {acked} of session {session:08x}, but only {sent} were sent"
+    )]
+    BeyondSent { session: u32, acked: u64, sent: u64 },
+}
+
+struct Spooled {
+    session: u32,
+    seq: u64,
+    bytes: Vec<u8>,
+    made: Instant,
+    /// Per collector: when it was last sent there.
+    sent: Vec<Instant>,
+    /// Collectors that hold it (bit per collector).
+    acked: u32,
+    /// Collectors that named it missing since it was last sent there.
+    missing: u32,
+}
+
+/// Frames not yet acknowledged by every collector.
+pub struct Spool {
+    config: SpoolConfig,
+    node: String,
+    collectors: usize,
+    frames: VecDeque<Spooled>,
+    bytes: usize,
+    /// Per session seen, one more than the highest sequence number sent.
+    sessions: Vec<(u32, u64)>,
+    /// Per collector: when it last acknowledged anything.
+    heard: Vec<Option<Instant>>,
+    /// Per collector: bytes it may be sent again now (refilled at `resend_rate`).
+    tokens: Vec<f64>,
+    refilled: Instant,
+    stats: SpoolStats,
+}
+
+/// At most this many collectors (a bit each).
+pub const MAX_COLLECTORS: usize = 8;
+
+impl Spool {
+    pub fn new(node: &str, collectors: usize, config: SpoolConfig, now: Instant) -> Self {
+        let collectors = collectors.clamp(1, MAX_COLLECTORS);
+        Self {
+            config,
+            node: node.to_owned(),
+            collectors,
+            frames: VecDeque::new(),
+            bytes: 0,
+            sessions: Vec::new(),
+            heard: vec![None; collectors],
+            tokens: vec![0.0; collectors],
+            refilled: now,
+            stats: SpoolStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> SpoolStats {
+        self.stats
+    }
+
+    /// An acknowledgement that did not decode (a wrong key, another node's, garbled).
+    pub fn count_refused(&mut self) {
+        self.stats.acks_refused += 1;
+    }
+
+    /// Frames held.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Bytes of the frames held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keeps a frame the agent just sent to every collector; evicts the oldest at the byte
+    /// bound.
+    pub fn push(&mut self, bytes: Vec<u8>, now: Instant) {
+        let Some((session, seq)) = peek_sequence(&bytes) else {
+            return;
+        };
+        match self.sessions.iter_mut().find(|(s, _)| *s == session) {
+            Some((_, end)) => *end = (*end).max(seq + 1),
+            None => {
+                if self.sessions.len() == 8 {
+                    self.sessions.remove(0);
+                }
+                self.sessions.push((session, seq + 1));
+            }
+        }
+        self.bytes += bytes.len();
+        self.frames.push_back(Spooled {
+            session,
+            seq,
+            bytes,
+            made: now,
+            sent: vec![now; self.collectors],
+            acked: 0,
+            missing: 0,
+        });
+        while self.bytes > self.config.max_bytes {
+            let Some(old) = self.frames.pop_front() else {
+                break;
+            };
+            self.bytes -= old.bytes.len();
+            if old.acked == 0 {
+                self.stats.evicted_full += 1;
+            } else {
+                self.stats.delivered += 1;
+            }
+        }
+    }
+
+    /// Takes collector `from`'s acknowledgement: frames it holds are marked, frames it names
+    /// missing are sent again first. An acknowledgement that cannot be right (another node's,
+    /// of a session never sent, of frames never sent) changes nothing and is counted.
+    pub fn on_ack(&mut self, from: usize, ack: &Ack, now: Instant) -> Result<(), AckRefused> {
+        let refused = self.check(ack);
+        if refused.is_err() || from >= self.collectors {
+            self.stats.acks_refused += 1;
+            return refused;
+        }
+        self.stats.acks += 1;
+        self.heard[from] = Some(now);
+        let bit = 1 << from;
+        let end = ack.end();
+        for f in self.frames.iter_mut().filter(|f| f.session == ack.session) {
+            if ack.holds(f.seq) {
+                f.acked |= bit;
+                f.missing &= !bit;
+            } else if f.seq < end {
+                f.missing |= bit;
+            }
+        }
+        self.release(now);
+        Ok(())
+    }
+
+    fn check(&self, ack: &Ack) -> Result<(), AckRefused> {
+        if ack.node != self.node {
+            return Err(AckRefused::OtherNode(ack.node.clone()));
+        }
+        let Some(&(_, sent)) = self.sessions.iter().find(|(s, _)| *s == ack.session) else {
+            return Err(AckRefused::UnknownSession(ack.session));
+        };
+        if ack.end() > sent {
+            return Err(AckRefused::BeyondSent {
+                session: ack.session,
+                acked: ack.end(),
+                sent,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops what every collector holds, what one holds past the age limit, and gives up
+    /// what none acknowledged past it.
+    fn release(&mut self, now: Instant) {
+        let all = (1u32 << self.collectors) - 1;
+        let max_age = self.config.max_age;
+        let mut delivered = 0;
+        let mut given_up = 0;
+        let mut freed = 0;
+        self.frames.retain(|f| {
+            let old = now.duration_since(f.made) >= max_age;
+            let keep = f.acked != all && !old;
+            if !keep {
+                freed += f.bytes.len();
+                if f.acked == 0 {
+                    given_up += 1;
+                } else {
+                    delivered += 1;
+                }
+            }
+            keep
+        });
+        self.bytes -= freed;
+        self.stats.delivered += delivered;
+        self.stats.evicted_age += given_up;
+    }
+
+    /// The frames to send again now, oldest first, as (collector, bytes): those named
+    /// missing, and those unacknowledged past `resend_after` by a collector that answers;
+    /// within each collector's pace.
+    pub fn due(&mut self, now: Instant) -> Vec<(usize, Vec<u8>)> {
+        self.release(now);
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        let burst = (self.config.resend_rate as f64).max(1500.0);
+        for t in &mut self.tokens {
+            *t = (*t + elapsed * self.config.resend_rate as f64).min(burst);
+        }
+        let mut out = Vec::new();
+        let answering: Vec<bool> = self
+            .heard
+            .iter()
+            .map(|h| h.is_some_and(|h| now.duration_since(h) < 3 * self.config.resend_after))
+            .collect();
+        for f in self.frames.iter_mut() {
+            for c in 0..self.collectors {
+                let bit = 1 << c;
+                if f.acked & bit != 0 || !answering[c] {
+                    continue;
+                }
+                let late = now.duration_since(f.sent[c]) >= self.config.resend_after;
+                if f.missing & bit == 0 && !late {
+                    continue;
+                }
+                if self.tokens[c] < f.bytes.len() as f64 {
+                    continue;
+                }
+                self.tokens[c] -= f.bytes.len() as f64;
+                f.sent[c] = now;
+                f.missing &= !bit;
+                self.stats.resent += 1;
+                out.push((c, f.bytes.clone()));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use monitor_wire::{Frame, Key, SeqSet, encode_frame};
+
+    use super::*;
+
+    fn frame(seq: u64) -> Vec<u8> {
+        encode_frame(
+            &Frame {
+                node: "n1".into(),
+                session: 7,
+                seq,
+                send_unix_ns: 1_000_000_000 + seq,
+                time_quantum_ns: 1_000_000,
+                schema: Vec::new(),
+                samples: Vec::new(),
+                events: Vec::new(),
+            },
+            &Key::from_bytes([1; 32]),
+        )
+        .unwrap()
+    }
+
+    fn ack(held: &[u64]) -> Ack {
+        let mut set = SeqSet::default();
+        for &s in held {
+            set.insert(s);
+        }
+        Ack::of("n1", 7, &set)
+    }
+
+    #[test]
+    fn frames_leave_once_acknowledged_and_gaps_are_sent_again_first() {
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        for seq in 0..10 {
+            spool.push(frame(seq), t0);
+        }
+        // Frames 3 and 4 were lost on the way.
+        spool
+            .on_ack(0, &ack(&[0, 1, 2, 5, 6, 7, 8, 9]), t0)
+            .unwrap();
+        assert_eq!(spool.len(), 2);
+        let t1 = t0 + Duration::from_secs(1);
+        let again: Vec<_> = spool
+            .due(t1)
+            .into_iter()
+            .map(|(c, b)| (c, peek_sequence(&b).unwrap().1))
+            .collect();
+        assert_eq!(again, vec![(0, 3), (0, 4)]);
+        assert!(spool.due(t1).is_empty(), "not twice at once");
+        spool
+            .on_ack(0, &ack(&(0..10).collect::<Vec<_>>()), t1)
+            .unwrap();
+        assert!(spool.is_empty());
+        assert_eq!(spool.stats().delivered, 10);
+    }
+
+    #[test]
+    fn acknowledgements_that_cannot_be_right_drop_nothing_and_are_counted() {
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        for seq in 0..3 {
+            spool.push(frame(seq), t0);
+        }
+        let beyond = ack(&[0, 1, 2, 3, 4]);
+        assert!(matches!(
+            spool.on_ack(0, &beyond, t0),
+            Err(AckRefused::BeyondSent { .. })
+        ));
+        let other_node = Ack {
+            node: "n2".into(),
+            ..ack(&[0])
+        };
+        assert!(spool.on_ack(0, &other_node, t0).is_err());
+        let other_session = Ack {
+            session: 8,
+            ..ack(&[0])
+        };
+        assert!(spool.on_ack(0, &other_session, t0).is_err());
+        let far = Ack {
+            floor: u64::MAX - 1,
+            held: Vec::new(),
+            ..ack(&[])
+        };
+        assert!(spool.on_ack(0, &far, t0).is_err());
+        assert_eq!((spool.len(), spool.stats().acks_refused), (3, 4));
+    }
+
+    #[test]
+    fn a_pair_releases_when_both_have_it_or_one_has_it_past_the_age_limit() {
+        let t0 = Instant::now();
+        let config = SpoolConfig {
+            max_age: Duration::from_secs(60),
+            ..SpoolConfig::default()
+        };
+        let mut spool = Spool::new("n1", 2, config, t0);
+        for seq in 0..4 {
+            spool.push(frame(seq), t0);
+        }
+        spool.on_ack(0, &ack(&[0, 1, 2, 3]), t0).unwrap();
+        spool.on_ack(1, &ack(&[0, 1]), t0).unwrap();
+        assert_eq!(spool.len(), 2, "2 and 3: only the first collector has them");
+        spool.due(t0 + Duration::from_secs(61));
+        assert!(spool.is_empty());
+        assert_eq!((spool.stats().delivered, spool.stats().evicted_age), (4, 0));
+    }
+
+    #[test]
+    fn the_bounds_evict_and_count() {
+        let t0 = Instant::now();
+        let size = frame(0).len();
+        let config = SpoolConfig {
+            max_bytes: 3 * size,
+            max_age: Duration::from_secs(60),
+            ..SpoolConfig::default()
+        };
+        let mut spool = Spool::new("n1", 1, config, t0);
+        for seq in 0..5 {
+            spool.push(frame(seq), t0);
+        }
+        assert_eq!((spool.len(), spool.stats().evicted_full), (3, 2));
+        spool.due(t0 + Duration::from_secs(60));
+        assert_eq!((spool.len(), spool.stats().evicted_age), (0, 3));
+    }
+
+    #[test]
+    fn resends_keep_to_the_pace() {
+        let t0 = Instant::now();
+        let size = frame(0).len() as u64;
+        let config = SpoolConfig {
+            resend_rate: 10 * size,
+            ..SpoolConfig::default()
+        };
+        let mut spool = Spool::new("n1", 1, config, t0);
+        for seq in 1..=1000 {
+            spool.push(frame(seq), t0);
+        }
+        spool.on_ack(0, &ack(&[1000]), t0).unwrap();
+        let mut sent = 0;
+        for s in 1..=10 {
+            sent += spool.due(t0 + Duration::from_secs(s)).len();
+        }
+        // 10 frames a second at most (a burst of at most a second's worth), over 10 s.
+        assert!((90..=110).contains(&sent), "{sent}");
+    }
+}
