@@ -227,6 +227,27 @@ mod tests {
         assert_eq!(decoded.held[..], ack.held[..decoded.held.len()]);
     }
 
+    /// docs/wire-format.md, "Acknowledgements": the worked example, byte for byte.
+    #[test]
+    fn worked_example_of_the_spec() {
+        let key = Key::from_bytes(std::array::from_fn(|i| i as u8));
+        let ack = Ack {
+            node: "n1".into(),
+            session: 0x0102_0304,
+            floor: 5,
+            held: vec![(7, 9), (12, 13)],
+        };
+        let bytes = encode_ack(&ack, &key, 1400).unwrap();
+        let spec = "52 53 57 41 01 02 6e 31 04 03 02 01 05 02 02 02 03 01 \
+                    5a f3 b1 96 20 bb 54 ff 3d 1e fd e5 73 70 47 90";
+        let spec: Vec<u8> = spec
+            .split_whitespace()
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        assert_eq!(bytes, spec);
+        assert_eq!(decode_ack(&spec, &key), Ok(ack));
+    }
+
     #[test]
     fn an_acknowledgement_of_a_set_says_what_the_set_holds() {
         let mut set = SeqSet::default();

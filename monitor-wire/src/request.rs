@@ -10,7 +10,8 @@ use crate::{
     prim::Reader,
 };
 
-/// Magic of a schema request, the only message a collector sends back to an agent.
+/// Magic of a schema request, one of the two messages a collector sends back to an agent
+/// (with acknowledgements).
 pub const REQUEST_MAGIC: [u8; 4] = *b"RSWQ";
 /// The smallest schema request: magic, version, an empty node name, session, MAC.
 pub const MIN_REQUEST_LEN: usize = 4 + 1 + 1 + 4 + MAC_LEN;
