@@ -715,10 +715,25 @@ fn metric_sum(text: &str, name: &str) -> f64 {
 /// collector in its last moments before the kill and what was sent while it was down, the
 /// agent kept until acknowledged and sent again.
 fn through_sigkill_and_outage(kind: Tsdb) {
+    through_outage(kind, CollectorOutage::Killed);
+}
+
+/// How the collector goes away in [`through_outage`].
+#[derive(Clone, Copy, Debug)]
+enum CollectorOutage {
+    /// SIGKILL mid-stream, started again 1 s later.
+    Killed,
+    /// Stopped (SIGTERM) for this long, as for an upgrade.
+    Stopped(Duration),
+}
+
+fn through_outage(kind: Tsdb, outage: CollectorOutage) {
     let Some(binary) = tsdb_binary(kind) else {
         return;
     };
-    let dir = scratch_dir(&format!("kill-outage-{}", kind.binary()));
+    let dir = scratch_dir(
+        &format!("outage-{outage:?}-{}", kind.binary()).replace([' ', '(', ')', '.'], ""),
+    );
     let key_path = key_file(&dir, KEY_HEX);
     let lib = standin_with_script(&dir);
     let mut server = tsdb::Server::start(kind, &binary, free_tcp_port(), &dir);
@@ -732,13 +747,18 @@ fn through_sigkill_and_outage(kind: Tsdb) {
     server.stop();
     thread::sleep(Duration::from_secs(2));
     let killed_at = Instant::now();
-    let (_, _, first_err) = collector.signal(libc::SIGKILL);
-    thread::sleep(Duration::from_secs(1));
+    let (signal, down) = match outage {
+        CollectorOutage::Killed => (libc::SIGKILL, Duration::from_secs(1)),
+        CollectorOutage::Stopped(down) => (libc::SIGTERM, down),
+    };
+    let (_, _, first_err) = collector.signal(signal);
+    thread::sleep(down);
     let collector = start_collector_with(udp, http, &key_path, &data, &extra);
     let back_at = Instant::now();
     thread::sleep(Duration::from_secs(2));
     server.spawn(&binary);
-    thread::sleep(Duration::from_secs(3));
+    // Long enough for the agent to send again what the collector missed, at its pace.
+    thread::sleep(Duration::from_secs(3) + down / 4);
     let (agent_ok, _, agent_err) = agent.signal(libc::SIGINT);
     assert!(agent_ok, "agent failed: {agent_err}");
     thread::sleep(Duration::from_millis(500));
@@ -803,7 +823,10 @@ fn through_sigkill_and_outage(kind: Tsdb) {
         required.extend(samples.clone());
         all.extend(samples);
     }
-    assert!(resent > 0, "nothing was sent again: the kill lost nothing to send again?");
+    assert!(
+        resent > 0,
+        "nothing was sent again: the kill lost nothing to send again?"
+    );
     assert!(
         frames_required > 10 && required.len() > 1000,
         "{} samples",
@@ -864,4 +887,14 @@ fn prometheus_holds_what_the_agent_sent_across_a_collector_sigkill_and_an_outage
 #[test]
 fn victoria_metrics_holds_what_the_agent_sent_across_a_collector_sigkill_and_an_outage() {
     through_sigkill_and_outage(Tsdb::VictoriaMetrics);
+}
+
+/// The collector stopped for a minute (an upgrade) while the agent goes on: afterwards the
+/// TSDB holds every sample the agent made meanwhile, once, with its own time.
+#[test]
+fn victoria_metrics_holds_what_the_agent_sent_while_the_collector_was_stopped_for_a_minute() {
+    through_outage(
+        Tsdb::VictoriaMetrics,
+        CollectorOutage::Stopped(Duration::from_secs(60)),
+    );
 }

@@ -3,7 +3,10 @@
 //! is reported in one line naming its sender and the listener goes on; per-node sequence
 //! gaps (lost frames) are shown with the frame that revealed them. When frames carry samples
 //! of series it has no schema entry for (it started after the agent), it sends the agent a
-//! schema request, at most once every 5 s per agent session.
+//! schema request, at most once every 5 s per agent session. Every frame it printed is
+//! acknowledged to its agent (docs/wire-format.md, "Acknowledgements"): printing is all the
+//! keeping `listen` does, so an agent sending to it drops a frame from its spool once it was
+//! printed, and sends again what `listen` lacks.
 
 use std::{
     collections::HashMap,
@@ -95,6 +98,8 @@ impl Listener {
         match wire::decode(&self.buf[..len], &self.key, &mut self.state) {
             Ok(frame) => {
                 self.ask_for_schema(&frame, from).await;
+                self.acknowledge(&frame.node, frame.session, len, from)
+                    .await;
                 out.write_all(
                     render_frame(&frame, from, len, &self.state, self.format).as_bytes(),
                 )?;
@@ -106,10 +111,33 @@ impl Listener {
                 })
             }
             Err(error) => {
+                if let WireError::Duplicate { node, .. } = &error
+                    && let Some((session, _)) = wire::peek_sequence(&self.buf[..len])
+                {
+                    // Printed before: its acknowledgement was lost.
+                    let node = node.clone();
+                    self.acknowledge(&node, session, len, from).await;
+                }
                 self.bad += 1;
                 tracing::warn!("bad frame from {from} ({len} bytes): {error}");
                 Ok(Received::Bad { from, len, error })
             }
+        }
+    }
+
+    /// Tells the agent what it holds of the session, in no more bytes than the frame.
+    async fn acknowledge(&mut self, node: &str, session: u32, len: usize, to: SocketAddr) {
+        let Some(state) = self.state.node(node).filter(|n| n.session() == session) else {
+            return;
+        };
+        let ack = wire::Ack::of(node, session, state.received());
+        match wire::encode_ack(&ack, &self.key, len) {
+            Ok(bytes) => {
+                if let Err(e) = self.socket.send_to(&bytes, to).await {
+                    tracing::debug!("acknowledgement to {to}: {e}");
+                }
+            }
+            Err(e) => tracing::debug!("acknowledgement for {node:?}: {e}"),
         }
     }
 

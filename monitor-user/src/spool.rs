@@ -29,8 +29,8 @@ pub struct SpoolConfig {
     /// A frame no collector acknowledged is given up after this (default 1 h, the
     /// collector's `max-frame-age`: older frames would be refused there).
     pub max_age: Duration,
-    /// A frame not acknowledged this long after it was sent is sent again, while its
-    /// collector answers (default 10 s: a collector acknowledges within about a second).
+    /// A frame not acknowledged this long after it was sent is sent again, if its collector
+    /// answered since (default 10 s: a collector acknowledges within about a second).
     pub resend_after: Duration,
     /// Bytes per second resent at most, per collector (default 16 KiB/s, 16 times what a
     /// node sends live: a 10-minute backlog drains in about 40 s).
@@ -259,8 +259,8 @@ impl Spool {
     }
 
     /// The frames to send again now, oldest first, as (collector, bytes): those named
-    /// missing, and those unacknowledged past `resend_after` by a collector that answers;
-    /// within each collector's pace.
+    /// missing, and those unacknowledged past `resend_after` by a collector that answered
+    /// since; within each collector's pace.
     pub fn due(&mut self, now: Instant) -> Vec<(usize, Vec<u8>)> {
         self.release(now);
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
@@ -270,18 +270,17 @@ impl Spool {
             *t = (*t + elapsed * self.config.resend_rate as f64).min(burst);
         }
         let mut out = Vec::new();
-        let answering: Vec<bool> = self
-            .heard
-            .iter()
-            .map(|h| h.is_some_and(|h| now.duration_since(h) < 3 * self.config.resend_after))
-            .collect();
         for f in self.frames.iter_mut() {
             for c in 0..self.collectors {
                 let bit = 1 << c;
-                if f.acked & bit != 0 || !answering[c] {
+                if f.acked & bit != 0 {
                     continue;
                 }
-                let late = now.duration_since(f.sent[c]) >= self.config.resend_after;
+                // Late: the collector acknowledged something since this frame went there,
+                // but not this frame. A collector that answers nothing is sent nothing again
+                // (its gaps are named when it is back).
+                let late = now.duration_since(f.sent[c]) >= self.config.resend_after
+                    && self.heard[c].is_some_and(|heard| heard > f.sent[c]);
                 if f.missing & bit == 0 && !late {
                     continue;
                 }
