@@ -5,7 +5,8 @@
 //! clean build used to show some fifty "warning: monitor-user@...: Compiling core ..." lines
 //! that were only progress. The nested cargo runs quiet instead: its status lines are gone,
 //! while rustc's diagnostics (which aya-build reads from the JSON messages on stdout) and any
-//! error still come through as before; the build prints one line when the probes are built.
+//! error still come through as before. A build that goes well prints nothing (issue 30: the
+//! one "eBPF probes built" line left was a warning on every build of the agent).
 
 use anyhow::{Context as _, anyhow, bail};
 use aya_build::Toolchain;
@@ -53,8 +54,11 @@ fn main() -> anyhow::Result<()> {
     let size = std::fs::metadata(&object)
         .with_context(|| format!("the eBPF object {} was not built", object.display()))?
         .len();
+    // Not a `cargo:warning` (which cargo shows as "warning: monitor-user@...": on every build
+    // of the agent, for a build that went well): a plain line, kept in the build script's
+    // output file and shown by `cargo build -vv`.
     println!(
-        "cargo:warning=eBPF probes built: {EBPF_OBJECT} from {EBPF_PACKAGE} ({} KiB, nightly + bpf-linker)",
+        "eBPF probes built: {EBPF_OBJECT} from {EBPF_PACKAGE} ({} KiB, nightly + bpf-linker)",
         size.div_ceil(1024)
     );
     Ok(())

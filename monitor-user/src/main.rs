@@ -427,15 +427,35 @@ fn collector_binary() -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Runs `railscope-collector [first] args...` in place of this process (exec), so signals and
-/// the exit status are the collector's.
+/// the exit status are the collector's. Its argv[0] is the command the user typed
+/// ([`handed_over_name`]), which clap shows in usage lines and errors: `railscope query
+/// --help` says `Usage: railscope query ...`, not `railscope-collector query ...`.
 fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt as _;
     let binary = collector_binary()?;
+    let own = std::env::args_os().next().unwrap_or_default();
     let err = std::process::Command::new(&binary)
+        .arg0(handed_over_name(&own, first.is_none()))
         .args(first)
         .args(args)
         .exec();
     anyhow::bail!("could not run {}: {err}", binary.display())
+}
+
+/// The name the collector's binary runs under when this one hands a command over: this
+/// binary's own name (the file name of `argv0`, as clap takes it), followed by ` collector`
+/// for `railscope collector ...`, whose arguments are the collector's own (`railscope
+/// collector run --help` then says `Usage: railscope collector run ...`).
+fn handed_over_name(argv0: &std::ffi::OsStr, whole_collector: bool) -> std::ffi::OsString {
+    let mut name = std::path::Path::new(argv0)
+        .file_name()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(std::ffi::OsStr::new("railscope"))
+        .to_owned();
+    if whole_collector {
+        name.push(" collector");
+    }
+    name
 }
 
 fn show_probes(json: bool, verify: bool) -> anyhow::Result<()> {

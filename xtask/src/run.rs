@@ -8,6 +8,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Child, Command},
+    sync::atomic::{AtomicI32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -100,6 +101,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         "starting the collector: UDP {UDP}, HTTP {HTTP}, data under {}",
         data.display()
     ));
+    // From here Ctrl-C (which reaches the children too: same process group) and SIGTERM are
+    // noted, not fatal: this process waits for its children and says how they ended. (The
+    // children start with the default actions: exec resets caught signals.)
+    let stop = StopRequest::install();
     let mut collector = Command::new(&railscope)
         .args(["collector", "run", "--listen", UDP, "--http", HTTP])
         .arg("--key")
@@ -110,7 +115,13 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         .context("cannot start the collector")?;
     if let Err(e) = wait_for_http(&mut collector) {
         let _ = collector.kill();
+        let _ = collector.wait();
         return Err(e);
+    }
+    if stop.signal().is_some() {
+        let status = stop_child(&mut collector)?;
+        println!("stopped before the agent started: the collector exited ({status})");
+        return Ok(());
     }
     println!(
         "\nrailscope is running: the agent below sends to the collector on {UDP}.\n\
@@ -126,25 +137,131 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         data.join("archive").display(),
     );
     setup::step("starting the agent");
-    let agent = Command::new(&railscope)
+    let agent = match Command::new(&railscope)
         .args(["agent", "--collector", UDP])
         .arg("--key")
         .arg(&key)
         .args(&options.agent_args)
-        .spawn();
-    // Ctrl-C reaches both children (same process group); this process waits for them.
-    // SAFETY: ignoring SIGINT in this process only, after the children started.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-    let status = match agent {
-        Ok(mut agent) => agent.wait().map_err(anyhow::Error::from),
-        Err(e) => Err(anyhow::Error::from(e).context("cannot start the agent")),
+        .spawn()
+    {
+        Ok(agent) => agent,
+        Err(e) => {
+            let _ = stop_child(&mut collector);
+            return Err(anyhow::Error::from(e).context("cannot start the agent"));
+        }
     };
-    stop(&mut collector);
-    let status = status?;
-    if !status.success() {
-        bail!("the agent exited with {status}");
+    let ended = supervise(agent, collector, stop)?;
+    println!("{}", ended.message());
+    ended.result()
+}
+
+/// SIGINT or SIGTERM received by this process: the signal's number, 0 while none came.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_stop(signal: libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+/// Whether (and by which signal) the user asked `cargo xtask run` to stop.
+#[derive(Clone, Copy)]
+pub(crate) struct StopRequest(&'static AtomicI32);
+
+impl StopRequest {
+    /// Catches SIGINT and SIGTERM in this process from now on (the default actions would
+    /// end it before its children, with status 130 or 143 and nothing said).
+    pub(crate) fn install() -> Self {
+        let handler = note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        unsafe {
+            libc::signal(libc::SIGINT, handler);
+            libc::signal(libc::SIGTERM, handler);
+        }
+        Self(&STOP_SIGNAL)
     }
-    Ok(())
+
+    /// The stop signal received, if any.
+    fn signal(self) -> Option<libc::c_int> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(s),
+        }
+    }
+}
+
+/// How `cargo xtask run` ended: how the agent and the collector exited, and whether the user
+/// asked for it.
+#[derive(Debug)]
+struct Ended {
+    stop_signal: Option<libc::c_int>,
+    agent: std::process::ExitStatus,
+    collector: std::process::ExitStatus,
+}
+
+impl Ended {
+    fn message(&self) -> String {
+        let how = |status: &std::process::ExitStatus| {
+            if status.success() {
+                "cleanly".to_owned()
+            } else {
+                format!("({status})")
+            }
+        };
+        let agent = format!("the agent stopped {}", how(&self.agent));
+        let collector = format!("the collector stopped {}", how(&self.collector));
+        match self.stop_signal {
+            Some(signal) => format!(
+                "\n{} received: {agent}, {collector}.",
+                if signal == libc::SIGINT {
+                    "Ctrl-C (SIGINT)"
+                } else {
+                    "SIGTERM"
+                }
+            ),
+            None => format!("\nthe agent exited: {agent}; {collector}."),
+        }
+    }
+
+    /// Success when the user asked both to stop and they did (cleanly or by that signal), or
+    /// when the agent ended by itself with success.
+    fn result(&self) -> anyhow::Result<()> {
+        use std::os::unix::process::ExitStatusExt as _;
+        let stopped = |status: &std::process::ExitStatus| {
+            status.success()
+                || (self.stop_signal.is_some()
+                    && matches!(status.signal(), Some(libc::SIGINT | libc::SIGTERM)))
+        };
+        if !stopped(&self.agent) {
+            bail!("the agent exited with {}", self.agent);
+        }
+        if self.stop_signal.is_some() && !stopped(&self.collector) {
+            bail!("the collector exited with {}", self.collector);
+        }
+        Ok(())
+    }
+}
+
+/// Waits for the agent; on a stop request passes SIGTERM on to it (the terminal's Ctrl-C
+/// reached it already; a SIGTERM sent to this process alone did not), then stops the
+/// collector.
+fn supervise(mut agent: Child, mut collector: Child, stop: StopRequest) -> anyhow::Result<Ended> {
+    let mut passed_on = false;
+    let agent_status = loop {
+        if let Some(status) = agent.try_wait().context("waiting for the agent")? {
+            break status;
+        }
+        if !passed_on && stop.signal().is_some() {
+            passed_on = true;
+            // SAFETY: signalling our own child, not yet reaped.
+            unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let collector_status = stop_child(&mut collector);
+    Ok(Ended {
+        stop_signal: stop.signal(),
+        agent: agent_status,
+        collector: collector_status.context("waiting for the collector")?,
+    })
 }
 
 /// `$XDG_DATA_HOME/railscope`, or `~/.local/share/railscope`.
@@ -190,10 +307,14 @@ fn wait_for_http(collector: &mut Child) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stop(collector: &mut Child) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(collector.id() as libc::pid_t, libc::SIGTERM) };
-    let _ = collector.wait();
+/// SIGTERM to `child` unless it exited already, and its exit status.
+fn stop_child(child: &mut Child) -> std::io::Result<std::process::ExitStatus> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(status);
+    }
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    child.wait()
 }
 
 /// The agent alone, in place of this process, so Ctrl-C and the exit status are its own.
@@ -217,4 +338,85 @@ fn nothing_to_watch() -> Option<String> {
     (!rdma && !gpu).then(|| {
         "this node has no RDMA device (/sys/class/infiniband is empty) and no NVIDIA GPU".into()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the agent or the collector: runs until SIGTERM, then exits 0, or with
+    /// `code` by itself after `after` seconds.
+    fn stand_in(exit_on_term: bool, own_exit: Option<(u32, i32)>) -> Child {
+        let trap = if exit_on_term {
+            "trap 'exit 0' TERM; "
+        } else {
+            ""
+        };
+        let body = match own_exit {
+            Some((after, code)) => format!("sleep {after}; exit {code}"),
+            None => "while :; do sleep 0.05; done".to_owned(),
+        };
+        Command::new("sh")
+            .args(["-c", &format!("{trap}{body}")])
+            .spawn()
+            .unwrap()
+    }
+
+    fn request(signal: libc::c_int) -> StopRequest {
+        StopRequest(Box::leak(Box::new(AtomicI32::new(signal))))
+    }
+
+    #[test]
+    fn ctrl_c_stops_both_and_says_so() {
+        let ended = supervise(
+            stand_in(true, None),
+            stand_in(true, None),
+            request(libc::SIGINT),
+        )
+        .unwrap();
+        assert!(ended.result().is_ok(), "{ended:?}");
+        assert_eq!(
+            ended.message(),
+            "\nCtrl-C (SIGINT) received: the agent stopped cleanly, the collector stopped cleanly."
+        );
+    }
+
+    #[test]
+    fn sigterm_to_this_process_alone_reaches_the_agent() {
+        // The agent stand-in dies of the SIGTERM passed on (no handler): a stop all the same.
+        let ended = supervise(
+            stand_in(false, None),
+            stand_in(true, None),
+            request(libc::SIGTERM),
+        )
+        .unwrap();
+        assert!(ended.result().is_ok(), "{ended:?}");
+        let message = ended.message();
+        assert!(
+            message.contains("SIGTERM received: the agent stopped (signal: 15"),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("the collector stopped cleanly."),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_agent_that_fails_by_itself_is_an_error_and_the_collector_is_stopped() {
+        let ended = supervise(
+            stand_in(true, Some((0, 3))),
+            stand_in(true, None),
+            request(0),
+        )
+        .unwrap();
+        assert!(ended.collector.success());
+        let message = ended.message();
+        assert!(
+            message.contains("the agent exited: the agent stopped (exit status: 3)"),
+            "{message}"
+        );
+        let e = ended.result().unwrap_err().to_string();
+        assert_eq!(e, "the agent exited with exit status: 3");
+    }
 }

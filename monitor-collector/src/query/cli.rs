@@ -8,11 +8,13 @@ use serde_json::Value as Json;
 
 use super::time::format_time;
 
-/// `railscope query [--collector URL] [--json] series|events|nodes ...`
+/// `railscope query [--collector URL] [--json] series|events|nodes ...`: the options of the
+/// whole command are global, so they are taken before or after the subcommand
+/// (`query series M --collector URL` as `query --collector URL series M`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct QueryArgs {
     /// The collector's HTTP address.
-    #[arg(long, default_value = "http://127.0.0.1:7671")]
+    #[arg(long, global = true, default_value = "http://127.0.0.1:7671")]
     pub collector: String,
     /// Print the API's JSON answer instead of text.
     #[arg(long, global = true)]
