@@ -1,9 +1,9 @@
-//! The agent's decoder of the collector's schema requests (a datagram arriving on the
-//! agent's socket), as received or sealed with the key.
+//! The agent's decoders of what a collector sends back (a datagram arriving on the agent's
+//! socket): schema requests and acknowledgements, as received or sealed with the key.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use monitor_wire::{Key, decode_schema_request, seal_for_fuzzing};
+use monitor_wire::{Key, decode_ack, decode_schema_request, seal_for_fuzzing};
 
 fuzz_target!(|data: &[u8]| {
     // The layout of the frame targets' inputs: flags, a length (unused here), the datagram.
@@ -19,4 +19,13 @@ fuzz_target!(|data: &[u8]| {
         seal_for_fuzzing(&mut bytes, &key);
     }
     let _ = decode_schema_request(&bytes, &key);
+    if let Ok(ack) = decode_ack(&bytes, &key) {
+        // What the spool asks of it: every range above the floor, in order.
+        let mut from = ack.floor;
+        for &(start, end) in &ack.held {
+            assert!(start > from && end > start);
+            from = end;
+        }
+        let _ = ack.holds(from);
+    }
 });
