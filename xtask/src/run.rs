@@ -356,10 +356,20 @@ mod tests {
             Some((after, code)) => format!("sleep {after}; exit {code}"),
             None => "while :; do sleep 0.05; done".to_owned(),
         };
-        Command::new("sh")
-            .args(["-c", &format!("{trap}{body}")])
+        // It says when its trap is set, so a signal sent at once finds the trap in place.
+        let mut child = Command::new("sh")
+            .args(["-c", &format!("{trap}echo ready; {body}")])
+            .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready, "ready\n");
+        child
     }
 
     fn request(signal: libc::c_int) -> StopRequest {
