@@ -293,14 +293,14 @@ const MAPPINGS: &[Mapping] = &[
     map(
         "railscope_gpu_sm_clock_hertz",
         &[],
-        &["clocks.sm"],
+        &["clocks.sm", "clocks.current.sm"],
         gauge(1e6, 15e6, 0.05),
         "the clock moves with load and power between the two reads",
     ),
     map(
         "railscope_gpu_memory_clock_hertz",
         &[],
-        &["clocks.mem"],
+        &["clocks.mem", "clocks.current.memory"],
         gauge(1e6, 1e6, 0.01),
         "nvidia-smi prints whole MHz",
     ),
@@ -630,11 +630,12 @@ fn smi_known_fields(smi: &Path) -> Option<BTreeSet<String>> {
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
+    // `"clocks.current.sm" or "clocks.sm"`: every quoted name of a line that starts with one.
     let known: BTreeSet<String> = text
         .lines()
-        .filter_map(|l| l.trim().strip_prefix('"'))
-        .filter_map(|l| l.split('"').next())
-        .map(str::to_owned)
+        .map(str::trim)
+        .filter(|l| l.starts_with('"'))
+        .flat_map(|l| l.split('"').skip(1).step_by(2).map(str::to_owned))
         .collect();
     (!known.is_empty()).then_some(known)
 }
