@@ -142,14 +142,11 @@ fn detect(options: &Options) -> Detected {
         }
         Ok(o) if !o.status.success() => {
             return Detected::None(format!(
-                "`{} -L` failed ({}): {}",
+                "`{} -L` failed ({}): {}{}",
                 options.nvidia_smi.display(),
                 o.status,
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout).trim(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )
+                String::from_utf8_lossy(&o.stdout).trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
             ));
         }
         Ok(o) => String::from_utf8_lossy(&o.stdout)
@@ -560,10 +557,12 @@ struct Event {
     code: Option<i64>,
 }
 
+/// A series of one GPU: (uuid, metric, the picking labels, sorted).
+type SeriesKey = (String, String, Vec<(String, String)>);
+
 /// What a run collected.
 struct Collected {
-    /// (uuid, metric, the picking labels) -> points.
-    series: BTreeMap<(String, String, Vec<(String, String)>), Series>,
+    series: BTreeMap<SeriesKey, Series>,
     /// uuid -> GPU index label.
     gpu_index: BTreeMap<String, String>,
     events: Vec<Event>,
@@ -1529,7 +1528,7 @@ impl Report {
                 get("driver_version"),
                 c.gpu_index
                     .get(&uuid)
-                    .map_or("**not sent by railscope**".into(), |g| format!("{g}"))
+                    .map_or("**not sent by railscope**".into(), ToString::to_string)
             );
         }
         for (uuid, gpu) in &c.gpu_index {

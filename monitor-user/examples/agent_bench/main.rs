@@ -251,9 +251,8 @@ fn gpu_floor(lib: &std::path::Path) -> anyhow::Result<Box<dyn FnMut(u64) -> usiz
         structs::device::FieldId,
         sys_exports::field_id::*,
     };
-    let nvml: &'static Nvml = Box::leak(Box::new(
-        Nvml::builder().lib_path(lib.as_os_str()).init()?,
-    ));
+    let nvml: &'static Nvml =
+        Box::leak(Box::new(Nvml::builder().lib_path(lib.as_os_str()).init()?));
     let count = nvml.device_count()?;
     let devices: Vec<_> = (0..count)
         .map(|i| nvml.device_by_index(i))
@@ -329,7 +328,10 @@ fn gpu_floor(lib: &std::path::Path) -> anyhow::Result<Box<dyn FnMut(u64) -> usiz
             add(d.total_energy_consumption().ok());
             add(d.current_throttle_reasons().ok().map(|r| r.bits()));
             add(d.pcie_throughput(PcieUtilCounter::Send).ok().map(u64::from));
-            add(d.pcie_throughput(PcieUtilCounter::Receive).ok().map(u64::from));
+            add(d
+                .pcie_throughput(PcieUtilCounter::Receive)
+                .ok()
+                .map(u64::from));
             add(d.pcie_replay_counter().ok().map(u64::from));
             add(d.current_pcie_link_gen().ok().map(u64::from));
             add(d.current_pcie_link_width().ok().map(u64::from));

@@ -58,6 +58,9 @@ pub fn write() {
     let counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let json = serde_json::to_string(&counts).unwrap_or_default();
     if let Err(e) = std::fs::write(path, json + "\n") {
-        tracing::warn!("nvml stand-in: writing the call counts to {}: {e}", path.display());
+        tracing::warn!(
+            "nvml stand-in: writing the call counts to {}: {e}",
+            path.display()
+        );
     }
 }

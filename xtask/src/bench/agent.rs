@@ -136,7 +136,11 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
 
     let mut gpu = Vec::new();
     for floor in [false, true] {
-        let what = if floor { "the GPU read floor" } else { "the GPU source" };
+        let what = if floor {
+            "the GPU read floor"
+        } else {
+            "the GPU source"
+        };
         setup::step(&format!(
             "{what} alone: {GPU_SWEEPS} sweeps of 8 stand-in GPUs, NVML calls counted"
         ));
@@ -153,10 +157,10 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
             cmd.arg("--floor");
         }
         let mut out = run_json(&mut cmd)?;
-        out["nvml_calls"] = serde_json::from_str(
-            &fs::read_to_string(&counts)
-                .with_context(|| format!("the stand-in wrote no call counts ({})", counts.display()))?,
-        )?;
+        out["nvml_calls"] =
+            serde_json::from_str(&fs::read_to_string(&counts).with_context(|| {
+                format!("the stand-in wrote no call counts ({})", counts.display())
+            })?)?;
         gpu.push(out);
     }
     let gpu_floor = gpu.pop().unwrap_or_default();

@@ -39,7 +39,9 @@ pub(super) fn run(ctx: &Ctx) -> anyhow::Result<Value> {
             .args(["--steps", &(WARMUP_S + WINDOW_S + 120).to_string()])
             .args(["--interval", "1"]),
     )?;
-    let lib = script["lib"].as_str().context("gpu-script printed no lib")?;
+    let lib = script["lib"]
+        .as_str()
+        .context("gpu-script printed no lib")?;
     let tree = tree_dir(&dir, 1.0);
     let (mut writer, _) = Proc::spawn_ready(
         "callgrind-fixture",
@@ -61,7 +63,12 @@ pub(super) fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     cmd.args(["--tool=callgrind", "--collect-atstart=no"])
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&ctx.railscope)
-        .args(["agent", "--collector", &format!("127.0.0.1:{port}"), "--key"])
+        .args([
+            "agent",
+            "--collector",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+        ])
         .arg(&ctx.key)
         .args(["--node", NODE, "--sysfs"])
         .arg(&tree)
