@@ -1,6 +1,6 @@
 //! Where the agent's CPU goes: `railscope agent` (IB + 8 stand-in GPUs, 1 s interval) under
 //! callgrind on the moving fixture tree, instructions collected only over a fixed window after
-//! a warm-up (`--collect-atstart=no`, then `callgrind_control -i on`), so start-up (BTF, the
+//! a warm-up (`--instr-atstart=no`, then `callgrind_control -i on`), so start-up (BTF, the
 //! probes' loading attempts, the series being built) is left out; `callgrind_annotate
 //! --inclusive=yes` gives each function's inclusive share.
 
@@ -60,7 +60,7 @@ pub(super) fn run(ctx: &Ctx) -> anyhow::Result<Value> {
          {WINDOW_S} s collected"
     ));
     let mut cmd = Command::new("valgrind");
-    cmd.args(["--tool=callgrind", "--collect-atstart=no"])
+    cmd.args(["--tool=callgrind", "--instr-atstart=no"])
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&ctx.railscope)
         .args([
@@ -100,6 +100,9 @@ pub(super) fn run(ctx: &Ctx) -> anyhow::Result<Value> {
         .output()
         .context("callgrind_annotate")?;
     let text = String::from_utf8_lossy(&annotate.stdout);
+    if total_ir(&text).unwrap_or(0) == 0 {
+        bail!("callgrind collected nothing (see {})", out.display());
+    }
     Ok(json!({
         "warmup_s": WARMUP_S,
         "window_s": WINDOW_S,

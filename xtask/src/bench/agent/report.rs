@@ -355,7 +355,7 @@ impl Report {
         let _ = writeln!(
             md,
             "`railscope agent` (IB + 8 stand-in GPUs, 1 s interval, adaptive sampling on) under \
-             `valgrind --tool=callgrind --collect-atstart=no` on the moving fixture tree; \
+             `valgrind --tool=callgrind --instr-atstart=no` on the moving fixture tree; \
              instructions collected for {} s (so about {} sweeps) after a {} s warm-up \
              (`callgrind_control -i on`), every thread; {} instructions in all. The functions \
              with the largest inclusive share (`callgrind_annotate --inclusive=yes`; the \
