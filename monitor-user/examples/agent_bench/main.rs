@@ -341,10 +341,10 @@ fn gpu_floor(lib: &std::path::Path) -> anyhow::Result<Box<dyn FnMut(u64) -> usiz
             add(d.running_compute_processes().ok().map(|p| p.len() as u64));
             add(d.running_graphics_processes().ok().map(|p| p.len() as u64));
             if let Ok(sample) = d.gpm_sample() {
-                if let Some(p) = prev.take() {
-                    if let Ok(m) = nvml_wrapper::gpm::gpm_metrics_get(nvml, &p, &sample, &metrics) {
-                        add(Some(m.len() as u64));
-                    }
+                if let Some(p) = prev.take()
+                    && let Ok(m) = nvml_wrapper::gpm::gpm_metrics_get(nvml, &p, &sample, &metrics)
+                {
+                    add(Some(m.len() as u64));
                 }
                 *prev = Some(sample);
             }
