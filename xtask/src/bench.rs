@@ -780,7 +780,7 @@ fn boot_bench_scenario(
 }
 
 /// The host CPU's model name.
-fn host_cpu() -> String {
+pub(crate) fn host_cpu() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -792,7 +792,7 @@ fn host_cpu() -> String {
 }
 
 /// Now, as `YYYY-MM-DD HH:MM UTC`.
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

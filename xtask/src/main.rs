@@ -6,6 +6,7 @@ mod build;
 mod cargo;
 mod demo;
 mod fuzz;
+mod gpu_check;
 mod http;
 mod lint;
 mod package;
@@ -60,6 +61,11 @@ enum Command {
     /// bpftrace, in the QEMU guest; `agent`: the node agent's wire size, CPU and memory next to
     /// node_exporter, and adaptive sampling).
     Bench(bench::Options),
+    /// On a machine with an NVIDIA driver: run the agent against the real libnvidia-ml for a
+    /// minute (idle, then under `--load`) and compare every GPU metric with nvidia-smi (and
+    /// dcgmi where present); writes bench/results/gpu-check.md. Exits 0 saying so where
+    /// there is no GPU.
+    GpuCheck(gpu_check::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -75,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Command::VmTest(options) => vm_test::run(&options),
         Command::Bench(options) => bench::run(&options),
         Command::Fuzz(options) => fuzz::run(&options),
+        Command::GpuCheck(options) => gpu_check::run(&options),
     }
 }
 

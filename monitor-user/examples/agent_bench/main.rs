@@ -91,6 +91,21 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// The GPU source alone on the 8-GPU stand-in: CPU per sweep (this thread's, the
+    /// stand-in's work included) and NVML calls per sweep, as the agent sweeps (with its job
+    /// attribution). Set `RAILSCOPE_NVML_STANDIN_COUNTS` for the call counts.
+    GpuSweep {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        standin: PathBuf,
+        #[arg(long, default_value_t = 200)]
+        sweeps: usize,
+        /// Instead of the GPU source, only the NVML calls the same fields need, handles kept
+        /// and fixed values read once: the GPU read floor.
+        #[arg(long)]
+        floor: bool,
+    },
     /// Only read the tree's IB files (kept open, one pread each) until killed.
     ReadFloor {
         /// Directory holding `class/infiniband`.
@@ -145,6 +160,15 @@ fn main() -> anyhow::Result<()> {
             println!("{}", run_traces(seed));
             Ok(())
         }
+        Command::GpuSweep {
+            dir,
+            standin,
+            sweeps,
+            floor,
+        } => {
+            println!("{}", run_gpu_sweep(&dir, &standin, sweeps, floor)?);
+            Ok(())
+        }
         Command::ReadFloor {
             sysfs,
             files,
@@ -152,6 +176,182 @@ fn main() -> anyhow::Result<()> {
             every,
         } => read_floor::run(&sysfs, files, interval, every),
     }
+}
+
+/// This thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn run_gpu_sweep(
+    dir: &std::path::Path,
+    standin: &std::path::Path,
+    sweeps: usize,
+    floor: bool,
+) -> anyhow::Result<Json> {
+    let (lib, _) = gpu_script::write(dir, standin, 8, sweeps + 2, 1.0, 1)?;
+    let mut sweep: Box<dyn FnMut(u64) -> usize> = if floor {
+        gpu_floor(&lib)?
+    } else {
+        let jobs = monitor_user::sources::gpu::ProcessJobs::new(
+            "/proc",
+            monitor_user::jobs::JobRules::new(&Default::default()),
+        );
+        let mut gpu = GpuSource::open(Some(&lib))
+            .context("opening the NVML stand-in")?
+            .with_jobs(jobs);
+        Box::new(move |now| gpu.read(monitor_user::time_base::MonoNs(now)).len())
+    };
+    let mut cpu = Vec::with_capacity(sweeps);
+    let mut readings = 0usize;
+    let mut last = None::<Instant>;
+    for i in 0..sweeps {
+        if let Some(last) = last {
+            // GPM needs its two samples more than 100 ms apart.
+            std::thread::sleep(Duration::from_millis(110).saturating_sub(last.elapsed()));
+        }
+        last = Some(Instant::now());
+        let before = thread_cpu();
+        readings += sweep(1_790_000_000_000_000_000 + i as u64 * 1_000_000_000);
+        cpu.push((thread_cpu() - before).as_secs_f64() * 1e6);
+    }
+    drop(sweep);
+    // The first sweeps build the series and open GPM: the steady state is the rest.
+    let steady: Vec<f64> = cpu.iter().skip(5).copied().collect();
+    let mut sorted = steady.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(json!({
+        "floor": floor,
+        "sweeps": sweeps,
+        "gpus": 8,
+        "readings_per_sweep": readings as f64 / sweeps.max(1) as f64,
+        "cpu_us_per_sweep_mean": steady.iter().sum::<f64>() / steady.len().max(1) as f64,
+        "cpu_us_per_sweep_median": sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
+        "cpu_us_first_sweep": cpu.first().copied().unwrap_or(0.0),
+    }))
+}
+
+/// The GPU read floor: per GPU and sweep, each NVML query of the GPU source's fields once
+/// (utilization, memory, two clocks, temperature, power, energy, throttle reasons, PCIe
+/// throughput both ways, replays, the link's current generation and width, one batched
+/// field-value call of as many entries, a GPM sample and its metrics, the two process
+/// lists), handles kept from the start and the fixed maxima read once; values only summed,
+/// nothing named, sampled or encoded.
+fn gpu_floor(lib: &std::path::Path) -> anyhow::Result<Box<dyn FnMut(u64) -> usize>> {
+    use nvml_wrapper::{
+        Nvml,
+        enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor},
+        enums::gpm::GpmMetricId,
+        structs::device::FieldId,
+        sys_exports::field_id::*,
+    };
+    let nvml: &'static Nvml =
+        Box::leak(Box::new(Nvml::builder().lib_path(lib.as_os_str()).init()?));
+    let count = nvml.device_count()?;
+    let devices: Vec<_> = (0..count)
+        .map(|i| nvml.device_by_index(i))
+        .collect::<Result<_, _>>()?;
+    let mut maxima = 0u64;
+    for d in &devices {
+        maxima += u64::from(d.max_pcie_link_gen().unwrap_or(0));
+        maxima += u64::from(d.max_pcie_link_width().unwrap_or(0));
+    }
+    std::hint::black_box(maxima);
+    // As many entries as the source's batched call: 12 counters and flags, 2 per NVLink link.
+    let fields: Vec<FieldId> = [
+        NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
+        NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        NVML_FI_DEV_REMAPPED_COR,
+        NVML_FI_DEV_REMAPPED_UNC,
+        NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        NVML_FI_DEV_REMAPPED_PENDING,
+        NVML_FI_DEV_REMAPPED_FAILURE,
+    ]
+    .into_iter()
+    .chain((0..36).map(|i| {
+        if i % 2 == 0 {
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+        } else {
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+        }
+    }))
+    .map(FieldId)
+    .collect();
+    let metrics = [
+        GpmMetricId::SmUtil,
+        GpmMetricId::SmOccupancy,
+        GpmMetricId::IntegerUtil,
+        GpmMetricId::AnyTensorUtil,
+        GpmMetricId::DfmaTensorUtil,
+        GpmMetricId::HmmaTensorUtil,
+        GpmMetricId::ImmaTensorUtil,
+        GpmMetricId::Fp64Util,
+        GpmMetricId::Fp32Util,
+        GpmMetricId::Fp16Util,
+        GpmMetricId::DramBwUtil,
+        GpmMetricId::PcieTxPerSec,
+        GpmMetricId::PcieRxPerSec,
+        GpmMetricId::NvlinkTotalTxPerSec,
+        GpmMetricId::NvlinkTotalRxPerSec,
+    ];
+    let mut prev: Vec<Option<nvml_wrapper::GpmSample<'static>>> =
+        devices.iter().map(|_| None).collect();
+    Ok(Box::new(move |_now| {
+        let mut values = 0usize;
+        let mut sum = 0u64;
+        for (d, prev) in devices.iter().zip(prev.iter_mut()) {
+            let mut add = |v: Option<u64>| {
+                if let Some(v) = v {
+                    sum = sum.wrapping_add(v);
+                    values += 1;
+                }
+            };
+            let u = d.utilization_rates().ok();
+            add(u.as_ref().map(|u| u64::from(u.gpu)));
+            add(u.map(|u| u64::from(u.memory)));
+            add(d.memory_info().ok().map(|m| m.used));
+            add(d.clock_info(Clock::SM).ok().map(u64::from));
+            add(d.clock_info(Clock::Memory).ok().map(u64::from));
+            add(d.temperature(TemperatureSensor::Gpu).ok().map(u64::from));
+            add(d.power_usage().ok().map(u64::from));
+            add(d.total_energy_consumption().ok());
+            add(d.current_throttle_reasons().ok().map(|r| r.bits()));
+            add(d.pcie_throughput(PcieUtilCounter::Send).ok().map(u64::from));
+            add(d
+                .pcie_throughput(PcieUtilCounter::Receive)
+                .ok()
+                .map(u64::from));
+            add(d.pcie_replay_counter().ok().map(u64::from));
+            add(d.current_pcie_link_gen().ok().map(u64::from));
+            add(d.current_pcie_link_width().ok().map(u64::from));
+            if let Ok(v) = d.field_values_for(&fields) {
+                add(Some(v.len() as u64));
+            }
+            add(d.running_compute_processes().ok().map(|p| p.len() as u64));
+            add(d.running_graphics_processes().ok().map(|p| p.len() as u64));
+            if let Ok(sample) = d.gpm_sample() {
+                if let Some(p) = prev.take()
+                    && let Ok(m) = nvml_wrapper::gpm::gpm_metrics_get(nvml, &p, &sample, &metrics)
+                {
+                    add(Some(m.len() as u64));
+                }
+                *prev = Some(sample);
+            }
+        }
+        std::hint::black_box(sum);
+        values
+    }))
 }
 
 fn run_fixture(dir: PathBuf, devices: usize, hz: f64, seed: u64) -> anyhow::Result<()> {

@@ -23,6 +23,7 @@
 #![allow(non_snake_case)] // the exports carry NVML's names
 #![allow(clippy::missing_safety_doc)] // one contract for all exports, stated above
 
+pub mod counts;
 pub mod ffi;
 pub mod script;
 pub mod state;
@@ -98,17 +99,24 @@ fn supported<T>(v: Option<T>) -> Result<T, NvmlReturn> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    counts::count("nvmlInit_v2");
     init_logging();
     state::init(state::load_script)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlShutdown() -> NvmlReturn {
-    state::shutdown()
+    counts::count("nvmlShutdown");
+    let result = state::shutdown();
+    if state::is_shut_down() {
+        counts::write();
+    }
+    result
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    counts::count("nvmlErrorString");
     let s: &'static CStr = match result {
         ffi::SUCCESS => c"Success",
         ffi::ERROR_UNINITIALIZED => c"Uninitialized",
@@ -130,6 +138,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlSystemGetDriverVersion");
     let v = state::with_run(|run| Ok(run.trace.driver_version.clone()));
     // SAFETY: forwarded contract.
     unsafe { copy_str(version, length, v) }
@@ -139,6 +148,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> NvmlReturn {
+    counts::count("nvmlDeviceGetCount_v2");
     // SAFETY: forwarded contract.
     unsafe { answer(device_count, |run| Ok(run.device_count() as c_uint)) }
 }
@@ -148,6 +158,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut Handle,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetHandleByIndex_v2");
     // SAFETY: forwarded contract.
     unsafe {
         answer(device, |run| {
@@ -159,6 +170,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: Handle, index: *mut c_uint) -> NvmlReturn {
+    counts::count("nvmlDeviceGetIndex");
     // SAFETY: forwarded contract.
     unsafe { answer(index, |run| Ok(run.view(device)?.index as c_uint)) }
 }
@@ -169,6 +181,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetName");
     let v = state::with_run(|run| Ok(run.view(device)?.gpu.name.clone()));
     // SAFETY: forwarded contract.
     unsafe { copy_str(name, length, v) }
@@ -180,6 +193,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetUUID");
     let v = state::with_run(|run| Ok(run.view(device)?.gpu.uuid.clone()));
     // SAFETY: forwarded contract.
     unsafe { copy_str(uuid, length, v) }
@@ -191,6 +205,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: Handle,
     utilization: *mut Utilization,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetUtilizationRates");
     // SAFETY: forwarded contract.
     unsafe {
         answer(utilization, |run| {
@@ -210,6 +225,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: Handle,
     memory: *mut MemoryV2,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetMemoryInfo_v2");
     if memory.is_null() {
         return ffi::ERROR_INVALID_ARGUMENT;
     }
@@ -241,6 +257,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     clock_type: c_uint,
     clock: *mut c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetClockInfo");
     // SAFETY: forwarded contract.
     unsafe {
         answer(clock, |run| {
@@ -260,6 +277,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: c_uint,
     temp: *mut c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetTemperature");
     // SAFETY: forwarded contract.
     unsafe {
         answer(temp, |run| {
@@ -274,6 +292,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: Handle, power: *mut c_uint) -> NvmlReturn {
+    counts::count("nvmlDeviceGetPowerUsage");
     // SAFETY: forwarded contract.
     unsafe { answer(power, |run| supported(run.view(device)?.values.power_mw)) }
 }
@@ -283,6 +302,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: Handle,
     energy: *mut c_ulonglong,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetTotalEnergyConsumption");
     // SAFETY: forwarded contract.
     unsafe { answer(energy, |run| supported(run.view(device)?.values.energy_mj)) }
 }
@@ -292,6 +312,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: Handle,
     reasons: *mut c_ulonglong,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetCurrentClocksThrottleReasons");
     // SAFETY: forwarded contract.
     unsafe {
         answer(reasons, |run| {
@@ -306,6 +327,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: c_uint,
     value: *mut c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetPcieThroughput");
     // SAFETY: forwarded contract.
     unsafe {
         answer(value, |run| {
@@ -324,6 +346,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: Handle,
     value: *mut c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetPcieReplayCounter");
     // SAFETY: forwarded contract.
     unsafe {
         answer(value, |run| {
@@ -388,6 +411,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ffi::ProcessInfo,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetComputeRunningProcesses_v3");
     // SAFETY: forwarded contract.
     unsafe { running_processes(device, count, infos, false) }
 }
@@ -398,6 +422,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ffi::ProcessInfo,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetGraphicsRunningProcesses_v3");
     // SAFETY: forwarded contract.
     unsafe { running_processes(device, count, infos, true) }
 }
@@ -407,6 +432,7 @@ macro_rules! pcie_link {
     ($($name:ident => $field:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(device: Handle, value: *mut c_uint) -> NvmlReturn {
+            counts::count(stringify!($name));
             // SAFETY: forwarded contract.
             unsafe { answer(value, |run| supported(run.view(device)?.values.$field)) }
         }
@@ -488,6 +514,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     values_count: c_int,
     values: *mut FieldValue,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetFieldValues");
     let count = match usize::try_from(values_count) {
         Ok(n) if n > 0 && !values.is_null() => n,
         _ => return ffi::ERROR_INVALID_ARGUMENT,
@@ -522,6 +549,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: Handle,
     event_types: *mut c_ulonglong,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceGetSupportedEventTypes");
     // SAFETY: forwarded contract.
     unsafe {
         answer(event_types, |run| {
@@ -533,6 +561,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut Handle) -> NvmlReturn {
+    counts::count("nvmlEventSetCreate");
     // SAFETY: forwarded contract.
     unsafe { answer(set, |run| Ok(state::set_handle(run.create_set()))) }
 }
@@ -543,6 +572,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     event_types: c_ulonglong,
     set: Handle,
 ) -> NvmlReturn {
+    counts::count("nvmlDeviceRegisterEvents");
     status(state::with_run(|run| {
         run.register(device, event_types, set)
     }))
@@ -556,6 +586,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut EventData,
     timeoutms: c_uint,
 ) -> NvmlReturn {
+    counts::count("nvmlEventSetWait_v2");
     if data.is_null() {
         return ffi::ERROR_INVALID_ARGUMENT;
     }
@@ -583,6 +614,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: Handle) -> NvmlReturn {
+    counts::count("nvmlEventSetFree");
     status(state::with_run(|run| run.free_set(set)))
 }
 
@@ -593,6 +625,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     device: Handle,
     gpm_support: *mut GpmSupport,
 ) -> NvmlReturn {
+    counts::count("nvmlGpmQueryDeviceSupport");
     if gpm_support.is_null() {
         return ffi::ERROR_INVALID_ARGUMENT;
     }
@@ -613,6 +646,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmSampleAlloc(gpm_sample: *mut Handle) -> NvmlReturn {
+    counts::count("nvmlGpmSampleAlloc");
     // SAFETY: forwarded contract.
     unsafe {
         answer(gpm_sample, |run| {
@@ -623,11 +657,13 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(gpm_sample: *mut Handle) -> NvmlRetu
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmSampleGet(device: Handle, gpm_sample: Handle) -> NvmlReturn {
+    counts::count("nvmlGpmSampleGet");
     status(state::with_run(|run| run.take_sample(device, gpm_sample)))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmSampleFree(gpm_sample: Handle) -> NvmlReturn {
+    counts::count("nvmlGpmSampleFree");
     status(state::with_run(|run| run.free_sample(gpm_sample)))
 }
 
@@ -666,6 +702,7 @@ fn metric_info(metric_id: c_uint) -> (&'static CStr, &'static CStr, &'static CSt
 /// gives them; a metric the step does not give answers `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut GpmMetricsGet) -> NvmlReturn {
+    counts::count("nvmlGpmMetricsGet");
     if metrics_get.is_null() {
         return ffi::ERROR_INVALID_ARGUMENT;
     }

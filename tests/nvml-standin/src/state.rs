@@ -342,6 +342,11 @@ pub fn init(load: impl FnOnce() -> Result<Trace, NvmlReturn>) -> NvmlReturn {
     ffi::SUCCESS
 }
 
+/// Whether no `nvmlInit_v2` is in effect (after the last `nvmlShutdown`).
+pub fn is_shut_down() -> bool {
+    lock(&REPLAY).init_count == 0
+}
+
 /// `nvmlShutdown`: the last call ends the replay; the next `nvmlInit_v2` starts it over.
 pub fn shutdown() -> NvmlReturn {
     let mut replay = lock(&REPLAY);

@@ -20,6 +20,7 @@
 //! the fixture writer, the agent, the read floors, node_exporter), [`http`] (the scraper's
 //! HTTP client), [`report`] (goals, markdown and JSON).
 
+mod callgrind;
 mod http;
 mod live;
 pub(super) mod process;
@@ -62,12 +63,18 @@ fn warmup(interval: f64) -> Duration {
     Duration::from_secs_f64((30.0 * interval).max(5.0))
 }
 const NODE: &str = "bench-node";
+/// Sweeps of `agent_bench gpu-sweep` (at least 110 ms apart, for GPM).
+const GPU_SWEEPS: usize = 200;
 
 const GOAL_BYTES_PER_SAMPLE: f64 = 2.0;
-const GOAL_VS_REMOTE_WRITE: f64 = 20.0;
+/// Frames at most this many times the bytes xz -9e leaves of the same frame stream.
+const GOAL_VS_XZ_FLOOR: f64 = 1.2;
+/// The agent's CPU at most this many times the read floor's.
+const GOAL_VS_READ_FLOOR: f64 = 2.0;
+/// NVML calls per GPU and sweep at most this many times the floor's.
+const GOAL_VS_NVML_MIN: f64 = 1.2;
 const GOAL_CPU_PCT_AT_1S: f64 = 0.5;
 const GOAL_RSS_MB: f64 = 30.0;
-const GOAL_VS_NODE_EXPORTER: f64 = 10.0;
 const GOAL_REDUCTION: f64 = 0.70;
 const GOAL_PEAK_ERROR: f64 = 0.10;
 const GOAL_STEP_DELAY: f64 = 2.0;
@@ -127,6 +134,46 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     setup::step("adaptive sampling on the workload-shaped traces");
     let traces = run_json(Command::new(&ctx.example).arg("traces"))?;
 
+    let mut gpu = Vec::new();
+    for floor in [false, true] {
+        let what = if floor {
+            "the GPU read floor"
+        } else {
+            "the GPU source"
+        };
+        setup::step(&format!(
+            "{what} alone: {GPU_SWEEPS} sweeps of 8 stand-in GPUs, NVML calls counted"
+        ));
+        let dir = work.join(if floor { "gpu-floor" } else { "gpu-sweep" });
+        let counts = work.join(format!("nvml-calls-{floor}.json"));
+        let mut cmd = Command::new(&ctx.example);
+        cmd.args(["gpu-sweep", "--dir"])
+            .arg(&dir)
+            .arg("--standin")
+            .arg(&ctx.standin)
+            .args(["--sweeps", &GPU_SWEEPS.to_string()])
+            .env("RAILSCOPE_NVML_STANDIN_COUNTS", &counts);
+        if floor {
+            cmd.arg("--floor");
+        }
+        let mut out = run_json(&mut cmd)?;
+        out["nvml_calls"] =
+            serde_json::from_str(&fs::read_to_string(&counts).with_context(|| {
+                format!("the stand-in wrote no call counts ({})", counts.display())
+            })?)?;
+        gpu.push(out);
+    }
+    let gpu_floor = gpu.pop().unwrap_or_default();
+    let gpu_sweep = gpu.pop().unwrap_or_default();
+
+    let callgrind = match callgrind::run(&ctx) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("    warning: the callgrind profile failed: {e:#}");
+            json!({"error": format!("{e:#}")})
+        }
+    };
+
     let mut live = Vec::new();
     for interval in INTERVALS {
         live.push(live_config(&ctx, interval)?);
@@ -153,6 +200,9 @@ pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
         wire,
         traces,
         live,
+        gpu_sweep,
+        gpu_floor,
+        callgrind,
     };
     let md_path = cargo::workspace_root().join(super::results_path(super::Target::Agent));
     let json_path = md_path.with_extension("json");

@@ -28,7 +28,30 @@ pub(super) struct Report {
     pub(super) wire: Vec<Value>,
     pub(super) traces: Value,
     pub(super) live: Vec<LiveConfig>,
+    /// `agent_bench gpu-sweep`, with `nvml_calls` (the stand-in's counts).
+    pub(super) gpu_sweep: Value,
+    /// `agent_bench gpu-sweep --floor`, with `nvml_calls`.
+    pub(super) gpu_floor: Value,
+    /// Callgrind's inclusive costs of the agent (`callgrind` section), if it ran.
+    pub(super) callgrind: Value,
 }
+
+/// NVML functions called once at start (or per event), not per sweep.
+const NVML_SETUP_CALLS: [&str; 13] = [
+    "nvmlInit_v2",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetIndex",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlErrorString",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetFree",
+];
 
 /// One goal, measured.
 pub(super) struct Goal {
@@ -74,29 +97,54 @@ impl Report {
                 measured: fmt_opt(ours, 2),
                 pass: ours.map(|b| b <= GOAL_BYTES_PER_SAMPLE),
             });
-            for (key, name) in [
-                (
-                    "remote_write_grouped",
-                    "remote-write, each series once per 10 s request",
+        }
+        // Bytes against the floor a strong compressor leaves of the same frame stream.
+        for w in &self.wire {
+            let interval = f(&w["interval_s"]).unwrap_or(0.0);
+            let ours = f(&w["railscope"]["bytes_per_sample"]);
+            let xz = f(&w["railscope_stream_xz"]["bytes_per_sample"]);
+            let ratio = ours.zip(xz).map(|(o, x)| o / x);
+            goals.push(Goal {
+                what: format!(
+                    "frames at {} against xz -9e over the same frame stream (the floor)",
+                    label(interval)
                 ),
-                (
-                    "remote_write_as_prometheus",
-                    "remote-write as Prometheus sends it (one TimeSeries per sample)",
+                target: format!("≤ {GOAL_VS_XZ_FLOOR}×"),
+                measured: format!(
+                    "{}× ({} vs {} B/sample)",
+                    fmt_opt(ratio, 2),
+                    fmt_opt(ours, 2),
+                    fmt_opt(xz, 2)
                 ),
-            ] {
-                let ratio = ours.zip(f(&w[key]["bytes_per_sample"])).map(|(o, t)| t / o);
-                goals.push(Goal {
-                    what: format!("smaller than {name}"),
-                    target: format!("≥ {GOAL_VS_REMOTE_WRITE:.0}×"),
-                    measured: format!("{}×", fmt_opt(ratio, 1)),
-                    pass: ratio.map(|r| r >= GOAL_VS_REMOTE_WRITE),
-                });
-            }
+                pass: ratio.map(|r| r <= GOAL_VS_XZ_FLOOR),
+            });
         }
         for l in &self.live {
-            let ne = l.subject("node_exporter");
-            for name in ["railscope", "railscope-ib"] {
+            let ib_floor = l.subject("floor-railscope").map(|s| s.cost.cpu_pct());
+            let gpu_floor = self.gpu_floor_pct(l.interval);
+            for name in ["railscope-ib", "railscope"] {
                 let Some(s) = l.subject(name) else { continue };
+                let floor = if name == "railscope" {
+                    ib_floor.zip(gpu_floor).map(|(i, g)| i + g)
+                } else {
+                    ib_floor
+                };
+                let ratio = floor.map(|fl| s.cost.cpu_pct() / fl.max(1e-9));
+                goals.push(Goal {
+                    what: format!(
+                        "CPU at {} against the read floor: {}",
+                        label(l.interval),
+                        s.what
+                    ),
+                    target: format!("≤ {GOAL_VS_READ_FLOOR:.0}×"),
+                    measured: format!(
+                        "{}× ({:.3} % vs {} %)",
+                        fmt_opt(ratio, 1),
+                        s.cost.cpu_pct(),
+                        fmt_opt(floor, 3)
+                    ),
+                    pass: ratio.map(|r| r <= GOAL_VS_READ_FLOOR),
+                });
                 if l.interval >= 1.0 {
                     goals.push(Goal {
                         what: format!("CPU at 1 s: {}", s.what),
@@ -111,20 +159,18 @@ impl Report {
                     measured: format!("{:.1} MB", s.cost.hwm_mb()),
                     pass: Some(s.cost.hwm_mb() <= GOAL_RSS_MB),
                 });
-                if let Some(ne) = ne {
-                    let ratio = ne.cost.cpu_s / s.cost.cpu_s.max(1e-9);
-                    goals.push(Goal {
-                        what: format!(
-                            "less CPU than node_exporter at {}: {}",
-                            label(l.interval),
-                            s.what
-                        ),
-                        target: format!("≥ {GOAL_VS_NODE_EXPORTER:.0}×"),
-                        measured: format!("{ratio:.1}×"),
-                        pass: Some(ratio >= GOAL_VS_NODE_EXPORTER),
-                    });
-                }
             }
+        }
+        if let (Some(calls), Some(min)) = (
+            self.nvml_calls_per_gpu_sweep(false),
+            self.nvml_calls_per_gpu_sweep(true),
+        ) {
+            goals.push(Goal {
+                what: "NVML calls per GPU per sweep against the fewest the same fields need (the GPU read floor's)".into(),
+                target: format!("≤ {GOAL_VS_NVML_MIN}×"),
+                measured: format!("{:.2}× ({calls:.1} vs {min:.1})", calls / min.max(1e-9)),
+                pass: Some(calls / min.max(1e-9) <= GOAL_VS_NVML_MIN),
+            });
         }
         let total = &self.traces["total"];
         let reduction = f(&total["reduction"]);
@@ -159,6 +205,177 @@ impl Report {
             pass: Some(delay.is_some_and(|d| d <= GOAL_STEP_DELAY)),
         });
         goals
+    }
+
+    /// The GPU read floor at `interval`, in % of a core: the floor process's CPU per sweep
+    /// of 8 GPUs (`agent_bench gpu-sweep --floor`), one sweep per interval.
+    pub(super) fn gpu_floor_pct(&self, interval: f64) -> Option<f64> {
+        let us = f(&self.gpu_floor["cpu_us_per_sweep_mean"])?;
+        Some(us / 1e6 / interval * 100.0)
+    }
+
+    /// NVML calls per GPU per sweep of the GPU source (or the floor), from the stand-in's
+    /// counts; sweeps are its utilization calls (one per GPU and sweep).
+    pub(super) fn nvml_calls_per_gpu_sweep(&self, floor: bool) -> Option<f64> {
+        let v = if floor {
+            &self.gpu_floor
+        } else {
+            &self.gpu_sweep
+        };
+        let calls = v["nvml_calls"].as_object()?;
+        let sweeps = calls.get("nvmlDeviceGetUtilizationRates")?.as_f64()?;
+        let per_sweep: f64 = calls
+            .iter()
+            .filter(|(k, _)| !NVML_SETUP_CALLS.contains(&k.as_str()))
+            .filter_map(|(_, n)| n.as_f64())
+            .sum();
+        Some(per_sweep / sweeps.max(1.0))
+    }
+
+    fn information_markdown(&self, md: &mut String) {
+        let _ = writeln!(md, "| information | measured |\n|---|---|");
+        if let Some(w) = self.wire_at(1.0) {
+            let ours = f(&w["railscope"]["bytes_per_sample"]);
+            for (key, name) in [
+                (
+                    "remote_write_grouped",
+                    "remote-write, each series once per 10 s request",
+                ),
+                (
+                    "remote_write_as_prometheus",
+                    "remote-write as Prometheus sends it (one TimeSeries per sample)",
+                ),
+            ] {
+                let ratio = ours.zip(f(&w[key]["bytes_per_sample"])).map(|(o, t)| t / o);
+                let _ = writeln!(
+                    md,
+                    "| {name}, at 1 s: × railscope's bytes | {}× |",
+                    fmt_opt(ratio, 1)
+                );
+            }
+        }
+        for l in &self.live {
+            let Some(ne) = l.subject("node_exporter") else {
+                continue;
+            };
+            for name in ["railscope", "railscope-ib"] {
+                let Some(s) = l.subject(name) else { continue };
+                let _ = writeln!(
+                    md,
+                    "| node_exporter's CPU at {} ÷ {} | {:.1}× |",
+                    label(l.interval),
+                    s.what,
+                    ne.cost.cpu_s / s.cost.cpu_s.max(1e-9)
+                );
+            }
+            if let Some(fl) = l.subject("floor-node-exporter") {
+                let _ = writeln!(
+                    md,
+                    "| node_exporter's CPU at {} ÷ reading its own files alone | {:.1}× |",
+                    label(l.interval),
+                    ne.cost.cpu_s / fl.cost.cpu_s.max(1e-9)
+                );
+            }
+        }
+        for (what, v) in [
+            (
+                "the GPU source (as the agent sweeps, jobs included)",
+                &self.gpu_sweep,
+            ),
+            ("the GPU read floor", &self.gpu_floor),
+        ] {
+            let _ = writeln!(
+                md,
+                "| a sweep of 8 stand-in GPUs, {what}: CPU (median) | {} µs |",
+                fmt_opt(f(&v["cpu_us_per_sweep_median"]), 0)
+            );
+        }
+        let _ = writeln!(md);
+        self.nvml_calls_markdown(md);
+    }
+
+    fn nvml_calls_markdown(&self, md: &mut String) {
+        let (Some(a), Some(b)) = (
+            self.gpu_sweep["nvml_calls"].as_object(),
+            self.gpu_floor["nvml_calls"].as_object(),
+        ) else {
+            return;
+        };
+        let sweeps = |m: &serde_json::Map<String, Value>| {
+            m.get("nvmlDeviceGetUtilizationRates")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0)
+                .max(1.0)
+        };
+        let (sa, sb) = (sweeps(a), sweeps(b));
+        let _ = writeln!(
+            md,
+            "NVML calls per GPU per sweep, counted by the stand-in (`RAILSCOPE_NVML_STANDIN_COUNTS`) \
+             over {} sweeps of 8 GPUs: the GPU source as the agent runs it (`agent_bench gpu-sweep`) \
+             and the GPU read floor (`agent_bench gpu-sweep --floor`: each query of the same \
+             fields once, handles kept, the fixed link maxima read once). Calls made once at \
+             start (init, handles, names, GPM support) are left out of the totals.\n",
+            sa / 8.0
+        );
+        let _ = writeln!(md, "| NVML function | GPU source | floor |\n|---|--:|--:|");
+        let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        for name in names {
+            let per = |m: &serde_json::Map<String, Value>, s: f64| {
+                m.get(name.as_str())
+                    .and_then(Value::as_f64)
+                    .map_or(0.0, |n| n / s)
+            };
+            let setup = if NVML_SETUP_CALLS.contains(&name.as_str()) {
+                " (start-up)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                md,
+                "| `{name}`{setup} | {:.2} | {:.2} |",
+                per(a, sa),
+                per(b, sb)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| **total per sweep** | **{}** | **{}** |\n",
+            fmt_opt(self.nvml_calls_per_gpu_sweep(false), 2),
+            fmt_opt(self.nvml_calls_per_gpu_sweep(true), 2)
+        );
+    }
+
+    fn callgrind_markdown(&self, md: &mut String) {
+        let c = &self.callgrind;
+        let _ = writeln!(md, "## Where the agent's CPU goes (callgrind)\n");
+        if let Some(e) = c["error"].as_str() {
+            let _ = writeln!(md, "The profile did not run: {e}\n");
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "`railscope agent` (IB + 8 stand-in GPUs, 1 s interval, adaptive sampling on) under \
+             `valgrind --tool=callgrind --instr-atstart=no` on the moving fixture tree; \
+             instructions collected for {} s (so about {} sweeps) after a {} s warm-up \
+             (`callgrind_control -i on`), every thread; {} instructions in all. The functions \
+             with the largest inclusive share (`callgrind_annotate --inclusive=yes`; the \
+             stand-in's own work counts, as it does in the CPU figures above):\n",
+            c["window_s"], c["window_s"], c["warmup_s"], c["total_ir"]
+        );
+        let _ = writeln!(md, "| inclusive Ir | share | function |\n|--:|--:|---|");
+        for row in c["top"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                md,
+                "| {} | {:.1} % | `{}` |",
+                row["ir"],
+                f(&row["share_pct"]).unwrap_or(0.0),
+                row["function"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .replace('|', "\\|")
+            );
+        }
+        let _ = writeln!(md);
     }
 
     pub(super) fn markdown(&self, goals: &[Goal]) -> String {
@@ -213,6 +430,16 @@ impl Report {
         let _ = writeln!(md, "\n{passed} of {} goals met.\n", goals.len());
         let _ = writeln!(
             md,
+            "Two earlier goals are retired: \"≥ 10× less CPU than node_exporter\" (node_exporter \
+             itself spends about 10× what merely reading its files costs, so no agent reading \
+             those files could meet it; the goal is now against that read floor) and \"≥ 20× \
+             smaller than remote-write\" (lossless, self-contained frames already sit near the \
+             floor xz -9e leaves of the whole stream; the goal is now against that floor). Those \
+             comparisons stay as information:\n"
+        );
+        self.information_markdown(&mut md);
+        let _ = writeln!(
+            md,
             "Two references show how far the goals are from what is possible here: the bytes \
              that xz -9e leaves of railscope's whole frame stream (section 1), and the CPU of a \
              process that does nothing but read the files (section 2, \"Reading alone\").\n"
@@ -220,6 +447,7 @@ impl Report {
 
         self.wire_markdown(&mut md);
         self.live_markdown(&mut md);
+        self.callgrind_markdown(&mut md);
         self.traces_markdown(&mut md);
         md
     }
@@ -560,9 +788,10 @@ impl Report {
         let _ = writeln!(
             md,
             "\nAn agent that reads these files that often cannot use less CPU than its reads: \
-             where node_exporter uses less than {GOAL_VS_NODE_EXPORTER:.0}× a floor's CPU, the \
-             goal of {GOAL_VS_NODE_EXPORTER:.0}× less CPU than node_exporter is out of reach on \
-             this machine for any agent that reads those files at that rate.\n"
+             node_exporter spends about 10× its floor, which is why \"10× less CPU than \
+             node_exporter\" was retired for \"at most {GOAL_VS_READ_FLOOR:.0}× the read floor\". \
+             With GPUs, the floor adds the GPU read floor (`agent_bench gpu-sweep --floor`, its \
+             CPU per sweep of 8 GPUs times the sweeps a second).\n"
         );
     }
 
@@ -651,6 +880,9 @@ impl Report {
                 })
                 .collect(),
             bytes_per_sample: &self.wire,
+            gpu_sweep: &self.gpu_sweep,
+            gpu_floor: &self.gpu_floor,
+            callgrind: &self.callgrind,
             live: self
                 .live
                 .iter()
@@ -691,6 +923,9 @@ pub(super) struct AgentJson<'a> {
     pub(super) bytes_per_sample: &'a [Value],
     pub(super) live: Vec<LiveJson<'a>>,
     pub(super) adaptive_sampling: &'a Value,
+    pub(super) gpu_sweep: &'a Value,
+    pub(super) gpu_floor: &'a Value,
+    pub(super) callgrind: &'a Value,
 }
 
 #[derive(Serialize)]
@@ -774,6 +1009,7 @@ mod tests {
                 "prometheus_text": {"bytes_per_sample": 110.0, "gzip_bytes_per_sample": 9.0},
                 "remote_write_grouped": {"bytes_per_sample": 4.5},
                 "remote_write_as_prometheus": {"bytes_per_sample": 31.5},
+                "railscope_stream_xz": {"bytes_per_sample": 1.0},
             })],
             traces: json!({
                 "seed": 1, "config": {}, "traces": [],
@@ -786,10 +1022,19 @@ mod tests {
                     subject("railscope", 0.24, 20 * 1024),
                     subject("railscope-ib", 0.12, 12 * 1024),
                     subject("node_exporter", 1.8, 25 * 1024),
+                    subject("floor-railscope", 0.1, 4 * 1024),
                 ],
                 fixture_cpu_pct: 1.0,
                 standin_script: json!({}),
             }],
+            // 500 µs a sweep at 1 s: 0.05 % of a core; with IB's 0.1 %, a floor of 0.15 %.
+            gpu_sweep: json!({"cpu_us_per_sweep_median": 900.0, "nvml_calls": {
+                "nvmlInit_v2": 1, "nvmlDeviceGetUtilizationRates": 80,
+                "nvmlDeviceGetHandleByIndex_v2": 88, "nvmlDeviceGetPowerUsage": 80}}),
+            gpu_floor: json!({"cpu_us_per_sweep_mean": 500.0, "nvml_calls": {
+                "nvmlInit_v2": 1, "nvmlDeviceGetUtilizationRates": 80,
+                "nvmlDeviceGetHandleByIndex_v2": 8, "nvmlDeviceGetPowerUsage": 80}}),
+            callgrind: json!({"error": "not run"}),
         };
         let goals = report.goals();
         let verdict = |what: &str| {
@@ -800,22 +1045,23 @@ mod tests {
                 .verdict()
         };
         assert_eq!(verdict("bytes per sample"), "PASS");
-        assert_eq!(verdict("each series once"), "FAIL"); // 3x
-        assert_eq!(verdict("as Prometheus sends"), "PASS"); // 21x
-        assert_eq!(verdict("CPU at 1 s: railscope-ib"), "PASS"); // 0.2 %
-        assert_eq!(
-            verdict("less CPU than node_exporter at 1 s: railscope-ib"),
-            "PASS"
-        ); // 15x
-        assert_eq!(
-            verdict("less CPU than node_exporter at 1 s: railscope"),
-            "FAIL"
-        ); // 7.5x
+        assert_eq!(verdict("against xz -9e"), "FAIL"); // 1.5x
+        assert_eq!(verdict("CPU at 1 s: railscope-ib"), "PASS"); // 0.12 %
+        // IB only: 0.12 % against 0.1 %.
+        assert_eq!(verdict("read floor: railscope-ib"), "PASS");
+        // With GPUs: 0.24 % against 0.1 + 0.05 %: 1.6x.
+        assert_eq!(verdict("read floor: railscope"), "PASS");
+        // (80 + 88 + 80) / 80 = 3.1 calls against (80 + 8 + 80) / 80 = 2.1: 1.48x.
+        assert_eq!(verdict("NVML calls per GPU"), "FAIL");
+        assert!(!goals.iter().any(|g| g.what.contains("node_exporter")));
+        assert!(!goals.iter().any(|g| g.what.contains("remote-write")));
         assert_eq!(verdict("fewer samples"), "PASS");
         assert_eq!(verdict("step change"), "PASS");
         let md = report.markdown(&goals);
         assert!(md.contains("`cargo xtask bench agent`"), "{md}");
         assert!(md.contains("| **FAIL** |"), "{md}");
+        assert!(md.contains("Two earlier goals are retired"), "{md}");
+        assert!(md.contains("| node_exporter's CPU at 1 s ÷"), "{md}");
         let json: Value = serde_json::from_str(&report.json(&goals).unwrap()).unwrap();
         assert_eq!(json["goals"].as_array().unwrap().len(), goals.len());
         let first = &report.live[0].subjects[0];
