@@ -4,12 +4,11 @@
 //! says it all again.
 
 use crate::{
-    codec::read_header,
     error::WireError,
-    frame::VERSION,
     key::Key,
     mac::{self, MAC_LEN},
     prim::{Reader, put_varint, varint_len},
+    request::{read_reply_head, reply_head},
     seqset::SeqSet,
 };
 
@@ -72,19 +71,7 @@ impl Ack {
 /// highest first (the agent sends those frames again later, and the collector acknowledges
 /// them then), so an acknowledgement is never larger than what it answers.
 pub fn encode_ack(ack: &Ack, key: &Key, max_len: usize) -> Result<Vec<u8>, WireError> {
-    let node = ack.node.as_bytes();
-    let Ok(node_len) = u8::try_from(node.len()) else {
-        return Err(WireError::NodeName {
-            node: ack.node.clone(),
-            len: node.len(),
-        });
-    };
-    let mut head = Vec::with_capacity(32 + node.len());
-    head.extend_from_slice(&ACK_MAGIC);
-    head.push(VERSION);
-    head.push(node_len);
-    head.extend_from_slice(node);
-    head.extend_from_slice(&ack.session.to_le_bytes());
+    let mut head = reply_head(ACK_MAGIC, &ack.node, ack.session)?;
     put_varint(&mut head, ack.floor);
     let mut pairs = Vec::new();
     let mut count = 0u64;
@@ -119,20 +106,7 @@ pub fn encode_ack(ack: &Ack, key: &Key, max_len: usize) -> Result<Vec<u8>, WireE
 pub fn decode_ack(bytes: &[u8], key: &Key) -> Result<Ack, WireError> {
     let body = mac::verify(bytes, key, MIN_ACK_LEN)?;
     let mut r = Reader::new(body, 0);
-    read_header(&mut r, ACK_MAGIC)?;
-    let node_len = usize::from(r.u8("node name length")?);
-    let offset = r.offset();
-    let node = std::str::from_utf8(r.bytes(node_len, "node name")?)
-        .map_err(|_| WireError::Malformed {
-            what: "node name",
-            offset,
-        })?
-        .to_owned();
-    let session = u32::from_le_bytes(
-        r.bytes(4, "session")?
-            .try_into()
-            .expect("4 bytes were read"),
-    );
+    let (node, session) = read_reply_head(&mut r, ACK_MAGIC)?;
     let floor = r.varint("floor")?;
     let offset = r.offset();
     let count = r.varint("range count")?;

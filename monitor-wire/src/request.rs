@@ -28,28 +28,34 @@ pub struct SchemaRequest {
 
 /// Encodes a schema request, authenticated like a frame.
 pub fn encode_schema_request(request: &SchemaRequest, key: &Key) -> Result<Vec<u8>, WireError> {
-    let node = request.node.as_bytes();
-    let Ok(node_len) = u8::try_from(node.len()) else {
-        return Err(WireError::NodeName {
-            node: request.node.clone(),
-            len: node.len(),
-        });
-    };
-    let mut out = Vec::with_capacity(MIN_REQUEST_LEN + node.len());
-    out.extend_from_slice(&REQUEST_MAGIC);
-    out.push(VERSION);
-    out.push(node_len);
-    out.extend_from_slice(node);
-    out.extend_from_slice(&request.session.to_le_bytes());
+    let mut out = reply_head(REQUEST_MAGIC, &request.node, request.session)?;
     mac::seal(&mut out, key);
     Ok(out)
 }
 
-/// Decodes a schema request: the MAC first, then the fields, all of them exactly.
-pub fn decode_schema_request(bytes: &[u8], key: &Key) -> Result<SchemaRequest, WireError> {
-    let body = mac::verify(bytes, key, MIN_REQUEST_LEN)?;
-    let mut r = Reader::new(body, 0);
-    read_header(&mut r, REQUEST_MAGIC)?;
+/// The head both messages to an agent start with: magic, version, node, session.
+pub(crate) fn reply_head(magic: [u8; 4], node: &str, session: u32) -> Result<Vec<u8>, WireError> {
+    let Ok(node_len) = u8::try_from(node.len()) else {
+        return Err(WireError::NodeName {
+            node: node.to_owned(),
+            len: node.len(),
+        });
+    };
+    let mut out = Vec::with_capacity(32 + node.len());
+    out.extend_from_slice(&magic);
+    out.push(VERSION);
+    out.push(node_len);
+    out.extend_from_slice(node.as_bytes());
+    out.extend_from_slice(&session.to_le_bytes());
+    Ok(out)
+}
+
+/// Reads [`reply_head`]: the node and the session.
+pub(crate) fn read_reply_head(
+    r: &mut Reader<'_>,
+    magic: [u8; 4],
+) -> Result<(String, u32), WireError> {
+    read_header(r, magic)?;
     let node_len = usize::from(r.u8("node name length")?);
     let offset = r.offset();
     let node = std::str::from_utf8(r.bytes(node_len, "node name")?)
@@ -63,6 +69,14 @@ pub fn decode_schema_request(bytes: &[u8], key: &Key) -> Result<SchemaRequest, W
             .try_into()
             .expect("4 bytes were read"),
     );
+    Ok((node, session))
+}
+
+/// Decodes a schema request: the MAC first, then the fields, all of them exactly.
+pub fn decode_schema_request(bytes: &[u8], key: &Key) -> Result<SchemaRequest, WireError> {
+    let body = mac::verify(bytes, key, MIN_REQUEST_LEN)?;
+    let mut r = Reader::new(body, 0);
+    let (node, session) = read_reply_head(&mut r, REQUEST_MAGIC)?;
     r.finish("schema request")?;
     Ok(SchemaRequest { node, session })
 }
