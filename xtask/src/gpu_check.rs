@@ -29,8 +29,7 @@ use std::{
     ffi::{CString, OsStr},
     fmt::Write as _,
     fs,
-    io::{BufRead as _, BufReader, Read as _},
-    net::UdpSocket,
+    io::{BufRead as _, BufReader},
     os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -42,7 +41,11 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::{build, cargo, setup};
+use crate::{
+    build, cargo,
+    scratch::{free_udp_port, write_key},
+    setup,
+};
 
 /// What the check prints, and exits 0 with, where there is no GPU.
 pub const NO_GPU: &str = "no NVIDIA GPU on this machine: nothing to check";
@@ -399,88 +402,33 @@ const MAPPINGS: &[Mapping] = &[
         Compare::Flag,
         "a remap that failed",
     ),
-    throttle("gpu_idle"),
-    throttle("applications_clocks_setting"),
-    throttle("sw_power_cap"),
-    throttle("hw_slowdown"),
-    throttle("sync_boost"),
-    throttle("sw_thermal_slowdown"),
-    throttle("hw_thermal_slowdown"),
-    throttle("hw_power_brake_slowdown"),
+    throttle!("gpu_idle"),
+    throttle!("applications_clocks_setting"),
+    throttle!("sw_power_cap"),
+    throttle!("hw_slowdown"),
+    throttle!("sync_boost"),
+    throttle!("sw_thermal_slowdown"),
+    throttle!("hw_thermal_slowdown"),
+    throttle!("hw_power_brake_slowdown"),
 ];
 
-const fn throttle(reason: &'static str) -> Mapping {
-    // nvidia-smi renamed clocks_throttle_reasons.* to clocks_event_reasons.* (535); either
-    // is taken, the newer first.
-    let (fields, labels): (
-        &'static [&'static str],
-        &'static [(&'static str, &'static str)],
-    ) = match reason.as_bytes() {
-        b"gpu_idle" => (
-            &[
-                "clocks_event_reasons.gpu_idle",
-                "clocks_throttle_reasons.gpu_idle",
+/// One clock event reason: railscope's `railscope_gpu_throttle_active{reason}` against
+/// nvidia-smi's field of the same name, under either of its two prefixes.
+macro_rules! throttle {
+    ($reason:literal) => {
+        Mapping {
+            metric: "railscope_gpu_throttle_active",
+            labels: &[("reason", $reason)],
+            fields: &[
+                concat!("clocks_event_reasons.", $reason),
+                concat!("clocks_throttle_reasons.", $reason),
             ],
-            &[("reason", "gpu_idle")],
-        ),
-        b"applications_clocks_setting" => (
-            &[
-                "clocks_event_reasons.applications_clocks_setting",
-                "clocks_throttle_reasons.applications_clocks_setting",
-            ],
-            &[("reason", "applications_clocks_setting")],
-        ),
-        b"sw_power_cap" => (
-            &[
-                "clocks_event_reasons.sw_power_cap",
-                "clocks_throttle_reasons.sw_power_cap",
-            ],
-            &[("reason", "sw_power_cap")],
-        ),
-        b"hw_slowdown" => (
-            &[
-                "clocks_event_reasons.hw_slowdown",
-                "clocks_throttle_reasons.hw_slowdown",
-            ],
-            &[("reason", "hw_slowdown")],
-        ),
-        b"sync_boost" => (
-            &[
-                "clocks_event_reasons.sync_boost",
-                "clocks_throttle_reasons.sync_boost",
-            ],
-            &[("reason", "sync_boost")],
-        ),
-        b"sw_thermal_slowdown" => (
-            &[
-                "clocks_event_reasons.sw_thermal_slowdown",
-                "clocks_throttle_reasons.sw_thermal_slowdown",
-            ],
-            &[("reason", "sw_thermal_slowdown")],
-        ),
-        b"hw_thermal_slowdown" => (
-            &[
-                "clocks_event_reasons.hw_thermal_slowdown",
-                "clocks_throttle_reasons.hw_thermal_slowdown",
-            ],
-            &[("reason", "hw_thermal_slowdown")],
-        ),
-        _ => (
-            &[
-                "clocks_event_reasons.hw_power_brake_slowdown",
-                "clocks_throttle_reasons.hw_power_brake_slowdown",
-            ],
-            &[("reason", "hw_power_brake_slowdown")],
-        ),
+            compare: Compare::Flag,
+            why: "the clock event reason bit, read by both",
+        }
     };
-    Mapping {
-        metric: "railscope_gpu_throttle_active",
-        labels,
-        fields,
-        compare: Compare::Flag,
-        why: "the clock event reason bit, read by both",
-    }
 }
+use throttle;
 
 /// The energy counter, checked against the mean of `power.draw` over the same span.
 const ENERGY: &str = "railscope_gpu_energy_millijoules_total";
@@ -723,21 +671,6 @@ fn kernel_xids() -> Result<Vec<String>, String> {
         .filter(|l| l.contains("NVRM: Xid"))
         .map(str::to_owned)
         .collect())
-}
-
-fn free_udp_port() -> anyhow::Result<u16> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let key = dir.join("wire.key");
-    let mut bytes = [0u8; 32];
-    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    fs::write(&key, hex + "\n")?;
-    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
-    Ok(key)
 }
 
 /// Lines of a child's stdout, each stamped when it arrived, collected by a thread.

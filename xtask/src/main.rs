@@ -13,6 +13,7 @@ mod package;
 mod package_test;
 mod progress;
 mod run;
+mod scratch;
 mod setup;
 mod test;
 mod testbed;

@@ -28,7 +28,6 @@ mod report;
 
 use std::{
     fs,
-    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     thread,
@@ -44,6 +43,7 @@ use crate::{
     setup::{self, Tools},
 };
 
+use crate::scratch::{free_tcp_port, free_udp_port, write_key};
 use live::*;
 use process::*;
 use report::*;
@@ -330,17 +330,6 @@ fn with_stream_xz(mut wire: Value, frames: &Path) -> anyhow::Result<Value> {
         "bytes_per_sample": bytes as f64 / samples.max(1) as f64,
     });
     Ok(wire)
-}
-
-pub(super) fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let key = dir.join("wire.key");
-    let mut bytes = [0u8; 32];
-    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    fs::write(&key, hex + "\n")?;
-    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
-    Ok(key)
 }
 
 /// Runs a command that prints one JSON document on stdout.

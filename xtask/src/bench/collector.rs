@@ -45,11 +45,10 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::http::{Metrics, encode, http_get, metric_sum, metrics_at, wait_http};
+use crate::scratch::{free_tcp_port, free_udp_port, write_key};
 
 use super::{
-    agent::process::{
-        Proc, clock_ticks_per_second, cpu_ticks, free_tcp_port, free_udp_port, status_kb,
-    },
+    agent::process::{Proc, clock_ticks_per_second, cpu_ticks, status_kb},
     host_cpu, sorted_json, utc_now,
 };
 use crate::{
@@ -140,7 +139,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     fs::create_dir_all(&dir)?;
-    let key = super::agent::write_key(&dir)?;
+    let key = write_key(&dir)?;
     let data = dir.join("data");
     let sockets = o
         .sockets

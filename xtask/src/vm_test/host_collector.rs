@@ -90,12 +90,7 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
     // Per-node keys, as a fleet runs them: a fresh fleet secret for the collector, and the
     // guest's own key derived from it by the collector's command, for the guest only.
     let secret = dir.join("fleet.secret");
-    let mut random = [0u8; 32];
-    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut random)?;
-    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
-    fs::write(&secret, hex)?;
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600))?;
+    crate::scratch::write_random_key(&secret)?;
     let derived = Command::new(&binary)
         .args(["node-key", "--node", NODE, "--fleet-secret"])
         .arg(&secret)

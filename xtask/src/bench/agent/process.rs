@@ -4,7 +4,6 @@ use std::{
     collections::BTreeMap,
     fs,
     io::{BufRead, BufReader},
-    net::{TcpListener, UdpSocket},
     path::Path,
     process::{Child, Command, ExitStatus, Stdio},
     thread,
@@ -322,14 +321,6 @@ pub(in crate::bench) fn measure(
         window: Some((t0, Instant::now())),
         per_thread,
     })
-}
-
-pub(in crate::bench) fn free_udp_port() -> anyhow::Result<u16> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-pub(in crate::bench) fn free_tcp_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 #[cfg(test)]
