@@ -73,6 +73,26 @@ struct SessionAcks {
     last_added: Instant,
 }
 
+impl SessionAcks {
+    fn new(session: u32, durable: SeqSet) -> Self {
+        Self {
+            session,
+            durable,
+            answered: 0,
+            last_added: Instant::now(),
+        }
+    }
+}
+
+/// Counts a frame of `len` bytes as answered by the session's next acknowledgement, which
+/// becomes due with the first.
+fn answer(due: &mut Vec<(Arc<str>, u32)>, s: &mut SessionAcks, node: &Arc<str>, len: usize) {
+    if s.answered == 0 {
+        due.push((node.clone(), s.session));
+    }
+    s.answered += len;
+}
+
 struct NodeAcks {
     sessions: Vec<SessionAcks>,
     to: SocketAddr,
@@ -104,14 +124,16 @@ impl Acker {
         }
     }
 
-    fn session(
-        &mut self,
+    /// The node's acknowledgements of `session`, made if new; the node's address and key
+    /// updated to its frame's.
+    fn session<'a>(
+        nodes: &'a mut HashMap<Arc<str>, NodeAcks>,
         node: &Arc<str>,
         session: u32,
         to: SocketAddr,
         key: &Key,
-    ) -> &mut SessionAcks {
-        let acks = self.nodes.entry(node.clone()).or_insert_with(|| NodeAcks {
+    ) -> &'a mut SessionAcks {
+        let acks = nodes.entry(node.clone()).or_insert_with(|| NodeAcks {
             sessions: Vec::new(),
             to,
             key: key.clone(),
@@ -119,21 +141,15 @@ impl Acker {
         });
         acks.to = to;
         acks.key_known = true;
-        if acks.key != *key {
-            acks.key = key.clone();
-        }
+        acks.key = key.clone();
         let i = match acks.sessions.iter().position(|s| s.session == session) {
             Some(i) => i,
             None => {
                 if acks.sessions.len() == SESSIONS_PER_NODE {
                     acks.sessions.remove(0);
                 }
-                acks.sessions.push(SessionAcks {
-                    session,
-                    durable: SeqSet::default(),
-                    answered: 0,
-                    last_added: Instant::now(),
-                });
+                acks.sessions
+                    .push(SessionAcks::new(session, SeqSet::default()));
                 acks.sessions.len() - 1
             }
         };
@@ -149,24 +165,21 @@ impl Acker {
             key_known: false,
         });
         acks.sessions.retain(|s| s.session != session);
-        acks.sessions.push(SessionAcks {
-            session,
-            durable: held,
-            answered: 0,
-            last_added: Instant::now(),
-        });
+        acks.sessions.push(SessionAcks::new(session, held));
     }
 
     /// The frame's record is durable: acknowledge it with the next [`send_due`](Self::send_due).
     pub fn durable(&mut self, frame: &Delivered) {
-        let s = self.session(&frame.node, frame.session, frame.from, &frame.key);
+        let s = Self::session(
+            &mut self.nodes,
+            &frame.node,
+            frame.session,
+            frame.from,
+            &frame.key,
+        );
         s.durable.insert(frame.seq);
         s.last_added = Instant::now();
-        let first = s.answered == 0;
-        s.answered += frame.len;
-        if first {
-            self.due.push((frame.node.clone(), frame.session));
-        }
+        answer(&mut self.due, s, &frame.node, frame.len);
     }
 
     /// A copy of a frame ingest had already: acknowledged again (its acknowledgement was
@@ -189,11 +202,7 @@ impl Acker {
         self.stats
             .duplicates_answered
             .fetch_add(1, Ordering::Relaxed);
-        let first = s.answered == 0;
-        s.answered += frame.len;
-        if first {
-            self.due.push((frame.node.clone(), frame.session));
-        }
+        answer(&mut self.due, s, &frame.node, frame.len);
     }
 
     /// Sends the acknowledgements due: one per session that has new durable frames, sealed

@@ -9,7 +9,7 @@ use crate::{
     mac::{self, MAC_LEN},
     prim::{Reader, put_varint, varint_len},
     request::{read_reply_head, reply_head},
-    seqset::SeqSet,
+    seqset::{self, SeqSet},
 };
 
 /// Magic of an acknowledgement.
@@ -43,26 +43,12 @@ impl Ack {
 
     /// Whether the collector holds (or has settled) frame `seq`.
     pub fn holds(&self, seq: u64) -> bool {
-        if seq < self.floor {
-            return true;
-        }
-        let i = self.held.partition_point(|r| r.1 <= seq);
-        self.held.get(i).is_some_and(|r| r.0 <= seq)
+        seqset::holds(self.floor, &self.held, seq)
     }
 
     /// One more than the highest frame it holds.
     pub fn end(&self) -> u64 {
-        self.held.last().map_or(self.floor, |r| r.1)
-    }
-
-    /// The gaps it names, `[start, end)`: frames it lacks below the highest it holds.
-    pub fn gaps(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let mut from = self.floor;
-        self.held.iter().map(move |&(start, end)| {
-            let gap = (from, start);
-            from = end;
-            gap
-        })
+        seqset::end(self.floor, &self.held)
     }
 }
 
@@ -164,10 +150,9 @@ mod tests {
         let bytes = encode_ack(&ack, &key(), 1400).unwrap();
         assert_eq!(decode_ack(&bytes, &key()), Ok(ack.clone()));
         assert!(ack.holds(999) && !ack.holds(1000) && ack.holds(1009) && !ack.holds(1010));
-        assert_eq!(
-            ack.gaps().collect::<Vec<_>>(),
-            vec![(1000, 1003), (1010, 1012)]
-        );
+        let gaps: Vec<u64> = (1000..1013).filter(|&s| !ack.holds(s)).collect();
+        assert_eq!(gaps, [1000, 1001, 1002, 1010, 1011], "the gaps it names");
+        assert_eq!(ack.end(), 1013);
         assert!(matches!(
             decode_ack(&bytes, &Key::from_bytes([7; 32])),
             Err(WireError::BadMac { .. })

@@ -93,24 +93,23 @@ pub struct LastFrame {
 }
 
 impl NodeState {
-    fn new(frame: &Frame) -> Self {
+    /// A node first heard from in `session`, holding `received` of it, counting frames missing
+    /// from `first_seen` on as lost.
+    fn start(session: u32, received: SeqSet, first_seen: u64) -> Self {
         Self {
-            session: frame.session,
+            session,
             retired: Vec::new(),
             schema: HashMap::new(),
             schema_bytes: 0,
-            received: SeqSet::default(),
-            first_seen: frame.seq,
+            received,
+            first_seen,
             frames: 0,
             lost: 0,
             late: 0,
             unknown_samples: 0,
             sessions: 1,
             schema_refused: 0,
-            last: LastFrame {
-                new_session: true,
-                ..LastFrame::default()
-            },
+            last: LastFrame::default(),
         }
     }
 
@@ -191,29 +190,15 @@ impl ReceiverState {
     /// restarted, from its archive): copies of them are refused, the rest taken. The schema
     /// starts empty, as for any session this receiver had not seen.
     pub fn resume(&mut self, node: &str, session: u32, received: SeqSet) {
-        let first_seen = received.ranges().first().map_or(received.floor(), |r| r.0);
-        let first_seen = if received.floor() > 0 {
-            received.floor().min(first_seen)
-        } else {
-            first_seen
+        // Frames missing before the first one held were never sent here: not lost. (Held
+        // ranges start above the floor, so a floor above 0 comes first.)
+        let first_seen = match received.floor() {
+            0 => received.ranges().first().map_or(0, |r| r.0),
+            floor => floor,
         };
         self.nodes.insert(
             node.to_owned(),
-            NodeState {
-                session,
-                retired: Vec::new(),
-                schema: HashMap::new(),
-                schema_bytes: 0,
-                received,
-                first_seen,
-                frames: 0,
-                lost: 0,
-                late: 0,
-                unknown_samples: 0,
-                sessions: 1,
-                schema_refused: 0,
-                last: LastFrame::default(),
-            },
+            NodeState::start(session, received, first_seen),
         );
     }
 
@@ -223,7 +208,7 @@ impl ReceiverState {
             None => self
                 .nodes
                 .entry(frame.node.clone())
-                .or_insert_with(|| NodeState::new(frame)),
+                .or_insert_with(|| NodeState::start(frame.session, SeqSet::default(), frame.seq)),
         };
         let mut last = LastFrame::default();
         if node.session != frame.session {

@@ -26,6 +26,25 @@ pub struct SeqSet {
 /// session's set stays under 64 KiB.
 pub const MAX_RANGES: usize = 4096;
 
+/// Whether a floor and held ranges above it (a set's, an acknowledgement's) hold `seq`.
+pub(crate) fn holds(floor: u64, ranges: &[(u64, u64)], seq: u64) -> bool {
+    seq < floor || range_of(ranges, seq).is_ok()
+}
+
+/// One more than the highest number a floor and held ranges above it hold.
+pub(crate) fn end(floor: u64, ranges: &[(u64, u64)]) -> u64 {
+    ranges.last().map_or(floor, |r| r.1)
+}
+
+/// `Ok(i)`: range i holds `seq`; `Err(i)`: it would go before range i.
+fn range_of(ranges: &[(u64, u64)], seq: u64) -> Result<usize, usize> {
+    let i = ranges.partition_point(|r| r.1 <= seq);
+    match ranges.get(i) {
+        Some(r) if r.0 <= seq => Ok(i),
+        _ => Err(i),
+    }
+}
+
 impl Default for SeqSet {
     fn default() -> Self {
         Self::with_max_ranges(MAX_RANGES)
@@ -55,7 +74,7 @@ impl SeqSet {
 
     /// One more than the highest number held (the floor when nothing above it is).
     pub fn end(&self) -> u64 {
-        self.ranges.last().map_or(self.floor, |r| r.1)
+        end(self.floor, &self.ranges)
     }
 
     /// Numbers given up at the bound.
@@ -64,21 +83,11 @@ impl SeqSet {
     }
 
     pub fn contains(&self, seq: u64) -> bool {
-        seq < self.floor || self.find(seq).is_ok()
+        holds(self.floor, &self.ranges, seq)
     }
 
-    /// Whether `seq` is below the floor: settled, held or not.
-    pub fn is_settled(&self, seq: u64) -> bool {
-        seq < self.floor
-    }
-
-    /// `Ok(i)`: range i holds `seq`; `Err(i)`: it would go before range i.
     fn find(&self, seq: u64) -> Result<usize, usize> {
-        let i = self.ranges.partition_point(|r| r.1 <= seq);
-        match self.ranges.get(i) {
-            Some(r) if r.0 <= seq => Ok(i),
-            _ => Err(i),
-        }
+        range_of(&self.ranges, seq)
     }
 
     /// Adds `seq`; false if it was held (or settled) already.
@@ -137,35 +146,6 @@ impl SeqSet {
         self.settle();
     }
 
-    /// Raises the floor to `floor` (numbers below it are given up if not held); a floor at or
-    /// below the present one changes nothing.
-    pub fn raise_floor(&mut self, floor: u64) {
-        if floor <= self.floor {
-            return;
-        }
-        let mut missing = floor - self.floor;
-        let keep = self.ranges.partition_point(|r| r.1 <= floor);
-        for r in &self.ranges[..keep] {
-            missing -= r.1 - r.0;
-        }
-        self.ranges.drain(..keep);
-        let mut floor = floor;
-        if let Some(first) = self.ranges.first_mut()
-            && first.0 < floor
-        {
-            missing -= floor - first.0;
-            first.0 = floor;
-        }
-        if let Some(&(start, end)) = self.ranges.first()
-            && start == floor
-        {
-            floor = end;
-            self.ranges.remove(0);
-        }
-        self.given_up += missing;
-        self.floor = floor;
-    }
-
     /// Merges a range that reaches the floor into it, and gives up the lowest gap while the
     /// ranges are over their bound.
     fn settle(&mut self) {
@@ -181,21 +161,6 @@ impl SeqSet {
             self.floor = end;
         }
     }
-
-    /// The gaps above the floor, `[start, end)`, up to the highest number held.
-    pub fn gaps(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let mut from = self.floor;
-        self.ranges.iter().map(move |&(start, end)| {
-            let gap = (from, start);
-            from = end;
-            gap
-        })
-    }
-
-    /// Numbers missing between the floor and the highest held.
-    pub fn missing(&self) -> u64 {
-        self.gaps().map(|(s, e)| e - s).sum()
-    }
 }
 
 #[cfg(test)]
@@ -210,7 +175,7 @@ mod tests {
         assert!(s.insert(3) && s.insert(5) && s.insert(4));
         assert_eq!((s.floor(), s.ranges()), (0, &[(3, 6)][..]));
         assert!(!s.insert(4), "held already");
-        assert_eq!(s.gaps().collect::<Vec<_>>(), vec![(0, 3)]);
+        assert!(!s.contains(0) && !s.contains(2), "the gap below the range");
         assert!(s.insert(0) && s.insert(2) && s.insert(1));
         assert_eq!((s.floor(), s.ranges()), (6, &[][..]));
         assert!(s.contains(5) && !s.contains(6) && !s.insert(2));
@@ -219,7 +184,10 @@ mod tests {
         s.insert(11);
         s.remove(10);
         assert_eq!(s.ranges(), &[(9, 10), (11, 12)]);
-        assert_eq!(s.missing(), 4);
+        assert!(
+            !s.contains(10) && (6..9).all(|n| !s.contains(n)),
+            "4 missing"
+        );
         assert!(s.insert(10), "taken out, so taken again");
         s.remove(3);
         assert!(!s.contains(3) && s.contains(2) && s.contains(4));
@@ -238,8 +206,6 @@ mod tests {
             (3, &[(4, 5), (6, 7)][..], 2)
         );
         assert!(!s.insert(1), "settled");
-        s.raise_floor(6);
-        assert_eq!((s.floor(), s.ranges(), s.given_up()), (7, &[][..], 4));
     }
 
     proptest! {
