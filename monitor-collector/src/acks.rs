@@ -25,9 +25,11 @@ const SESSIONS_PER_NODE: usize = 4;
 /// A session not added to for this long is forgotten (the longest an agent keeps a frame,
 /// docs/agent.md, "Delivery").
 const SESSION_IDLE: Duration = Duration::from_secs(3600);
-/// How far back a collector that starts reads what the archive holds: frames durable but
-/// not yet acknowledged when it stopped were received in its last seconds (acknowledgements
-/// are cumulative and go out every second), so ten minutes leaves a wide margin.
+/// How far back from its newest record a collector that starts reads what the archive
+/// holds: frames durable but not yet acknowledged when it stopped were received in its last
+/// seconds (acknowledgements are cumulative and go out every second), so ten minutes leaves
+/// a wide margin. Counted back from the newest record, not from now, so that an outage
+/// longer than the horizon does not make the collector store its last frames twice.
 pub const HELD_HORIZON: Duration = Duration::from_secs(600);
 /// The largest acknowledgement: within one unfragmented datagram, like a frame.
 const MAX_ACK_LEN: usize = 1400;
@@ -253,14 +255,16 @@ impl Acker {
     }
 }
 
-/// What the archive holds of each node's newest session, among the records received since
-/// `cutoff_ns`: read at start-up, so that a restarted collector refuses the copies it has
-/// and acknowledges them, and names the rest as missing. Returns, per node, its newest
-/// session (by append order) and the frames of it held.
+/// What the archive holds of each node's newest session, among the records received in the
+/// [`HELD_HORIZON`] before its newest one: read at start-up, so that a restarted collector
+/// refuses the copies it has and acknowledges them, and names the rest as missing. Returns,
+/// per node, its newest session (by append order) and the frames of it held.
 pub fn held_in_archive(
     reader: &ArchiveReader,
-    cutoff_ns: u64,
 ) -> Result<HashMap<Arc<str>, (u32, SeqSet)>, ArchiveError> {
+    let cutoff_ns = reader
+        .last_received_ns()
+        .saturating_sub(HELD_HORIZON.as_nanos() as u64);
     let mut held: HashMap<Arc<str>, (u32, SeqSet)> = HashMap::new();
     let mut sequential = reader.sequential(reader.received_since(cutoff_ns));
     loop {

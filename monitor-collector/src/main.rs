@@ -155,12 +155,8 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let archive = Archive::open(archive_config)
         .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
-    let held = monitor_collector::acks::held_in_archive(
-        &reader,
-        monitor_collector::clock::unix_now_ns()
-            .saturating_sub(monitor_collector::acks::HELD_HORIZON.as_nanos() as u64),
-    )
-    .with_context(|| format!("reading back recent frames in {}", data_dir.display()))?;
+    let held = monitor_collector::acks::held_in_archive(&reader)
+        .with_context(|| format!("reading back recent frames in {}", data_dir.display()))?;
     let archive = PublishingArchive::new(archive);
     let archive_stats = archive.stats();
 

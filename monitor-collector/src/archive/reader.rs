@@ -234,6 +234,18 @@ impl ArchiveReader {
             .unwrap_or(0)
     }
 
+    /// When the newest record was received (0 for an empty archive): the last moment the
+    /// collector that wrote it was taking frames.
+    pub fn last_received_ns(&self) -> u64 {
+        let st = self.state();
+        let wal = st
+            .wal_segments()
+            .flat_map(|o| o.entries.iter().map(|e| e.received_ns))
+            .max();
+        let sealed = st.sealed.iter().map(|s| s.max_received_ns).max();
+        wal.max(sealed).unwrap_or(0)
+    }
+
     /// The first record of the oldest segment that holds a record received at or after
     /// `cutoff_ns`: a reader from there sees every record received since (and some before).
     pub fn received_since(&self, cutoff_ns: u64) -> u64 {

@@ -136,6 +136,44 @@ fn sealed_count(dir: &Path) -> usize {
         .count()
 }
 
+/// A collector restarted after an outage longer than [`crate::acks::HELD_HORIZON`] still
+/// knows the frames it took in its last minutes (so it refuses the agents' copies of them
+/// instead of storing them twice): the horizon runs back from the newest record.
+#[test]
+fn a_collector_back_after_a_long_outage_knows_the_frames_of_its_last_minutes() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Records received in 2026-09, long before this test runs (any "now"-based horizon
+    // would find none of them).
+    let fleet = Fleet::new(2, 1200);
+    let mut archive = Archive::open(config(tmp.path())).unwrap();
+    fleet.append_paced(&mut archive, &fleet.frames);
+    drop(archive);
+    let archive = Archive::open(config(tmp.path())).unwrap();
+    let reader = archive.reader();
+    let newest = fleet
+        .frames
+        .iter()
+        .map(|(_, f)| f.received_ns)
+        .max()
+        .unwrap();
+    assert_eq!(reader.last_received_ns(), newest);
+
+    let horizon = crate::acks::HELD_HORIZON.as_nanos() as u64;
+    let held = crate::acks::held_in_archive(&reader).unwrap();
+    for node in ["gpu-node-000", "gpu-node-001"] {
+        let (_, seqs) = &held[node];
+        for f in fleet.of(node) {
+            let (_, seq) = monitor_wire::peek_sequence(&f.bytes).unwrap();
+            if f.received_ns + horizon >= newest {
+                assert!(
+                    seqs.contains(seq),
+                    "{node}: frame {seq} of the last 10 min not held"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     let tmp = tempfile::tempdir().unwrap();
