@@ -505,6 +505,13 @@ fn render_node_health(out: &mut String, shared: &Shared) {
     );
     family(
         out,
+        "railscope_collector_node_frames_given_up_total",
+        Counter,
+        "Frames of a node's session the collector stopped waiting for (more gaps than it keeps): a copy arriving later is refused.",
+        &per_node(&|n| n.given_up.to_string()),
+    );
+    family(
+        out,
         "railscope_collector_node_frames_reordered_total",
         Counter,
         "Frames that arrived after a later one.",

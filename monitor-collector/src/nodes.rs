@@ -115,6 +115,9 @@ pub struct NodeSummary {
     pub events: u64,
     pub bytes: u64,
     pub lost: u64,
+    /// Frames of the session the collector stopped waiting for (its record of received
+    /// frames at its bound): a copy arriving later is refused.
+    pub given_up: u64,
     pub reordered: u64,
     pub duplicates: u64,
     pub replayed: u64,
@@ -585,6 +588,7 @@ impl NodeTable {
                     events: node.counts.events,
                     bytes: node.counts.bytes,
                     lost: received.map_or(0, |r| r.lost),
+                    given_up: received.map_or(0, |r| r.received().given_up()),
                     reordered: received.map_or(0, |r| r.late),
                     duplicates: node.counts.duplicates,
                     replayed: node.counts.replayed,
@@ -726,6 +730,28 @@ mod tests {
         assert_eq!(summary.series, 6);
         assert_eq!(table.series_count(), 6);
         assert_eq!(summary.lost, 0);
+    }
+
+    /// A node whose session lacks more frames than the collector keeps gaps for: the oldest
+    /// gaps are given up, and that is counted per node (`/api/v1/live/nodes`, `/metrics`),
+    /// not silent.
+    #[test]
+    fn gaps_given_up_at_the_bound_are_counted() {
+        let table = table(Limits::default());
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        // Every other frame lost: one gap per frame received.
+        let frames = monitor_wire::MAX_RANGES + 10;
+        for i in 0..2 * frames as u64 {
+            let t = T0 + i * 1_000_000;
+            for frame in flush(&mut enc, 1, t, i) {
+                if i % 2 == 0 {
+                    table.ingest(&frame, FROM.parse().unwrap(), t).unwrap();
+                }
+            }
+        }
+        let summary = &table.summaries()[0];
+        assert!(summary.given_up > 0, "{summary:?}");
+        assert!(summary.given_up <= 11, "{summary:?}");
     }
 
     /// A receive thread that panics while it holds a node shard (a bug met on a crafted

@@ -13,6 +13,10 @@
 //!   remote-write, CPU and peak RSS at a 1 s and a 100 ms interval next to
 //!   prometheus-node-exporter reading the same tree, and adaptive sampling on workload-shaped
 //!   traces; writes `bench/results/agent.md` and `agent.json` (module [`agent`]).
+//! - `delivery`: what acknowledged delivery costs: acknowledgement bytes against frame bytes,
+//!   the agent's memory through a 10-minute collector outage, the time until its backlog is
+//!   archived, and a fleet's backlog at one collector; writes `bench/results/delivery.md`
+//!   and `delivery.json` (module [`delivery`]).
 //! - `events`: how late IB port events reach the collector over a few hundred link flaps in
 //!   the guest (kernel timestamp to frame sent, and to `railscope listen` printing it);
 //!   writes `bench/results/events.md` and `events.json` (module [`events`]).
@@ -37,6 +41,7 @@ use crate::{
 
 mod agent;
 mod collector;
+mod delivery;
 mod events;
 mod node_keys;
 
@@ -68,6 +73,8 @@ pub struct Options {
     #[command(flatten)]
     pub collector: collector::CollectorOptions,
     #[command(flatten)]
+    pub delivery: delivery::DeliveryOptions,
+    #[command(flatten)]
     pub setup: setup::Options,
 }
 
@@ -86,6 +93,9 @@ pub enum Target {
     /// What per-node keys cost the collector's ingest next to one shared key, and floods of
     /// refused datagrams (callgrind, on this host; `--nodes` simulated nodes).
     NodeKeys,
+    /// What acknowledged delivery costs: acknowledgement bytes, the agent's memory through a
+    /// collector outage, the backlog's time, a fleet's backlog at one collector (on this host).
+    Delivery,
 }
 
 /// The guest scenario that measures the probes.
@@ -120,6 +130,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Events => "building the guest image",
         Target::Collector => "installing VictoriaMetrics (setup)",
         Target::NodeKeys => "installing valgrind",
+        Target::Delivery => "running the agent (it loads eBPF probes)",
     })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
@@ -128,6 +139,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Events => events::run(&tools, options),
         Target::Collector => collector::run(&tools, options),
         Target::NodeKeys => node_keys::run(&tools, options.collector.nodes),
+        Target::Delivery => delivery::run(&tools, options),
     }
 }
 
@@ -824,6 +836,7 @@ fn results_path(target: Target) -> PathBuf {
         Target::Events => "events",
         Target::Collector => "collector",
         Target::NodeKeys => "node-keys",
+        Target::Delivery => "delivery",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

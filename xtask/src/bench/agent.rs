@@ -289,7 +289,7 @@ pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
         .context("cargo did not report libnvml_standin.so")
 }
 
-fn build_example(tools: &Tools) -> anyhow::Result<PathBuf> {
+pub(super) fn build_example(tools: &Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the measuring example (monitor-user/examples/agent_bench)");
     let mut cmd = cargo::command(tools);
     cmd.args([

@@ -59,7 +59,7 @@ use crate::{
 /// Options of `cargo xtask bench collector`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CollectorOptions {
-    /// `collector`, `node-keys`: simulated nodes (node identities) of the fleet.
+    /// `collector`, `node-keys`, `delivery`: simulated nodes (node identities) of the fleet.
     #[arg(long, default_value_t = 2000)]
     pub nodes: usize,
     /// `collector`: the rising rates, in samples a second, sent until the collector saturates.
@@ -530,7 +530,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build(tools: &Tools) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
+pub(super) fn build(tools: &Tools) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
     setup::step("building railscope-collector and the load generators (release)");
     let mut cmd = cargo::command(tools);
     cmd.args(["build", "--release", "--package", "monitor-collector"])
