@@ -24,7 +24,7 @@ use monitor_testkit::{
     sent_frames::{SentFrames, decode_sent, metric_names, queried_points},
     standin_with_script, sysfs_fixture,
 };
-use monitor_wire::{ACK_MAGIC, Key, decode_ack, peek_sequence};
+use monitor_wire::Key;
 use tsdb::{Server, Tsdb, tsdb_binary};
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
@@ -61,22 +61,6 @@ struct PairedAgent {
     agent: Running,
     to_a: Relay,
     to_b: Relay,
-}
-
-/// Whether the newest acknowledgement `relay`'s collector sent holds every frame `sent` holds
-/// (the agent has one session: it is not restarted).
-fn acknowledged_all(relay: &Relay, sent: &[Vec<u8>]) -> bool {
-    let Some((session, highest)) = sent.iter().filter_map(|d| peek_sequence(d)).max() else {
-        return false;
-    };
-    let newest = relay
-        .replies_so_far()
-        .iter()
-        .rev()
-        .filter(|d| d.starts_with(&ACK_MAGIC))
-        .filter_map(|d| decode_ack(d, &key()).ok())
-        .find(|ack| ack.session == session);
-    newest.is_some_and(|ack| (0..=highest).all(|seq| ack.holds(seq)))
 }
 
 #[test]
@@ -133,12 +117,15 @@ fn a_pair_with_one_collector_down_for_a_minute_archives_everything_and_the_tsdb_
     let back = Instant::now();
     // B catches up from the agents' spools (paced resends): wait until its acknowledgements
     // hold everything each agent had sent by then.
-    let sent_by_then: Vec<Vec<Vec<u8>>> = agents.iter().map(|p| p.to_a.sent_so_far()).collect();
+    let sent_by_then: Vec<(u32, u64)> = agents
+        .iter()
+        .map(|p| p.to_b.highest_sent().unwrap())
+        .collect();
     loop {
         let done = agents
             .iter()
             .zip(&sent_by_then)
-            .all(|(p, sent)| acknowledged_all(&p.to_b, sent));
+            .all(|(p, &upto)| p.to_b.acknowledged_up_to(&key(), upto));
         if done {
             break;
         }

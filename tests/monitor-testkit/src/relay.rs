@@ -3,6 +3,7 @@
 //! and can send the agent datagrams of its own from the address the agent sends to — what a
 //! forger on the collector's address would send.
 
+use monitor_wire::{ACK_MAGIC, Key, decode_ack, peek_sequence};
 use std::{
     net::{SocketAddr, UdpSocket},
     sync::{
@@ -99,6 +100,25 @@ impl Relay {
     pub fn replies_so_far(&self) -> Vec<Vec<u8>> {
         let replies = self.replies.lock().unwrap();
         replies.iter().map(|(_, d)| d.clone()).collect()
+    }
+
+    /// The agent's newest session and the highest sequence number it sent in it so far.
+    pub fn highest_sent(&self) -> Option<(u32, u64)> {
+        let sent = self.sent.lock().unwrap();
+        sent.iter().filter_map(|(_, d)| peek_sequence(d)).max()
+    }
+
+    /// Whether the newest acknowledgement of `session` that the collector sent back holds
+    /// every frame of it up to `highest` (acknowledgements are cumulative).
+    pub fn acknowledged_up_to(&self, key: &Key, (session, highest): (u32, u64)) -> bool {
+        let replies = self.replies.lock().unwrap();
+        let newest = replies
+            .iter()
+            .rev()
+            .filter(|(_, d)| d.starts_with(&ACK_MAGIC))
+            .filter_map(|(_, d)| decode_ack(d, key).ok())
+            .find(|ack| ack.session == session);
+        newest.is_some_and(|ack| (0..=highest).all(|seq| ack.holds(seq)))
     }
 
     /// Sends `datagram` to the agent from the relay's address (the one the agent sends to).
