@@ -11,25 +11,22 @@
 
 use std::{
     collections::BTreeMap,
-    net::{SocketAddr, UdpSocket},
+    net::UdpSocket,
     path::{Path, PathBuf},
-    process::Command,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
     thread,
     time::{Duration, Instant},
 };
 
 mod tsdb;
 
-use tsdb::{Tsdb, canonical, tsdb_binary};
+use tsdb::{Tsdb, tsdb_binary};
 
 use monitor_testkit::{
-    CollectorProcess, FixtureAgent, KEY_HEX, Running, agent_binary_next_to, free_tcp_port,
-    free_udp_port, http_get, key_file, key_from_hex, scratch_dir, standin_with_script,
-    sysfs_fixture,
+    CollectorProcess, FixtureAgent, KEY_HEX, Relay, Running, agent_binary_next_to, free_tcp_port,
+    free_udp_port, http_get, key_file, key_from_hex, metric_sum, remote_write_caught_up,
+    scratch_dir,
+    sent_frames::{archive_points, metric_names, queried_points, tsdb_samples_of},
+    standin_with_script, sysfs_fixture,
 };
 use monitor_wire::{
     EncoderConfig, Frame, FrameEncoder, Key, Labels, ReceiverState, SeriesData, WireError,
@@ -88,79 +85,6 @@ fn relayed_agent(udp: u16, key: &Path, lib: &Path) -> (Relay, Running) {
         .cadence("0.3", "1")
         .spawn(railscope());
     (relay, agent)
-}
-
-/// Every datagram the relay passed on, with when.
-type Relayed = Vec<(Instant, Vec<u8>)>;
-
-/// A UDP relay between agent and collector that keeps every datagram the agent sent, and
-/// passes the collector's schema requests back.
-struct Relay {
-    addr: SocketAddr,
-    sent: Arc<Mutex<Relayed>>,
-    stop: Arc<AtomicBool>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl Relay {
-    fn start(collector: SocketAddr) -> Self {
-        let front = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let back = UdpSocket::bind("127.0.0.1:0").unwrap();
-        back.connect(collector).unwrap();
-        for s in [&front, &back] {
-            s.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-        }
-        let addr = front.local_addr().unwrap();
-        let sent = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let agent: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
-        let (front2, back2) = (front.try_clone().unwrap(), back.try_clone().unwrap());
-        let (sent2, stop2, agent2) = (sent.clone(), stop.clone(), agent.clone());
-        let forward = thread::spawn(move || {
-            let mut buf = vec![0; 65_536];
-            while !stop2.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = front.recv_from(&mut buf) {
-                    *agent2.lock().unwrap() = Some(from);
-                    sent2
-                        .lock()
-                        .unwrap()
-                        .push((Instant::now(), buf[..n].to_vec()));
-                    let _ = back.send(&buf[..n]);
-                }
-            }
-        });
-        let stop3 = stop.clone();
-        let back_channel = thread::spawn(move || {
-            let mut buf = vec![0; 65_536];
-            while !stop3.load(Ordering::Relaxed) {
-                if let Ok(n) = back2.recv(&mut buf)
-                    && let Some(agent) = *agent.lock().unwrap()
-                {
-                    let _ = front2.send_to(&buf[..n], agent);
-                }
-            }
-        });
-        Self {
-            addr,
-            sent,
-            stop,
-            threads: vec![forward, back_channel],
-        }
-    }
-
-    fn stop(self) -> Vec<Vec<u8>> {
-        self.stop_timed().into_iter().map(|(_, d)| d).collect()
-    }
-
-    /// Stops; every datagram with when it was passed on.
-    fn stop_timed(self) -> Vec<(Instant, Vec<u8>)> {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        Arc::try_unwrap(self.sent).unwrap().into_inner().unwrap()
-    }
 }
 
 /// What the agent sent, as a receiver decodes it.
@@ -519,95 +443,6 @@ fn a_collector_killed_mid_stream_asks_for_the_schema_when_it_is_back() {
     assert_eq!(before_names, after_names);
 }
 
-/// Every sample of the sent frames, per series (`name` and labels with the node), as the
-/// query API answers it: counters `t value`, gauges `start t min max mean`.
-fn sent_points(sent: &Sent) -> BTreeMap<String, Vec<String>> {
-    let mut points: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for frame in &sent.frames {
-        let node = sent.state.node(&frame.node).unwrap();
-        for s in &frame.samples {
-            let series = node.series(s.id).unwrap();
-            let mut labels: BTreeMap<String, String> = series
-                .labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            labels.insert("node".into(), frame.node.clone());
-            let key = format!("{}{labels:?}", series.name);
-            let list = points.entry(key).or_default();
-            match &s.data {
-                SeriesData::Counter(v) => {
-                    list.extend(v.iter().map(|c| format!("{} {}", c.unix_ns, c.value)));
-                }
-                SeriesData::Gauge(v) => list.extend(v.iter().map(|g| {
-                    format!(
-                        "{} {} {} {} {}",
-                        g.start_unix_ns, g.end_unix_ns, g.min, g.max, g.mean
-                    )
-                })),
-            }
-        }
-    }
-    for list in points.values_mut() {
-        list.sort();
-    }
-    points
-}
-
-/// What `railscope query --json series METRIC` answers for each metric, in the form of
-/// [`sent_points`].
-fn queried_points(http: u16, metrics: &[String]) -> BTreeMap<String, Vec<String>> {
-    let mut points: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for metric in metrics {
-        let out = Command::new(railscope())
-            .args([
-                "query",
-                "--collector",
-                &format!("http://127.0.0.1:{http}"),
-                "--json",
-                "series",
-                metric,
-                "--start",
-                "-1h",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "railscope query series {metric}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        for s in json["series"].as_array().unwrap() {
-            let labels: BTreeMap<String, String> = s["labels"]
-                .as_object()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-                .collect();
-            let key = format!("{}{labels:?}", s["metric"].as_str().unwrap());
-            let list = points.entry(key).or_default();
-            for p in s["points"].as_array().unwrap() {
-                let t = p["t"].as_u64().unwrap();
-                list.push(match s["kind"].as_str().unwrap() {
-                    "counter" => format!("{t} {}", p["value"].as_u64().unwrap()),
-                    _ => format!(
-                        "{} {t} {} {} {}",
-                        p["start"].as_u64().unwrap(),
-                        p["min"].as_f64().unwrap(),
-                        p["max"].as_f64().unwrap(),
-                        p["mean"].as_f64().unwrap()
-                    ),
-                });
-            }
-        }
-    }
-    for list in points.values_mut() {
-        list.sort();
-    }
-    points
-}
-
 /// The agent -> the collector with its archive -> `railscope query`: every series the agent
 /// sent, each sample exact, none missing, none extra; and the same after the collector was
 /// killed with SIGKILL and started again on its data directory.
@@ -625,13 +460,8 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     assert!(agent_ok, "agent failed: {agent_err}");
     thread::sleep(Duration::from_millis(500));
     let sent = decode_sent(&relay.stop());
-    let expected = sent_points(&sent);
-    let metrics: Vec<String> = expected
-        .keys()
-        .map(|k| k.split_once('{').unwrap().0.to_owned())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let expected = archive_points(&sent.state, &sent.frames);
+    let metrics = metric_names(&expected);
     assert!(
         metrics.iter().any(|m| m.starts_with("railscope_ib_"))
             && metrics.iter().any(|m| m.starts_with("railscope_gpu_")),
@@ -640,7 +470,7 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     let samples: usize = expected.values().map(Vec::len).sum();
     assert!(samples > 100, "{samples} samples sent");
 
-    let answered = queried_points(http, &metrics);
+    let answered = queried_points(&railscope(), http, &metrics);
     assert_eq!(
         answered, expected,
         "the archive answers exactly what was sent"
@@ -656,7 +486,7 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
     // SIGKILL: no shutdown, no last write-out. What was written out (every 100 ms) is kept.
     let (_, _, err) = collector.signal(libc::SIGKILL);
     let collector = start_collector(udp, http, &key_path, &data);
-    let again = queried_points(http, &metrics);
+    let again = queried_points(&railscope(), http, &metrics);
     let (ok, _, err2) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after restart: {err2}");
     assert_eq!(
@@ -667,45 +497,6 @@ fn what_the_agent_sent_is_answered_from_the_archive_also_after_sigkill() {
 
 // ---------------------------------------------------------------------------------------
 // The agent -> the collector -> a TSDB, across a collector SIGKILL and a TSDB outage.
-
-/// What a TSDB holds of `frame` by the documented convention (docs/deployment.md): a counter
-/// as it is; a gauge's mean at the end of its period, and for a period also `_min` and
-/// `_max`; label `node`; times in ms. Keyed by (series, ms).
-fn tsdb_samples(state: &ReceiverState, frame: &Frame, out: &mut BTreeMap<(String, i64), f64>) {
-    let node = state.node(&frame.node).unwrap();
-    for s in &frame.samples {
-        let series = node.series(s.id).expect("every sample named (loopback)");
-        let mut labels: Vec<(&str, &str)> = series.labels.iter().collect();
-        labels.push(("node", &frame.node));
-        let mut put = |suffix: &str, ns: u64, v: f64| {
-            let key = canonical(&format!("{}{suffix}", series.name), &labels);
-            out.insert((key, (ns / 1_000_000) as i64), v);
-        };
-        match &s.data {
-            SeriesData::Counter(v) => v.iter().for_each(|c| put("", c.unix_ns, c.value as f64)),
-            SeriesData::Gauge(v) => {
-                for g in v {
-                    put("", g.end_unix_ns, g.mean);
-                    if g.start_unix_ns < g.end_unix_ns || g.min != g.max {
-                        put("_min", g.end_unix_ns, g.min);
-                        put("_max", g.end_unix_ns, g.max);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// A `/metrics` value summed over its label sets.
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
 
 /// The real agent (fixture sysfs tree, NVML stand-in) sends through the relay to `railscope
 /// collector run --remote-write` for about 14 s. The TSDB is stopped after 3 s; 2 s later the
@@ -764,25 +555,7 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
     thread::sleep(Duration::from_millis(500));
     let relayed = relay.stop_timed();
 
-    // Remote-write caught up: nothing pending, nothing sent for 2 s.
-    let started = Instant::now();
-    let mut last = (f64::NAN, Instant::now());
-    loop {
-        let text = http_get(http, "/metrics/collector");
-        let sent = metric_sum(&text, "railscope_collector_remote_write_samples_sent_total");
-        let pending = metric_sum(&text, "railscope_collector_remote_write_samples_pending");
-        if sent != last.0 {
-            last = (sent, Instant::now());
-        }
-        if pending == 0.0 && sent > 0.0 && last.1.elapsed() > Duration::from_secs(2) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "remote-write did not catch up: {text}"
-        );
-        thread::sleep(Duration::from_millis(200));
-    }
+    remote_write_caught_up(http, Duration::from_secs(90));
     let text = http_get(http, "/metrics/collector");
     let (ok, _, second_err) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after the restart: {second_err}");
@@ -814,7 +587,7 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
             Err(e) => panic!("the agent sent a datagram that does not decode: {e}"),
         };
         let mut samples = BTreeMap::new();
-        tsdb_samples(&state, &frame, &mut samples);
+        tsdb_samples_of(&state, &frame, &mut samples);
         if *at + Duration::from_secs(1) >= killed_at && *at <= back_at {
             frames_in_window += 1;
             window.push((killed_at.checked_duration_since(*at), samples.clone()));

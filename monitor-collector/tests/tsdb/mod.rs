@@ -12,11 +12,7 @@ use std::{
 };
 
 /// A series as `name{k=v,...}` with labels sorted (the key both sides are compared by).
-pub fn canonical(name: &str, labels: &[(&str, &str)]) -> String {
-    let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    labels.sort();
-    format!("{name}{{{}}}", labels.join(","))
-}
+pub use monitor_testkit::sent_frames::canonical;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()

@@ -172,3 +172,37 @@ pub fn http_get(port: u16, path: &str) -> String {
     );
     response.split_once("\r\n\r\n").unwrap().1.to_owned()
 }
+
+/// A `/metrics` value summed over its label sets (0 when absent).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the remote-write of the collector on HTTP port `http` has caught up: nothing
+/// pending, something sent, and nothing more sent for 2 s. Fails the test after `within`.
+pub fn remote_write_caught_up(http: u16, within: Duration) {
+    let started = Instant::now();
+    let mut last = (f64::NAN, Instant::now());
+    loop {
+        let text = http_get(http, "/metrics/collector");
+        let sent = metric_sum(&text, "railscope_collector_remote_write_samples_sent_total");
+        let pending = metric_sum(&text, "railscope_collector_remote_write_samples_pending");
+        if sent != last.0 {
+            last = (sent, Instant::now());
+        }
+        if pending == 0.0 && sent > 0.0 && last.1.elapsed() > Duration::from_secs(2) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "remote-write did not catch up within {within:?}: {text}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -30,15 +30,19 @@
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
 //! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
-//! the stand-in lists on a GPU ([`job_processes`]); and one node's frames as a collector
-//! accepts them, for the collector's archive and query tests and benches ([`node_frames`]).
+//! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
+//! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
+//! a relay that keeps what an agent sent and can answer it ([`relay`]), and what it sent in
+//! the forms an archive and a TSDB are compared with ([`sent_frames`]).
 
 pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
 pub mod job_processes;
 pub mod node_frames;
+pub mod relay;
 pub mod scratch;
+pub mod sent_frames;
 
 /// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
 /// compiled into the testkit so an adaptive fleet sends exactly what the agent's sampler
@@ -51,13 +55,16 @@ pub mod scratch;
 mod sampler;
 
 pub use child::{Running, json_output};
-pub use collector_process::{CollectorCommand, CollectorProcess, http_get};
+pub use collector_process::{
+    CollectorCommand, CollectorProcess, http_get, metric_sum, remote_write_caught_up,
+};
 pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
     standin_with_script, sysfs_fixture,
 };
 pub use job_processes::JobProcesses;
 pub use node_frames::{NodeFrame, NodeSender};
+pub use relay::Relay;
 pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
 
 use std::{
