@@ -24,7 +24,7 @@ use std::{
 
 use monitor_wire::{Ack, peek_sequence};
 
-use crate::spool_file::{Loaded, SessionState, SpoolFile};
+use crate::spool_file::{Loaded, SessionState, SpoolFile, record_len};
 
 /// How much the spool keeps, and how it sends again.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -206,10 +206,11 @@ impl Spool {
         }
     }
 
-    /// A frame left the spool: its record in the file is dead, rewritten away once most are.
-    fn released(&mut self, len: usize) {
+    /// Frames whose records take `record_bytes` left the spool: those records are dead,
+    /// rewritten away once they are most of the file.
+    fn released(&mut self, record_bytes: u64) {
         if let Some(file) = &mut self.file {
-            file.released(len);
+            file.released(record_bytes);
         }
     }
 
@@ -289,7 +290,7 @@ impl Spool {
                 break;
             };
             self.bytes -= old.bytes.len();
-            self.released(old.bytes.len());
+            self.released(record_len(old.bytes.len()));
             if old.acked == 0 {
                 self.stats.evicted_full += 1;
             } else {
@@ -355,7 +356,7 @@ impl Spool {
             let keep = f.acked != all && !old;
             if !keep {
                 freed += f.bytes.len();
-                records += crate::spool_file::record_len(f.bytes.len());
+                records += record_len(f.bytes.len());
                 if f.acked == 0 {
                     given_up += 1;
                 } else {
@@ -367,9 +368,7 @@ impl Spool {
         self.bytes -= freed;
         self.stats.delivered += delivered;
         self.stats.evicted_age += given_up;
-        if let Some(file) = &mut self.file {
-            file.released_records(records);
-        }
+        self.released(records);
         self.rewrite_if_due();
     }
 

@@ -211,13 +211,9 @@ impl SpoolFile {
         Ok(())
     }
 
-    /// A frame of `len` bytes left the spool: its record is dead weight until the rewrite.
-    pub fn released(&mut self, len: usize) {
-        self.dead += record_len(len);
-    }
-
-    /// Records of `bytes` in all left the spool.
-    pub fn released_records(&mut self, bytes: u64) {
+    /// Frames whose records take `bytes` ([`record_len`]) left the spool: dead weight until
+    /// the rewrite.
+    pub fn released(&mut self, bytes: u64) {
         self.dead += bytes;
     }
 
