@@ -652,4 +652,28 @@ mod file_tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn the_file_is_rewritten_once_mostly_delivered() {
+        let dir = std::env::temp_dir().join(format!("railscope-spool-rw-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        let (file, loaded) = open(&dir);
+        spool.attach(file, loaded, SessionState::default(), t0);
+        let path = dir.join(crate::spool_file::FILE_NAME);
+        let record = record_len(frame(0).len());
+        let mut held = SeqSet::default();
+        let mut largest = 0;
+        for seq in 0..2000 {
+            spool.push(frame(seq), t0);
+            held.insert(seq);
+            spool.on_ack(0, &Ack::of("n1", 7, &held), t0).unwrap();
+            largest = largest.max(std::fs::metadata(&path).unwrap().len());
+        }
+        // 2,000 records written; the delivered ones go once they reach 16 KiB.
+        assert!(largest < (16 << 10) + 2 * record, "{largest} bytes");
+        assert!(spool.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
