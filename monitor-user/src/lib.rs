@@ -38,6 +38,7 @@ pub mod sender;
 pub mod settings;
 pub mod sources;
 pub mod spool;
+pub mod spool_file;
 pub mod stop_signals;
 pub mod time_base;
 pub mod tracefs;

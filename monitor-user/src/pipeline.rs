@@ -37,6 +37,7 @@ use crate::{
         ib_sysfs::IbSysfs,
     },
     spool::{Spool, SpoolConfig, SpoolStats},
+    spool_file::{Loaded, SessionState, SpoolFile},
     time_base::{MonoNs, TimeBase},
 };
 
@@ -47,6 +48,9 @@ pub struct PipelineOptions {
     pub collectors: Vec<Target>,
     /// What is kept until acknowledged, and how it is sent again.
     pub spool: SpoolConfig,
+    /// Where the spool is also kept on disk, so an agent restart loses nothing (None, or a
+    /// directory that cannot be used: in memory only).
+    pub spool_dir: Option<PathBuf>,
     pub key: PathBuf,
     /// This node's name in every frame.
     pub node: String,
@@ -149,8 +153,26 @@ impl Pipeline {
     /// on what the operator must fix: an unreadable key file.
     pub fn start(options: &PipelineOptions) -> anyhow::Result<Self> {
         let key = Key::from_file(&options.key)?;
-        let encoder = FrameEncoder::new(EncoderConfig::new(options.node.clone()), key.clone())
-            .context("frame encoder")?;
+        let file = options.spool_dir.as_deref().and_then(|dir| {
+            let now = TimeBase::global().now_unix_ns().0;
+            SpoolFile::open(dir, &options.node, &key, options.spool.max_age, now)
+                .map_err(|e| {
+                    tracing::warn!(
+                        "{e}: frames kept in memory only (an agent restart loses those not \
+                         yet acknowledged)"
+                    );
+                })
+                .ok()
+        });
+        let config = EncoderConfig::new(options.node.clone());
+        let resume = file.as_ref().and_then(|(_, loaded)| loaded.resume);
+        let encoder = match resume {
+            Some(s) => {
+                FrameEncoder::resume(config, key.clone(), s.session, s.next_seq, s.next_series_id)
+            }
+            None => FrameEncoder::new(config, key.clone()),
+        }
+        .context("frame encoder")?;
         let senders = options
             .collectors
             .iter()
@@ -161,12 +183,15 @@ impl Pipeline {
                 (sender, replies)
             })
             .collect();
-        let spool = Spool::new(
+        let mut spool = Spool::new(
             &options.node,
             options.collectors.len(),
             options.spool,
             Instant::now(),
         );
+        if let Some((file, loaded)) = file {
+            attach_file(&mut spool, file, loaded, &encoder);
+        }
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
@@ -388,15 +413,22 @@ impl Pipeline {
         self.flush();
     }
 
+    /// At stop: the spool file keeps only what is still to deliver.
+    pub fn persist_spool(&mut self) {
+        self.spool.persist();
+    }
+
     fn send(&mut self, frames: Vec<Vec<u8>>) {
         let now = Instant::now();
+        self.spool.set_session(session_state(&self.encoder));
         for frame in frames {
-            // A full queue is counted by the sender; sampling never waits for the network.
-            // The spool keeps the frame until it is acknowledged.
+            // The spool keeps the frame until it is acknowledged, in its file before the
+            // frame leaves. A full queue is counted by the sender; sampling never waits for
+            // the network.
+            self.spool.push(frame.clone(), now);
             for (sender, _) in &self.senders {
                 let _ = sender.try_send(frame.clone());
             }
-            self.spool.push(frame, now);
         }
     }
 
@@ -407,6 +439,36 @@ impl Pipeline {
             .map(|(s, _)| (s.target().clone(), s.stats()))
             .collect()
     }
+}
+
+/// Where `encoder`'s session stands.
+fn session_state(encoder: &FrameEncoder) -> SessionState {
+    SessionState {
+        session: encoder.session(),
+        next_seq: encoder.next_seq(),
+        next_series_id: encoder.next_series_id(),
+    }
+}
+
+/// Hands the spool its file, with what a previous run left there, and says what it took.
+fn attach_file(spool: &mut Spool, file: SpoolFile, loaded: Loaded, encoder: &FrameEncoder) {
+    let path = file.path().to_owned();
+    let (frames, too_old) = (loaded.frames.len(), loaded.too_old);
+    if loaded.resume.is_some() {
+        tracing::info!(
+            "resuming session {:08x} at frame {}: {frames} frames from {} still to deliver",
+            encoder.session(),
+            encoder.next_seq(),
+            path.display()
+        );
+    }
+    if too_old > 0 {
+        tracing::warn!(
+            "{}: {too_old} frames older than the spool's age limit given up",
+            path.display()
+        );
+    }
+    spool.attach(file, loaded, session_state(encoder), Instant::now());
 }
 
 /// An emit of the sampler, which runs on CLOCK_MONOTONIC, with its times on the wall clock of

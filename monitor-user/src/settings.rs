@@ -52,6 +52,9 @@ fn one_or_more<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Target>, D:
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/agent.toml";
 pub const DEFAULT_KEY: &str = "/etc/railscope/wire.key";
+/// The agent unit's `StateDirectory` (not under the collector's `/var/lib/railscope`, which
+/// its unit's `DynamicUser` owns on a host running both).
+pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/railscope-agent";
 const DEFAULT_RESCAN: Duration = Duration::from_secs(1);
 const DEFAULT_SYSFS: &str = "/sys";
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -93,6 +96,12 @@ pub struct AgentSettings {
     #[arg(long, value_name = "SECONDS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spool_age: Option<Seconds>,
+    /// Directory where the spool is also written, so that an agent restart loses no frame
+    /// not yet acknowledged: its session is resumed (default /var/lib/railscope-agent; one
+    /// that cannot be used is named in a warning and the spool kept in memory only).
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spool_dir: Option<PathBuf>,
     /// The key sealing this node's frames: its own, derived from the collector's fleet secret
     /// and its name (`railscope-gen-wire-key --node NAME`), or a cluster's shared key; 32 raw
     /// bytes or 64 hex characters (default /etc/railscope/wire.key).
@@ -149,6 +158,7 @@ impl Layered for AgentSettings {
         Self {
             rescan: Some(seconds(DEFAULT_RESCAN)),
             key: Some(DEFAULT_KEY.into()),
+            spool_dir: Some(DEFAULT_SPOOL_DIR.into()),
             sysfs: Some(DEFAULT_SYSFS.into()),
             interval: Some(seconds(DEFAULT_INTERVAL)),
             flush: Some(seconds(DEFAULT_FLUSH)),
@@ -165,6 +175,7 @@ impl Layered for AgentSettings {
             collector,
             spool_bytes,
             spool_age,
+            spool_dir,
             key,
             node,
             sysfs,
@@ -188,6 +199,7 @@ impl Layered for AgentSettings {
             },
             spool_bytes: pick(spool_bytes, over.spool_bytes),
             spool_age: pick(spool_age, over.spool_age),
+            spool_dir: pick(spool_dir, over.spool_dir),
             key: pick(key, over.key),
             node: pick(node, over.node),
             sysfs: pick(sysfs, over.sysfs),
@@ -247,6 +259,11 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
     let pipeline = (!s.collector.is_empty()).then(|| PipelineOptions {
         collectors: s.collector.clone(),
         spool,
+        spool_dir: Some(
+            s.spool_dir
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SPOOL_DIR.into()),
+        ),
         key: s.key.clone().unwrap_or_else(|| DEFAULT_KEY.into()),
         node: s.node.clone().unwrap_or_else(pipeline::hostname),
         sysfs_root: s.sysfs.clone().unwrap_or_else(|| DEFAULT_SYSFS.into()),
@@ -322,12 +339,16 @@ mod tests {
         assert_eq!(pipeline.flush_every, Duration::from_secs(30));
         assert_eq!(pipeline.collectors, vec![Target::parse("c1:7670").unwrap()]);
         assert_eq!(pipeline.spool, SpoolConfig::default());
+        assert_eq!(
+            pipeline.spool_dir.as_deref(),
+            Some(Path::new(DEFAULT_SPOOL_DIR))
+        );
         assert!(!pipeline.gpu);
         assert_eq!(pipeline.key, Path::new(DEFAULT_KEY));
         let options = agent_options(&sources(text, &["--collector", "c2:1"]).unwrap()).unwrap();
         assert_eq!(options.pipeline.unwrap().collectors[0].to_string(), "c2:1");
         // A pair, from the file or the flags; the spool's bounds.
-        let pair = "collector = [\"a:7670\", \"b:7670\"]\nspool-bytes = 1000000\nspool-age = 600\n";
+        let pair = "collector = [\"a:7670\", \"b:7670\"]\nspool-bytes = 1000000\nspool-age = 600\nspool-dir = \"/srv/spool\"\n";
         let pipeline = agent_options(&sources(pair, &[]).unwrap())
             .unwrap()
             .pipeline
@@ -340,6 +361,7 @@ mod tests {
         assert_eq!(names, ["a:7670", "b:7670"]);
         assert_eq!(pipeline.spool.max_bytes, 1_000_000);
         assert_eq!(pipeline.spool.max_age, Duration::from_secs(600));
+        assert_eq!(pipeline.spool_dir.as_deref(), Some(Path::new("/srv/spool")));
         let flags = ["--collector", "c:1", "--collector", "d:2"];
         let pipeline = agent_options(&sources(pair, &flags).unwrap())
             .unwrap()

@@ -12,13 +12,19 @@
 //! Bounded: at [`SpoolConfig::max_bytes`] the oldest frames are evicted, and frames no
 //! collector acknowledged within [`SpoolConfig::max_age`] are given up; both are counted
 //! (`railscope_agent_bound_hits_total{bound="spool_full"|"spool_age"}`), never silent.
+//!
+//! With a [`SpoolFile`], every frame is also written to disk before it is sent, and what a
+//! previous run left there is taken back at start ([`Spool::attach`]), so an agent restart
+//! loses nothing either.
 
 use std::{
     collections::VecDeque,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use monitor_wire::{Ack, peek_sequence};
+
+use crate::spool_file::{Loaded, SessionState, SpoolFile, record_len};
 
 /// How much the spool keeps, and how it sends again.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,6 +70,8 @@ pub struct SpoolStats {
     /// Acknowledgements refused: not for this node, of a session it never had, or naming
     /// frames it never sent.
     pub acks_refused: u64,
+    /// Frames taken back from the spool file at start, to deliver.
+    pub restored: u64,
 }
 
 /// Why an acknowledgement was not taken.
@@ -84,6 +92,8 @@ struct Spooled {
     seq: u64,
     bytes: Vec<u8>,
     made: Instant,
+    /// When it was first spooled, on the wall clock (kept in the file across restarts).
+    unix_ns: u64,
     /// Per collector: when it was last sent there.
     sent: Vec<Instant>,
     /// Collectors that hold it (bit per collector).
@@ -107,6 +117,8 @@ pub struct Spool {
     tokens: Vec<f64>,
     refilled: Instant,
     stats: SpoolStats,
+    /// The frames on disk too, when the spool directory could be used.
+    file: Option<SpoolFile>,
 }
 
 /// At most this many collectors (a bit each).
@@ -126,6 +138,99 @@ impl Spool {
             tokens: vec![0.0; collectors],
             refilled: now,
             stats: SpoolStats::default(),
+            file: None,
+        }
+    }
+
+    /// Keeps the frames on disk too, from now on, starting with what a previous run left
+    /// there (`loaded`, from [`SpoolFile::open`]): its frames are kept as if just sent, with
+    /// their age, and sent again once a collector names them missing or late; those past the
+    /// age limit count as given up. `state` is the session the agent goes on with (the
+    /// loaded one, resumed, when it has frames).
+    pub fn attach(
+        &mut self,
+        mut file: SpoolFile,
+        loaded: Loaded,
+        state: SessionState,
+        now: Instant,
+    ) {
+        self.stats.evicted_age += loaded.too_old;
+        let now_unix = unix_now();
+        for frame in loaded.frames {
+            let age = Duration::from_nanos(now_unix.saturating_sub(frame.spooled_unix_ns));
+            self.keep(
+                frame.bytes,
+                now.checked_sub(age).unwrap_or(now),
+                frame.spooled_unix_ns,
+                now,
+            );
+            self.stats.restored += 1;
+        }
+        self.note_sent(state.session, state.next_seq);
+        file.set_state(state);
+        self.file = Some(file);
+        self.rewrite_file();
+    }
+
+    /// The encoder's session, next frame and next series id: what the file's header keeps,
+    /// so that a restart resumes above them.
+    pub fn set_session(&mut self, state: SessionState) {
+        if let Some(file) = &mut self.file {
+            file.set_state(state);
+        }
+    }
+
+    /// At stop: the file holds only what is still to deliver, synced.
+    pub fn persist(&mut self) {
+        if self.file.is_some() {
+            self.rewrite_file();
+        }
+    }
+
+    fn rewrite_file(&mut self) {
+        let Some(file) = &mut self.file else { return };
+        let live = self.frames.iter().map(|f| (f.bytes.as_slice(), f.unix_ns));
+        if let Err(e) = file.rewrite(live) {
+            self.file_failed(&e);
+        }
+    }
+
+    /// The file cannot be written (a full disk): one warning, memory only from now on.
+    fn file_failed(&mut self, e: &std::io::Error) {
+        if let Some(file) = self.file.take() {
+            tracing::warn!(
+                "spool file {}: {e}: frames kept in memory only from now on (an agent \
+                 restart loses those not yet acknowledged)",
+                file.path().display()
+            );
+        }
+    }
+
+    /// Frames whose records take `record_bytes` left the spool: those records are dead,
+    /// rewritten away once they are most of the file.
+    fn released(&mut self, record_bytes: u64) {
+        if let Some(file) = &mut self.file {
+            file.released(record_bytes);
+        }
+    }
+
+    fn rewrite_if_due(&mut self) {
+        if self.file.as_ref().is_some_and(SpoolFile::wants_rewrite) {
+            self.rewrite_file();
+        }
+    }
+
+    /// `session` had frames up to `end` (exclusive) sent: acknowledgements up to there are
+    /// believable.
+    fn note_sent(&mut self, session: u32, end: u64) {
+        match self.sessions.iter_mut().find(|(s, _)| *s == session) {
+            Some((_, e)) => *e = (*e).max(end),
+            None => {
+                if self.sessions.len() == 8 {
+                    self.sessions.remove(0);
+                }
+                self.sessions.push((session, end));
+            }
         }
     }
 
@@ -152,27 +257,30 @@ impl Spool {
         self.bytes
     }
 
-    /// Keeps a frame the agent just sent to every collector; evicts the oldest at the byte
-    /// bound.
+    /// Keeps a frame the agent is about to send to every collector (in the file first, when
+    /// there is one); evicts the oldest at the byte bound.
     pub fn push(&mut self, bytes: Vec<u8>, now: Instant) {
+        let unix_ns = unix_now();
+        if let Some(file) = &mut self.file
+            && let Err(e) = file.append(&bytes, unix_ns)
+        {
+            self.file_failed(&e);
+        }
+        self.keep(bytes, now, unix_ns, now);
+    }
+
+    fn keep(&mut self, bytes: Vec<u8>, made: Instant, unix_ns: u64, now: Instant) {
         let Some((session, seq)) = peek_sequence(&bytes) else {
             return;
         };
-        match self.sessions.iter_mut().find(|(s, _)| *s == session) {
-            Some((_, end)) => *end = (*end).max(seq + 1),
-            None => {
-                if self.sessions.len() == 8 {
-                    self.sessions.remove(0);
-                }
-                self.sessions.push((session, seq + 1));
-            }
-        }
+        self.note_sent(session, seq + 1);
         self.bytes += bytes.len();
         self.frames.push_back(Spooled {
             session,
             seq,
             bytes,
-            made: now,
+            made,
+            unix_ns,
             sent: vec![now; self.collectors],
             acked: 0,
             missing: 0,
@@ -182,12 +290,14 @@ impl Spool {
                 break;
             };
             self.bytes -= old.bytes.len();
+            self.released(record_len(old.bytes.len()));
             if old.acked == 0 {
                 self.stats.evicted_full += 1;
             } else {
                 self.stats.delivered += 1;
             }
         }
+        self.rewrite_if_due();
     }
 
     /// Takes collector `from`'s acknowledgement: frames it holds are marked, frames it names
@@ -240,11 +350,13 @@ impl Spool {
         let mut delivered = 0;
         let mut given_up = 0;
         let mut freed = 0;
+        let mut records = 0;
         self.frames.retain(|f| {
             let old = now.duration_since(f.made) >= max_age;
             let keep = f.acked != all && !old;
             if !keep {
                 freed += f.bytes.len();
+                records += record_len(f.bytes.len());
                 if f.acked == 0 {
                     given_up += 1;
                 } else {
@@ -256,6 +368,8 @@ impl Spool {
         self.bytes -= freed;
         self.stats.delivered += delivered;
         self.stats.evicted_age += given_up;
+        self.released(records);
+        self.rewrite_if_due();
     }
 
     /// The frames to send again now, oldest first, as (collector, bytes): those named
@@ -263,6 +377,11 @@ impl Spool {
     /// since; within each collector's pace.
     pub fn due(&mut self, now: Instant) -> Vec<(usize, Vec<u8>)> {
         self.release(now);
+        if let Some(file) = &mut self.file
+            && let Err(e) = file.sync_if_due(now)
+        {
+            self.file_failed(&e);
+        }
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
         let burst = (self.config.resend_rate as f64).max(1500.0);
@@ -296,6 +415,12 @@ impl Spool {
         }
         out
     }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -443,5 +568,112 @@ mod tests {
         }
         // 10 frames a second at most (a burst of at most a second's worth), over 10 s.
         assert!((90..=110).contains(&sent), "{sent}");
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use monitor_wire::{Frame, Key, SeqSet, encode_frame};
+
+    use super::*;
+    use crate::spool_file::SpoolFile;
+
+    fn frame(seq: u64) -> Vec<u8> {
+        let frame = Frame {
+            node: "n1".into(),
+            session: 7,
+            seq,
+            send_unix_ns: unix_now(),
+            time_quantum_ns: 1_000_000,
+            schema: Vec::new(),
+            samples: Vec::new(),
+            events: Vec::new(),
+        };
+        encode_frame(&frame, &Key::from_bytes([1; 32])).unwrap()
+    }
+
+    fn open(dir: &std::path::Path) -> (SpoolFile, Loaded) {
+        let key = Key::from_bytes([1; 32]);
+        SpoolFile::open(dir, "n1", &key, Duration::from_secs(3600), unix_now()).unwrap()
+    }
+
+    #[test]
+    fn what_a_killed_run_left_is_delivered_by_the_next_and_then_leaves_the_file() {
+        let dir = std::env::temp_dir().join(format!("railscope-spool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t0 = Instant::now();
+        let state = |next_seq| SessionState {
+            session: 7,
+            next_seq,
+            next_series_id: 4,
+        };
+        let mut first = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        let (file, loaded) = open(&dir);
+        first.attach(file, loaded, state(0), t0);
+        for seq in 0..5 {
+            first.set_session(state(seq + 1));
+            first.push(frame(seq), t0);
+        }
+        let acked = |seqs: &[u64]| {
+            let mut set = SeqSet::default();
+            for &s in seqs {
+                set.insert(s);
+            }
+            Ack::of("n1", 7, &set)
+        };
+        first.on_ack(0, &acked(&[0, 1]), t0).unwrap();
+        drop(first); // killed: nothing rewritten
+
+        let mut second = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        let (file, loaded) = open(&dir);
+        let resume = loaded.resume.unwrap();
+        assert_eq!(resume, state(5));
+        second.attach(file, loaded, resume, t0);
+        // Frames 0 and 1 were acknowledged, but the file was not rewritten yet: taken back
+        // too, and dropped at the first acknowledgement, which names 2..5 missing.
+        assert_eq!((second.len(), second.stats().restored), (5, 5));
+        second.push(frame(5), t0);
+        second.on_ack(0, &acked(&[0, 1, 5]), t0).unwrap();
+        let again: Vec<u64> = (second.due(t0 + Duration::from_secs(1)))
+            .iter()
+            .map(|(_, b)| peek_sequence(b).unwrap().1)
+            .collect();
+        assert_eq!(again, [2, 3, 4]);
+        second.persist();
+        drop(second);
+        let (_, loaded) = open(&dir);
+        let left: Vec<u64> = (loaded.frames.iter())
+            .map(|f| peek_sequence(&f.bytes).unwrap().1)
+            .collect();
+        assert_eq!(
+            left,
+            [2, 3, 4],
+            "the stop keeps only what is still to deliver"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_file_is_rewritten_once_mostly_delivered() {
+        let dir = std::env::temp_dir().join(format!("railscope-spool-rw-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        let (file, loaded) = open(&dir);
+        spool.attach(file, loaded, SessionState::default(), t0);
+        let path = dir.join(crate::spool_file::FILE_NAME);
+        let record = record_len(frame(0).len());
+        let mut held = SeqSet::default();
+        let mut largest = 0;
+        for seq in 0..2000 {
+            spool.push(frame(seq), t0);
+            held.insert(seq);
+            spool.on_ack(0, &Ack::of("n1", 7, &held), t0).unwrap();
+            largest = largest.max(std::fs::metadata(&path).unwrap().len());
+        }
+        // 2,000 records written; the delivered ones go once they reach 16 KiB.
+        assert!(largest < (16 << 10) + 2 * record, "{largest} bytes");
+        assert!(spool.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -933,6 +933,8 @@ fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
         .arg(&library)
         .arg("--sysfs")
         .arg(standin.dir.join("no-sysfs"))
+        .arg("--spool-dir")
+        .arg(standin.dir.join("spool"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

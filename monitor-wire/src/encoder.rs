@@ -129,6 +129,21 @@ pub struct FrameEncoder {
 
 impl FrameEncoder {
     pub fn new(config: EncoderConfig, key: Key) -> Result<Self, WireError> {
+        Self::resume(config, key, random_session(), 0, 0)
+    }
+
+    /// An encoder that continues `session` after the agent restarted with frames of it still
+    /// to deliver (its spool file): frames go on from sequence number `next_seq`, and series
+    /// get ids from `next_series_id` on, defined afresh with their schema entries. A receiver
+    /// reads a late frame of the session with the session's id table, so an id never changes
+    /// meaning within a session: `next_series_id` must be above every id the session used.
+    pub fn resume(
+        config: EncoderConfig,
+        key: Key,
+        session: u32,
+        next_seq: u64,
+        next_series_id: u32,
+    ) -> Result<Self, WireError> {
         if config.node.len() > 255 {
             return Err(WireError::NodeName {
                 len: config.node.len(),
@@ -144,9 +159,9 @@ impl FrameEncoder {
         Ok(Self {
             config,
             key,
-            session: random_session(),
-            next_seq: 0,
-            next_id: 0,
+            session,
+            next_seq,
+            next_id: next_series_id,
             slots: Vec::new(),
             index: HashMap::default(),
             events: Vec::new(),
@@ -160,6 +175,16 @@ impl FrameEncoder {
 
     pub fn session(&self) -> u32 {
         self.session
+    }
+
+    /// The sequence number of the next frame.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The id the next new series gets: above every id this session used so far.
+    pub fn next_series_id(&self) -> u32 {
+        self.next_id
     }
 
     pub fn config(&self) -> &EncoderConfig {

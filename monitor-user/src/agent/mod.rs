@@ -216,6 +216,8 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                 p.undelivered()
             );
         }
+        // They stay in the spool file, for the next start.
+        p.persist_spool();
         for (collector, stats) in p.sender_stats() {
             tracing::info!("to {collector}: {stats}");
         }

@@ -15,8 +15,9 @@
 //!   (counted in a job's cgroup after its end), `spool_full` and `spool_age` (frames the
 //!   spool evicted unacknowledged, at its byte bound or its age limit), `acks_refused`
 //!   (acknowledgements that could not be right: forged, another node's, of frames never
-//!   sent), and `jobs_ended`, `devices_removed` and `frames_resent` (not bounds: the jobs and
-//!   devices whose state was released, the frames sent again).
+//!   sent), and `jobs_ended`, `devices_removed`, `frames_resent` and `frames_restored` (not
+//!   bounds: the jobs and devices whose state was released, the frames sent again, the frames
+//!   a previous run left in the spool file, taken back at start).
 
 use std::fmt;
 
@@ -52,6 +53,7 @@ pub struct StateReport {
     pub spool_age: u64,
     pub acks_refused: u64,
     pub frames_resent: u64,
+    pub frames_restored: u64,
 }
 
 impl StateReport {
@@ -92,6 +94,7 @@ impl StateReport {
             spool_age: spool.evicted_age,
             acks_refused: spool.acks_refused,
             frames_resent: spool.resent,
+            frames_restored: spool.restored,
         }
     }
 
@@ -147,6 +150,7 @@ impl StateReport {
             hits("spool_age", self.spool_age),
             hits("acks_refused", self.acks_refused),
             hits("frames_resent", self.frames_resent),
+            hits("frames_restored", self.frames_restored),
         ]
     }
 }
@@ -161,7 +165,7 @@ impl fmt::Display for StateReport {
              event_ring_full={} device_names_map_full={} cgroup_names_evicted={} \
              encoder_series_limit={} encoder_pending_limit={} late_verb_counts={} \
              jobs_ended={} devices_removed={} spool_frames={} spool_bytes={} spool_full={} \
-             spool_age={} acks_refused={} frames_resent={}",
+             spool_age={} acks_refused={} frames_resent={} frames_restored={}",
             self.verb_keys,
             self.verb_series,
             self.encoder_series,
@@ -184,7 +188,8 @@ impl fmt::Display for StateReport {
             self.spool_full,
             self.spool_age,
             self.acks_refused,
-            self.frames_resent
+            self.frames_resent,
+            self.frames_restored
         )
     }
 }

@@ -378,3 +378,54 @@ fn a_lost_schema_frame_is_made_good_by_the_next_flush() {
         second.len()
     );
 }
+
+#[test]
+fn a_resumed_session_goes_on_after_the_last_frame_with_ids_never_used() {
+    let temp = series("railscope_gpu_temp_celsius", &[("gpu", "0")], Kind::Gauge);
+    let power = series("railscope_gpu_power_watts", &[("gpu", "0")], Kind::Gauge);
+    let reading = |encoder: &mut FrameEncoder, series: &Series, s: u64| {
+        let t = T0 + s * 1_000_000_000;
+        encoder
+            .push_sample(series, Sample::Gauge(GaugeSample::reading(t, s as f64)))
+            .unwrap();
+        encoder.flush(t)
+    };
+    let mut first = FrameEncoder::new(EncoderConfig::new("n"), key()).unwrap();
+    let mut state = ReceiverState::default();
+    decode_all(&reading(&mut first, &temp, 0), &mut state);
+    // The agent's last frame never arrived before it restarted: it is in its spool file.
+    let spooled = reading(&mut first, &temp, 1);
+    let old_id = decode_all(&spooled, &mut ReceiverState::default())[0].samples[0].id;
+
+    let mut resumed = FrameEncoder::resume(
+        EncoderConfig::new("n"),
+        key(),
+        first.session(),
+        first.next_seq(),
+        first.next_series_id(),
+    )
+    .unwrap();
+    let mut after = reading(&mut resumed, &power, 2);
+    after.extend(reading(&mut resumed, &temp, 3));
+    let frames = decode_all(&after, &mut state);
+    assert_eq!(frames[0].session, first.session());
+    assert_eq!(frames[0].seq, first.next_seq(), "after the spooled frame");
+    let node = state.node("n").unwrap();
+    assert!(!node.last.new_session);
+    // Both series defined afresh, with ids the session never used.
+    let new_ids: Vec<u32> = frames
+        .iter()
+        .flat_map(|f| f.schema.iter().map(|e| e.id))
+        .collect();
+    assert_eq!(new_ids.len(), 2, "{new_ids:?}");
+    assert!(
+        new_ids
+            .iter()
+            .all(|&id| id >= first.next_series_id() && id != old_id)
+    );
+    // The spooled frame, sent again late, still reads as what it was.
+    let late = decode(&spooled[0], &key(), &mut state).unwrap();
+    let node = state.node("n").unwrap();
+    assert_eq!(node.series(late.samples[0].id), Some(&temp));
+    assert_eq!((node.last.unknown_samples, node.sessions), (0, 1));
+}

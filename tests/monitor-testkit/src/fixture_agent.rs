@@ -6,7 +6,10 @@ use std::{
     ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
 };
 
 use crate::child::Running;
@@ -104,14 +107,23 @@ pub fn standin_with_script(dir: &Path) -> PathBuf {
     lib
 }
 
-/// `railscope agent --collector ADDR --key KEY --sysfs TREE` and what a test adds
-/// (`--node`, `--nvml-lib` or `--no-gpu`, the cadence).
+/// `railscope agent --collector ADDR --key KEY --sysfs TREE --spool-dir DIR` and what a test
+/// adds (`--node`, `--nvml-lib` or `--no-gpu`, the cadence). The spool directory is this
+/// agent's own (every start of it shares it, as a restarted agent does), so that tests never
+/// resume each other's sessions from the default one.
 pub struct FixtureAgent {
     args: Vec<OsString>,
 }
 
 impl FixtureAgent {
     pub fn new(collector: &str, key: &Path, sysfs: &Path) -> Self {
+        static AGENTS: AtomicU32 = AtomicU32::new(0);
+        let spool = std::env::temp_dir().join(format!(
+            "railscope-spool-{}-{}",
+            std::process::id(),
+            AGENTS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&spool);
         let args = vec![
             "agent".into(),
             "--collector".into(),
@@ -120,6 +132,8 @@ impl FixtureAgent {
             key.into(),
             "--sysfs".into(),
             sysfs.into(),
+            "--spool-dir".into(),
+            spool.into(),
         ];
         Self { args }
     }
