@@ -421,11 +421,14 @@ impl Pipeline {
     fn send(&mut self, frames: Vec<Vec<u8>>) {
         let now = Instant::now();
         self.spool.set_session(session_state(&self.encoder));
-        for frame in frames {
-            // The spool keeps the frame until it is acknowledged, in its file before the
-            // frame leaves. A full queue is counted by the sender; sampling never waits for
-            // the network.
+        // The spool keeps each frame until it is acknowledged, in its file, synced, before
+        // the frame leaves (one sync per batch). A full queue is counted by the sender;
+        // sampling never waits for the network.
+        for frame in &frames {
             self.spool.push(frame.clone(), now);
+        }
+        self.spool.sync_file();
+        for frame in frames {
             for (sender, _) in &self.senders {
                 let _ = sender.try_send(frame.clone());
             }

@@ -269,6 +269,16 @@ impl Spool {
         self.keep(bytes, now, unix_ns, now);
     }
 
+    /// Syncs the frames pushed to the spool file: called before they are sent, so that no
+    /// frame leaves the node that a restart, even after a power loss, would not find.
+    pub fn sync_file(&mut self) {
+        if let Some(file) = &mut self.file
+            && let Err(e) = file.sync()
+        {
+            self.file_failed(&e);
+        }
+    }
+
     fn keep(&mut self, bytes: Vec<u8>, made: Instant, unix_ns: u64, now: Instant) {
         let Some((session, seq)) = peek_sequence(&bytes) else {
             return;
@@ -377,11 +387,6 @@ impl Spool {
     /// since; within each collector's pace.
     pub fn due(&mut self, now: Instant) -> Vec<(usize, Vec<u8>)> {
         self.release(now);
-        if let Some(file) = &mut self.file
-            && let Err(e) = file.sync_if_due(now)
-        {
-            self.file_failed(&e);
-        }
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
         let burst = (self.config.resend_rate as f64).max(1500.0);

@@ -6,9 +6,11 @@
 //!
 //! Each record is its length (u32 LE), the CRC32 of its body (u32 LE), then the body, so a
 //! crash leaves the file readable: a record cut short or garbled ends what is read, the
-//! frames before it are kept, and what follows is cut off with one warning. Records are
-//! written at once (a killed agent loses nothing) and synced at most once per
-//! [`SYNC_EVERY`] (a power loss loses at most that much). Frames that left the spool are
+//! frames before it are kept, and what follows is cut off with one warning. A batch of
+//! records is written and synced before its frames leave ([`SpoolFile::sync`]: one
+//! `fdatasync` per batch, a flush every 10 s or an event), so neither a killed agent nor a
+//! power loss loses a frame that was sent, and a resumed session never reuses a sequence
+//! number or a series id that went out. Frames that left the spool are
 //! dropped by rewriting the file (a temporary file, synced, renamed over it) once they are
 //! most of it.
 //!
@@ -23,7 +25,7 @@ use std::{
         unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     },
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use monitor_wire::{Key, open_stored, peek_sequence};
@@ -33,8 +35,6 @@ pub const FILE_NAME: &str = "spool";
 /// Held locked while an agent uses the directory: a second agent there keeps its frames in
 /// memory only.
 const LOCK_NAME: &str = "lock";
-/// At most this long between a frame's record and its sync to disk.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// The file is rewritten once the records of frames that left the spool are at least this
 /// many bytes, and at least as many as the live ones (so it stays below twice the spool).
 const REWRITE_AFTER: u64 = 16 << 10;
@@ -100,7 +100,6 @@ pub struct SpoolFile {
     bytes: u64,
     dead: u64,
     unsynced: bool,
-    synced: Instant,
 }
 
 /// Bytes a frame of `len` bytes takes in the file.
@@ -156,7 +155,6 @@ impl SpoolFile {
             bytes: 0,
             dead: 0,
             unsynced: false,
-            synced: Instant::now(),
         };
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
@@ -201,7 +199,7 @@ impl SpoolFile {
         self.state = state;
     }
 
-    /// Appends a frame about to be sent. Synced with the next [`SpoolFile::sync_if_due`].
+    /// Appends a frame about to be sent. Synced by [`SpoolFile::sync`], before it is sent.
     pub fn append(&mut self, frame: &[u8], spooled_unix_ns: u64) -> io::Result<()> {
         let file = self.file.as_mut().ok_or(io::ErrorKind::NotConnected)?;
         let record = frame_record(frame, self.state.next_series_id, spooled_unix_ns);
@@ -222,16 +220,15 @@ impl SpoolFile {
         self.dead >= REWRITE_AFTER && 2 * self.dead >= self.bytes
     }
 
-    /// Syncs what was appended, at most once per [`SYNC_EVERY`].
-    pub fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
-        if !self.unsynced || now.duration_since(self.synced) < SYNC_EVERY {
+    /// Syncs what was appended (nothing to do if nothing was).
+    pub fn sync(&mut self) -> io::Result<()> {
+        if !self.unsynced {
             return Ok(());
         }
         if let Some(file) = &self.file {
             file.sync_data()?;
         }
         self.unsynced = false;
-        self.synced = now;
         Ok(())
     }
 
