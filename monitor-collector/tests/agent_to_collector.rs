@@ -557,6 +557,8 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
 
     remote_write_caught_up(http, Duration::from_secs(90));
     let text = http_get(http, "/metrics/collector");
+    let archived_events: serde_json::Value =
+        serde_json::from_str(&http_get(http, "/api/v1/events?start=-1h")).unwrap();
     let (ok, _, second_err) = collector.signal(libc::SIGTERM);
     assert!(ok, "collector failed after the restart: {second_err}");
     assert_eq!(
@@ -577,6 +579,8 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
     // Frames of the kill window: how long before the kill each reached the collector (none:
     // while it was down), and its samples.
     let mut window = Vec::new();
+    // Every event the agent made, as (time, kind, code, text): the archive must hold each once.
+    let mut events_sent = Vec::new();
     for (at, datagram) in &relayed {
         let frame = match monitor_wire::decode(datagram, &key(), &mut state) {
             Ok(frame) => frame,
@@ -586,6 +590,12 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
             }
             Err(e) => panic!("the agent sent a datagram that does not decode: {e}"),
         };
+        events_sent.extend(
+            frame
+                .events
+                .iter()
+                .map(|e| (e.unix_ns, e.kind.clone(), e.code, e.text.clone())),
+        );
         let mut samples = BTreeMap::new();
         tsdb_samples_of(&state, &frame, &mut samples);
         if *at + Duration::from_secs(1) >= killed_at && *at <= back_at {
@@ -647,6 +657,32 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
         missing.len(),
         required.len(),
         missing.iter().take(5).collect::<Vec<_>>(),
+    );
+
+    // Every event, once, with the time the agent gave it (not the time it arrived).
+    let mut events_archived: Vec<(u64, String, i64, String)> = archived_events["events"]
+        .as_array()
+        .expect("an events answer")
+        .iter()
+        .filter(|e| e["node"] == "gpu-node-001")
+        .map(|e| {
+            (
+                e["t"].as_u64().unwrap(),
+                e["kind"].as_str().unwrap().to_owned(),
+                e["code"].as_i64().unwrap(),
+                e["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    events_sent.sort();
+    events_archived.sort();
+    assert!(
+        events_sent.iter().filter(|e| e.1 == "xid").count() >= 2,
+        "the stand-in's XIDs did not come: {events_sent:?}"
+    );
+    assert_eq!(
+        events_archived, events_sent,
+        "the archive's events are not the agent's, once each"
     );
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
