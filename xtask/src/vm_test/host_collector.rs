@@ -401,19 +401,24 @@ impl HostCollector {
         if refused != 0.0 {
             bail!("the collector dropped {refused} datagrams of the guest's");
         }
-        // The guest's metric names, from the live view.
-        let names: std::collections::BTreeSet<String> = all
-            .keys()
-            .filter(|k| k.starts_with("railscope_") && !k.starts_with("railscope_collector_"))
-            .filter(|k| k.contains(&format!("node=\"{NODE}\"")))
-            .filter_map(|k| k.split_once('{').map(|(n, _)| n.to_owned()))
-            .collect();
+        // The guest's metric names, from the archive (the live view of a collector that was
+        // restarted knows only the series sent since).
+        let node_match = encode(&format!("node={NODE}"));
+        let path = format!("/api/v1/metric-names?match={node_match}&start=-1h");
+        let (status, body) = http_get(self.http, &path)?;
+        if status != 200 {
+            bail!("GET {path}: {status} {body}");
+        }
+        let names: std::collections::BTreeSet<String> =
+            serde_json::from_str::<Value>(&body)?["metrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                .collect();
         let mut expected = BTreeMap::new();
         for name in &names {
-            let path = format!(
-                "/api/v1/series?metric={name}&match={}&start=-1h",
-                encode(&format!("node={NODE}"))
-            );
+            let path = format!("/api/v1/series?metric={name}&match={node_match}&start=-1h");
             let (status, body) = http_get(self.http, &path)?;
             if status != 200 {
                 bail!("GET {path}: {status} {body}");
