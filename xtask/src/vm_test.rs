@@ -8,6 +8,13 @@
 //! reports them and saves each boot's serial log (`guest.log`, `guest-<scenario>.log`) plus
 //! one log per scenario under `target/vm-test/<kernel>/`. A guest kernel that crashed (Oops,
 //! panic) is named in the verdict of the scenario it crashed in ([`kernel_crash`]).
+//!
+//! Delivery to a collector: `host-collector` and `collector-away` send to a collector on the
+//! host ([`host_collector`]: the guest gets a user-network NIC, asks the host to stop and
+//! start the collector over a control port, and the host compares VictoriaMetrics with the
+//! archive after the boot); `lossy-link` runs a collector in a network namespace of the guest
+//! behind `tc netem` (the host kernel needs no netem), so the image then carries
+//! `railscope-collector`.
 
 mod host_collector;
 
