@@ -8,6 +8,13 @@
 //! reports them and saves each boot's serial log (`guest.log`, `guest-<scenario>.log`) plus
 //! one log per scenario under `target/vm-test/<kernel>/`. A guest kernel that crashed (Oops,
 //! panic) is named in the verdict of the scenario it crashed in ([`kernel_crash`]).
+//!
+//! Delivery to a collector: `host-collector` and `collector-away` send to a collector on the
+//! host ([`host_collector`]: the guest gets a user-network NIC, asks the host to stop and
+//! start the collector over a control port, and the host compares VictoriaMetrics with the
+//! archive after the boot); `lossy-link` runs a collector in a network namespace of the guest
+//! behind `tc netem` (the host kernel needs no netem), so the image then carries
+//! `railscope-collector`.
 
 mod host_collector;
 
@@ -41,6 +48,12 @@ pub const SCENARIOS: &[&str] = &[
     // The agent sending to a collector on the host, which remote-writes to VictoriaMetrics
     // (the guest gets a user-network NIC; the host side checks the TSDB after the boot).
     host_collector::SCENARIO,
+    // Link flaps while the guest has the host's collector stopped; then the archive's events
+    // and the flapping finding (the host side stops and starts it when the guest asks).
+    host_collector::AWAY_SCENARIO,
+    // 5 % loss and reordering (netem) between the agent and a collector in a network
+    // namespace of the guest: every frame archived once.
+    LOSSY_SCENARIO,
     "clock-step",
     "perftest",
     "capture-flap",
@@ -52,6 +65,10 @@ pub const SCENARIOS: &[&str] = &[
     "attach-pace",
     "least-privilege",
 ];
+
+/// The scenario that runs a collector in the guest (its binary at [`COLLECTOR_GUEST_PATH`]).
+const LOSSY_SCENARIO: &str = "lossy-link";
+const COLLECTOR_GUEST_PATH: &str = "/usr/bin/railscope-collector";
 
 /// The scenario that loads siw (soft iWARP); the guest finds the module at [`SIW_GUEST_PATH`].
 const SIW_SCENARIO: &str = "siw-async-errors";
@@ -194,6 +211,12 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
             .filter(|s| options.scenario.iter().any(|o| o == s))
             .collect()
     };
+    // The collector, for the host side of the host scenarios and for the guest's own.
+    let collector = scenarios
+        .iter()
+        .any(|s| *s == LOSSY_SCENARIO || host_collector::SCENARIOS.contains(s))
+        .then(|| host_collector::collector_binary(tools))
+        .transpose()?;
     let mut failures = Vec::new();
     for kernel in kernels {
         let here: Vec<&str> = scenarios
@@ -207,7 +230,14 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
                  on {kernel:?}); `cargo xtask vm-test --all-kernels` runs it there"
             ));
         }
-        let results = run_kernel(tools, &binaries, kernel, &here, options)?;
+        let results = run_kernel(
+            tools,
+            &binaries,
+            collector.as_deref(),
+            kernel,
+            &here,
+            options,
+        )?;
         for (scenario, result) in results {
             if let Err(reason) = result {
                 failures.push(format!("{kernel:?}/{scenario}: {reason}"));
@@ -226,6 +256,7 @@ pub(crate) type ScenarioResult = Result<(), String>;
 fn run_kernel(
     tools: &Tools,
     binaries: &GuestBinaries,
+    collector: Option<&std::path::Path>,
     kernel: KernelLine,
     scenarios: &[&str],
     options: &Options,
@@ -250,6 +281,13 @@ fn run_kernel(
             },
         ],
     };
+    if let Some(collector) = collector.filter(|_| scenarios.contains(&LOSSY_SCENARIO)) {
+        spec.files.push(GuestFile {
+            host: collector.to_owned(),
+            guest: COLLECTOR_GUEST_PATH.into(),
+            with_libs: true,
+        });
+    }
     if scenarios.contains(&SIW_SCENARIO) {
         spec.files.push(GuestFile {
             host: testbed::siw_module(&tools.cache_dir.join("testbed"), kernel)?,
@@ -266,7 +304,7 @@ fn run_kernel(
             _ => work_dir.join("guest.log"),
         };
         results.extend(run_boot(
-            tools, &image, &work_dir, &name, &boot, serial_log, options,
+            collector, &image, &work_dir, &name, &boot, serial_log, options,
         )?);
     }
     // In the order the scenarios were asked for.
@@ -289,7 +327,7 @@ fn boots<'a>(scenarios: &[&'a str]) -> Vec<Vec<&'a str>> {
 
 /// One boot of `image` running `scenarios`, and their verdicts.
 fn run_boot(
-    tools: &Tools,
+    collector: Option<&std::path::Path>,
     image: &testbed::GuestImage,
     work_dir: &std::path::Path,
     name: &str,
@@ -297,10 +335,15 @@ fn run_boot(
     serial_log: PathBuf,
     options: &Options,
 ) -> anyhow::Result<Vec<(String, ScenarioResult)>> {
-    let host = if scenarios.contains(&host_collector::SCENARIO) {
-        Some(host_collector::start(tools, work_dir)?)
-    } else {
-        None
+    let host = match collector {
+        Some(binary)
+            if scenarios
+                .iter()
+                .any(|s| host_collector::SCENARIOS.contains(s)) =>
+        {
+            Some(host_collector::start(binary, work_dir)?)
+        }
+        _ => None,
     };
     setup::step(&format!(
         "booting {} with scenarios {} (serial log: {})",
@@ -330,14 +373,15 @@ fn run_boot(
             user_net: host.is_some(),
         },
     )?;
-    let mut host_result = host.map(host_collector::HostCollector::verify);
+    let host_result = host.map(host_collector::HostCollector::verify);
     let mut results = Vec::new();
     for scenario in scenarios {
         let section = scenario_section(&outcome.log, scenario);
         std::fs::write(work_dir.join(format!("{scenario}.log")), &section)?;
         let mut result = scenario_result(&outcome.log, scenario, outcome.timed_out);
-        if *scenario == host_collector::SCENARIO && result.is_ok() {
-            result = host_result.take().unwrap_or(Ok(()));
+        // The comparison after the boot covers what every host scenario sent.
+        if host_collector::SCENARIOS.contains(scenario) && result.is_ok() {
+            result = host_result.clone().unwrap_or(Ok(()));
         }
         match &result {
             Ok(()) => eprintln!("    PASS  {name}/{scenario}"),

@@ -334,6 +334,30 @@ pub fn wait_for(
     bail!("timed out after {timeout:?} waiting for {what}")
 }
 
+/// Polls `ready` every 500 ms until it is true, or fails at `timeout` with its last error
+/// (for checks that ask a server, which may fail before it is ready).
+pub fn poll_until(
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let last = ready();
+        if matches!(last, Ok(true)) {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            let why = last
+                .err()
+                .map(|e| format!(" (last: {e:#})"))
+                .unwrap_or_default();
+            bail!("timed out after {timeout:?} waiting for {what}{why}");
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// A thread of the scenario itself that sleeps `period` in a loop and keeps the longest gap
 /// between two of its wake-ups: what the guest alone (emulated CPUs, module loads, the
 /// kernel's own stalls) does to a timer, next to which an agent's pace can be judged.
@@ -578,7 +602,7 @@ pub fn stop_and_decode(
 }
 
 /// Moves the rxe pair's counters with `ib_write_bw` (`iterations` writes from rxe0 to rxe1),
-/// then takes vethA down for a second and up again (a port event each way).
+/// then flaps vethA once ([`flap_link`]).
 pub fn write_bw_then_flap(iterations: u32) -> anyhow::Result<()> {
     let gid = ipv4_gid_index("rxe0")?.to_string();
     let n = iterations.to_string();
@@ -595,9 +619,20 @@ pub fn write_bw_then_flap(iterations: u32) -> anyhow::Result<()> {
     ))?;
     check_output("ib_write_bw client", client.join().expect("no panic"))?;
     check_output("ib_write_bw server", server.join().expect("no panic"))?;
-    run("/usr/bin/ip", &["link", "set", "vethA", "down"])?;
-    thread::sleep(Duration::from_secs(1));
-    run("/usr/bin/ip", &["link", "set", "vethA", "up"])?;
+    flap_link("vethA", 1)
+}
+
+/// Takes the netdev `link` down for a second and up again, `times` times, a second apart:
+/// a PORT_ERR and a PORT_ACTIVE of its rxe device each time.
+pub fn flap_link(link: &str, times: usize) -> anyhow::Result<()> {
+    for i in 0..times {
+        if i > 0 {
+            thread::sleep(Duration::from_secs(1));
+        }
+        run("/usr/bin/ip", &["link", "set", link, "down"])?;
+        thread::sleep(Duration::from_secs(1));
+        run("/usr/bin/ip", &["link", "set", link, "up"])?;
+    }
     Ok(())
 }
 

@@ -12,6 +12,7 @@
 pub mod capabilities;
 pub mod cq_overflow;
 pub mod guest;
+pub mod http;
 pub mod ibverbs;
 pub mod iwarp_errors;
 pub mod rdmacm;

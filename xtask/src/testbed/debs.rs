@@ -2,8 +2,10 @@
 //! into the cache and extract them into a tree the image is staged from.
 //!
 //! Cache layout (under `cache_dir`), one set per kernel release so lines coexist:
-//! - `debs/<kver>/*.deb`, complete when `debs/<kver>/.complete` exists;
-//! - `tree/<kver>/` (all debs extracted, `depmod` run), complete when `.complete` exists.
+//! - `debs/<kver>/*.deb`, complete when `debs/<kver>/.complete` exists and lists every
+//!   package wanted;
+//! - `tree/<kver>/` (all debs extracted, `depmod` run), complete when `.complete` exists and
+//!   lists the same debs.
 //!
 //! Each step works in a `<kver>.partial` directory, wiped first, and renames it into place
 //! only when it finished: an interrupted download or extraction is redone, never reused.
@@ -36,7 +38,7 @@ impl KernelLine {
 }
 
 /// Userspace packages of the guest, beside the kernel image: rdma-core (verbs, the rxe
-/// provider, rdma_cm), its tools, perftest, iproute2 (`ip`, `rdma`), bpftool, and the
+/// provider, rdma_cm), its tools, perftest, iproute2 (`ip`, `rdma`, `tc`), bpftool, and the
 /// libraries these link against that a stock busybox system lacks.
 const GUEST_PACKAGES: &[&str] = &[
     "rdma-core",
@@ -57,6 +59,8 @@ const GUEST_PACKAGES: &[&str] = &[
     "libmnl0",
     "libcap2",
     "libbsd0",
+    // tc links against it.
+    "libxtables12",
 ];
 
 /// Marker file written into a cache directory once the step that fills it completed.
@@ -156,14 +160,16 @@ fn apt_update(why: &str) -> Result<()> {
 }
 
 /// Downloads the kernel package and the guest packages into `debs/<kver>/`, unless a
-/// complete download is there already.
+/// complete download of every one of them is there already (a cache made before a package
+/// was added to [`GUEST_PACKAGES`] is downloaded again).
 fn download(cache_dir: &Path, kernel_package: &str) -> Result<PathBuf> {
     let kver = kernel_release_of(kernel_package)?;
     let base = cache_dir.join("debs");
     let dir = base.join(kver);
     let mut packages = vec![kernel_package];
     packages.extend_from_slice(GUEST_PACKAGES);
-    if dir.join(COMPLETE).exists() {
+    let cached = fs::read_to_string(dir.join(COMPLETE)).ok();
+    if cached.is_some_and(|listed| lists_all(&listed, &packages)) {
         note(format!(
             "using {} cached debs for {kver} ({}) in {}",
             packages.len(),
@@ -209,6 +215,13 @@ fn download(cache_dir: &Path, kernel_package: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Whether a `.complete` file's lines name every package of `packages`.
+fn lists_all(listed: &str, packages: &[&str]) -> bool {
+    packages
+        .iter()
+        .all(|p| listed.lines().any(|l| l.trim() == *p))
+}
+
 /// Names of the `.deb` files in `dir`, sorted.
 pub(super) fn deb_names(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
@@ -223,18 +236,19 @@ pub(super) fn deb_names(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Extracts every deb of `debs_dir` into `tree/<kver>/` and runs `depmod` over it, unless a
-/// complete tree is there already.
+/// complete tree of the same debs is there already (its `.complete` lists them).
 fn extract(cache_dir: &Path, debs_dir: &Path, kver: &str) -> Result<PathBuf> {
     let base = cache_dir.join("tree");
     let tree = base.join(kver);
-    if tree.join(COMPLETE).exists() {
+    let names = deb_names(debs_dir)?;
+    let listing = names.join("\n") + "\n";
+    if fs::read_to_string(tree.join(COMPLETE)).is_ok_and(|done| done == listing) {
         return Ok(tree);
     }
     let partial = base.join(format!("{kver}.partial"));
     remove_dir_if_exists(&partial)?;
     fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
     let t = Timer::start();
-    let names = deb_names(debs_dir)?;
     for name in &names {
         run(Command::new("dpkg-deb")
             .arg("-x")
@@ -258,7 +272,7 @@ fn extract(cache_dir: &Path, debs_dir: &Path, kver: &str) -> Result<PathBuf> {
     remove_dir_if_exists(&tree)?;
     fs::rename(&partial, &tree)
         .with_context(|| format!("cannot move {} into place", partial.display()))?;
-    fs::write(tree.join(COMPLETE), "")?;
+    fs::write(tree.join(COMPLETE), listing)?;
     note(format!(
         "extracted {} debs for {kver} in {}",
         names.len(),
@@ -297,6 +311,14 @@ mod tests {
             parse_kernel_dependency("linux-image-amd64\n  Recommends: linux-image-6.1.0-9-amd64\n"),
             None
         );
+    }
+
+    #[test]
+    fn a_cache_without_a_package_added_since_is_not_complete() {
+        let listed = "linux-image-6.1.0-56-amd64\nrdma-core\niproute2\n";
+        assert!(lists_all(listed, &["rdma-core", "iproute2"]));
+        assert!(!lists_all(listed, &["rdma-core", "libxtables12"]));
+        assert!(!lists_all("rdma-core-extra\n", &["rdma-core"]));
     }
 
     #[test]

@@ -47,8 +47,9 @@ pub struct GuestImage {
 }
 
 /// Kernel modules loaded in the guest, with their dependencies: soft-RoCE, the verbs and
-/// rdma_cm user interfaces, umad, veth for the link rxe runs on, configfs, and libcrc32c for
-/// siw (which the test bed builds itself, see [`super::siw`], and scenarios insmod).
+/// rdma_cm user interfaces, umad, veth for the link rxe runs on, configfs, libcrc32c for
+/// siw (which the test bed builds itself, see [`super::siw`], and scenarios insmod), and
+/// netem for the scenario that loses and reorders datagrams (`lossy-link`).
 const MODULES: &[&str] = &[
     "rdma_rxe",
     "libcrc32c",
@@ -57,6 +58,7 @@ const MODULES: &[&str] = &[
     "ib_umad",
     "veth",
     "configfs",
+    "sch_netem",
 ];
 
 /// Modules that are nice to have: crc32 for rxe's ICRC (built in, or renamed, on some kernels),
@@ -68,6 +70,7 @@ const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32_pclmul", "virtio_pci
 /// `/bin`; its shell prefers its own `ip` applet, so the guest calls `/usr/bin/ip`).
 const TOOLS: &[&str] = &[
     "ip",
+    "tc",
     "rdma",
     "ib_write_bw",
     "ib_send_bw",

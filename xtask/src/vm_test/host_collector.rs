@@ -1,17 +1,28 @@
-//! The host side of the guest scenario `host-collector`: before the boot, VictoriaMetrics (the
-//! Debian binary, a fresh storage directory) and `railscope-collector run` remote-writing to
-//! it, listening on the host's loopback, which the guest reaches as 10.0.2.2 through QEMU's
-//! user network; after the guest powered off, once remote-write has caught up, what
-//! VictoriaMetrics holds of the guest's node is compared sample by sample with the
-//! collector's archive (its query API): every sample, times and values exact, none twice,
-//! nothing else; and the collector saw no frame of the agent lost (sequence numbers).
+//! The host side of the guest scenarios `host-collector` and `collector-away`: before the
+//! boot, VictoriaMetrics (the Debian binary, a fresh storage directory) and
+//! `railscope-collector run` remote-writing to it, listening on the host's loopback, which the
+//! guest reaches as 10.0.2.2 through QEMU's user network; after the guest powered off, once
+//! remote-write has caught up, what VictoriaMetrics holds of the guest's node is compared
+//! sample by sample with the collector's archive (its query API): every sample, times and
+//! values exact, none twice, nothing else; and the collector saw no frame of the agent lost
+//! (sequence numbers).
+//!
+//! During the boot the guest may stop the collector and start it again on the same data
+//! directory and ports, as an upgrade does (`collector-away`): it asks over a TCP control
+//! port ([`CONTROL_STOP`], [`CONTROL_START`], one line each, answered with one line once
+//! done), so the outage falls exactly where the guest wants it.
 
 use std::{
     collections::BTreeMap,
     fs,
-    net::SocketAddr,
+    io::{BufRead as _, BufReader, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -22,11 +33,24 @@ use serde_json::Value;
 use crate::{
     cargo,
     http::{encode, http_get, metric_sum, metrics_at, wait_http},
+    scratch::{free_tcp_port, free_udp_port},
     setup::{self, Tools},
 };
 
-/// The guest scenario this module serves.
+/// The guest scenario that checks the TSDB against the archive.
 pub(crate) const SCENARIO: &str = "host-collector";
+
+/// The guest scenario that flaps a link while the host's collector is stopped.
+pub(crate) const AWAY_SCENARIO: &str = "collector-away";
+
+/// The guest scenarios this module serves: a boot running any of them gets the collector,
+/// and each one's verdict includes the comparison after the boot.
+pub(crate) const SCENARIOS: &[&str] = &[SCENARIO, AWAY_SCENARIO];
+
+/// What the guest sends on the control port to have the collector stopped (SIGTERM, waited
+/// for), and to have it started again; the answer is `ok` or `error: WHY`.
+const CONTROL_STOP: &str = "stop";
+const CONTROL_START: &str = "start";
 
 /// The node name the guest's agent sends as.
 const NODE: &str = "guest";
@@ -43,10 +67,62 @@ impl Drop for Running {
     }
 }
 
-/// The collector and VictoriaMetrics, running.
+/// How to start the collector: again and again on the same data directory and ports.
+struct Launch {
+    binary: PathBuf,
+    secret: PathBuf,
+    udp: u16,
+    http: SocketAddr,
+    vm: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Launch {
+    /// Starts the collector and waits for its HTTP port. Each start appends to one log.
+    fn start(&self) -> anyhow::Result<Running> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("collector.log"))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(["run", "--listen", &format!("127.0.0.1:{}", self.udp)])
+            .args(["--http", &self.http.to_string(), "--sockets", "1"])
+            .arg("--fleet-secret")
+            .arg(&self.secret)
+            .arg("--data")
+            .arg(self.dir.join("data"))
+            .arg("--remote-write")
+            .arg(format!("vm=http://{}/api/v1/write", self.vm));
+        let child = cmd
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", cargo::render(&cmd)))?;
+        let running = Running(child);
+        wait_http(self.http, Duration::from_secs(30))?;
+        Ok(running)
+    }
+}
+
+/// Stops the collector as systemd would for an upgrade (SIGTERM: it writes its cursor) and
+/// waits for it to exit.
+fn stop(mut running: Running) -> anyhow::Result<()> {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(running.0.id() as libc::pid_t, libc::SIGTERM) };
+    running.0.wait()?;
+    Ok(())
+}
+
+/// The collector while the control port may stop it: `None` while stopped.
+type Collector = Arc<Mutex<Option<Running>>>;
+
+/// The collector and VictoriaMetrics, running, and the guest's control port.
 pub(crate) struct HostCollector {
-    collector: Running,
+    collector: Collector,
+    launch: Arc<Launch>,
     victoria_metrics: Running,
+    control: SocketAddr,
+    control_done: Arc<AtomicBool>,
     udp: u16,
     http: SocketAddr,
     vm: SocketAddr,
@@ -55,10 +131,18 @@ pub(crate) struct HostCollector {
     node_key_hex: String,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// The collector binary, built for the host (and put into the guest image for the
+/// scenarios that run one there).
+pub(crate) fn collector_binary(tools: &Tools) -> anyhow::Result<PathBuf> {
+    setup::step("building railscope-collector");
+    let mut cmd = cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "monitor-collector"])
+        .args(["--bin", "railscope-collector"]);
+    cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "railscope-collector")
+        .map(|(_, p)| p)
+        .context("cargo did not report railscope-collector")
 }
 
 fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> anyhow::Result<Running> {
@@ -71,17 +155,9 @@ fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> anyhow::Result<Running> {
     Ok(Running(child))
 }
 
-/// Builds the collector and starts it and VictoriaMetrics under `work_dir/host-collector`.
-pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollector> {
-    setup::step("building railscope-collector for the host side of host-collector");
-    let mut cmd = cargo::command(tools);
-    cmd.args(["build", "--release", "--package", "monitor-collector"])
-        .args(["--bin", "railscope-collector"]);
-    let binary = cargo::build_executables(cmd)?
-        .into_iter()
-        .find(|(name, _)| name == "railscope-collector")
-        .map(|(_, p)| p)
-        .context("cargo did not report railscope-collector")?;
+/// Starts the collector `binary` and VictoriaMetrics under `work_dir/host-collector`, and the
+/// control port.
+pub(crate) fn start(binary: &Path, work_dir: &Path) -> anyhow::Result<HostCollector> {
     let dir = work_dir.join("host-collector");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -91,7 +167,7 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
     // guest's own key derived from it by the collector's command, for the guest only.
     let secret = dir.join("fleet.secret");
     crate::scratch::write_random_key(&secret)?;
-    let derived = Command::new(&binary)
+    let derived = Command::new(binary)
         .args(["node-key", "--node", NODE, "--fleet-secret"])
         .arg(&secret)
         .output()?;
@@ -103,7 +179,7 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
     }
     let node_key_hex = String::from_utf8(derived.stdout)?.trim().to_owned();
 
-    let vm: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let vm: SocketAddr = ([127, 0, 0, 1], free_tcp_port()?).into();
     let victoria_metrics = spawn(
         "victoria-metrics",
         Command::new(VICTORIA_METRICS)
@@ -124,56 +200,150 @@ pub(crate) fn start(tools: &Tools, work_dir: &Path) -> anyhow::Result<HostCollec
         }
         thread::sleep(Duration::from_millis(100));
     }
-    let udp = {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
-        socket.local_addr()?.port()
-    };
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let collector = spawn(
-        "collector",
-        Command::new(&binary)
-            .args(["run", "--listen", &format!("127.0.0.1:{udp}")])
-            .args(["--http", &http.to_string(), "--sockets", "1"])
-            .arg("--fleet-secret")
-            .arg(&secret)
-            .arg("--data")
-            .arg(dir.join("data"))
-            .arg("--remote-write")
-            .arg(format!("vm=http://{vm}/api/v1/write")),
-        &dir,
-    )?;
-    wait_http(http, Duration::from_secs(30))?;
+    let launch = Arc::new(Launch {
+        binary: binary.to_owned(),
+        secret,
+        udp: free_udp_port()?,
+        http: ([127, 0, 0, 1], free_tcp_port()?).into(),
+        vm,
+        dir: dir.clone(),
+    });
+    let collector = Arc::new(Mutex::new(Some(launch.start()?)));
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let control = listener.local_addr()?;
+    let control_done = Arc::new(AtomicBool::new(false));
+    {
+        let (collector, launch, done) = (
+            Arc::clone(&collector),
+            Arc::clone(&launch),
+            Arc::clone(&control_done),
+        );
+        thread::spawn(move || serve_control(&listener, &collector, &launch, &done));
+    }
     Ok(HostCollector {
         collector,
+        udp: launch.udp,
+        http: launch.http,
+        launch,
         victoria_metrics,
-        udp,
-        http,
+        control,
+        control_done,
         vm,
         dir,
         node_key_hex,
     })
 }
 
+/// Answers the guest's control connections until `done`: each line [`CONTROL_STOP`] or
+/// [`CONTROL_START`] is carried out, then answered.
+fn serve_control(
+    listener: &TcpListener,
+    collector: &Collector,
+    launch: &Launch,
+    done: &AtomicBool,
+) {
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    while !done.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = control_session(stream, collector, launch) {
+                    eprintln!("    host-collector control: {e:#}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                eprintln!("    host-collector control: {e}");
+                return;
+            }
+        }
+    }
+}
+
+fn control_session(
+    stream: TcpStream,
+    collector: &Collector,
+    launch: &Launch,
+) -> anyhow::Result<()> {
+    stream.set_nonblocking(false)?;
+    let mut out = stream.try_clone()?;
+    for line in BufReader::new(stream).lines() {
+        let line = line?;
+        let done = control(line.trim(), collector, launch);
+        let answer = match &done {
+            Ok(what) => {
+                setup::step(&format!(
+                    "host-collector: the guest had the collector {what}"
+                ));
+                "ok".to_owned()
+            }
+            Err(e) => format!("error: {e:#}"),
+        };
+        writeln!(out, "{answer}")?;
+    }
+    Ok(())
+}
+
+/// Carries out one control command; what was done.
+fn control(command: &str, collector: &Collector, launch: &Launch) -> anyhow::Result<&'static str> {
+    let mut held = collector.lock().expect("no panic while locked");
+    match command {
+        CONTROL_STOP => {
+            let running = held.take().context("the collector is stopped already")?;
+            stop(running)?;
+            Ok("stopped")
+        }
+        CONTROL_START => {
+            if held.is_some() {
+                bail!("the collector is running already");
+            }
+            *held = Some(launch.start()?);
+            Ok("started again on the same data directory")
+        }
+        other => {
+            bail!("unknown control command {other:?} (expected {CONTROL_STOP} or {CONTROL_START})")
+        }
+    }
+}
+
 impl HostCollector {
-    /// What the guest's kernel command line gets: where the collector is, and the guest's
-    /// own key (a test bed's throwaway secret).
+    /// What the guest's kernel command line gets: where the collector, its HTTP API and the
+    /// control port are, and the guest's own key (a test bed's throwaway secret).
     pub(crate) fn cmdline(&self) -> String {
         format!(
-            "railscope.collector=10.0.2.2:{} railscope.node_key={}",
-            self.udp, self.node_key_hex
+            "railscope.collector=10.0.2.2:{} railscope.collector_http=10.0.2.2:{} \
+             railscope.collector_control=10.0.2.2:{} railscope.node_key={}",
+            self.udp,
+            self.http.port(),
+            self.control.port(),
+            self.node_key_hex
         )
     }
 
-    /// Waits for remote-write to catch up, compares, stops both servers.
+    /// Waits for remote-write to catch up, compares, stops both servers. A collector the
+    /// guest left stopped (a scenario that failed half-way) is started again first, so the
+    /// comparison still runs.
     pub(crate) fn verify(mut self) -> Result<(), String> {
-        let result = self.compare().map_err(|e| format!("{e:#}"));
+        self.control_done.store(true, Ordering::Relaxed);
+        let restarted = {
+            let mut held = self.collector.lock().expect("no panic while locked");
+            match held.as_ref() {
+                Some(_) => Ok(()),
+                None => self.launch.start().map(|r| *held = Some(r)),
+            }
+        };
+        let result = restarted
+            .and_then(|()| self.compare())
+            .map_err(|e| format!("{e:#}"));
         // SIGTERM: the collector writes its cursor and stops.
-        // SAFETY: signalling our own children.
-        unsafe {
-            libc::kill(self.collector.0.id() as libc::pid_t, libc::SIGTERM);
-            libc::kill(self.victoria_metrics.0.id() as libc::pid_t, libc::SIGTERM);
+        if let Some(running) = self.collector.lock().expect("no panic while locked").take() {
+            let _ = stop(running);
         }
-        let _ = self.collector.0.wait();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.victoria_metrics.0.id() as libc::pid_t, libc::SIGTERM) };
         let _ = self.victoria_metrics.0.wait();
         eprintln!("    host side logs: {}", self.dir.display());
         result
@@ -231,19 +401,24 @@ impl HostCollector {
         if refused != 0.0 {
             bail!("the collector dropped {refused} datagrams of the guest's");
         }
-        // The guest's metric names, from the live view.
-        let names: std::collections::BTreeSet<String> = all
-            .keys()
-            .filter(|k| k.starts_with("railscope_") && !k.starts_with("railscope_collector_"))
-            .filter(|k| k.contains(&format!("node=\"{NODE}\"")))
-            .filter_map(|k| k.split_once('{').map(|(n, _)| n.to_owned()))
-            .collect();
+        // The guest's metric names, from the archive (the live view of a collector that was
+        // restarted knows only the series sent since).
+        let node_match = encode(&format!("node={NODE}"));
+        let path = format!("/api/v1/metric-names?match={node_match}&start=-1h");
+        let (status, body) = http_get(self.http, &path)?;
+        if status != 200 {
+            bail!("GET {path}: {status} {body}");
+        }
+        let names: std::collections::BTreeSet<String> =
+            serde_json::from_str::<Value>(&body)?["metrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                .collect();
         let mut expected = BTreeMap::new();
         for name in &names {
-            let path = format!(
-                "/api/v1/series?metric={name}&match={}&start=-1h",
-                encode(&format!("node={NODE}"))
-            );
+            let path = format!("/api/v1/series?metric={name}&match={node_match}&start=-1h");
             let (status, body) = http_get(self.http, &path)?;
             if status != 200 {
                 bail!("GET {path}: {status} {body}");

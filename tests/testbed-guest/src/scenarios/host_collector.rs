@@ -20,28 +20,7 @@ const NODE_KEY: &str = "/tmp/node.key";
 const GUEST_ADDR: &str = "10.0.2.15/24";
 
 pub fn run() -> anyhow::Result<()> {
-    let cmdline = std::fs::read_to_string("/proc/cmdline")?;
-    let collector = guest::cmdline_value(&cmdline, "railscope.collector").context(
-        "no railscope.collector= on the kernel command line: the host starts the collector (cargo xtask vm-test)",
-    )?;
-    super::ensure_rdma_modules()?;
-    guest::ensure_rxe_pair()?;
-    let nic = user_net_up()?;
-    println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
-
-    let node_key = guest::cmdline_value(&cmdline, "railscope.node_key")
-        .context("no railscope.node_key= on the kernel command line (cargo xtask vm-test)")?;
-    std::fs::write(NODE_KEY, format!("{node_key}\n"))?;
-    std::fs::set_permissions(
-        NODE_KEY,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
-    let mut agent = guest::agent_sealing_with(
-        &collector,
-        NODE_KEY,
-        &["--interval", "0.5", "--flush", "1"],
-        true,
-    )?;
+    let (mut agent, collector) = agent_to_host(&["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
     guest::write_bw_then_flap(1000)?;
     thread::sleep(Duration::from_secs(3));
@@ -50,6 +29,36 @@ pub fn run() -> anyhow::Result<()> {
     // The host compares the TSDB with the archive once the guest is off.
     println!("the agent sent to {collector} and stopped");
     Ok(())
+}
+
+/// An address the host put on the kernel command line as `key=` (cargo xtask vm-test).
+pub(super) fn host_address(key: &str) -> anyhow::Result<String> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline")?;
+    guest::cmdline_value(&cmdline, key).with_context(|| {
+        format!(
+            "no {key}= on the kernel command line: the host starts the collector (cargo xtask vm-test)"
+        )
+    })
+}
+
+/// The soft-RoCE pair and the user-network NIC up, and the agent sending to the host's
+/// collector with its own key and `extra` options, echoing or not; the collector's address.
+pub(super) fn agent_to_host(extra: &[&str], echo: bool) -> anyhow::Result<(guest::Agent, String)> {
+    let collector = host_address("railscope.collector")?;
+    super::ensure_rdma_modules()?;
+    guest::ensure_rxe_pair()?;
+    let nic = user_net_up()?;
+    println!("{nic} up as {GUEST_ADDR}; the collector is at {collector}");
+    std::fs::write(
+        NODE_KEY,
+        format!("{}\n", host_address("railscope.node_key")?),
+    )?;
+    std::fs::set_permissions(
+        NODE_KEY,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    let agent = guest::agent_sealing_with(&collector, NODE_KEY, extra, echo)?;
+    Ok((agent, collector))
 }
 
 /// Brings the QEMU user-network NIC up as [`GUEST_ADDR`] (the host is 10.0.2.2); its name.
@@ -71,6 +80,16 @@ pub(super) fn user_net_up() -> anyhow::Result<String> {
         .find(|n| n.starts_with("eth") || n.starts_with("en"))
         .context("no NIC: the guest was booted without QEMU's user network")?;
     guest::run("/usr/bin/ip", &["link", "set", &nic, "up"])?;
-    guest::run("/usr/bin/ip", &["addr", "add", GUEST_ADDR, "dev", &nic])?;
+    // An earlier scenario of this boot may have given it the address.
+    let (addr, _) = GUEST_ADDR
+        .split_once('/')
+        .expect("an address with a prefix");
+    let has = guest::run("/usr/bin/ip", &["-4", "-o", "addr", "show", "dev", &nic])?;
+    if !has
+        .split_whitespace()
+        .any(|w| w.split('/').next() == Some(addr))
+    {
+        guest::run("/usr/bin/ip", &["addr", "add", GUEST_ADDR, "dev", &nic])?;
+    }
     Ok(nic)
 }

@@ -12,6 +12,7 @@ mod cgroups_late;
 mod clock_step;
 mod cm_ids;
 mod cm_wildcard;
+mod collector_away;
 mod demo;
 mod device_reuse;
 mod hook_trace;
@@ -20,6 +21,7 @@ mod ib_core_btf;
 mod job_labels;
 mod kernel_facts;
 mod least_privilege;
+mod lossy_link;
 mod perftest;
 mod port_events;
 mod probe_table;
@@ -46,6 +48,8 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "agent-frames" => agent_frames::run(),
         "job-labels" => job_labels::run(),
         "host-collector" => host_collector::run(),
+        "collector-away" => collector_away::run(),
+        "lossy-link" => lossy_link::run(),
         "perftest" => perftest::run(),
         "capture-flap" => capture_flap::run(),
         "capture-down-at-start" => capture_down_at_start::run(),
