@@ -735,6 +735,8 @@ fn check(options: &Options, agent: &Path) -> anyhow::Result<Collected> {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--key")
         .arg(&key)
+        .arg("--spool-dir")
+        .arg(work.join("agent-spool"))
         // No IB: this checks the GPU source.
         .arg("--sysfs")
         .arg(&empty_sysfs)

@@ -141,6 +141,9 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         .args(["agent", "--collector", UDP])
         .arg("--key")
         .arg(&key)
+        // Beside the demo's archive, not the system's /var/lib/railscope-agent.
+        .arg("--spool-dir")
+        .arg(data.join("agent-spool"))
         .args(&options.agent_args)
         .spawn()
     {

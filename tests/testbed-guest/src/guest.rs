@@ -439,9 +439,16 @@ impl Agent {
     }
 
     fn spawn(mut cmd: Command, args: &[&str], echo: bool) -> anyhow::Result<Self> {
+        cmd.arg("agent").args(args);
+        // Each agent its own spool directory: the scenarios of a boot share the node name
+        // and key, and an agent that found the frames another left undelivered in the
+        // default one would resume that agent's session.
+        if !args.contains(&"--spool-dir") {
+            static SPAWNED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cmd.arg("--spool-dir").arg(format!("/tmp/agent-spool-{n}"));
+        }
         let mut child = cmd
-            .arg("agent")
-            .args(args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

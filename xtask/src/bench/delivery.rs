@@ -197,6 +197,8 @@ fn one_node(bins: &Binaries, o: &DeliveryOptions, dir: &Path) -> anyhow::Result<
         Command::new(&bins.railscope)
             .args(["agent", "--collector", &format!("127.0.0.1:{udp}"), "--key"])
             .arg(&key)
+            .arg("--spool-dir")
+            .arg(dir.join("agent-spool"))
             .args(["--node", NODE, "--sysfs"])
             .arg(&tree)
             .arg("--nvml-lib")

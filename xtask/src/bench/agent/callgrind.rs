@@ -70,6 +70,8 @@ pub(super) fn run(ctx: &Ctx) -> anyhow::Result<Value> {
             "--key",
         ])
         .arg(&ctx.key)
+        .arg("--spool-dir")
+        .arg(dir.join("spool"))
         .args(["--node", NODE, "--sysfs"])
         .arg(&tree)
         .args(["--interval", "1", "--nvml-lib", lib])

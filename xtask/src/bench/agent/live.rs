@@ -192,6 +192,8 @@ pub(super) fn railscope_run(
         "--key",
     ])
     .arg(&ctx.key)
+    .arg("--spool-dir")
+    .arg(dir.join(format!("{name}-spool")))
     .args(["--node", NODE, "--sysfs"])
     .arg(tree)
     .args(["--interval", &interval.to_string()])
