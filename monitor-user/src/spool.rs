@@ -121,6 +121,12 @@ pub struct Spool {
     file: Option<SpoolFile>,
 }
 
+/// How long after a frame went to a collector that collector's acknowledgement may still
+/// lack it without it being lost: a collector acknowledges what is durable, synced about once
+/// a second, so an acknowledgement made in the second after a frame arrived does not name it
+/// yet. Sending it again then would only make a copy the collector refuses.
+pub const IN_FLIGHT: Duration = Duration::from_secs(2);
+
 /// At most this many collectors (a bit each).
 pub const MAX_COLLECTORS: usize = 8;
 
@@ -158,12 +164,10 @@ impl Spool {
         let now_unix = unix_now();
         for frame in loaded.frames {
             let age = Duration::from_nanos(now_unix.saturating_sub(frame.spooled_unix_ns));
-            self.keep(
-                frame.bytes,
-                now.checked_sub(age).unwrap_or(now),
-                frame.spooled_unix_ns,
-                now,
-            );
+            // Sent when it was made, before the restart: the first acknowledgement that
+            // lacks it names it missing.
+            let made = now.checked_sub(age).unwrap_or(now);
+            self.keep(frame.bytes, made, frame.spooled_unix_ns, made);
             self.stats.restored += 1;
         }
         self.note_sent(state.session, state.next_seq);
@@ -279,7 +283,7 @@ impl Spool {
         }
     }
 
-    fn keep(&mut self, bytes: Vec<u8>, made: Instant, unix_ns: u64, now: Instant) {
+    fn keep(&mut self, bytes: Vec<u8>, made: Instant, unix_ns: u64, sent: Instant) {
         let Some((session, seq)) = peek_sequence(&bytes) else {
             return;
         };
@@ -291,7 +295,7 @@ impl Spool {
             bytes,
             made,
             unix_ns,
-            sent: vec![now; self.collectors],
+            sent: vec![sent; self.collectors],
             acked: 0,
             missing: 0,
         });
@@ -327,7 +331,7 @@ impl Spool {
             if ack.holds(f.seq) {
                 f.acked |= bit;
                 f.missing &= !bit;
-            } else if f.seq < end {
+            } else if f.seq < end && now.duration_since(f.sent[from]) >= IN_FLIGHT {
                 f.missing |= bit;
             }
         }
@@ -466,12 +470,13 @@ mod tests {
         for seq in 0..10 {
             spool.push(frame(seq), t0);
         }
-        // Frames 3 and 4 were lost on the way.
+        // Frames 3 and 4 were lost on the way: an acknowledgement made once they could be
+        // durable lacks them.
+        let t1 = t0 + IN_FLIGHT;
         spool
-            .on_ack(0, &ack(&[0, 1, 2, 5, 6, 7, 8, 9]), t0)
+            .on_ack(0, &ack(&[0, 1, 2, 5, 6, 7, 8, 9]), t1)
             .unwrap();
         assert_eq!(spool.len(), 2);
-        let t1 = t0 + Duration::from_secs(1);
         let again: Vec<_> = spool
             .due(t1)
             .into_iter()
@@ -484,6 +489,30 @@ mod tests {
             .unwrap();
         assert!(spool.is_empty());
         assert_eq!(spool.stats().delivered, 10);
+    }
+
+    /// A frame sent again is not sent a third time on an acknowledgement that cannot have
+    /// seen it durable yet (the collector syncs about once a second), only on a later one
+    /// that still lacks it.
+    #[test]
+    fn a_frame_in_flight_is_not_sent_again_until_an_acknowledgement_could_hold_it() {
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        for seq in 0..4 {
+            spool.push(frame(seq), t0);
+        }
+        let t1 = t0 + IN_FLIGHT;
+        spool.on_ack(0, &ack(&[0, 1, 3]), t1).unwrap();
+        assert_eq!(spool.due(t1).len(), 1, "frame 2, sent again");
+        // Half a second later the collector, not yet synced, still lacks it.
+        let t2 = t1 + Duration::from_millis(500);
+        spool.on_ack(0, &ack(&[0, 1, 3]), t2).unwrap();
+        assert!(spool.due(t2 + Duration::from_millis(250)).is_empty());
+        // Past the time it needs, an acknowledgement without it means it was lost again.
+        let t3 = t1 + IN_FLIGHT;
+        spool.on_ack(0, &ack(&[0, 1, 3]), t3).unwrap();
+        assert_eq!(spool.due(t3).len(), 1);
+        assert_eq!(spool.stats().resent, 2);
     }
 
     #[test]
@@ -566,12 +595,16 @@ mod tests {
         for seq in 1..=1000 {
             spool.push(frame(seq), t0);
         }
-        spool.on_ack(0, &ack(&[1000]), t0).unwrap();
+        let t1 = t0 + IN_FLIGHT;
+        spool.on_ack(0, &ack(&[1000]), t1).unwrap();
+        // What the tokens saved up while nothing was due goes first (a burst of at most
+        // 1,500 bytes or a second's worth); then the pace.
+        assert!(spool.due(t1).len() as u64 * size <= 1500.max(10 * size));
         let mut sent = 0;
         for s in 1..=10 {
-            sent += spool.due(t0 + Duration::from_secs(s)).len();
+            sent += spool.due(t1 + Duration::from_secs(s)).len();
         }
-        // 10 frames a second at most (a burst of at most a second's worth), over 10 s.
+        // 10 frames a second, over 10 s.
         assert!((90..=110).contains(&sent), "{sent}");
     }
 }
@@ -638,8 +671,9 @@ mod file_tests {
         // too, and dropped at the first acknowledgement, which names 2..5 missing.
         assert_eq!((second.len(), second.stats().restored), (5, 5));
         second.push(frame(5), t0);
-        second.on_ack(0, &acked(&[0, 1, 5]), t0).unwrap();
-        let again: Vec<u64> = (second.due(t0 + Duration::from_secs(1)))
+        let t1 = t0 + IN_FLIGHT;
+        second.on_ack(0, &acked(&[0, 1, 5]), t1).unwrap();
+        let again: Vec<u64> = (second.due(t1 + Duration::from_secs(1)))
             .iter()
             .map(|(_, b)| peek_sequence(b).unwrap().1)
             .collect();
