@@ -5,9 +5,13 @@
 //! one has it (a collector pair with one member away for long).
 //!
 //! What is not acknowledged in time, or what a collector names as missing, is sent again,
-//! oldest first, paced ([`SpoolConfig::resend_rate`]) so that a fleet returning to a
-//! collector after an outage does not flood it. Resent frames are the very bytes first sent
-//! (original times, original sequence numbers): the collector stores each once.
+//! oldest first, paced so that a fleet returning to a collector after an outage does not
+//! flood it. The pace adapts to what the collector takes ([`Pace`]): a collector that drops
+//! datagrams (its receive buffers full: a fleet's backlog at once) names the frames sent
+//! again as missing once more, and the agent halves its pace; while they arrive, it speeds
+//! up again, up to [`SpoolConfig::resend_rate`]. So a fleet of any size settles near what
+//! its collector can take, as TCP's senders share a link. Resent frames are the very bytes
+//! first sent (original times, original sequence numbers): the collector stores each once.
 //!
 //! Bounded: at [`SpoolConfig::max_bytes`] the oldest frames are evicted, and frames no
 //! collector acknowledged within [`SpoolConfig::max_age`] are given up; both are counted
@@ -38,8 +42,9 @@ pub struct SpoolConfig {
     /// A frame not acknowledged this long after it was sent is sent again, if its collector
     /// answered since (default 10 s: a collector acknowledges within about a second).
     pub resend_after: Duration,
-    /// Bytes per second resent at most, per collector (default 16 KiB/s, 16 times what a
-    /// node sends live: a 10-minute backlog drains in about 40 s).
+    /// Bytes per second resent at most, per collector (default 16 KiB/s, about 12 times what
+    /// a node of 8 GPUs and 8 ports sends live: alone, a 10-minute backlog drains in under a
+    /// minute). The pace starts at a quarter of it and adapts ([`Pace`]).
     pub resend_rate: u64,
 }
 
@@ -65,6 +70,9 @@ pub struct SpoolStats {
     pub delivered: u64,
     /// Frames sent again.
     pub resent: u64,
+    /// Times the pace of resends halved: frames sent again were lost again (a collector
+    /// taking more than it can).
+    pub resend_slowdowns: u64,
     /// Acknowledgements taken.
     pub acks: u64,
     /// Acknowledgements refused: not for this node, of a session it never had, or naming
@@ -100,6 +108,64 @@ struct Spooled {
     acked: u32,
     /// Collectors that named it missing since it was last sent there.
     missing: u32,
+    /// Collectors it was sent to again (a bit each): named missing once more, it was lost
+    /// again, which slows the pace.
+    resent: u32,
+}
+
+/// The pace at which frames are sent again to one collector: additive increase,
+/// multiplicative decrease, as TCP's congestion control. A resent frame that the collector's
+/// acknowledgement names as missing once more (past [`IN_FLIGHT`]) was dropped on the way,
+/// most likely at a collector flooded by a fleet's backlog: the pace halves, at most once per
+/// [`IN_FLIGHT`] (one burst of losses is one signal), down to [`Pace::MIN`] (1 KiB/s). An
+/// acknowledgement that takes resent frames and names none lost raises it by a sixteenth of
+/// the maximum, up to [`SpoolConfig::resend_rate`].
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    /// Bytes per second.
+    rate: f64,
+    /// The slowest and fastest rate.
+    min: f64,
+    max: f64,
+    /// Bytes it may send now.
+    tokens: f64,
+    last_cut: Option<Instant>,
+}
+
+impl Pace {
+    /// The slowest pace: about what a node sends live, so a backlog still shrinks.
+    const MIN: f64 = 1024.0;
+
+    fn new(max: u64) -> Self {
+        let max = max as f64;
+        let min = Self::MIN.min(max);
+        Self {
+            rate: (max / 4.0).max(min),
+            min,
+            max,
+            tokens: 0.0,
+            last_cut: None,
+        }
+    }
+
+    fn refill(&mut self, seconds: f64) {
+        let burst = self.rate.max(1500.0);
+        self.tokens = (self.tokens + seconds * self.rate).min(burst);
+    }
+
+    fn lost(&mut self, now: Instant) {
+        if self
+            .last_cut
+            .is_none_or(|cut| now.duration_since(cut) >= IN_FLIGHT)
+        {
+            self.rate = (self.rate / 2.0).max(self.min);
+            self.last_cut = Some(now);
+        }
+    }
+
+    fn delivered(&mut self) {
+        self.rate = (self.rate + self.max / 16.0).min(self.max);
+    }
 }
 
 /// Frames not yet acknowledged by every collector.
@@ -113,8 +179,8 @@ pub struct Spool {
     sessions: Vec<(u32, u64)>,
     /// Per collector: when it last acknowledged anything.
     heard: Vec<Option<Instant>>,
-    /// Per collector: bytes it may be sent again now (refilled at `resend_rate`).
-    tokens: Vec<f64>,
+    /// Per collector: the pace of resends.
+    pace: Vec<Pace>,
     refilled: Instant,
     stats: SpoolStats,
     /// The frames on disk too, when the spool directory could be used.
@@ -141,7 +207,7 @@ impl Spool {
             bytes: 0,
             sessions: Vec::new(),
             heard: vec![None; collectors],
-            tokens: vec![0.0; collectors],
+            pace: vec![Pace::new(config.resend_rate); collectors],
             refilled: now,
             stats: SpoolStats::default(),
             file: None,
@@ -238,6 +304,11 @@ impl Spool {
         }
     }
 
+    /// The pace of resends to `collector` now, in bytes per second.
+    pub fn resend_rate(&self, collector: usize) -> f64 {
+        self.pace.get(collector).map_or(0.0, |p| p.rate)
+    }
+
     pub fn stats(&self) -> SpoolStats {
         self.stats
     }
@@ -298,6 +369,7 @@ impl Spool {
             sent: vec![sent; self.collectors],
             acked: 0,
             missing: 0,
+            resent: 0,
         });
         while self.bytes > self.config.max_bytes {
             let Some(old) = self.frames.pop_front() else {
@@ -327,13 +399,22 @@ impl Spool {
         self.heard[from] = Some(now);
         let bit = 1 << from;
         let end = ack.end();
+        let (mut resent_held, mut resent_lost) = (false, false);
         for f in self.frames.iter_mut().filter(|f| f.session == ack.session) {
             if ack.holds(f.seq) {
+                resent_held |= f.acked & bit == 0 && f.resent & bit != 0;
                 f.acked |= bit;
                 f.missing &= !bit;
             } else if f.seq < end && now.duration_since(f.sent[from]) >= IN_FLIGHT {
+                resent_lost |= f.resent & bit != 0 && f.missing & bit == 0;
                 f.missing |= bit;
             }
+        }
+        if resent_lost {
+            self.pace[from].lost(now);
+            self.stats.resend_slowdowns += 1;
+        } else if resent_held {
+            self.pace[from].delivered();
         }
         self.release(now);
         Ok(())
@@ -393,9 +474,8 @@ impl Spool {
         self.release(now);
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
-        let burst = (self.config.resend_rate as f64).max(1500.0);
-        for t in &mut self.tokens {
-            *t = (*t + elapsed * self.config.resend_rate as f64).min(burst);
+        for pace in &mut self.pace {
+            pace.refill(elapsed);
         }
         let mut out = Vec::new();
         for f in self.frames.iter_mut() {
@@ -412,12 +492,13 @@ impl Spool {
                 if f.missing & bit == 0 && !late {
                     continue;
                 }
-                if self.tokens[c] < f.bytes.len() as f64 {
+                if self.pace[c].tokens < f.bytes.len() as f64 {
                     continue;
                 }
-                self.tokens[c] -= f.bytes.len() as f64;
+                self.pace[c].tokens -= f.bytes.len() as f64;
                 f.sent[c] = now;
                 f.missing &= !bit;
+                f.resent |= bit;
                 self.stats.resent += 1;
                 out.push((c, f.bytes.clone()));
             }
@@ -513,6 +594,48 @@ mod tests {
         spool.on_ack(0, &ack(&[0, 1, 3]), t3).unwrap();
         assert_eq!(spool.due(t3).len(), 1);
         assert_eq!(spool.stats().resent, 2);
+    }
+
+    /// Resent frames lost again (a flooded collector) halve the pace, once per burst of
+    /// losses; resent frames taken raise it by a sixteenth of the maximum.
+    #[test]
+    fn the_pace_halves_when_resends_are_lost_and_rises_when_they_arrive() {
+        let t0 = Instant::now();
+        let mut spool = Spool::new("n1", 1, SpoolConfig::default(), t0);
+        for seq in 0..2000 {
+            spool.push(frame(seq), t0);
+        }
+        assert_eq!(
+            spool.resend_rate(0),
+            4096.0,
+            "a quarter of 16 KiB/s to start"
+        );
+        // The collector is back and has only the newest frame.
+        let t1 = t0 + IN_FLIGHT;
+        spool.on_ack(0, &ack(&[1999]), t1).unwrap();
+        let first = spool.due(t1 + Duration::from_secs(1));
+        assert!(!first.is_empty());
+        // Two seconds on, it still lacks them all: the resends were dropped.
+        let t2 = t1 + Duration::from_secs(1) + IN_FLIGHT;
+        spool.on_ack(0, &ack(&[1999]), t2).unwrap();
+        assert_eq!(spool.resend_rate(0), 2048.0);
+        // The same losses named again at once are not a second signal.
+        spool.on_ack(0, &ack(&[1999]), t2).unwrap();
+        assert_eq!(spool.resend_rate(0), 2048.0);
+        assert_eq!(spool.stats().resend_slowdowns, 1);
+        // Sent again, and this time they arrive.
+        let second: Vec<u64> = spool
+            .due(t2 + Duration::from_secs(1))
+            .iter()
+            .map(|(_, b)| peek_sequence(b).unwrap().1)
+            .collect();
+        assert!(!second.is_empty());
+        let mut held = second.clone();
+        held.push(1999);
+        spool
+            .on_ack(0, &ack(&held), t2 + Duration::from_secs(1) + IN_FLIGHT)
+            .unwrap();
+        assert_eq!(spool.resend_rate(0), 2048.0 + 1024.0);
     }
 
     #[test]

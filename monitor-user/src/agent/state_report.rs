@@ -15,9 +15,10 @@
 //!   (counted in a job's cgroup after its end), `spool_full` and `spool_age` (frames the
 //!   spool evicted unacknowledged, at its byte bound or its age limit), `acks_refused`
 //!   (acknowledgements that could not be right: forged, another node's, of frames never
-//!   sent), and `jobs_ended`, `devices_removed`, `frames_resent` and `frames_restored` (not
-//!   bounds: the jobs and devices whose state was released, the frames sent again, the frames
-//!   a previous run left in the spool file, taken back at start).
+//!   sent), and `jobs_ended`, `devices_removed`, `frames_resent`, `resend_slowdowns` and
+//!   `frames_restored` (not bounds: the jobs and devices whose state was released, the frames
+//!   sent again, the times resends were lost again and their pace halved, the frames a
+//!   previous run left in the spool file, taken back at start).
 
 use std::fmt;
 
@@ -53,6 +54,7 @@ pub struct StateReport {
     pub spool_age: u64,
     pub acks_refused: u64,
     pub frames_resent: u64,
+    pub resend_slowdowns: u64,
     pub frames_restored: u64,
 }
 
@@ -94,6 +96,7 @@ impl StateReport {
             spool_age: spool.evicted_age,
             acks_refused: spool.acks_refused,
             frames_resent: spool.resent,
+            resend_slowdowns: spool.resend_slowdowns,
             frames_restored: spool.restored,
         }
     }
@@ -150,6 +153,7 @@ impl StateReport {
             hits("spool_age", self.spool_age),
             hits("acks_refused", self.acks_refused),
             hits("frames_resent", self.frames_resent),
+            hits("resend_slowdowns", self.resend_slowdowns),
             hits("frames_restored", self.frames_restored),
         ]
     }
@@ -165,7 +169,8 @@ impl fmt::Display for StateReport {
              event_ring_full={} device_names_map_full={} cgroup_names_evicted={} \
              encoder_series_limit={} encoder_pending_limit={} late_verb_counts={} \
              jobs_ended={} devices_removed={} spool_frames={} spool_bytes={} spool_full={} \
-             spool_age={} acks_refused={} frames_resent={} frames_restored={}",
+             spool_age={} acks_refused={} frames_resent={} resend_slowdowns={} \
+             frames_restored={}",
             self.verb_keys,
             self.verb_series,
             self.encoder_series,
@@ -189,6 +194,7 @@ impl fmt::Display for StateReport {
             self.spool_age,
             self.acks_refused,
             self.frames_resent,
+            self.resend_slowdowns,
             self.frames_restored
         )
     }
