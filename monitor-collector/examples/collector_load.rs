@@ -14,8 +14,6 @@
 //! - `send RATE SECONDS`: sends the next RATE x SECONDS samples of the fleet, in whole frames,
 //!   paced every millisecond;
 //! - `finish RATE`: sends the rest of the current round (every node up to the same second);
-//! - `rest RATE`: sends every frame not sent yet, oldest round first (a fleet's backlog, as
-//!   agents' spools send it after an outage: `cargo xtask bench delivery`);
 //! - `flood RATE SECONDS`: sends datagrams that must all be refused, RATE a second, in turn
 //!   forged (a valid frame with a byte changed), replayed (a frame of the hour node, already
 //!   accepted), truncated and random bytes, and says how many of each (a pool made first,
@@ -487,12 +485,6 @@ fn main() -> anyhow::Result<()> {
                 let rate: f64 = rate.parse().context("finish: RATE")?;
                 let reply = send_paced(&sockets, args.target, &fleet[next..end], rate)?;
                 next = end;
-                reply
-            }
-            ["rest", rate] => {
-                let rate: f64 = rate.parse().context("rest: RATE")?;
-                let reply = send_paced(&sockets, args.target, &fleet[next..], rate)?;
-                next = fleet.len();
                 reply
             }
             ["flood", rate, seconds] => flood(

@@ -13,16 +13,16 @@
 //!    the whole run (both collectors' own counters), and the agent's spool as the agent itself
 //!    reported it (`railscope_agent_entries{table="spool_bytes"}`, sent through the outage and
 //!    delivered afterwards with its own times).
-//! 2. **A fleet's backlog**: `--nodes` simulated nodes (the agent's own encoder and series:
-//!    `monitor-collector/examples/collector_load.rs`, every reading of every second, heavier
-//!    than an adaptive agent) each with `--outage` seconds of frames, sent to a fresh collector
-//!    oldest first at the pace of the agents' spools (`--resend-rate` bytes a second per node):
-//!    the collector's ingest rate and CPU while it absorbs them, datagrams lost, and the time
-//!    until every frame is archived.
+//! 2. **A fleet's backlog**: `--nodes` simulated nodes (`monitor-user/examples/
+//!    fleet_backlog.rs`: the agent's own encoder and series, every reading of every second,
+//!    each node's `--outage` seconds of frames in the agent's own spool) return to a fresh
+//!    collector and send their backlogs as the agent does, at the spool's adaptive pace:
+//!    the time until every node's spool is empty, what was sent again and lost on the way
+//!    (the collector's receive buffers), the collector's ingest rate, CPU and memory.
 
 use std::{
     fs,
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader},
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -60,17 +60,13 @@ pub struct DeliveryOptions {
     /// after its backlog is archived.
     #[arg(long, default_value_t = 120)]
     pub live: u64,
-    /// `delivery`: bytes a second each simulated node resends its backlog at (the agent
-    /// spool's pace, `SpoolConfig::resend_rate` in monitor-user/src/spool.rs).
-    #[arg(long, default_value_t = 16 << 10)]
-    pub resend_rate: u64,
 }
 
 /// The binaries the bench runs.
 struct Binaries {
     railscope: PathBuf,
     collector: PathBuf,
-    load: PathBuf,
+    fleet: PathBuf,
     agent_bench: PathBuf,
     standin: PathBuf,
 }
@@ -78,11 +74,11 @@ struct Binaries {
 pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let o = &options.delivery;
-    let (collector, load, _) = super::collector::build(tools)?;
+    let (collector, _, _) = super::collector::build(tools)?;
     let bins = Binaries {
         railscope: build::railscope_binary(tools, true)?,
         collector,
-        load,
+        fleet: build_fleet_example(tools)?,
         agent_bench: super::agent::build_example(tools)?,
         standin: super::build_standin(tools)?,
     };
@@ -97,8 +93,8 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let ack_share = node["ack_share"].as_f64().unwrap_or(f64::NAN);
     let report = json!({
         "command": format!(
-            "cargo xtask bench delivery --outage {} --live {} --resend-rate {} --nodes {}",
-            o.outage, o.live, o.resend_rate, options.collector.nodes
+            "cargo xtask bench delivery --outage {} --live {} --nodes {}",
+            o.outage, o.live, options.collector.nodes
         ),
         "date": utc_now(),
         "host_cpu": host_cpu(),
@@ -117,6 +113,23 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         started.elapsed()
     ));
     Ok(())
+}
+
+fn build_fleet_example(tools: &Tools) -> anyhow::Result<PathBuf> {
+    let mut cmd = cargo::command(tools);
+    cmd.args([
+        "build",
+        "--release",
+        "--package",
+        "monitor-user",
+        "--example",
+        "fleet_backlog",
+    ]);
+    cargo::build_executables(cmd)?
+        .into_iter()
+        .find(|(name, _)| name == "fleet_backlog")
+        .map(|(_, path)| path)
+        .context("cargo did not report the fleet_backlog example")
 }
 
 /// A `railscope-collector run` on `data`, its HTTP API at `http`.
@@ -319,7 +332,8 @@ fn spool_bytes_reported(http: SocketAddr) -> anyhow::Result<Option<f64>> {
     }))
 }
 
-/// Part 2: a fleet's backlog absorbed by one collector.
+/// Part 2: a fleet's backlog absorbed by one collector: the simulated nodes' own spools
+/// (`monitor-user/examples/fleet_backlog.rs`) send it at their adaptive pace.
 fn fleet_backlog(
     bins: &Binaries,
     o: &DeliveryOptions,
@@ -330,93 +344,75 @@ fn fleet_backlog(
     let key = write_key(dir)?;
     let udp = free_udp_port()?;
     let http: SocketAddr = ([127, 0, 0, 1], free_tcp_port()?).into();
-    let rounds = o.outage.div_ceil(10).max(1);
+    let mut collector = collector(bins, dir, "collector", &key, udp, http)?;
     setup::step(&format!(
-        "fleet: making {nodes} nodes' {} s of frames (the agent's encoder)",
-        rounds * 10
+        "fleet: making {nodes} nodes' {} s of frames (the agent's encoder) into their spools",
+        o.outage
     ));
-    let mut load = Proc::spawn(
-        "load",
-        Command::new(&bins.load)
+    let mut fleet = Proc::spawn(
+        "fleet",
+        Command::new(&bins.fleet)
             .args(["--target", &format!("127.0.0.1:{udp}"), "--key"])
             .arg(&key)
             .args([
                 "--nodes",
                 &nodes.to_string(),
-                "--rounds",
-                &rounds.to_string(),
+                "--seconds",
+                &o.outage.to_string(),
             ])
-            .stdin(Stdio::piped()),
+            .args(["--timeout", &(o.outage * 3 + 600).to_string()]),
         dir,
         Some(Stdio::piped()),
     )?;
-    let mut input = load.child.stdin.take().context("load generator stdin")?;
-    let mut output = BufReader::new(load.child.stdout.take().context("load generator stdout")?);
+    let mut output = BufReader::new(fleet.child.stdout.take().context("fleet stdout")?);
     let ready = read_json(&mut output)?;
-    let samples = ready["fleet_samples"].as_f64().unwrap_or(0.0);
-    let bytes = ready["fleet_bytes"].as_f64().unwrap_or(0.0);
-    // The agents' pace in bytes, as the generator's pace in samples.
-    let rate = nodes as f64 * o.resend_rate as f64 * samples / bytes.max(1.0);
-    let mut collector = collector(bins, dir, "collector", &key, udp, http)?;
     let before = totals(http)?;
     let cpu_before = cpu_ticks(collector.pid())?.total();
     setup::step(&format!(
-        "fleet: sending {:.0} MB ({:.0} M samples) at {} B/s a node ({:.1} MB/s)",
-        bytes / 1e6,
-        samples / 1e6,
-        o.resend_rate,
-        nodes as f64 * o.resend_rate as f64 / 1e6
+        "fleet: the collector is back for {nodes} nodes with {:.0} MB ({:.0} M samples) to send again",
+        ready["backlog_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        ready["backlog_samples"].as_f64().unwrap_or(0.0) / 1e6,
     ));
     let started = Instant::now();
-    writeln!(input, "rest {rate}")?;
-    input.flush()?;
-    let sent = read_json(&mut output)?;
-    let sent_s = started.elapsed().as_secs_f64();
-    // Archived: every frame accepted is in the archive's files, and nothing moved for 3 s.
-    let mut last = totals(http)?;
-    let mut moved = Instant::now();
-    let archived_s = loop {
-        let accepted = metric_sum(&last, "railscope_collector_frames_accepted_total");
-        let archived = metric_sum(&last, "railscope_collector_archive_frames_total")
-            + metric_sum(&last, "railscope_collector_archive_dropped_frames_total");
-        if archived >= accepted && moved.elapsed() > Duration::from_secs(3) {
-            break started.elapsed().as_secs_f64() - 3.0;
-        }
-        if started.elapsed() > Duration::from_secs(sent_s as u64 + 600) {
-            bail!("the fleet's backlog was not archived 10 min after it was sent");
+    let done = read_json(&mut output)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    // Archived: every frame accepted is in the archive's files.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let last = loop {
+        let m = totals(http)?;
+        let accepted = metric_sum(&m, "railscope_collector_frames_accepted_total");
+        let archived = metric_sum(&m, "railscope_collector_archive_frames_total");
+        if archived >= accepted || Instant::now() > deadline {
+            break m;
         }
         thread::sleep(Duration::from_millis(100));
-        let next = totals(http)?;
-        if next != last {
-            moved = Instant::now();
-        }
-        last = next;
     };
     let cpu_s =
         (cpu_ticks(collector.pid())?.total() - cpu_before) as f64 / clock_ticks_per_second();
     let rss_kb = status_kb(collector.pid(), "VmHWM").unwrap_or(0);
-    writeln!(input, "quit")?;
-    drop(input);
-    load.stop(libc::SIGTERM, Duration::from_secs(10))?;
+    fleet.stop(libc::SIGTERM, Duration::from_secs(10))?;
     collector.stop(libc::SIGTERM, Duration::from_secs(15))?;
     let delta = |name: &str| metric_sum(&last, name) - metric_sum(&before, name);
     let accepted_samples = delta("railscope_collector_samples_accepted_total");
-    let datagrams = sent["datagrams"].as_f64().unwrap_or(0.0);
-    let received = delta("railscope_collector_datagrams_received_total");
+    let delivered_s = done["delivered_s"].as_f64();
     Ok(json!({
         "nodes": nodes,
-        "backlog_s": rounds * 10,
-        "resend_rate_per_node": o.resend_rate,
-        "datagrams_sent": datagrams,
-        "bytes_sent": sent["bytes"],
-        "samples_sent": sent["samples"],
-        "send_s": sent_s,
-        "archived_s": archived_s,
+        "backlog_s": o.outage,
+        "backlog_bytes": ready["backlog_bytes"],
+        "backlog_samples": ready["backlog_samples"],
+        "delivered_s": delivered_s,
+        "nodes_unfinished": done["nodes_unfinished"],
+        "wall_s": wall_s,
+        "datagrams_sent": done["datagrams_sent"],
+        "bytes_sent": done["bytes_sent"],
+        "frames_resent": done["frames_resent"],
+        "resend_slowdowns": done["resend_slowdowns"],
+        "mean_pace_at_end": done["mean_pace_at_end"],
         "frames_accepted": delta("railscope_collector_frames_accepted_total"),
+        "duplicates": delta("railscope_collector_frames_dropped_total{reason=\"duplicate\"}"),
         "samples_accepted": accepted_samples,
-        "datagrams_lost": datagrams - received,
         "receive_buffer_drops": delta("railscope_collector_frames_dropped_total{reason=\"receive_buffer_full\"}"),
-        "ingest_samples_per_s": accepted_samples / archived_s.max(1e-9),
+        "ingest_samples_per_s": accepted_samples / delivered_s.unwrap_or(wall_s).max(1e-9),
         "collector_cpu_s": cpu_s,
         "samples_per_cpu_s": accepted_samples / cpu_s.max(1e-9),
         "collector_peak_rss_kb": rss_kb,
@@ -426,7 +422,7 @@ fn fleet_backlog(
 fn read_json(output: &mut BufReader<std::process::ChildStdout>) -> anyhow::Result<Value> {
     let mut line = String::new();
     if output.read_line(&mut line)? == 0 {
-        bail!("the load generator exited (see target/bench/delivery/fleet/load.err)");
+        bail!("the fleet simulation exited (see target/bench/delivery/fleet/fleet.err)");
     }
     serde_json::from_str(&line).with_context(|| format!("not JSON: {line:?}"))
 }
@@ -533,34 +529,50 @@ fn markdown(r: &Value) -> String {
         n["agent_state_at_stop"].as_str().unwrap_or("")
     );
     s += &format!(
-        "## A fleet's backlog\n\n{} simulated nodes (the agent's encoder and series, every reading of every second: heavier than an adaptive agent) each with {} s of frames, sent to a fresh collector oldest first at the spools' pace, {} B/s a node ({:.1} MB/s in all).\n\n| | |\n|---|---|\n",
-        f["nodes"],
-        f["backlog_s"],
-        f["resend_rate_per_node"],
-        num(&f["nodes"]) * num(&f["resend_rate_per_node"]) / 1e6
+        "## A fleet's backlog\n\n{} simulated nodes (the agent's encoder and series, every reading of every second: heavier than an adaptive agent), each with its {} s of frames in the agent's own spool, return to a fresh collector: each sends its newest frame, then what the acknowledgements name missing, at the spool's adaptive pace (4 KiB/s to start, halved when resent frames are lost again, up to 16 KiB/s).\n\n| | |\n|---|---|\n",
+        f["nodes"], f["backlog_s"]
     );
     let rows: Vec<(&str, String)> = vec![
         (
-            "datagrams / bytes / samples sent",
+            "backlog",
             format!(
-                "{} / {:.0} MB / {:.1} M",
+                "{:.0} MB, {:.1} M samples",
+                num(&f["backlog_bytes"]) / 1e6,
+                num(&f["backlog_samples"]) / 1e6
+            ),
+        ),
+        (
+            "every spool empty after",
+            format!(
+                "{:.1} s ({} nodes unfinished)",
+                num(&f["delivered_s"]),
+                num(&f["nodes_unfinished"])
+            ),
+        ),
+        (
+            "datagrams / bytes sent",
+            format!(
+                "{} / {:.0} MB",
                 num(&f["datagrams_sent"]),
-                num(&f["bytes_sent"]) / 1e6,
-                num(&f["samples_sent"]) / 1e6
+                num(&f["bytes_sent"]) / 1e6
             ),
         ),
-        ("sending took", format!("{:.1} s", num(&f["send_s"]))),
+        ("frames sent again", format!("{}", num(&f["frames_resent"]))),
         (
-            "all archived after",
-            format!("{:.1} s", num(&f["archived_s"])),
+            "datagrams lost at the collector (receive buffers full)",
+            format!("{}", num(&f["receive_buffer_drops"])),
         ),
         (
-            "datagrams lost (dropped by the kernel: the collector's receive buffers full)",
-            format!(
-                "{} ({} counted by the collector)",
-                num(&f["datagrams_lost"]),
-                num(&f["receive_buffer_drops"])
-            ),
+            "copies refused as duplicates",
+            format!("{}", num(&f["duplicates"])),
+        ),
+        (
+            "times a node's pace halved",
+            format!("{}", num(&f["resend_slowdowns"])),
+        ),
+        (
+            "mean pace at the end",
+            format!("{:.1} KiB/s a node", num(&f["mean_pace_at_end"]) / 1024.0),
         ),
         (
             "samples accepted",
@@ -586,6 +598,5 @@ fn markdown(r: &Value) -> String {
     for (k, v) in rows {
         s += &format!("| {k} | {v} |\n");
     }
-    s += "\nA datagram lost here is not lost in a fleet: its agent sends it again once the collector's acknowledgements name it missing.\n";
     s
 }
