@@ -174,6 +174,31 @@ fn a_collector_back_after_a_long_outage_knows_the_frames_of_its_last_minutes() {
     }
 }
 
+/// The same after a SIGKILL: what the writer had synced, in its open segment's log only,
+/// is known as held when the collector starts again.
+#[test]
+fn a_collector_killed_knows_the_frames_it_had_synced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new(1, 20);
+    let mut archive = Archive::open(config(tmp.path())).unwrap();
+    fleet.append(&mut archive, &fleet.frames);
+    std::thread::sleep(Duration::from_millis(1100));
+    archive.tick().unwrap(); // the 1 s sync
+    std::mem::forget(archive); // killed: no freeze, no seal
+    let archive = Archive::open(config(tmp.path())).unwrap();
+    let reader = archive.reader();
+    let newest = fleet
+        .frames
+        .iter()
+        .map(|(_, f)| f.received_ns)
+        .max()
+        .unwrap();
+    assert_eq!(reader.last_received_ns(), newest);
+    let held = crate::acks::held_in_archive(&reader).unwrap();
+    let (_, seqs) = &held["gpu-node-000"];
+    assert_eq!(seqs.end(), fleet.frames.len() as u64, "{seqs:?}");
+}
+
 #[test]
 fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     let tmp = tempfile::tempdir().unwrap();

@@ -57,8 +57,9 @@ pub struct DeliveryOptions {
     #[arg(long, default_value_t = 600)]
     pub outage: u64,
     /// `delivery`: seconds the node sends with the collector up before the outage, and again
-    /// after its backlog is archived.
-    #[arg(long, default_value_t = 120)]
+    /// after its backlog is archived (at least 30: the agent flushes every 10 s, and the
+    /// collector must hold some of its frames before it goes).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(30..))]
     pub live: u64,
 }
 
