@@ -141,6 +141,11 @@ pub struct CollectorSettings {
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub findings: Option<crate::findings::Thresholds>,
+    /// Actions on findings: the `[actions]` table of the file only (docs/actions.md lists
+    /// every key, its default and why). Without it the collector acts on nothing.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actions: Option<crate::actions::ActionsConfig>,
 }
 
 /// A point in time, written as RFC 3339 (`2026-12-01T00:00:00Z`).
@@ -245,6 +250,7 @@ impl Layered for CollectorSettings {
             mut remote_write,
             mut remote_write_endpoint,
             findings,
+            actions,
         } = self;
         remote_write.extend(over.remote_write);
         remote_write_endpoint.extend(over.remote_write_endpoint);
@@ -274,6 +280,7 @@ impl Layered for CollectorSettings {
             remote_write,
             remote_write_endpoint,
             findings: pick(findings, over.findings),
+            actions: pick(actions, over.actions),
         }
     }
 }
@@ -297,6 +304,8 @@ pub struct RunPlan {
     pub query_max_points: usize,
     /// The health findings' thresholds.
     pub findings: crate::findings::Thresholds,
+    /// The actions on findings, where `[actions]` is given.
+    pub actions: Option<crate::actions::ActionsConfig>,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with
@@ -423,6 +432,13 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             let th = s.findings.unwrap_or_default();
             th.validate().map_err(|e| sources.error("findings", e))?;
             th
+        },
+        actions: match s.actions {
+            Some(a) => {
+                a.validate().map_err(|e| sources.error("actions", e))?;
+                Some(a)
+            }
+            None => None,
         },
     })
 }
