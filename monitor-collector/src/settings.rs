@@ -599,6 +599,35 @@ mod tests {
     }
 
     #[test]
+    fn actions_come_from_the_file_and_a_bad_rule_is_refused_naming_it() {
+        let key = key_file();
+        let plan = run_plan(&sources(&format!("key = {:?}\n", key.path()), &[]).unwrap()).unwrap();
+        assert!(plan.actions.is_none(), "no [actions]: no actions");
+        let text = format!(
+            "key = {:?}\n[actions]\nresume-hold-s = 30\n[[actions.rule]]\nrule = \"gpu_xid\"\naction = \"slurm-drain\"\n",
+            key.path()
+        );
+        let actions = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap()
+            .actions
+            .unwrap();
+        assert!(actions.dry_run, "a dry run unless the file says otherwise");
+        assert_eq!(actions.resume_hold_s, 30);
+        assert_eq!(actions.rule[0].rule, "gpu_xid");
+        let text = format!(
+            "key = {:?}\n[actions]\n[[actions.rule]]\nrule = \"gpu_xid\"\naction = \"reboot\"\n",
+            key.path()
+        );
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("collector.toml") && e.contains("actions") && e.contains("\"reboot\""),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_file_line_and_key() {
         let e = sources("\nlisten = \"nowhere\"\n", &[])
             .unwrap_err()
@@ -858,7 +887,7 @@ mod tests {
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
         (line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = "))
-            || line.starts_with("[[")
+            || line.starts_with('[')
     }
 
     /// The example installed with the package parses as it is, and with every commented
@@ -914,6 +943,7 @@ mod tests {
             })
             .collect();
         assert!(uncommented.contains("\n[[remote-write-endpoint]]\n"));
+        assert!(uncommented.contains("\n[[actions.rule]]\n"));
         let all = sources(&uncommented, &flags).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {
