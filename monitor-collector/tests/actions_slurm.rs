@@ -301,8 +301,8 @@ fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
 }
 
 /// `scontrol` as the collector runs it, through a script that, while `DIR/hold` exists,
-/// writes its pid to `DIR/drain-started` and waits before it drains: the window between a
-/// finding and its action, held open for the test to kill the collector in.
+/// writes its pid and its `sleep`'s to `DIR/drain-started` and waits before it drains: the
+/// window between a finding and its action, held open for the test to kill the collector in.
 fn slow_scontrol(dir: &Path) -> PathBuf {
     let real = ["/usr/bin/scontrol", "/usr/sbin/scontrol"]
         .into_iter()
@@ -312,7 +312,7 @@ fn slow_scontrol(dir: &Path) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "#!/bin/sh\ncase \"$*\" in *State=DRAIN*)\n  if [ -e {d}/hold ]; then echo $$ > {d}/drain-started; sleep 60; fi;;\nesac\nexec {real} \"$@\"\n",
+            "#!/bin/sh\ncase \"$*\" in *State=DRAIN*)\n  if [ -e {d}/hold ]; then sleep 60 & echo \"$$ $!\" > {d}/drain-started; wait $!; fi;;\nesac\nexec {real} \"$@\"\n",
             d = dir.display()
         ),
     )
@@ -351,14 +351,19 @@ fn kill_9_between_a_finding_and_its_drain_then_a_restart_drains_exactly_once() {
     let id = finding["id"].as_str().unwrap().to_owned();
     // The drain is decided and on its way to Slurm: the collector dies, and the scontrol it
     // started with it (as a crash of the host takes both).
-    let pid: i32 = wait_for("scontrol started", Duration::from_secs(20), || {
-        std::fs::read_to_string(dir.join("drain-started"))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
+    let pids: Vec<i32> = wait_for("scontrol started", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(dir.join("drain-started")).ok()?;
+        let pids: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        (pids.len() == 2).then_some(pids)
     });
     let _ = c.signal(libc::SIGKILL);
-    // SAFETY: the script the collector started, whose pid it wrote.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    for pid in pids {
+        // SAFETY: the script the collector started and its sleep, whose pids it wrote.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     assert!(
         !cluster.show("node01").drained(),
         "not drained before the crash"
@@ -486,6 +491,92 @@ fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go()
         assert_eq!(cluster.drains_logged(n), 1, "{n}");
     }
     assert!(!cluster.show("node05").drained());
+    let (ok, _, err) = c.stop();
+    assert!(ok, "{err}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn slurm_down_delays_the_drain_and_loses_nothing_and_a_node_slurm_does_not_know_is_reported_once() {
+    const TEST: &str = "slurm_down_delays_the_drain";
+    if !slurm_installed(TEST) {
+        return;
+    }
+    let dir = scratch_dir("actions-down");
+    let mut cluster = SlurmCluster::start(&dir.join("slurm"), &["node01", "node02"]);
+    let c = collector(
+        &dir,
+        &cluster,
+        "dry-run = false\nbrake-max-percent = 100\nresume-hold-s = 600\nscontrol-timeout-s = 5\nretry-max-s = 2\n",
+    )
+    .start();
+    // Slurm's controller goes away; node01 and node09 (which Slurm has never heard of) flap.
+    cluster.stop_controller();
+    let names = ["node01", "node02", "node09"];
+    fleet(&names, 16)
+        .flapping_port(0, 2)
+        .flapping_port(2, 2)
+        .flap_period(4, 1)
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), 16)
+        .unwrap();
+    // The findings come as ever: nothing waits for Slurm.
+    let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
+        active_finding(&c, "ib_link_flapping", "node01")
+    });
+    let id = finding["id"].as_str().unwrap().to_owned();
+    let failed = wait_for("failed tries", Duration::from_secs(40), || {
+        let a = c.json("/api/v1/actions");
+        let n = a["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["node"] == "node01" && r["outcome"] == "failed")
+            .count();
+        (n >= 2).then_some(a)
+    });
+    let detail = record(&failed, "node01", "drain", "failed").unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(detail.contains("scontrol"), "{detail}");
+    assert!(record(&failed, "node09", "drain", "gave_up").is_none());
+
+    // Slurm is back: node01 is drained, once, for that finding; node09 is reported once.
+    cluster.restart_controller();
+    let drained = wait_for("node01 drained", Duration::from_secs(30), || {
+        let v = cluster.show("node01");
+        v.drained().then_some(v)
+    });
+    assert_eq!(
+        drained.reason.as_deref(),
+        Some(format!("railscope: ib_link_flapping {id}").as_str())
+    );
+    wait_for("node09 given up on", Duration::from_secs(20), || {
+        record(&c.json("/api/v1/actions"), "node09", "drain", "gave_up").map(|_| ())
+    });
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(cluster.drains_logged("node01"), 1);
+    assert_eq!(cluster.drains_logged("node02"), 0);
+    let node09 = outcomes(&c, "node09");
+    assert_eq!(node09.first().unwrap(), "drain tried");
+    assert_eq!(node09.last().unwrap(), "drain gave_up");
+    assert_eq!(
+        node09.iter().filter(|o| *o == "drain gave_up").count(),
+        1,
+        "{node09:?}"
+    );
+    let gave_up = record(&c.json("/api/v1/actions"), "node09", "drain", "gave_up")
+        .unwrap()
+        .clone();
+    assert!(
+        gave_up["detail"]
+            .as_str()
+            .unwrap()
+            .contains("unknown to Slurm"),
+        "{gave_up}"
+    );
     let (ok, _, err) = c.stop();
     assert!(ok, "{err}");
     drop(cluster);

@@ -324,9 +324,8 @@ impl Actions {
                 },
             },
         };
-        let level_error = outcome == Outcome::Failed || outcome == Outcome::GaveUp;
-        if level_error {
-            tracing::warn!("{action:?} {node}: {detail}");
+        if outcome == Outcome::Failed || outcome == Outcome::GaveUp {
+            tracing::warn!("{action:?} of {node}: {detail}");
         }
         let mut inner = lock(&self.inner);
         let step = Step {
@@ -359,10 +358,11 @@ impl Actions {
             reason: step.reason.map(str::to_owned),
             detail: step.detail,
         };
+        let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_owned();
         tracing::info!(
-            "action {:?} {} on {}{}: {}",
-            record.action,
-            serde_json::to_value(record.outcome).unwrap_or_default(),
+            "action {} {} on {}{}: {}",
+            word(serde_json::to_value(record.action).unwrap_or_default()),
+            word(serde_json::to_value(record.outcome).unwrap_or_default()),
             record.node,
             record
                 .finding

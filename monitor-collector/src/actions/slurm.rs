@@ -3,6 +3,11 @@
 //! (`State=UNDRAIN`). Each call runs with a timeout and is killed past it; a node Slurm does
 //! not know is its own error, so it is reported rather than retried.
 //!
+//! The state is read from `scontrol show node`'s multi-line form: Slurm 22.05 (Debian
+//! bookworm) has no `--json` for `scontrol`, and the one-line form (`-o`) gives `Reason=`
+//! among other `key=value` words although a reason holds spaces; in the multi-line form it
+//! has a line of its own.
+//!
 //! Resuming uses `UNDRAIN` rather than `RESUME`: it clears the drain flag railscope set and
 //! leaves the node's base state alone, so a node that is also DOWN for another reason stays
 //! down (Slurm's scontrol(1), `UNDRAIN`; a plain drained idle node becomes IDLE either way).
