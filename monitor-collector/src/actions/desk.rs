@@ -144,7 +144,14 @@ impl Actions {
                 self.record(&mut inner, step, now);
                 continue;
             }
-            if inner.state.nodes.contains_key(&f.node) {
+            // A node railscope acts on keeps that action, unless that is a dry run and this
+            // finding's rule acts for real: then it is drained (the dry run's findings join).
+            if inner
+                .state
+                .nodes
+                .get(&f.node)
+                .is_some_and(|e| !e.dry_run || dry_run)
+            {
                 step.outcome = Outcome::Joined;
                 step.detail = "the node is already railscope's: it stays drained for this \
                                finding too"

@@ -139,14 +139,18 @@ impl ActionState {
                     }
                 }
             }
-            // Only a pending drain ends; a finding skipped on a node railscope drains for
-            // another leaves that action alone.
+            // Only a pending drain ends (a finding skipped on a node railscope drains for
+            // another leaves that action alone); no drain was made, so the brake does not
+            // count it.
             (Action::Drain, Outcome::GaveUp | Outcome::Skipped)
                 if entry
                     .as_ref()
                     .is_some_and(|e| matches!(e.phase, Phase::Draining { .. })) =>
             {
                 self.nodes.remove(&r.node);
+                if let Some(i) = self.drains.iter().rposition(|(_, n)| *n == r.node) {
+                    self.drains.remove(i);
+                }
             }
             (Action::Resume, Outcome::Tried) => {
                 if let Some(e) = entry {

@@ -330,3 +330,59 @@ fn a_drain_in_flight_at_a_crash_is_adopted_not_repeated() {
     assert!(slurm.drains().is_empty());
     assert_eq!(outcomes(&actions, "n1").last().unwrap(), "drain done");
 }
+
+#[test]
+fn a_finding_of_an_acting_rule_drains_a_node_a_dry_run_rule_only_would_have() {
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1"]);
+    let mut c = config(true);
+    c.rule.insert(
+        0,
+        ActionRule {
+            rule: "ib_link_flapping".into(),
+            severity: Severity::Critical,
+            device: "*".into(),
+            action: "slurm-drain".into(),
+            dry_run: Some(false),
+        },
+    );
+    let actions = Actions::in_memory(c);
+    store.apply(&[xid("n1", T0)], &["gpu_xid"], T0);
+    actions.pass(&store, 10, T0, &slurm);
+    assert!(slurm.drains().is_empty());
+    let flap = Observation {
+        rule: "ib_link_flapping",
+        severity: Severity::Critical,
+        subject: Subject::port("n1", "mlx5_0", 1),
+        job_id: None,
+        at_ns: T0 + S,
+        summary: "flapping".into(),
+        evidence: serde_json::json!({}),
+    };
+    store.apply(&[flap], &["ib_link_flapping"], T0 + S);
+    actions.pass(&store, 10, T0 + S, &slurm);
+    assert_eq!(slurm.drains(), ["n1"]);
+    assert_eq!(
+        outcomes(&actions, "n1"),
+        ["drain would", "drain tried", "drain done"]
+    );
+}
+
+#[test]
+fn a_drain_not_made_does_not_count_against_the_brake() {
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1", "n2", "n3"]);
+    slurm.set("n1", true, Some("maintenance"));
+    slurm.set("n2", true, Some("maintenance"));
+    let actions = Actions::in_memory(config(false));
+    store.apply(
+        &[xid("n1", T0), xid("n2", T0 + 1), xid("ghost", T0 + 2)],
+        &["gpu_xid"],
+        T0,
+    );
+    actions.pass(&store, 10, T0, &slurm);
+    store.apply(&[xid("n3", T0 + S)], &["gpu_xid"], T0 + S);
+    actions.pass(&store, 10, T0 + S, &slurm);
+    // Two drains skipped, one given up on: the brake (2) still lets n3's go.
+    assert_eq!(slurm.drains(), ["n3"]);
+}
