@@ -301,8 +301,10 @@ fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
 }
 
 /// `scontrol` as the collector runs it, through a script that, while `DIR/hold` exists,
-/// writes its pid and its `sleep`'s to `DIR/drain-started` and waits before it drains: the
-/// window between a finding and its action, held open for the test to kill the collector in.
+/// writes its pid and its `sleep`'s to `DIR/drain-started` and waits before it drains (the
+/// window between a finding and its action), and while `DIR/hold-after` exists drains, then
+/// writes them to `DIR/drain-made` and waits before it answers (the window between the drain
+/// and its record): each held open for the test to kill the collector in.
 fn slow_scontrol(dir: &Path) -> PathBuf {
     let real = ["/usr/bin/scontrol", "/usr/sbin/scontrol"]
         .into_iter()
@@ -312,7 +314,10 @@ fn slow_scontrol(dir: &Path) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "#!/bin/sh\ncase \"$*\" in *State=DRAIN*)\n  if [ -e {d}/hold ]; then sleep 60 & echo \"$$ $!\" > {d}/drain-started; wait $!; fi;;\nesac\nexec {real} \"$@\"\n",
+            "#!/bin/sh\ncase \"$*\" in *State=DRAIN*)\n  \
+             if [ -e {d}/hold ]; then sleep 60 & echo \"$$ $!\" > {d}/drain-started; wait $!; fi\n  \
+             if [ -e {d}/hold-after ]; then {real} \"$@\"; rc=$?; sleep 60 & echo \"$$ $!\" > {d}/drain-made; wait $!; exit $rc; fi;;\n\
+             esac\nexec {real} \"$@\"\n",
             d = dir.display()
         ),
     )
@@ -323,7 +328,7 @@ fn slow_scontrol(dir: &Path) -> PathBuf {
 }
 
 #[test]
-fn kill_9_between_a_finding_and_its_drain_then_a_restart_drains_exactly_once() {
+fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_exactly_once() {
     const TEST: &str = "kill_9_between_a_finding_and_its_drain";
     if !slurm_installed(TEST) {
         return;
@@ -385,6 +390,50 @@ fn kill_9_between_a_finding_and_its_drain_then_a_restart_drains_exactly_once() {
     thread::sleep(Duration::from_secs(4));
     assert_eq!(cluster.drains_logged("node01"), 1, "{}", cluster.logs());
     assert_eq!(outcomes(&c, "node01"), ["drain tried", "drain done"]);
+
+    // Then node02 flaps, and the collector dies after Slurm drained it and before it wrote
+    // that down: restarted, it finds railscope's reason on the node and does not drain again.
+    std::fs::write(dir.join("hold-after"), "").unwrap();
+    fleet(&nodes, 16)
+        .flapping_port(1, 2)
+        .flap_period(4, 1)
+        .seed(2)
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), 16)
+        .unwrap();
+    let finding = wait_for("node02's flapping finding", Duration::from_secs(20), || {
+        active_finding(&c, "ib_link_flapping", "node02")
+    });
+    let id2 = finding["id"].as_str().unwrap().to_owned();
+    let pids: Vec<i32> = wait_for("node02 drained", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(dir.join("drain-made")).ok()?;
+        let pids: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        (pids.len() == 2).then_some(pids)
+    });
+    assert!(cluster.show("node02").drained());
+    assert_eq!(outcomes(&c, "node02"), ["drain tried"]);
+    let _ = c.signal(libc::SIGKILL);
+    for pid in pids {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    std::fs::remove_file(dir.join("hold-after")).unwrap();
+    let c = collector(&dir, &cluster, &table).ports(udp, http).start();
+    let done = wait_for("node02's drain recorded", Duration::from_secs(30), || {
+        record(&c.json("/api/v1/actions"), "node02", "drain", "done").cloned()
+    });
+    assert!(
+        done["detail"].as_str().unwrap().contains("already drained"),
+        "{done}"
+    );
+    assert_eq!(
+        cluster.show("node02").reason.as_deref(),
+        Some(format!("railscope: ib_link_flapping {id2}").as_str())
+    );
+    assert_eq!(cluster.drains_logged("node02"), 1, "{}", cluster.logs());
     let _ = c.signal(libc::SIGKILL);
 
     // Killed and restarted again: the drain done is in the audit log, the finding with it,
@@ -406,6 +455,7 @@ fn kill_9_between_a_finding_and_its_drain_then_a_restart_drains_exactly_once() {
         "restarts add no action on a finding already handled"
     );
     assert_eq!(cluster.drains_logged("node01"), 1);
+    assert_eq!(cluster.drains_logged("node02"), 1);
     let (ok, _, err) = c.stop();
     assert!(ok, "{err}");
     drop(cluster);
