@@ -47,6 +47,8 @@ pub struct Parts {
     pub extra_metrics: Option<ExtraMetrics>,
     /// Evaluate health findings into this store with these thresholds.
     pub findings: Option<(Arc<FindingsStore>, Thresholds)>,
+    /// Act on those findings (docs/actions.md): needs `findings`.
+    pub actions: Option<Arc<crate::actions::Actions>>,
     /// What the archive holds of each node's newest session ([`crate::acks::held_in_archive`],
     /// read at start-up): copies of those frames are refused and acknowledged.
     pub held: HashMap<Arc<str>, (u32, monitor_wire::SeqSet)>,
@@ -62,6 +64,7 @@ pub struct Collector {
     writer: Option<Writer>,
     server: Option<JoinHandle<()>>,
     findings: Option<FindingsThread>,
+    actions: Option<crate::actions::ActionsThread>,
 }
 
 /// One line at start-up saying who may use the HTTP API.
@@ -196,9 +199,18 @@ impl Collector {
                     .spawn(move || ingest::receive_loop(socket, index, shared, stop))?,
             );
         }
+        let actions = match (&parts.actions, &shared.findings) {
+            (Some(actions), Some(store)) => Some(crate::actions::ActionsThread::spawn(
+                actions.clone(),
+                store.clone(),
+                shared.table.clone(),
+            )?),
+            _ => None,
+        };
         let routes = routes::router(Sources {
             live: Some(shared.clone()),
             query: parts.query,
+            actions: parts.actions,
             web: config.web.clone(),
         });
         #[cfg(test)]
@@ -242,6 +254,7 @@ impl Collector {
             writer,
             server,
             findings,
+            actions,
         })
     }
 
@@ -268,6 +281,9 @@ impl Collector {
         let _ = self.http_stop.send(true);
         if let Some(server) = self.server.take() {
             let _ = server.join();
+        }
+        if let Some(actions) = self.actions.take() {
+            actions.stop();
         }
         if let Some(findings) = self.findings.take() {
             findings.stop();
@@ -307,6 +323,7 @@ mod tests {
             query: None,
             extra_metrics: None,
             findings: None,
+            actions: None,
             test_routes: None,
             held: HashMap::new(),
         })
@@ -600,6 +617,7 @@ mod tests {
             test_routes: Some(hang),
             extra_metrics: None,
             findings: None,
+            actions: None,
             held: HashMap::new(),
         });
         let names: Vec<&str> = collector.shared().heartbeats.names().collect();

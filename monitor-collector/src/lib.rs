@@ -27,10 +27,13 @@
 //! - [`collector`]: starts and stops all of it; [`config`]: its settings and memory bounds;
 //!   [`settings`]: `railscope-collector run`'s flags and `/etc/railscope/collector.toml`;
 //! - [`findings`]: health findings from what ingest received (events at once, the live view
-//!   on a tick), kept in a log next to the archive; [`stragglers`]: the GPUs and ports far
+//!   on a tick), kept in a log next to the archive ([`framed_log`]'s framing); [`actions`]:
+//!   draining and resuming nodes in Slurm on findings, with a dry run, a brake and an audit
+//!   log; [`stragglers`]: the GPUs and ports far
 //!   from their job's median over a window, read from the archive ([`robust`] statistics).
 
 pub mod acks;
+pub mod actions;
 pub mod archive;
 pub mod clock;
 pub mod collector;
@@ -39,6 +42,7 @@ pub mod dashboard;
 pub mod drops;
 pub mod events;
 pub mod findings;
+pub mod framed_log;
 pub mod http;
 pub mod ingest;
 pub mod liveness;

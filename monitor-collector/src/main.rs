@@ -55,6 +55,9 @@ enum Command {
     Select(monitor_collector::select::cli::SelectArgs),
     /// Ask a running collector for its health findings (docs/findings.md).
     Findings(findings::cli::FindingsArgs),
+    /// Ask a running collector what it did about its findings, or release its brake
+    /// (docs/actions.md).
+    Actions(monitor_collector::actions::cli::ActionsArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
     Stragglers(monitor_collector::stragglers::StragglerArgs),
     /// Derive a node's own frame key from the fleet secret, as 64 hex characters (what
@@ -120,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Export(args)) => query::export::run(&args),
         Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
         Some(Command::Findings(args)) => findings::cli::run(&args),
+        Some(Command::Actions(args)) => monitor_collector::actions::cli::run(&args),
         Some(Command::Stragglers(args)) => monitor_collector::stragglers::run_cli(&args),
         Some(Command::NodeKey(args)) => node_key(&args),
         None => run(cli.run),
@@ -143,6 +147,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         remote_write: endpoints,
         query_max_points,
         findings: thresholds,
+        actions: actions_config,
     } = settings::run_plan(&sources)?;
     // Before anything serves: a SIGHUP that comes once the API answers must reload, not
     // kill (its default action).
@@ -197,11 +202,19 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         &findings_endpoints,
         std::time::Duration::from_secs(thresholds.tick_s),
     )?;
+    let actions = actions_config
+        .map(|config| {
+            monitor_collector::actions::Actions::open(&data_dir, config)
+                .map(Arc::new)
+                .context("opening the actions audit log")
+        })
+        .transpose()?;
     let parts = Parts {
         archive: Some(Box::new(archive)),
         query: Some(engine),
         extra_metrics: Some(extra_metrics),
         findings: Some((store, thresholds)),
+        actions,
         held,
     };
     let collector = Collector::start(config, parts)?;

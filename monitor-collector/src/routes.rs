@@ -13,6 +13,7 @@ use axum::{
 };
 
 use crate::{
+    actions::{self, Actions},
     dashboard::{self, asset},
     findings::{self, FindingsStore},
     http,
@@ -33,6 +34,8 @@ pub struct Sources {
     pub live: Option<Arc<Shared>>,
     /// The archive's query engine: the query API and the stragglers.
     pub query: Option<Arc<QueryEngine>>,
+    /// The actions on findings (docs/actions.md), where they are configured.
+    pub actions: Option<Arc<Actions>>,
     /// Who may use the routes (the layer that authenticates every request is
     /// [`http::spawn`]'s), and what `POST /-/reload` reloads.
     pub web: Arc<WebAuth>,
@@ -41,8 +44,14 @@ pub struct Sources {
 /// The route table. Each route names the role it asks for: `read` (any authenticated
 /// caller) or `admin` (what changes the collector's state).
 pub fn router(sources: Sources) -> Router {
-    let Sources { live, query, web } = sources;
+    let Sources {
+        live,
+        query,
+        actions,
+        web,
+    } = sources;
     let findings: Option<Arc<FindingsStore>> = live.as_ref().and_then(|s| s.findings.clone());
+    let table = live.as_ref().map(|s| s.table.clone());
     // The dashboard: one page and its assets, compiled into the binary.
     let mut routes = Router::new()
         .route(
@@ -115,6 +124,19 @@ pub fn router(sources: Sources) -> Router {
                 // The health findings, active and past.
                 .route("/api/v1/findings", read(get(findings::api::findings)))
                 .with_state(store),
+        );
+    }
+    if let (Some(actions), Some(table)) = (actions, table) {
+        routes = routes.merge(
+            Router::new()
+                // The actions on findings: settings, brake, nodes acted on, audit records.
+                .route("/api/v1/actions", read(get(actions::api::actions)))
+                // The drains the brake holds go ahead.
+                .route(
+                    "/api/v1/actions/release",
+                    admin(post(actions::api::release)),
+                )
+                .with_state(actions::api::ApiState { actions, table }),
         );
     }
     routes.merge(

@@ -141,6 +141,11 @@ pub struct CollectorSettings {
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub findings: Option<crate::findings::Thresholds>,
+    /// Actions on findings: the `[actions]` table of the file only (docs/actions.md lists
+    /// every key, its default and why). Without it the collector acts on nothing.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actions: Option<crate::actions::ActionsConfig>,
 }
 
 /// A point in time, written as RFC 3339 (`2026-12-01T00:00:00Z`).
@@ -245,6 +250,7 @@ impl Layered for CollectorSettings {
             mut remote_write,
             mut remote_write_endpoint,
             findings,
+            actions,
         } = self;
         remote_write.extend(over.remote_write);
         remote_write_endpoint.extend(over.remote_write_endpoint);
@@ -274,6 +280,7 @@ impl Layered for CollectorSettings {
             remote_write,
             remote_write_endpoint,
             findings: pick(findings, over.findings),
+            actions: pick(actions, over.actions),
         }
     }
 }
@@ -297,6 +304,8 @@ pub struct RunPlan {
     pub query_max_points: usize,
     /// The health findings' thresholds.
     pub findings: crate::findings::Thresholds,
+    /// The actions on findings, where `[actions]` is given.
+    pub actions: Option<crate::actions::ActionsConfig>,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with
@@ -423,6 +432,13 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
             let th = s.findings.unwrap_or_default();
             th.validate().map_err(|e| sources.error("findings", e))?;
             th
+        },
+        actions: match s.actions {
+            Some(a) => {
+                a.validate().map_err(|e| sources.error("actions", e))?;
+                Some(a)
+            }
+            None => None,
         },
     })
 }
@@ -580,6 +596,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("findings.tick-s must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn actions_come_from_the_file_and_a_bad_rule_is_refused_naming_it() {
+        let key = key_file();
+        let plan = run_plan(&sources(&format!("key = {:?}\n", key.path()), &[]).unwrap()).unwrap();
+        assert!(plan.actions.is_none(), "no [actions]: no actions");
+        let text = format!(
+            "key = {:?}\n[actions]\nresume-hold-s = 30\n[[actions.rule]]\nrule = \"gpu_xid\"\naction = \"slurm-drain\"\n",
+            key.path()
+        );
+        let actions = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap()
+            .actions
+            .unwrap();
+        assert!(actions.dry_run, "a dry run unless the file says otherwise");
+        assert_eq!(actions.resume_hold_s, 30);
+        assert_eq!(actions.rule[0].rule, "gpu_xid");
+        let text = format!(
+            "key = {:?}\n[actions]\n[[actions.rule]]\nrule = \"gpu_xid\"\naction = \"reboot\"\n",
+            key.path()
+        );
+        let e = run_plan(&sources(&text, &[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("collector.toml") && e.contains("actions") && e.contains("\"reboot\""),
+            "{e}"
+        );
     }
 
     #[test]
@@ -842,7 +887,7 @@ mod tests {
     /// its prose (`# text`).
     fn is_setting(line: &str) -> bool {
         (line.starts_with(|c: char| c.is_ascii_lowercase()) && line.contains(" = "))
-            || line.starts_with("[[")
+            || line.starts_with('[')
     }
 
     /// The example installed with the package parses as it is, and with every commented
@@ -898,6 +943,7 @@ mod tests {
             })
             .collect();
         assert!(uncommented.contains("\n[[remote-write-endpoint]]\n"));
+        assert!(uncommented.contains("\n[[actions.rule]]\n"));
         let all = sources(&uncommented, &flags).expect("every commented setting parses");
         run_plan(&all).expect("every commented setting is valid");
         for arg in Cli::command().get_arguments() {

@@ -139,8 +139,11 @@ struct RunningCollector {
     _dir: tempfile::TempDir,
 }
 
-/// The arguments of `railscope-collector run` on loopback ports with a scratch archive.
+/// The arguments of `railscope-collector run` on loopback ports with a scratch archive, and
+/// an `[actions]` table (a dry run without rules), so that every route of the table is served.
 fn collector_command(dir: &Path, udp: SocketAddr, http: SocketAddr) -> Command {
+    let config = dir.join("collector.toml");
+    std::fs::write(&config, "[actions]\n").unwrap();
     let key = dir.join("wire.key");
     std::fs::write(&key, KEY).unwrap();
     use std::os::unix::fs::PermissionsExt as _;
@@ -157,6 +160,8 @@ fn collector_command(dir: &Path, udp: SocketAddr, http: SocketAddr) -> Command {
             key.as_os_str(),
             OsStr::new("--data"),
             dir.join("data").as_os_str(),
+            OsStr::new("--config"),
+            config.as_os_str(),
         ])
         .env("RAILSCOPE_LOG", "info")
         .stdout(Stdio::null());
@@ -349,6 +354,9 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
     assert_eq!(code, 200, "{text}");
     assert!(text.contains("web config reloaded from"), "{text}");
     assert_eq!(collector.status("GET", "/api/v1/nodes", Some(ALICE)), 200);
+    let (_, code, text) = collector.curl("POST", "/api/v1/actions/release", Some(ALICE), &[]);
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains(r#"{"released":[]}"#), "{text}");
 
     let (_, _, metrics) = collector.curl("GET", "/metrics/collector", Some(BOB), &[]);
     assert!(
@@ -358,12 +366,18 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
         ) >= routes.len() as u64 + 4,
         "{metrics}"
     );
+    // Bob's one try of each admin route.
+    let admin_routes = routes
+        .iter()
+        .filter(|(_, _, role)| *role == "admin")
+        .count();
+    assert!(admin_routes >= 2, "{routes:?}");
     assert_eq!(
         counter(
             &metrics,
             "railscope_collector_http_refused_total{reason=\"forbidden\"}"
         ),
-        1
+        admin_routes as u64
     );
 
     // The dashboard, in a browser, over HTTPS, behind the prompt.

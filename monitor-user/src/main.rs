@@ -92,6 +92,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// What a collector did about its findings (drains, resumes, the brake), or
+    /// `railscope actions release` (`railscope actions --help`): runs
+    /// `railscope-collector actions` with these arguments.
+    #[command(disable_help_flag = true)]
+    Actions {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The stragglers of a collector's jobs (`railscope stragglers --help`): runs
     /// `railscope-collector stragglers` with these arguments.
     #[command(disable_help_flag = true)]
@@ -243,6 +251,7 @@ fn main() -> anyhow::Result<()> {
         Command::Query { args } => return run_collector(Some("query"), args),
         Command::Select { args } => return run_collector(Some("select"), args),
         Command::Findings { args } => return run_collector(Some("findings"), args),
+        Command::Actions { args } => return run_collector(Some("actions"), args),
         Command::Stragglers { args } => return run_collector(Some("stragglers"), args),
         _ => {}
     }
@@ -374,6 +383,7 @@ fn main() -> anyhow::Result<()> {
         | Command::Query { .. }
         | Command::Select { .. }
         | Command::Findings { .. }
+        | Command::Actions { .. }
         | Command::Stragglers { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,

@@ -145,6 +145,13 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
             to: "etc/railscope/collector.toml".into(),
             mode: 0o644,
         },
+        // Opt-in: the collector's user for Slurm actions (docs/actions.md).
+        Entry {
+            from: "dist/railscope-collector-slurm-actions.conf".into(),
+            to: "usr/share/doc/railscope/examples/railscope-collector.service.d/slurm-actions.conf"
+                .into(),
+            mode: 0o644,
+        },
         Entry {
             from: "dist/debian/copyright".into(),
             to: "usr/share/doc/railscope/copyright".into(),

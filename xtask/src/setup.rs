@@ -5,7 +5,8 @@
 //!   rustc's (no prebuilt binary can be downloaded here), cached per nightly version;
 //! - the Debian packages the test bed needs on the host, and the TSDBs the collector's
 //!   remote-write tests write to (Prometheus and VictoriaMetrics, started by the tests
-//!   themselves on loopback ports, never as system services); dygraphs, which the collector
+//!   themselves on loopback ports, never as system services), and Slurm's controller, node
+//!   daemon, client and munge for the actions' tests (started the same way); dygraphs, which the collector
 //!   embeds for its dashboard, and Chromium, which the dashboard test drives headless.
 //!
 //! Each step checks first and says what it found, so a second run takes about a second.
@@ -25,6 +26,11 @@ const NIGHTLY: &str = "nightly";
 
 /// The Prometheus-compatible servers the collector's remote-write tests start.
 pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
+
+/// The Slurm cluster the actions' tests start on loopback (monitor-testkit's `slurm`): the
+/// controller, a node daemon, `scontrol`, and munge (its authentication). Installed as
+/// packages only: the tests start the daemons themselves, with their own configuration.
+pub const SLURM_PACKAGES: &[&str] = &["slurmctld", "slurmd", "slurm-client", "munge"];
 
 /// The dashboard's charting library, compiled into the collector (its build.rs reads it), and
 /// the browser its test drives headless.
@@ -71,6 +77,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
     if !options.no_apt {
         ensure_debian_packages(testbed::HOST_PACKAGES)?;
         ensure_debian_packages(TSDB_PACKAGES)?;
+        ensure_debian_packages(SLURM_PACKAGES)?;
         ensure_debian_packages(DASHBOARD_PACKAGES)?;
         ensure_debian_packages(crate::units::PACKAGES)?;
     }

@@ -25,11 +25,12 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
     // The remote-write tests skip when Prometheus or VictoriaMetrics is missing under a
     // plain `cargo test`; here setup installed them, so a missing server is a failure. The
-    // same for Chromium and the dashboard test.
+    // same for Chromium and the dashboard test, and Slurm and the actions' tests.
     cargo::run(
         cargo::command(&tools)
             .args(["test", "--release"])
             .env("RAILSCOPE_REQUIRE_TSDB", "1")
+            .env("RAILSCOPE_REQUIRE_SLURM", "1")
             .env("RAILSCOPE_REQUIRE_CHROMIUM", "1"),
     )?;
     units::check(&cargo::workspace_root().join("target/release"))?;

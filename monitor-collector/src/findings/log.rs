@@ -1,23 +1,20 @@
 //! The findings log: `findings.log` in the collector's data directory, next to the archive's
-//! segments, with the same entry framing and torn-tail rule (docs/archive-format.md,
-//! "Findings log"): each entry is `u32` length, `u32` CRC-32 of the payload, and the payload,
-//! one JSON record: a finding when it opens, its end when it ends. Entries are written and
-//! fsynced one at a time (findings are rare). At start-up the log is read up to its first
-//! incomplete or corrupt entry, cut there, and rewritten without the findings that ended
-//! before the retention age.
+//! segments, framed as [`crate::framed_log`] frames it (docs/archive-format.md, "Findings
+//! log"): one JSON record per entry, a finding when it opens, its end when it ends. At
+//! start-up the log is read up to its first incomplete or corrupt entry, cut there, and
+//! rewritten without the findings that ended before the retention age.
 
 use std::{
-    fs::{File, OpenOptions},
-    io::{self, Read as _, Write as _},
+    io,
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
 
 use super::Finding;
+use crate::framed_log::FramedLog;
 
 pub const FILE_NAME: &str = "findings.log";
-const MAX_ENTRY: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -43,8 +40,7 @@ pub enum Entry {
 }
 
 pub struct FindingsLog {
-    path: PathBuf,
-    file: File,
+    log: FramedLog,
 }
 
 impl FindingsLog {
@@ -57,22 +53,7 @@ impl FindingsLog {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io_err)?;
-        let mut bytes = Vec::new();
-        match File::open(&path) {
-            Ok(mut f) => {
-                f.read_to_end(&mut bytes).map_err(io_err)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(e)),
-        }
-        let (entries, good) = read_entries(&bytes);
-        if good < bytes.len() {
-            tracing::warn!(
-                "findings log {}: {} bytes after offset {good} are incomplete or corrupt and are dropped",
-                path.display(),
-                bytes.len() - good
-            );
-        }
+        let entries: Vec<Entry> = FramedLog::read(&path).map_err(io_err)?;
         let mut findings: Vec<Finding> = Vec::new();
         let mut index = std::collections::HashMap::new();
         for entry in entries {
@@ -97,80 +78,19 @@ impl FindingsLog {
             }
         }
         findings.retain(|f| f.end.is_none_or(|e| e >= keep_after_ns));
-        // Rewritten whole: the torn tail and the expired findings go; renamed into place so a
-        // crash leaves either log whole.
-        let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-        {
-            let mut out = File::create(&tmp).map_err(io_err)?;
-            let mut buf = Vec::new();
-            for f in &findings {
-                encode(&Entry::Open(f.clone()), &mut buf);
-            }
-            out.write_all(&buf).map_err(io_err)?;
-            out.sync_all().map_err(io_err)?;
-        }
-        std::fs::rename(&tmp, &path).map_err(io_err)?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io_err)?;
-        Ok((Self { path, file }, findings))
+        // Rewritten whole: the torn tail and the expired findings go.
+        let opens: Vec<Entry> = findings.iter().cloned().map(Entry::Open).collect();
+        let log = FramedLog::rewrite(&path, &opens).map_err(io_err)?;
+        Ok((Self { log }, findings))
     }
 
     /// Appends one entry and fsyncs it.
     pub fn append(&mut self, entry: &Entry) -> Result<(), LogError> {
-        let mut buf = Vec::new();
-        encode(entry, &mut buf);
-        let len = self.file.metadata().map(|m| m.len()).ok();
-        let written = self
-            .file
-            .write_all(&buf)
-            .and_then(|()| self.file.sync_data());
-        if let Err(source) = written {
-            // No partial entry stays behind (a full disk): cut back to where it was.
-            if let Some(len) = len {
-                let _ = self.file.set_len(len);
-            }
-            return Err(LogError::Io {
-                path: self.path.clone(),
-                source,
-            });
-        }
-        Ok(())
+        self.log.append(entry).map_err(|source| LogError::Io {
+            path: self.log.path().to_owned(),
+            source,
+        })
     }
-}
-
-fn encode(entry: &Entry, out: &mut Vec<u8>) {
-    let payload = serde_json::to_vec(entry).expect("a finding serializes");
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
-}
-
-/// The entries up to the first incomplete or corrupt one, and the offset where they end.
-fn read_entries(bytes: &[u8]) -> (Vec<Entry>, usize) {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while bytes.len() - at >= 8 {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        if len > MAX_ENTRY || bytes.len() - at - 8 < len {
-            break;
-        }
-        let payload = &bytes[at + 8..at + 8 + len];
-        if crc32fast::hash(payload) != crc {
-            break;
-        }
-        let Ok(entry) = serde_json::from_slice(payload) else {
-            break;
-        };
-        out.push(entry);
-        at += 8 + len;
-    }
-    (out, at)
 }
 
 #[cfg(test)]
@@ -216,7 +136,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         let whole = bytes.len();
         let mut torn = Vec::new();
-        encode(&Entry::Open(finding("c", None)), &mut torn);
+        crate::framed_log::encode(&Entry::Open(finding("c", None)), &mut torn);
         bytes.extend_from_slice(&torn[..torn.len() - 3]);
         std::fs::write(&path, &bytes).unwrap();
 

@@ -124,4 +124,13 @@ impl Client {
             None => request,
         }
     }
+
+    /// `POST url` (with a body to send), with the credentials.
+    pub fn post(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        let request = self.agent.post(url);
+        match &self.authorization {
+            Some(value) => request.header("Authorization", value),
+            None => request,
+        }
+    }
 }

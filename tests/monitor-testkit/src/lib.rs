@@ -33,7 +33,8 @@
 //! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
 //! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
 //! a relay that keeps what an agent sent and can answer it ([`relay`]), and what it sent in
-//! the forms an archive and a TSDB are compared with ([`sent_frames`]).
+//! the forms an archive and a TSDB are compared with ([`sent_frames`]); a real Slurm cluster
+//! on loopback for the actions' tests ([`slurm`]).
 
 pub mod child;
 pub mod collector_process;
@@ -43,6 +44,7 @@ pub mod node_frames;
 pub mod relay;
 pub mod scratch;
 pub mod sent_frames;
+pub mod slurm;
 
 /// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
 /// compiled into the testkit so an adaptive fleet sends exactly what the agent's sampler

@@ -1,0 +1,163 @@
+//! The audit log: `actions.log` in the collector's data directory, one record per step of
+//! every action (tried, done, would do, failed, gave up, held, joined, skipped, left,
+//! released), framed as the findings log is ([`crate::framed_log`]). It is the actions'
+//! memory: at start-up the records are read back and replayed ([`super::state`]), so a restart
+//! acts on no finding twice. It is kept whole (a record is a few hundred bytes, and actions
+//! are rare).
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::framed_log::FramedLog;
+
+pub const FILE_NAME: &str = "actions.log";
+
+/// What was acted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Drain the node in Slurm.
+    Drain,
+    /// Undo railscope's drain.
+    Resume,
+    /// A person released the brake (`railscope actions release`).
+    Release,
+}
+
+/// One step of an action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Decided, and about to be done (written before Slurm is asked).
+    Tried,
+    /// Slurm did it (or had it done already, with railscope's reason).
+    Done,
+    /// A dry run: what railscope would have done.
+    Would,
+    /// Slurm refused or could not be reached: tried again after a back-off.
+    Failed,
+    /// Not retried: the node is unknown to Slurm, or its name cannot be a Slurm node's.
+    GaveUp,
+    /// The brake holds the drain until a person releases it.
+    Held,
+    /// A finding on a node railscope already acts on: it keeps the node drained.
+    Joined,
+    /// Not acted on: the node was drained by someone else, or the finding is older than those
+    /// already handled.
+    Skipped,
+    /// Not resumed: someone resumed the node, or drained it again for their own reason.
+    Left,
+    /// The brake was released.
+    Released,
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Numbered from 1, in the order written.
+    pub seq: u64,
+    /// Unix ns.
+    pub at: u64,
+    pub node: String,
+    pub action: Action,
+    pub outcome: Outcome,
+    /// The finding acted on (none for a release or a resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finding: Option<String>,
+    /// That finding's start, Unix ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finding_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    pub dry_run: bool,
+    /// The Slurm `Reason` railscope sets (drains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why, in words: Slurm's error, whose reason the node carries, ...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("actions audit log {path}: {source}")]
+pub struct AuditError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+pub struct AuditLog {
+    log: FramedLog,
+}
+
+impl AuditLog {
+    /// Opens (or creates) the log in `dir` and returns the records it holds, oldest first
+    /// (a torn last record, as a crash mid-write leaves it, is cut off).
+    pub fn open(dir: &Path) -> Result<(Self, Vec<Record>), AuditError> {
+        let path = dir.join(FILE_NAME);
+        let err = |source| AuditError {
+            path: path.clone(),
+            source,
+        };
+        let records: Vec<Record> = FramedLog::read(&path).map_err(err)?;
+        let log = FramedLog::rewrite(&path, &records).map_err(err)?;
+        Ok((Self { log }, records))
+    }
+
+    /// Appends one record and fsyncs it.
+    pub fn append(&mut self, record: &Record) -> Result<(), AuditError> {
+        self.log.append(record).map_err(|source| AuditError {
+            path: self.log.path().to_owned(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64) -> Record {
+        Record {
+            seq,
+            at: 10 * seq,
+            node: "node01".into(),
+            action: Action::Drain,
+            outcome: Outcome::Tried,
+            finding: Some(format!("gpu_xid/node01/3/{seq}")),
+            finding_start: Some(seq),
+            rule: Some("gpu_xid".into()),
+            dry_run: false,
+            reason: Some("railscope: gpu_xid".into()),
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn records_come_back_and_a_torn_one_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut log, found) = AuditLog::open(dir.path()).unwrap();
+            assert!(found.is_empty());
+            log.append(&record(1)).unwrap();
+            log.append(&record(2)).unwrap();
+        }
+        let path = dir.path().join(FILE_NAME);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut torn = Vec::new();
+        crate::framed_log::encode(&record(3), &mut torn);
+        bytes.extend_from_slice(&torn[..torn.len() - 5]);
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut log, found) = AuditLog::open(dir.path()).unwrap();
+        assert_eq!(found, vec![record(1), record(2)]);
+        log.append(&record(3)).unwrap();
+        drop(log);
+        let (_, found) = AuditLog::open(dir.path()).unwrap();
+        assert_eq!(found.len(), 3);
+        assert_eq!(found[2], record(3));
+    }
+}

@@ -1,0 +1,261 @@
+//! The `[actions]` table of collector.toml (docs/actions.md lists every key, its default and
+//! why): whether the collector acts or only says what it would do, which findings make it
+//! drain a node in Slurm, how long a node stays clear before it is resumed, and the brake.
+
+use serde::{Deserialize, Serialize};
+
+use crate::findings::{Finding, Severity};
+
+/// The rule of the collector's own finding when the brake holds drains.
+pub const BRAKE_RULE: &str = "actions_brake";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ActionsConfig {
+    /// Log every action as what it would do, and do nothing (a rule may say otherwise).
+    pub dry_run: bool,
+    /// The `scontrol` program (a path, or a name looked up in `PATH`).
+    pub scontrol: String,
+    /// How long one `scontrol` call may take, seconds, before it is killed and retried.
+    pub scontrol_timeout_s: u64,
+    /// How long a node railscope drained must stay clear of findings after its last one
+    /// ended before railscope resumes it, seconds.
+    pub resume_hold_s: u64,
+    /// The longest wait between two tries of a failed action, seconds (the wait doubles from
+    /// one second up to this).
+    pub retry_max_s: u64,
+    /// The brake: at most this many nodes drained by railscope within `brake-window-s`...
+    pub brake_max_nodes: u32,
+    /// ...and at most this share of the nodes the collector holds, percent (at least one
+    /// node).
+    pub brake_max_percent: f64,
+    pub brake_window_s: u64,
+    /// Which findings drain a node: the first rule that matches a finding decides.
+    pub rule: Vec<ActionRule>,
+}
+
+impl Default for ActionsConfig {
+    fn default() -> Self {
+        Self {
+            dry_run: true,
+            scontrol: "scontrol".into(),
+            scontrol_timeout_s: 10,
+            resume_hold_s: 600,
+            retry_max_s: 60,
+            brake_max_nodes: 10,
+            brake_max_percent: 10.0,
+            brake_window_s: 3600,
+            rule: Vec::new(),
+        }
+    }
+}
+
+/// Which findings an action applies to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ActionRule {
+    /// A finding rule (`ib_link_flapping`, `gpu_xid`, ...), or `*` for every rule.
+    pub rule: String,
+    /// The least severity that matches (default critical).
+    #[serde(default = "critical")]
+    pub severity: Severity,
+    /// What the finding is about: `ib_port`, `gpu`, `job`, `node`, or `*` (default).
+    #[serde(default = "any")]
+    pub device: String,
+    /// The action: `slurm-drain` (drain, and resume once clear) is the one built.
+    pub action: String,
+    /// This rule's own dry run (default: the table's `dry-run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+fn critical() -> Severity {
+    Severity::Critical
+}
+
+fn any() -> String {
+    "*".into()
+}
+
+/// The device kinds a rule can name.
+pub const DEVICE_KINDS: &[&str] = &["ib_port", "gpu", "job", "node", "*"];
+/// The actions a rule can name.
+pub const ACTIONS: &[&str] = &["slurm-drain"];
+
+/// What a finding is about, as a rule's `device` names it.
+pub fn device_kind(f: &Finding) -> &'static str {
+    if f.device.is_some() {
+        "ib_port"
+    } else if f.gpu.is_some() {
+        "gpu"
+    } else if f.job_id.is_some() && f.rule.starts_with("verbs_") {
+        "job"
+    } else {
+        "node"
+    }
+}
+
+impl ActionRule {
+    pub fn matches(&self, f: &Finding) -> bool {
+        (self.rule == "*" || self.rule == f.rule)
+            && f.severity >= self.severity
+            && (self.device == "*" || self.device == device_kind(f))
+    }
+}
+
+impl ActionsConfig {
+    /// Every value usable; the error names the key and what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.scontrol.is_empty() {
+            return Err("scontrol: empty".into());
+        }
+        if self.scontrol_timeout_s == 0 {
+            return Err("scontrol-timeout-s: must be at least 1".into());
+        }
+        if self.retry_max_s == 0 {
+            return Err("retry-max-s: must be at least 1".into());
+        }
+        if self.brake_window_s == 0 {
+            return Err("brake-window-s: must be at least 1".into());
+        }
+        if !(self.brake_max_percent > 0.0 && self.brake_max_percent <= 100.0) {
+            return Err(format!(
+                "brake-max-percent: {} is not above 0 and at most 100",
+                self.brake_max_percent
+            ));
+        }
+        for (i, r) in self.rule.iter().enumerate() {
+            let at = format!("rule {} (rule = {:?})", i + 1, r.rule);
+            if r.rule.is_empty() {
+                return Err(format!("{at}: rule is empty"));
+            }
+            if r.rule == BRAKE_RULE {
+                return Err(format!(
+                    "{at}: {BRAKE_RULE} is the brake's own finding and drains nothing"
+                ));
+            }
+            if !DEVICE_KINDS.contains(&r.device.as_str()) {
+                return Err(format!(
+                    "{at}: device {:?} is not one of {}",
+                    r.device,
+                    DEVICE_KINDS.join(", ")
+                ));
+            }
+            if !ACTIONS.contains(&r.action.as_str()) {
+                return Err(format!(
+                    "{at}: action {:?} is not one of {} (the only action built so far)",
+                    r.action,
+                    ACTIONS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rule that decides what to do about `f`, if any.
+    pub fn rule_for(&self, f: &Finding) -> Option<&ActionRule> {
+        if f.rule == BRAKE_RULE {
+            return None;
+        }
+        self.rule.iter().find(|r| r.matches(f))
+    }
+
+    /// Whether actions by `rule` are only logged.
+    pub fn dry_run_of(&self, rule: &ActionRule) -> bool {
+        rule.dry_run.unwrap_or(self.dry_run)
+    }
+
+    /// How many nodes the brake lets railscope drain within its window, the collector
+    /// holding `nodes_seen` nodes.
+    pub fn brake_limit(&self, nodes_seen: usize) -> usize {
+        let share = (self.brake_max_percent / 100.0 * nodes_seen as f64).floor() as usize;
+        share.max(1).min(self.brake_max_nodes as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(rule: &str, severity: Severity, device: Option<&str>, gpu: Option<&str>) -> Finding {
+        Finding {
+            id: format!("{rule}/n1/x/1"),
+            rule: rule.into(),
+            severity,
+            node: "n1".into(),
+            device: device.map(Into::into),
+            port: device.map(|_| 1),
+            gpu: gpu.map(Into::into),
+            job_id: None,
+            start: 1,
+            end: None,
+            summary: String::new(),
+            evidence: serde_json::Value::Null,
+        }
+    }
+
+    fn parse(text: &str) -> Result<ActionsConfig, String> {
+        let c: ActionsConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn a_new_install_is_a_dry_run_with_no_rule() {
+        let c = parse("").unwrap();
+        assert!(c.dry_run);
+        assert!(c.rule.is_empty());
+        let f = finding("ib_link_flapping", Severity::Critical, Some("mlx5_0"), None);
+        assert!(c.rule_for(&f).is_none());
+    }
+
+    #[test]
+    fn rules_match_by_rule_severity_and_device_kind_and_override_the_dry_run() {
+        let c = parse(
+            r#"
+            [[rule]]
+            rule = "ib_link_flapping"
+            action = "slurm-drain"
+            dry-run = false
+            [[rule]]
+            rule = "*"
+            severity = "warning"
+            device = "gpu"
+            action = "slurm-drain"
+            "#,
+        )
+        .unwrap();
+        let flap = finding("ib_link_flapping", Severity::Critical, Some("mlx5_0"), None);
+        let rule = c.rule_for(&flap).unwrap();
+        assert!(!c.dry_run_of(rule));
+        let xid = finding("gpu_xid", Severity::Warning, None, Some("3"));
+        assert!(c.dry_run_of(c.rule_for(&xid).unwrap()));
+        let info = finding("gpu_xid", Severity::Info, None, Some("3"));
+        assert!(c.rule_for(&info).is_none());
+        let port = finding("ib_symbol_errors", Severity::Critical, Some("mlx5_0"), None);
+        assert!(c.rule_for(&port).is_none());
+        let brake = finding(BRAKE_RULE, Severity::Critical, None, None);
+        assert!(c.rule_for(&brake).is_none());
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_what_is_wrong() {
+        let e = parse("[[rule]]\nrule = \"x\"\naction = \"reboot\"\n").unwrap_err();
+        assert!(e.contains("action \"reboot\""), "{e}");
+        let e = parse("[[rule]]\nrule = \"x\"\ndevice = \"nic\"\naction = \"slurm-drain\"\n")
+            .unwrap_err();
+        assert!(e.contains("device \"nic\""), "{e}");
+        let e = parse("brake-max-percent = 0\n").unwrap_err();
+        assert!(e.contains("brake-max-percent"), "{e}");
+        assert!(parse("[[rule]]\nrule = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn the_brake_limit_is_the_smaller_of_its_count_and_share_and_at_least_one() {
+        let c = ActionsConfig::default();
+        assert_eq!(c.brake_limit(0), 1);
+        assert_eq!(c.brake_limit(8), 1);
+        assert_eq!(c.brake_limit(64), 6);
+        assert_eq!(c.brake_limit(2048), 10);
+    }
+}

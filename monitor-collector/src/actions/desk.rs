@@ -1,0 +1,495 @@
+//! The actions' one place of decision ([`Actions`]): each pass (the worker's, every second)
+//! takes the active findings, decides under one lock what to do about each (drain, join a
+//! node already drained, hold at the brake, skip), writes each decision to the audit log
+//! before anything is done, then asks Slurm outside the lock and records what it said. A node
+//! railscope drained is resumed once every finding it was drained for has ended and the node
+//! stayed clear for the hold time, and only if it still carries railscope's reason.
+
+use std::{collections::VecDeque, path::Path, sync::Mutex};
+
+use serde_json::json;
+
+use super::{
+    audit::{Action, AuditError, AuditLog, Outcome, Record},
+    config::{ActionsConfig, BRAKE_RULE},
+    slurm::{Scheduler, SlurmError, sanitize_reason},
+    state::{ActionState, Phase},
+};
+use crate::{
+    findings::{Finding, FindingsStore, Observation, Severity, Subject, store::FindingFilter},
+    lock::lock,
+};
+
+const S: u64 = 1_000_000_000;
+/// Records the API shows (the log keeps them all).
+const RECENT: usize = 1000;
+/// The node name of the brake's own finding: it is about the fleet, not one node.
+pub const BRAKE_NODE: &str = "fleet";
+
+/// The fields of a record the caller chooses; [`Actions`] numbers and times it.
+struct Step<'a> {
+    node: &'a str,
+    action: Action,
+    outcome: Outcome,
+    finding: Option<&'a Finding>,
+    finding_id: Option<&'a str>,
+    rule: Option<&'a str>,
+    dry_run: bool,
+    reason: Option<&'a str>,
+    detail: String,
+}
+
+struct Inner {
+    state: ActionState,
+    log: Option<AuditLog>,
+    recent: VecDeque<Record>,
+    log_errors: u64,
+    /// Whether a pass ran since start-up (the first one skips findings older than those
+    /// already handled).
+    passed: bool,
+}
+
+/// Something Slurm is to be asked, decided by a pass.
+enum Job {
+    Drain {
+        node: String,
+        reason: String,
+        finding: String,
+    },
+    Resume {
+        node: String,
+        reason: String,
+    },
+}
+
+pub struct Actions {
+    config: ActionsConfig,
+    inner: Mutex<Inner>,
+}
+
+impl Actions {
+    /// The actions of a data directory: its audit log replayed.
+    pub fn open(dir: &Path, config: ActionsConfig) -> Result<Self, AuditError> {
+        let (log, records) = AuditLog::open(dir)?;
+        if !records.is_empty() {
+            tracing::info!("actions audit log: {} records replayed", records.len());
+        }
+        Ok(Self::with(config, Some(log), records))
+    }
+
+    /// Actions without a log (unit tests).
+    pub fn in_memory(config: ActionsConfig) -> Self {
+        Self::with(config, None, Vec::new())
+    }
+
+    fn with(config: ActionsConfig, log: Option<AuditLog>, records: Vec<Record>) -> Self {
+        let mut state = ActionState::default();
+        for r in &records {
+            state.apply(r, config.retry_max_s);
+        }
+        let skip = records.len().saturating_sub(RECENT);
+        Self {
+            inner: Mutex::new(Inner {
+                state,
+                log,
+                recent: records.into_iter().skip(skip).collect(),
+                log_errors: 0,
+                passed: false,
+            }),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &ActionsConfig {
+        &self.config
+    }
+
+    /// One pass at `now` (Unix ns), the collector holding `nodes_seen` nodes: decisions,
+    /// then Slurm's calls, then the brake's finding.
+    pub fn pass(&self, store: &FindingsStore, nodes_seen: usize, now: u64, slurm: &dyn Scheduler) {
+        let jobs = self.decide(store, nodes_seen, now);
+        for job in jobs {
+            self.run(job, now, slurm);
+        }
+        self.report_brake(store, nodes_seen, now);
+    }
+
+    fn decide(&self, store: &FindingsStore, nodes_seen: usize, now: u64) -> Vec<Job> {
+        let c = &self.config;
+        let mut active = store.active();
+        active.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+        let mut inner = lock(&self.inner);
+        let first = !std::mem::replace(&mut inner.passed, true);
+        for f in &active {
+            let Some(rule) = c.rule_for(f) else { continue };
+            if inner.state.handled.contains(&f.id) {
+                continue;
+            }
+            let dry_run = c.dry_run_of(rule);
+            let mut step = Step {
+                node: &f.node,
+                action: Action::Drain,
+                outcome: Outcome::Skipped,
+                finding: Some(f),
+                finding_id: Some(&f.id),
+                rule: Some(&f.rule),
+                dry_run,
+                reason: None,
+                detail: String::new(),
+            };
+            if first && f.start < inner.state.watermark {
+                step.detail = "older than the findings already handled: only a new finding \
+                               acts on this node"
+                    .into();
+                self.record(&mut inner, step, now);
+                continue;
+            }
+            // A node railscope acts on keeps that action, unless that is a dry run and this
+            // finding's rule acts for real: then it is drained (the dry run's findings join).
+            if inner
+                .state
+                .nodes
+                .get(&f.node)
+                .is_some_and(|e| !e.dry_run || dry_run)
+            {
+                step.outcome = Outcome::Joined;
+                step.detail = "the node is already railscope's: it stays drained for this \
+                               finding too"
+                    .into();
+                self.record(&mut inner, step, now);
+                continue;
+            }
+            let reason = sanitize_reason(&format!("railscope: {} {}", f.rule, f.id));
+            step.reason = Some(&reason);
+            let limit = c.brake_limit(nodes_seen);
+            let drained = inner.state.drained_in_window(now, c.brake_window_s * S);
+            if drained >= limit {
+                step.outcome = Outcome::Held;
+                step.detail = format!(
+                    "brake: {drained} nodes drained by railscope in the last {} s, the limit \
+                     is {limit} (brake-max-nodes {}, brake-max-percent {} of {nodes_seen} \
+                     nodes): held until `railscope actions release`",
+                    c.brake_window_s, c.brake_max_nodes, c.brake_max_percent
+                );
+            } else if dry_run {
+                step.outcome = Outcome::Would;
+                step.detail = format!("dry run: would drain {} ({})", f.node, f.summary);
+            } else {
+                step.outcome = Outcome::Tried;
+            }
+            self.record(&mut inner, step, now);
+        }
+        // Resumes: every finding a drained node was drained for has ended, and the hold has
+        // passed since the last one ended.
+        let ends: Vec<(String, bool, Option<u64>)> = inner
+            .state
+            .nodes
+            .values()
+            .filter(|e| matches!(e.phase, Phase::Drained { .. }))
+            .map(|e| {
+                let listed = store.list(&FindingFilter {
+                    start_ns: 0,
+                    end_ns: u64::MAX,
+                    node: Some(e.node.clone()),
+                    ..FindingFilter::default()
+                });
+                let mut clear_since = Some(0);
+                for id in &e.findings {
+                    // A finding no longer held in memory ended long ago.
+                    let end = listed
+                        .iter()
+                        .find(|f| &f.id == id)
+                        .map_or(Some(0), |f| f.end);
+                    clear_since = match (clear_since, end) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                }
+                (e.node.clone(), e.dry_run, clear_since)
+            })
+            .collect();
+        for (node, dry_run, clear_since) in ends {
+            let Some(clear_since) = clear_since else {
+                continue;
+            };
+            if now < clear_since + c.resume_hold_s * S {
+                continue;
+            }
+            let detail = format!(
+                "its findings ended and it stayed clear for {} s",
+                c.resume_hold_s
+            );
+            let step = Step {
+                node: &node,
+                action: Action::Resume,
+                outcome: if dry_run {
+                    Outcome::Would
+                } else {
+                    Outcome::Tried
+                },
+                finding: None,
+                finding_id: None,
+                rule: None,
+                dry_run,
+                reason: None,
+                detail: if dry_run {
+                    format!("dry run: would resume {node}: {detail}")
+                } else {
+                    detail
+                },
+            };
+            self.record(&mut inner, step, now);
+        }
+        // What Slurm is to be asked now: pending drains and resumes whose time has come. A
+        // dry-run drain released from the brake is recorded as what it would do.
+        let mut jobs = Vec::new();
+        let pending: Vec<_> = inner.state.nodes.values().cloned().collect();
+        for e in pending {
+            let first = e.findings.iter().next().cloned().unwrap_or_default();
+            match e.phase {
+                Phase::Draining { next_try, .. } if next_try <= now => {
+                    if e.dry_run {
+                        let step = Step {
+                            node: &e.node,
+                            action: Action::Drain,
+                            outcome: Outcome::Would,
+                            finding: None,
+                            finding_id: Some(&first),
+                            rule: Some(&e.rule),
+                            dry_run: true,
+                            reason: Some(&e.reason),
+                            detail: format!("dry run: would drain {}", e.node),
+                        };
+                        self.record(&mut inner, step, now);
+                    } else {
+                        jobs.push(Job::Drain {
+                            node: e.node,
+                            reason: e.reason,
+                            finding: first,
+                        });
+                    }
+                }
+                Phase::Resuming { next_try, .. } if next_try <= now => jobs.push(Job::Resume {
+                    node: e.node,
+                    reason: e.reason,
+                }),
+                _ => {}
+            }
+        }
+        jobs
+    }
+
+    /// Asks Slurm (outside the lock) and records what it said.
+    fn run(&self, job: Job, now: u64, slurm: &dyn Scheduler) {
+        let (node, action, reason, finding) = match &job {
+            Job::Drain {
+                node,
+                reason,
+                finding,
+            } => (node, Action::Drain, reason, Some(finding.as_str())),
+            Job::Resume { node, reason } => (node, Action::Resume, reason, None),
+        };
+        let (outcome, detail) = match slurm.show(node) {
+            Err(e) => failure(&e),
+            Ok(s) => match (
+                action,
+                s.drained,
+                s.reason.as_deref() == Some(reason.as_str()),
+            ) {
+                (Action::Drain, true, true) => (
+                    Outcome::Done,
+                    "already drained with railscope's reason (a try before a restart)".into(),
+                ),
+                (Action::Drain, true, false) => (
+                    Outcome::Skipped,
+                    format!(
+                        "drained by someone else ({}): railscope leaves it to them",
+                        s.reason.as_deref().unwrap_or("no reason")
+                    ),
+                ),
+                (Action::Drain, false, _) => match slurm.drain(node, reason) {
+                    Ok(()) => (Outcome::Done, format!("drained: {reason}")),
+                    Err(e) => failure(&e),
+                },
+                (_, false, _) => (
+                    Outcome::Left,
+                    format!(
+                        "resumed by someone else (State={}): left alone until a new finding",
+                        s.state
+                    ),
+                ),
+                (_, true, false) => (
+                    Outcome::Left,
+                    format!(
+                        "drained again by someone else ({}): left to them",
+                        s.reason.as_deref().unwrap_or("no reason")
+                    ),
+                ),
+                (_, true, true) => match slurm.undrain(node) {
+                    Ok(()) => (Outcome::Done, "resumed (State=UNDRAIN)".into()),
+                    Err(e) => failure(&e),
+                },
+            },
+        };
+        if outcome == Outcome::Failed || outcome == Outcome::GaveUp {
+            tracing::warn!("{action:?} of {node}: {detail}");
+        }
+        let mut inner = lock(&self.inner);
+        let step = Step {
+            node,
+            action,
+            outcome,
+            finding: None,
+            finding_id: finding,
+            rule: None,
+            dry_run: false,
+            reason: Some(reason),
+            detail,
+        };
+        self.record(&mut inner, step, now);
+    }
+
+    /// Writes a step to the audit log and applies it; a record the log cannot take is kept
+    /// in memory (and counted): acting on a finding matters more than its record.
+    fn record(&self, inner: &mut Inner, step: Step<'_>, now: u64) {
+        let record = Record {
+            seq: inner.state.seq + 1,
+            at: now,
+            node: step.node.to_owned(),
+            action: step.action,
+            outcome: step.outcome,
+            finding: step.finding_id.map(str::to_owned),
+            finding_start: step.finding.map(|f| f.start),
+            rule: step.rule.map(str::to_owned),
+            dry_run: step.dry_run,
+            reason: step.reason.map(str::to_owned),
+            detail: step.detail,
+        };
+        let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_owned();
+        tracing::info!(
+            "action {} {} on {}{}: {}",
+            word(serde_json::to_value(record.action).unwrap_or_default()),
+            word(serde_json::to_value(record.outcome).unwrap_or_default()),
+            record.node,
+            record
+                .finding
+                .as_deref()
+                .map(|f| format!(" for {f}"))
+                .unwrap_or_default(),
+            record.detail
+        );
+        if let Some(log) = &mut inner.log
+            && let Err(e) = log.append(&record)
+        {
+            inner.log_errors += 1;
+            tracing::error!("{e}: the record is kept in memory only");
+        }
+        inner.state.apply(&record, self.config.retry_max_s);
+        inner.recent.push_back(record);
+        if inner.recent.len() > RECENT {
+            inner.recent.pop_front();
+        }
+    }
+
+    /// `railscope actions release`: the drains the brake holds go ahead (the brake counts
+    /// from now); returns the nodes released.
+    pub fn release(&self, now: u64) -> Vec<String> {
+        let mut inner = lock(&self.inner);
+        let held: Vec<String> = inner.state.held().iter().map(|e| e.node.clone()).collect();
+        let step = Step {
+            node: "-",
+            action: Action::Release,
+            outcome: Outcome::Released,
+            finding: None,
+            finding_id: None,
+            rule: None,
+            dry_run: self.config.dry_run,
+            reason: None,
+            detail: if held.is_empty() {
+                "nothing was held".into()
+            } else {
+                format!("released: {}", held.join(", "))
+            },
+        };
+        self.record(&mut inner, step, now);
+        held
+    }
+
+    /// The brake's own finding, active while it holds drains.
+    fn report_brake(&self, store: &FindingsStore, nodes_seen: usize, now: u64) {
+        let inner = lock(&self.inner);
+        let held = inner.state.held();
+        let mut seen = Vec::new();
+        if !held.is_empty() {
+            let nodes: Vec<&str> = held.iter().map(|e| e.node.as_str()).collect();
+            let since = held
+                .iter()
+                .filter_map(|e| match e.phase {
+                    Phase::Held { since } => Some(since),
+                    _ => None,
+                })
+                .min()
+                .unwrap_or(now);
+            seen.push(Observation {
+                rule: BRAKE_RULE,
+                severity: Severity::Critical,
+                subject: Subject {
+                    node: BRAKE_NODE.into(),
+                    device: None,
+                    port: None,
+                    gpu: None,
+                    job: None,
+                },
+                job_id: None,
+                at_ns: since,
+                summary: format!(
+                    "the actions brake holds {} drains ({}): `railscope actions release` lets \
+                     them go",
+                    nodes.len(),
+                    nodes.join(", ")
+                ),
+                evidence: json!({
+                    "held": nodes,
+                    "drained_in_window": inner.state.drained_in_window(now, self.config.brake_window_s * S),
+                    "limit": self.config.brake_limit(nodes_seen),
+                    "window_s": self.config.brake_window_s,
+                }),
+            });
+        }
+        drop(inner);
+        store.apply(&seen, &[BRAKE_RULE], now);
+    }
+
+    /// What `/api/v1/actions` answers.
+    pub fn view(&self, nodes_seen: usize, now: u64) -> serde_json::Value {
+        let inner = lock(&self.inner);
+        let c = &self.config;
+        json!({
+            "dry_run": c.dry_run,
+            "rules": c.rule,
+            "resume_hold_s": c.resume_hold_s,
+            "brake": {
+                "engaged": !inner.state.held().is_empty(),
+                "held": inner.state.held().iter().map(|e| e.node.clone()).collect::<Vec<_>>(),
+                "drained_in_window": inner.state.drained_in_window(now, c.brake_window_s * S),
+                "limit": c.brake_limit(nodes_seen),
+                "window_s": c.brake_window_s,
+            },
+            "nodes": inner.state.nodes.values().collect::<Vec<_>>(),
+            "records": inner.recent.iter().collect::<Vec<_>>(),
+            "log_errors": inner.log_errors,
+        })
+    }
+}
+
+/// A failed call's outcome: retried, or given up on where trying again cannot help.
+fn failure(e: &SlurmError) -> (Outcome, String) {
+    if e.retryable() {
+        (
+            Outcome::Failed,
+            format!("{e}: tried again after a back-off"),
+        )
+    } else {
+        (Outcome::GaveUp, format!("{e}: not retried"))
+    }
+}
