@@ -8,7 +8,7 @@
 //! - [`slurm`]: `scontrol` (show, drain, undrain), the reason sanitised;
 //! - [`audit`]: the audit log's records, framed as the findings log is;
 //! - [`state`]: each node's action, rebuilt from the records; the brake's count;
-//! - [`desk`]: the decisions of each pass, and Slurm's answers recorded;
+//! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
 //! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
 //! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`.
 
@@ -16,7 +16,7 @@ pub mod api;
 pub mod audit;
 pub mod cli;
 pub mod config;
-pub mod desk;
+pub mod decisions;
 pub mod slurm;
 pub mod state;
 pub mod worker;
@@ -25,5 +25,5 @@ pub mod worker;
 mod tests;
 
 pub use config::ActionsConfig;
-pub use desk::Actions;
+pub use decisions::Actions;
 pub use worker::ActionsThread;

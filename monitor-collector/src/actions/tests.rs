@@ -1,4 +1,4 @@
-//! The desk's decisions against a fake Slurm: drain, resume after the hold, someone else's
+//! The actions' decisions against a fake Slurm: drain, resume after the hold, someone else's
 //! drain, a person's resume, dry run, the brake, failures and a restart.
 
 use std::{
