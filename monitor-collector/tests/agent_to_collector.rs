@@ -25,7 +25,7 @@ use monitor_testkit::{
     CollectorProcess, FixtureAgent, KEY_HEX, Relay, Running, agent_binary_next_to, free_tcp_port,
     free_udp_port, http_get, key_file, key_from_hex, metric_sum, remote_write_caught_up,
     scratch_dir,
-    sent_frames::{archive_points, metric_names, queried_points, tsdb_samples_of},
+    sent_frames::{TsdbComparison, archive_points, metric_names, queried_points, tsdb_samples_of},
     standin_with_script, sysfs_fixture,
 };
 use monitor_wire::{
@@ -617,17 +617,8 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
     );
 
     let got = server.read_back();
-    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
-    let mut wrong = Vec::new();
-    for (key, ms, v) in &got {
-        *seen.entry((key.clone(), *ms)).or_default() += 1;
-        match all.get(&(key.clone(), *ms)) {
-            Some(e) if e.to_bits() == v.to_bits() => {}
-            e => wrong.push(format!("{key} @{ms}: got {v}, sent {e:?}")),
-        }
-    }
-    let duplicated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    let missing: Vec<_> = required.keys().filter(|k| !seen.contains_key(*k)).collect();
+    let tsdb = TsdbComparison::of(&got, &all, &required);
+    let seen = &tsdb.seen;
 
     let window: Vec<String> = window
         .iter()
@@ -649,14 +640,15 @@ fn through_outage(kind: Tsdb, outage: CollectorOutage) {
         frames_required,
     );
     assert!(
-        wrong.is_empty() && duplicated.is_empty() && missing.is_empty(),
-        "{}: {} wrong (first: {:?}), duplicated (first): {duplicated:?}, {} missing of {} required (first: {:?}); {frames_in_window} frames in the kill window\nfirst collector: {first_err}\nsecond: {second_err}",
+        tsdb.is_exact(),
+        "{}: {} wrong (first: {:?}), duplicated (first): {:?}, {} missing of {} required (first: {:?}); {frames_in_window} frames in the kill window\nfirst collector: {first_err}\nsecond: {second_err}",
         kind.binary(),
-        wrong.len(),
-        wrong.iter().take(5).collect::<Vec<_>>(),
-        missing.len(),
+        tsdb.wrong.len(),
+        tsdb.wrong.iter().take(5).collect::<Vec<_>>(),
+        tsdb.twice.iter().take(5).collect::<Vec<_>>(),
+        tsdb.missing.len(),
         required.len(),
-        missing.iter().take(5).collect::<Vec<_>>(),
+        tsdb.missing.iter().take(5).collect::<Vec<_>>(),
     );
 
     // Every event, once, with the time the agent gave it (not the time it arrived).

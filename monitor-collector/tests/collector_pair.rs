@@ -21,7 +21,7 @@ mod tsdb;
 use monitor_testkit::{
     CollectorProcess, FixtureAgent, KEY_HEX, Relay, Running, agent_binary_next_to, free_tcp_port,
     free_udp_port, key_file, key_from_hex, metric_sum, remote_write_caught_up, scratch_dir,
-    sent_frames::{SentFrames, decode_sent, metric_names, queried_points},
+    sent_frames::{SentFrames, TsdbComparison, decode_sent, metric_names, queried_points},
     standin_with_script, sysfs_fixture,
 };
 use monitor_wire::Key;
@@ -213,21 +213,7 @@ fn a_pair_with_one_collector_down_for_a_minute_archives_everything_and_the_tsdb_
         required.len()
     );
     let got = server.read_back();
-    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
-    let mut wrong = Vec::new();
-    for (series, ms, v) in &got {
-        *seen.entry((series.clone(), *ms)).or_default() += 1;
-        match required.get(&(series.clone(), *ms)) {
-            Some(e) if e.to_bits() == v.to_bits() => {}
-            e => wrong.push(format!("{series} @{ms}: got {v}, sent {e:?}")),
-        }
-    }
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    let missing: Vec<_> = required
-        .keys()
-        .filter(|k| !seen.contains_key(*k))
-        .take(5)
-        .collect();
+    let tsdb = TsdbComparison::of(&got, &required, &required);
     eprintln!(
         "B caught up {caught_up_in:?} after its return; {resent_to_b} frames sent to B again; \
          {} samples required, {} read back",
@@ -235,10 +221,12 @@ fn a_pair_with_one_collector_down_for_a_minute_archives_everything_and_the_tsdb_
         got.len()
     );
     assert!(
-        wrong.is_empty() && twice.is_empty() && missing.is_empty(),
-        "{} wrong (first: {:?}); more than once (first): {twice:?}; missing (first): {missing:?}\nB before the kill: {b_first_err}",
-        wrong.len(),
-        wrong.iter().take(5).collect::<Vec<_>>()
+        tsdb.is_exact(),
+        "{} wrong (first: {:?}); more than once (first): {:?}; missing (first): {:?}\nB before the kill: {b_first_err}",
+        tsdb.wrong.len(),
+        tsdb.wrong.iter().take(5).collect::<Vec<_>>(),
+        tsdb.twice.iter().take(5).collect::<Vec<_>>(),
+        tsdb.missing.iter().take(5).collect::<Vec<_>>(),
     );
     let (ok_a, _, err_a) = a.stop();
     let (ok_b, _, err_b) = b.stop();

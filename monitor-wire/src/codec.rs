@@ -14,7 +14,7 @@ use crate::{
     mac,
     prim::{Reader, put_varint},
     receiver::ReceiverState,
-    samples::{encode_samples, parse_samples},
+    samples::{PreparedBlock, TimePatterns, encode_prepared, parse_samples},
     schema::{encode_schema, parse_schema},
     series::Series,
 };
@@ -23,6 +23,15 @@ use crate::{
 /// time quantum; everything else round-trips exactly (floats bit for bit). Size is not
 /// limited here: [`FrameEncoder`](crate::FrameEncoder) is what keeps frames within an MTU.
 pub fn encode_frame(frame: &Frame, key: &Key) -> Result<Vec<u8>, WireError> {
+    if frame.time_quantum_ns == 0 {
+        return Err(WireError::Quantum);
+    }
+    let mut patterns = TimePatterns::default();
+    let blocks = frame
+        .samples
+        .iter()
+        .map(|s| PreparedBlock::new(s, frame.time_quantum_ns, &mut patterns))
+        .collect::<Result<Vec<_>, _>>()?;
     let view = FrameView {
         node: &frame.node,
         session: frame.session,
@@ -30,13 +39,17 @@ pub fn encode_frame(frame: &Frame, key: &Key) -> Result<Vec<u8>, WireError> {
         send_unix_ns: frame.send_unix_ns,
         time_quantum_ns: frame.time_quantum_ns,
         schema: frame.schema.iter().map(|e| (e.id, &e.series)).collect(),
-        samples: frame.samples.iter().collect(),
+        samples: blocks.iter().collect(),
         events: frame.events.iter().collect(),
     };
-    Ok(view.encode(key)?.bytes)
+    let mut out = Vec::with_capacity(DEFAULT_MTU);
+    view.encode_unsealed(&mut patterns, &mut out, &mut Vec::new())?;
+    mac::seal(&mut out, key);
+    Ok(out)
 }
 
-/// A frame to encode, by reference (the encoder tries several cuts of one batch).
+/// A frame to encode, by reference (the encoder tries several cuts of one batch), its
+/// samples as blocks coded once for all cuts.
 pub(crate) struct FrameView<'a> {
     pub node: &'a str,
     pub session: u32,
@@ -44,18 +57,20 @@ pub(crate) struct FrameView<'a> {
     pub send_unix_ns: u64,
     pub time_quantum_ns: u64,
     pub schema: Vec<(u32, &'a Series)>,
-    pub samples: Vec<&'a SeriesSamples>,
+    pub samples: Vec<&'a PreparedBlock>,
     pub events: Vec<&'a WireEvent>,
 }
 
-pub(crate) struct Encoded {
-    pub bytes: Vec<u8>,
-    /// Bytes of the schema section, its length prefix included.
-    pub schema_bytes: usize,
-}
-
 impl FrameView<'_> {
-    pub(crate) fn encode(&self, key: &Key) -> Result<Encoded, WireError> {
+    /// Writes the frame without its MAC ([`mac::seal`] adds it) to `out`, which is cleared
+    /// first; `samples` must be the patterns its blocks were prepared with, `section` is
+    /// scratch. Returns the bytes of the schema section, its length prefix included.
+    pub(crate) fn encode_unsealed(
+        &self,
+        patterns: &mut TimePatterns,
+        out: &mut Vec<u8>,
+        section: &mut Vec<u8>,
+    ) -> Result<usize, WireError> {
         if self.node.len() > 255 {
             return Err(WireError::NodeName {
                 node: self.node.to_owned(),
@@ -72,42 +87,58 @@ impl FrameView<'_> {
             });
         }
         let mut flags = 0;
-        let schema = (!self.schema.is_empty()).then(|| encode_schema(&self.schema));
-        let samples = (!self.samples.is_empty())
-            .then(|| encode_samples(&self.samples, self.send_unix_ns, self.time_quantum_ns))
-            .transpose()?;
-        let events =
-            (!self.events.is_empty()).then(|| encode_events(&self.events, self.send_unix_ns));
-        flags |= if schema.is_some() { FLAG_SCHEMA } else { 0 };
-        flags |= if samples.is_some() { FLAG_SAMPLES } else { 0 };
-        flags |= if events.is_some() { FLAG_EVENTS } else { 0 };
+        flags |= if self.schema.is_empty() {
+            0
+        } else {
+            FLAG_SCHEMA
+        };
+        flags |= if self.samples.is_empty() {
+            0
+        } else {
+            FLAG_SAMPLES
+        };
+        flags |= if self.events.is_empty() {
+            0
+        } else {
+            FLAG_EVENTS
+        };
 
-        let mut out = Vec::with_capacity(DEFAULT_MTU);
+        out.clear();
         out.extend_from_slice(&MAGIC);
         out.push(VERSION);
         out.push(flags);
         out.push(self.node.len() as u8);
         out.extend_from_slice(self.node.as_bytes());
         out.extend_from_slice(&self.session.to_le_bytes());
-        put_varint(&mut out, self.seq);
+        put_varint(out, self.seq);
         out.extend_from_slice(&self.send_unix_ns.to_le_bytes());
-        put_varint(&mut out, self.time_quantum_ns);
+        put_varint(out, self.time_quantum_ns);
         let mut schema_bytes = 0;
-        for (i, section) in [schema, samples, events].into_iter().enumerate() {
-            if let Some(body) = section {
-                let start = out.len();
-                put_varint(&mut out, body.len() as u64);
-                out.extend_from_slice(&body);
-                if i == 0 {
-                    schema_bytes = out.len() - start;
-                }
-            }
+        if !self.schema.is_empty() {
+            let body = encode_schema(&self.schema);
+            let start = out.len();
+            put_varint(out, body.len() as u64);
+            out.extend_from_slice(&body);
+            schema_bytes = out.len() - start;
         }
-        mac::seal(&mut out, key);
-        Ok(Encoded {
-            bytes: out,
-            schema_bytes,
-        })
+        if !self.samples.is_empty() {
+            section.clear();
+            encode_prepared(
+                &self.samples,
+                patterns,
+                self.send_unix_ns,
+                self.time_quantum_ns,
+                section,
+            )?;
+            put_varint(out, section.len() as u64);
+            out.extend_from_slice(section);
+        }
+        if !self.events.is_empty() {
+            let body = encode_events(&self.events, self.send_unix_ns);
+            put_varint(out, body.len() as u64);
+            out.extend_from_slice(&body);
+        }
+        Ok(schema_bytes)
     }
 }
 

@@ -4,13 +4,15 @@
 use std::{collections::HashMap, time::Duration};
 
 use crate::{
-    codec::{Encoded, FrameView},
+    codec::FrameView,
     error::WireError,
     frame::{
         CounterSample, DEFAULT_MTU, GaugeSample, Sample, SeriesData, SeriesSamples, WireEvent,
     },
     key::Key,
+    mac::{self, MAC_LEN},
     prim,
+    samples::{PreparedBlock, TimePatterns},
     series::{Kind, Reading, Series, Value},
 };
 
@@ -97,8 +99,14 @@ struct Slot {
 /// What goes into frames: an event, a schema entry, or (part of) one series' samples.
 enum Unit {
     Event(WireEvent),
-    Schema { id: u32, slot: usize },
-    Series(SeriesSamples),
+    Schema {
+        id: u32,
+        slot: usize,
+    },
+    Series {
+        samples: SeriesSamples,
+        block: PreparedBlock,
+    },
 }
 
 /// Builds frames from readings and events. Push between flushes; each [`flush`] returns the
@@ -341,7 +349,7 @@ impl FrameEncoder {
     /// larger batches.
     pub fn flush_events(&mut self, now_unix_ns: u64) -> Vec<Vec<u8>> {
         let units = self.events.drain(..).map(Unit::Event).collect();
-        self.pack(units, now_unix_ns)
+        self.pack(units, &mut TimePatterns::default(), now_unix_ns)
     }
 
     /// Turns everything pushed since the last flush into frames stamped `now_unix_ns`:
@@ -381,11 +389,14 @@ impl FrameEncoder {
                 units.push(Unit::Schema { id, slot: i });
             }
         }
+        let q = self.config.time_quantum_ns;
+        let mut patterns = TimePatterns::default();
         for (id, i) in order {
             let slot = &mut self.slots[i];
-            let empty = match slot.pending {
-                SeriesData::Counter(_) => SeriesData::Counter(Vec::new()),
-                SeriesData::Gauge(_) => SeriesData::Gauge(Vec::new()),
+            // The next flush's batch is likely as large as this one's.
+            let empty = match &slot.pending {
+                SeriesData::Counter(v) => SeriesData::Counter(Vec::with_capacity(v.len())),
+                SeriesData::Gauge(v) => SeriesData::Gauge(Vec::with_capacity(v.len())),
             };
             slot.flushed_ns = now_unix_ns;
             let mut data = std::mem::replace(&mut slot.pending, empty);
@@ -393,11 +404,18 @@ impl FrameEncoder {
                 SeriesData::Counter(v) => v.sort_by_key(|c| c.unix_ns),
                 SeriesData::Gauge(v) => v.sort_by_key(|g| g.end_unix_ns),
             }
-            units.push(Unit::Series(SeriesSamples { id, data }));
+            let samples = SeriesSamples { id, data };
+            match PreparedBlock::new(&samples, q, &mut patterns) {
+                Ok(block) => units.push(Unit::Series { samples, block }),
+                Err(e) => {
+                    tracing::warn!("samples of series id {id} cannot be coded ({e}): dropped");
+                    self.stats.dropped_samples += samples.data.len() as u64;
+                }
+            }
         }
         self.pending = 0;
         self.backlog_warned = false;
-        let frames = self.pack(units, now_unix_ns);
+        let frames = self.pack(units, &mut patterns, now_unix_ns);
         self.forget_where(|s| s.retired);
         frames
     }
@@ -457,8 +475,17 @@ impl FrameEncoder {
         self.slots.len()
     }
 
-    fn pack(&mut self, mut units: Vec<Unit>, now: u64) -> Vec<Vec<u8>> {
+    fn pack(
+        &mut self,
+        mut units: Vec<Unit>,
+        patterns: &mut TimePatterns,
+        now: u64,
+    ) -> Vec<Vec<u8>> {
         let mut frames = Vec::new();
+        // The cut being tried, the largest that fitted so far, and scratch for a section.
+        let mut tried = Vec::with_capacity(self.config.mtu);
+        let mut fitted = Vec::with_capacity(self.config.mtu);
+        let mut section = Vec::new();
         let mut pos = 0;
         while pos < units.len() {
             let remaining = units.len() - pos;
@@ -467,10 +494,12 @@ impl FrameEncoder {
             let (mut lo, mut best, mut hi) = (0, None, remaining + 1);
             let mut n = self.last_frame_units.clamp(1, remaining);
             loop {
-                match self.try_frame(&units[pos..pos + n], now) {
-                    Ok(encoded) => {
+                let units = &units[pos..pos + n];
+                match self.try_frame(units, now, patterns, &mut tried, &mut section) {
+                    Ok(schema_bytes) => {
                         lo = n;
-                        best = Some(encoded);
+                        best = Some(schema_bytes);
+                        std::mem::swap(&mut tried, &mut fitted);
                     }
                     Err(_) => hi = n,
                 }
@@ -483,22 +512,25 @@ impl FrameEncoder {
                     lo + (hi - lo) / 2
                 };
             }
-            let Some(encoded) = best else {
-                self.shrink(&mut units, pos, now);
+            let Some(schema_bytes) = best else {
+                self.shrink(&mut units, patterns, pos, now);
                 continue;
             };
+            let mut bytes = Vec::with_capacity(fitted.len() + MAC_LEN);
+            bytes.extend_from_slice(&fitted);
+            mac::seal(&mut bytes, &self.key);
             self.last_frame_units = lo;
             self.stats.frames += 1;
-            self.stats.bytes += encoded.bytes.len() as u64;
-            self.stats.schema_bytes += encoded.schema_bytes as u64;
+            self.stats.bytes += bytes.len() as u64;
+            self.stats.schema_bytes += schema_bytes as u64;
             for unit in &units[pos..pos + lo] {
                 match unit {
                     Unit::Event(_) => self.stats.events += 1,
                     Unit::Schema { .. } => {}
-                    Unit::Series(samples) => self.stats.samples += samples.data.len() as u64,
+                    Unit::Series { samples, .. } => self.stats.samples += samples.data.len() as u64,
                 }
             }
-            frames.push(encoded.bytes);
+            frames.push(bytes);
             self.next_seq += 1;
             pos += lo;
         }
@@ -507,20 +539,43 @@ impl FrameEncoder {
 
     /// The unit at `pos` does not fit in a frame on its own: split a series' samples in two,
     /// cut an event's text, or drop what cannot be made to fit.
-    fn shrink(&mut self, units: &mut Vec<Unit>, pos: usize, now: u64) {
-        let overshoot = match self.try_frame(&units[pos..=pos], now) {
-            Err(Some(len)) => len.saturating_sub(self.config.mtu),
-            _ => 0,
-        };
+    fn shrink(&mut self, units: &mut Vec<Unit>, patterns: &mut TimePatterns, pos: usize, now: u64) {
+        let (mut out, mut section) = (Vec::new(), Vec::new());
+        let overshoot =
+            match self.try_frame(&units[pos..=pos], now, patterns, &mut out, &mut section) {
+                Err(Some(len)) => len.saturating_sub(self.config.mtu),
+                _ => 0,
+            };
+        let q = self.config.time_quantum_ns;
         match &mut units[pos] {
-            Unit::Series(samples) if samples.data.len() > 1 => {
+            Unit::Series { samples, block } if samples.data.len() > 1 => {
                 let half = samples.data.len() / 2;
                 let rest = match &mut samples.data {
                     SeriesData::Counter(v) => SeriesData::Counter(v.split_off(half)),
                     SeriesData::Gauge(v) => SeriesData::Gauge(v.split_off(half)),
                 };
-                let id = samples.id;
-                units.insert(pos + 1, Unit::Series(SeriesSamples { id, data: rest }));
+                let rest = SeriesSamples {
+                    id: samples.id,
+                    data: rest,
+                };
+                match (
+                    PreparedBlock::new(samples, q, patterns),
+                    PreparedBlock::new(&rest, q, patterns),
+                ) {
+                    (Ok(first), Ok(second)) => {
+                        *block = first;
+                        let unit = Unit::Series {
+                            samples: rest,
+                            block: second,
+                        };
+                        units.insert(pos + 1, unit);
+                    }
+                    _ => {
+                        tracing::warn!("samples of series id {} cannot be coded: dropped", rest.id);
+                        self.stats.dropped_samples += (half + rest.data.len()) as u64;
+                        units.remove(pos);
+                    }
+                }
             }
             Unit::Event(event) if !event.text.is_empty() && overshoot > 0 => {
                 let mut keep = event.text.len().saturating_sub(overshoot + 3);
@@ -549,7 +604,7 @@ impl FrameEncoder {
                             "the schema entry of series id {id} does not fit in a frame: dropped"
                         );
                     }
-                    Unit::Series(samples) => {
+                    Unit::Series { samples, .. } => {
                         tracing::warn!(
                             "a sample of series id {} does not fit in a frame: dropped",
                             samples.id
@@ -562,9 +617,17 @@ impl FrameEncoder {
         }
     }
 
-    /// Encodes `units` as the next frame; `Err(Some(len))` if it is larger than the MTU,
+    /// Encodes `units` as the next frame, without its MAC, into `out`: `Ok` with the bytes of
+    /// its schema section if it fits in the MTU, `Err(Some(len))` if it is larger,
     /// `Err(None)` if it cannot be encoded at all.
-    fn try_frame(&self, units: &[Unit], now: u64) -> Result<Encoded, Option<usize>> {
+    fn try_frame(
+        &self,
+        units: &[Unit],
+        now: u64,
+        patterns: &mut TimePatterns,
+        out: &mut Vec<u8>,
+        section: &mut Vec<u8>,
+    ) -> Result<usize, Option<usize>> {
         let mut view = FrameView {
             node: &self.config.node,
             session: self.session,
@@ -579,12 +642,12 @@ impl FrameEncoder {
             match unit {
                 Unit::Event(e) => view.events.push(e),
                 Unit::Schema { id, slot } => view.schema.push((*id, &self.slots[*slot].series)),
-                Unit::Series(samples) => view.samples.push(samples),
+                Unit::Series { block, .. } => view.samples.push(block),
             }
         }
-        match view.encode(&self.key) {
-            Ok(encoded) if encoded.bytes.len() <= self.config.mtu => Ok(encoded),
-            Ok(encoded) => Err(Some(encoded.bytes.len())),
+        match view.encode_unsealed(patterns, out, section) {
+            Ok(schema_bytes) if out.len() + MAC_LEN <= self.config.mtu => Ok(schema_bytes),
+            Ok(_) => Err(Some(out.len() + MAC_LEN)),
             Err(WireError::TooMany { .. }) => Err(None),
             Err(e) => {
                 tracing::warn!("cannot encode a frame: {e}");

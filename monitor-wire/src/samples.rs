@@ -36,109 +36,164 @@ const CODER_EXT: u8 = 2;
 const EXT_FLOAT: u8 = 0x10;
 const EXT_ENVELOPES: u8 = 0x20;
 
-/// A block's bytes after its id: header bits (without the id and pattern bits), its time
-/// indices and its body (from the extension byte on).
-struct Block {
+/// One series' block coded once: its header bits (without the id and pattern bits), its
+/// time pattern (an entry of [`TimePatterns`]) and its body (from the extension byte on). The
+/// encoder tries several cuts of a flush into frames; only the time table, the patterns and
+/// the block headers depend on the cut, so the values are coded once per flush.
+pub(crate) struct PreparedBlock {
+    pub(crate) id: u32,
     header: u8,
-    times: Vec<u32>,
+    pattern: u32,
     body: Vec<u8>,
 }
 
-pub(crate) fn encode_samples(
-    samples: &[&SeriesSamples],
+impl PreparedBlock {
+    /// Codes `s`'s values; its quantized sample times go to `patterns`.
+    pub(crate) fn new(
+        s: &SeriesSamples,
+        q: u64,
+        patterns: &mut TimePatterns,
+    ) -> Result<Self, WireError> {
+        let mut times = Vec::with_capacity(s.data.len());
+        let (header, body) = match &s.data {
+            SeriesData::Counter(v) => {
+                times.extend(v.iter().map(|c| quantize(c.unix_ns, q)));
+                encode_counter_block(v)
+            }
+            SeriesData::Gauge(v) => {
+                times.extend(v.iter().map(|g| quantize(g.end_unix_ns, q)));
+                encode_gauge_block(s.id, v, q)?
+            }
+        };
+        Ok(Self {
+            id: s.id,
+            header,
+            pattern: patterns.intern(times),
+            body,
+        })
+    }
+}
+
+/// The distinct sample-time sequences of a batch of blocks (quantized times, not yet indices
+/// into a frame's time table): the series of one source read together share one.
+#[derive(Default)]
+pub(crate) struct TimePatterns {
+    times: Vec<Vec<u64>>,
+    index: HashMap<Vec<u64>, u32, foldhash::fast::FixedState>,
+    // Scratch of `encode_prepared`, kept between frames.
+    in_frame: Vec<u32>,
+    used: Vec<u32>,
+    table: Vec<u64>,
+    indices: Vec<u32>,
+}
+
+impl TimePatterns {
+    fn intern(&mut self, times: Vec<u64>) -> u32 {
+        if let Some(&i) = self.index.get(&times) {
+            return i;
+        }
+        let i = self.times.len() as u32;
+        self.times.push(times.clone());
+        self.index.insert(times, i);
+        self.in_frame.push(u32::MAX);
+        i
+    }
+}
+
+/// Writes the samples section of `blocks` (prepared with `patterns`) to `out`.
+pub(crate) fn encode_prepared(
+    blocks: &[&PreparedBlock],
+    patterns: &mut TimePatterns,
     send_ns: u64,
     q: u64,
-) -> Result<Vec<u8>, WireError> {
-    let count: usize = samples.iter().map(|s| s.data.len()).sum();
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    let count: usize = blocks
+        .iter()
+        .map(|b| patterns.times[b.pattern as usize].len())
+        .sum();
     if count > MAX_FRAME_SAMPLES {
         return Err(WireError::TooMany {
             what: "samples",
             count,
         });
     }
-    // Times table: every distinct (quantized) sample time of the frame, ascending.
-    let mut table: Vec<u64> = Vec::with_capacity(count);
-    for s in samples {
-        match &s.data {
-            SeriesData::Counter(v) => table.extend(v.iter().map(|c| quantize(c.unix_ns, q))),
-            SeriesData::Gauge(v) => table.extend(v.iter().map(|g| quantize(g.end_unix_ns, q))),
+    let TimePatterns {
+        times,
+        in_frame,
+        used,
+        table,
+        indices,
+        ..
+    } = patterns;
+    // The frame's patterns, numbered in order of first use.
+    used.clear();
+    for b in blocks {
+        let slot = &mut in_frame[b.pattern as usize];
+        if *slot == u32::MAX {
+            *slot = used.len() as u32;
+            used.push(b.pattern);
         }
+    }
+    // Times table: every distinct (quantized) sample time of the frame, ascending.
+    table.clear();
+    for &p in used.iter() {
+        table.extend_from_slice(&times[p as usize]);
     }
     table.sort_unstable();
     table.dedup();
-    let index = |t: u64| table.binary_search(&t).expect("time in table") as u32;
 
-    let mut blocks = Vec::with_capacity(samples.len());
-    for s in samples {
-        blocks.push(match &s.data {
-            SeriesData::Counter(v) => encode_counter_block(v, q, index),
-            SeriesData::Gauge(v) => encode_gauge_block(s.id, v, q, index)?,
-        });
+    put_time_table(out, table, send_ns / q);
+    put_varint(out, used.len() as u64);
+    for &p in used.iter() {
+        indices.clear();
+        indices.extend(
+            times[p as usize]
+                .iter()
+                .map(|t| table.binary_search(t).expect("time in table") as u32),
+        );
+        put_pattern(out, indices);
     }
-    let mut patterns: Vec<&[u32]> = Vec::new();
-    let mut pattern_index: HashMap<&[u32], u64> = HashMap::new();
-    let block_patterns: Vec<u64> = blocks
-        .iter()
-        .map(|b| {
-            *pattern_index.entry(&b.times).or_insert_with(|| {
-                patterns.push(&b.times);
-                patterns.len() as u64 - 1
-            })
-        })
-        .collect();
-
-    let mut out = Vec::new();
-    put_time_table(&mut out, &table, send_ns / q);
-    put_varint(&mut out, patterns.len() as u64);
-    for p in &patterns {
-        put_pattern(&mut out, p);
-    }
-    put_varint(&mut out, blocks.len() as u64);
+    put_varint(out, blocks.len() as u64);
     let mut expected = 0i64;
     let mut prev_pattern = None;
-    for ((s, block), pattern) in samples.iter().zip(&blocks).zip(block_patterns) {
-        let gap = id_gap(s.id, expected);
+    for block in blocks {
+        let pattern = in_frame[block.pattern as usize];
+        let gap = id_gap(block.id, expected);
         let new_pattern = prev_pattern != Some(pattern);
         let mut header = block.header;
         header |= if gap.is_some() { EXPLICIT_ID } else { 0 };
         header |= if new_pattern { NEW_PATTERN } else { 0 };
         out.push(header);
         if let Some(gap) = gap {
-            put_varint(&mut out, gap);
+            put_varint(out, gap);
         }
         if new_pattern {
-            put_varint(&mut out, pattern);
+            put_varint(out, u64::from(pattern));
         }
         out.extend_from_slice(&block.body);
-        expected = i64::from(s.id) + 1;
+        expected = i64::from(block.id) + 1;
         prev_pattern = Some(pattern);
     }
-    Ok(out)
+    for &p in used.iter() {
+        in_frame[p as usize] = u32::MAX;
+    }
+    Ok(())
 }
 
-fn encode_counter_block(samples: &[CounterSample], q: u64, index: impl Fn(u64) -> u32) -> Block {
-    let times = samples
-        .iter()
-        .map(|c| index(quantize(c.unix_ns, q)))
-        .collect();
+fn encode_counter_block(samples: &[CounterSample]) -> (u8, Vec<u8>) {
     let values: Vec<u64> = samples.iter().map(|c| c.value).collect();
-    let (order, _) = prim::best_int_order(&values, false);
-    let mut body = Vec::new();
+    let (order, size) = prim::best_int_order(&values, false);
+    let mut body = Vec::with_capacity(size);
     prim::put_ints(&mut body, &values, false, order);
-    Block {
-        header: (order as u8) << ORDER_SHIFT,
-        times,
-        body,
-    }
+    ((order as u8) << ORDER_SHIFT, body)
 }
 
 fn encode_gauge_block(
     id: u32,
     samples: &[GaugeSample],
     q: u64,
-    index: impl Fn(u64) -> u32,
-) -> Result<Block, WireError> {
-    let mut times = Vec::with_capacity(samples.len());
+) -> Result<(u8, Vec<u8>), WireError> {
     let mut durations = Vec::with_capacity(samples.len());
     let mut values = Vec::with_capacity(samples.len());
     let mut spread = vec![0u8; samples.len().div_ceil(8)];
@@ -151,7 +206,6 @@ fn encode_gauge_block(
                 end: g.end_unix_ns,
             });
         }
-        times.push(index(end));
         durations.push(end - start);
         if g.is_single_value() {
             values.push(g.mean);
@@ -205,11 +259,7 @@ fn encode_gauge_block(
         }
         None => prim::put_xor(&mut body, &values),
     }
-    Ok(Block {
-        header,
-        times,
-        body,
-    })
+    Ok((header, body))
 }
 
 /// Time table: count, first time relative to the send time, then either deltas or deltas of
@@ -223,23 +273,25 @@ fn put_time_table(out: &mut Vec<u8>, table: &[u64], send_q: u64) {
     if table.len() < 2 {
         return;
     }
-    let deltas: Vec<u64> = table.windows(2).map(|w| w[1] - w[0]).collect();
-    let delta_codes: Vec<u64> = deltas.iter().map(|d| d - 1).collect();
-    let mut dod_codes = vec![deltas[0] - 1];
-    dod_codes.extend(
-        deltas
-            .windows(2)
-            .map(|w| zigzag(w[1].wrapping_sub(w[0]) as i64)),
-    );
-    let size = |c: &[u64]| c.iter().map(|&v| prim::varint_len(v)).sum::<usize>();
-    let (mode, codes) = if size(&dod_codes) < size(&delta_codes) {
-        (1u8, dod_codes)
-    } else {
-        (0u8, delta_codes)
+    // Sizes of both codings, then the smaller written (no allocation: the table is scanned
+    // twice).
+    let delta = |i: usize| table[i + 1] - table[i];
+    let dod_code = |i: usize| {
+        if i == 0 {
+            delta(0) - 1
+        } else {
+            zigzag(delta(i).wrapping_sub(delta(i - 1)) as i64)
+        }
     };
-    out.push(mode);
-    for c in codes {
-        put_varint(out, c);
+    let n = table.len() - 1;
+    let delta_size: usize = (0..n).map(|i| prim::varint_len(delta(i) - 1)).sum();
+    let dod_size: usize = (0..n).map(|i| prim::varint_len(dod_code(i))).sum();
+    if dod_size < delta_size {
+        out.push(1);
+        (0..n).for_each(|i| put_varint(out, dod_code(i)));
+    } else {
+        out.push(0);
+        (0..n).for_each(|i| put_varint(out, delta(i) - 1));
     }
 }
 
@@ -299,16 +351,14 @@ fn put_pattern(out: &mut Vec<u8>, times: &[u32]) {
     if times.len() < 2 {
         return;
     }
-    let deltas: Vec<i64> = times
-        .windows(2)
-        .map(|w| i64::from(w[1]) - i64::from(w[0]))
-        .collect();
-    if deltas.iter().all(|&d| d == deltas[0]) {
-        put_varint(out, zigzag(deltas[0]) + 1);
+    let delta = |w: &[u32]| i64::from(w[1]) - i64::from(w[0]);
+    let first = delta(times);
+    if times.windows(2).all(|w| delta(w) == first) {
+        put_varint(out, zigzag(first) + 1);
     } else {
         put_varint(out, 0);
-        for d in deltas {
-            put_varint(out, zigzag(d));
+        for w in times.windows(2) {
+            put_varint(out, zigzag(delta(w)));
         }
     }
 }

@@ -1,10 +1,7 @@
 //! The schema section: which series each compact id stands for (docs/wire-format.md,
 //! "Schema section").
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use crate::{
     budget::Budget,
@@ -19,14 +16,23 @@ use crate::{
 /// crossed with one group: the 40 series of a GPU are one run, and the other GPUs' runs
 /// reuse the same group.
 pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
-    let mut strings = BTreeSet::new();
+    // The encoder codes several cuts of a batch of entries to find what fits a frame, so
+    // this avoids per-entry hashing and tree nodes: a sorted vector, binary-searched.
+    let mut strings: Vec<&str> = Vec::with_capacity(entries.len() * 3);
+    let mut prev_labels = None;
     for (_, series) in entries {
-        strings.insert(&*series.name);
-        for (k, v) in series.labels.iter() {
-            strings.insert(k);
-            strings.insert(v);
+        strings.push(&series.name);
+        // Consecutive entries mostly share their labels (a source's series).
+        if prev_labels != Some(&series.labels) {
+            for (k, v) in series.labels.iter() {
+                strings.push(k);
+                strings.push(v);
+            }
         }
+        prev_labels = Some(&series.labels);
     }
+    strings.sort_unstable();
+    strings.dedup();
     let mut out = Vec::new();
     put_varint(&mut out, strings.len() as u64);
     let mut prev: &[u8] = &[];
@@ -38,11 +44,7 @@ pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
         out.extend_from_slice(&s[shared..]);
         prev = s;
     }
-    let index: HashMap<&str, u64> = strings
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (*s, i as u64))
-        .collect();
+    let index = |s: &str| strings.binary_search(&s).expect("string in table") as u64;
 
     // Runs: maximal stretches of consecutive ids with one label set.
     let mut runs: Vec<&[(u32, &Series)]> = Vec::new();
@@ -56,10 +58,11 @@ pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
             start = i;
         }
     }
+    let hasher = foldhash::fast::FixedState::default();
     let mut label_sets: Vec<&Labels> = Vec::new();
-    let mut label_set_index: HashMap<&Labels, u64> = HashMap::new();
+    let mut label_set_index: HashMap<&Labels, u64, _> = HashMap::with_hasher(hasher.clone());
     let mut groups: Vec<Vec<u64>> = Vec::new();
-    let mut group_index: HashMap<Vec<u64>, u64> = HashMap::new();
+    let mut group_index: HashMap<Vec<u64>, u64, _> = HashMap::with_hasher(hasher);
     let mut run_refs = Vec::with_capacity(runs.len());
     for run in &runs {
         let labels = &run[0].1.labels;
@@ -69,20 +72,25 @@ pub(crate) fn encode_schema(entries: &[(u32, &Series)]) -> Vec<u8> {
         });
         let group: Vec<u64> = run
             .iter()
-            .map(|(_, s)| index[&*s.name] << 1 | u64::from(s.kind == Kind::Gauge))
+            .map(|(_, s)| index(&s.name) << 1 | u64::from(s.kind == Kind::Gauge))
             .collect();
-        let g = *group_index.entry(group.clone()).or_insert_with(|| {
-            groups.push(group);
-            groups.len() as u64 - 1
-        });
+        let g = match group_index.get(&group) {
+            Some(&g) => g,
+            None => {
+                let g = groups.len() as u64;
+                groups.push(group.clone());
+                group_index.insert(group, g);
+                g
+            }
+        };
         run_refs.push((run[0].0, l, g));
     }
     put_varint(&mut out, label_sets.len() as u64);
     for labels in &label_sets {
         put_varint(&mut out, labels.iter().count() as u64);
         for (k, v) in labels.iter() {
-            put_varint(&mut out, index[k]);
-            put_varint(&mut out, index[v]);
+            put_varint(&mut out, index(k));
+            put_varint(&mut out, index(v));
         }
     }
     put_varint(&mut out, groups.len() as u64);

@@ -60,6 +60,28 @@ pub fn render(cmd: &Command) -> String {
         .join(" ")
 }
 
+/// Builds `package`'s example `name` (release) and returns its path.
+pub fn build_example(
+    tools: &crate::tools::Tools,
+    package: &str,
+    name: &str,
+) -> anyhow::Result<PathBuf> {
+    let mut cmd = command(tools);
+    cmd.args([
+        "build",
+        "--release",
+        "--package",
+        package,
+        "--example",
+        name,
+    ]);
+    build_executables(cmd)?
+        .into_iter()
+        .find(|(built, _)| built == name)
+        .map(|(_, path)| path)
+        .with_context(|| format!("cargo did not report the {name} example"))
+}
+
 /// Builds with `--message-format=json` and returns the executables cargo reports, by target name.
 pub fn build_executables(mut cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>> {
     cmd.arg("--message-format=json-render-diagnostics")

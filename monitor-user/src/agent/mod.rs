@@ -172,7 +172,9 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                     p.flush();
                 }
             }
-            _ = deliver.tick(), if pipeline.is_some() => {
+            // Only while frames wait for an acknowledgement (about a second after each flush
+            // when the collectors answer): an agent with nothing in flight does not wake up.
+            _ = deliver.tick(), if pipeline.as_ref().is_some_and(|p| p.undelivered() > 0) => {
                 if let Some(p) = pipeline.as_mut() {
                     p.deliver();
                 }

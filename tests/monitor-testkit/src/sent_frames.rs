@@ -188,3 +188,56 @@ pub fn queried_points(
     }
     points
 }
+
+/// What a TSDB read back (`(series, ms, value)`), judged against the samples the agents sent
+/// (`sent`, from [`tsdb_samples_of`]): samples whose value differs from what was sent or that
+/// were never sent, samples held more than once, and samples of `required` it lacks.
+pub struct TsdbComparison {
+    /// `series @ms: got v, sent e`, for every sample read back that was not sent as is.
+    pub wrong: Vec<String>,
+    /// Samples read back more than once, with the count.
+    pub twice: Vec<((String, i64), usize)>,
+    /// Samples of `required` not read back.
+    pub missing: Vec<(String, i64)>,
+    /// Every sample read back, by series and time, with the times it was read.
+    pub seen: BTreeMap<(String, i64), usize>,
+}
+
+impl TsdbComparison {
+    pub fn of(
+        got: &[(String, i64, f64)],
+        sent: &BTreeMap<(String, i64), f64>,
+        required: &BTreeMap<(String, i64), f64>,
+    ) -> Self {
+        let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+        let mut wrong = Vec::new();
+        for (series, ms, v) in got {
+            *seen.entry((series.clone(), *ms)).or_default() += 1;
+            match sent.get(&(series.clone(), *ms)) {
+                Some(e) if e.to_bits() == v.to_bits() => {}
+                e => wrong.push(format!("{series} @{ms}: got {v}, sent {e:?}")),
+            }
+        }
+        let twice = seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        let missing = required
+            .keys()
+            .filter(|k| !seen.contains_key(*k))
+            .cloned()
+            .collect();
+        Self {
+            wrong,
+            twice,
+            missing,
+            seen,
+        }
+    }
+
+    /// Nothing wrong, nothing twice, nothing missing.
+    pub fn is_exact(&self) -> bool {
+        self.wrong.is_empty() && self.twice.is_empty() && self.missing.is_empty()
+    }
+}

@@ -291,20 +291,7 @@ pub(crate) fn build_standin(tools: &Tools) -> anyhow::Result<PathBuf> {
 
 pub(super) fn build_example(tools: &Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the measuring example (monitor-user/examples/agent_bench)");
-    let mut cmd = cargo::command(tools);
-    cmd.args([
-        "build",
-        "--release",
-        "--package",
-        "monitor-user",
-        "--example",
-        "agent_bench",
-    ]);
-    cargo::build_executables(cmd)?
-        .into_iter()
-        .find(|(name, _)| name == "agent_bench")
-        .map(|(_, path)| path)
-        .context("cargo did not report the agent_bench example")
+    cargo::build_example(tools, "monitor-user", "agent_bench")
 }
 
 /// Adds to a `wire` result what xz -9e makes of railscope's whole frame stream: what a

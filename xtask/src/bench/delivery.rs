@@ -79,7 +79,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let bins = Binaries {
         railscope: build::railscope_binary(tools, true)?,
         collector,
-        fleet: build_fleet_example(tools)?,
+        fleet: cargo::build_example(tools, "monitor-user", "fleet_backlog")?,
         agent_bench: super::agent::build_example(tools)?,
         standin: super::build_standin(tools)?,
     };
@@ -114,23 +114,6 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         started.elapsed()
     ));
     Ok(())
-}
-
-fn build_fleet_example(tools: &Tools) -> anyhow::Result<PathBuf> {
-    let mut cmd = cargo::command(tools);
-    cmd.args([
-        "build",
-        "--release",
-        "--package",
-        "monitor-user",
-        "--example",
-        "fleet_backlog",
-    ]);
-    cargo::build_executables(cmd)?
-        .into_iter()
-        .find(|(name, _)| name == "fleet_backlog")
-        .map(|(_, path)| path)
-        .context("cargo did not report the fleet_backlog example")
 }
 
 /// A `railscope-collector run` on `data`, its HTTP API at `http`.
