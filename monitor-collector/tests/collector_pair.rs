@@ -21,7 +21,9 @@ mod tsdb;
 use monitor_testkit::{
     CollectorProcess, FixtureAgent, KEY_HEX, Relay, Running, agent_binary_next_to, free_tcp_port,
     free_udp_port, key_file, key_from_hex, metric_sum, remote_write_caught_up, scratch_dir,
-    sent_frames::{SentFrames, TsdbComparison, decode_sent, metric_names, queried_points},
+    sent_frames::{
+        SentFrames, TsdbComparison, decode_sent, metric_names, points_differing, queried_points,
+    },
     standin_with_script, sysfs_fixture,
 };
 use monitor_wire::Key;
@@ -169,15 +171,7 @@ fn a_pair_with_one_collector_down_for_a_minute_archives_everything_and_the_tsdb_
     assert!(samples > 1000, "{samples} samples sent");
     for (name, http) in [("A", http_a), ("B (down a minute)", http_b)] {
         let answered = queried_points(&railscope(), http, &metrics);
-        let differ: Vec<_> = expected
-            .iter()
-            .filter(|(k, v)| answered.get(*k) != Some(v))
-            .map(|(k, v)| {
-                let got = answered.get(k).map_or(0, Vec::len);
-                format!("{k}: {got} of {} samples", v.len())
-            })
-            .take(5)
-            .collect();
+        let differ = points_differing(&expected, &answered);
         assert!(
             differ.is_empty() && answered.len() == expected.len(),
             "collector {name}'s archive differs from what the agents sent ({} series answered, {} sent): {differ:?}",

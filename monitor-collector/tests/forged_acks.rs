@@ -23,7 +23,7 @@ use std::{
 use monitor_testkit::{
     CollectorProcess, FixtureAgent, KEY_HEX, Relay, agent_binary_next_to, free_tcp_port,
     free_udp_port, key_file, key_from_hex, scratch_dir,
-    sent_frames::{decode_sent, metric_names, queried_points},
+    sent_frames::{decode_sent, metric_names, points_differing, queried_points},
     standin_with_script, sysfs_fixture,
 };
 use monitor_wire::{ACK_MAGIC, Ack, Key, encode_ack};
@@ -214,15 +214,7 @@ fn forged_and_replayed_acknowledgements_drop_no_frame_and_are_counted() {
     let samples: usize = expected.values().map(Vec::len).sum();
     assert!(samples > 500, "{samples} samples sent");
     let answered = queried_points(&railscope(), http, &metric_names(&expected));
-    let differ: Vec<_> = expected
-        .iter()
-        .filter(|(k, v)| answered.get(*k) != Some(v))
-        .map(|(k, v)| {
-            let got = answered.get(k).map_or(0, Vec::len);
-            format!("{k}: {got} of {} samples", v.len())
-        })
-        .take(5)
-        .collect();
+    let differ = points_differing(&expected, &answered);
     assert!(
         differ.is_empty() && answered.len() == expected.len(),
         "the archive differs from what the agent sent ({} series answered, {} sent): {differ:?}",

@@ -241,3 +241,21 @@ impl TsdbComparison {
         self.wrong.is_empty() && self.twice.is_empty() && self.missing.is_empty()
     }
 }
+
+/// The series whose points a collector answered (`answered`, from [`queried_points`]) differ
+/// from what the agents sent (`expected`, from [`archive_points`]), as `series: got N of M
+/// samples`, the first five.
+pub fn points_differing(
+    expected: &BTreeMap<String, Vec<String>>,
+    answered: &BTreeMap<String, Vec<String>>,
+) -> Vec<String> {
+    expected
+        .iter()
+        .filter(|(k, v)| answered.get(*k) != Some(v))
+        .map(|(k, v)| {
+            let got = answered.get(k).map_or(0, Vec::len);
+            format!("{k}: {got} of {} samples", v.len())
+        })
+        .take(5)
+        .collect()
+}
