@@ -20,7 +20,7 @@
 //!   sent again, the times resends were lost again and their pace halved, the frames a
 //!   previous run left in the spool file, taken back at start).
 
-use std::fmt;
+use std::{fmt, sync::LazyLock};
 
 use monitor_wire::{Kind, Labels, Reading, Series, Value, names::metric};
 
@@ -103,61 +103,105 @@ impl StateReport {
 
     /// The report as readings taken at `now` (the sampler's clock).
     pub fn readings(&self, now: MonoNs) -> Vec<Reading> {
-        let unix_ns = now.0;
-        let reading = |name: &str, label: Option<(&str, &str)>, kind, value| Reading {
-            series: Series {
-                name: name.into(),
-                labels: Labels::new(label),
-                kind,
-            },
-            value: Value::U64(value),
-            unix_ns,
-        };
-        let entries = |table, v| {
-            reading(
-                metric::AGENT_ENTRIES,
-                Some(("table", table)),
-                Kind::Gauge,
-                v,
-            )
-        };
-        let hits = |bound, v| {
-            reading(
-                metric::AGENT_BOUND_HITS_TOTAL,
-                Some(("bound", bound)),
-                Kind::Counter,
-                v,
-            )
-        };
-        vec![
-            entries("verb_keys", self.verb_keys),
-            entries("verb_series", self.verb_series),
-            entries("encoder_series", self.encoder_series),
-            entries("device_names", self.device_names),
-            entries("cgroup_names", self.cgroup_names),
-            entries("cgroup_gone", self.cgroup_gone),
-            entries("jobs_ending", self.jobs_ending),
-            entries("spool_frames", self.spool_frames),
-            entries("spool_bytes", self.spool_bytes),
-            reading(metric::AGENT_RSS_BYTES, None, Kind::Gauge, self.rss_bytes),
-            hits("verb_counts_map_full", self.verb_counts_map_full),
-            hits("event_ring_full", self.event_ring_full),
-            hits("device_names_map_full", self.device_names_map_full),
-            hits("cgroup_names_evicted", self.cgroup_names_evicted),
-            hits("encoder_series_limit", self.encoder_series_limit),
-            hits("encoder_pending_limit", self.encoder_pending_limit),
-            hits("late_verb_counts", self.late_verb_counts),
-            hits("jobs_ended", self.jobs_ended),
-            hits("devices_removed", self.devices_removed),
-            hits("spool_full", self.spool_full),
-            hits("spool_age", self.spool_age),
-            hits("acks_refused", self.acks_refused),
-            hits("frames_resent", self.frames_resent),
-            hits("resend_slowdowns", self.resend_slowdowns),
-            hits("frames_restored", self.frames_restored),
+        SERIES
+            .iter()
+            .zip(self.values())
+            .map(|(series, value)| Reading {
+                series: series.clone(),
+                value: Value::U64(value),
+                unix_ns: now.0,
+            })
+            .collect()
+    }
+
+    /// The values of [`REPORTED`]'s series, in its order.
+    fn values(&self) -> [u64; REPORTED.len()] {
+        [
+            self.verb_keys,
+            self.verb_series,
+            self.encoder_series,
+            self.device_names,
+            self.cgroup_names,
+            self.cgroup_gone,
+            self.jobs_ending,
+            self.spool_frames,
+            self.spool_bytes,
+            self.rss_bytes,
+            self.verb_counts_map_full,
+            self.event_ring_full,
+            self.device_names_map_full,
+            self.cgroup_names_evicted,
+            self.encoder_series_limit,
+            self.encoder_pending_limit,
+            self.late_verb_counts,
+            self.jobs_ended,
+            self.devices_removed,
+            self.spool_full,
+            self.spool_age,
+            self.acks_refused,
+            self.frames_resent,
+            self.resend_slowdowns,
+            self.frames_restored,
         ]
     }
 }
+
+/// A series of the report: metric, label, kind.
+type Reported = (&'static str, Option<(&'static str, &'static str)>, Kind);
+
+const fn entries(table: &'static str) -> Reported {
+    (metric::AGENT_ENTRIES, Some(("table", table)), Kind::Gauge)
+}
+
+const fn hits(bound: &'static str) -> Reported {
+    (
+        metric::AGENT_BOUND_HITS_TOTAL,
+        Some(("bound", bound)),
+        Kind::Counter,
+    )
+}
+
+/// The series of the report.
+const REPORTED: [Reported; 25] = [
+    entries("verb_keys"),
+    entries("verb_series"),
+    entries("encoder_series"),
+    entries("device_names"),
+    entries("cgroup_names"),
+    entries("cgroup_gone"),
+    entries("jobs_ending"),
+    entries("spool_frames"),
+    entries("spool_bytes"),
+    (metric::AGENT_RSS_BYTES, None, Kind::Gauge),
+    hits("verb_counts_map_full"),
+    hits("event_ring_full"),
+    hits("device_names_map_full"),
+    hits("cgroup_names_evicted"),
+    hits("encoder_series_limit"),
+    hits("encoder_pending_limit"),
+    hits("late_verb_counts"),
+    hits("jobs_ended"),
+    hits("devices_removed"),
+    hits("spool_full"),
+    hits("spool_age"),
+    hits("acks_refused"),
+    hits("frames_resent"),
+    hits("resend_slowdowns"),
+    hits("frames_restored"),
+];
+
+/// [`REPORTED`] as series, built once: the agent reports every second, and building them
+/// anew each time was a good share of its allocations.
+static SERIES: LazyLock<Vec<Series>> = LazyLock::new(|| {
+    REPORTED
+        .iter()
+        .map(|&(name, label, kind)| Series {
+            name: name.into(),
+            labels: Labels::new(label),
+            kind,
+        })
+        .collect()
+});
 
 /// `verb_keys=3 verb_series=12 ...`: the line the agent logs at stop.
 impl fmt::Display for StateReport {
@@ -200,9 +244,14 @@ impl fmt::Display for StateReport {
     }
 }
 
-/// The agent's resident memory, from `/proc/self/statm`.
+/// The agent's resident memory, from `/proc/self/statm` (kept open: it is read every
+/// second, and one `pread` costs less than opening, reading and closing it).
 fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    static STATM: LazyLock<Option<std::fs::File>> =
+        LazyLock::new(|| std::fs::File::open("/proc/self/statm").ok());
+    let mut buf = [0u8; 128];
+    let n = std::os::unix::fs::FileExt::read_at(STATM.as_ref()?, &mut buf, 0).ok()?;
+    let statm = std::str::from_utf8(&buf[..n]).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no memory effects.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -216,6 +265,7 @@ mod tests {
 
     #[test]
     fn the_state_report_sends_only_names_of_agent_metrics() {
+        assert!(rss_bytes().is_some_and(|b| b > 0));
         let names: std::collections::BTreeSet<String> = StateReport::default()
             .readings(MonoNs(1))
             .into_iter()
@@ -224,6 +274,37 @@ mod tests {
         for n in &names {
             assert!(AGENT_METRICS.contains(&n.as_str()), "{n}");
         }
+        // Each value goes with its own series.
+        let report = StateReport {
+            spool_bytes: 3,
+            rss_bytes: 5,
+            frames_restored: 7,
+            ..StateReport::default()
+        };
+        let value_of = |name: &str, label: Option<(&str, &str)>| {
+            let series = Series {
+                name: name.into(),
+                labels: Labels::new(label),
+                kind: Kind::Gauge,
+            };
+            report
+                .readings(MonoNs(1))
+                .into_iter()
+                .find(|r| r.series.name == series.name && r.series.labels == series.labels)
+                .map(|r| r.value)
+        };
+        assert_eq!(
+            value_of(metric::AGENT_ENTRIES, Some(("table", "spool_bytes"))),
+            Some(Value::U64(3))
+        );
+        assert_eq!(value_of(metric::AGENT_RSS_BYTES, None), Some(Value::U64(5)));
+        assert_eq!(
+            value_of(
+                metric::AGENT_BOUND_HITS_TOTAL,
+                Some(("bound", "frames_restored"))
+            ),
+            Some(Value::U64(7))
+        );
         for n in [
             metric::AGENT_ENTRIES,
             metric::AGENT_RSS_BYTES,

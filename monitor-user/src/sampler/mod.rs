@@ -72,6 +72,7 @@ mod rng;
 mod state;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -189,17 +190,19 @@ impl AdaptiveSampler {
 
     /// [`due`](Self::due), finding the series through `slot` (and remembering it there).
     pub fn due_at(&self, series: &Series, slot: &mut Slot, now_ns: u64) -> bool {
-        if self.groups[group_index(&self.groups, &series.name)]
-            .2
-            .dropped
-        {
-            return false;
+        match self.find(series, slot) {
+            Some(i) => {
+                let s = &self.states[i].1;
+                let slack = self.groups[s.group].2.min_ns() / 16;
+                now_ns.saturating_add(slack) >= s.next_read_ns
+            }
+            // A series with a state is never of a dropped group (`observe_at` keeps none).
+            None => {
+                !self.groups[group_index(&self.groups, &series.name)]
+                    .2
+                    .dropped
+            }
         }
-        self.find(series, slot).is_none_or(|i| {
-            let s = &self.states[i].1;
-            let slack = self.groups[s.group].2.min_ns() / 16;
-            now_ns.saturating_add(slack) >= s.next_read_ns
-        })
     }
 
     /// The state of `series`: through a valid slot, else by hashing (and the slot is set).

@@ -2,9 +2,7 @@
 //! and collected, and what it has read but not yet sent (see the module documentation of
 //! [`crate::sampler`]).
 
-use std::collections::VecDeque;
-
-use super::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64};
+use super::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64, window::Window};
 use monitor_wire::{Kind, Value};
 
 /// Reads after a shift that decide whether it lasts: when one of them is back within the range
@@ -69,9 +67,9 @@ pub(super) struct State {
     pub(super) group: usize,
     pub(super) mode: Mode,
     /// What is judged (gauge values, counter rates), the last `window` of them.
-    pub(super) window: VecDeque<f64>,
+    pub(super) window: Window,
     /// After a shift, the window before it and how many reads may still bring it back.
-    pub(super) before_shift: Option<(VecDeque<f64>, u32)>,
+    pub(super) before_shift: Option<(Window, u32)>,
     /// The window's peak when the series last became stable.
     pub(super) hist_peak: f64,
     /// Current collection interval, before jitter.
@@ -92,7 +90,7 @@ impl State {
         Self {
             group,
             mode: Mode::Fast,
-            window: VecDeque::new(),
+            window: Window::default(),
             before_shift: None,
             hist_peak: 0.0,
             interval_ns: 0,
@@ -177,10 +175,10 @@ impl State {
             self.fold(kind, value, x, now);
             if self.mode == Mode::Fast
                 && self.window.len() >= c.window()
-                && density(c, &self.window, peak(&self.window)) >= c.density_threshold
+                && self.window.density(c) >= c.density_threshold
             {
                 self.mode = Mode::Stable;
-                self.hist_peak = peak(&self.window);
+                self.hist_peak = self.window.peak(c);
                 self.interval_ns = min;
             }
             if on_time {
@@ -210,28 +208,25 @@ impl State {
     /// change. See the module documentation.
     pub(super) fn judge(&mut self, c: &SamplerConfig, x: f64) -> bool {
         if let Some((mut before, left)) = self.before_shift.take() {
-            if !shifted(c, &before, x) {
+            if !before.shifted(c, x) {
                 // What looked like a shift did not last: the series is back where it was.
-                before.extend(self.window.drain(..));
+                before.append(std::mem::take(&mut self.window));
                 self.window = before;
             } else if left > 1 {
                 self.before_shift = Some((before, left - 1));
             }
         }
-        if self.mode == Mode::Stable && shifted(c, &self.window, x) {
+        if self.mode == Mode::Stable && self.window.shifted(c, x) {
             self.before_shift = Some((std::mem::take(&mut self.window), TRANSIENT_READS));
-            self.window.push_back(x);
+            self.window.push(c, x, c.window());
             return true;
         }
-        while self.window.len() >= c.window() {
-            self.window.pop_front();
-        }
-        self.window.push_back(x);
+        self.window.push(c, x, c.window());
         if self.mode != Mode::Stable {
             return false;
         }
-        let p = peak(&self.window);
-        !c.close(p, self.hist_peak) || density(c, &self.window, p) < c.density_threshold
+        let p = self.window.peak(c);
+        !c.close(p, self.hist_peak) || self.window.density(c) < c.density_threshold
     }
 
     pub(super) fn collected(&mut self, now: u64, next_in: u64) {
@@ -308,46 +303,4 @@ pub(super) fn increase(prev: Value, now: Value) -> Option<f64> {
             (d >= 0.0).then_some(d)
         }
     }
-}
-
-pub(super) fn peak(window: &VecDeque<f64>) -> f64 {
-    window.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-}
-
-/// Whether `x` is outside the range of `window` by more than the tolerance.
-pub(super) fn shifted(c: &SamplerConfig, window: &VecDeque<f64>, x: f64) -> bool {
-    if window.is_empty() {
-        return false;
-    }
-    let (hi, lo) = (peak(window), low_edge(window));
-    (x > hi && !c.close(x, hi)) || (x < lo && !c.close(x, lo))
-}
-
-/// The low edge of the window's range: its lowest value once the lowest
-/// `TRANSIENT_READS` are left out (at most one in eight), so that a dip that came back (a
-/// data-loader stall) does not hide a drop while it is in the window.
-pub(super) fn low_edge(window: &VecDeque<f64>) -> f64 {
-    let skip = (TRANSIENT_READS as usize).min(window.len() / 8);
-    // The `skip + 1` lowest values, in order; `skip` is small.
-    let mut lowest = [f64::INFINITY; TRANSIENT_READS as usize + 1];
-    for &v in window {
-        if v < lowest[skip] {
-            let mut i = skip;
-            while i > 0 && lowest[i - 1] > v {
-                lowest[i] = lowest[i - 1];
-                i -= 1;
-            }
-            lowest[i] = v;
-        }
-    }
-    lowest[skip]
-}
-
-/// Share of the window close to `peak`.
-pub(super) fn density(c: &SamplerConfig, window: &VecDeque<f64>, peak: f64) -> f64 {
-    if window.is_empty() {
-        return 0.0;
-    }
-    let near = window.iter().filter(|&&v| c.close(v, peak)).count();
-    near as f64 / window.len() as f64
 }
