@@ -90,6 +90,10 @@ fn config(dry_run: bool) -> ActionsConfig {
             device: "*".into(),
             action: "slurm-drain".into(),
             dry_run: None,
+            url: None,
+            command: Vec::new(),
+            timeout_s: 10,
+            attempts: 10,
         }],
         ..ActionsConfig::default()
     }
@@ -344,6 +348,10 @@ fn a_finding_of_an_acting_rule_drains_a_node_a_dry_run_rule_only_would_have() {
             device: "*".into(),
             action: "slurm-drain".into(),
             dry_run: Some(false),
+            url: None,
+            command: Vec::new(),
+            timeout_s: 10,
+            attempts: 10,
         },
     );
     let actions = Actions::in_memory(c);
