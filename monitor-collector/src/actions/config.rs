@@ -382,6 +382,78 @@ mod tests {
     }
 
     #[test]
+    fn webhooks_commands_and_alertmanager_are_checked_naming_the_key() {
+        let c = parse(
+            r#"
+            external-url = "https://railscope.example:9091"
+            [alertmanager]
+            urls = ["http://am1:9093", "http://am2:9093"]
+            [[rule]]
+            rule = "gpu_xid"
+            action = "webhook"
+            url = "https://hooks.example/railscope"
+            [[rule]]
+            rule = "*"
+            action = "command"
+            command = ["/usr/local/bin/cordon", "--why"]
+            timeout-s = 30
+            "#,
+        )
+        .unwrap();
+        let am = c.alertmanager.as_ref().unwrap();
+        assert_eq!(
+            (am.resend_s, am.timeout_s, am.severity),
+            (60, 10, Severity::Info)
+        );
+        assert!(c.alertmanager_dry_run(), "the table's dry run by default");
+        assert_eq!((c.rule[0].timeout_s, c.rule[0].attempts), (10, 10));
+        assert_eq!(c.rule[1].timeout_s, 30);
+
+        let bad = [
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\n",
+                "rule 1 (rule = \"x\"): url:",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\nurl = \"ftp://h/\"\n",
+                "is not an http:// or https:// URL",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"command\"\n",
+                "rule 1 (rule = \"x\"): command:",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"command\"\ncommand = [\"/bin/true\"]\nurl = \"http://h\"\n",
+                "url is for action \"webhook\"",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"slurm-drain\"\nurl = \"http://h\"\n",
+                "url and command are for webhook and command",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\nurl = \"http://h\"\nattempts = 0\n",
+                "attempts: must be at least 1",
+            ),
+            ("[alertmanager]\n", "alertmanager.urls: give at least one"),
+            (
+                "[alertmanager]\nurls = [\"am:9093\"]\n",
+                "alertmanager.urls: \"am:9093\"",
+            ),
+            (
+                "[alertmanager]\nurls = [\"http://am:9093\"]\nresend-s = 0\n",
+                "alertmanager.resend-s",
+            ),
+            ("external-url = \"http:///x\"\n", "external-url:"),
+        ];
+        for (text, want) in bad {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let e = parse("[alertmanager]\nurls = [\"http://am\"]\nresend = 5\n").unwrap_err();
+        assert!(e.contains("unknown field `resend`"), "{e}");
+    }
+
+    #[test]
     fn the_brake_limit_is_the_smaller_of_its_count_and_share_and_at_least_one() {
         let c = ActionsConfig::default();
         assert_eq!(c.brake_limit(0), 1);
