@@ -51,6 +51,9 @@ pub struct Counters {
     pub failed: AtomicU64,
 }
 
+/// A metric family of [`Counters`]: name, help, value.
+type Family = (&'static str, &'static str, fn(&Counters) -> u64);
+
 /// The counts of every configured Alertmanager, by URL.
 #[derive(Debug, Default)]
 pub struct AlertStats {
@@ -82,7 +85,7 @@ impl AlertStats {
         if self.by_url.is_empty() {
             return;
         }
-        let families: [(&str, &str, fn(&Counters) -> u64); 2] = [
+        let families: [Family; 2] = [
             (
                 "railscope_collector_alerts_sent_total",
                 "Alerts (firing or resolved) the Alertmanager at this URL accepted.",
