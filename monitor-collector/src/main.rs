@@ -173,7 +173,15 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         writers.push(RemoteWriter::start(endpoint, source, &state_dir)?);
     }
     let writers = Arc::new(Mutex::new(writers));
+    let actions = actions_config
+        .map(|config| {
+            monitor_collector::actions::Actions::open(&data_dir, config)
+                .map(Arc::new)
+                .context("opening the actions audit log")
+        })
+        .transpose()?;
     let shown = writers.clone();
+    let alert_counts = actions.clone();
     let extra_metrics = Box::new(move |out: &mut String| {
         metrics::write_archive_stats(
             out,
@@ -183,6 +191,9 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         if !writers.is_empty() {
             let stats: Vec<_> = writers.iter().map(|w| (w.name(), w.stats())).collect();
             remote_write::write_metrics(out, &stats);
+        }
+        if let Some(actions) = &alert_counts {
+            actions.alert_stats.write_metrics(out);
         }
     });
     let engine = Arc::new(
@@ -202,13 +213,6 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         &findings_endpoints,
         std::time::Duration::from_secs(thresholds.tick_s),
     )?;
-    let actions = actions_config
-        .map(|config| {
-            monitor_collector::actions::Actions::open(&data_dir, config)
-                .map(Arc::new)
-                .context("opening the actions audit log")
-        })
-        .transpose()?;
     let parts = Parts {
         archive: Some(Box::new(archive)),
         query: Some(engine),

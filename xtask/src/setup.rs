@@ -32,6 +32,10 @@ pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
 /// packages only: the tests start the daemons themselves, with their own configuration.
 pub const SLURM_PACKAGES: &[&str] = &["slurmctld", "slurmd", "slurm-client", "munge"];
 
+/// The Alertmanager the alert actions' test starts on loopback with its own configuration
+/// and storage (the package's own service is not used).
+pub const ALERTMANAGER_PACKAGES: &[&str] = &["prometheus-alertmanager"];
+
 /// The dashboard's charting library, compiled into the collector (its build.rs reads it), and
 /// the browser its test drives headless.
 pub const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
@@ -78,6 +82,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
         ensure_debian_packages(testbed::HOST_PACKAGES)?;
         ensure_debian_packages(TSDB_PACKAGES)?;
         ensure_debian_packages(SLURM_PACKAGES)?;
+        ensure_debian_packages(ALERTMANAGER_PACKAGES)?;
         ensure_debian_packages(DASHBOARD_PACKAGES)?;
         ensure_debian_packages(crate::units::PACKAGES)?;
     }

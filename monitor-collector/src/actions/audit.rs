@@ -1,6 +1,6 @@
 //! The audit log: `actions.log` in the collector's data directory, one record per step of
 //! every action (tried, done, would do, failed, gave up, held, joined, skipped, left,
-//! released), framed as the findings log is ([`crate::framed_log`]). It is the actions'
+//! released; for alerts only an endpoint's changes), framed as the findings log is ([`crate::framed_log`]). It is the actions'
 //! memory: at start-up the records are read back and replayed ([`super::state`]), so a restart
 //! acts on no finding twice. It is kept whole (a record is a few hundred bytes, and actions
 //! are rare).
@@ -26,6 +26,13 @@ pub enum Action {
     Resume,
     /// A person released the brake (`railscope actions release`).
     Release,
+    /// POST the finding to a webhook.
+    Webhook,
+    /// Run a command with the finding on its stdin.
+    Command,
+    /// Alerts to an Alertmanager: only its changes (failing, sending again) are recorded,
+    /// not every send.
+    Alert,
 }
 
 /// One step of an action.
@@ -80,6 +87,9 @@ pub struct Record {
     /// Why, in words: Slurm's error, whose reason the node carries, ...
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// Where a webhook, command or alert went: the URL, or the program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +144,7 @@ mod tests {
             dry_run: false,
             reason: Some("railscope: gpu_xid".into()),
             detail: String::new(),
+            target: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The `[actions]` table of collector.toml (docs/actions.md lists every key, its default and
 //! why): whether the collector acts or only says what it would do, which findings make it
-//! drain a node in Slurm, how long a node stays clear before it is resumed, and the brake.
+//! drain a node in Slurm, post to a webhook or run a command, how long a node stays clear
+//! before it is resumed, the brake, and `[actions.alertmanager]`.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,8 +31,45 @@ pub struct ActionsConfig {
     /// node).
     pub brake_max_percent: f64,
     pub brake_window_s: u64,
-    /// Which findings drain a node: the first rule that matches a finding decides.
+    /// The dashboard's address as its users reach it (`https://railscope.example:9091`):
+    /// alerts and webhook bodies link to the finding's view under it. None: no link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_url: Option<String>,
+    /// Every active finding as an alert to Alertmanager, where the table is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alertmanager: Option<AlertmanagerConfig>,
+    /// Which findings are acted on, and how: the first rule that matches a finding decides.
     pub rule: Vec<ActionRule>,
+}
+
+/// `[actions.alertmanager]`: where alerts go and how often they are sent again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct AlertmanagerConfig {
+    /// Alertmanager base URLs (`http://am1:9093`); each one gets every alert (an HA pair is
+    /// two URLs).
+    pub urls: Vec<String>,
+    /// The least severity sent (default info: every finding).
+    pub severity: Severity,
+    /// How often an active finding's alert is sent again, seconds.
+    pub resend_s: u64,
+    /// How long one POST may take, seconds.
+    pub timeout_s: u64,
+    /// Only log what would be sent (default: the `[actions]` table's `dry-run`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+impl Default for AlertmanagerConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            severity: Severity::Info,
+            resend_s: 60,
+            timeout_s: 10,
+            dry_run: None,
+        }
+    }
 }
 
 impl Default for ActionsConfig {
@@ -45,6 +83,8 @@ impl Default for ActionsConfig {
             brake_max_nodes: 10,
             brake_max_percent: 10.0,
             brake_window_s: 3600,
+            external_url: None,
+            alertmanager: None,
             rule: Vec::new(),
         }
     }
@@ -62,11 +102,32 @@ pub struct ActionRule {
     /// What the finding is about: `ib_port`, `gpu`, `job`, `node`, or `*` (default).
     #[serde(default = "any")]
     pub device: String,
-    /// The action: `slurm-drain` (drain, and resume once clear) is the one built.
+    /// The action: `slurm-drain` (drain, and resume once clear), `webhook` or `command`.
     pub action: String,
     /// This rule's own dry run (default: the table's `dry-run`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
+    /// `webhook`: the URL the finding is POSTed to as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `command`: the program and its arguments (no shell); the finding is its stdin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// `webhook`, `command`: how long one try may take, seconds, before it is cut off (the
+    /// command killed) and counted as failed.
+    #[serde(default = "notify_timeout_s")]
+    pub timeout_s: u64,
+    /// `webhook`, `command`: tries before railscope gives up on the finding.
+    #[serde(default = "notify_attempts")]
+    pub attempts: u32,
+}
+
+fn notify_timeout_s() -> u64 {
+    10
+}
+
+fn notify_attempts() -> u32 {
+    10
 }
 
 fn critical() -> Severity {
@@ -80,7 +141,7 @@ fn any() -> String {
 /// The device kinds a rule can name.
 pub const DEVICE_KINDS: &[&str] = &["ib_port", "gpu", "job", "node", "*"];
 /// The actions a rule can name.
-pub const ACTIONS: &[&str] = &["slurm-drain"];
+pub const ACTIONS: &[&str] = &["slurm-drain", "webhook", "command"];
 
 /// What a finding is about, as a rule's `device` names it.
 pub fn device_kind(f: &Finding) -> &'static str {
@@ -141,15 +202,73 @@ impl ActionsConfig {
                     DEVICE_KINDS.join(", ")
                 ));
             }
-            if !ACTIONS.contains(&r.action.as_str()) {
-                return Err(format!(
-                    "{at}: action {:?} is not one of {} (the only action built so far)",
-                    r.action,
-                    ACTIONS.join(", ")
-                ));
+            match r.action.as_str() {
+                "slurm-drain" => {
+                    if r.url.is_some() || !r.command.is_empty() {
+                        return Err(format!("{at}: url and command are for webhook and command"));
+                    }
+                }
+                "webhook" => {
+                    let url = r.url.as_deref().unwrap_or_default();
+                    check_url(url).map_err(|e| format!("{at}: url: {e}"))?;
+                    if !r.command.is_empty() {
+                        return Err(format!("{at}: command is for action \"command\""));
+                    }
+                }
+                "command" => {
+                    if r.command.first().is_none_or(|p| p.is_empty()) {
+                        return Err(format!(
+                            "{at}: command: the program and its arguments, e.g. \
+                             [\"/usr/local/bin/cordon\", \"--reason\", \"railscope\"]"
+                        ));
+                    }
+                    if r.url.is_some() {
+                        return Err(format!("{at}: url is for action \"webhook\""));
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{at}: action {:?} is not one of {}",
+                        r.action,
+                        ACTIONS.join(", ")
+                    ));
+                }
+            }
+            if r.action != "slurm-drain" {
+                if r.timeout_s == 0 {
+                    return Err(format!("{at}: timeout-s: must be at least 1"));
+                }
+                if r.attempts == 0 {
+                    return Err(format!("{at}: attempts: must be at least 1"));
+                }
+            }
+        }
+        if let Some(url) = &self.external_url {
+            check_url(url).map_err(|e| format!("external-url: {e}"))?;
+        }
+        if let Some(am) = &self.alertmanager {
+            if am.urls.is_empty() {
+                return Err("alertmanager.urls: give at least one Alertmanager URL".into());
+            }
+            for url in &am.urls {
+                check_url(url).map_err(|e| format!("alertmanager.urls: {e}"))?;
+            }
+            if am.resend_s == 0 {
+                return Err("alertmanager.resend-s: must be at least 1".into());
+            }
+            if am.timeout_s == 0 {
+                return Err("alertmanager.timeout-s: must be at least 1".into());
             }
         }
         Ok(())
+    }
+
+    /// Whether the alerts to Alertmanager are only logged.
+    pub fn alertmanager_dry_run(&self) -> bool {
+        self.alertmanager
+            .as_ref()
+            .and_then(|a| a.dry_run)
+            .unwrap_or(self.dry_run)
     }
 
     /// The rule that decides what to do about `f`, if any.
@@ -171,6 +290,18 @@ impl ActionsConfig {
         let share = (self.brake_max_percent / 100.0 * nodes_seen as f64).floor() as usize;
         share.max(1).min(self.brake_max_nodes as usize)
     }
+}
+
+/// An `http://` or `https://` URL with a host.
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+    if rest.is_empty() || rest.starts_with('/') || url.chars().any(char::is_whitespace) {
+        return Err(format!("{url:?} has no host, or holds spaces"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -248,6 +379,78 @@ mod tests {
         let e = parse("brake-max-percent = 0\n").unwrap_err();
         assert!(e.contains("brake-max-percent"), "{e}");
         assert!(parse("[[rule]]\nrule = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn webhooks_commands_and_alertmanager_are_checked_naming_the_key() {
+        let c = parse(
+            r#"
+            external-url = "https://railscope.example:9091"
+            [alertmanager]
+            urls = ["http://am1:9093", "http://am2:9093"]
+            [[rule]]
+            rule = "gpu_xid"
+            action = "webhook"
+            url = "https://hooks.example/railscope"
+            [[rule]]
+            rule = "*"
+            action = "command"
+            command = ["/usr/local/bin/cordon", "--why"]
+            timeout-s = 30
+            "#,
+        )
+        .unwrap();
+        let am = c.alertmanager.as_ref().unwrap();
+        assert_eq!(
+            (am.resend_s, am.timeout_s, am.severity),
+            (60, 10, Severity::Info)
+        );
+        assert!(c.alertmanager_dry_run(), "the table's dry run by default");
+        assert_eq!((c.rule[0].timeout_s, c.rule[0].attempts), (10, 10));
+        assert_eq!(c.rule[1].timeout_s, 30);
+
+        let bad = [
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\n",
+                "rule 1 (rule = \"x\"): url:",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\nurl = \"ftp://h/\"\n",
+                "is not an http:// or https:// URL",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"command\"\n",
+                "rule 1 (rule = \"x\"): command:",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"command\"\ncommand = [\"/bin/true\"]\nurl = \"http://h\"\n",
+                "url is for action \"webhook\"",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"slurm-drain\"\nurl = \"http://h\"\n",
+                "url and command are for webhook and command",
+            ),
+            (
+                "[[rule]]\nrule = \"x\"\naction = \"webhook\"\nurl = \"http://h\"\nattempts = 0\n",
+                "attempts: must be at least 1",
+            ),
+            ("[alertmanager]\n", "alertmanager.urls: give at least one"),
+            (
+                "[alertmanager]\nurls = [\"am:9093\"]\n",
+                "alertmanager.urls: \"am:9093\"",
+            ),
+            (
+                "[alertmanager]\nurls = [\"http://am:9093\"]\nresend-s = 0\n",
+                "alertmanager.resend-s",
+            ),
+            ("external-url = \"http:///x\"\n", "external-url:"),
+        ];
+        for (text, want) in bad {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let e = parse("[alertmanager]\nurls = [\"http://am\"]\nresend = 5\n").unwrap_err();
+        assert!(e.contains("unknown field `resend`"), "{e}");
     }
 
     #[test]

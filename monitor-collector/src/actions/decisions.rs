@@ -5,13 +5,20 @@
 //! railscope drained is resumed once every finding it was drained for has ended and the node
 //! stayed clear for the hold time, and only if it still carries railscope's reason.
 
-use std::{collections::VecDeque, path::Path, sync::Mutex};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    path::Path,
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::Duration,
+};
 
 use serde_json::json;
 
 use super::{
     audit::{Action, AuditError, AuditLog, Outcome, Record},
-    config::{ActionsConfig, BRAKE_RULE},
+    config::{ActionRule, ActionsConfig, BRAKE_RULE},
+    notify::{Deliver, Notifier, Target},
     slurm::{Scheduler, SlurmError, sanitize_reason},
     state::{ActionState, Phase},
 };
@@ -37,6 +44,8 @@ struct Step<'a> {
     dry_run: bool,
     reason: Option<&'a str>,
     detail: String,
+    /// A webhook's URL, a command line, an Alertmanager.
+    target: Option<&'a str>,
 }
 
 struct Inner {
@@ -47,6 +56,20 @@ struct Inner {
     /// Whether a pass ran since start-up (the first one skips findings older than those
     /// already handled).
     passed: bool,
+    /// Findings whose webhook or command is being tried now, on a thread of its own.
+    in_flight: HashSet<String>,
+}
+
+/// A webhook's or command's try, as its thread hands it back to the next pass.
+struct Delivered {
+    finding: String,
+    node: String,
+    action: Action,
+    target: String,
+    /// Tries before this one, and how many the rule allows.
+    attempts: u32,
+    max_attempts: u32,
+    result: Result<String, String>,
 }
 
 /// Something Slurm is to be asked, decided by a pass.
@@ -60,11 +83,29 @@ enum Job {
         node: String,
         reason: String,
     },
+    /// A webhook or a command, run on a thread of its own.
+    Notify {
+        finding: String,
+        node: String,
+        action: Action,
+        target: Target,
+        body: Vec<u8>,
+        timeout: Duration,
+        attempts: u32,
+        max_attempts: u32,
+    },
 }
 
 pub struct Actions {
     config: ActionsConfig,
     inner: Mutex<Inner>,
+    notifier: Arc<dyn Notifier>,
+    /// Tries finished since the last pass.
+    delivered: Arc<Mutex<Vec<Delivered>>>,
+    /// The threads of tries under way (joined by [`Actions::wait_deliveries`]).
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// What the Alertmanager senders counted, by URL (`/metrics`).
+    pub alert_stats: super::alertmanager::AlertStats,
 }
 
 impl Actions {
@@ -95,8 +136,28 @@ impl Actions {
                 recent: records.into_iter().skip(skip).collect(),
                 log_errors: 0,
                 passed: false,
+                in_flight: HashSet::new(),
             }),
+            alert_stats: super::alertmanager::AlertStats::new(&config),
             config,
+            notifier: Arc::new(Deliver),
+            delivered: Arc::default(),
+            threads: Mutex::default(),
+        }
+    }
+
+    /// These actions delivering webhooks and commands through `notifier` (unit tests).
+    pub fn with_notifier(mut self, notifier: Arc<dyn Notifier>) -> Self {
+        self.notifier = notifier;
+        self
+    }
+
+    /// Waits for the tries under way to finish (their outcomes are recorded by the next
+    /// pass).
+    pub fn wait_deliveries(&self) {
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
         }
     }
 
@@ -107,11 +168,124 @@ impl Actions {
     /// One pass at `now` (Unix ns), the collector holding `nodes_seen` nodes: decisions,
     /// then Slurm's calls, then the brake's finding.
     pub fn pass(&self, store: &FindingsStore, nodes_seen: usize, now: u64, slurm: &dyn Scheduler) {
+        self.record_deliveries(now);
         let jobs = self.decide(store, nodes_seen, now);
         for job in jobs {
-            self.run(job, now, slurm);
+            match job {
+                Job::Notify { .. } => self.start_delivery(job),
+                _ => self.run(job, now, slurm),
+            }
         }
         self.report_brake(store, nodes_seen, now);
+    }
+
+    /// Starts a webhook's or command's try on a thread of its own: one that hangs until its
+    /// timeout holds up nothing else.
+    fn start_delivery(&self, job: Job) {
+        let Job::Notify {
+            finding,
+            node,
+            action,
+            target,
+            body,
+            timeout,
+            attempts,
+            max_attempts,
+        } = job
+        else {
+            return;
+        };
+        let notifier = self.notifier.clone();
+        let delivered = self.delivered.clone();
+        let started = std::thread::Builder::new()
+            .name("actions-notify".into())
+            .spawn(move || {
+                let result = notifier.deliver(&target, &body, timeout);
+                lock(&delivered).push(Delivered {
+                    finding,
+                    node,
+                    action,
+                    target: target.describe(),
+                    attempts,
+                    max_attempts,
+                    result,
+                });
+            });
+        let mut threads = lock(&self.threads);
+        threads.retain(|t| !t.is_finished());
+        match started {
+            Ok(t) => threads.push(t),
+            // Not started: tried again on the next pass.
+            Err(e) => tracing::warn!("actions: cannot start a thread for a {action:?}: {e}"),
+        }
+    }
+
+    /// Records the tries finished since the last pass.
+    fn record_deliveries(&self, now: u64) {
+        let done = std::mem::take(&mut *lock(&self.delivered));
+        if done.is_empty() {
+            return;
+        }
+        let mut inner = lock(&self.inner);
+        for d in done {
+            inner.in_flight.remove(&d.finding);
+            let tries = d.attempts + 1;
+            let (outcome, detail) = match d.result {
+                Ok(said) => (Outcome::Done, format!("delivered ({said})")),
+                Err(e) if tries >= d.max_attempts => (
+                    Outcome::GaveUp,
+                    format!("{e}: given up after {tries} tries"),
+                ),
+                Err(e) => (
+                    Outcome::Failed,
+                    format!(
+                        "{e}: try {tries} of {}, tried again after a back-off",
+                        d.max_attempts
+                    ),
+                ),
+            };
+            if outcome != Outcome::Done {
+                tracing::warn!("{:?} for {}: {detail}", d.action, d.finding);
+            }
+            let step = Step {
+                node: &d.node,
+                target: Some(&d.target),
+                action: d.action,
+                outcome,
+                finding: None,
+                finding_id: Some(&d.finding),
+                rule: None,
+                dry_run: false,
+                reason: None,
+                detail,
+            };
+            self.record(&mut inner, step, now);
+        }
+    }
+
+    /// Records an Alertmanager endpoint's change (failing, or sending again).
+    pub fn record_alert(
+        &self,
+        url: &str,
+        outcome: Outcome,
+        dry_run: bool,
+        detail: String,
+        now: u64,
+    ) {
+        let mut inner = lock(&self.inner);
+        let step = Step {
+            node: BRAKE_NODE,
+            target: Some(url),
+            action: Action::Alert,
+            outcome,
+            finding: None,
+            finding_id: None,
+            rule: None,
+            dry_run,
+            reason: None,
+            detail,
+        };
+        self.record(&mut inner, step, now);
     }
 
     fn decide(&self, store: &FindingsStore, nodes_seen: usize, now: u64) -> Vec<Job> {
@@ -126,9 +300,11 @@ impl Actions {
                 continue;
             }
             let dry_run = c.dry_run_of(rule);
+            let target = notice_target(rule).map(|(_, t)| t.describe());
             let mut step = Step {
                 node: &f.node,
-                action: Action::Drain,
+                target: target.as_deref(),
+                action: notice_target(rule).map_or(Action::Drain, |(a, _)| a),
                 outcome: Outcome::Skipped,
                 finding: Some(f),
                 finding_id: Some(&f.id),
@@ -141,6 +317,25 @@ impl Actions {
                 step.detail = "older than the findings already handled: only a new finding \
                                acts on this node"
                     .into();
+                self.record(&mut inner, step, now);
+                continue;
+            }
+            // A webhook or a command: once per finding, whatever the node.
+            if target.is_some() {
+                if dry_run {
+                    step.outcome = Outcome::Would;
+                    step.detail = format!(
+                        "dry run: would {} ({})",
+                        if rule.action == "webhook" {
+                            "POST the finding to it"
+                        } else {
+                            "run it with the finding on its stdin"
+                        },
+                        f.summary
+                    );
+                } else {
+                    step.outcome = Outcome::Tried;
+                }
                 self.record(&mut inner, step, now);
                 continue;
             }
@@ -221,6 +416,7 @@ impl Actions {
             );
             let step = Step {
                 node: &node,
+                target: None,
                 action: Action::Resume,
                 outcome: if dry_run {
                     Outcome::Would
@@ -242,7 +438,7 @@ impl Actions {
         }
         // What Slurm is to be asked now: pending drains and resumes whose time has come. A
         // dry-run drain released from the brake is recorded as what it would do.
-        let mut jobs = Vec::new();
+        let mut jobs = self.notices_due(&mut inner, store, &active, now);
         let pending: Vec<_> = inner.state.nodes.values().cloned().collect();
         for e in pending {
             let first = e.findings.iter().next().cloned().unwrap_or_default();
@@ -251,6 +447,7 @@ impl Actions {
                     if e.dry_run {
                         let step = Step {
                             node: &e.node,
+                            target: None,
                             action: Action::Drain,
                             outcome: Outcome::Would,
                             finding: None,
@@ -279,6 +476,79 @@ impl Actions {
         jobs
     }
 
+    /// The webhooks and commands to try now: decided, not under way, their back-off passed.
+    /// The finding is looked up again (a restart keeps only its id), and so is the rule, so a
+    /// URL fixed in the configuration is used by the next try.
+    fn notices_due(
+        &self,
+        inner: &mut Inner,
+        store: &FindingsStore,
+        active: &[Finding],
+        now: u64,
+    ) -> Vec<Job> {
+        let due: Vec<_> = inner
+            .state
+            .notices
+            .values()
+            .filter(|n| n.next_try <= now && !inner.in_flight.contains(&n.finding))
+            .cloned()
+            .collect();
+        let mut jobs = Vec::new();
+        let mut by_node: HashMap<String, Vec<Finding>> = HashMap::new();
+        for n in due {
+            let found = active
+                .iter()
+                .find(|f| f.id == n.finding)
+                .cloned()
+                .or_else(|| {
+                    by_node
+                        .entry(n.node.clone())
+                        .or_insert_with(|| {
+                            store.list(&FindingFilter {
+                                start_ns: 0,
+                                end_ns: u64::MAX,
+                                node: Some(n.node.clone()),
+                                ..FindingFilter::default()
+                            })
+                        })
+                        .iter()
+                        .find(|f| f.id == n.finding)
+                        .cloned()
+                });
+            let rule = found.as_ref().and_then(|f| self.config.rule_for(f));
+            let target = rule.and_then(notice_target).filter(|(a, _)| *a == n.action);
+            let (Some(f), Some(rule), Some((action, target))) = (found, rule, target) else {
+                let step = Step {
+                    node: &n.node,
+                    target: Some(&n.target),
+                    action: n.action,
+                    outcome: Outcome::GaveUp,
+                    finding: None,
+                    finding_id: Some(&n.finding),
+                    rule: None,
+                    dry_run: false,
+                    reason: None,
+                    detail: "the finding is no longer held, or no rule sends it there any more"
+                        .into(),
+                };
+                self.record(inner, step, now);
+                continue;
+            };
+            inner.in_flight.insert(n.finding.clone());
+            jobs.push(Job::Notify {
+                body: super::notify::body(&f, self.config.external_url.as_deref()),
+                finding: n.finding,
+                node: n.node,
+                action,
+                target,
+                timeout: Duration::from_secs(rule.timeout_s),
+                attempts: n.attempts,
+                max_attempts: rule.attempts,
+            });
+        }
+        jobs
+    }
+
     /// Asks Slurm (outside the lock) and records what it said.
     fn run(&self, job: Job, now: u64, slurm: &dyn Scheduler) {
         let (node, action, reason, finding) = match &job {
@@ -288,6 +558,7 @@ impl Actions {
                 finding,
             } => (node, Action::Drain, reason, Some(finding.as_str())),
             Job::Resume { node, reason } => (node, Action::Resume, reason, None),
+            Job::Notify { .. } => return,
         };
         let (outcome, detail) = match slurm.show(node) {
             Err(e) => failure(&e),
@@ -337,6 +608,7 @@ impl Actions {
         let mut inner = lock(&self.inner);
         let step = Step {
             node,
+            target: None,
             action,
             outcome,
             finding: None,
@@ -364,6 +636,7 @@ impl Actions {
             dry_run: step.dry_run,
             reason: step.reason.map(str::to_owned),
             detail: step.detail,
+            target: step.target.map(str::to_owned),
         };
         let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_owned();
         tracing::info!(
@@ -398,6 +671,7 @@ impl Actions {
         let held: Vec<String> = inner.state.held().iter().map(|e| e.node.clone()).collect();
         let step = Step {
             node: "-",
+            target: None,
             action: Action::Release,
             outcome: Outcome::Released,
             finding: None,
@@ -476,6 +750,12 @@ impl Actions {
                 "window_s": c.brake_window_s,
             },
             "nodes": inner.state.nodes.values().collect::<Vec<_>>(),
+            "notices": inner.state.notices.values().collect::<Vec<_>>(),
+            "alertmanager": c.alertmanager.as_ref().map(|a| json!({
+                "urls": a.urls,
+                "dry_run": c.alertmanager_dry_run(),
+                "resend_s": a.resend_s,
+            })),
             "records": inner.recent.iter().collect::<Vec<_>>(),
             "log_errors": inner.log_errors,
         })
@@ -491,5 +771,24 @@ fn failure(e: &SlurmError) -> (Outcome, String) {
         )
     } else {
         (Outcome::GaveUp, format!("{e}: not retried"))
+    }
+}
+
+/// A webhook's or command's action and target; None for a Slurm drain.
+fn notice_target(rule: &ActionRule) -> Option<(Action, Target)> {
+    match rule.action.as_str() {
+        "webhook" => Some((
+            Action::Webhook,
+            Target::Webhook {
+                url: rule.url.clone().unwrap_or_default(),
+            },
+        )),
+        "command" => Some((
+            Action::Command,
+            Target::Command {
+                argv: rule.command.clone(),
+            },
+        )),
+        _ => None,
     }
 }

@@ -41,9 +41,27 @@ pub struct NodeAction {
     pub last_error: Option<String>,
 }
 
+/// A webhook or command for one finding, decided and not yet done.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Notice {
+    pub finding: String,
+    pub node: String,
+    pub action: Action,
+    /// The URL or the command line.
+    pub target: String,
+    /// Tries failed so far.
+    pub attempts: u32,
+    /// When to try next, Unix ns.
+    pub next_try: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 #[derive(Debug, Default)]
 pub struct ActionState {
     pub nodes: BTreeMap<String, NodeAction>,
+    /// Webhooks and commands not done yet, by finding.
+    pub notices: BTreeMap<String, Notice>,
     /// Every finding an action was decided for (or not, on purpose).
     pub handled: HashSet<String>,
     /// The latest start of a finding handled, Unix ns.
@@ -70,6 +88,10 @@ impl ActionState {
         if let Some(f) = &r.finding {
             self.handled.insert(f.clone());
             self.watermark = self.watermark.max(r.finding_start.unwrap_or(0));
+        }
+        if matches!(r.action, Action::Webhook | Action::Command) {
+            self.apply_notice(r, retry_max_s);
+            return;
         }
         let entry = self.nodes.get_mut(&r.node);
         match (r.action, r.outcome) {
@@ -180,6 +202,37 @@ impl ActionState {
         }
     }
 
+    /// A webhook's or command's record: once per finding, tried until done or given up.
+    fn apply_notice(&mut self, r: &Record, retry_max_s: u64) {
+        let Some(finding) = &r.finding else { return };
+        match r.outcome {
+            Outcome::Tried => {
+                self.notices.insert(
+                    finding.clone(),
+                    Notice {
+                        finding: finding.clone(),
+                        node: r.node.clone(),
+                        action: r.action,
+                        target: r.target.clone().unwrap_or_default(),
+                        attempts: 0,
+                        next_try: r.at,
+                        last_error: None,
+                    },
+                );
+            }
+            Outcome::Failed => {
+                if let Some(n) = self.notices.get_mut(finding) {
+                    n.attempts += 1;
+                    n.next_try = r.at + backoff_ns(n.attempts, retry_max_s);
+                    n.last_error = Some(r.detail.clone());
+                }
+            }
+            _ => {
+                self.notices.remove(finding);
+            }
+        }
+    }
+
     /// Nodes drained by railscope that the brake counts at `now`: since the window's start
     /// and the last release.
     pub fn drained_in_window(&self, now: u64, window_ns: u64) -> usize {
@@ -224,6 +277,7 @@ mod tests {
             dry_run: false,
             reason: Some("railscope: r".into()),
             detail: "d".into(),
+            target: None,
         }
     }
 

@@ -90,6 +90,10 @@ fn config(dry_run: bool) -> ActionsConfig {
             device: "*".into(),
             action: "slurm-drain".into(),
             dry_run: None,
+            url: None,
+            command: Vec::new(),
+            timeout_s: 10,
+            attempts: 10,
         }],
         ..ActionsConfig::default()
     }
@@ -344,6 +348,10 @@ fn a_finding_of_an_acting_rule_drains_a_node_a_dry_run_rule_only_would_have() {
             device: "*".into(),
             action: "slurm-drain".into(),
             dry_run: Some(false),
+            url: None,
+            command: Vec::new(),
+            timeout_s: 10,
+            attempts: 10,
         },
     );
     let actions = Actions::in_memory(c);
@@ -385,4 +393,111 @@ fn a_drain_not_made_does_not_count_against_the_brake() {
     actions.pass(&store, 10, T0 + S, &slurm);
     // Two drains skipped, one given up on: the brake (2) still lets n3's go.
     assert_eq!(slurm.drains(), ["n3"]);
+}
+
+/// Deliveries as a list of (target, body), failing the first `fail` tries.
+#[derive(Default)]
+struct FakeNotifier {
+    got: Mutex<Vec<(String, String)>>,
+    fail: Mutex<u32>,
+}
+
+impl super::notify::Notifier for FakeNotifier {
+    fn deliver(
+        &self,
+        target: &super::notify::Target,
+        body: &[u8],
+        _timeout: std::time::Duration,
+    ) -> Result<String, String> {
+        self.got.lock().unwrap().push((
+            target.describe(),
+            String::from_utf8_lossy(body).into_owned(),
+        ));
+        let mut fail = self.fail.lock().unwrap();
+        if *fail > 0 {
+            *fail -= 1;
+            return Err("HTTP 503: busy".into());
+        }
+        Ok("HTTP 200".into())
+    }
+}
+
+fn webhook_config(dry_run: bool, attempts: u32) -> ActionsConfig {
+    let mut c = config(dry_run);
+    c.rule[0].action = "webhook".into();
+    c.rule[0].url = Some("http://hooks.example/x".into());
+    c.rule[0].attempts = attempts;
+    c.external_url = Some("https://rs.example".into());
+    c.validate().unwrap();
+    c
+}
+
+/// A pass, its deliveries waited for, and the next pass that records them.
+fn pass_and_record(actions: &Actions, store: &FindingsStore, slurm: &FakeSlurm, now: u64) {
+    actions.pass(store, 10, now, slurm);
+    actions.wait_deliveries();
+    actions.pass(store, 10, now, slurm);
+}
+
+#[test]
+fn a_webhook_is_retried_after_a_failure_delivered_once_and_never_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1"]);
+    let notifier = Arc::new(FakeNotifier::default());
+    *notifier.fail.lock().unwrap() = 1;
+    {
+        let actions = Actions::open(dir.path(), webhook_config(false, 5))
+            .unwrap()
+            .with_notifier(notifier.clone());
+        store.apply(&[xid("n1", T0)], &["gpu_xid"], T0);
+        pass_and_record(&actions, &store, &slurm, T0);
+        // The back-off: not tried again within the second.
+        pass_and_record(&actions, &store, &slurm, T0 + S / 2);
+        assert_eq!(notifier.got.lock().unwrap().len(), 1);
+        pass_and_record(&actions, &store, &slurm, T0 + 2 * S);
+        assert_eq!(
+            outcomes(&actions, "n1"),
+            ["webhook tried", "webhook failed", "webhook done"]
+        );
+    }
+    let got = notifier.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 2);
+    let id = store.active()[0].id.clone();
+    let body: serde_json::Value = serde_json::from_str(&got[1].1).unwrap();
+    assert_eq!(
+        (got[1].0.as_str(), &body["finding"]["id"]),
+        ("http://hooks.example/x", &serde_json::json!(id))
+    );
+    assert_eq!(body["link"], "https://rs.example/#/node/n1");
+    // Restarted with the finding still active: nothing is sent again; Slurm is not asked.
+    let actions = Actions::open(dir.path(), webhook_config(false, 5))
+        .unwrap()
+        .with_notifier(notifier.clone());
+    pass_and_record(&actions, &store, &slurm, T0 + 10 * S);
+    assert_eq!(notifier.got.lock().unwrap().len(), 2);
+    assert!(slurm.drains().is_empty());
+}
+
+#[test]
+fn a_webhook_is_given_up_after_its_attempts_and_a_dry_run_sends_nothing() {
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1", "n2"]);
+    let notifier = Arc::new(FakeNotifier::default());
+    *notifier.fail.lock().unwrap() = 100;
+    let actions = Actions::in_memory(webhook_config(false, 2)).with_notifier(notifier.clone());
+    store.apply(&[xid("n1", T0)], &["gpu_xid"], T0);
+    for t in 0..10 {
+        pass_and_record(&actions, &store, &slurm, T0 + t * 10 * S);
+    }
+    assert_eq!(notifier.got.lock().unwrap().len(), 2);
+    assert_eq!(
+        outcomes(&actions, "n1"),
+        ["webhook tried", "webhook failed", "webhook gave_up"]
+    );
+    let dry = Actions::in_memory(webhook_config(true, 2)).with_notifier(notifier.clone());
+    store.apply(&[xid("n2", T0)], &["gpu_xid"], T0);
+    pass_and_record(&dry, &store, &slurm, T0 + S);
+    assert_eq!(outcomes(&dry, "n2"), ["webhook would"]);
+    assert_eq!(notifier.got.lock().unwrap().len(), 2);
 }

@@ -1,6 +1,8 @@
 //! The actions' own thread: a pass of [`Actions`] every second. Slurm's calls are made here,
 //! each bounded by its timeout, so a Slurm that is down or slow delays actions and nothing
-//! else: ingest and the findings thread never wait for it.
+//! else: ingest and the findings thread never wait for it. Webhooks and commands run on
+//! threads the pass starts, and alerts on their own ([`super::alertmanager`]), so neither
+//! holds up a drain.
 
 use std::{
     sync::{
@@ -11,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use super::{Actions, slurm::Scontrol};
+use super::{Actions, alertmanager::AlertThreads, slurm::Scontrol};
 use crate::{clock::unix_now_ns, findings::FindingsStore, nodes::NodeTable};
 
 const TICK: Duration = Duration::from_secs(1);
@@ -19,6 +21,7 @@ const TICK: Duration = Duration::from_secs(1);
 pub struct ActionsThread {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
+    alerts: AlertThreads,
 }
 
 impl ActionsThread {
@@ -47,6 +50,7 @@ impl ActionsThread {
                 }
             );
         }
+        let alerts = AlertThreads::spawn(actions.clone(), store.clone())?;
         let handle = std::thread::Builder::new()
             .name("actions".into())
             .spawn(move || {
@@ -55,11 +59,16 @@ impl ActionsThread {
                     std::thread::sleep(TICK);
                 }
             })?;
-        Ok(Self { stop, handle })
+        Ok(Self {
+            stop,
+            handle,
+            alerts,
+        })
     }
 
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
+        self.alerts.stop();
     }
 }
