@@ -10,13 +10,15 @@
 //! - [`state`]: each node's action, rebuilt from the records; the brake's count;
 //! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
 //! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
-//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`.
+//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`;
+//! - [`health`]: `railscope health`, Slurm's health hook.
 
 pub mod api;
 pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod decisions;
+pub mod health;
 pub mod slurm;
 pub mod state;
 pub mod worker;
