@@ -580,27 +580,13 @@ fn report(
     no_svg: bool,
     rules: &monitor_capture::Rules,
 ) -> anyhow::Result<()> {
-    use monitor_capture::{Timelines, analyse, report};
-    let mut timelines = Timelines::default();
-    let mut sources = Vec::new();
+    let mut captures = Vec::new();
     for file in files {
         let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        let name = file.display().to_string();
-        sources.push(
-            report::load_capture(&name, &bytes, &mut timelines).with_context(|| name.clone())?,
-        );
+        captures.push((file.display().to_string(), bytes));
     }
-    if let Some((name, bytes)) = &archive {
-        sources
-            .push(report::load_capture(name, bytes, &mut timelines).with_context(|| name.clone())?);
-    }
-    timelines.finish();
-    let ports = analyse(&timelines, rules);
-    let report = report::Report {
-        sources,
-        rules: rules.clone(),
-        ports,
-    };
+    captures.extend(archive);
+    let (report, timelines) = monitor_capture::report::report_of(&captures, rules)?;
     if json {
         println!("{}", report.to_json());
     } else {

@@ -11,6 +11,7 @@
 //! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
 //! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
 //! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`;
+//! - [`show`]: `railscope actions show ID`, the evidence around an action;
 //! - [`health`]: `railscope health`, Slurm's health hook.
 
 pub mod api;
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod decisions;
 pub mod health;
+pub mod show;
 pub mod slurm;
 pub mod state;
 pub mod worker;
