@@ -1,7 +1,7 @@
 //! `railscope actions show ID`: the evidence around an action, so whoever looks at a drained
 //! node starts with it. From the collector: the finding and every action about it
 //! (`/api/v1/actions/finding`), the node's events from a minute before the finding to a
-//! minute after it (`/api/v1/events`), and, for a port's finding, the flight-recorder report
+//! minute after it ended, or to now while it is active (`/api/v1/events`), and, for a port's finding, the flight-recorder report
 //! of that port over the same span from the archive's export (`/api/v1/export`, read as
 //! `railscope report --collector` reads it). A part the collector cannot give (no archive,
 //! say) is named with why, and the rest is still shown.
@@ -46,11 +46,12 @@ pub fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
             report: None,
         });
     };
-    let end = finding["end"].as_u64().unwrap_or_else(unix_now_ns);
-    let window = (
-        start.saturating_sub(AROUND_NS),
-        end.max(start).saturating_add(AROUND_NS),
-    );
+    // An active finding's window ends now: a later end would read as the port's state
+    // lasting into the future.
+    let end = finding["end"].as_u64().map_or_else(unix_now_ns, |end| {
+        end.max(start).saturating_add(AROUND_NS)
+    });
+    let window = (start.saturating_sub(AROUND_NS), end.max(start));
     let (from, to) = (seconds(window.0), seconds(window.1));
     let events = get_json_within(
         collector,
