@@ -124,7 +124,10 @@ fn actions_show_prints_the_finding_its_evidence_its_actions_the_events_and_the_p
         "  node:     node01",
         "  device:   mlx5_2/1",
         &format!("      \"downs\": {downs},"),
-        &format!("      \"first_down\": {},", finding["evidence"]["first_down"]),
+        &format!(
+            "      \"first_down\": {},",
+            finding["evidence"]["first_down"]
+        ),
     ] {
         assert!(head.contains(&want), "{want:?} not in:\n{text}");
     }
@@ -214,7 +217,12 @@ fn actions_show_prints_the_finding_its_evidence_its_actions_the_events_and_the_p
     // An id nobody knows.
     let (ok, out, err) = actions(
         &railscope(),
-        &["--collector", &c.url(), "show", "ib_link_flapping/node09/mlx5_0/1/1"],
+        &[
+            "--collector",
+            &c.url(),
+            "show",
+            "ib_link_flapping/node09/mlx5_0/1/1",
+        ],
     );
     assert!(!ok, "{out}");
     assert!(

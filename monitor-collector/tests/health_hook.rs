@@ -129,16 +129,24 @@ fn a_node_with_a_critical_finding_is_unhealthy_a_quiet_one_healthy_and_an_outage
 
     // mlx5_0's link went down once: the driver counts it.
     let counter = sys.join("class/infiniband/mlx5_0/ports/1/counters/link_downed");
-    let before: u64 = fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    let before: u64 = fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     fs::write(&counter, format!("{}\n", before + 1)).unwrap();
-    let finding = wait_for("the ib_link_downed finding", Duration::from_secs(30), || {
-        c.json("/api/v1/findings?active=true")["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["rule"] == "ib_link_downed" && f["node"] == failing.as_str())
-            .cloned()
-    });
+    let finding = wait_for(
+        "the ib_link_downed finding",
+        Duration::from_secs(30),
+        || {
+            c.json("/api/v1/findings?active=true")["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["rule"] == "ib_link_downed" && f["node"] == failing.as_str())
+                .cloned()
+        },
+    );
     let id = finding["id"].as_str().unwrap();
     assert_eq!(finding["severity"], "critical", "{finding}");
 
@@ -146,7 +154,13 @@ fn a_node_with_a_critical_finding_is_unhealthy_a_quiet_one_healthy_and_an_outage
     let (code, out, err) = health(&railscope(), &["--collector", &c.url()]);
     assert_eq!(code, 1, "{out}{err}");
     let line = one_line(&out);
-    for part in ["unhealthy", "ib_link_downed", id, "mlx5_0/1", failing.as_str()] {
+    for part in [
+        "unhealthy",
+        "ib_link_downed",
+        id,
+        "mlx5_0/1",
+        failing.as_str(),
+    ] {
         assert!(line.contains(part), "{part:?} not in {line:?}");
     }
     // The collector's binary, the node named.
@@ -202,12 +216,18 @@ fn a_node_with_a_critical_finding_is_unhealthy_a_quiet_one_healthy_and_an_outage
     );
     assert_eq!(code, 3, "{out}");
     let line = one_line(&out);
-    assert!(line.contains(&garbage_url) && line.contains("not JSON"), "{line}");
+    assert!(
+        line.contains(&garbage_url) && line.contains("not JSON"),
+        "{line}"
+    );
 
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_url = format!("http://{}", silent.local_addr().unwrap());
     let started = Instant::now();
-    let (code, out, _) = health(&railscope(), &["--collector", &silent_url, "--timeout-s", "1"]);
+    let (code, out, _) = health(
+        &railscope(),
+        &["--collector", &silent_url, "--timeout-s", "1"],
+    );
     assert_eq!(code, 0, "{out}");
     assert!(one_line(&out).contains(&silent_url), "{out}");
     // Well within the 60 s after which Slurm kills a HealthCheckProgram.

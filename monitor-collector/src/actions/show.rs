@@ -36,7 +36,11 @@ pub struct Shown {
 
 /// Asks the collector at `collector` about `id` (a finding's id or an audit record's seq).
 pub fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
-    let answer = get_json(collector, "/api/v1/actions/finding", &[("id", id.to_owned())])?;
+    let answer = get_json(
+        collector,
+        "/api/v1/actions/finding",
+        &[("id", id.to_owned())],
+    )?;
     let finding = &answer["finding"];
     let (Some(node), Some(start)) = (finding["node"].as_str(), finding["start"].as_u64()) else {
         return Ok(Shown {
@@ -48,9 +52,9 @@ pub fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
     };
     // An active finding's window ends now: a later end would read as the port's state
     // lasting into the future.
-    let end = finding["end"].as_u64().map_or_else(unix_now_ns, |end| {
-        end.max(start).saturating_add(AROUND_NS)
-    });
+    let end = finding["end"]
+        .as_u64()
+        .map_or_else(unix_now_ns, |end| end.max(start).saturating_add(AROUND_NS));
     let window = (start.saturating_sub(AROUND_NS), end.max(start));
     let (from, to) = (seconds(window.0), seconds(window.1));
     let events = get_json_within(
@@ -90,10 +94,8 @@ fn port_report(
 ) -> anyhow::Result<monitor_capture::report::Report> {
     let bytes = fetch_export(collector, node, from, to)?;
     let name = format!("{collector} node {node} from {from} to {to}");
-    let (mut report, _) = monitor_capture::report::report_of(
-        &[(name, bytes)],
-        &monitor_capture::Rules::default(),
-    )?;
+    let (mut report, _) =
+        monitor_capture::report::report_of(&[(name, bytes)], &monitor_capture::Rules::default())?;
     report.ports.retain(|p| {
         p.port.node == node && p.port.device == device && u64::from(p.port.port) == port
     });
@@ -166,7 +168,10 @@ impl Shown {
                 "finding {id}: no longer held by the collector (only its actions are shown)"
             );
         }
-        let records = self.answer["records"].as_array().cloned().unwrap_or_default();
+        let records = self.answer["records"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         if records.is_empty() {
             out.push_str("actions: none (no rule of [actions] matched it)\n");
         } else {
