@@ -168,6 +168,43 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// A capture that could not be read at all, named (one line: the error is in the message,
+/// not chained, so `{:#}` does not say it twice).
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {error}")]
+pub struct SourceError {
+    pub name: String,
+    pub error: crate::CaptureError,
+}
+
+/// The report of capture files' bytes, each with a name for it (a file, or a collector's
+/// export): every capture read into one set of timelines (a torn or corrupt end is said in
+/// its source, not an error), then each port analysed. What `railscope report` prints, and
+/// `railscope actions show` of a port's finding; the timelines are for the pictures.
+pub fn report_of(
+    captures: &[(String, Vec<u8>)],
+    rules: &Rules,
+) -> Result<(Report, crate::Timelines), SourceError> {
+    let mut timelines = crate::Timelines::default();
+    let mut sources = Vec::new();
+    for (name, bytes) in captures {
+        sources.push(
+            load_capture(name, bytes, &mut timelines).map_err(|error| SourceError {
+                name: name.clone(),
+                error,
+            })?,
+        );
+    }
+    timelines.finish();
+    let ports = crate::analyse(&timelines, rules);
+    let report = Report {
+        sources,
+        rules: rules.clone(),
+        ports,
+    };
+    Ok((report, timelines))
+}
+
 /// Reads one capture file's bytes into `timelines`; the source says how far it was read.
 /// Only an unreadable header is an error.
 pub fn load_capture(

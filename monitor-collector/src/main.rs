@@ -58,6 +58,9 @@ enum Command {
     /// Ask a running collector what it did about its findings, or release its brake
     /// (docs/actions.md).
     Actions(monitor_collector::actions::cli::ActionsArgs),
+    /// Slurm's health hook: exit 0 if this node has no active critical finding, 1 with one
+    /// line naming the worst (docs/actions.md, "The health hook").
+    Health(monitor_collector::actions::health::HealthArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
     Stragglers(monitor_collector::stragglers::StragglerArgs),
     /// Derive a node's own frame key from the fleet secret, as 64 hex characters (what
@@ -124,6 +127,9 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
         Some(Command::Findings(args)) => findings::cli::run(&args),
         Some(Command::Actions(args)) => monitor_collector::actions::cli::run(&args),
+        Some(Command::Health(args)) => {
+            std::process::exit(monitor_collector::actions::health::run(&args).into())
+        }
         Some(Command::Stragglers(args)) => monitor_collector::stragglers::run_cli(&args),
         Some(Command::NodeKey(args)) => node_key(&args),
         None => run(cli.run),

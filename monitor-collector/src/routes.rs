@@ -118,7 +118,7 @@ pub fn router(sources: Sources) -> Router {
                     }),
             );
     }
-    if let Some(store) = findings {
+    if let Some(store) = findings.clone() {
         routes = routes.merge(
             Router::new()
                 // The health findings, active and past.
@@ -136,7 +136,13 @@ pub fn router(sources: Sources) -> Router {
                     "/api/v1/actions/release",
                     admin(post(actions::api::release)),
                 )
-                .with_state(actions::api::ApiState { actions, table }),
+                // A finding and every action about it (`railscope actions show`).
+                .route("/api/v1/actions/finding", read(get(actions::api::finding)))
+                .with_state(actions::api::ApiState {
+                    actions,
+                    table,
+                    findings,
+                }),
         );
     }
     routes.merge(

@@ -64,6 +64,8 @@ fn usage_lines_name_the_binary_run() {
             &["select"],
             &["findings"],
             &["stragglers"],
+            &["health"],
+            &["actions", "show"],
         ] {
             let mut args = command.to_vec();
             args.push("--help");

@@ -100,6 +100,15 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Slurm's health hook (`railscope health --help`): exit 0 if this node has no active
+    /// critical finding at the collector, 1 with one line naming the worst; runs
+    /// `railscope-collector health` with these arguments, and with `--node` set to this
+    /// agent's node name (agent.toml's `node`, else the host name) unless given.
+    #[command(disable_help_flag = true)]
+    Health {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The stragglers of a collector's jobs (`railscope stragglers --help`): runs
     /// `railscope-collector stragglers` with these arguments.
     #[command(disable_help_flag = true)]
@@ -253,6 +262,7 @@ fn main() -> anyhow::Result<()> {
         Command::Findings { args } => return run_collector(Some("findings"), args),
         Command::Actions { args } => return run_collector(Some("actions"), args),
         Command::Stragglers { args } => return run_collector(Some("stragglers"), args),
+        Command::Health { args } => return run_collector(Some("health"), &with_node(args)),
         _ => {}
     }
     tracing_subscriber::fmt()
@@ -384,6 +394,7 @@ fn main() -> anyhow::Result<()> {
         | Command::Select { .. }
         | Command::Findings { .. }
         | Command::Actions { .. }
+        | Command::Health { .. }
         | Command::Stragglers { .. } => unreachable!("handed over above"),
         Command::Listen {
             port,
@@ -450,6 +461,25 @@ fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
         .args(args)
         .exec();
     anyhow::bail!("could not run {}: {err}", binary.display())
+}
+
+/// `railscope health`'s arguments, with `--node` set to the name this node's agent sends
+/// (agent.toml's `node`, else the host name) unless one is given: the findings are filed
+/// under that name. An agent.toml that cannot be read leaves the host name, the agent's
+/// default; the check must still answer.
+fn with_node(args: &[String]) -> Vec<String> {
+    let mut args = args.to_vec();
+    let given = args
+        .iter()
+        .any(|a| a == "--node" || a.starts_with("--node=") || a == "--help" || a == "-h");
+    if !given {
+        let node = settings::load(None, settings::AgentSettings::default())
+            .ok()
+            .and_then(|sources| sources.merged().node)
+            .unwrap_or_else(monitor_user::pipeline::hostname);
+        args.extend(["--node".to_owned(), node]);
+    }
+    args
 }
 
 /// The name the collector's binary runs under when this one hands a command over: this
@@ -550,27 +580,13 @@ fn report(
     no_svg: bool,
     rules: &monitor_capture::Rules,
 ) -> anyhow::Result<()> {
-    use monitor_capture::{Timelines, analyse, report};
-    let mut timelines = Timelines::default();
-    let mut sources = Vec::new();
+    let mut captures = Vec::new();
     for file in files {
         let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        let name = file.display().to_string();
-        sources.push(
-            report::load_capture(&name, &bytes, &mut timelines).with_context(|| name.clone())?,
-        );
+        captures.push((file.display().to_string(), bytes));
     }
-    if let Some((name, bytes)) = &archive {
-        sources
-            .push(report::load_capture(name, bytes, &mut timelines).with_context(|| name.clone())?);
-    }
-    timelines.finish();
-    let ports = analyse(&timelines, rules);
-    let report = report::Report {
-        sources,
-        rules: rules.clone(),
-        ports,
-    };
+    captures.extend(archive);
+    let (report, timelines) = monitor_capture::report::report_of(&captures, rules)?;
     if json {
         println!("{}", report.to_json());
     } else {

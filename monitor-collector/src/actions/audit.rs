@@ -118,6 +118,14 @@ impl AuditLog {
         Ok((Self { log }, records))
     }
 
+    /// Every record the log holds, oldest first, read back from the file.
+    pub fn records(&self) -> Result<Vec<Record>, AuditError> {
+        FramedLog::read(self.log.path()).map_err(|source| AuditError {
+            path: self.log.path().to_owned(),
+            source,
+        })
+    }
+
     /// Appends one record and fsyncs it.
     pub fn append(&mut self, record: &Record) -> Result<(), AuditError> {
         self.log.append(record).map_err(|source| AuditError {
@@ -125,6 +133,41 @@ impl AuditLog {
             source,
         })
     }
+}
+
+/// The records about `id` (`railscope actions show ID`): a finding's id, or a record's `seq`
+/// (standing for its finding, or for itself where it names none, as a release). Returns the
+/// finding's id if there is one, and the records about it: those naming it, then the node's
+/// resume that followed, up to its end (done, would, left or given up). `None` for a number
+/// that is no record's.
+pub fn about(records: &[Record], id: &str) -> Option<(Option<String>, Vec<Record>)> {
+    let finding = match id.parse::<u64>() {
+        Ok(seq) => {
+            let r = records.iter().find(|r| r.seq == seq)?;
+            match &r.finding {
+                Some(f) => f.clone(),
+                None => return Some((None, vec![r.clone()])),
+            }
+        }
+        Err(_) => id.to_owned(),
+    };
+    let mut out: Vec<Record> = Vec::new();
+    let mut resume_ended = false;
+    for r in records {
+        if r.finding.as_deref() == Some(finding.as_str()) {
+            out.push(r.clone());
+        } else if r.action == Action::Resume
+            && !resume_ended
+            && out.first().is_some_and(|first| first.node == r.node)
+        {
+            out.push(r.clone());
+            resume_ended = matches!(
+                r.outcome,
+                Outcome::Done | Outcome::Would | Outcome::Left | Outcome::GaveUp
+            );
+        }
+    }
+    Some((Some(finding), out))
 }
 
 #[cfg(test)]
@@ -146,6 +189,47 @@ mod tests {
             detail: String::new(),
             target: None,
         }
+    }
+
+    #[test]
+    fn the_records_about_a_finding_are_its_own_and_the_resume_that_followed() {
+        let mut records: Vec<Record> = (1..=2).map(record).collect();
+        records[1].outcome = Outcome::Done;
+        records[1].finding = records[0].finding.clone();
+        let resume = |seq, outcome| Record {
+            action: Action::Resume,
+            outcome,
+            finding: None,
+            finding_start: None,
+            rule: None,
+            ..record(seq)
+        };
+        records.push(record(3)); // another finding's drain
+        records.push(resume(4, Outcome::Tried));
+        records.push(resume(5, Outcome::Done));
+        records.push(resume(6, Outcome::Done)); // a later resume: not this finding's
+        let id = records[0].finding.clone().unwrap();
+        let seqs = |found: Option<(Option<String>, Vec<Record>)>| {
+            let (finding, rs) = found.unwrap();
+            (finding, rs.iter().map(|r| r.seq).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            seqs(about(&records, &id)),
+            (Some(id.clone()), vec![1, 2, 4, 5])
+        );
+        // A record's seq stands for its finding.
+        assert_eq!(seqs(about(&records, "2")), (Some(id), vec![1, 2, 4, 5]));
+        assert_eq!(
+            seqs(about(&records, "3")),
+            (records[2].finding.clone(), vec![3, 4, 5])
+        );
+        // A record of no finding (a resume, a release) is shown alone.
+        assert_eq!(seqs(about(&records, "6")), (None, vec![6]));
+        assert!(about(&records, "99").is_none());
+        assert_eq!(
+            seqs(about(&records, "gpu_xid/node09/1/1")),
+            (Some("gpu_xid/node09/1/1".into()), vec![])
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `railscope actions [--json]` and `railscope actions release`: the client of
-//! `/api/v1/actions` and `POST /api/v1/actions/release`.
+//! `railscope actions [--json]`, `railscope actions release` and `railscope actions show ID`:
+//! the client of `/api/v1/actions`, `POST /api/v1/actions/release` and (with
+//! [`super::show`]) `/api/v1/actions/finding`.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -25,12 +26,29 @@ pub struct ActionsArgs {
 pub enum ActionsCommand {
     /// Let the drains the brake holds go ahead (admin role); the brake counts from now.
     Release,
+    /// The evidence around an action: the finding, its evidence, the actions about it, the
+    /// node's events around it and, for a port, the port's flight-recorder report from the
+    /// archive.
+    Show {
+        /// A finding's id (as `railscope actions` and `railscope findings --json` show it),
+        /// or an audit record's `seq`.
+        id: String,
+    },
 }
 
 pub fn run(args: &ActionsArgs) -> anyhow::Result<()> {
-    let json = match args.command {
+    let json = match &args.command {
         None => get_json(&args.collector, "/api/v1/actions", &[])?,
         Some(ActionsCommand::Release) => post_json(&args.collector, "/api/v1/actions/release")?,
+        Some(ActionsCommand::Show { id }) => {
+            let shown = super::show::gather(&args.collector, id)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&shown.to_json())?);
+            } else {
+                print!("{}", shown.to_text());
+            }
+            return Ok(());
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
@@ -123,19 +141,28 @@ pub fn text(json: &Json) -> String {
         out.push_str("recent:\n");
     }
     for r in records.iter().rev().take(20).rev() {
-        let _ = writeln!(
-            out,
-            "{} {:<7} {:<8} {:<16} {}{}",
-            format_time(r["at"].as_u64().unwrap_or(0)),
-            r["action"].as_str().unwrap_or("?"),
-            r["outcome"].as_str().unwrap_or("?"),
-            r["node"].as_str().unwrap_or("?"),
-            r["finding"]
-                .as_str()
-                .map(|f| format!("{f}: "))
-                .unwrap_or_default(),
-            r["detail"].as_str().unwrap_or(""),
-        );
+        let _ = writeln!(out, "{}", record_line(r));
     }
     out
+}
+
+/// One audit record: time, action, outcome, node, finding and detail.
+pub fn record_line(r: &Json) -> String {
+    format!(
+        "{} {:<7} {:<8} {:<16} {}{}{}",
+        format_time(r["at"].as_u64().unwrap_or(0)),
+        r["action"].as_str().unwrap_or("?"),
+        r["outcome"].as_str().unwrap_or("?"),
+        r["node"].as_str().unwrap_or("?"),
+        if r["seq"].is_u64() {
+            format!("#{} ", r["seq"])
+        } else {
+            String::new()
+        },
+        r["finding"]
+            .as_str()
+            .map(|f| format!("{f}: "))
+            .unwrap_or_default(),
+        r["detail"].as_str().unwrap_or(""),
+    )
 }

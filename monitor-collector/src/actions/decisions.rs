@@ -734,6 +734,21 @@ impl Actions {
         store.apply(&seen, &[BRAKE_RULE], now);
     }
 
+    /// Every record written, oldest first: read back from the audit log (the API keeps only
+    /// the latest in memory); the latest alone where there is no log or it cannot be read.
+    pub fn records(&self) -> Vec<Record> {
+        let inner = lock(&self.inner);
+        // Read under the lock: no record is half-appended meanwhile.
+        match inner.log.as_ref().map(AuditLog::records) {
+            Some(Ok(records)) => records,
+            Some(Err(e)) => {
+                tracing::warn!("{e}: showing the latest records only");
+                inner.recent.iter().cloned().collect()
+            }
+            None => inner.recent.iter().cloned().collect(),
+        }
+    }
+
     /// What `/api/v1/actions` answers.
     pub fn view(&self, nodes_seen: usize, now: u64) -> serde_json::Value {
         let inner = lock(&self.inner);

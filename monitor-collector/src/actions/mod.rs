@@ -14,7 +14,9 @@
 //! - [`state`]: each node's action, rebuilt from the records; the brake's count;
 //! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
 //! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
-//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`.
+//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`;
+//! - [`show`]: `railscope actions show ID`, the evidence around an action;
+//! - [`health`]: `railscope health`, Slurm's health hook.
 
 pub mod alertmanager;
 pub mod api;
@@ -22,7 +24,9 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod decisions;
+pub mod health;
 pub mod notify;
+pub mod show;
 pub mod slurm;
 pub mod state;
 pub mod worker;

@@ -182,6 +182,15 @@ impl FindingsStore {
         out
     }
 
+    /// The finding with this id, active or ended (while it is held in memory).
+    pub fn get(&self, id: &str) -> Option<Finding> {
+        lock(&self.inner)
+            .findings
+            .iter()
+            .find(|f| f.id == id)
+            .cloned()
+    }
+
     pub fn active(&self) -> Vec<Finding> {
         let inner = lock(&self.inner);
         let mut out: Vec<Finding> = inner

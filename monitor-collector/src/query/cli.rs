@@ -104,8 +104,18 @@ pub fn fetch(args: &QueryArgs) -> anyhow::Result<Json> {
 
 /// `GET collector + path ? query` as JSON; a refusal is an error with the collector's reason.
 pub fn get_json(collector: &str, path: &str, query: &[(&str, String)]) -> anyhow::Result<Json> {
+    get_json_within(collector, path, query, Duration::from_secs(60))
+}
+
+/// [`get_json`], the whole exchange given up after `timeout`.
+pub fn get_json_within(
+    collector: &str,
+    path: &str,
+    query: &[(&str, String)],
+    timeout: Duration,
+) -> anyhow::Result<Json> {
     let url = format!("{}{path}", collector.trim_end_matches('/'));
-    let client = super::client::Client::from_env(Duration::from_secs(60))?;
+    let client = super::client::Client::from_env(timeout)?;
     let mut response = client
         .get(&url)
         .query_pairs(query.iter().map(|(k, v)| (*k, v.as_str())))

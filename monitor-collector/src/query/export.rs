@@ -223,13 +223,32 @@ pub struct ExportArgs {
 /// Runs `railscope-collector export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let url = format!("{}/api/v1/export", args.collector.trim_end_matches('/'));
+    let body = fetch_export(
+        &args.collector,
+        &args.node,
+        &args.range.start,
+        &args.range.end,
+    )?;
+    std::fs::write(&args.out, &body).with_context(|| format!("writing {}", args.out.display()))
+}
+
+/// The capture file of `node` between `start` and `end` (as `/api/v1/export` takes them) from
+/// the collector at `collector`: what `railscope report --collector` reports on, and
+/// `railscope actions show` for a port's finding.
+pub fn fetch_export(
+    collector: &str,
+    node: &str,
+    start: &str,
+    end: &str,
+) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    let url = format!("{}/api/v1/export", collector.trim_end_matches('/'));
     let client = super::client::Client::from_env(std::time::Duration::from_secs(300))?;
     let mut response = client
         .get(&url)
-        .query("node", &args.node)
-        .query("start", &args.range.start)
-        .query("end", &args.range.end)
+        .query("node", node)
+        .query("start", start)
+        .query("end", end)
         .call()
         .with_context(|| format!("asking the collector at {url}"))?;
     let status = response.status();
@@ -246,5 +265,5 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| "no reason given".into());
         anyhow::bail!("the collector refused the export ({status}): {reason}");
     }
-    std::fs::write(&args.out, &body).with_context(|| format!("writing {}", args.out.display()))
+    Ok(body)
 }
