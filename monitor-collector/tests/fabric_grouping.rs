@@ -103,7 +103,7 @@ fn records(c: &CollectorProcess) -> Vec<Value> {
 
 #[test]
 fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_and_drains_nothing()
- {
+{
     let dir = scratch_dir("fabric-switch");
     let c = collector(&dir, TOPOLOGY).start();
     let start = start_ns();
@@ -154,7 +154,10 @@ fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_
     assert_eq!(evidence["port_count"], 16);
     // Four bursts (downs at ticks 3, 7, 11, 15), each spread over 30 ms.
     assert_eq!(evidence["bursts"], 4, "{upstream:#}");
-    assert!((evidence["spread_ms"].as_f64().unwrap() - 30.0).abs() < 0.5, "{evidence:#}");
+    assert!(
+        (evidence["spread_ms"].as_f64().unwrap() - 30.0).abs() < 0.5,
+        "{evidence:#}"
+    );
     assert!(
         evidence["ports"]
             .as_array()
@@ -182,7 +185,10 @@ fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_
     );
     for r in &skipped {
         let detail = r["detail"].as_str().unwrap();
-        assert!(detail.contains(&format!("blamed on the fabric ({id})")), "{r:#}");
+        assert!(
+            detail.contains(&format!("blamed on the fabric ({id})")),
+            "{r:#}"
+        );
     }
     // A few more passes of the actions: still no drain, tried, would or held, for any node.
     thread::sleep(Duration::from_secs(3));
@@ -269,7 +275,10 @@ fn a_malformed_topology_is_refused_at_start_with_its_file_line_and_what_is_wrong
     let config = dir.join("collector.toml");
     std::fs::write(
         &config,
-        format!("[findings]\ntopology = {:?}\n", topology.display().to_string()),
+        format!(
+            "[findings]\ntopology = {:?}\n",
+            topology.display().to_string()
+        ),
     )
     .unwrap();
     let run = |check: bool| {

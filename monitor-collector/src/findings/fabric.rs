@@ -126,8 +126,8 @@ impl Grouping {
             } else {
                 let nodes: BTreeSet<&str> = burst.iter().map(|d| d.1.0.as_str()).collect();
                 if nodes.len() >= th.fabric_min_nodes as usize {
-                    let switch = topology
-                        .and_then(|t| t.lowest_common_switch(burst.iter().map(|d| d.1)));
+                    let switch =
+                        topology.and_then(|t| t.lowest_common_switch(burst.iter().map(|d| d.1)));
                     let named = switch.is_some();
                     upstream.push((
                         switch.unwrap_or_else(|| FABRIC_NODE.into()),
@@ -346,7 +346,11 @@ mod tests {
         g.evaluate(T0 + 5 * S, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].evidence["nodes"].as_array().unwrap().len(), 5);
-        assert!(out[0].summary.starts_with("5 ports on 5 nodes went down within 40.0 ms"));
+        assert!(
+            out[0]
+                .summary
+                .starts_with("5 ports on 5 nodes went down within 40.0 ms")
+        );
     }
 
     #[test]
@@ -418,7 +422,10 @@ mod tests {
         // A down of its own as well: the node's.
         downs(&mut events, &["n1"], 300 * S, 0);
         let g = Grouping::of(&events, now, &th(), None);
-        assert_eq!(g.upstream_of(events.downs.get(&p), &p, 0, T0, now), Upstream::No);
+        assert_eq!(
+            g.upstream_of(events.downs.get(&p), &p, 0, T0, now),
+            Upstream::No
+        );
         // No down seen: waits the settle time for it, then is the node's.
         let q = port("n7");
         assert_eq!(g.upstream_of(None, &q, 0, now - S, now), Upstream::Pending);

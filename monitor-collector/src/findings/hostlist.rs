@@ -97,7 +97,10 @@ mod tests {
             expand("node[01-03]").unwrap(),
             ["node01", "node02", "node03"]
         );
-        assert_eq!(expand("n[1-2,7,9-10]").unwrap(), ["n1", "n2", "n7", "n9", "n10"]);
+        assert_eq!(
+            expand("n[1-2,7,9-10]").unwrap(),
+            ["n1", "n2", "n7", "n9", "n10"]
+        );
         assert_eq!(expand("n[8-10]x").unwrap(), ["n8x", "n9x", "n10x"]);
         assert_eq!(
             expand("r[1-2]-n[1-2]").unwrap(),

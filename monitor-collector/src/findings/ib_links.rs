@@ -233,13 +233,8 @@ pub fn evaluate_series(
                 json!({"increase": n, "window_s": span, "value": track.counter()}),
             );
             let from = view.now_ns.saturating_sub(th.link_downed_hold_s * S);
-            let blamed = grouping.upstream_of(
-                events.downs.get(&port),
-                &port,
-                from,
-                o.at_ns,
-                view.now_ns,
-            );
+            let blamed =
+                grouping.upstream_of(events.downs.get(&port), &port, from, o.at_ns, view.now_ns);
             fabric::mark(&mut o.evidence, blamed);
             out.push(o);
         }

@@ -123,7 +123,9 @@ impl Topology {
                 return Err(err(format!("SwitchName={name} is not one name")));
             }
             if let Some(prev) = switches.insert(name.into(), n) {
-                return Err(err(format!("switch {name} is already defined on line {prev}")));
+                return Err(err(format!(
+                    "switch {name} is already defined on line {prev}"
+                )));
             }
             if let Some(nodes) = nodes {
                 for node in hostlist::expand(nodes).map_err(|e| err(format!("Nodes: {e}")))? {
@@ -266,7 +268,9 @@ mod tests {
         assert_eq!(t.switch_of(&port("node07", "mlx5_3")), Some("s1"));
         assert_eq!(t.switch_of(&port("node32", "mlx5_0")), Some("s2"));
         assert_eq!(t.switch_of(&port("node33", "mlx5_0")), None);
-        let leaf: Vec<PortKey> = (1..=16).map(|i| port(&format!("node{i:02}"), "mlx5_0")).collect();
+        let leaf: Vec<PortKey> = (1..=16)
+            .map(|i| port(&format!("node{i:02}"), "mlx5_0"))
+            .collect();
         assert_eq!(t.lowest_common_switch(&leaf).as_deref(), Some("s1"));
         let both = [port("node01", "mlx5_0"), port("node20", "mlx5_0")];
         assert_eq!(t.lowest_common_switch(&both).as_deref(), Some("spine"));
@@ -294,21 +298,63 @@ mod tests {
     fn a_malformed_file_is_refused_with_its_name_line_and_what_is_wrong() {
         for (text, expect) in [
             ("", "topology t: no switch or port in it"),
-            ("SwitchName=s1 Nodes=n[1-4\n", "topology t:1: Nodes: unclosed '['"),
-            ("SwitchName=s1 Nodes=n[4-1]\n", "topology t:1: Nodes: range \"4-1\""),
-            ("SwitchName=s1 Nodes=n1\nNodes=n2\n", "topology t:2: no SwitchName="),
-            ("SwitchName=s1 Ports=n1\n", "topology t:1: unknown key \"Ports\""),
-            ("SwitchName=s1 n1\n", "topology t:1: \"n1\" is not Key=Value"),
+            (
+                "SwitchName=s1 Nodes=n[1-4\n",
+                "topology t:1: Nodes: unclosed '['",
+            ),
+            (
+                "SwitchName=s1 Nodes=n[4-1]\n",
+                "topology t:1: Nodes: range \"4-1\"",
+            ),
+            (
+                "SwitchName=s1 Nodes=n1\nNodes=n2\n",
+                "topology t:2: no SwitchName=",
+            ),
+            (
+                "SwitchName=s1 Ports=n1\n",
+                "topology t:1: unknown key \"Ports\"",
+            ),
+            (
+                "SwitchName=s1 n1\n",
+                "topology t:1: \"n1\" is not Key=Value",
+            ),
             ("SwitchName=s1 Nodes=\n", "topology t:1: Nodes has no value"),
-            ("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n2\n", "topology t:2: node n2 is already under switch s1 (line 1)"),
-            ("SwitchName=s1 Nodes=n1\n\nSwitchName=s1 Nodes=n2\n", "topology t:3: switch s1 is already defined on line 1"),
-            ("SwitchName=top Switches=s[1-2]\nSwitchName=s1 Nodes=n1\n", "topology t:1: Switches= names s2, which no SwitchName= defines"),
-            ("SwitchName=a Switches=b\nSwitchName=b Switches=a\n", "is below itself"),
-            ("SwitchName=a Switches=c\nSwitchName=b Switches=c\nSwitchName=c\n", "topology t:2: switch c is already under switch a"),
-            ("node01 mlx5_0/1 leaf1\n", "topology t:1: 3 words, expected 4"),
-            ("# ports\nnode01 mlx5_0 leaf1 17\n", "topology t:2: \"mlx5_0\" is not DEVICE/PORT"),
-            ("node01 mlx5_0/x leaf1 17\n", "topology t:1: \"mlx5_0/x\" is not DEVICE/PORT"),
-            ("node01 mlx5_0/1 leaf1 17\nnode01 mlx5_0/1 leaf2 1\n", "topology t:2: node01 mlx5_0/1 is already listed on line 1"),
+            (
+                "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n2\n",
+                "topology t:2: node n2 is already under switch s1 (line 1)",
+            ),
+            (
+                "SwitchName=s1 Nodes=n1\n\nSwitchName=s1 Nodes=n2\n",
+                "topology t:3: switch s1 is already defined on line 1",
+            ),
+            (
+                "SwitchName=top Switches=s[1-2]\nSwitchName=s1 Nodes=n1\n",
+                "topology t:1: Switches= names s2, which no SwitchName= defines",
+            ),
+            (
+                "SwitchName=a Switches=b\nSwitchName=b Switches=a\n",
+                "is below itself",
+            ),
+            (
+                "SwitchName=a Switches=c\nSwitchName=b Switches=c\nSwitchName=c\n",
+                "topology t:2: switch c is already under switch a",
+            ),
+            (
+                "node01 mlx5_0/1 leaf1\n",
+                "topology t:1: 3 words, expected 4",
+            ),
+            (
+                "# ports\nnode01 mlx5_0 leaf1 17\n",
+                "topology t:2: \"mlx5_0\" is not DEVICE/PORT",
+            ),
+            (
+                "node01 mlx5_0/x leaf1 17\n",
+                "topology t:1: \"mlx5_0/x\" is not DEVICE/PORT",
+            ),
+            (
+                "node01 mlx5_0/1 leaf1 17\nnode01 mlx5_0/1 leaf2 1\n",
+                "topology t:2: node01 mlx5_0/1 is already listed on line 1",
+            ),
         ] {
             let e = Topology::parse(text, "t").unwrap_err().to_string();
             assert!(e.starts_with(expect) || e.contains(expect), "{text:?}: {e}");
@@ -316,6 +362,9 @@ mod tests {
         let e = Topology::load(Path::new("/nonexistent/topology.conf"))
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("topology /nonexistent/topology.conf: "), "{e}");
+        assert!(
+            e.starts_with("topology /nonexistent/topology.conf: "),
+            "{e}"
+        );
     }
 }
