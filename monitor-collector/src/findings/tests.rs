@@ -497,3 +497,35 @@ fn counter_findings_do_not_depend_on_the_pace_frames_arrive_at() {
     assert_eq!(live.len(), 4, "{live:#?}");
     assert_eq!(burst, live);
 }
+
+#[test]
+fn a_switch_wide_flap_is_one_upstream_finding_and_no_port_of_it_is_flapping() {
+    // Port mlx5_2 of 6 of 8 nodes down at the same ticks (18, 38, 58, 78): a switch, not
+    // six flapping ports.
+    let mut builder = fleet(8);
+    for n in 0..6 {
+        builder = builder.flapping_port(n, 2);
+    }
+    let found = run(&mut builder.build(key()), 90);
+    let upstream: Vec<&Finding> = found
+        .iter()
+        .filter(|f| f.rule == "fabric_upstream_down")
+        .collect();
+    assert_eq!(upstream.len(), 1, "{found:#?}");
+    let u = upstream[0];
+    assert_eq!(u.node, "fabric");
+    assert_eq!(u.evidence["nodes"].as_array().unwrap().len(), 6);
+    assert_eq!(u.evidence["bursts"], 4, "{u:#?}");
+    assert!(
+        found.iter().all(|f| f.rule != "ib_link_flapping"),
+        "{found:#?}"
+    );
+    let downed: Vec<&Finding> = found
+        .iter()
+        .filter(|f| f.rule == "ib_link_downed")
+        .collect();
+    assert_eq!(downed.len(), 6, "{found:#?}");
+    for f in downed {
+        assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
+    }
+}
