@@ -100,11 +100,22 @@ fn a_64_node_job_with_a_slow_gpu_and_a_degraded_port() {
         .unwrap();
     eprintln!("sent in {:?}", t.elapsed());
 
-    // Findings: exactly the three devices' (the engine ticks every second).
+    // Findings: exactly the three devices' (the engine ticks every second), and the flapping
+    // port's downs counted (each burst is judged `fabric-settle-s` after it arrived, so the
+    // count grows for a few seconds after the finding opens).
     let start = Instant::now();
+    let downs = |f: &Value| {
+        f["findings"]
+            .as_array()
+            .and_then(|l| l.iter().find(|f| f["rule"] == "ib_link_flapping"))
+            .and_then(|f| f["evidence"]["downs"].as_u64())
+            .unwrap_or(0)
+    };
     let findings = loop {
         let f = collector.json("/api/v1/findings?start=-10m");
-        if places(&f) == expected() || start.elapsed() > Duration::from_secs(30) {
+        if (places(&f) == expected() && downs(&f) >= 10)
+            || start.elapsed() > Duration::from_secs(30)
+        {
             break f;
         }
         thread::sleep(Duration::from_millis(500));

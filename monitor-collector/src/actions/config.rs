@@ -271,9 +271,10 @@ impl ActionsConfig {
             .unwrap_or(self.dry_run)
     }
 
-    /// The rule that decides what to do about `f`, if any.
+    /// The rule that decides what to do about `f`, if any (never for the brake's finding, nor
+    /// an upstream one, whose node is a switch or the fabric).
     pub fn rule_for(&self, f: &Finding) -> Option<&ActionRule> {
-        if f.rule == BRAKE_RULE {
+        if f.rule == BRAKE_RULE || f.rule == crate::findings::fabric::RULE {
             return None;
         }
         self.rule.iter().find(|r| r.matches(f))

@@ -299,6 +299,12 @@ impl Actions {
             if inner.state.handled.contains(&f.id) {
                 continue;
             }
+            // A port finding blamed on the fabric never drains its node; one whose port's
+            // DOWN transitions are still being grouped waits (docs/actions.md).
+            let upstream = f.evidence.get("upstream").and_then(|u| u.as_str());
+            if upstream == Some("pending") {
+                continue;
+            }
             let dry_run = c.dry_run_of(rule);
             let target = notice_target(rule).map(|(_, t)| t.describe());
             let mut step = Step {
@@ -313,6 +319,14 @@ impl Actions {
                 reason: None,
                 detail: String::new(),
             };
+            if let Some(id) = upstream {
+                step.detail = format!(
+                    "blamed on the fabric ({id}): a port of many nodes that went down at once \
+                     drains no node"
+                );
+                self.record(&mut inner, step, now);
+                continue;
+            }
             if first && f.start < inner.state.watermark {
                 step.detail = "older than the findings already handled: only a new finding \
                                acts on this node"

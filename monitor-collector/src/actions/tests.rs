@@ -500,4 +500,65 @@ fn a_webhook_is_given_up_after_its_attempts_and_a_dry_run_sends_nothing() {
     pass_and_record(&dry, &store, &slurm, T0 + S);
     assert_eq!(outcomes(&dry, "n2"), ["webhook would"]);
     assert_eq!(notifier.got.lock().unwrap().len(), 2);
+
+#[test]
+fn a_port_finding_blamed_on_the_fabric_never_drains_and_waits_while_it_is_judged() {
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1", "n2"]);
+    let mut c = config(false);
+    c.rule[0].rule = "*".into();
+    let actions = Actions::in_memory(c);
+    let downed = |node: &str, upstream: Option<&str>| Observation {
+        rule: "ib_link_downed",
+        severity: Severity::Critical,
+        subject: Subject::port(node, "mlx5_0", 1),
+        job_id: None,
+        at_ns: T0,
+        summary: "link_downed rose by 1".into(),
+        evidence: match upstream {
+            Some(u) => serde_json::json!({"increase": 1, "upstream": u}),
+            None => serde_json::json!({"increase": 1}),
+        },
+    };
+    let upstream = Observation {
+        rule: crate::findings::fabric::RULE,
+        severity: Severity::Critical,
+        subject: Subject {
+            node: "leaf1".into(),
+            device: None,
+            port: None,
+            gpu: None,
+            job: None,
+        },
+        job_id: None,
+        at_ns: T0,
+        summary: "4 ports on 4 nodes went down within 6.0 ms".into(),
+        evidence: serde_json::json!({}),
+    };
+    let rules = ["ib_link_downed", crate::findings::fabric::RULE];
+    // Being judged: nothing decided, nothing recorded.
+    store.apply(&[downed("n1", Some("pending"))], &rules, T0);
+    actions.pass(&store, 10, T0, &slurm);
+    assert!(outcomes(&actions, "n1").is_empty());
+    // Judged upstream: skipped, saying why; the upstream finding's node is no Slurm node.
+    let id = crate::findings::Finding::open(&upstream).id;
+    store.apply(&[downed("n1", Some(&id)), upstream.clone()], &rules, T0 + S);
+    actions.pass(&store, 10, T0 + S, &slurm);
+    actions.pass(&store, 10, T0 + 2 * S, &slurm);
+    assert_eq!(outcomes(&actions, "n1"), ["drain skipped"]);
+    assert!(outcomes(&actions, "leaf1").is_empty());
+    let view = actions.view(10, 0);
+    let detail = view["records"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("blamed on the fabric ({id})")),
+        "{detail}"
+    );
+    // A lone port's finding drains its node as before.
+    store.apply(
+        &[downed("n1", Some(&id)), upstream, downed("n2", None)],
+        &rules,
+        T0 + 3 * S,
+    );
+    actions.pass(&store, 10, T0 + 3 * S, &slurm);
+    assert_eq!(slurm.drains(), ["n2"]);
 }

@@ -27,7 +27,9 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Thresholds, gpus, ib_links, verbs,
+    FindingsStore, Thresholds, fabric, gpus, ib_links,
+    topology::Topology,
+    verbs,
     view::{EventState, Track, Tracks, View},
 };
 use crate::{
@@ -131,7 +133,7 @@ pub enum Pass {
     All,
 }
 
-pub const EVENT_RULES: &[&str] = &["ib_link_flapping", "gpu_xid", "gpu_lost"];
+pub const EVENT_RULES: &[&str] = &["ib_link_flapping", fabric::RULE, "gpu_xid", "gpu_lost"];
 
 /// The rules' state between passes.
 pub struct FindingsEngine {
@@ -140,28 +142,52 @@ pub struct FindingsEngine {
     pub events: EventState,
     pass: u64,
     store: Arc<FindingsStore>,
+    /// Which switch each port hangs off (`[findings] topology`), if given.
+    topology: Option<Topology>,
+    /// When the first burst of DOWN transitions not judged yet will be (collector clock).
+    settles_at_ns: Option<u64>,
 }
 
 impl FindingsEngine {
+    /// The engine; `th.topology` is read here (the settings checked it at start: a file
+    /// unreadable since is logged and the engine runs without it).
     pub fn new(th: Thresholds, store: Arc<FindingsStore>) -> Self {
+        let topology = th
+            .topology
+            .as_deref()
+            .and_then(|path| match Topology::load(path) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::error!("{e}: upstream findings name no switch");
+                    None
+                }
+            });
         Self {
             th,
             tracks: Tracks::default(),
             events: EventState::default(),
             pass: 0,
             store,
+            topology,
+            settles_at_ns: None,
         }
     }
 
-    pub fn take_event(&mut self, node: &str, event: &WireEvent) {
-        self.events.take(node, event);
+    /// Takes an event the collector took at `arrived_ns` (its own clock).
+    pub fn take_event(&mut self, node: &str, event: &WireEvent, arrived_ns: u64) {
+        self.events.take(node, event, arrived_ns);
+    }
+
+    /// Whether a burst of DOWN transitions waiting to be judged is due at `now_ns`.
+    pub fn burst_due(&self, now_ns: u64) -> bool {
+        self.settles_at_ns.is_some_and(|t| now_ns >= t)
     }
 
     /// Takes one message of the inbox; true if it was an event (the event rules are due).
     pub fn take(&mut self, input: FindingsInput) -> bool {
         match input {
             FindingsInput::Event(node, event) => {
-                self.take_event(&node, &event);
+                self.take_event(&node, &event, unix_now_ns());
                 true
             }
             FindingsInput::Counters(node, counters) => {
@@ -265,14 +291,17 @@ impl FindingsEngine {
     /// Runs the rules of `pass` and hands what they saw to the store.
     pub fn evaluate(&mut self, pass: Pass, now_ns: u64) {
         self.events.prune(now_ns, &self.th);
+        let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, self.topology.as_ref());
+        self.settles_at_ns = grouping.settles_at_ns;
         let mut seen = Vec::new();
-        ib_links::evaluate_events(&self.events, now_ns, &self.th, &mut seen);
+        ib_links::evaluate_events(&self.events, &grouping, now_ns, &self.th, &mut seen);
+        grouping.evaluate(now_ns, &mut seen);
         gpus::evaluate_events(&self.events, now_ns, &self.th, &mut seen);
         let rules: Vec<&str> = match pass {
             Pass::Events => EVENT_RULES.to_vec(),
             Pass::All => {
                 let view = View::new(&self.tracks, now_ns, &self.th);
-                ib_links::evaluate_series(&view, &self.events, &mut seen);
+                ib_links::evaluate_series(&view, &self.events, &grouping, &mut seen);
                 gpus::evaluate_series(&view, &self.events, &mut seen);
                 verbs::evaluate(&view, &mut seen);
                 all_rules()
@@ -294,6 +323,7 @@ impl FindingsEngine {
 pub fn all_rules() -> Vec<&'static str> {
     ib_links::RULES
         .iter()
+        .chain(fabric::RULES)
         .chain(gpus::RULES)
         .chain(verbs::RULES)
         .copied()
@@ -359,6 +389,10 @@ fn run<L: AsRef<NodeTable>>(
             engine.refresh((*live).as_ref());
             engine.evaluate(Pass::All, unix_now_ns());
             next_tick = now + tick;
+        } else if engine.burst_due(unix_now_ns()) {
+            // A burst of port DOWN transitions has settled: judged now rather than at the
+            // tick, so a node's own port finding is not held back longer than it must be.
+            engine.evaluate(Pass::Events, unix_now_ns());
         }
         let wait = next_tick
             .saturating_duration_since(Instant::now())

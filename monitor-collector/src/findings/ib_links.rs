@@ -10,6 +10,8 @@ use serde_json::json;
 
 use super::{
     Observation, Severity, Subject, Thresholds,
+    fabric::{self, Blame, Grouping},
+    topology::PortKey,
     view::{EventState, Track, TrackKey, View},
 };
 
@@ -71,19 +73,31 @@ fn phys_name(v: f64) -> &'static str {
     }
 }
 
-/// Flapping: DOWN transitions from the kernel's port events within the window.
+/// Flapping: the port's own DOWN transitions (the kernel's port events) within the window;
+/// those of an upstream burst or a burst not judged yet do not count ([`fabric`]).
 pub fn evaluate_events(
     events: &EventState,
+    grouping: &Grouping,
     now_ns: u64,
     th: &Thresholds,
     out: &mut Vec<Observation>,
 ) {
     let from = now_ns.saturating_sub(th.flap_window_s * S);
-    for ((node, device, port), downs) in &events.downs {
-        let recent: Vec<u64> = downs.iter().copied().filter(|&t| t >= from).collect();
+    for (key, downs) in &events.downs {
+        let (node, device, port) = key;
+        let mut recent: Vec<u64> = Vec::new();
+        let mut upstream = 0;
+        for d in downs.iter().filter(|d| d.at_ns >= from) {
+            match grouping.blame(key, d.at_ns) {
+                Blame::Own => recent.push(d.at_ns),
+                Blame::Upstream(_) => upstream += 1,
+                Blame::Pending => {}
+            }
+        }
         if recent.len() < th.flap_downs as usize {
             continue;
         }
+        recent.sort_unstable();
         // The episode starts at the first down of the window.
         let at = recent[0];
         out.push(Observation {
@@ -104,13 +118,26 @@ pub fn evaluate_events(
                 "threshold": th.flap_downs,
                 "first_down": recent[0],
                 "last_down": recent[recent.len() - 1],
+                "upstream_downs": upstream,
             }),
         });
     }
 }
 
-pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observation>) {
+pub fn evaluate_series(
+    view: &View,
+    events: &EventState,
+    grouping: &Grouping,
+    out: &mut Vec<Observation>,
+) {
     let th = view.th;
+    let key_of = |s: &Subject| -> PortKey {
+        (
+            s.node.clone(),
+            s.device.clone().unwrap_or_default(),
+            s.port.unwrap_or(0),
+        )
+    };
     let port_gauge = |name: &'static str| -> HashMap<Subject, &Track> {
         view.named(name)
             .filter_map(|(k, t)| Some((port_of(k)?, t)))
@@ -195,7 +222,8 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             continue;
         };
         if n > 0 {
-            out.push(rise_observation(
+            let port = key_of(&subject);
+            let mut o = rise_observation(
                 "ib_link_downed",
                 Severity::Critical,
                 subject,
@@ -203,7 +231,12 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
                 th.link_downed_hold_s * S,
                 format!("link_downed rose by {n} in the last {span:.0} s"),
                 json!({"increase": n, "window_s": span, "value": track.counter()}),
-            ));
+            );
+            let from = view.now_ns.saturating_sub(th.link_downed_hold_s * S);
+            let blamed =
+                grouping.upstream_of(events.downs.get(&port), &port, from, o.at_ns, view.now_ns);
+            fabric::mark(&mut o.evidence, blamed);
+            out.push(o);
         }
     }
 
@@ -264,20 +297,21 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         // Held since the value last changed as the engine saw it, or since the port's last
         // DOWN transition: the engine sees the latest sample only, so two down episodes with
         // an UP between them would otherwise look like one long one.
-        let last_down = events
-            .downs
-            .get(&(
-                subject.node.clone(),
-                subject.device.clone().unwrap_or_default(),
-                subject.port.unwrap_or(0),
-            ))
-            .and_then(|d| d.back().copied())
+        let port = key_of(&subject);
+        let downs = events.downs.get(&port);
+        let last_down = downs
+            .and_then(|d| d.iter().map(|d| d.at_ns).max())
             .unwrap_or(0);
         let since = track.changed_ns.max(last_down);
         let held = track.latest.unix_ns.saturating_sub(since);
         if phys == LINK_UP || held < th.phys_state_grace_s * S {
             continue;
         }
+        // Blamed on what its last DOWN transition is blamed on.
+        let blamed = grouping.upstream_of(downs, &port, last_down.max(1), since, view.now_ns);
+        let mut evidence = json!({"phys_state": phys, "name": phys_name(phys), "for_s": held as f64 / 1e9,
+                                  "grace_s": th.phys_state_grace_s});
+        fabric::mark(&mut evidence, blamed);
         out.push(Observation {
             rule: "ib_phys_state",
             severity: if phys == DISABLED {
@@ -290,8 +324,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
                 phys_name(phys),
                 held as f64 / 1e9
             ),
-            evidence: json!({"phys_state": phys, "name": phys_name(phys), "for_s": held as f64 / 1e9,
-                             "grace_s": th.phys_state_grace_s}),
+            evidence,
             subject,
             job_id: None,
             at_ns: since,

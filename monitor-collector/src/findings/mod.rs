@@ -7,7 +7,8 @@
 //!   latest values on a short tick; opens a finding when a rule's condition appears, ends it
 //!   when it is gone;
 //! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
-//!   [`xid`]), [`verbs`];
+//!   [`xid`]), [`verbs`]; [`fabric`]: port DOWN transitions of many nodes at once blamed on
+//!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
@@ -19,13 +20,16 @@
 pub mod api;
 pub mod cli;
 pub mod engine;
+pub mod fabric;
 pub mod gpus;
+pub mod hostlist;
 pub mod ib_links;
 pub mod log;
 pub mod reads;
 pub mod remote;
 pub mod store;
 pub mod thresholds;
+pub mod topology;
 pub mod verbs;
 pub mod view;
 pub mod xid;

@@ -3,6 +3,8 @@
 //! NVSentinel's NIC monitor, gpud, NVIDIA's IB bring-up guide, NVIDIA's XID catalogue), or is
 //! marked as railscope's own choice where no published rule exists.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,6 +53,24 @@ pub struct Thresholds {
     /// Findings reloaded as active at start-up end if their condition is not seen again
     /// within this many seconds.
     pub restart_grace_s: u64,
+    /// Port DOWN transitions of different nodes each within this many milliseconds of the
+    /// one before are one burst (railscope's choice: a switch that reboots drops all its
+    /// links within a few ms, nodes' clocks agree to a few ms under NTP; docs/findings.md).
+    pub fabric_window_ms: u64,
+    /// A burst that takes ports of at least this many nodes down is the fabric's fault, not
+    /// the nodes' (railscope's choice: one node resetting its HCAs drops all its ports at
+    /// once, so nodes are counted, not ports).
+    pub fabric_min_nodes: u32,
+    /// How long after a DOWN transition arrives its burst waits for the other nodes' frames
+    /// before it is judged, seconds (a lost event frame is resent about 2-3 s later).
+    pub fabric_settle_s: u64,
+    /// How long an upstream finding stays active after its last burst, seconds (as long as
+    /// `link-downed-hold-s` keeps the ports' own findings, which point at it).
+    pub fabric_hold_s: u64,
+    /// Which switch each port hangs off: Slurm's topology.conf or a file of
+    /// `HOST DEVICE/PORT SWITCH SWITCH_PORT` lines (unset: upstream findings name "fabric").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<PathBuf>,
 }
 
 impl Default for Thresholds {
@@ -74,6 +94,11 @@ impl Default for Thresholds {
             cm_rejects: 10,
             verbs_window_s: 300,
             restart_grace_s: 300,
+            fabric_window_ms: 50,
+            fabric_min_nodes: 4,
+            fabric_settle_s: 5,
+            fabric_hold_s: 3600,
+            topology: None,
         }
     }
 }
@@ -94,6 +119,18 @@ impl Thresholds {
             if v == 0 {
                 return Err(format!("findings.{name} must be at least 1"));
             }
+        }
+        if self.fabric_window_ms == 0 {
+            return Err("findings.fabric-window-ms must be at least 1".into());
+        }
+        if self.fabric_min_nodes < 2 {
+            return Err(
+                "findings.fabric-min-nodes must be at least 2 (one node's ports are its own)"
+                    .into(),
+            );
+        }
+        if let Some(path) = &self.topology {
+            super::topology::Topology::load(path).map_err(|e| e.to_string())?;
         }
         if self.congestion_score.is_nan() || self.congestion_score <= 0.0 {
             return Err("findings.congestion-score must be above 0".into());

@@ -10,7 +10,7 @@ use std::{
 
 use monitor_wire::{Series, WireEvent, names::event_kind};
 
-use super::Thresholds;
+use super::{Thresholds, topology::PortKey};
 use crate::nodes::{Latest, LatestValue};
 
 /// A counter's history is kept at this spacing...
@@ -171,11 +171,21 @@ impl<'a> View<'a> {
     }
 }
 
+/// One DOWN transition of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortDown {
+    /// When the port went down (the event's kernel timestamp, as Unix ns).
+    pub at_ns: u64,
+    /// When the collector took the event (its own clock): a burst across nodes is judged
+    /// once every node's frames have had time to arrive (`fabric-settle-s`).
+    pub arrived_ns: u64,
+}
+
 /// A port's DOWN transitions and when they happened (event time).
 #[derive(Debug, Default)]
 pub struct EventState {
-    /// (node, device, port) → DOWN transition times, oldest first.
-    pub downs: HashMap<(String, String, u32), VecDeque<u64>>,
+    /// (node, device, port) → DOWN transitions, oldest first.
+    pub downs: HashMap<PortKey, VecDeque<PortDown>>,
     /// (node, gpu) → XIDs seen: (time, code).
     pub xids: HashMap<(String, String), VecDeque<(u64, u64)>>,
     /// (node, gpu) → when it was lost.
@@ -197,7 +207,8 @@ impl EventState {
         }
     }
 
-    pub(super) fn take(&mut self, node: &str, e: &WireEvent) {
+    /// Takes one event, which the collector took at `arrived_ns`.
+    pub(super) fn take(&mut self, node: &str, e: &WireEvent, arrived_ns: u64) {
         match e.kind.as_str() {
             // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
             event_kind::PORT_TRANSITION if e.code == 0 => {
@@ -210,7 +221,10 @@ impl EventState {
                 self.downs
                     .entry((node.into(), device.into(), port))
                     .or_default()
-                    .push_back(e.unix_ns);
+                    .push_back(PortDown {
+                        at_ns: e.unix_ns,
+                        arrived_ns,
+                    });
             }
             event_kind::XID => {
                 if let Some(gpu) = e.labels.get("gpu") {
@@ -231,9 +245,15 @@ impl EventState {
 
     /// Forgets what is older than every window.
     pub(super) fn prune(&mut self, now_ns: u64, th: &Thresholds) {
-        let flap_from = now_ns.saturating_sub(th.flap_window_s * 1_000_000_000);
+        // Kept as long as a rule looks back at them: the flap window, the upstream findings'
+        // hold, and `link_downed`'s (whose findings are blamed on upstream by them).
+        let keep_s = th
+            .flap_window_s
+            .max(th.fabric_hold_s)
+            .max(th.link_downed_hold_s);
+        let downs_from = now_ns.saturating_sub(keep_s * 1_000_000_000);
         self.downs.retain(|_, d| {
-            while d.front().is_some_and(|&t| t < flap_from) {
+            while d.front().is_some_and(|d| d.at_ns < downs_from) {
                 d.pop_front();
             }
             // Bounded whatever a port does.

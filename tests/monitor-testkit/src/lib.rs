@@ -154,6 +154,7 @@ pub struct FleetBuilder {
     flapping_ports: Vec<(usize, usize)>,
     flap_every_ticks: u64,
     flap_down_ticks: u64,
+    port_event_skew_ns: u64,
     congested_ports: Vec<(usize, usize)>,
     xids: Vec<SimXid>,
     lost: Vec<SimLostGpu>,
@@ -234,6 +235,14 @@ impl FleetBuilder {
 
     /// A RoCE port whose CNP and ECN counters run far above the fleet's (makes the fleet
     /// RoCE: every port gets `np_cnp_sent`, `rp_cnp_handled`, `np_ecn_marked_roce_packets`).
+    /// Node `n`'s port events come `n * skew` after the tick (default 0: every node's at the
+    /// same instant): flapping ports of many nodes then look like a switch dropping its links,
+    /// each node's kernel seeing it a little later than the one before.
+    pub fn port_event_skew(mut self, skew: Duration) -> Self {
+        self.port_event_skew_ns = skew.as_nanos() as u64;
+        self
+    }
+
     pub fn congested_port(mut self, node: usize, port: usize) -> Self {
         self.congested_ports.push((node, port));
         self.roce = true;
@@ -471,6 +480,7 @@ impl SimulatedFleet {
             flapping_ports: Vec::new(),
             flap_every_ticks: 20,
             flap_down_ticks: 2,
+            port_event_skew_ns: 0,
             congested_ports: Vec::new(),
             xids: Vec::new(),
             lost: Vec::new(),
@@ -891,6 +901,7 @@ impl SimulatedFleet {
                 continue;
             }
             let device = format!("mlx5_{p}");
+            let t = t + n as u64 * self.spec.port_event_skew_ns;
             let (code, text, from, to_up) = if down {
                 (10, "PORT_ERR", "UP", false)
             } else {
