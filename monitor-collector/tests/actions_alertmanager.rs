@@ -150,11 +150,13 @@ fn a_finding_is_an_alert_in_both_alertmanagers_sent_again_while_it_lasts_and_res
     ];
     let key = key_file(&dir, KEY_HEX);
     let config = dir.join("collector.toml");
-    // Sent again every 5 s: endsAt 20 s ahead, so a resolution is told from a lapse.
+    // Sent again every 5 s: endsAt 20 s ahead, so a resolution is told from a lapse. The
+    // flap window is long enough for the finding to outlast a resend: it opens only once the
+    // fabric grouping has judged its downs (`fabric-settle-s`, 5 s after they arrived).
     std::fs::write(
         &config,
         format!(
-            "[findings]\ntick-s = 1\nflap-window-s = 20\n\n[actions]\ndry-run = false\n\
+            "[findings]\ntick-s = 1\nflap-window-s = 30\n\n[actions]\ndry-run = false\n\
              external-url = \"{EXTERNAL_URL}\"\n\n[actions.alertmanager]\n\
              urls = [\"{}\", \"{}\"]\nresend-s = 5\n",
             ams[0].url(),
@@ -230,7 +232,7 @@ fn a_finding_is_an_alert_in_both_alertmanagers_sent_again_while_it_lasts_and_res
         (end > first_end + 2.0).then_some(end)
     });
 
-    // The flap ends (fewer than 3 downs in 20 s): the alert is resolved in both, well before
+    // The flap ends (fewer than 3 downs in 30 s): the alert is resolved in both, well before
     // the end of the last send would have let it lapse.
     for am in &ams {
         wait_for("the alert resolved", Duration::from_secs(60), || {
