@@ -91,9 +91,10 @@ impl IbSysfs {
                 }
                 old => {
                     forget_listing_problems(sweep.problems, &dir);
-                    let new = plan_device(&name, dir.clone(), sweep.problems);
-                    if let (Some(old), Some(new)) = (&old, &new) {
-                        warn_counter_files_gone(old, new);
+                    let mut new = plan_device(&name, dir.clone(), sweep.problems);
+                    if let (Some(mut old), Some(new)) = (old, new.as_mut()) {
+                        warn_counter_files_gone(&old, new);
+                        new.keep_open_files(&mut old);
                     }
                     new
                 }

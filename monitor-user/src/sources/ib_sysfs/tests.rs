@@ -628,6 +628,39 @@ fn files_kept_open_show_values_written_in_place() {
 }
 
 #[test]
+fn planning_a_device_again_keeps_its_files_open() {
+    // Every `replan_every` a device's directories are listed again for new files; the files
+    // already open stay open (and keep reading), only new ones are opened.
+    use std::os::fd::AsRawFd as _;
+    let tree = Scratch::of("mlx5", "replan-keeps-files");
+    let mut src = IbSysfs::new(tree.0.clone()).with_replan_every(Duration::ZERO);
+    let open_fds = |src: &IbSysfs| -> Vec<(PathBuf, i32)> {
+        let plan = &src.devices["mlx5_0"];
+        plan.ports[0]
+            .counters
+            .iter()
+            .chain(&plan.counters)
+            .filter_map(|c| Some((c.file.path.clone(), c.file.file.as_ref()?.as_raw_fd())))
+            .collect()
+    };
+    src.read(1);
+    let before = open_fds(&src);
+    assert!(before.len() > 10, "{before:?}");
+    fs::write(
+        tree.path("class/infiniband/mlx5_0/ports/1/hw_counters/new_firmware_counter"),
+        "7\n",
+    )
+    .unwrap();
+    let p = port_labels("mlx5_0", "1");
+    let readings = by_series(&src.read(2));
+    assert!(value(&readings, "railscope_ib_new_firmware_counter_total", &p).is_some());
+    let after: HashMap<PathBuf, i32> = open_fds(&src).into_iter().collect();
+    for (path, fd) in &before {
+        assert_eq!(after.get(path), Some(fd), "{}", path.display());
+    }
+}
+
+#[test]
 fn only_due_series_are_read() {
     let tree = Scratch::of("broken", "due");
     let mut src = IbSysfs::new(tree.0.clone());
