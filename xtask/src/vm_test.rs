@@ -17,6 +17,7 @@
 //! `railscope-collector`.
 
 mod host_collector;
+mod host_slurm;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -51,6 +52,9 @@ pub const SCENARIOS: &[&str] = &[
     // Link flaps while the guest has the host's collector stopped; then the archive's events
     // and the flapping finding (the host side stops and starts it when the guest asks).
     host_collector::AWAY_SCENARIO,
+    // A link flapping in the guest drains the guest's node in a Slurm cluster on the host,
+    // through the host collector's actions (a boot of its own: see OWN_BOOT).
+    host_collector::SLURM_SCENARIO,
     // 5 % loss and reordering (netem) between the agent and a collector in a network
     // namespace of the guest: every frame archived once.
     LOSSY_SCENARIO,
@@ -74,13 +78,16 @@ const COLLECTOR_GUEST_PATH: &str = "/usr/bin/railscope-collector";
 const SIW_SCENARIO: &str = "siw-async-errors";
 const SIW_GUEST_PATH: &str = "/opt/siw/siw.ko";
 
-/// Scenarios that load a kernel module the test bed builds itself, out of tree (unsigned: it
-/// taints the kernel `OE`): each boots a guest of its own, after the other scenarios, so a
-/// fault of that module, or a kernel it left in a bad state, takes no other scenario down.
+/// Scenarios that boot a guest of their own, after the other scenarios. One that loads a
+/// kernel module the test bed builds itself, out of tree (unsigned: it taints the kernel
+/// `OE`), so a fault of that module, or a kernel it left in a bad state, takes no other
+/// scenario down. And `slurm-drain`, whose host collector drains the guest's node on its
+/// first flapping finding: in a shared boot the other host scenarios' flaps would raise that
+/// finding first (a few seconds of boot, not of scenarios, is what it costs).
 /// (On 6.12 a guest panicked in `linkwatch_event` during `ring-overflow`'s link flaps after
 /// `siw-async-errors` had loaded and unloaded siw.ko in the same boot; every later scenario
 /// then had no result.)
-const OWN_BOOT: &[&str] = &[SIW_SCENARIO];
+const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
 pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
@@ -341,7 +348,11 @@ fn run_boot(
                 .iter()
                 .any(|s| host_collector::SCENARIOS.contains(s)) =>
         {
-            Some(host_collector::start(binary, work_dir)?)
+            Some(host_collector::start(
+                binary,
+                work_dir,
+                scenarios.contains(&host_collector::SLURM_SCENARIO),
+            )?)
         }
         _ => None,
     };
