@@ -677,6 +677,12 @@ ring-overflow: flapping vethR 4000 ti[  412.118012] Oops: double fault: 0000 [#1
         );
         assert_eq!(boots(&[SIW_SCENARIO]), [vec![SIW_SCENARIO]]);
         assert_eq!(boots(&["verbs"]), [vec!["verbs"]]);
+        // The other host scenarios' flaps would drain the guest's node before slurm-drain's.
+        let slurm = host_collector::SLURM_SCENARIO;
+        assert_eq!(
+            boots(&["host-collector", slurm, "collector-away"]),
+            [vec!["host-collector", "collector-away"], vec![slurm]]
+        );
         // Every scenario of a full run boots exactly once.
         let all: Vec<&str> = boots(SCENARIOS).into_iter().flatten().collect();
         assert_eq!(all.len(), SCENARIOS.len());

@@ -231,12 +231,9 @@ pub(crate) fn start(binary: &Path, work_dir: &Path, slurm: bool) -> anyhow::Resu
         http: ([127, 0, 0, 1], free_tcp_port()?).into(),
         vm,
         dir: dir.clone(),
-        actions: slurm.as_ref().map(|s| {
-            (
-                s.collector_config().to_owned(),
-                s.slurm_conf().to_owned(),
-            )
-        }),
+        actions: slurm
+            .as_ref()
+            .map(|s| (s.collector_config().to_owned(), s.slurm_conf().to_owned())),
     });
     let collector = Arc::new(Mutex::new(Some(launch.start()?)));
     let listener = TcpListener::bind("127.0.0.1:0")?;

@@ -125,7 +125,10 @@ impl SlurmHost {
         if logged != 1 {
             bail!("slurmctld logged {logged} drains of {NODE}, expected 1");
         }
-        eprintln!("    slurm-drain: scontrol shows {NODE} {} ({reason})", view.state);
+        eprintln!(
+            "    slurm-drain: scontrol shows {NODE} {} ({reason})",
+            view.state
+        );
         Ok(())
     }
 }
