@@ -27,9 +27,10 @@ const NIGHTLY: &str = "nightly";
 /// The Prometheus-compatible servers the collector's remote-write tests start.
 pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
 
-/// The Slurm cluster the actions' tests start on loopback (monitor-testkit's `slurm`): the
-/// controller, a node daemon, `scontrol`, and munge (its authentication). Installed as
-/// packages only: the tests start the daemons themselves, with their own configuration.
+/// The Slurm cluster the actions' tests and the test bed's `slurm-drain` start on loopback
+/// (monitor-testkit's `slurm`): the controller, a node daemon, `scontrol`, and munge (its
+/// authentication). Installed as packages only: the tests start the daemons themselves, with
+/// their own configuration.
 pub const SLURM_PACKAGES: &[&str] = &["slurmctld", "slurmd", "slurm-client", "munge"];
 
 /// The Alertmanager the alert actions' test starts on loopback with its own configuration

@@ -17,6 +17,7 @@
 //! `railscope-collector`.
 
 mod host_collector;
+mod host_slurm;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -51,6 +52,9 @@ pub const SCENARIOS: &[&str] = &[
     // Link flaps while the guest has the host's collector stopped; then the archive's events
     // and the flapping finding (the host side stops and starts it when the guest asks).
     host_collector::AWAY_SCENARIO,
+    // A link flapping in the guest drains the guest's node in a Slurm cluster on the host,
+    // through the host collector's actions (a boot of its own: see OWN_BOOT).
+    host_collector::SLURM_SCENARIO,
     // 5 % loss and reordering (netem) between the agent and a collector in a network
     // namespace of the guest: every frame archived once.
     LOSSY_SCENARIO,
@@ -74,13 +78,16 @@ const COLLECTOR_GUEST_PATH: &str = "/usr/bin/railscope-collector";
 const SIW_SCENARIO: &str = "siw-async-errors";
 const SIW_GUEST_PATH: &str = "/opt/siw/siw.ko";
 
-/// Scenarios that load a kernel module the test bed builds itself, out of tree (unsigned: it
-/// taints the kernel `OE`): each boots a guest of its own, after the other scenarios, so a
-/// fault of that module, or a kernel it left in a bad state, takes no other scenario down.
+/// Scenarios that boot a guest of their own, after the other scenarios. One that loads a
+/// kernel module the test bed builds itself, out of tree (unsigned: it taints the kernel
+/// `OE`), so a fault of that module, or a kernel it left in a bad state, takes no other
+/// scenario down. And `slurm-drain`, whose host collector drains the guest's node on its
+/// first flapping finding: in a shared boot the other host scenarios' flaps would raise that
+/// finding first (a few seconds of boot, not of scenarios, is what it costs).
 /// (On 6.12 a guest panicked in `linkwatch_event` during `ring-overflow`'s link flaps after
 /// `siw-async-errors` had loaded and unloaded siw.ko in the same boot; every later scenario
 /// then had no result.)
-const OWN_BOOT: &[&str] = &[SIW_SCENARIO];
+const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO];
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
 pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
@@ -112,16 +119,31 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
+/// Scenarios CI (`cargo xtask test`) boots on Debian 6.1 only, and why.
+const ONE_KERNEL_IN_CI: &[(&str, &str)] = &[
+    (
+        SIW_SCENARIO,
+        "its siw build costs about 4 min cold on another kernel",
+    ),
+    (
+        host_collector::SLURM_SCENARIO,
+        "a drain through Slurm does not depend on the guest's kernel; its port events are \
+         covered on every kernel by the other scenarios",
+    ),
+];
+
 /// The full soak's length, and the short one CI and single-kernel runs use.
 const SOAK_JOBS_FULL: u32 = 300;
 const SOAK_JOBS_SHORT: u32 = 40;
 
 impl Options {
-    /// Whether `scenario` boots on `kernel`. CI covers each capability once: the siw scenario
-    /// runs there on Debian 6.1 only, as siw is compiled from the kernel's source on a fresh
-    /// machine; `vm-test --all-kernels` (and a chosen `--kernel`) runs it on every line.
+    /// Whether `scenario` boots on `kernel`. CI covers each capability once: the scenarios of
+    /// [`ONE_KERNEL_IN_CI`] run there on Debian 6.1 only; `vm-test --all-kernels` (and a
+    /// chosen `--kernel`) runs them on every line.
     fn runs_on(&self, scenario: &str, kernel: KernelLine) -> bool {
-        !(self.ci && scenario == SIW_SCENARIO && kernel != KernelLine::Bookworm)
+        !(self.ci
+            && ONE_KERNEL_IN_CI.iter().any(|(s, _)| *s == scenario)
+            && kernel != KernelLine::Bookworm)
     }
 
     /// How many jobs the `soak` scenario runs: the full length only when every kernel line is
@@ -224,10 +246,13 @@ pub fn run_with(tools: &Tools, options: &Options) -> anyhow::Result<()> {
             .copied()
             .filter(|s| options.runs_on(s, kernel))
             .collect();
-        if here.len() < scenarios.len() {
+        for (skipped, why) in ONE_KERNEL_IN_CI
+            .iter()
+            .filter(|(s, _)| scenarios.contains(s) && !here.contains(s))
+        {
             setup::step(&format!(
-                "{SIW_SCENARIO}: on Debian 6.1 only in CI (its siw build costs about 4 min cold \
-                 on {kernel:?}); `cargo xtask vm-test --all-kernels` runs it there"
+                "{skipped}: on Debian 6.1 only in CI, not on {kernel:?} ({why}); \
+                 `cargo xtask vm-test --all-kernels` runs it there"
             ));
         }
         let results = run_kernel(
@@ -341,7 +366,11 @@ fn run_boot(
                 .iter()
                 .any(|s| host_collector::SCENARIOS.contains(s)) =>
         {
-            Some(host_collector::start(binary, work_dir)?)
+            Some(host_collector::start(
+                binary,
+                work_dir,
+                scenarios.contains(&host_collector::SLURM_SCENARIO),
+            )?)
         }
         _ => None,
     };
@@ -547,7 +576,7 @@ mod tests {
                        RAILSCOPE-SCENARIO ib-core-btf FAIL test exited 101\n";
 
     #[test]
-    fn ci_runs_siw_on_one_kernel_and_the_long_variant_on_every_one() {
+    fn ci_runs_siw_and_slurm_drain_on_one_kernel_and_the_long_variant_on_every_one() {
         use clap::Parser as _;
         #[derive(clap::Parser)]
         struct Cli {
@@ -560,6 +589,9 @@ mod tests {
         assert!(options.runs_on(SIW_SCENARIO, KernelLine::Bookworm));
         assert!(!options.runs_on(SIW_SCENARIO, KernelLine::Bookworm612));
         assert!(options.runs_on("verbs", KernelLine::Bookworm612));
+        let slurm = host_collector::SLURM_SCENARIO;
+        assert!(options.runs_on(slurm, KernelLine::Bookworm));
+        assert!(!options.runs_on(slurm, KernelLine::Bookworm612));
     }
 
     #[test]
@@ -666,6 +698,12 @@ ring-overflow: flapping vethR 4000 ti[  412.118012] Oops: double fault: 0000 [#1
         );
         assert_eq!(boots(&[SIW_SCENARIO]), [vec![SIW_SCENARIO]]);
         assert_eq!(boots(&["verbs"]), [vec!["verbs"]]);
+        // The other host scenarios' flaps would drain the guest's node before slurm-drain's.
+        let slurm = host_collector::SLURM_SCENARIO;
+        assert_eq!(
+            boots(&["host-collector", slurm, "collector-away"]),
+            [vec!["host-collector", "collector-away"], vec![slurm]]
+        );
         // Every scenario of a full run boots exactly once.
         let all: Vec<&str> = boots(SCENARIOS).into_iter().flatten().collect();
         assert_eq!(all.len(), SCENARIOS.len());

@@ -11,6 +11,10 @@
 //! directory and ports, as an upgrade does (`collector-away`): it asks over a TCP control
 //! port ([`CONTROL_STOP`], [`CONTROL_START`], one line each, answered with one line once
 //! done), so the outage falls exactly where the guest wants it.
+//!
+//! For `slurm-drain` (a boot of its own) the collector also acts: it drains node `guest` in
+//! a Slurm cluster started on the host ([`host_slurm`](super::host_slurm)), and the check
+//! after the boot reads the node back from Slurm.
 
 use std::{
     collections::BTreeMap,
@@ -30,6 +34,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
+use super::host_slurm::SlurmHost;
 use crate::{
     cargo,
     http::{encode, http_get, metric_sum, metrics_at, wait_http},
@@ -43,9 +48,12 @@ pub(crate) const SCENARIO: &str = "host-collector";
 /// The guest scenario that flaps a link while the host's collector is stopped.
 pub(crate) const AWAY_SCENARIO: &str = "collector-away";
 
+/// The guest scenario whose flapping link drains the guest's node in Slurm.
+pub(crate) const SLURM_SCENARIO: &str = "slurm-drain";
+
 /// The guest scenarios this module serves: a boot running any of them gets the collector,
 /// and each one's verdict includes the comparison after the boot.
-pub(crate) const SCENARIOS: &[&str] = &[SCENARIO, AWAY_SCENARIO];
+pub(crate) const SCENARIOS: &[&str] = &[SCENARIO, AWAY_SCENARIO, SLURM_SCENARIO];
 
 /// What the guest sends on the control port to have the collector stopped (SIGTERM, waited
 /// for), and to have it started again; the answer is `ok` or `error: WHY`.
@@ -75,6 +83,9 @@ struct Launch {
     http: SocketAddr,
     vm: SocketAddr,
     dir: PathBuf,
+    /// The `--config` with `[actions]` and the `SLURM_CONF` its `scontrol` uses, when the
+    /// collector acts.
+    actions: Option<(PathBuf, PathBuf)>,
 }
 
 impl Launch {
@@ -93,6 +104,11 @@ impl Launch {
             .arg(self.dir.join("data"))
             .arg("--remote-write")
             .arg(format!("vm=http://{}/api/v1/write", self.vm));
+        if let Some((config, slurm_conf)) = &self.actions {
+            cmd.arg("--config")
+                .arg(config)
+                .env("SLURM_CONF", slurm_conf);
+        }
         let child = cmd
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -129,6 +145,8 @@ pub(crate) struct HostCollector {
     dir: PathBuf,
     /// The guest's own frame key, derived from the host's fleet secret.
     node_key_hex: String,
+    /// The Slurm cluster the collector drains in (`slurm-drain`).
+    slurm: Option<SlurmHost>,
 }
 
 /// The collector binary, built for the host (and put into the guest image for the
@@ -156,9 +174,14 @@ fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> anyhow::Result<Running> {
 }
 
 /// Starts the collector `binary` and VictoriaMetrics under `work_dir/host-collector`, and the
-/// control port.
-pub(crate) fn start(binary: &Path, work_dir: &Path) -> anyhow::Result<HostCollector> {
-    let dir = work_dir.join("host-collector");
+/// control port; with `slurm`, under `work_dir/host-slurm-drain`, with a Slurm cluster the
+/// collector drains in.
+pub(crate) fn start(binary: &Path, work_dir: &Path, slurm: bool) -> anyhow::Result<HostCollector> {
+    let dir = work_dir.join(if slurm {
+        "host-slurm-drain"
+    } else {
+        "host-collector"
+    });
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
     }
@@ -200,6 +223,7 @@ pub(crate) fn start(binary: &Path, work_dir: &Path) -> anyhow::Result<HostCollec
         }
         thread::sleep(Duration::from_millis(100));
     }
+    let slurm = slurm.then(|| SlurmHost::start(&dir)).transpose()?;
     let launch = Arc::new(Launch {
         binary: binary.to_owned(),
         secret,
@@ -207,6 +231,9 @@ pub(crate) fn start(binary: &Path, work_dir: &Path) -> anyhow::Result<HostCollec
         http: ([127, 0, 0, 1], free_tcp_port()?).into(),
         vm,
         dir: dir.clone(),
+        actions: slurm
+            .as_ref()
+            .map(|s| (s.collector_config().to_owned(), s.slurm_conf().to_owned())),
     });
     let collector = Arc::new(Mutex::new(Some(launch.start()?)));
     let listener = TcpListener::bind("127.0.0.1:0")?;
@@ -231,6 +258,7 @@ pub(crate) fn start(binary: &Path, work_dir: &Path) -> anyhow::Result<HostCollec
         vm,
         dir,
         node_key_hex,
+        slurm,
     })
 }
 
@@ -337,6 +365,10 @@ impl HostCollector {
         };
         let result = restarted
             .and_then(|()| self.compare())
+            .and_then(|()| match &self.slurm {
+                Some(slurm) => slurm.check(self.http),
+                None => Ok(()),
+            })
             .map_err(|e| format!("{e:#}"));
         // SIGTERM: the collector writes its cursor and stops.
         if let Some(running) = self.collector.lock().expect("no panic while locked").take() {

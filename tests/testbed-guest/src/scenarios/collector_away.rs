@@ -234,7 +234,7 @@ fn differences(reported: &[PortEvent], archived: &[PortEvent]) -> Vec<String> {
 }
 
 /// Frames the collector accepted from node `guest` since it started (0 before the first).
-fn node_frames(http: &str) -> anyhow::Result<u64> {
+pub(super) fn node_frames(http: &str) -> anyhow::Result<u64> {
     let nodes = http::get_json(http, "/api/v1/live/nodes")?;
     Ok(nodes
         .as_array()

@@ -29,6 +29,7 @@ mod qp_errors;
 mod rdma_cm;
 mod ring_overflow;
 mod siw_async_errors;
+mod slurm_drain;
 mod soak;
 mod verbs;
 
@@ -49,6 +50,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "job-labels" => job_labels::run(),
         "host-collector" => host_collector::run(),
         "collector-away" => collector_away::run(),
+        "slurm-drain" => slurm_drain::run(),
         "lossy-link" => lossy_link::run(),
         "perftest" => perftest::run(),
         "capture-flap" => capture_flap::run(),
