@@ -252,7 +252,7 @@ pub fn query(lldpcli: &Path, socket: &Path, timeout: Duration) -> Result<Vec<Nei
     let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
         thread::spawn(move || {
             let mut buf = Vec::new();
-            if let Some(mut pipe) = pipe {
+            if let Some(pipe) = pipe {
                 let _ = pipe.take(16 << 20).read_to_end(&mut buf);
             }
             buf
