@@ -500,6 +500,7 @@ fn a_webhook_is_given_up_after_its_attempts_and_a_dry_run_sends_nothing() {
     pass_and_record(&dry, &store, &slurm, T0 + S);
     assert_eq!(outcomes(&dry, "n2"), ["webhook would"]);
     assert_eq!(notifier.got.lock().unwrap().len(), 2);
+}
 
 #[test]
 fn a_port_finding_blamed_on_the_fabric_never_drains_and_waits_while_it_is_judged() {
