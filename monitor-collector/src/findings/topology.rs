@@ -319,9 +319,15 @@ mod tests {
         let mut t = Topology::parse(SLURM, "topology.conf").unwrap();
         t.set_neighbours(HashMap::from([
             // Covered by the file: the file wins.
-            (port("node01", "mlx5_0"), ("roce-leaf9".into(), "swp1".into())),
+            (
+                port("node01", "mlx5_0"),
+                ("roce-leaf9".into(), "swp1".into()),
+            ),
             (port("gpu01", "mlx5_0"), ("s2".into(), "swp17".into())),
-            (port("gpu02", "mlx5_0"), ("roce-leaf9".into(), "swp18".into())),
+            (
+                port("gpu02", "mlx5_0"),
+                ("roce-leaf9".into(), "swp18".into()),
+            ),
         ]));
         assert_eq!(t.switch_of(&port("node01", "mlx5_0")), Some("s1"));
         assert_eq!(t.switch_port_of(&port("node01", "mlx5_0")), None);
@@ -335,8 +341,14 @@ mod tests {
         // Without a file at all.
         let mut t = Topology::default();
         t.set_neighbours(HashMap::from([
-            (port("gpu02", "mlx5_0"), ("roce-leaf9".into(), "swp18".into())),
-            (port("gpu03", "mlx5_0"), ("roce-leaf9".into(), "swp19".into())),
+            (
+                port("gpu02", "mlx5_0"),
+                ("roce-leaf9".into(), "swp18".into()),
+            ),
+            (
+                port("gpu03", "mlx5_0"),
+                ("roce-leaf9".into(), "swp19".into()),
+            ),
         ]));
         let leaf = [port("gpu02", "mlx5_0"), port("gpu03", "mlx5_0")];
         assert_eq!(t.lowest_common_switch(&leaf).as_deref(), Some("roce-leaf9"));

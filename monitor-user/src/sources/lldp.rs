@@ -229,7 +229,11 @@ pub fn neighbour_series(ports: &[PortNetdev], neighbours: &[Neighbour]) -> Vec<S
 
 /// Runs `lldpcli -u SOCKET -f json0 show neighbors`, killed after `timeout`, and parses what
 /// it printed.
-pub fn query(lldpcli: &Path, socket: &Path, timeout: Duration) -> Result<Vec<Neighbour>, LldpError> {
+pub fn query(
+    lldpcli: &Path,
+    socket: &Path,
+    timeout: Duration,
+) -> Result<Vec<Neighbour>, LldpError> {
     let source_name = format!(
         "{} -u {} -f json0 show neighbors",
         lldpcli.display(),
@@ -347,7 +351,10 @@ fn poll_once(sysfs_root: &Path, socket: &Path) -> Result<Vec<Series>, String> {
         return Ok(Vec::new());
     }
     if !socket.exists() {
-        return Err(format!("lldpd is not running here ({} absent)", socket.display()));
+        return Err(format!(
+            "lldpd is not running here ({} absent)",
+            socket.display()
+        ));
     }
     let neighbours =
         query(Path::new("lldpcli"), socket, QUERY_TIMEOUT).map_err(|e| e.to_string())?;
@@ -490,7 +497,9 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.starts_with("/nonexistent/lldpcli -u /run/lldpd.socket -f json0 show neighbors: cannot run: "),
+            e.starts_with(
+                "/nonexistent/lldpcli -u /run/lldpd.socket -f json0 show neighbors: cannot run: "
+            ),
             "{e}"
         );
     }
