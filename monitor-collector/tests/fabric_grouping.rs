@@ -4,7 +4,8 @@
 //! finding (a new install's dry run, so Slurm is never asked: what is checked is what the
 //! collector decided, in `/api/v1/actions`), fed by simulated fleets (monitor-testkit: real
 //! frames, the agent's own event and metric names). What is checked is what an operator
-//! checks: `/api/v1/findings` and `/api/v1/actions`.
+//! checks: `/api/v1/findings` and `/api/v1/actions`. On RoCE the switch comes from the
+//! agents' LLDP neighbours (`railscope_ib_port_neighbor_info`) where the file has no word.
 
 use std::{
     ffi::OsStr,
@@ -217,6 +218,51 @@ fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_
             .unwrap_or_else(|| panic!("{node}'s link_downed finding: {all:#?}"));
         assert_eq!(downed["evidence"]["upstream"], id.as_str(), "{downed:#}");
     }
+    let (ok, _, err) = c.stop();
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn on_roce_the_agents_lldp_neighbours_name_the_switch_the_topology_file_does_not_know() {
+    let dir = scratch_dir("fabric-lldp");
+    // The topology file knows the InfiniBand nodes only; gpu01-gpu06 are RoCE nodes whose
+    // agents send the switch port lldpd hears on each port (gpu01-gpu05's mlx5_0 on
+    // roce-leaf7, gpu06's on roce-leaf8).
+    let c = collector(&dir, TOPOLOGY).start();
+    let roce: Vec<String> = (1..=6).map(|i| format!("gpu{i:02}")).collect();
+    let mut f = fleet(&roce, start_ns());
+    for n in 0..roce.len() {
+        let switch = if n < 5 { "roce-leaf7" } else { "roce-leaf8" };
+        f = f.lldp_neighbour(n, 0, switch, &format!("swp{}", n + 1));
+    }
+    // roce-leaf7 reboots: its five nodes' mlx5_0 go down together, every 4 s.
+    for n in 0..5 {
+        f = f.flapping_port(n, 0);
+    }
+    f.flap_period(4, 1)
+        .port_event_skew(Duration::from_millis(2))
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), TICKS)
+        .unwrap();
+    let upstream = wait_for("the upstream finding", Duration::from_secs(30), || {
+        findings(&c)
+            .into_iter()
+            .find(|f| f["rule"] == "fabric_upstream_down")
+    });
+    assert_eq!(upstream["node"], "roce-leaf7", "{upstream:#}");
+    assert_eq!(upstream["evidence"]["switch"], "roce-leaf7");
+    assert_eq!(
+        upstream["evidence"]["nodes"],
+        serde_json::json!(roce[..5].to_vec())
+    );
+    assert!(
+        upstream["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("switch roce-leaf7"),
+        "{upstream:#}"
+    );
     let (ok, _, err) = c.stop();
     assert!(ok, "{err}");
     let _ = std::fs::remove_dir_all(&dir);

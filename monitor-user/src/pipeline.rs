@@ -35,6 +35,7 @@ use crate::{
         ReadingSink,
         gpu::{GpuEvent, GpuSource, ProcessJobs},
         ib_sysfs::IbSysfs,
+        lldp::NeighbourSeries,
     },
     spool::{Spool, SpoolConfig, SpoolStats},
     spool_file::{Loaded, SessionState, SpoolFile},
@@ -60,6 +61,8 @@ pub struct PipelineOptions {
     pub gpu: bool,
     /// The NVML library to load (None: the system's `libnvidia-ml.so.1`).
     pub nvml_lib: Option<PathBuf>,
+    /// lldpd's control socket, asked for the RoCE ports' switch neighbours where it exists.
+    pub lldp_socket: PathBuf,
     /// How often the sources are read: the sampler's minimum interval.
     pub interval: Duration,
     /// How often batched samples are sent (events are sent at once).
@@ -105,6 +108,10 @@ pub struct Pipeline {
     key: Key,
     /// `railscope_agent_info{version}`: how a collector knows which agent version a node runs.
     info: Series,
+    /// `railscope_ib_port_neighbor_info`: the RoCE ports' switch neighbours (lldpd).
+    neighbours: NeighbourSeries,
+    /// The neighbour series sent at the last flush (one gone is retired).
+    neighbours_sent: std::sync::Arc<Vec<Series>>,
     pub flush_every: Duration,
     pub interval: Duration,
 }
@@ -218,6 +225,11 @@ impl Pipeline {
             poller,
             key,
             info: agent_info_series(),
+            neighbours: NeighbourSeries::spawn(
+                options.sysfs_root.clone(),
+                options.lldp_socket.clone(),
+            ),
+            neighbours_sent: Default::default(),
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -320,6 +332,26 @@ impl Pipeline {
         {
             tracing::debug!("agent info not encoded: {e}");
         }
+        let neighbours = self.neighbours.current();
+        if !std::sync::Arc::ptr_eq(&neighbours, &self.neighbours_sent) {
+            let gone: std::collections::HashSet<&Series> = self
+                .neighbours_sent
+                .iter()
+                .filter(|s| !neighbours.contains(s))
+                .collect();
+            if !gone.is_empty() {
+                self.encoder.retire_where(|s| gone.contains(s));
+            }
+        }
+        for series in neighbours.iter() {
+            if let Err(e) = self
+                .encoder
+                .push_sample(series, Sample::Gauge(GaugeSample::reading(now, 1.0)))
+            {
+                tracing::debug!("LLDP neighbour not encoded: {e}");
+            }
+        }
+        self.neighbours_sent = neighbours;
         let frames = self.encoder.flush(now);
         self.send(frames);
     }

@@ -124,6 +124,12 @@ pub struct AgentSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub no_gpu: bool,
+    /// lldpd's control socket: where it exists, each RoCE port's switch neighbour is asked
+    /// of lldpd (`lldpcli`) and sent, for the collector's fabric topology (default
+    /// /run/lldpd.socket).
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lldp_socket: Option<PathBuf>,
     /// Seconds between reads of the counters: the sampler's minimum interval (default 1).
     #[arg(long, value_name = "SECONDS")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,6 +187,7 @@ impl Layered for AgentSettings {
             sysfs,
             nvml_lib,
             no_gpu,
+            lldp_socket,
             interval,
             flush,
             no_adaptive,
@@ -205,6 +212,7 @@ impl Layered for AgentSettings {
             sysfs: pick(sysfs, over.sysfs),
             nvml_lib: pick(nvml_lib, over.nvml_lib),
             no_gpu: no_gpu || over.no_gpu,
+            lldp_socket: pick(lldp_socket, over.lldp_socket),
             interval: pick(interval, over.interval),
             flush: pick(flush, over.flush),
             no_adaptive: no_adaptive || over.no_adaptive,
@@ -269,6 +277,10 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
         sysfs_root: s.sysfs.clone().unwrap_or_else(|| DEFAULT_SYSFS.into()),
         gpu: !s.no_gpu,
         nvml_lib: s.nvml_lib.clone(),
+        lldp_socket: s
+            .lldp_socket
+            .clone()
+            .unwrap_or_else(|| crate::sources::lldp::DEFAULT_SOCKET.into()),
         interval,
         flush_every: s.flush.map_or(DEFAULT_FLUSH, Seconds::duration),
         adaptive,

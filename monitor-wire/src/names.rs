@@ -168,6 +168,10 @@ pub mod metric {
             IB_PORT_WIDTH_LANES = "railscope_ib_port_width_lanes";
             /// Gauge, always 1, label `link_layer` (`InfiniBand`, `Ethernet`).
             IB_PORT_LINK_LAYER_INFO = "railscope_ib_port_link_layer_info";
+            /// Gauge, always 1, labels `device`, `port`, `netdev`, `switch`, `switch_port`:
+            /// the switch port a RoCE port's netdev is cabled to, as lldpd's LLDP neighbour
+            /// names it (the chassis name, the port id); the collector's fabric topology.
+            IB_PORT_NEIGHBOR_INFO = "railscope_ib_port_neighbor_info";
         }
         ib_counters {
             // `counters/`: the IB PMA counters.

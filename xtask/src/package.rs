@@ -152,6 +152,12 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
                 .into(),
             mode: 0o644,
         },
+        // Opt-in: lldpd's group for the agent, where lldpd runs (docs/deployment.md).
+        Entry {
+            from: "dist/railscope-agent-lldp.conf".into(),
+            to: "usr/share/doc/railscope/examples/railscope-agent.service.d/lldp.conf".into(),
+            mode: 0o644,
+        },
         Entry {
             from: "dist/debian/copyright".into(),
             to: "usr/share/doc/railscope/copyright".into(),

@@ -28,7 +28,7 @@ use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, na
 
 use super::{
     FindingsStore, Thresholds, fabric, gpus, ib_links,
-    topology::Topology,
+    topology::{PortKey, Topology},
     verbs,
     view::{EventState, Track, Tracks, View},
 };
@@ -124,6 +124,20 @@ pub fn watched_counters(frame: &Frame, schema: &Schema) -> CounterSamples {
         .collect()
 }
 
+/// A `railscope_ib_port_neighbor_info` series as (port, (switch, the switch's port)); None
+/// if a label is missing.
+fn neighbour(node: &Arc<str>, series: &Series) -> Option<(PortKey, (String, String))> {
+    let l = &series.labels;
+    let port = l.get("port")?.parse().ok()?;
+    Some((
+        (node.to_string(), l.get("device")?.to_owned(), port),
+        (
+            l.get("switch")?.to_owned(),
+            l.get("switch_port")?.to_owned(),
+        ),
+    ))
+}
+
 /// Which rules a pass evaluated: a finding of a rule a pass did not evaluate is left alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
@@ -142,8 +156,9 @@ pub struct FindingsEngine {
     pub events: EventState,
     pass: u64,
     store: Arc<FindingsStore>,
-    /// Which switch each port hangs off (`[findings] topology`), if given.
-    topology: Option<Topology>,
+    /// Which switch each port hangs off: `[findings] topology` if given, and the agents'
+    /// LLDP neighbours (read from the live view at each tick) for ports it does not cover.
+    topology: Topology,
     /// When the first burst of DOWN transitions not judged yet will be (collector clock).
     settles_at_ns: Option<u64>,
 }
@@ -161,7 +176,8 @@ impl FindingsEngine {
                     tracing::error!("{e}: upstream findings name no switch");
                     None
                 }
-            });
+            })
+            .unwrap_or_default();
         Self {
             th,
             tracks: Tracks::default(),
@@ -203,7 +219,14 @@ impl FindingsEngine {
         let pass = self.pass;
         let tracks = &mut self.tracks;
         let events = &mut self.events;
+        let mut neighbours = std::collections::HashMap::new();
         table.visit_latest(&mut |node, series, latest| {
+            if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
+                if let Some(port) = neighbour(node, series) {
+                    neighbours.insert(port.0, port.1);
+                }
+                return;
+            }
             if !watched(&series.name) {
                 return;
             }
@@ -237,6 +260,7 @@ impl FindingsEngine {
             }
             track.latest = *latest;
         });
+        self.topology.set_neighbours(neighbours);
         let keep_ns = self.history_ns();
         // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
         // since the last pass count as seen.
@@ -291,7 +315,7 @@ impl FindingsEngine {
     /// Runs the rules of `pass` and hands what they saw to the store.
     pub fn evaluate(&mut self, pass: Pass, now_ns: u64) {
         self.events.prune(now_ns, &self.th);
-        let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, self.topology.as_ref());
+        let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, Some(&self.topology));
         self.settles_at_ns = grouping.settles_at_ns;
         let mut seen = Vec::new();
         ib_links::evaluate_events(&self.events, &grouping, now_ns, &self.th, &mut seen);

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
+use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{
@@ -25,6 +26,9 @@ use super::{
 
 pub const RULE: &str = "fabric_upstream_down";
 pub const RULES: &[&str] = &[RULE];
+/// The series the grouping reads: the agents' LLDP neighbours, its topology where the
+/// topology file does not cover a port (the engine reads them at each tick).
+pub const SERIES: &[&str] = &[metric::IB_PORT_NEIGHBOR_INFO];
 /// The node an upstream finding names where no topology names a switch.
 pub const FABRIC_NODE: &str = "fabric";
 /// Ports listed in an upstream finding's evidence at most (the count is always there).

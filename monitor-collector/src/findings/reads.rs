@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{gpus, ib_links, verbs};
+use super::{fabric, gpus, ib_links, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
@@ -31,6 +31,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ),
     ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),
     ("roce_congestion", &[metric::IB_NP_CNP_SENT_TOTAL]),
+    ("fabric_upstream_down", &[metric::IB_PORT_NEIGHBOR_INFO]),
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
     ("gpu_ecc_uncorrected", &[metric::GPU_ECC_ERRORS_TOTAL]),
@@ -56,6 +57,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
 pub fn metrics_read() -> BTreeSet<&'static str> {
     ib_links::SERIES
         .iter()
+        .chain(fabric::SERIES)
         .chain(gpus::SERIES)
         .copied()
         .chain([verbs::SERIES])
@@ -79,12 +81,17 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 3] {
+    ); 4] {
         [
             (
                 "ib_links",
                 ib_links::RULES,
                 ib_links::SERIES.iter().copied().collect(),
+            ),
+            (
+                "fabric",
+                fabric::RULES,
+                fabric::SERIES.iter().copied().collect(),
             ),
             ("gpus", gpus::RULES, gpus::SERIES.iter().copied().collect()),
             ("verbs", verbs::RULES, [verbs::SERIES].into()),

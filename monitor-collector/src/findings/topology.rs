@@ -8,6 +8,10 @@
 //!
 //! The format is told by the first line that is not blank or a comment: `Key=Value` words
 //! make it Slurm's. Anything malformed is refused with the file, the line and what is wrong.
+//!
+//! Ports the file does not cover take their switch from the agents' LLDP neighbours
+//! (`railscope_ib_port_neighbor_info`, RoCE where lldpd runs: [`Topology::set_neighbours`]);
+//! a switch of the file's `Switches=` tree is the parent of a leaf LLDP names alike.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -44,6 +48,8 @@ pub struct Topology {
     port_switch: HashMap<PortKey, (String, String)>,
     /// switch → the switch above it (Slurm's `Switches=`).
     parent: HashMap<String, String>,
+    /// port → (switch, the switch's port), as the agents' LLDP neighbours say now.
+    neighbours: HashMap<PortKey, (String, String)>,
 }
 
 impl Topology {
@@ -214,17 +220,31 @@ impl Topology {
         Ok(())
     }
 
-    /// The switch `port` hangs off, if known.
+    /// Replaces the ports' LLDP neighbours: port → (switch, the switch's port).
+    pub fn set_neighbours(&mut self, neighbours: HashMap<PortKey, (String, String)>) {
+        self.neighbours = neighbours;
+    }
+
+    /// The switch `port` hangs off, if known: the file's port line, else the file's switch
+    /// of its node, else its LLDP neighbour.
     pub fn switch_of(&self, port: &PortKey) -> Option<&str> {
         self.port_switch
             .get(port)
             .map(|(s, _)| s.as_str())
             .or_else(|| self.node_switch.get(&port.0).map(String::as_str))
+            .or_else(|| self.neighbours.get(port).map(|(s, _)| s.as_str()))
     }
 
-    /// The switch's own port that `port` is cabled to (the plain format only).
+    /// The switch's own port that `port` is cabled to (the plain format, or LLDP).
     pub fn switch_port_of(&self, port: &PortKey) -> Option<&str> {
-        self.port_switch.get(port).map(|(_, p)| p.as_str())
+        self.port_switch
+            .get(port)
+            .or_else(|| {
+                (!self.node_switch.contains_key(&port.0))
+                    .then(|| self.neighbours.get(port))
+                    .flatten()
+            })
+            .map(|(_, p)| p.as_str())
     }
 
     /// The lowest switch every one of `ports` hangs below: their leaf if they share it, else
@@ -292,6 +312,46 @@ mod tests {
         assert_eq!(t.lowest_common_switch(&leaf1).as_deref(), Some("leaf1"));
         let rails = [port("node02", "mlx5_0"), port("node02", "mlx5_1")];
         assert_eq!(t.lowest_common_switch(&rails), None);
+    }
+
+    #[test]
+    fn lldp_neighbours_name_the_switch_of_ports_the_file_does_not_cover() {
+        let mut t = Topology::parse(SLURM, "topology.conf").unwrap();
+        t.set_neighbours(HashMap::from([
+            // Covered by the file: the file wins.
+            (
+                port("node01", "mlx5_0"),
+                ("roce-leaf9".into(), "swp1".into()),
+            ),
+            (port("gpu01", "mlx5_0"), ("s2".into(), "swp17".into())),
+            (
+                port("gpu02", "mlx5_0"),
+                ("roce-leaf9".into(), "swp18".into()),
+            ),
+        ]));
+        assert_eq!(t.switch_of(&port("node01", "mlx5_0")), Some("s1"));
+        assert_eq!(t.switch_port_of(&port("node01", "mlx5_0")), None);
+        assert_eq!(t.switch_of(&port("gpu02", "mlx5_0")), Some("roce-leaf9"));
+        assert_eq!(t.switch_port_of(&port("gpu02", "mlx5_0")), Some("swp18"));
+        // A leaf LLDP names as the file does sits below the file's spine.
+        let both = [port("node01", "mlx5_0"), port("gpu01", "mlx5_0")];
+        assert_eq!(t.lowest_common_switch(&both).as_deref(), Some("spine"));
+        let apart = [port("gpu01", "mlx5_0"), port("gpu02", "mlx5_0")];
+        assert_eq!(t.lowest_common_switch(&apart), None);
+        // Without a file at all.
+        let mut t = Topology::default();
+        t.set_neighbours(HashMap::from([
+            (
+                port("gpu02", "mlx5_0"),
+                ("roce-leaf9".into(), "swp18".into()),
+            ),
+            (
+                port("gpu03", "mlx5_0"),
+                ("roce-leaf9".into(), "swp19".into()),
+            ),
+        ]));
+        let leaf = [port("gpu02", "mlx5_0"), port("gpu03", "mlx5_0")];
+        assert_eq!(t.lowest_common_switch(&leaf).as_deref(), Some("roce-leaf9"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! [`Reading`]s for tests and benchmarks.
 
 pub mod ib_sysfs;
+pub mod lldp;
 
 pub mod gpu;
 

@@ -165,6 +165,8 @@ pub struct FleetBuilder {
     cm_disconnects: Vec<(usize, String)>,
     cm_rejects: Vec<(usize, String)>,
     roce: bool,
+    /// (node, port, switch, switch port): LLDP neighbours the node's agent sends.
+    neighbours: Vec<(usize, usize, String, String)>,
     adaptive: bool,
     interval: Duration,
     flush_every: u64,
@@ -246,6 +248,21 @@ impl FleetBuilder {
     pub fn congested_port(mut self, node: usize, port: usize) -> Self {
         self.congested_ports.push((node, port));
         self.roce = true;
+        self
+    }
+
+    /// Port `port` of node `node` (`mlx5_<port>`, netdev `enp<port>s0np0`) is cabled to
+    /// `switch_port` of `switch`, as lldpd tells the agent: the node sends
+    /// `railscope_ib_port_neighbor_info` for it every tick.
+    pub fn lldp_neighbour(
+        mut self,
+        node: usize,
+        port: usize,
+        switch: &str,
+        switch_port: &str,
+    ) -> Self {
+        self.neighbours
+            .push((node, port, switch.into(), switch_port.into()));
         self
     }
 
@@ -491,6 +508,7 @@ impl SimulatedFleet {
             cm_disconnects: Vec::new(),
             cm_rejects: Vec::new(),
             roce: false,
+            neighbours: Vec::new(),
             adaptive: false,
             interval: Duration::from_secs(1),
             flush_every: 10,
@@ -747,6 +765,20 @@ impl SimulatedFleet {
                     labels(&[("type", "corrected"), ("scope", "volatile")]),
                 ),
                 0,
+            ));
+        }
+        for (_, p, switch, switch_port) in self.spec.neighbours.iter().filter(|x| x.0 == n) {
+            out.push(gauge(
+                metric::IB_PORT_NEIGHBOR_INFO,
+                Labels::new([
+                    ("device", format!("mlx5_{p}")),
+                    ("port", "1".into()),
+                    ("netdev", format!("enp{p}s0np0")),
+                    ("switch", switch.clone()),
+                    ("switch_port", switch_port.clone()),
+                ]),
+                1.0,
+                t,
             ));
         }
         for p in 0..PORTS {
