@@ -440,6 +440,11 @@ impl Report {
         self.information_markdown(&mut md);
         let _ = writeln!(
             md,
+            "Why the two floor goals are not met, what was cut to get closer and what is left \
+             (measured by hand, with the commands): [agent-floors.md](agent-floors.md).\n"
+        );
+        let _ = writeln!(
+            md,
             "Two references show how far the goals are from what is possible here: the bytes \
              that xz -9e leaves of railscope's whole frame stream (section 1), and the CPU of a \
              process that does nothing but read the files (section 2, \"Reading alone\").\n"
