@@ -15,12 +15,12 @@ use std::{
     io::{Read, Write},
     net::TcpStream,
     path::Path,
-    thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use monitor_testkit::{
     CollectorProcess, Running, SimulatedFleet, free_tcp_port, key_file, key_from_hex, scratch_dir,
+    wait_for,
 };
 use serde_json::Value;
 
@@ -108,17 +108,6 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     stream.read_to_string(&mut response).ok()?;
     let status = response.split(' ').nth(1)?.parse().ok()?;
     Some((status, response.split_once("\r\n\r\n")?.1.to_owned()))
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// An RFC 3339 time of Alertmanager's answer as Unix seconds.

@@ -13,11 +13,12 @@ use std::{
     path::Path,
     sync::{Arc, Mutex},
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use monitor_testkit::{
     CollectorCommand, CollectorProcess, SimulatedFleet, key_file, key_from_hex, scratch_dir,
+    wait_for,
 };
 use serde_json::Value;
 
@@ -112,43 +113,6 @@ fn read_post(stream: &mut TcpStream) -> Option<String> {
     String::from_utf8(body).ok()
 }
 
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// The audit records of `node`, as "action outcome".
-fn outcomes(c: &CollectorProcess, node: &str) -> Vec<String> {
-    c.json("/api/v1/actions")["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["node"] == node)
-        .map(|r| {
-            format!(
-                "{} {}",
-                r["action"].as_str().unwrap(),
-                r["outcome"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
-fn active_finding(c: &CollectorProcess, rule: &str, node: &str) -> Option<Value> {
-    c.json("/api/v1/findings?active=true")["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["rule"] == rule && f["node"] == node)
-        .cloned()
-}
-
 fn collector(dir: &Path, config: &Path) -> CollectorCommand {
     let key = key_file(dir, KEY_HEX);
     CollectorProcess::command(COLLECTOR, &key, &dir.join("data"))
@@ -210,7 +174,7 @@ fn webhooks_and_commands_deliver_each_finding_once_retry_a_refusal_and_a_hung_en
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let flap = wait_for("node01's flap finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node01")
+        c.active_finding("ib_link_flapping", "node01")
     });
     wait_for("the hung endpoint's POST", Duration::from_secs(10), || {
         (!hung.bodies().is_empty()).then_some(())
@@ -228,27 +192,30 @@ fn webhooks_and_commands_deliver_each_finding_once_retry_a_refusal_and_a_hung_en
         .send_ticks(c.udp_addr(), 8)
         .unwrap();
     let xid = wait_for("node02's XID finding", Duration::from_secs(20), || {
-        active_finding(&c, "gpu_xid", "node02")
+        c.active_finding("gpu_xid", "node02")
     });
     let lost = wait_for("node03's lost GPU finding", Duration::from_secs(20), || {
-        active_finding(&c, "gpu_lost", "node03")
+        c.active_finding("gpu_lost", "node03")
     });
     wait_for(
         "the XID's webhook and the command done",
         Duration::from_secs(20),
         || {
-            (outcomes(&c, "node02").last().map(String::as_str) == Some("webhook done")
-                && outcomes(&c, "node03").last().map(String::as_str) == Some("command done"))
+            (c.action_outcomes("node02").last().map(String::as_str) == Some("webhook done")
+                && c.action_outcomes("node03").last().map(String::as_str) == Some("command done"))
             .then_some(())
         },
     );
     // ...and node01's webhook is still hanging, not yet cut off.
-    assert_eq!(outcomes(&c, "node01"), ["webhook tried"]);
+    assert_eq!(c.action_outcomes("node01"), ["webhook tried"]);
     assert_eq!(
-        outcomes(&c, "node02"),
+        c.action_outcomes("node02"),
         ["webhook tried", "webhook failed", "webhook done"]
     );
-    assert_eq!(outcomes(&c, "node03"), ["command tried", "command done"]);
+    assert_eq!(
+        c.action_outcomes("node03"),
+        ["command tried", "command done"]
+    );
     let posts = flaky.bodies();
     assert_eq!(posts.len(), 2, "refused once, then taken");
     for p in &posts {
@@ -283,14 +250,14 @@ fn webhooks_and_commands_deliver_each_finding_once_retry_a_refusal_and_a_hung_en
     wait_for(
         "the restarted collector's findings",
         Duration::from_secs(20),
-        || active_finding(&c, "gpu_xid", "node02"),
+        || c.active_finding("gpu_xid", "node02"),
     );
     thread::sleep(Duration::from_secs(5));
     assert_eq!(flaky.bodies().len(), 2);
     assert_eq!(hung.bodies().len(), 1);
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 1);
     assert_eq!(
-        outcomes(&c, "node02"),
+        c.action_outcomes("node02"),
         ["webhook tried", "webhook failed", "webhook done"]
     );
     let (ok, _, err) = c.stop();

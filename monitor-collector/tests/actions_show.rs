@@ -13,12 +13,12 @@ use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
-    thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use monitor_testkit::{
     CollectorProcess, SimulatedFleet, agent_binary_next_to, key_file, key_from_hex, scratch_dir,
+    wait_for,
 };
 use serde_json::Value;
 
@@ -27,17 +27,6 @@ const KEY_HEX: &str = "8899aabbccddeeff00112233445566778899aabbccddeeff001122334
 
 fn railscope() -> PathBuf {
     agent_binary_next_to(COLLECTOR)
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// `railscope actions ARGS...`: (success, stdout, stderr).

@@ -15,12 +15,13 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use monitor_testkit::{
     CollectorCommand, CollectorProcess, SimulatedFleet, key_file, key_from_hex, scratch_dir,
     slurm::{self, SlurmCluster},
+    wait_for,
 };
 use serde_json::Value;
 
@@ -74,44 +75,6 @@ fn fleet(names: &[&str], ticks: u64) -> monitor_testkit::FleetBuilder {
         .ticks_before_now(ticks)
 }
 
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// The active finding of `rule` on `node`.
-fn active_finding(c: &CollectorProcess, rule: &str, node: &str) -> Option<Value> {
-    c.json("/api/v1/findings?active=true")["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["rule"] == rule && f["node"] == node)
-        .cloned()
-}
-
-/// The audit records of `node`, as "action outcome".
-fn outcomes(c: &CollectorProcess, node: &str) -> Vec<String> {
-    c.json("/api/v1/actions")["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["node"] == node)
-        .map(|r| {
-            format!(
-                "{} {}",
-                r["action"].as_str().unwrap(),
-                r["outcome"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
 fn record<'a>(actions: &'a Value, node: &str, action: &str, outcome: &str) -> Option<&'a Value> {
     actions["records"]
         .as_array()
@@ -148,7 +111,7 @@ fn a_flapping_port_drains_its_node_and_it_is_resumed_after_the_hold_but_a_hand_d
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node01")
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap().to_owned();
 
@@ -189,7 +152,7 @@ fn a_flapping_port_drains_its_node_and_it_is_resumed_after_the_hold_but_a_hand_d
         "resumed before the hold: finding ended {end}, {resume}"
     );
     assert_eq!(
-        outcomes(&c, "node01"),
+        c.action_outcomes("node01"),
         ["drain tried", "drain done", "resume tried", "resume done"]
     );
 
@@ -212,7 +175,10 @@ fn a_flapping_port_drains_its_node_and_it_is_resumed_after_the_hold_but_a_hand_d
         1,
         "only the operator's drain"
     );
-    assert_eq!(outcomes(&c, "node03"), ["drain tried", "drain skipped"]);
+    assert_eq!(
+        c.action_outcomes("node03"),
+        ["drain tried", "drain skipped"]
+    );
     let skipped = record(&c.json("/api/v1/actions"), "node03", "drain", "skipped")
         .unwrap()
         .clone();
@@ -263,7 +229,7 @@ fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node01")
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap();
     let actions = wait_for("a dry-run drain", Duration::from_secs(20), || {
@@ -284,7 +250,7 @@ fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
     wait_for("a dry-run resume", Duration::from_secs(60), || {
         record(&c.json("/api/v1/actions"), "node01", "resume", "would").map(|_| ())
     });
-    assert_eq!(outcomes(&c, "node01"), ["drain would", "resume would"]);
+    assert_eq!(c.action_outcomes("node01"), ["drain would", "resume would"]);
     // Slurm was never asked to change anything.
     assert_eq!(cluster.show("node01").state, "IDLE");
     assert_eq!(cluster.drains_logged("node01"), 0);
@@ -351,7 +317,7 @@ fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_ex
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node01")
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap().to_owned();
     // The drain is decided and on its way to Slurm: the collector dies, and the scontrol it
@@ -389,7 +355,7 @@ fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_ex
     // A few more passes: nothing more.
     thread::sleep(Duration::from_secs(4));
     assert_eq!(cluster.drains_logged("node01"), 1, "{}", cluster.logs());
-    assert_eq!(outcomes(&c, "node01"), ["drain tried", "drain done"]);
+    assert_eq!(c.action_outcomes("node01"), ["drain tried", "drain done"]);
 
     // Then node02 flaps, and the collector dies after Slurm drained it and before it wrote
     // that down: restarted, it finds railscope's reason on the node and does not drain again.
@@ -402,7 +368,7 @@ fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_ex
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node02's flapping finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node02")
+        c.active_finding("ib_link_flapping", "node02")
     });
     let id2 = finding["id"].as_str().unwrap().to_owned();
     let pids: Vec<i32> = wait_for("node02 drained", Duration::from_secs(20), || {
@@ -414,7 +380,7 @@ fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_ex
         (pids.len() == 2).then_some(pids)
     });
     assert!(cluster.show("node02").drained());
-    assert_eq!(outcomes(&c, "node02"), ["drain tried"]);
+    assert_eq!(c.action_outcomes("node02"), ["drain tried"]);
     let _ = c.signal(libc::SIGKILL);
     for pid in pids {
         // SAFETY: as above.
@@ -487,7 +453,7 @@ fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go()
         .send_ticks(c.udp_addr(), 10)
         .unwrap();
     let brake = wait_for("the brake's finding", Duration::from_secs(30), || {
-        active_finding(&c, "actions_brake", "fleet")
+        c.active_finding("actions_brake", "fleet")
     });
     assert_eq!(brake["severity"], "critical");
     // Give the passes time to do anything more they would (they must not).
@@ -526,7 +492,7 @@ fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go()
         held.iter().all(|n| cluster.show(n).drained()).then_some(())
     });
     wait_for("the brake's finding ended", Duration::from_secs(10), || {
-        active_finding(&c, "actions_brake", "fleet")
+        c.active_finding("actions_brake", "fleet")
             .is_none()
             .then_some(())
     });
@@ -573,7 +539,7 @@ fn slurm_down_delays_the_drain_and_loses_nothing_and_a_node_slurm_does_not_know_
         .unwrap();
     // The findings come as ever: nothing waits for Slurm.
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        active_finding(&c, "ib_link_flapping", "node01")
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap().to_owned();
     let failed = wait_for("failed tries", Duration::from_secs(40), || {
@@ -609,7 +575,7 @@ fn slurm_down_delays_the_drain_and_loses_nothing_and_a_node_slurm_does_not_know_
     thread::sleep(Duration::from_secs(4));
     assert_eq!(cluster.drains_logged("node01"), 1);
     assert_eq!(cluster.drains_logged("node02"), 0);
-    let node09 = outcomes(&c, "node09");
+    let node09 = c.action_outcomes("node09");
     assert_eq!(node09.first().unwrap(), "drain tried");
     assert_eq!(node09.last().unwrap(), "drain gave_up");
     assert_eq!(

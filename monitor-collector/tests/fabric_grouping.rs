@@ -12,11 +12,12 @@ use std::{
     path::Path,
     process::Command,
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use monitor_testkit::{
     CollectorCommand, CollectorProcess, SimulatedFleet, key_file, key_from_hex, scratch_dir,
+    wait_for,
 };
 use serde_json::Value;
 
@@ -75,17 +76,6 @@ fn start_ns() -> u64 {
         .unwrap()
         .as_nanos() as u64;
     (now - TICKS * S) / S * S
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn findings(c: &CollectorProcess) -> Vec<Value> {

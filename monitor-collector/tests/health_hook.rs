@@ -21,7 +21,7 @@ use std::{
 
 use monitor_testkit::{
     CollectorProcess, FixtureAgent, KEY_HEX, agent_binary_next_to, free_tcp_port, key_file,
-    scratch_dir, sysfs_fixture,
+    scratch_dir, sysfs_fixture, wait_for,
 };
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
@@ -40,17 +40,6 @@ fn copy_tree(from: &Path, to: &Path) {
         } else {
             fs::copy(entry.path(), &target).unwrap();
         }
-    }
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "waited {within:?} for {what}");
-        thread::sleep(Duration::from_millis(250));
     }
 }
 

@@ -145,6 +145,32 @@ impl CollectorProcess {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
     }
 
+    /// The active finding of `rule` on `node` (`/api/v1/findings`), if there is one.
+    pub fn active_finding(&self, rule: &str, node: &str) -> Option<serde_json::Value> {
+        self.json("/api/v1/findings?active=true")["findings"]
+            .as_array()?
+            .iter()
+            .find(|f| f["rule"] == rule && f["node"] == node)
+            .cloned()
+    }
+
+    /// The audit records of `node` (`/api/v1/actions`), each as "action outcome".
+    pub fn action_outcomes(&self, node: &str) -> Vec<String> {
+        self.json("/api/v1/actions")["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["node"] == node)
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    r["action"].as_str().unwrap_or_default(),
+                    r["outcome"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
     /// Sends `signal` and waits: (exited successfully, stdout, stderr).
     pub fn signal(self, signal: libc::c_int) -> (bool, String, String) {
         self.running.signal(signal)
@@ -204,5 +230,18 @@ pub fn remote_write_caught_up(http: u16, within: Duration) {
             "remote-write did not catch up within {within:?}: {text}"
         );
         thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Polls `probe` every 250 ms until it gives a value, and fails the test naming `what` if
+/// none came `within`.
+pub fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(start.elapsed() < within, "waited {within:?} for {what}");
+        thread::sleep(Duration::from_millis(250));
     }
 }

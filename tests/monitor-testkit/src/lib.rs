@@ -58,7 +58,7 @@ mod sampler;
 
 pub use child::{Running, json_output};
 pub use collector_process::{
-    CollectorCommand, CollectorProcess, http_get, metric_sum, remote_write_caught_up,
+    CollectorCommand, CollectorProcess, http_get, metric_sum, remote_write_caught_up, wait_for,
 };
 pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
