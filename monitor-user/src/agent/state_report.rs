@@ -203,44 +203,15 @@ static SERIES: LazyLock<Vec<Series>> = LazyLock::new(|| {
         .collect()
 });
 
-/// `verb_keys=3 verb_series=12 ...`: the line the agent logs at stop.
+/// `verb_keys=3 verb_series=12 ...`: the line the agent logs at stop, each value named as
+/// its series' label names it (`rss_bytes` for the one without).
 impl fmt::Display for StateReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "verb_keys={} verb_series={} encoder_series={} device_names={} cgroup_names={} \
-             cgroup_gone={} jobs_ending={} rss_bytes={} verb_counts_map_full={} \
-             event_ring_full={} device_names_map_full={} cgroup_names_evicted={} \
-             encoder_series_limit={} encoder_pending_limit={} late_verb_counts={} \
-             jobs_ended={} devices_removed={} spool_frames={} spool_bytes={} spool_full={} \
-             spool_age={} acks_refused={} frames_resent={} resend_slowdowns={} \
-             frames_restored={}",
-            self.verb_keys,
-            self.verb_series,
-            self.encoder_series,
-            self.device_names,
-            self.cgroup_names,
-            self.cgroup_gone,
-            self.jobs_ending,
-            self.rss_bytes,
-            self.verb_counts_map_full,
-            self.event_ring_full,
-            self.device_names_map_full,
-            self.cgroup_names_evicted,
-            self.encoder_series_limit,
-            self.encoder_pending_limit,
-            self.late_verb_counts,
-            self.jobs_ended,
-            self.devices_removed,
-            self.spool_frames,
-            self.spool_bytes,
-            self.spool_full,
-            self.spool_age,
-            self.acks_refused,
-            self.frames_resent,
-            self.resend_slowdowns,
-            self.frames_restored
-        )
+        for (i, ((_, label, _), value)) in REPORTED.iter().zip(self.values()).enumerate() {
+            let name = label.map_or("rss_bytes", |(_, name)| name);
+            write!(f, "{}{name}={value}", if i == 0 { "" } else { " " })?;
+        }
+        Ok(())
     }
 }
 
@@ -298,6 +269,12 @@ mod tests {
             Some(Value::U64(3))
         );
         assert_eq!(value_of(metric::AGENT_RSS_BYTES, None), Some(Value::U64(5)));
+        // The line logged at stop names each value as its series does.
+        let line = report.to_string();
+        assert!(line.starts_with("verb_keys=0 verb_series=0 "), "{line}");
+        for named in ["spool_bytes=3", "rss_bytes=5", "frames_restored=7"] {
+            assert!(line.split(' ').any(|w| w == named), "{named}: {line}");
+        }
         assert_eq!(
             value_of(
                 metric::AGENT_BOUND_HITS_TOTAL,
