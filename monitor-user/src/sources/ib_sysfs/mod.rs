@@ -70,12 +70,13 @@ mod kept_file;
 mod link;
 mod listing;
 mod plan;
+mod saturation;
 mod sweep;
 #[cfg(test)]
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -100,7 +101,8 @@ pub struct IbSysfs {
     root: PathBuf,
     devices: BTreeMap<String, DevicePlan>,
     class_seen: Option<bool>,
-    warned: BTreeSet<PathBuf>,
+    /// The files warned about, each with whether it was a saturated counter.
+    warned: BTreeMap<PathBuf, bool>,
     problems: BTreeMap<PathBuf, SysfsError>,
     links: Vec<PortLink>,
     buf: Vec<u8>,
@@ -124,7 +126,7 @@ impl IbSysfs {
             root,
             devices: BTreeMap::new(),
             class_seen: None,
-            warned: BTreeSet::new(),
+            warned: BTreeMap::new(),
             problems: BTreeMap::new(),
             links: Vec::new(),
             buf: vec![0; 4096],
