@@ -1,12 +1,13 @@
 //! Which `counters/` files saturate, and at what value.
 //!
 //! The IB PMA's `PortCounters` do not wrap: a counter that reaches its all-ones value stays
-//! there until it is reset. The kernel's `counters/` files print the fields at
-//! their width in the MAD (`PORT_PMA_ATTR` in `drivers/infiniband/core/sysfs.c`): 4, 8, 16 or
-//! 32 bits. An HCA whose PMA has the extended counters (`PortCountersExtended`) gets the
-//! data and packet files from them, 64 bits wide; older HCAs keep the 32-bit ones, and their `port_xmit_data` stops at 4294967295 words (16 GiB) within
-//! seconds at line rate. A counter at its maximum reads as a rate of zero forever, which looks
-//! like an idle port: the source reports it (a warning, and `railscope_ib_counter_saturated`).
+//! there until it is reset. The kernel's `counters/` files print the fields at their width in
+//! the MAD (`PORT_PMA_ATTR` in `drivers/infiniband/core/sysfs.c`): 4, 8, 16 or 32 bits. An
+//! HCA whose PMA has the extended counters (`PortCountersExtended`) gets the data and packet
+//! files from them, 64 bits wide; older HCAs keep the 32-bit ones, and their `port_xmit_data`
+//! stops at 4294967295 words (16 GiB) within seconds at line rate. A counter at its maximum
+//! reads as a rate of zero forever, which looks like an idle port: the source reports it (a
+//! warning, and `railscope_ib_counter_saturated`).
 //!
 //! The counters only `PortCountersExtended` has (`unicast_*`, `multicast_*`) and every
 //! `hw_counters/` file are 64 bits: none of them is checked.
