@@ -2,13 +2,14 @@
 //! collector side is monitor-collector/tests/agent_to_collector.rs): `railscope agent` reads
 //! an mlx5-modelled sysfs tree and the NVML stand-in (a scripted 8-GPU replay, not a GPU),
 //! samples, and sends authenticated frames that `railscope listen` decodes. Also: a node with
-//! neither RDMA devices nor NVML says so and keeps running.
+//! neither RDMA devices nor NVML says so and keeps running; a saturated PMA counter and a port
+//! without a link ("0 GB/sec") as the listener sees them.
 
 use std::{collections::BTreeSet, thread, time::Duration};
 
 use monitor_testkit::{
-    FixtureAgent, KEY_HEX, Running, free_udp_port, json_listener_command, key_file, scratch_dir,
-    spawn_json_listener, standin_with_script, sysfs_fixture,
+    FixtureAgent, KEY_HEX, Running, copy_tree, free_udp_port, json_listener_command, key_file,
+    scratch_dir, spawn_json_listener, standin_with_script, sysfs_fixture,
 };
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
@@ -259,6 +260,99 @@ fn a_listener_started_with_sigint_ignored_still_stops_on_it_with_its_frames() {
             serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(frame["node"], "gpu-node-001", "{line}");
     }
+}
+
+/// An older HCA's 32-bit `port_xmit_data` stuck at 4294967295 and a port whose `rate` reads
+/// "0 GB/sec" (an empty cage, MLNX_OFED): the listener gets
+/// `railscope_ib_counter_saturated` = 1 for that counter beside the counter's own value, and a
+/// rate of 0; the agent warns once, about the counter only.
+#[test]
+fn a_saturated_counter_and_an_empty_cage_reach_the_listener() {
+    let dir = scratch_dir("saturated");
+    let key = key_file(&dir, KEY_HEX);
+    let sysfs = dir.join("sys");
+    copy_tree(&sysfs_fixture("mlx5"), &sysfs);
+    let counter = sysfs.join("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
+    std::fs::write(&counter, "4294967295\n").unwrap();
+    std::fs::write(
+        sysfs.join("class/infiniband/mlx5_1/ports/1/rate"),
+        "0 GB/sec\n",
+    )
+    .unwrap();
+    let port = free_udp_port();
+    let listener = spawn_json_listener(RAILSCOPE, port, &key);
+    thread::sleep(Duration::from_millis(300));
+    let agent = FixtureAgent::new(&format!("127.0.0.1:{port}"), &key, &sysfs)
+        .node("old-hca")
+        .cadence("0.3", "1")
+        .args(["--no-gpu"])
+        .spawn(RAILSCOPE);
+    thread::sleep(Duration::from_secs(4));
+    let (agent_ok, _, agent_err) = agent.interrupt();
+    thread::sleep(Duration::from_millis(300));
+    let (_, frames, listen_err) = listener.interrupt();
+    assert!(agent_ok, "agent failed: {agent_err}");
+    let samples: Vec<serde_json::Value> = frames
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .flat_map(|f| f["samples"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert!(
+        !samples.is_empty(),
+        "no sample arrived; agent: {agent_err}\nlisten: {listen_err}"
+    );
+    let values = |name: &str, device: &str, counter: Option<&str>| -> Vec<f64> {
+        samples
+            .iter()
+            .filter(|s| {
+                s["name"] == name
+                    && s["labels"]["device"] == device
+                    && s["labels"]["port"] == "1"
+                    && counter.is_none_or(|c| s["labels"]["counter"] == c)
+            })
+            .flat_map(|s| s["points"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["value"].as_f64())
+            .collect()
+    };
+    let flag = values(
+        "railscope_ib_counter_saturated",
+        "mlx5_0",
+        Some("port_xmit_data"),
+    );
+    assert!(
+        !flag.is_empty() && flag.iter().all(|&v| v == 1.0),
+        "saturated flag: {flag:?}; agent: {agent_err}"
+    );
+    // Only the counter at its maximum is flagged.
+    let flagged: BTreeSet<String> = samples
+        .iter()
+        .filter(|s| s["name"] == "railscope_ib_counter_saturated")
+        .map(|s| s["labels"].to_string())
+        .collect();
+    assert_eq!(flagged.len(), 1, "{flagged:?}");
+    // The counter itself is still sent, as read (bytes: words × 4).
+    let bytes = values("railscope_ib_port_xmit_bytes_total", "mlx5_0", None);
+    assert!(
+        bytes.contains(&(4.0 * 4_294_967_295.0)),
+        "xmit bytes: {bytes:?}"
+    );
+    let rate = values("railscope_ib_port_rate_gbps", "mlx5_1", None);
+    assert!(
+        !rate.is_empty() && rate.iter().all(|&v| v == 0.0),
+        "rate: {rate:?}"
+    );
+    // The IB source's warnings (this host has no ib_core for the probes, which warn too).
+    let warnings: Vec<&str> = agent_err
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("ib_sysfs"))
+        .collect();
+    let path = counter.display().to_string();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains(&path) && warnings[0].contains("saturated"),
+        "expected one warning, about {path}: {agent_err}"
+    );
 }
 
 fn unix_now_ns() -> u64 {

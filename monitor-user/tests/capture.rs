@@ -12,23 +12,11 @@ use std::{
 };
 
 use monitor_testkit::{
-    KEY_HEX, free_udp_port, json_output, key_file, scratch_dir, spawn_json_listener, sysfs_fixture,
+    KEY_HEX, copy_tree, free_udp_port, json_output, key_file, scratch_dir, spawn_json_listener,
+    sysfs_fixture,
 };
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
 
 /// A copy of the rxe fixture (rxe0/1 and rxe1/1, both ACTIVE).
 fn rxe_tree(dir: &Path) -> PathBuf {

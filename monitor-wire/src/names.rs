@@ -172,6 +172,11 @@ pub mod metric {
             /// the switch port a RoCE port's netdev is cabled to, as lldpd's LLDP neighbour
             /// names it (the chassis name, the port id); the collector's fabric topology.
             IB_PORT_NEIGHBOR_INFO = "railscope_ib_port_neighbor_info";
+            /// Gauge, labels `device`, `port`, `counter` (the `counters/` file): 1 while a PMA
+            /// counter of a width below 64 bits stands at its maximum (4294967295 for the
+            /// 32-bit ones), where it stops counting and its rate reads as zero; 0 from the
+            /// read that finds it below again (reset). Sent only for counters found saturated.
+            IB_COUNTER_SATURATED = "railscope_ib_counter_saturated";
         }
         ib_counters {
             // `counters/`: the IB PMA counters.

@@ -67,7 +67,9 @@ pub use fixture_agent::{
 pub use job_processes::JobProcesses;
 pub use node_frames::{NodeFrame, NodeSender};
 pub use relay::Relay;
-pub use scratch::{KEY_HEX, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir};
+pub use scratch::{
+    KEY_HEX, copy_tree, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir,
+};
 
 use std::{
     collections::BTreeMap,

@@ -21,6 +21,20 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// Copies the directory tree `from` to `to` (a fixture sysfs tree a test then changes).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// `DIR/wire.key` holding `hex` (64 hex digits), private as a key file should be (the
 /// binaries warn about others-readable ones).
 pub fn key_file(dir: &Path, hex: &str) -> PathBuf {

@@ -140,16 +140,34 @@ impl IbSysfs {
             .collect();
 
         for (path, p) in &self.problems {
-            if !self.warned.contains(path) {
+            // Warned again only when a file turns from saturated to failing or back.
+            if self.warned.get(path) == Some(&p.is_saturation()) {
+                continue;
+            }
+            if p.is_saturation() {
+                tracing::warn!("{p}");
+            } else {
                 tracing::warn!("{p}; the other counters are still read");
             }
         }
-        for fixed in &self.warned {
-            if !self.problems.contains_key(fixed) {
+        for (fixed, saturated) in &self.warned {
+            if self.problems.contains_key(fixed) {
+                continue;
+            }
+            if *saturated {
+                tracing::info!(
+                    "{}: counter below its maximum again (reset): it counts again",
+                    fixed.display()
+                );
+            } else {
                 tracing::info!("{} reads normally again", fixed.display());
             }
         }
-        self.warned = self.problems.keys().cloned().collect();
+        self.warned = self
+            .problems
+            .iter()
+            .map(|(path, p)| (path.clone(), p.is_saturation()))
+            .collect();
     }
 }
 

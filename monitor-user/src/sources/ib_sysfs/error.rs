@@ -35,6 +35,16 @@ pub enum SysfsError {
         code: u32,
         name: String,
     },
+    /// A PMA counter at the all-ones value of its field: it stopped counting (see
+    /// `saturation.rs`). Its value is still sent.
+    #[error(
+        "{}: counter saturated at {max} (its {bits}-bit maximum): it no longer counts, so its \
+         rate reads as zero from here on until the counter is reset; \
+         railscope_ib_counter_saturated is 1 meanwhile. The adapter's extended 64-bit counters \
+         (`perfquery -x`) keep counting",
+        path.display()
+    )]
+    Saturated { path: PathBuf, max: u64, bits: u32 },
 }
 
 impl SysfsError {
@@ -45,8 +55,14 @@ impl SysfsError {
             | SysfsError::List { path, .. }
             | SysfsError::NotUtf8 { path }
             | SysfsError::Malformed { path, .. }
-            | SysfsError::UnknownName { path, .. } => path,
+            | SysfsError::UnknownName { path, .. }
+            | SysfsError::Saturated { path, .. } => path,
         }
+    }
+
+    /// A counter stuck at its maximum, not a file that failed.
+    pub(super) fn is_saturation(&self) -> bool {
+        matches!(self, SysfsError::Saturated { .. })
     }
 
     pub(super) fn not_found(&self) -> bool {

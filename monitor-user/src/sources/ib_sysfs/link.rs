@@ -83,11 +83,19 @@ pub fn parse_coded(text: &str) -> Option<CodedState> {
     })
 }
 
-/// Parses "400 Gb/sec (4X NDR)", "2.5 Gb/sec (1X SDR)" or "10 Gb/sec (4X)". On error, returns
-/// what could be used anyway (the rate alone when the width is missing or garbled).
+/// Parses "400 Gb/sec (4X NDR)", "2.5 Gb/sec (1X SDR)" or "10 Gb/sec (4X)", as the kernel's
+/// `rate_show` prints it, and "0 GB/sec", what MLNX_OFED's driver prints for a port without a
+/// link (an empty cage): a rate of 0 and no width. On error, returns what could be used anyway
+/// (the rate alone when the width is missing or garbled).
 pub fn parse_rate(text: &str) -> Result<LinkRate, Option<LinkRate>> {
     let text = text.trim();
-    let (number, rest) = text.split_once("Gb/sec").ok_or(None)?;
+    let (number, rest, bytes) = match text.split_once("Gb/sec") {
+        Some((number, rest)) => (number, rest, false),
+        None => {
+            let (number, rest) = text.split_once("GB/sec").ok_or(None)?;
+            (number, rest, true)
+        }
+    };
     let gbps: f64 = number.trim().parse().map_err(|_| None)?;
     if !gbps.is_finite() || gbps < 0.0 {
         return Err(None);
@@ -97,6 +105,14 @@ pub fn parse_rate(text: &str) -> Result<LinkRate, Option<LinkRate>> {
         width_lanes: None,
         speed: None,
     };
+    if gbps == 0.0 && rest.trim().is_empty() {
+        // No link: nothing to say about lanes.
+        return Ok(partial);
+    }
+    if bytes {
+        // Only the no-link form uses "GB/sec"; a rate in it would be ambiguous.
+        return Err(None);
+    }
     let inner = rest
         .trim()
         .strip_prefix('(')
@@ -153,6 +169,19 @@ mod tests {
         assert_eq!(ok("600 Gb/sec (12X HDR)").width_lanes, Some(12));
         assert_eq!(ok("10 Gb/sec (4X)").speed, None);
         assert_eq!(ok("  400 Gb/sec (4X NDR)\n").gbps, 400.0);
+        // MLNX_OFED's port without a link: a rate of 0, not a problem.
+        assert_eq!(
+            ok("0 GB/sec\n"),
+            LinkRate {
+                gbps: 0.0,
+                width_lanes: None,
+                speed: None
+            }
+        );
+        assert_eq!(ok("0 Gb/sec").gbps, 0.0);
+        assert!(matches!(parse_rate("100 GB/sec"), Err(None)));
+        assert!(matches!(parse_rate("0 GB/sec (4X)"), Err(None)));
+        assert!(matches!(parse_rate("100 Gb/sec"), Err(Some(_))));
         assert!(matches!(parse_rate("N/A"), Err(None)));
         assert!(matches!(parse_rate(""), Err(None)));
         assert!(matches!(parse_rate("NaN Gb/sec (4X NDR)"), Err(None)));

@@ -43,6 +43,7 @@
 //! | `railscope_ib_port_rate_gbps` | gauge | device, port | `rate`: "400 Gb/sec (4X NDR)" gives 400 |
 //! | `railscope_ib_port_width_lanes` | gauge | device, port | `rate`: "(4X NDR)" gives 4; a link trained down to one lane gives 1 |
 //! | `railscope_ib_port_link_layer_info` | gauge, always 1 | device, port, link_layer | `link_layer`: `InfiniBand`, `Ethernet` (RoCE) |
+//! | `railscope_ib_counter_saturated` | gauge, 1 or 0 | device, port, counter | a PMA counter of `counters/` found at its field's maximum (`saturation.rs`): 1 while it stays there, 0 once it is below again; sent only for counters found saturated |
 //!
 //! The names are `monitor_wire::names::metric`'s (`AGENT_METRICS` lists them all, with the
 //! counter files known from real adapters).
@@ -60,6 +61,10 @@
 //!   capture mode and reports.
 //! - `lifespan` is a setting (how long the driver caches hw_counters, in ms), not a count: it
 //!   is sent as a gauge in seconds, because it says how fresh the counters next to it can be.
+//! - A PMA counter stuck at its maximum (4294967295 for the 32-bit ones of older HCAs; the
+//!   PMA's counters stop there, they do not wrap) is warned about once, and its value is still
+//!   sent: it is what the adapter says, and `railscope_ib_counter_saturated` says why its rate
+//!   is zero. A `rate` of "0 GB/sec" (MLNX_OFED, a port without a link) is a rate of 0.
 //! - `state` and `phys_state` are sent as their numeric codes. A name this code does not know
 //!   for a code ("4: WHATEVER") is reported once, and the code is still sent.
 
@@ -70,12 +75,13 @@ mod kept_file;
 mod link;
 mod listing;
 mod plan;
+mod saturation;
 mod sweep;
 #[cfg(test)]
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -100,7 +106,8 @@ pub struct IbSysfs {
     root: PathBuf,
     devices: BTreeMap<String, DevicePlan>,
     class_seen: Option<bool>,
-    warned: BTreeSet<PathBuf>,
+    /// The files warned about, each with whether it was a saturated counter.
+    warned: BTreeMap<PathBuf, bool>,
     problems: BTreeMap<PathBuf, SysfsError>,
     links: Vec<PortLink>,
     buf: Vec<u8>,
@@ -124,7 +131,7 @@ impl IbSysfs {
             root,
             devices: BTreeMap::new(),
             class_seen: None,
-            warned: BTreeSet::new(),
+            warned: BTreeMap::new(),
             problems: BTreeMap::new(),
             links: Vec::new(),
             buf: vec![0; 4096],

@@ -12,6 +12,7 @@ use super::{
     kept_file::OpenFile,
     link::PortLink,
     listing::{list_dir, list_files},
+    saturation::{Limit, pma_limit},
 };
 use crate::sampler::Slot;
 use monitor_wire::{Kind, Labels, Series, names::metric};
@@ -47,6 +48,11 @@ pub(super) struct CounterFile {
     pub(super) file: OpenFile,
     pub(super) tracked: Tracked,
     pub(super) convert: Convert,
+    /// Where the counter stops, for a PMA counter of `counters/` (see `saturation.rs`).
+    pub(super) limit: Option<Limit>,
+    /// `railscope_ib_counter_saturated` of this counter: made the first time the counter is
+    /// found at its maximum, then sent (1 or 0) with each of its values.
+    pub(super) saturated: Option<Tracked>,
 }
 
 #[derive(Debug)]
@@ -109,6 +115,25 @@ impl DevicePlan {
                 std::mem::swap(f, open);
             }
         }
+        drop(kept);
+        // A counter once found saturated keeps its flag series.
+        let mut flags: std::collections::HashMap<PathBuf, Tracked> = old
+            .counters_mut()
+            .filter_map(|c| Some((c.file.path.clone(), c.saturated.take()?)))
+            .collect();
+        for c in self.counters_mut() {
+            if let Some(flag) = flags.remove(&c.file.path) {
+                c.saturated = Some(flag);
+            }
+        }
+    }
+
+    /// Every counter file of the plan, the ports' and the device's.
+    fn counters_mut(&mut self) -> impl Iterator<Item = &mut CounterFile> {
+        self.ports
+            .iter_mut()
+            .flat_map(|p| p.counters.iter_mut())
+            .chain(self.counters.iter_mut())
     }
 }
 
@@ -161,7 +186,7 @@ pub(super) fn plan_device(
                 kind: Kind::Gauge,
             })
         };
-        let mut counters = counter_files(&pdir.join("counters"), &labels, None, problems);
+        let mut counters = counter_files(&pdir.join("counters"), &labels, Pma, problems);
         let taken: BTreeSet<String> = counters
             .iter()
             .map(|c| c.tracked.series.name.to_string())
@@ -169,7 +194,7 @@ pub(super) fn plan_device(
         counters.extend(counter_files(
             &pdir.join("hw_counters"),
             &labels,
-            Some(&taken),
+            HwBeside(&taken),
             problems,
         ));
         ports.push(PortPlan {
@@ -194,7 +219,7 @@ pub(super) fn plan_device(
         });
     }
     let labels = Labels::new([("device", device)]);
-    let counters = counter_files(&dir.join("hw_counters"), &labels, None, problems);
+    let counters = counter_files(&dir.join("hw_counters"), &labels, DeviceHw, problems);
     Some(DevicePlan {
         dir,
         ports,
@@ -204,15 +229,31 @@ pub(super) fn plan_device(
     })
 }
 
+/// Which counter directory a listing is of.
+#[derive(Clone, Copy)]
+pub(super) enum CounterDir<'a> {
+    /// A port's `counters/`: the IB PMA counters, some of which saturate.
+    Pma,
+    /// A port's `hw_counters/`, beside the series names its `counters/` took (which a
+    /// `hw_counters/` file must not reuse).
+    HwBeside(&'a BTreeSet<String>),
+    /// The device-level `hw_counters/`.
+    DeviceHw,
+}
+use CounterDir::{DeviceHw, HwBeside, Pma};
+
 /// The files of a counter directory, with their series; an absent directory is normal (rxe
-/// has no `counters/`, IB-only drivers no `hw_counters/`). `taken`: the series names of the
-/// port's `counters/`, which a `hw_counters/` file must not reuse.
+/// has no `counters/`, IB-only drivers no `hw_counters/`).
 pub(super) fn counter_files(
     dir: &Path,
     labels: &Labels,
-    taken: Option<&BTreeSet<String>>,
+    kind_of_dir: CounterDir<'_>,
     problems: &mut BTreeMap<PathBuf, SysfsError>,
 ) -> Vec<CounterFile> {
+    let taken = match kind_of_dir {
+        HwBeside(taken) => Some(taken),
+        Pma | DeviceHw => None,
+    };
     let names = match list_files(dir) {
         Ok(names) => names,
         Err(e) if e.not_found() => return Vec::new(),
@@ -250,6 +291,10 @@ pub(super) fn counter_files(
             if kind == Kind::Counter && taken.is_some_and(|t| t.contains(&name)) {
                 name = format!("{PREFIX}hw_{}", &name[PREFIX.len()..]);
             }
+            let limit = match kind_of_dir {
+                Pma => pma_limit(&file),
+                HwBeside(_) | DeviceHw => None,
+            };
             CounterFile {
                 file: OpenFile::new(dir.join(&file)),
                 tracked: Tracked::new(Series {
@@ -258,6 +303,8 @@ pub(super) fn counter_files(
                     kind,
                 }),
                 convert,
+                limit,
+                saturated: None,
             }
         })
         .collect()

@@ -181,7 +181,7 @@ impl Sweep<'_, '_> {
                 return false;
             }
         };
-        self.ok(&counter.file.path);
+        self.saturation(counter, raw);
         let value = match counter.convert {
             Convert::Count => Value::U64(raw),
             Convert::Words => Value::U64(raw.saturating_mul(4)),
@@ -189,6 +189,42 @@ impl Sweep<'_, '_> {
         };
         self.emit(&mut counter.tracked, value);
         false
+    }
+
+    /// Records whether `counter`, just read as `raw`, is stuck at its maximum (a problem
+    /// warned about once, its value still sent), and sends its saturation flag: 1 while it is,
+    /// 0 from the read that finds it below again (the counter was reset).
+    fn saturation(&mut self, counter: &mut CounterFile, raw: u64) {
+        let path = &counter.file.path;
+        let at_max = counter.limit.filter(|l| raw == l.max);
+        match at_max {
+            Some(limit) => self.problem(SysfsError::Saturated {
+                path: path.clone(),
+                max: limit.max,
+                bits: limit.bits,
+            }),
+            None => self.ok(path),
+        }
+        if at_max.is_some() && counter.saturated.is_none() {
+            let file = path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let labels = counter
+                .tracked
+                .series
+                .labels
+                .iter()
+                .chain([("counter", file.as_str())]);
+            counter.saturated = Some(Tracked::new(Series {
+                name: metric::IB_COUNTER_SATURATED.into(),
+                labels: Labels::new(labels),
+                kind: Kind::Gauge,
+            }));
+        }
+        if let Some(flag) = &mut counter.saturated {
+            self.emit(flag, Value::U64(at_max.is_some().into()));
+        }
     }
 
     /// Hands a value read to the sink (nowhere when only the link facts are read).

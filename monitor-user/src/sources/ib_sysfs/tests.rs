@@ -1,7 +1,7 @@
 //! The IB sysfs source on fixture trees (and, in the test bed, on real rxe devices).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     fs, io,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -854,4 +854,177 @@ fn a_counter_turning_to_garbage_or_vanishing_mid_run_costs_only_its_series() {
     let (readings, logs) = logs_of(|| src.read(6));
     assert!(others(&readings));
     assert!(warnings(&logs).is_empty(), "warned again: {logs}");
+}
+
+/// An older HCA's 32-bit `port_xmit_data` stops at 4294967295 and stays there: one warning
+/// naming the file and what it means, the counter still sent as read, and
+/// `railscope_ib_counter_saturated` = 1 for it at every read (across a replan, too); after a
+/// reset, the flag goes to 0 and one info line says it counts again.
+#[test]
+fn a_pma_counter_stuck_at_its_maximum_is_flagged_and_warned_about_once() {
+    let tree = Scratch::of("mlx5", "saturated");
+    let counter = tree.path("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
+    let path = counter.display().to_string();
+    let mut src = IbSysfs::new(tree.0.clone()).with_replan_every(Duration::ZERO);
+    let p = port_labels("mlx5_0", "1");
+    let flag_labels = Labels::new([
+        ("device", "mlx5_0"),
+        ("port", "1"),
+        ("counter", "port_xmit_data"),
+    ])
+    .to_string();
+    let flag = |readings: &[Reading]| {
+        value(
+            &by_series(readings),
+            "railscope_ib_counter_saturated",
+            &flag_labels,
+        )
+    };
+    let bytes = |readings: &[Reading]| {
+        value(
+            &by_series(readings),
+            "railscope_ib_port_xmit_bytes_total",
+            &p,
+        )
+        .map(|v| v.0)
+    };
+    let lines = |logs: &str, level: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains(level))
+            .map(str::to_owned)
+            .collect()
+    };
+    // Below the maximum: no flag series at all.
+    let readings = src.read(1);
+    assert_eq!(flag(&readings), None);
+    assert!(
+        !readings
+            .iter()
+            .any(|r| r.series.name.as_ref() == "railscope_ib_counter_saturated")
+    );
+
+    fs::write(&counter, "4294967295\n").unwrap();
+    let (readings, logs) = logs_of(|| src.read(2));
+    assert_eq!(flag(&readings), Some((Value::U64(1), Kind::Gauge)));
+    assert_eq!(bytes(&readings), Some(Value::U64(4 * 4_294_967_295)));
+    let warned = lines(&logs, "WARN");
+    assert!(
+        warned.len() == 1
+            && warned[0].contains(&path)
+            && warned[0].contains("saturated at 4294967295")
+            && warned[0].contains("rate reads as zero")
+            && warned[0].contains("perfquery -x"),
+        "expected one warning naming {path}: {logs}"
+    );
+    for t in 3..6 {
+        let (readings, logs) = logs_of(|| src.read(t));
+        assert_eq!(
+            flag(&readings),
+            Some((Value::U64(1), Kind::Gauge)),
+            "read {t}"
+        );
+        assert_eq!(bytes(&readings), Some(Value::U64(4 * 4_294_967_295)));
+        assert!(lines(&logs, "WARN").is_empty(), "warned again: {logs}");
+        assert!(lines(&logs, "INFO").is_empty(), "{logs}");
+    }
+
+    // Reset (perfquery -R, a driver reload): counting again.
+    fs::write(&counter, "12\n").unwrap();
+    let (readings, logs) = logs_of(|| src.read(6));
+    assert_eq!(flag(&readings), Some((Value::U64(0), Kind::Gauge)));
+    assert_eq!(bytes(&readings), Some(Value::U64(48)));
+    assert!(lines(&logs, "WARN").is_empty(), "{logs}");
+    let info = lines(&logs, "INFO");
+    assert!(
+        info.len() == 1 && info[0].contains(&path) && info[0].contains("counts again"),
+        "expected one info line naming {path}: {logs}"
+    );
+    assert!(src.problems().is_empty(), "{:?}", src.problems());
+    let (readings, logs) = logs_of(|| src.read(7));
+    assert_eq!(flag(&readings), Some((Value::U64(0), Kind::Gauge)));
+    assert!(!logs.contains("INFO") && !logs.contains("WARN"), "{logs}");
+}
+
+/// Each PMA counter stops at the maximum of its own field: a 16-bit `symbol_error` at 65535,
+/// an 8-bit `link_downed` at 255; 4294967295 in a 16-bit or 64-bit counter, or in a
+/// `hw_counters/` file, is just a value.
+#[test]
+fn each_counter_saturates_at_its_own_width() {
+    let tree = Scratch::of("mlx5", "widths");
+    let port = "class/infiniband/mlx5_0/ports/1";
+    let write = |file: &str, v: &str| fs::write(tree.path(&format!("{port}/{file}")), v).unwrap();
+    write("counters/symbol_error", "65535\n");
+    write("counters/link_downed", "255\n");
+    // Above a 16-bit field's maximum: not where this counter stops.
+    write("counters/port_rcv_errors", "4294967295\n");
+    write("counters/unicast_xmit_packets", "4294967295\n");
+    write("counters/port_xmit_discards", "65534\n");
+    let hw = fs::read_dir(tree.path(&format!("{port}/hw_counters")))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|f| f != "lifespan")
+        .unwrap();
+    write(&format!("hw_counters/{hw}"), "4294967295\n");
+
+    let mut src = IbSysfs::new(tree.0.clone());
+    let (readings, logs) = logs_of(|| src.read(1));
+    let mut flagged: Vec<(String, Value)> = readings
+        .iter()
+        .filter(|r| r.series.name.as_ref() == "railscope_ib_counter_saturated")
+        .map(|r| (r.series.labels.get("counter").unwrap().to_owned(), r.value))
+        .collect();
+    flagged.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        flagged,
+        [
+            ("link_downed".to_owned(), Value::U64(1)),
+            ("symbol_error".to_owned(), Value::U64(1)),
+        ]
+    );
+    let warned: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warned.len(), 2, "{logs}");
+    assert!(warned.iter().any(
+        |w| w.contains("symbol_error") && w.contains("saturated at 65535 (its 16-bit maximum)")
+    ));
+    assert!(
+        warned.iter().any(
+            |w| w.contains("link_downed") && w.contains("saturated at 255 (its 8-bit maximum)")
+        )
+    );
+    // The saturated counters' own series are still sent, as read.
+    let map = by_series(&readings);
+    let p = port_labels("mlx5_0", "1");
+    assert_eq!(
+        value(&map, "railscope_ib_symbol_error_total", &p).map(|v| v.0),
+        Some(Value::U64(65535))
+    );
+    assert_eq!(
+        value(&map, "railscope_ib_link_downed_total", &p).map(|v| v.0),
+        Some(Value::U64(255))
+    );
+}
+
+/// MLNX_OFED prints "0 GB/sec" for a port without a link (an empty cage): a rate of 0, no
+/// width, no warning.
+#[test]
+fn a_rate_of_0_gb_per_sec_is_a_rate_of_zero() {
+    let tree = Scratch::of("mlx5", "empty-cage");
+    fs::write(
+        tree.path("class/infiniband/mlx5_1/ports/1/rate"),
+        "0 GB/sec\n",
+    )
+    .unwrap();
+    let mut src = IbSysfs::new(tree.0.clone());
+    let (readings, logs) = logs_of(|| src.read(1));
+    assert!(!logs.contains("WARN"), "{logs}");
+    assert!(src.problems().is_empty(), "{:?}", src.problems());
+    let map = by_series(&readings);
+    let p = port_labels("mlx5_1", "1");
+    assert_eq!(
+        value(&map, "railscope_ib_port_rate_gbps", &p),
+        Some((Value::F64(0.0), Kind::Gauge))
+    );
+    assert!(value(&map, "railscope_ib_port_width_lanes", &p).is_none());
+    let link = src.links().iter().find(|l| l.device == "mlx5_1").unwrap();
+    assert_eq!(link.rate.as_ref().map(|r| r.gbps), Some(0.0));
 }
