@@ -8,7 +8,7 @@
 
 use std::{fmt::Write as _, sync::atomic::Ordering};
 
-use monitor_wire::Kind;
+use monitor_wire::{Kind, names::metric};
 
 use crate::{
     drops::DropReason,
@@ -129,7 +129,11 @@ fn render_series(out: &mut String, mut live: Vec<LiveSeries>) {
             _ => {
                 let kind = l.series.kind;
                 family = Some((name, kind));
-                let _ = writeln!(out, "# TYPE {} {}", metric_name(name), kind_name(kind));
+                let help = metric::help(name);
+                let help = help.as_deref().unwrap_or(UNKNOWN_SERIES_HELP);
+                let name = metric_name(name);
+                let _ = writeln!(out, "# HELP {name} {}", help_text(help));
+                let _ = writeln!(out, "# TYPE {name} {}", kind_name(kind));
                 kind
             }
         };
@@ -150,6 +154,20 @@ fn render_series(out: &mut String, mut live: Vec<LiveSeries>) {
             LatestValue::Gauge { mean, .. } => float(mean),
         };
         let _ = writeln!(out, " {value} {}", l.latest.unix_ns / 1_000_000);
+    }
+}
+
+/// The `# HELP` of a family an agent sent that is none of the names this collector knows
+/// (an agent of another version).
+const UNKNOWN_SERIES_HELP: &str =
+    "A series the agents send that this collector's version does not describe.";
+
+/// `help` as the text format wants a HELP line: backslashes and line feeds escaped.
+fn help_text(help: &str) -> std::borrow::Cow<'_, str> {
+    if help.contains(['\\', '\n']) {
+        help.replace('\\', "\\\\").replace('\n', "\\n").into()
+    } else {
+        help.into()
     }
 }
 
@@ -599,5 +617,6 @@ mod tests {
         assert_eq!(float(f64::NAN), "NaN");
         assert_eq!(float(f64::NEG_INFINITY), "-Inf");
         assert_eq!(float(312.456), "312.456");
+        assert_eq!(help_text("a \\ b\nc"), "a \\\\ b\\nc");
     }
 }

@@ -31,6 +31,13 @@ pub mod metric {
             /// declaration order: the fixed names, then one per [`IB_COUNTER_FILES`] entry.
             pub const AGENT_METRICS: &[&str] = &[$($name,)* $($ib,)*];
 
+            /// Every metric name the agent can send with its description (the constant's doc
+            /// comment, a leading space and all): what [`help`] answers.
+            const DESCRIBED: &[(&str, &str)] = &[
+                $(($name, concat!($($doc),*)),)*
+                $(($ib, concat!(" Counter: the sysfs counter file `", $file, "` of an IB device or port.")),)*
+            ];
+
             /// Every constant of this module as (constant name, metric name): what the
             /// collector serves its page.
             pub const ALL: &[(&str, &str)] = &[
@@ -50,6 +57,18 @@ pub mod metric {
     pub const IB_PREFIX: &str = "railscope_ib_";
     /// The prefix of every GPU series name.
     pub const GPU_PREFIX: &str = "railscope_gpu_";
+
+    /// What the metric `name` is, one line: its constant's doc comment here (kind, unit,
+    /// labels, meaning), the `# HELP` text of its family on the collector's `/metrics`. An IB
+    /// counter file this list does not know gets the description of its kind; any other name
+    /// the agent does not send, none.
+    pub fn help(name: &str) -> Option<std::borrow::Cow<'static, str>> {
+        if let Some((_, doc)) = DESCRIBED.iter().find(|(n, _)| *n == name) {
+            return Some(doc.trim().into());
+        }
+        let file = name.strip_prefix(IB_PREFIX)?.strip_suffix("_total")?;
+        Some(format!("Counter: the sysfs counter file `{file}` of an IB device or port.").into())
+    }
 
     metrics! {
         fixed {
@@ -329,6 +348,19 @@ mod tests {
             let name = format!("{}{file}_total", metric::IB_PREFIX);
             assert!(is_agent_metric(&name), "{name}");
         }
+        for name in AGENT_METRICS {
+            let help = metric::help(name).unwrap_or_else(|| panic!("{name} has no description"));
+            assert!(
+                help.len() > 10 && !help.contains(['\\', '\n']) && help.ends_with('.'),
+                "{name}: {help:?}"
+            );
+        }
+        let unknown_file = metric::help("railscope_ib_roce_cc_future_event_total").unwrap();
+        assert!(
+            unknown_file.contains("`roce_cc_future_event`"),
+            "{unknown_file}"
+        );
+        assert_eq!(metric::help("node_cpu_seconds_total"), None);
         let kinds: BTreeSet<&str> = EVENT_KINDS.iter().copied().collect();
         assert_eq!(kinds.len(), EVENT_KINDS.len());
         assert_eq!(

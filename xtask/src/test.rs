@@ -31,6 +31,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .args(["test", "--release"])
             .env("RAILSCOPE_REQUIRE_TSDB", "1")
             .env("RAILSCOPE_REQUIRE_SLURM", "1")
+            .env("RAILSCOPE_REQUIRE_PROMTOOL", "1")
             .env("RAILSCOPE_REQUIRE_ALERTMANAGER", "1")
             .env("RAILSCOPE_REQUIRE_CHROMIUM", "1"),
     )?;
