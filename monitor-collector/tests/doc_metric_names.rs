@@ -30,6 +30,11 @@ const NOT_METRICS: &[(&str, &str)] = &[
         "a field of a capture file's JSON header (docs/capture-format.md)",
     ),
     (
+        "railscope_actions_brake",
+        "an alert's name, not a metric: Alertmanager names each finding's alert \
+         railscope_RULE, and the brake's rule is actions_brake (docs/actions.md)",
+    ),
+    (
         "railscope_gpu_temp_celsius",
         "docs/wire-format.md's worked example: a frame printed byte for byte and checked as \
          such by monitor-wire's codec test (worked_example_of_the_spec); any name serves the \
@@ -73,9 +78,17 @@ fn tokens(text: &str) -> Vec<(usize, String)> {
 fn collector_metrics() -> BTreeSet<String> {
     let dir = scratch_dir("doc-metric-names");
     let key = key_file(&dir, KEY_HEX);
-    // Nothing listens on port 9: the writer keeps retrying, its families are there all the same.
+    // Nothing listens on port 9: the writer and the alert sender keep retrying, their
+    // families are there all the same.
+    let config = dir.join("collector.toml");
+    std::fs::write(
+        &config,
+        "[actions.alertmanager]\nurls = [\"http://127.0.0.1:9\"]\n",
+    )
+    .unwrap();
     let collector = CollectorProcess::command(COLLECTOR, &key, &dir.join("data"))
         .args(["--remote-write", "vm=http://127.0.0.1:9/api/v1/write"])
+        .args([std::ffi::OsStr::new("--config"), config.as_os_str()])
         .start();
     let page = collector.get("/metrics");
     let (stopped, _, stderr) = collector.stop();
@@ -91,6 +104,7 @@ fn collector_metrics() -> BTreeSet<String> {
         "railscope_collector_archive_frames_total",
         "railscope_collector_remote_write_samples_sent_total",
         "railscope_findings_total",
+        "railscope_collector_alerts_sent_total",
     ] {
         assert!(names.contains(family), "/metrics lacks {family}:\n{page}");
     }
