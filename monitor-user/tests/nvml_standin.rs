@@ -1018,7 +1018,7 @@ fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
 fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
     use monitor_user::{
         pipeline::{VERB_SERIES, agent_info_series},
-        sources::ib_sysfs::IbSysfs,
+        sources::{ib_sysfs::IbSysfs, lldp},
     };
     use monitor_wire::names::{AGENT_METRICS, metric};
     use std::collections::BTreeSet;
@@ -1046,6 +1046,39 @@ fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
     for tree in ["mlx5", "rxe", "broken"] {
         add(IbSysfs::new(fixtures.join(tree)).read(1));
     }
+    // A 32-bit counter stuck at its maximum: its saturation flag.
+    let saturated = std::env::temp_dir().join(format!(
+        "railscope-agent-metrics-saturated-{}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&saturated);
+    monitor_testkit::copy_tree(&fixtures.join("mlx5"), &saturated);
+    fs::write(
+        saturated.join("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data"),
+        "4294967295\n",
+    )
+    .unwrap();
+    add(IbSysfs::new(saturated.clone()).read(1));
+    let _ = fs::remove_dir_all(&saturated);
+    // A RoCE port's LLDP neighbour, from lldpd's real output (tests/fixtures/lldp).
+    let lldp = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lldp/host-two-ports.json"),
+    )
+    .unwrap();
+    let neighbours = lldp::parse_neighbours(&lldp, "host-two-ports.json").unwrap();
+    let ports: Vec<lldp::PortNetdev> = neighbours
+        .iter()
+        .map(|n| lldp::PortNetdev {
+            device: "rxe0".into(),
+            port: 1,
+            netdev: n.interface.clone(),
+        })
+        .collect();
+    sent.extend(
+        lldp::neighbour_series(&ports, &neighbours)
+            .into_iter()
+            .map(|s| s.name.to_string()),
+    );
     sent.insert(agent_info_series().name.to_string());
     sent.insert(VERB_SERIES.to_owned());
 
