@@ -190,7 +190,7 @@ fn metric_name(name: &str) -> std::borrow::Cow<'_, str> {
     s.into()
 }
 
-fn label(out: &mut String, key: &str, value: &str, first: bool) {
+pub(crate) fn label(out: &mut String, key: &str, value: &str, first: bool) {
     if !first {
         out.push(',');
     }

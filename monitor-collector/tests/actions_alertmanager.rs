@@ -172,12 +172,7 @@ fn a_finding_is_an_alert_in_both_alertmanagers_sent_again_while_it_lasts_and_res
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        c.json("/api/v1/findings?active=true")["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["rule"] == "ib_link_flapping" && f["node"] == "node01")
-            .cloned()
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap();
 

@@ -82,12 +82,7 @@ fn actions_show_prints_the_finding_its_evidence_its_actions_the_events_and_the_p
         .send_ticks(c.udp_addr(), 16)
         .unwrap();
     let finding = wait_for("node01's flapping finding", Duration::from_secs(20), || {
-        c.json("/api/v1/findings?active=true")["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["rule"] == "ib_link_flapping" && f["node"] == "node01")
-            .cloned()
+        c.active_finding("ib_link_flapping", "node01")
     });
     let id = finding["id"].as_str().unwrap().to_owned();
     let downs = finding["evidence"]["downs"].as_u64().unwrap();

@@ -78,8 +78,8 @@ use std::{
 };
 
 use monitor_testkit::{
-    CollectorProcess, FixtureAgent, JobProcesses, KEY_HEX, Running, agent_binary_next_to, key_file,
-    scratch_dir, standin_with_script, sysfs_fixture,
+    CollectorProcess, FixtureAgent, JobProcesses, KEY_HEX, Running, agent_binary_next_to,
+    copy_tree, key_file, scratch_dir, standin_with_script, sysfs_fixture,
 };
 use serde_json::{Value, json};
 
@@ -121,19 +121,6 @@ fn job_of(n: usize) -> &'static str {
 
 fn port_dir(sysfs: &Path, p: usize) -> PathBuf {
     sysfs.join(format!("class/infiniband/mlx5_{p}/ports/1"))
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 /// Node `n`'s sysfs tree under `dir`: the fixture's `mlx5_0` as `mlx5_0`..`mlx5_3`, with the

@@ -20,27 +20,14 @@ use std::{
 };
 
 use monitor_testkit::{
-    CollectorProcess, FixtureAgent, KEY_HEX, agent_binary_next_to, free_tcp_port, key_file,
-    scratch_dir, sysfs_fixture, wait_for,
+    CollectorProcess, FixtureAgent, KEY_HEX, agent_binary_next_to, copy_tree, free_tcp_port,
+    key_file, scratch_dir, sysfs_fixture, wait_for,
 };
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 
 fn railscope() -> PathBuf {
     agent_binary_next_to(COLLECTOR)
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 /// `program health ARGS...`: (exit status, stdout, stderr).
@@ -127,14 +114,7 @@ fn a_node_with_a_critical_finding_is_unhealthy_a_quiet_one_healthy_and_an_outage
     let finding = wait_for(
         "the ib_link_downed finding",
         Duration::from_secs(30),
-        || {
-            c.json("/api/v1/findings?active=true")["findings"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|f| f["rule"] == "ib_link_downed" && f["node"] == failing.as_str())
-                .cloned()
-        },
+        || c.active_finding("ib_link_downed", &failing),
     );
     let id = finding["id"].as_str().unwrap();
     assert_eq!(finding["severity"], "critical", "{finding}");

@@ -18,7 +18,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, UNIX_EPOCH},
+    time::Duration,
 };
 
 use serde_json::{Map, Value, json};
@@ -33,6 +33,7 @@ use super::{
 use crate::{
     clock::unix_now_ns,
     findings::{Finding, FindingsStore, store::FindingFilter},
+    query::time::format_time,
 };
 
 const S: u64 = 1_000_000_000;
@@ -101,8 +102,9 @@ impl AlertStats {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
             for (url, c) in &self.by_url {
-                let url = url.replace('\\', "\\\\").replace('"', "\\\"");
-                let _ = writeln!(out, "{name}{{alertmanager=\"{url}\"}} {}", value(c));
+                let mut labels = String::from("{");
+                crate::metrics::label(&mut labels, "alertmanager", url, true);
+                let _ = writeln!(out, "{name}{labels}}} {}", value(c));
             }
         }
     }
@@ -141,8 +143,8 @@ pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
     });
     let mut out = json!({
         "labels": labels,
-        "startsAt": rfc3339(f.start),
-        "endsAt": rfc3339(ends_at),
+        "startsAt": format_time(f.start),
+        "endsAt": format_time(ends_at),
     });
     if let Some(link) = link {
         annotations["dashboard"] = json!(link);
@@ -150,10 +152,6 @@ pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
     }
     out["annotations"] = annotations;
     out
-}
-
-fn rfc3339(ns: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()
 }
 
 /// What one Alertmanager has been sent.

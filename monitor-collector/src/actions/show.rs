@@ -15,7 +15,7 @@ use crate::{
     query::{
         cli::{events_text, get_json, get_json_within},
         export::fetch_export,
-        time::format_time,
+        time::{api_seconds, format_time},
     },
 };
 
@@ -56,7 +56,7 @@ pub fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
         .as_u64()
         .map_or_else(unix_now_ns, |end| end.max(start).saturating_add(AROUND_NS));
     let window = (start.saturating_sub(AROUND_NS), end.max(start));
-    let (from, to) = (seconds(window.0), seconds(window.1));
+    let (from, to) = (api_seconds(window.0), api_seconds(window.1));
     let events = get_json_within(
         collector,
         "/api/v1/events",
@@ -100,11 +100,6 @@ fn port_report(
         p.port.node == node && p.port.device == device && u64::from(p.port.port) == port
     });
     Ok(report)
-}
-
-/// Unix ns as the API's Unix seconds, exactly.
-fn seconds(ns: u64) -> String {
-    format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
 }
 
 impl Shown {

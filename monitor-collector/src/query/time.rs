@@ -50,6 +50,11 @@ fn unix_seconds(t: &str) -> Option<u64> {
         .checked_add(ns)
 }
 
+/// Unix ns as the API's Unix seconds, exact to the ns (what [`parse_time`] reads back).
+pub fn api_seconds(ns: u64) -> String {
+    format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
+}
+
 /// Formats Unix ns as RFC 3339 with milliseconds (UTC).
 pub fn format_time(ns: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()

@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 use super::{MetricTrace, Reading, SelectConfig, SeriesTrace, select};
 use crate::query::{
     cli::get_json,
-    time::{parse_time, unix_ns},
+    time::{api_seconds, parse_time, unix_ns},
 };
 
 /// `railscope select [--collector URL] [--start T] [--end T] ...`
@@ -55,11 +55,6 @@ pub struct SelectArgs {
     pub json: bool,
 }
 
-/// Unix ns as the API's Unix seconds (exact to the ns).
-fn api_time(ns: u64) -> String {
-    format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
-}
-
 /// One series of a `/api/v1/series` answer as readings: a gauge's means over their
 /// envelopes' spans, a counter's rates since its previous point (its first point, whose rate
 /// comes from before the range, stands for its own instant).
@@ -95,7 +90,10 @@ pub fn series_trace(series: &Json) -> Option<SeriesTrace> {
 
 /// Reads every metric (of the `--only` prefixes) over the range from the collector.
 pub fn fetch(args: &SelectArgs, start_ns: u64, end_ns: u64) -> anyhow::Result<Vec<MetricTrace>> {
-    let mut range = vec![("start", api_time(start_ns)), ("end", api_time(end_ns))];
+    let mut range = vec![
+        ("start", api_seconds(start_ns)),
+        ("end", api_seconds(end_ns)),
+    ];
     range.extend(args.matchers.iter().map(|m| ("match", m.clone())));
     let names = get_json(&args.collector, "/api/v1/metric-names", &range)?;
     let mut metrics = Vec::new();
