@@ -28,7 +28,7 @@
 //! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
 //! value coders), `request` (schema requests), `receiver` (receiver state), `encoder`,
 //! `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
-//! the collector reads).
+//! the collector reads), `pci` (a device's place on the PCIe tree and the distance between two).
 
 mod ack;
 mod budget;
@@ -43,6 +43,7 @@ mod limits;
 mod mac;
 mod measure;
 pub mod names;
+pub mod pci;
 mod prim;
 mod receiver;
 mod request;

@@ -86,6 +86,32 @@ pub mod metric {
             /// Counter, labels `device`, `verb`, `result`, `cgroup` (and the job's): verb calls.
             RDMA_VERBS_TOTAL = "railscope_rdma_verbs_total";
 
+            // The hardware path: read at start and when it changes (not every sweep), sent
+            // with every flush like `railscope_agent_info`. `numa_node` is `-1` where the
+            // kernel does not say; `switch` is the PCI address of the upstream port of the
+            // PCIe switch a device hangs off (empty when it sits on a root port or has no PCI
+            // parent), `root_port` the PCI address of its root port (see [`crate::pci`]).
+            /// Gauge, always 1, labels `pci`, `numa_node`, `switch`, `root_port`, `model`, `vbios`, `serial`: where a GPU sits on the PCIe tree, and what it is.
+            GPU_PCI_INFO = "railscope_gpu_pci_info";
+            /// Gauge, always 1, labels `device`, `pci`, `numa_node`, `switch`, `root_port`, `fw_ver`, `board_id`, `hca_type`, `node_guid`: where an RDMA device sits on the PCIe tree, its firmware and board (`pci` and the places empty without a PCI parent, as rxe on a veth).
+            RDMA_DEVICE_INFO = "railscope_rdma_device_info";
+            /// Gauge, label `device`: the PCIe generation an RDMA device's link trained at (sysfs `current_link_speed`: 2.5 GT/s is 1, 64 GT/s is 6).
+            RDMA_PCIE_LINK_GENERATION = "railscope_rdma_pcie_link_generation";
+            /// Gauge, label `device`: the highest PCIe generation an RDMA device's link can train at (`max_link_speed`).
+            RDMA_PCIE_LINK_MAX_GENERATION = "railscope_rdma_pcie_link_max_generation";
+            /// Gauge, lanes, label `device`: the PCIe width an RDMA device's link trained at (`current_link_width`).
+            RDMA_PCIE_LINK_WIDTH_LANES = "railscope_rdma_pcie_link_width_lanes";
+            /// Gauge, lanes, label `device`: the widest an RDMA device's PCIe link can train at (`max_link_width`).
+            RDMA_PCIE_LINK_MAX_WIDTH_LANES = "railscope_rdma_pcie_link_max_width_lanes";
+            /// Gauge, always 1, labels `kernel`, `driver` (NVIDIA's; empty without NVML), `gpu_model`, `nic_model` (the RDMA devices' `hca_type`): the node's hardware class and software.
+            NODE_HARDWARE_INFO = "railscope_node_hardware_info";
+            /// Gauge: the GPUs NVML sees on the node.
+            NODE_GPUS = "railscope_node_gpus";
+            /// Gauge: the RDMA devices on the node.
+            NODE_RDMA_DEVICES = "railscope_node_rdma_devices";
+            /// Gauge: the node's RDMA ports whose state is ACTIVE.
+            NODE_ACTIVE_PORTS = "railscope_node_active_ports";
+
             // GPUs, from NVML.
             /// Gauge, ratio 0-1: the time a kernel ran (NVML utilization).
             GPU_UTILIZATION_RATIO = "railscope_gpu_utilization_ratio";
