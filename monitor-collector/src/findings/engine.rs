@@ -27,7 +27,10 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Thresholds, fabric, gpus, ib_links,
+    FindingsStore, Observation, Thresholds, fabric, gpus,
+    hardware::{self, HardwareReader},
+    ib_links,
+    profile::{self, GoldenProfile, ProfileBoard},
     topology::{PortKey, Topology},
     verbs,
     view::{EventState, Track, Tracks, View},
@@ -161,7 +164,21 @@ pub struct FindingsEngine {
     topology: Topology,
     /// When the first burst of DOWN transitions not judged yet will be (collector clock).
     settles_at_ns: Option<u64>,
+    /// A hardware-path series appeared, changed value or went since the profile was learnt.
+    hardware_changed: bool,
+    /// The pass that last learnt the golden profile.
+    profile_pass: u64,
+    /// What the golden profile's rules saw when it was last learnt (handed to the store at
+    /// every full pass).
+    profile_seen: Vec<Observation>,
+    /// Where the profile is published for `GET /api/v1/nodes/{node}/hardware`.
+    board: Arc<ProfileBoard>,
 }
+
+/// The golden profile is learnt again at most once every this many passes (30 s at the
+/// default tick), and only when a node's hardware series changed: a GPU's link gauges change
+/// with its load and its job, and the profile reads the whole fleet's hardware path.
+const PROFILE_EVERY_PASSES: u64 = 6;
 
 impl FindingsEngine {
     /// The engine; `th.topology` is read here (the settings checked it at start: a file
@@ -186,7 +203,17 @@ impl FindingsEngine {
             store,
             topology,
             settles_at_ns: None,
+            hardware_changed: true,
+            profile_pass: 0,
+            profile_seen: Vec::new(),
+            board: Arc::new(ProfileBoard::default()),
         }
+    }
+
+    /// Publishes the golden profile on `board` (the HTTP routes read it there).
+    pub fn with_board(mut self, board: Arc<ProfileBoard>) -> Self {
+        self.board = board;
+        self
     }
 
     /// Takes an event the collector took at `arrived_ns` (its own clock).
@@ -219,6 +246,7 @@ impl FindingsEngine {
         let pass = self.pass;
         let tracks = &mut self.tracks;
         let events = &mut self.events;
+        let hardware_changed = &mut self.hardware_changed;
         let mut neighbours = std::collections::HashMap::new();
         table.visit_latest(&mut |node, series, latest| {
             if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
@@ -245,26 +273,37 @@ impl FindingsEngine {
                 return;
             }
             let key = (node.clone(), series.clone());
-            let track = tracks
-                .entry(key)
-                .or_insert_with(|| Track::new(*latest, pass));
+            let mut new = false;
+            let track = tracks.entry(key).or_insert_with(|| {
+                new = true;
+                Track::new(*latest, pass)
+            });
             track.seen_pass = pass;
             if latest.unix_ns < track.latest.unix_ns {
                 return;
             }
+            let mut changed = new;
             if let (LatestValue::Gauge { mean: a, .. }, LatestValue::Gauge { mean: b, .. }) =
                 (track.latest.value, latest.value)
                 && a.to_bits() != b.to_bits()
             {
                 track.changed_ns = latest.unix_ns;
+                changed = true;
+            }
+            if changed && hardware::is_hardware_series(&series.name) {
+                *hardware_changed = true;
             }
             track.latest = *latest;
         });
         self.topology.set_neighbours(neighbours);
         let keep_ns = self.history_ns();
+        let hardware_changed = &mut self.hardware_changed;
         // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
         // since the last pass count as seen.
-        self.tracks.retain(|_, t| {
+        self.tracks.retain(|k, t| {
+            if t.seen_pass < pass && hardware::is_hardware_series(&k.1.name) {
+                *hardware_changed = true;
+            }
             while t.checkpoints.len() > 1 && t.checkpoints[1].0 + keep_ns <= t.latest.unix_ns {
                 t.checkpoints.pop_front();
             }
@@ -328,6 +367,15 @@ impl FindingsEngine {
                 ib_links::evaluate_series(&view, &self.events, &grouping, &mut seen);
                 gpus::evaluate_series(&view, &self.events, &mut seen);
                 verbs::evaluate(&view, &mut seen);
+                if self.hardware_changed
+                    && (self.profile_pass == 0
+                        || self.pass >= self.profile_pass + PROFILE_EVERY_PASSES)
+                {
+                    self.hardware_changed = false;
+                    self.profile_pass = self.pass;
+                    self.profile_seen = learn_profile(&view, &self.th, &self.board);
+                }
+                seen.extend(self.profile_seen.iter().cloned());
                 all_rules()
             }
         };
@@ -343,6 +391,32 @@ impl FindingsEngine {
     }
 }
 
+/// Reads every node's hardware path from the view, learns the golden profile, publishes it on
+/// `board` and returns what its rules see.
+fn learn_profile(view: &View, th: &Thresholds, board: &ProfileBoard) -> Vec<Observation> {
+    let mut readers: std::collections::HashMap<&Arc<str>, HardwareReader> =
+        std::collections::HashMap::new();
+    for name in hardware::SERIES {
+        for ((node, series), track) in view.named(name) {
+            readers.entry(node).or_default().take(series, &track.latest);
+        }
+    }
+    let nodes: Vec<(&Arc<str>, hardware::NodeHardware)> = readers
+        .into_iter()
+        .map(|(node, r)| (node, r.finish()))
+        .collect();
+    let golden = GoldenProfile::learn(
+        nodes.iter().map(|(n, hw)| (&***n, hw)),
+        th.profile_min_nodes,
+    );
+    let mut seen = Vec::new();
+    for (node, hw) in &nodes {
+        golden.evaluate(node, hw, &mut seen);
+    }
+    board.publish(golden);
+    seen
+}
+
 /// Every rule's name.
 pub fn all_rules() -> Vec<&'static str> {
     ib_links::RULES
@@ -350,6 +424,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(fabric::RULES)
         .chain(gpus::RULES)
         .chain(verbs::RULES)
+        .chain(profile::RULES)
         .copied()
         .collect()
 }

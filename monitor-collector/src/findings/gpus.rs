@@ -1,6 +1,7 @@
 //! GPU rules: XIDs classified ([`xid`](super::xid)), a GPU fallen off the bus, uncorrected
 //! (double-bit) ECC errors, row remapping pending or failed, thermal and power throttling,
-//! a PCIe link below its maximum width or generation.
+//! a PCIe link below its maximum generation while busy (a link below its maximum width is the
+//! golden profile's `pcie_downtrained`).
 
 use std::collections::HashMap;
 
@@ -257,9 +258,11 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         let gm = gen_max.get(&key).and_then(|t| t.gauge());
         let w = width.get(&key).and_then(|t| t.gauge());
         let wm = width_max.get(&key).and_then(|t| t.gauge());
+        // A width below the maximum is `pcie_downtrained`'s (the golden profile's): lanes are
+        // not lowered to save power, so it is judged busy or not.
         let low_gen = matches!((g, gm), (Some(a), Some(b)) if a < b);
-        let low_width = matches!((w, wm), (Some(a), Some(b)) if a < b);
-        if busy && (low_gen || low_width) {
+        let full_width = !matches!((w, wm), (Some(a), Some(b)) if a < b);
+        if busy && low_gen && full_width {
             push(
                 "gpu_pcie_degraded",
                 Severity::Warning,

@@ -9,6 +9,9 @@
 //! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
 //!   [`xid`]), [`verbs`]; [`fabric`]: port DOWN transitions of many nodes at once blamed on
 //!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
+//! - the golden profile: [`hardware`] reads each node's hardware path from its series,
+//!   [`profile`] learns what each hardware class's majority has and finds the nodes unlike
+//!   it;
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
@@ -22,9 +25,11 @@ pub mod cli;
 pub mod engine;
 pub mod fabric;
 pub mod gpus;
+pub mod hardware;
 pub mod hostlist;
 pub mod ib_links;
 pub mod log;
+pub mod profile;
 pub mod reads;
 pub mod remote;
 pub mod store;
@@ -73,7 +78,8 @@ impl Severity {
     }
 }
 
-/// What a finding is about: a node, and on it a port, a GPU or a job (none: the node).
+/// What a finding is about: a node, and on it a port, an RDMA device (no port), a GPU or a
+/// job (none: the node).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Subject {
     pub node: String,
@@ -101,6 +107,28 @@ impl Subject {
             device: None,
             port: None,
             gpu: Some(gpu.into()),
+            job: None,
+        }
+    }
+
+    /// An RDMA device as a whole (its PCIe link, its firmware), not one of its ports.
+    pub fn device(node: &str, device: &str) -> Self {
+        Self {
+            node: node.into(),
+            device: Some(device.into()),
+            port: None,
+            gpu: None,
+            job: None,
+        }
+    }
+
+    /// The node as a whole (its counts, its driver, its PCIe layout).
+    pub fn node(node: &str) -> Self {
+        Self {
+            node: node.into(),
+            device: None,
+            port: None,
+            gpu: None,
             job: None,
         }
     }

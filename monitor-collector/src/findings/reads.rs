@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{fabric, gpus, ib_links, verbs};
+use super::{fabric, gpus, hardware, ib_links, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
@@ -49,6 +49,49 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
             metric::GPU_UTILIZATION_RATIO,
         ],
     ),
+    (
+        "pcie_downtrained",
+        &[
+            metric::NODE_HARDWARE_INFO,
+            metric::GPU_PCI_INFO,
+            metric::GPU_PCIE_LINK_GENERATION,
+            metric::GPU_PCIE_LINK_MAX_GENERATION,
+            metric::GPU_PCIE_LINK_WIDTH_LANES,
+            metric::GPU_PCIE_LINK_MAX_WIDTH_LANES,
+            metric::RDMA_DEVICE_INFO,
+            metric::RDMA_PCIE_LINK_GENERATION,
+            metric::RDMA_PCIE_LINK_MAX_GENERATION,
+            metric::RDMA_PCIE_LINK_WIDTH_LANES,
+            metric::RDMA_PCIE_LINK_MAX_WIDTH_LANES,
+        ],
+    ),
+    (
+        "firmware_drift",
+        &[
+            metric::NODE_HARDWARE_INFO,
+            metric::GPU_PCI_INFO,
+            metric::RDMA_DEVICE_INFO,
+        ],
+    ),
+    (
+        "device_missing",
+        &[
+            metric::NODE_HARDWARE_INFO,
+            metric::NODE_GPUS,
+            metric::NODE_RDMA_DEVICES,
+            metric::NODE_ACTIVE_PORTS,
+        ],
+    ),
+    (
+        "topology_drift",
+        &[
+            metric::NODE_HARDWARE_INFO,
+            metric::NODE_GPUS,
+            metric::NODE_RDMA_DEVICES,
+            metric::GPU_PCI_INFO,
+            metric::RDMA_DEVICE_INFO,
+        ],
+    ),
     ("verbs_qp_error", &[verbs::SERIES]),
     ("verbs_cm_reject", &[verbs::SERIES]),
 ];
@@ -59,6 +102,7 @@ pub fn metrics_read() -> BTreeSet<&'static str> {
         .iter()
         .chain(fabric::SERIES)
         .chain(gpus::SERIES)
+        .chain(hardware::SERIES)
         .copied()
         .chain([verbs::SERIES])
         .collect()
@@ -81,7 +125,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 4] {
+    ); 5] {
         [
             (
                 "ib_links",
@@ -95,6 +139,11 @@ mod tests {
             ),
             ("gpus", gpus::RULES, gpus::SERIES.iter().copied().collect()),
             ("verbs", verbs::RULES, [verbs::SERIES].into()),
+            (
+                "profile",
+                super::super::profile::RULES,
+                hardware::SERIES.iter().copied().collect(),
+            ),
         ]
     }
 

@@ -273,30 +273,38 @@ fn gpu_memory_and_pcie_rules() {
         &mut fleet(2)
             .ecc_double_bit(0, 1)
             .remap_pending(0, 2)
-            .pcie_degraded(1, 3)
+            .pcie_gen_dropped(1, 3)
+            .pcie_degraded(1, 5)
             .build(key()),
         20,
     );
+    // Gen4 x16 while busy: the generation dropped; Gen4 x8: lanes lost, which the golden
+    // profile finds (busy or not), and not both rules on one GPU.
     assert_eq!(
         rules(&found),
         [
             gpu("gpu_ecc_uncorrected", "node-000", "1"),
             gpu("gpu_pcie_degraded", "node-001", "3"),
             gpu("gpu_row_remap_pending", "node-000", "2"),
+            gpu("pcie_downtrained", "node-001", "5"),
         ]
     );
     let pcie = found
         .iter()
         .find(|f| f.rule == "gpu_pcie_degraded")
         .unwrap();
-    assert_eq!(pcie.evidence["width"], 8.0);
-    assert_eq!(pcie.evidence["max_width"], 16.0);
+    assert_eq!(pcie.evidence["generation"], 4.0);
+    assert_eq!(pcie.evidence["max_generation"], 5.0);
+    assert_eq!(pcie.evidence["width"], 16.0);
+    let lanes = found.iter().find(|f| f.rule == "pcie_downtrained").unwrap();
+    assert_eq!(lanes.evidence["link"]["width"], 8);
+    assert_eq!(lanes.evidence["link"]["max_width"], 16);
 }
 
 #[test]
 fn an_idle_gpu_at_a_lower_pcie_link_is_not_a_finding() {
     let mut fleet = SimulatedFleet::builder(2)
-        .pcie_degraded(1, 3)
+        .pcie_gen_dropped(1, 3)
         .start_unix_ns(T0)
         .build(key());
     assert!(run(&mut fleet, 20).is_empty());

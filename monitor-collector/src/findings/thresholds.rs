@@ -67,6 +67,10 @@ pub struct Thresholds {
     /// How long an upstream finding stays active after its last burst, seconds (as long as
     /// `link-downed-hold-s` keeps the ports' own findings, which point at it).
     pub fabric_hold_s: u64,
+    /// The golden profile's majority rule: a class's value must be held by more than half of
+    /// its nodes (or devices) and by at least this many nodes; a class of fewer nodes learns
+    /// nothing (railscope's choice: three, the fewest where one node can be outvoted).
+    pub profile_min_nodes: usize,
     /// Which switch each port hangs off: Slurm's topology.conf or a file of
     /// `HOST DEVICE/PORT SWITCH SWITCH_PORT` lines (unset: upstream findings name "fabric").
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,6 +102,7 @@ impl Default for Thresholds {
             fabric_min_nodes: 4,
             fabric_settle_s: 5,
             fabric_hold_s: 3600,
+            profile_min_nodes: 3,
             topology: None,
         }
     }
@@ -126,6 +131,12 @@ impl Thresholds {
         if self.fabric_min_nodes < 2 {
             return Err(
                 "findings.fabric-min-nodes must be at least 2 (one node's ports are its own)"
+                    .into(),
+            );
+        }
+        if self.profile_min_nodes < 2 {
+            return Err(
+                "findings.profile-min-nodes must be at least 2 (one node cannot disagree with itself)"
                     .into(),
             );
         }

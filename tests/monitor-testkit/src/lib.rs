@@ -44,6 +44,7 @@ pub mod node_frames;
 pub mod relay;
 pub mod scratch;
 pub mod sent_frames;
+pub mod sim_hardware;
 pub mod slurm;
 
 /// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
@@ -163,6 +164,10 @@ pub struct FleetBuilder {
     ecc_dbe: Vec<(usize, usize)>,
     remap_pending: Vec<(usize, usize)>,
     pcie_degraded: Vec<(usize, usize)>,
+    /// GPUs whose link trained at Gen4 but full width.
+    pcie_gen_dropped: Vec<(usize, usize)>,
+    /// Every node sends its hardware path ([`sim_hardware`]), with these faults by node.
+    hardware: Option<BTreeMap<usize, sim_hardware::HardwareFaults>>,
     qp_errors: Vec<(usize, String)>,
     cm_disconnects: Vec<(usize, String)>,
     cm_rejects: Vec<(usize, String)>,
@@ -305,6 +310,46 @@ impl FleetBuilder {
     /// A GPU whose PCIe link trained at Gen4 x8 instead of Gen5 x16.
     pub fn pcie_degraded(mut self, node: usize, gpu: usize) -> Self {
         self.pcie_degraded.push((node, gpu));
+        self
+    }
+
+    /// A GPU whose PCIe link trained at Gen4 x16 instead of Gen5 x16 (the generation alone).
+    pub fn pcie_gen_dropped(mut self, node: usize, gpu: usize) -> Self {
+        self.pcie_gen_dropped.push((node, gpu));
+        self
+    }
+
+    /// Every node sends its hardware path, an HGX H100's ([`sim_hardware`]), every tick.
+    pub fn hardware_path(mut self) -> Self {
+        self.hardware.get_or_insert_with(BTreeMap::new);
+        self
+    }
+
+    fn hardware_faults(&mut self, node: usize) -> &mut sim_hardware::HardwareFaults {
+        self.hardware
+            .get_or_insert_with(BTreeMap::new)
+            .entry(node)
+            .or_default()
+    }
+
+    /// NIC `nic` (`mlx5_<nic>`) of `node` runs firmware `fw_ver` (the hardware path on).
+    pub fn nic_firmware(mut self, node: usize, nic: usize, fw_ver: &str) -> Self {
+        self.hardware_faults(node)
+            .firmware
+            .push((nic, fw_ver.into()));
+        self
+    }
+
+    /// `node` lacks NIC `nic`: no device, no active port (the hardware path on).
+    pub fn missing_nic(mut self, node: usize, nic: usize) -> Self {
+        self.hardware_faults(node).missing_nics.push(nic);
+        self
+    }
+
+    /// `node` is wired like PFN's servers: its NICs under switches of their own, so each GPU
+    /// reaches its NIC through the CPU (the hardware path on).
+    pub fn pfn_wired(mut self, node: usize) -> Self {
+        self.hardware_faults(node).pfn_wired = true;
         self
     }
 
@@ -506,6 +551,8 @@ impl SimulatedFleet {
             ecc_dbe: Vec::new(),
             remap_pending: Vec::new(),
             pcie_degraded: Vec::new(),
+            pcie_gen_dropped: Vec::new(),
+            hardware: None,
             qp_errors: Vec::new(),
             cm_disconnects: Vec::new(),
             cm_rejects: Vec::new(),
@@ -739,10 +786,15 @@ impl SimulatedFleet {
             ));
             out.push(gauge(metric::GPU_ROW_REMAP_FAILED, labels(&[]), 0.0, t));
             let pcie_bad = self.gpu_fault(&self.spec.pcie_degraded, n, g);
+            let gen_dropped = self.gpu_fault(&self.spec.pcie_gen_dropped, n, g);
             for (name, v) in [
                 (
                     metric::GPU_PCIE_LINK_GENERATION,
-                    if pcie_bad { 4.0 } else { values::PCIE_GEN },
+                    if pcie_bad || gen_dropped {
+                        4.0
+                    } else {
+                        values::PCIE_GEN
+                    },
                 ),
                 (metric::GPU_PCIE_LINK_MAX_GENERATION, values::PCIE_GEN),
                 (
@@ -768,6 +820,12 @@ impl SimulatedFleet {
                 ),
                 0,
             ));
+        }
+        if let Some(faults) = &self.spec.hardware {
+            let faults = faults.get(&n).cloned().unwrap_or_default();
+            for (name, labels, v) in sim_hardware::series(n, &faults) {
+                out.push(gauge(name, labels, v, t));
+            }
         }
         for (_, p, switch, switch_port) in self.spec.neighbours.iter().filter(|x| x.0 == n) {
             out.push(gauge(
