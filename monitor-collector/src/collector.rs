@@ -22,6 +22,7 @@ use crate::{
     findings::{
         FindingsInbox, FindingsStore, Thresholds,
         engine::{FindingsEngine, FindingsThread},
+        profile::ProfileBoard,
     },
     http, ingest,
     liveness::{Heartbeat, Heartbeats},
@@ -178,11 +179,16 @@ impl Collector {
             heartbeats,
             findings: parts.findings.as_ref().map(|(store, _)| store.clone()),
             findings_inbox,
+            profile: parts
+                .findings
+                .as_ref()
+                .map(|_| Arc::new(ProfileBoard::default())),
             web: config.web.clone(),
         });
         let findings = match (parts.findings, findings_rx) {
             (Some((store, thresholds)), Some(rx)) => Some(FindingsThread::spawn(
-                FindingsEngine::new(thresholds, store),
+                FindingsEngine::new(thresholds, store)
+                    .with_board(shared.profile.clone().unwrap_or_default()),
                 rx,
                 shared.clone(),
                 findings_beat,

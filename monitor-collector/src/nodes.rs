@@ -620,6 +620,21 @@ impl NodeTable {
         }
     }
 
+    /// Calls `f` with the latest value of every series of `node` (under its shard's lock);
+    /// false if no such node is held.
+    pub fn visit_node_latest(&self, node: &str, f: &mut dyn FnMut(&Series, &Latest)) -> bool {
+        let shard = lock(self.shard(node));
+        let Some(held) = shard.get(node) else {
+            return false;
+        };
+        for (id, latest) in &held.latest {
+            if let Some(series) = held.schema.entries.get(id) {
+                f(series, latest);
+            }
+        }
+        true
+    }
+
     /// The latest value of every series whose latest sample is at most the live ttl old.
     pub fn live_series(&self, now_unix_ns: u64) -> Vec<LiveSeries> {
         let oldest = now_unix_ns.saturating_sub(self.limits.live_ttl.as_nanos() as u64);

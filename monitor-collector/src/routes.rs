@@ -93,6 +93,11 @@ pub fn router(sources: Sources) -> Router {
                 // The live view, from memory: the nodes and the recent events.
                 .route("/api/v1/live/nodes", read(get(http::live_nodes)))
                 .route("/api/v1/live/events", read(get(http::live_events)))
+                // A node's hardware path, its class and the class's majority.
+                .route(
+                    "/api/v1/nodes/{node}/hardware",
+                    read(get(findings::hardware_api::node_hardware)),
+                )
                 .with_state(live),
         );
     }

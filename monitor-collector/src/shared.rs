@@ -8,7 +8,7 @@ use std::sync::{Arc, atomic::AtomicU64};
 use crate::{
     drops::Drops,
     events::RecentEvents,
-    findings::{FindingsInbox, FindingsStore},
+    findings::{FindingsInbox, FindingsStore, profile::ProfileBoard},
     liveness::Heartbeats,
     nodes::NodeTable,
     web::WebAuth,
@@ -32,6 +32,8 @@ pub struct Shared {
     /// Health findings (None: not evaluated), and where ingest hands them events.
     pub findings: Option<Arc<FindingsStore>>,
     pub findings_inbox: Option<FindingsInbox>,
+    /// The golden profile the findings thread learnt last (None: findings not evaluated).
+    pub profile: Option<Arc<ProfileBoard>>,
     /// Who may use the HTTP API, and the requests it refused.
     pub web: Arc<WebAuth>,
 }

@@ -99,7 +99,7 @@ pub struct ActionRule {
     /// The least severity that matches (default critical).
     #[serde(default = "critical")]
     pub severity: Severity,
-    /// What the finding is about: `ib_port`, `gpu`, `job`, `node`, or `*` (default).
+    /// What the finding is about: `ib_port`, `rdma_device`, `gpu`, `job`, `node`, or `*` (default).
     #[serde(default = "any")]
     pub device: String,
     /// The action: `slurm-drain` (drain, and resume once clear), `webhook` or `command`.
@@ -139,14 +139,16 @@ fn any() -> String {
 }
 
 /// The device kinds a rule can name.
-pub const DEVICE_KINDS: &[&str] = &["ib_port", "gpu", "job", "node", "*"];
+pub const DEVICE_KINDS: &[&str] = &["ib_port", "rdma_device", "gpu", "job", "node", "*"];
 /// The actions a rule can name.
 pub const ACTIONS: &[&str] = &["slurm-drain", "webhook", "command"];
 
 /// What a finding is about, as a rule's `device` names it.
 pub fn device_kind(f: &Finding) -> &'static str {
-    if f.device.is_some() {
+    if f.device.is_some() && f.port.is_some() {
         "ib_port"
+    } else if f.device.is_some() {
+        "rdma_device"
     } else if f.gpu.is_some() {
         "gpu"
     } else if f.job_id.is_some() && f.rule.starts_with("verbs_") {

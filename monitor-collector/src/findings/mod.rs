@@ -17,6 +17,7 @@
 //!   (the `[findings]` table of collector.toml);
 //! - [`store`]: the findings held in memory and the findings log in the data directory
 //!   ([`log`]), reloaded at start-up;
+//! - [`hardware_api`]: `/api/v1/nodes/{node}/hardware`, the hardware path and its class;
 //! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`remote`]: the same series to the
 //!   remote-write endpoints; [`cli`]: `railscope findings`.
 
@@ -26,6 +27,7 @@ pub mod engine;
 pub mod fabric;
 pub mod gpus;
 pub mod hardware;
+pub mod hardware_api;
 pub mod hostlist;
 pub mod ib_links;
 pub mod log;
