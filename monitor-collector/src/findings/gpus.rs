@@ -259,9 +259,10 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         let w = width.get(&key).and_then(|t| t.gauge());
         let wm = width_max.get(&key).and_then(|t| t.gauge());
         // A width below the maximum is `pcie_downtrained`'s (the golden profile's): lanes are
-        // not lowered to save power, so it is judged busy or not.
+        // not lowered to save power, so it is judged busy or not. Until the width is known
+        // (the gauges arrive apart) neither is judged here.
         let low_gen = matches!((g, gm), (Some(a), Some(b)) if a < b);
-        let full_width = !matches!((w, wm), (Some(a), Some(b)) if a < b);
+        let full_width = matches!((w, wm), (Some(a), Some(b)) if a >= b);
         if busy && low_gen && full_width {
             push(
                 "gpu_pcie_degraded",
