@@ -62,6 +62,10 @@ const FLAPPING: (usize, usize) = (11, 2);
 /// A port trained down to 2X (half its peers' traffic), and a GPU fallen off the bus.
 const DEGRADED: (usize, usize) = (7, 5);
 const LOST: (usize, usize) = (2, 6);
+/// A node wired like PFN's servers whose NIC 2 runs older firmware (every node sends its
+/// hardware path, an HGX H100's).
+const PFN: usize = 9;
+const OLD_FW: &str = "28.36.1010";
 /// Sweeps (1 s each) sent before the page opens, and while it is open.
 const HISTORY: u64 = 150;
 const LIVE: u64 = 10;
@@ -178,9 +182,13 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         .flapping_port(FLAPPING.0, FLAPPING.1)
         .degraded_port(DEGRADED.0, DEGRADED.1)
         .lost_gpu(LOST.0, LOST.1, HISTORY - 60)
+        .hardware_path()
+        .pfn_wired(PFN)
+        .nic_firmware(PFN, 2, OLD_FW)
         .ticks_before_now(HISTORY)
         .build(Key::from_bytes(KEY));
     fleet.send_ticks(collector.udp, HISTORY).unwrap();
+    let pfn_node = fleet.node_name(PFN).to_owned();
     let slow_node = fleet.node_name(SLOW.0).to_owned();
     let flapping_node = fleet.node_name(FLAPPING.0).to_owned();
     let flapping_device = format!("mlx5_{}", FLAPPING.1);
@@ -204,6 +212,8 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
             has("ib_link_flapping", &flapping_node, Some(&flapping_device))
                 && has("ib_port_degraded", &degraded_node, Some(&degraded_device))
                 && has("gpu_lost", &lost_node, None)
+                && has("topology_drift", &pfn_node, None)
+                && has("firmware_drift", &pfn_node, Some("mlx5_2"))
         },
     );
     let findings = findings["findings"].as_array().unwrap().clone();
@@ -259,7 +269,9 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         if let Some(gpu) = f["gpu"].as_str() {
             format!("{node} gpu {gpu}")
         } else if let Some(device) = f["device"].as_str() {
-            format!("{node} port {device}/{}", f["port"])
+            // A device-wide finding (firmware) marks its ports' cells: the simulated devices
+            // have port 1.
+            format!("{node} port {device}/{}", f["port"].as_u64().unwrap_or(1))
         } else {
             format!("{node} node")
         }
@@ -605,6 +617,41 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     );
     screenshot(tab, "node-live");
     assert_no_problem(tab, problems, "the node view");
+
+    // The PFN-wired node's hardware path: 8 GPUs and 8 NICs with their places and links, the
+    // older firmware marked with the class's, each GPU's two NICs under its switch marked as
+    // through the CPU (NODE) where the class has them under one switch (PIX), and the
+    // golden profile's findings marked on the firmware's row and the matrix.
+    open(tab, &format!("#/node/{pfn_node}"), "node");
+    wait_until(
+        tab,
+        "the hardware path",
+        "return !!document.querySelector('#node-hardware table[data-hardware=\"distances\"]')",
+    );
+    let hardware = eval(
+        tab,
+        "const h = document.getElementById('node-hardware');          const m = h.querySelector('table[data-hardware=\"distances\"]');          const fw = h.querySelector('tr[data-hw-device=\"mlx5_2\"]');          const drift = [...m.querySelectorAll('td[data-drift]')];          return { gpus: h.querySelectorAll('tr[data-hw-gpu]').length,                   nics: h.querySelectorAll('tr[data-hw-device]').length,                   link: h.querySelector('tr[data-hw-gpu=\"0\"]').children[5].textContent,                   cells: m.querySelectorAll('td').length,                   drift: drift.map(c => `${c.dataset.gpu}-${c.dataset.nic} ${c.textContent}/${c.dataset.classValue}`),                   fwRule: fw.dataset.findingRule,                   fwDrift: [...fw.querySelectorAll('td[data-drift]')].map(c => [c.textContent, c.dataset.classValue]),                   matrixRule: h.querySelector('h3').dataset.findingRule,                   otherDrift: h.querySelectorAll('table[data-hardware=\"devices\"] td[data-drift]').length }",
+    );
+    let pix_pairs: Vec<String> = (0..8)
+        .flat_map(|g| {
+            let switch = g / 2;
+            [2 * switch, 2 * switch + 1].map(|n| format!("{g}-mlx5_{n} NODE/PIX"))
+        })
+        .collect();
+    assert_eq!(
+        hardware,
+        serde_json::json!({
+            "gpus": 8, "nics": 8, "link": "Gen5 x16", "cells": 64,
+            "drift": pix_pairs,
+            "fwRule": "firmware_drift",
+            "fwDrift": [[OLD_FW, monitor_testkit::sim_hardware::FW_VER]],
+            "matrixRule": "topology_drift",
+            "otherDrift": 1,
+        }),
+        "the PFN node's hardware path"
+    );
+    screenshot(tab, "node-hardware");
+    assert_no_problem(tab, problems, "the node's hardware path");
 
     // A soft-RoCE node (rxe has packet counters, no byte counters): its IB charts show packets.
     send_rxe_node(collector.udp, RXE_NODE, 30);

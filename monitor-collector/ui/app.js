@@ -394,7 +394,7 @@
           el("td", { text: f.severity }),
           el("td", { text: f.rule }),
           el("td", {}, el("a", { href: `#/node/${encodeURIComponent(f.node)}`, text: f.node })),
-          el("td", { text: f.gpu !== null && f.gpu !== undefined ? `GPU ${f.gpu}` : f.device ? `${f.device}/${f.port ?? "*"}` : "node" }),
+          el("td", { text: f.gpu !== null && f.gpu !== undefined ? `GPU ${f.gpu}` : f.device ? (f.port === null || f.port === undefined ? f.device : `${f.device}/${f.port}`) : "node" }),
           el("td", {}, f.job_id ? el("a", { href: `#/job/${encodeURIComponent(f.job_id)}`, text: f.job_id }) : "–"),
           el("td", { text: timeText(f.start) }),
           el("td", { text: f.end === null || f.end === undefined ? "active" : timeText(f.end) }),
@@ -766,6 +766,114 @@
   }
   const RANGES = ["-15m", "-1h", "-6h"];
 
+  // The golden profile's rules (docs/findings.md): marked on the hardware path.
+  const PROFILE_RULES = ["pcie_downtrained", "firmware_drift", "device_missing", "topology_drift"];
+
+  // `Gen5 x16`, with ` of Gen5 x16` where the link trained below what it can.
+  function linkText(l) {
+    const now = `Gen${l.generation ?? "?"} x${l.width ?? "?"}`;
+    const max = `Gen${l.max_generation ?? "?"} x${l.max_width ?? "?"}`;
+    return now === max ? now : `${now} of ${max}`;
+  }
+
+  // A cell whose value is unlike its class's majority: marked, the class's value in its title.
+  function classCell(text, classValue) {
+    const drift = classValue !== null && classValue !== undefined && String(classValue) !== String(text);
+    return el("td", {
+      class: drift ? "drift mono" : "mono",
+      "data-drift": drift ? "true" : null,
+      "data-class-value": drift ? classValue : null,
+      title: drift ? `class: ${classValue}` : null,
+      text: text === "" || text === null || text === undefined ? "–" : text,
+    });
+  }
+
+  // The node's hardware path (GET /api/v1/nodes/NAME/hardware): its GPUs and RDMA devices, the
+  // GPU×NIC distance matrix against its class's, the golden profile's active findings marked.
+  function hardwareSection(node, hw, findings) {
+    if (!hw || (!hw.gpus.length && !hw.rdma.length)) return el("p", { class: "quiet", text: "No hardware path sent." });
+    const active = ((findings && findings.findings) || []).filter(
+      (f) => PROFILE_RULES.includes(f.rule) && (f.end === null || f.end === undefined)
+    );
+    const of = (test) => active.filter(test);
+    const cp = hw.class_profile || {};
+    const value = (m) => (m ? m.value : null);
+    const counts = hw.counts || {};
+    const info = hw.info || {};
+    const summary = el(
+      "p",
+      { "data-hw-class": hw.class ? `${hw.class.gpu_model} + ${hw.class.nic_model}` : null },
+      `Class ${hw.class ? `${hw.class.gpu_model || "no GPU"} + ${hw.class.nic_model || "no NIC"}` : "unknown"}` +
+        (cp.nodes ? ` (${cp.nodes} nodes)` : "") +
+        `; kernel ${info.kernel || "–"}, driver ${info.driver || "–"}; ` +
+        [
+          ["GPUs", counts.gpus, cp.gpus],
+          ["RDMA devices", counts.rdma_devices, cp.rdma_devices],
+          ["active ports", counts.active_ports, cp.active_ports],
+        ]
+          .map(([what, n, m]) => `${n ?? "–"} ${what}` + (m && m.value !== n ? ` (class ${m.value})` : ""))
+          .join(", ")
+    );
+    markFindings(summary, of((f) => !f.gpu && !f.device && f.rule !== "topology_drift"));
+    const head = ["device", "PCI", "NUMA", "switch", "root port", "link", "firmware", "model"];
+    const rows = [];
+    for (const g of hw.gpus) {
+      const row = el(
+        "tr",
+        { "data-hw-gpu": g.gpu },
+        el("td", { text: `GPU ${g.gpu}` }),
+        el("td", { class: "mono", text: g.pci || "–" }),
+        el("td", { text: g.place.numa_node ?? "–" }),
+        el("td", { class: "mono", text: g.place.switch || "–" }),
+        el("td", { class: "mono", text: g.place.root_port || "–" }),
+        classCell(linkText(g.link), null),
+        classCell(g.vbios, value(cp.vbios)),
+        el("td", { text: g.model || "–" })
+      );
+      markFindings(row, of((f) => f.gpu === g.gpu));
+      rows.push(row);
+    }
+    for (const r of hw.rdma) {
+      const row = el(
+        "tr",
+        { "data-hw-device": r.device },
+        el("td", { text: r.device }),
+        el("td", { class: "mono", text: r.pci || "–" }),
+        el("td", { text: r.place.numa_node ?? "–" }),
+        el("td", { class: "mono", text: r.place.switch || "–" }),
+        el("td", { class: "mono", text: r.place.root_port || "–" }),
+        classCell(linkText(r.link), null),
+        classCell(r.fw_ver, value(cp.fw_ver)),
+        el("td", { text: r.hca_type || "–" })
+      );
+      markFindings(row, of((f) => f.device === r.device && (f.gpu === null || f.gpu === undefined)));
+      rows.push(row);
+    }
+    const table = el("table", { class: "list", "data-hardware": "devices" }, el("tr", {}, head.map((h) => el("th", { text: h }))), rows);
+    const d = hw.distances;
+    const matrix = el(
+      "table",
+      { class: "list matrix", "data-hardware": "distances" },
+      el("tr", {}, el("th", { text: "GPU \\ NIC" }), d.nics.map((n) => el("th", { class: "mono", text: n }))),
+      d.gpus.map((g, i) =>
+        el(
+          "tr",
+          {},
+          el("th", { text: `GPU ${g}` }),
+          d.node[i].map((dist, j) => {
+            const cell = classCell(dist, d.class ? d.class[i][j] : null);
+            cell.setAttribute("data-gpu", g);
+            cell.setAttribute("data-nic", d.nics[j]);
+            return cell;
+          })
+        )
+      )
+    );
+    const caption = el("h3", { text: "GPU–NIC distance (PIX: one PCIe switch, PXB: one root port, NODE: through the CPU, SYS: across sockets); cells unlike the class show the class's in their title" });
+    markFindings(caption, of((f) => f.rule === "topology_drift"));
+    return el("div", {}, summary, table, caption, matrix);
+  }
+
   const nodeView = {
     range: "-15m",
     mount(root, route) {
@@ -790,6 +898,8 @@
           " Times in UTC. Drag across a chart to zoom, double-click to zoom out. Gauges show the min–max envelope of each sample as a light band around its mean; point at a line to see its values and bring it forward."
         ),
         el("div", { id: "node-findings" }),
+        el("h2", { text: "Hardware path" }),
+        el("div", { id: "node-hardware" }),
         el(
           "div",
           { class: "charts" },
@@ -810,10 +920,11 @@
     async update(route) {
       const node = route.arg;
       const match = `node=${JSON.stringify(node)}`;
-      const [answers, events, findings] = await Promise.all([
+      const [answers, events, findings, hardware] = await Promise.all([
         Promise.all(NODE_CHARTS.map((c) => chartAnswer(c, match, this.range))),
         api(`/api/v1/events?${q({ node, start: this.range })}`),
         optionalApi(`/api/v1/findings?${q({ node, start: this.range })}`),
+        optionalApi(`/api/v1/nodes/${encodeURIComponent(node)}/hardware`),
       ]);
       NODE_CHARTS.forEach((c, i) => {
         const box = document.querySelector(`.chart[data-metric="${c.metric}"]`);
@@ -834,6 +945,7 @@
         });
       });
       document.getElementById("node-findings").replaceChildren(findings ? findingsTable(findings) : "");
+      document.getElementById("node-hardware").replaceChildren(hardwareSection(node, hardware, findings));
       document.getElementById("node-events").replaceChildren(eventsTable(events.events, 200));
     },
   };
