@@ -288,7 +288,7 @@ impl HardwareReader {
 
     /// The GPUs (`gpu`) or RDMA devices with an info series or a link gauge (an agent
     /// older than the hardware path sends the GPUs' links alone), each with its info labels.
-    fn ids<'a>(&'a self, gpu: bool) -> Vec<(&'a str, Labels)> {
+    fn ids(&self, gpu: bool) -> Vec<(&str, Labels)> {
         let info = if gpu { &self.gpus } else { &self.rdma };
         let mut ids: Vec<&str> = info.keys().map(String::as_str).collect();
         ids.extend(

@@ -32,6 +32,7 @@
 //! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
 //! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
 //! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
+//! the hardware path a simulated node sends, an HGX H100's ([`sim_hardware`]);
 //! a relay that keeps what an agent sent and can answer it ([`relay`]), and what it sent in
 //! the forms an archive and a TSDB are compared with ([`sent_frames`]); a real Slurm cluster
 //! on loopback for the actions' tests ([`slurm`]).
