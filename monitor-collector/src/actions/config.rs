@@ -370,6 +370,11 @@ mod tests {
         assert!(c.rule_for(&port).is_none());
         let brake = finding(BRAKE_RULE, Severity::Critical, None, None);
         assert!(c.rule_for(&brake).is_none());
+        // A device as a whole (no port): `rdma_device`, not `ib_port`.
+        let mut firmware = finding("firmware_drift", Severity::Warning, Some("mlx5_2"), None);
+        firmware.port = None;
+        assert_eq!(device_kind(&firmware), "rdma_device");
+        assert_eq!(device_kind(&port), "ib_port");
     }
 
     #[test]
