@@ -81,6 +81,7 @@ const TOOLS: &[&str] = &[
     "ibv_rc_pingpong",
     "rping",
     "bpftool",
+    "lspci",
 ];
 
 /// Programs from the debs that are added when the packages ship them.

@@ -21,6 +21,7 @@ mod ib_core_btf;
 mod job_labels;
 mod kernel_facts;
 mod least_privilege;
+mod pcie_topology;
 mod lossy_link;
 mod perftest;
 mod port_events;
@@ -67,6 +68,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "demo" => demo::run(),
         "least-privilege" => least_privilege::run(),
         "ring-overflow" => ring_overflow::run(),
+        "pcie-topology" => pcie_topology::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
