@@ -16,7 +16,7 @@ use crate::{
     actions::{self, Actions},
     dashboard::{self, asset},
     findings::{self, FindingsStore},
-    http,
+    http, latest,
     query::{self, QueryEngine},
     shared::Shared,
     stragglers,
@@ -93,6 +93,7 @@ pub fn router(sources: Sources) -> Router {
                 // The live view, from memory: the nodes and the recent events.
                 .route("/api/v1/live/nodes", read(get(http::live_nodes)))
                 .route("/api/v1/live/events", read(get(http::live_events)))
+                .route("/api/v1/live/latest", read(get(latest::handler)))
                 .with_state(live),
         );
     }

@@ -91,11 +91,7 @@ const SIW_GUEST_PATH: &str = "/opt/siw/siw.ko";
 /// `siw-async-errors` had loaded and unloaded siw.ko in the same boot; every later scenario
 /// then had no result.)
 /// And `pcie-topology`, whose guest is a q35 machine with NUMA nodes and a PCIe tree.
-const OWN_BOOT: &[&str] = &[
-    SIW_SCENARIO,
-    host_collector::SLURM_SCENARIO,
-    PCIE_SCENARIO,
-];
+const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO, PCIE_SCENARIO];
 
 /// The scenario whose guest has two NUMA nodes and NICs on a PCIe tree
 /// (`PCIE_NUMA_ARGS` of the test bed's QEMU boot): the agent's hardware path from the kernel's own PCI sysfs.

@@ -290,7 +290,10 @@ impl FindingsEngine {
             };
             let first = Latest {
                 unix_ns: first.unix_ns,
-                value: LatestValue::Counter(first.value),
+                value: LatestValue::Counter {
+                    value: first.value,
+                    per_second: None,
+                },
             };
             let track = self
                 .tracks

@@ -48,7 +48,15 @@ pub fn run() -> anyhow::Result<()> {
         guest::run("/usr/bin/ip", &["link", "set", &nic.netdev, "up"])?;
         guest::run(
             "/usr/bin/rdma",
-            &["link", "add", &nic.rxe, "type", "rxe", "netdev", &nic.netdev],
+            &[
+                "link",
+                "add",
+                &nic.rxe,
+                "type",
+                "rxe",
+                "netdev",
+                &nic.netdev,
+            ],
         )?;
     }
     let on_switch = nics.iter().filter(|n| !n.switch.is_empty()).count();
@@ -87,7 +95,10 @@ pub fn run() -> anyhow::Result<()> {
         for (name, want) in [
             ("railscope_rdma_pcie_link_generation", nic.generation),
             ("railscope_rdma_pcie_link_width_lanes", nic.width),
-            ("railscope_rdma_pcie_link_max_generation", nic.max_generation),
+            (
+                "railscope_rdma_pcie_link_max_generation",
+                nic.max_generation,
+            ),
             ("railscope_rdma_pcie_link_max_width_lanes", nic.max_width),
         ] {
             let got = sent
@@ -210,7 +221,10 @@ fn check_against_lspci(nic: &Nic) -> anyhow::Result<()> {
             nic.width
         );
     }
-    if let Some(node) = out.lines().find_map(|l| l.trim().strip_prefix("NUMA node:")) {
+    if let Some(node) = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("NUMA node:"))
+    {
         ensure!(
             node.trim() == nic.numa_node,
             "{}: lspci says NUMA node {node}, sysfs {}",
