@@ -196,6 +196,12 @@ impl GpuSource {
         std::mem::take(&mut self.ended)
     }
 
+    /// The NVML instance the source reads through (the hardware path reads the GPUs' PCI
+    /// places through it too).
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
     /// The GPUs found at open, lost ones included.
     pub fn gpus(&self) -> impl Iterator<Item = &GpuInfo> {
         self.gpus.iter().map(|g| &g.info)
