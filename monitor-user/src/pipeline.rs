@@ -117,7 +117,7 @@ pub struct Pipeline {
     /// minute and sent with every flush.
     hardware: HardwareSeries,
     /// The hardware series sent at the last flush (one gone is retired).
-    hardware_sent: std::sync::Arc<Vec<(Series, f64)>>,
+    hardware_sent: crate::sources::hwpath::Values,
     pub flush_every: Duration,
     pub interval: Duration,
 }

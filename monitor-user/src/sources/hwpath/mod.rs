@@ -211,21 +211,24 @@ impl ProblemLog {
     }
 }
 
+/// Series with their values, as read last.
+pub type Values = Arc<Vec<(Series, f64)>>;
+
 /// The hardware path's series as read last, shared between the poller that reads them and
 /// the pipeline that sends them at each flush.
 #[derive(Clone, Default)]
-pub struct HardwareSeries(Arc<Mutex<Arc<Vec<(Series, f64)>>>>);
+pub struct HardwareSeries(Arc<Mutex<Values>>);
 
 impl HardwareSeries {
-    pub fn current(&self) -> Arc<Vec<(Series, f64)>> {
+    pub fn current(&self) -> Values {
         self.0.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     fn set(&self, series: Vec<(Series, f64)>) {
-        if let Ok(mut held) = self.0.lock() {
-            if **held != series {
-                *held = Arc::new(series);
-            }
+        if let Ok(mut held) = self.0.lock()
+            && **held != series
+        {
+            *held = Arc::new(series);
         }
     }
 }
