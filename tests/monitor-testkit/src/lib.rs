@@ -29,7 +29,8 @@
 //! Also the set-up the end-to-end tests share, one home each: scratch directories, key
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
-//! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
+//! node with the NVML stand-in ([`fixture_agent`]), the sysfs tree and stand-in script of an
+//! 8-GPU HGX H100 node and its variants ([`hgx`]), processes in a job's cgroups whose pids
 //! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
 //! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
 //! a relay that keeps what an agent sent and can answer it ([`relay`]), and what it sent in
@@ -39,6 +40,7 @@
 pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
+pub mod hgx;
 pub mod job_processes;
 pub mod node_frames;
 pub mod relay;
@@ -64,6 +66,7 @@ pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
     standin_with_script, sysfs_fixture,
 };
+pub use hgx::HgxNode;
 pub use job_processes::JobProcesses;
 pub use node_frames::{NodeFrame, NodeSender};
 pub use relay::Relay;
