@@ -44,9 +44,10 @@ pub struct BootOptions {
 
 /// A q35 machine with two NUMA nodes (one vCPU and half the memory each, so `-m` must be
 /// 1G) and, on each node's expander bus (`pxb-pcie`), a root port with a virtio NIC: on node
-/// 0 behind a PCIe switch (`x3130-upstream`, `xio3130-downstream`), trained at 16 GT/s x16;
-/// on node 1 straight on its root port at 8 GT/s x4. The guest's kernel builds its PCI
-/// sysfs from this: where a NIC sits, its NUMA node and link, what an HGX node's NICs show.
+/// 0 behind a PCIe switch (`x3130-upstream`, `xio3130-downstream`) under a root port set to
+/// 16 GT/s x16; on node 1 straight on a root port set to 8 GT/s x4 (QEMU 7.2's virtio NICs
+/// themselves report 2.5 GT/s x1). The guest's kernel builds its PCI sysfs from this: where
+/// a NIC sits, its NUMA node and link, what an HGX node's NICs show.
 pub const PCIE_NUMA_ARGS: &[&str] = &[
     "-machine",
     "q35",

@@ -64,6 +64,20 @@ pub fn run() -> anyhow::Result<()> {
         on_switch == 1,
         "one NIC sits behind the PCIe switch, here {on_switch}"
     );
+    // The root ports are set to train faster and wider than the virtio NICs under them can
+    // (QEMU's `x-speed`, `x-width`: the ports' maximum link): the agent's values must be the
+    // NIC's own, not its port's.
+    let port_links: Vec<(u32, u32)> = nics
+        .iter()
+        .map(|n| root_port_link(&n.root_port))
+        .collect::<anyhow::Result<_>>()?;
+    println!("root ports' maximum links (generation, width): {port_links:?}");
+    ensure!(
+        nics.iter()
+            .zip(&port_links)
+            .any(|(n, port)| (n.max_generation, n.max_width) != *port),
+        "no root port's link differs from its NIC's: the test cannot tell them apart"
+    );
     let numa: Vec<&str> = nics.iter().map(|n| n.numa_node.as_str()).collect();
     ensure!(
         numa.contains(&"0") && numa.contains(&"1"),
@@ -174,6 +188,21 @@ fn virtio_nics() -> anyhow::Result<Vec<Nic>> {
     }
     nics.sort_by(|a, b| a.pci.cmp(&b.pci));
     Ok(nics)
+}
+
+/// A root port's maximum link (generation, width), from its sysfs.
+fn root_port_link(address: &str) -> anyhow::Result<(u32, u32)> {
+    let dir = Path::new("/sys/bus/pci/devices").join(address);
+    let read = |name: &str| -> anyhow::Result<String> {
+        Ok(std::fs::read_to_string(dir.join(name))
+            .with_context(|| format!("reading {address}'s {name}"))?
+            .trim()
+            .to_owned())
+    };
+    Ok((
+        generation(&read("max_link_speed")?)?,
+        read("max_link_width")?.parse()?,
+    ))
 }
 
 /// The PCIe generation of a sysfs link speed (`16.0 GT/s PCIe`).
