@@ -450,7 +450,9 @@ fn agent_sampler(interval: Duration) -> AdaptiveSampler {
         ground_truth_every: 2,
         ..config.clone()
     };
-    AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
+    AdaptiveSampler::new(config)
+        .with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib.clone())
+        .with_group(metric::ETHTOOL_PREFIX, metric::ETHTOOL_PREFIX, ib)
 }
 
 /// FNV-1a of a node, a series and a seed: where in its phase a series of an adaptive fleet
