@@ -33,8 +33,8 @@ use crate::{
     sender::{Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
-        gpu::{GpuEvent, GpuSource, ProcessJobs},
         ethtool::EthtoolStats,
+        gpu::{GpuEvent, GpuSource, ProcessJobs},
         ib_sysfs::IbSysfs,
         lldp::NeighbourSeries,
     },

@@ -110,7 +110,11 @@ impl EthtoolSocket {
 
     /// The names of `netdev`'s `count` statistics (`ETHTOOL_GSTRINGS`), in the order
     /// [`stats`](Self::stats) gives their values. Fewer when the driver has fewer now.
-    pub fn stat_names(&self, netdev: &str, count: u32) -> Result<Vec<String>, (Request, io::Error)> {
+    pub fn stat_names(
+        &self,
+        netdev: &str,
+        count: u32,
+    ) -> Result<Vec<String>, (Request, io::Error)> {
         // struct ethtool_gstrings: cmd u32, string_set u32, len u32, data[len * 32] u8.
         let capacity = count as usize + HEADROOM;
         let words = (12 + capacity * ETH_GSTRING_LEN).div_ceil(8);
@@ -194,7 +198,9 @@ mod tests {
         let (request, e) = socket.stat_count("railscope-none0").unwrap_err();
         assert_eq!(request, Request::GssetInfo);
         assert_eq!(e.raw_os_error(), Some(libc::ENODEV), "{e}");
-        let (_, e) = socket.stat_count("a-name-far-too-long-for-a-netdev").unwrap_err();
+        let (_, e) = socket
+            .stat_count("a-name-far-too-long-for-a-netdev")
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }

@@ -119,10 +119,7 @@ impl EthtoolStats {
 
     /// Reads the statistics of the series `sink` says are due, handing it each value.
     pub fn read_into(&mut self, sink: &mut dyn ReadingSink) {
-        if self
-            .listed_at
-            .is_none_or(|at| at.elapsed() >= RELIST_EVERY)
-        {
+        if self.listed_at.is_none_or(|at| at.elapsed() >= RELIST_EVERY) {
             self.relist();
         }
         if self.ports.is_empty() {
@@ -210,7 +207,8 @@ fn sweep_port(
         port: p.port,
         what,
     };
-    let failed = |(request, e): (Request, std::io::Error)| error(format!("{}: {e}", request.name()));
+    let failed =
+        |(request, e): (Request, std::io::Error)| error(format!("{}: {e}", request.name()));
     let ifindex = ifindex(&p.netdev).ok_or_else(|| error("no such netdev here".into()))?;
     let count = socket.stat_count(&p.netdev).map_err(failed)?;
     let current = port
@@ -255,7 +253,11 @@ fn sweep_port(
         return Ok(());
     };
     due.clear();
-    due.extend(set.stats.iter_mut().map(|s| sink.due(&s.series, &mut s.slot)));
+    due.extend(
+        set.stats
+            .iter_mut()
+            .map(|s| sink.due(&s.series, &mut s.slot)),
+    );
     if !due.contains(&true) {
         return Ok(());
     }

@@ -88,10 +88,10 @@ use std::{
 
 pub use counter_value::parse_counter;
 pub use error::SysfsError;
-pub use plan::metric_stem;
 pub use link::{
     CodedState, LinkLayer, LinkRate, PortLink, parse_coded, parse_link_layer, parse_rate,
 };
+pub use plan::metric_stem;
 
 use super::{Collect, ReadingSink};
 use monitor_wire::{Reading, Series, names::metric};
