@@ -33,6 +33,7 @@ use crate::{
     sender::{Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
+        ethtool::EthtoolStats,
         gpu::{GpuEvent, GpuSource, ProcessJobs},
         hwpath::{HardwarePoll, HardwareSeries},
         ib_sysfs::IbSysfs,
@@ -151,7 +152,10 @@ pub fn sampler_config(
             ground_truth_every: 2,
             ..config.clone()
         };
-        AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
+        // A RoCE port's ethtool statistics are sampled as its IB counters are.
+        AdaptiveSampler::new(config)
+            .with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib.clone())
+            .with_group(metric::ETHTOOL_PREFIX, metric::ETHTOOL_PREFIX, ib)
     } else {
         AdaptiveSampler::new(config.fixed())
     };
@@ -642,6 +646,7 @@ fn poll(
     };
     // Devices that appear are found within 5 s; one that goes away at its next read.
     let mut ib = IbSysfs::new(options.sysfs_root.clone()).with_relist_every(Duration::from_secs(5));
+    let mut ethtool = EthtoolStats::new(options.sysfs_root.clone());
     let class = options.sysfs_root.join("class/infiniband");
     if !class.is_dir() {
         tracing::warn!(
@@ -690,6 +695,7 @@ fn poll(
             samples: &mut samples,
         };
         ib.read_into(&mut sink);
+        ethtool.read_into(&mut sink);
         let mut ended = Vec::new();
         if let Some(source) = gpu.as_mut() {
             source.read_into(now, &mut sink);

@@ -1043,8 +1043,10 @@ fn names_a_real_agent_sends_on_an_hgx_node() -> std::collections::BTreeSet<Strin
 
 /// `monitor_wire::names::AGENT_METRICS` is exactly what the agent's sources send: every name
 /// the GPU source (on the stand-in, GPM included), the IB source (on the fixture trees, taken
-/// from real mlx5 and rxe adapters), the pipeline (version, verb counters) and a real agent on
-/// an HGX node's tree (the hardware path) emit is in the list, and every name in the list is emitted by one of them (the state report's own three
+/// from real mlx5 and rxe adapters), the ethtool source's naming of mlx5's statistics, the
+/// pipeline (version, verb counters) and a real agent on an HGX node's tree (the hardware
+/// path) emit is in the list, and every name in the list is emitted by one of them (the state
+/// report's own three
 /// by its unit test). The one exception is the fixture's stand-in for a counter file new
 /// firmware adds: passed through under the IB scheme, and in no list.
 #[test]
@@ -1111,6 +1113,25 @@ fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
         lldp::neighbour_series(&ports, &neighbours)
             .into_iter()
             .map(|s| s.name.to_string()),
+    );
+    // The mlx5 ethtool statistics the collector reads, as the ethtool source names and keeps
+    // them among the many a ConnectX netdev prints (per-channel ones it leaves out); the
+    // source itself reads a real veth's in tests/ethtool_netns.rs.
+    let mut mlx5_stats: Vec<String> = metric::ETHTOOL_STATS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for ch in 0..64 {
+        mlx5_stats.extend([
+            format!("rx{ch}_packets"),
+            format!("tx{ch}_bytes"),
+            format!("ch{ch}_events"),
+        ]);
+    }
+    sent.extend(
+        monitor_user::sources::ethtool::stat_names::kept(&mlx5_stats)
+            .into_iter()
+            .map(|(_, name)| name),
     );
     sent.insert(agent_info_series().name.to_string());
     sent.insert(VERB_SERIES.to_owned());

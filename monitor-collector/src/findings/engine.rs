@@ -27,7 +27,7 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Thresholds, fabric, gpus, ib_links,
+    FindingsStore, Thresholds, fabric, gpus, ib_links, pfc,
     topology::{PortKey, Topology},
     verbs,
     view::{EventState, Track, Tracks, View},
@@ -331,6 +331,7 @@ impl FindingsEngine {
                 ib_links::evaluate_series(&view, &self.events, &grouping, &mut seen);
                 gpus::evaluate_series(&view, &self.events, &mut seen);
                 verbs::evaluate(&view, &mut seen);
+                pfc::evaluate(&view, &mut seen);
                 all_rules()
             }
         };
@@ -353,6 +354,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(fabric::RULES)
         .chain(gpus::RULES)
         .chain(verbs::RULES)
+        .chain(pfc::RULES)
         .copied()
         .collect()
 }

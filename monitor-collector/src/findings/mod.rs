@@ -25,6 +25,7 @@ pub mod gpus;
 pub mod hostlist;
 pub mod ib_links;
 pub mod log;
+pub mod pfc;
 pub mod reads;
 pub mod remote;
 pub mod store;

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{fabric, gpus, ib_links, verbs};
+use super::{fabric, gpus, ib_links, pfc, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
@@ -32,6 +32,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),
     ("roce_congestion", &[metric::IB_NP_CNP_SENT_TOTAL]),
     ("fabric_upstream_down", &[metric::IB_PORT_NEIGHBOR_INFO]),
+    (pfc::RULE, pfc::SERIES),
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
     ("gpu_ecc_uncorrected", &[metric::GPU_ECC_ERRORS_TOTAL]),
@@ -59,6 +60,7 @@ pub fn metrics_read() -> BTreeSet<&'static str> {
         .iter()
         .chain(fabric::SERIES)
         .chain(gpus::SERIES)
+        .chain(pfc::SERIES)
         .copied()
         .chain([verbs::SERIES])
         .collect()
@@ -81,7 +83,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 4] {
+    ); 5] {
         [
             (
                 "ib_links",
@@ -95,6 +97,7 @@ mod tests {
             ),
             ("gpus", gpus::RULES, gpus::SERIES.iter().copied().collect()),
             ("verbs", verbs::RULES, [verbs::SERIES].into()),
+            ("pfc", pfc::RULES, pfc::SERIES.iter().copied().collect()),
         ]
     }
 

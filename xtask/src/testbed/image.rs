@@ -82,6 +82,7 @@ const TOOLS: &[&str] = &[
     "rping",
     "bpftool",
     "lspci",
+    "ethtool",
 ];
 
 /// Programs from the debs that are added when the packages ship them.
