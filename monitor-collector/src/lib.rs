@@ -10,7 +10,8 @@
 //! - [`node_keys`]: which key each node's frames must carry (its own, derived from the fleet
 //!   secret) and why a frame was refused;
 //! - [`nodes`]: per node, session, schema, sequence accounting, latest value of each series;
-//!   [`events`]: the recent events; together the live view;
+//!   [`events`]: the recent events; together the live view; [`latest`]: the latest values of
+//!   chosen metrics across the fleet, from it;
 //! - [`writer`]: the archive queue and its writer thread, which hands every accepted frame to
 //!   [`archive`];
 //! - [`archive`]: every accepted frame, appended to segment files with a per-node time
@@ -45,6 +46,7 @@ pub mod findings;
 pub mod framed_log;
 pub mod http;
 pub mod ingest;
+pub mod latest;
 pub mod liveness;
 pub mod lock;
 pub mod metrics;

@@ -150,7 +150,7 @@ fn render_series(out: &mut String, mut live: Vec<LiveSeries>) {
         }
         out.push('}');
         let value = match l.latest.value {
-            LatestValue::Counter(v) => v.to_string(),
+            LatestValue::Counter { value, .. } => value.to_string(),
             LatestValue::Gauge { mean, .. } => float(mean),
         };
         let _ = writeln!(out, " {value} {}", l.latest.unix_ns / 1_000_000);

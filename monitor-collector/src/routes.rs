@@ -16,7 +16,7 @@ use crate::{
     actions::{self, Actions},
     dashboard::{self, asset},
     findings::{self, FindingsStore},
-    http,
+    http, latest,
     query::{self, QueryEngine},
     shared::Shared,
     stragglers,
@@ -98,6 +98,7 @@ pub fn router(sources: Sources) -> Router {
                     "/api/v1/nodes/{node}/hardware",
                     read(get(findings::hardware_api::node_hardware)),
                 )
+                .route("/api/v1/live/latest", read(get(latest::handler)))
                 .with_state(live),
         );
     }

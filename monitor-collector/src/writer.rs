@@ -17,7 +17,7 @@ use std::{
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-        mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel},
+        mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, channel, sync_channel},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -187,7 +187,10 @@ pub struct WriterStats {
 /// The receive threads' end of the queue.
 #[derive(Debug, Clone)]
 pub struct ArchiveQueue {
-    tx: SyncSender<QueuedFrame>,
+    /// Unbounded as a channel: [`Self::push`] bounds it in bytes and in frames, and its
+    /// memory is what is in flight (a bounded channel would allocate every slot at start:
+    /// about 100 MB for the default 64 MiB, with nothing queued).
+    tx: Sender<QueuedFrame>,
     /// Copies of frames ingest had already: to acknowledge again.
     duplicates: SyncSender<Copied>,
     stats: Arc<WriterStats>,
@@ -206,10 +209,11 @@ impl ArchiveQueue {
                 .fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.stats.queued_frames.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(frame) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+        let frames = self.stats.queued_frames.fetch_add(1, Ordering::Relaxed);
+        let fits = frames < self.capacity_frames();
+        match fits.then(|| self.tx.send(frame)) {
+            Some(Ok(())) => true,
+            None | Some(Err(_)) => {
                 self.stats.queued_bytes.fetch_sub(len, Ordering::Relaxed);
                 self.stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
                 self.stats
@@ -232,6 +236,12 @@ impl ArchiveQueue {
 
     pub fn capacity_bytes(&self) -> usize {
         self.capacity_bytes
+    }
+
+    /// The bound in frames, a second guard beside the bytes' (many small frames): a frame of
+    /// 64 bytes on average.
+    fn capacity_frames(&self) -> usize {
+        self.capacity_bytes / 64 + 1
     }
 }
 
@@ -321,8 +331,7 @@ pub fn spawn(
     heartbeat: Heartbeat,
     mut delivery: Delivery,
 ) -> std::io::Result<(ArchiveQueue, Writer)> {
-    // The byte bound is the real one; the channel's is a second guard (small frames).
-    let (tx, frames) = sync_channel(capacity_bytes / 64 + 1);
+    let (tx, frames) = channel();
     let (duplicates, copies) = sync_channel(4096);
     let stats = Arc::new(WriterStats::default());
     let queue = ArchiveQueue {
@@ -529,5 +538,53 @@ pub(crate) mod testing {
         fn durable_seq(&self) -> u64 {
             self.next_seq()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue whose frames nobody takes (a writer far behind).
+    fn stalled_queue(capacity_bytes: usize) -> (ArchiveQueue, Receiver<QueuedFrame>) {
+        let (tx, frames) = channel();
+        let (duplicates, _) = sync_channel(1);
+        let queue = ArchiveQueue {
+            tx,
+            duplicates,
+            stats: Arc::default(),
+            capacity_bytes,
+        };
+        (queue, frames)
+    }
+
+    fn frame(len: usize) -> QueuedFrame {
+        QueuedFrame {
+            node: "gpu-node-1".into(),
+            received_ns: 1,
+            first_ns: 1,
+            last_ns: 1,
+            seq: 1,
+            bytes: vec![0; len],
+            schema: Arc::default(),
+            session: 1,
+            from: "127.0.0.1:1".parse().unwrap(),
+            key: Key::from_bytes([7; 32]),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_by_bytes_and_by_frames_and_counts_it() {
+        let (queue, frames) = stalled_queue(1000);
+        assert_eq!((0..12).filter(|_| queue.push(frame(100))).count(), 10);
+        assert_eq!(frames.try_iter().count(), 10);
+        let stats = queue.stats();
+        assert_eq!(stats.dropped_queue_full.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.queued_frames.load(Ordering::Relaxed), 10);
+
+        // Small frames: the bound in frames (1000 / 64 + 1) holds before the bytes'.
+        let (queue, _frames) = stalled_queue(1000);
+        assert_eq!((0..40).filter(|_| queue.push(frame(1))).count(), 16);
+        assert_eq!(queue.stats().queued_bytes.load(Ordering::Relaxed), 16);
     }
 }

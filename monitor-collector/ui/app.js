@@ -33,17 +33,11 @@
   const PORT_TX = METRIC.IB_PORT_XMIT_BYTES_TOTAL;
   const PORT_RX = METRIC.IB_PORT_RCV_BYTES_TOTAL;
   const PORT_RATE = METRIC.IB_PORT_RATE_GBPS;
-  // The fleet and job views colour each cell by its series' latest sample in this window (the
-  // agent flushes every 10 s; sweeps are 1 s apart unless adaptive sampling stretches them).
-  // A port's line rate is a stable gauge the agent may read only every 32-64 s (its sampler's
-  // max_interval), so it is read over RATE_WINDOW. The collector refuses an answer of more
-  // than --query-max-points points (default 1 M; only answered points count), so the cost of
-  // one query must not grow with the fleet: past CHUNK_NODES nodes, every series query is
-  // asked per chunk of CHUNK_NODES live nodes (`match=node=~a|b|...`). One answer then holds
-  // at most CHUNK_NODES x 8 series x 120 points (the rate over 2 min at 1 s sweeps) = 192 k
-  // points, whatever the fleet's size (tests/dashboard.rs checks 1,000 nodes).
-  const FLEET_WINDOW = "-1m";
-  const RATE_WINDOW = "-2m";
+  // The fleet and job views colour each cell by its series' latest point, which the live
+  // table holds (`/api/v1/live/latest`: a counter's rate from its sample before, a gauge's
+  // latest envelope), asked once per refresh for every metric a view needs: no scan of the
+  // archive, and no answer limit to stay under. The job view asks only of its nodes, past
+  // CHUNK_NODES of them per chunk (`match=node=~a|b|...`), so no URL grows with the job.
   const CHUNK_NODES = 200;
   // The straggler analysis' step (stragglers.rs, StragglerSettings::step_ns) and window
   // (its default: 5 minutes). The jobs and job views ask for a window whose end is aligned to
@@ -55,8 +49,9 @@
   const SEVERITY_ORDER = { critical: 3, warning: 2, info: 1 };
 
   // What the page holds: exposed for tests and for a curious operator's console
-  // (`maxSeriesPoints`: the most points one `/api/v1/series` answer held).
-  const state = { updates: 0, view: null, charts: {}, busy: false, maxSeriesPoints: 0 };
+  // (`maxSeriesPoints`: the most points one `/api/v1/series` answer held; `maxLatestSeries`:
+  // the most series one `/api/v1/live/latest` answer held).
+  const state = { updates: 0, view: null, charts: {}, busy: false, maxSeriesPoints: 0, maxLatestSeries: 0 };
   window.railscope = state;
 
   // ------------------------------------------------------------------------------------
@@ -145,33 +140,33 @@
 
   const gpuKey = (l) => `${l.node}|${l.gpu}`;
 
-  // `/api/v1/series` for `metric`, asked per chunk of `nodes` when there are more than
-  // CHUNK_NODES of them (one question otherwise, of every node the archive holds), the
-  // answers merged: no answer grows with the fleet (see FLEET_WINDOW).
-  async function seriesOf(metric, nodes, match, start) {
+  // The latest point of every live series of `metrics` (`/api/v1/live/latest`), of `nodes`
+  // only when given (asked per chunk of CHUNK_NODES), with `match`; per metric, its series in
+  // the shape of a `/api/v1/series` answer (what `latestBy` reads).
+  async function latestOf(metrics, nodes, match) {
     const extra = match ? [match] : [];
     const chunks = [];
-    if (!nodes || nodes.length <= CHUNK_NODES) chunks.push(extra);
+    if (!nodes) chunks.push(extra);
     else {
       for (let i = 0; i < nodes.length; i += CHUNK_NODES) {
         chunks.push([`node=~${nodes.slice(i, i + CHUNK_NODES).map(regexEscape).join("|")}`, ...extra]);
       }
     }
-    const answers = await Promise.all(chunks.map((m) => api(`/api/v1/series?${q({ metric, match: m, start })}`)));
-    const series = answers.flatMap((a) => a.series || []);
+    const answers = await Promise.all(chunks.map((m) => api(`/api/v1/live/latest?${q({ metric: metrics, match: m })}`)));
+    const out = new Map(metrics.map((m) => [m, { series: [] }]));
     for (const a of answers) {
-      const points = (a.series || []).reduce((n, x) => n + x.points.length, 0);
-      state.maxSeriesPoints = Math.max(state.maxSeriesPoints, points);
+      state.maxLatestSeries = Math.max(state.maxLatestSeries, (a.series || []).length);
+      for (const s of a.series || []) out.get(s.metric).series.push(s);
     }
-    return { series };
+    return out;
   }
 
-  // Each GPU's latest activity: SM activity where reported, NVML's utilization otherwise.
-  async function gpuActivity(nodes, match) {
-    const [sm, util] = await Promise.all([GPU_SM, GPU_UTIL].map((metric) => seriesOf(metric, nodes, match, FLEET_WINDOW)));
-    const out = latestBy(util, gpuKey);
+  // Each GPU's latest activity: SM activity where reported, NVML's utilization otherwise
+  // (from a `latestOf` answer holding both).
+  function gpuActivity(latest) {
+    const out = latestBy(latest.get(GPU_UTIL), gpuKey);
     for (const v of out.values()) v.metric = "utilization";
-    for (const [k, v] of latestBy(sm, gpuKey)) out.set(k, { ...v, metric: "SM activity" });
+    for (const [k, v] of latestBy(latest.get(GPU_SM), gpuKey)) out.set(k, { ...v, metric: "SM activity" });
     return out;
   }
   const portKey = (l) => `${l.node}|${l.device}|${l.port}`;
@@ -502,13 +497,9 @@
     async update() {
       const [live, findings] = await Promise.all([api("/api/v1/live/nodes"), optionalApi(`/api/v1/findings?${q({ active: "true" })}`)]);
       const liveNames = live.map((n) => n.node);
-      const [util, tx, rx, rate] = await Promise.all([
-        gpuActivity(liveNames, null),
-        seriesOf(PORT_TX, liveNames, null, FLEET_WINDOW),
-        seriesOf(PORT_RX, liveNames, null, FLEET_WINDOW),
-        seriesOf(PORT_RATE, liveNames, null, RATE_WINDOW),
-      ]);
-      const loads = portLoads(tx, rx, rate);
+      const latest = await latestOf([GPU_SM, GPU_UTIL, PORT_TX, PORT_RX, PORT_RATE], null, null);
+      const util = gpuActivity(latest);
+      const loads = portLoads(latest.get(PORT_TX), latest.get(PORT_RX), latest.get(PORT_RATE));
       const idx = findingsIndex(findings);
       const jobs = jobsByNode(util);
       const names = new Set(liveNames);
@@ -623,27 +614,20 @@
     async update(route) {
       const job = route.arg;
       const w = stragglerWindow();
-      const live = await api("/api/v1/live/nodes");
-      const liveNames = live.map((n) => n.node);
-      const [answer, util, findings] = await Promise.all([
+      const [answer, jobGpus, findings] = await Promise.all([
         stragglers(w, job),
-        gpuActivity(liveNames, `job_id=${JSON.stringify(job)}`),
+        latestOf([GPU_SM, GPU_UTIL], null, `job_id=${JSON.stringify(job)}`),
         optionalApi(`/api/v1/findings?${q({ start: w.start })}`),
       ]);
+      const util = gpuActivity(jobGpus);
       const entry = answer && (answer.jobs || []).find((j) => j.job_id === job);
       const stragglerList = (entry && entry.stragglers) || [];
       const nodes = new Set([...util.values()].map((v) => v.labels.node));
       for (const s of stragglerList) nodes.add(s.node);
       let loads = new Map();
       if (nodes.size) {
-        const names = [...nodes];
-        const match = names.length <= CHUNK_NODES ? `node=~${names.map(regexEscape).join("|")}` : null;
-        const [tx, rx, rate] = await Promise.all([
-          seriesOf(PORT_TX, names, match, FLEET_WINDOW),
-          seriesOf(PORT_RX, names, match, FLEET_WINDOW),
-          seriesOf(PORT_RATE, names, match, RATE_WINDOW),
-        ]);
-        loads = portLoads(tx, rx, rate);
+        const ports = await latestOf([PORT_TX, PORT_RX, PORT_RATE], [...nodes], null);
+        loads = portLoads(ports.get(PORT_TX), ports.get(PORT_RX), ports.get(PORT_RATE));
       }
       // The job's findings: those carrying its id, and those on its nodes (their GPUs and
       // ports too); ended ones only where they overlap the window.

@@ -18,6 +18,7 @@
 //! - [`capture`]: `railscope capture`, the flight recorder of IB port events and counters.
 //! - [`privileges`]: the capabilities the agent keeps, every other one dropped.
 //! - [`settings`]: `railscope agent`'s flags and `/etc/railscope/agent.toml`, one struct.
+//! - [`topology`]: `railscope topology`, the node's GPU–NIC tree and distances.
 //!
 //! The series model and the frame format (encoder, decoder, receiver state) are the crate
 //! `monitor_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
@@ -41,4 +42,5 @@ pub mod spool;
 pub mod spool_file;
 pub mod stop_signals;
 pub mod time_base;
+pub mod topology;
 pub mod tracefs;

@@ -44,6 +44,25 @@ enum Command {
         #[command(flatten)]
         settings: AgentSettings,
     },
+    /// Print the node's hardware path as the agent reads it: each GPU and RDMA device with its
+    /// PCI address, NUMA node, PCIe switch, root port, link (current and maximum) and
+    /// firmware, then the distance of each GPU–NIC pair (PIX, PXB, NODE, SYS), the way
+    /// `nvidia-smi topo -m` does.
+    Topology {
+        /// Directory holding `devices`, `bus/pci` and `class/infiniband` (a fixture tree
+        /// for tests).
+        #[arg(long, value_name = "PATH", default_value = "/sys")]
+        sysfs: std::path::PathBuf,
+        /// The NVML library to load (default: the system's libnvidia-ml.so.1).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<std::path::PathBuf>,
+        /// Do not ask NVML: RDMA devices only.
+        #[arg(long)]
+        no_gpu: bool,
+        /// Print it as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the frames that arrive on a UDP port, decoded (one block per frame, or JSON
     /// lines): for debugging an agent's output and for the tests.
     Listen {
@@ -396,6 +415,12 @@ fn main() -> anyhow::Result<()> {
         | Command::Actions { .. }
         | Command::Health { .. }
         | Command::Stragglers { .. } => unreachable!("handed over above"),
+        Command::Topology {
+            sysfs,
+            nvml_lib,
+            no_gpu,
+            json,
+        } => topology(&sysfs, nvml_lib.as_deref(), no_gpu, json),
         Command::Listen {
             port,
             bind,
@@ -420,6 +445,31 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `railscope topology`: what could not be read goes to stderr, one line each.
+fn topology(
+    sysfs: &std::path::Path,
+    nvml_lib: Option<&std::path::Path>,
+    no_gpu: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    use monitor_user::{sources::gpu, sources::hwpath::HardwarePath, topology};
+    let nvml = if no_gpu {
+        None
+    } else {
+        gpu::load_nvml(nvml_lib).map_err(|e| eprintln!("{e}")).ok()
+    };
+    let path = HardwarePath::read(sysfs, nvml.as_ref());
+    if json {
+        println!("{}", serde_json::to_string_pretty(&topology::json(&path))?);
+    } else {
+        print!("{}", topology::text(&path));
+        for problem in &path.problems {
+            eprintln!("hardware path: {problem}");
+        }
+    }
+    Ok(())
 }
 
 /// The collector's binary: next to this one (as installed and as cargo builds them), else on

@@ -33,7 +33,9 @@ use crate::{
     sender::{Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
+        ethtool::EthtoolStats,
         gpu::{GpuEvent, GpuSource, ProcessJobs},
+        hwpath::{HardwarePoll, HardwareSeries},
         ib_sysfs::IbSysfs,
         lldp::NeighbourSeries,
     },
@@ -112,6 +114,11 @@ pub struct Pipeline {
     neighbours: NeighbourSeries,
     /// The neighbour series sent at the last flush (one gone is retired).
     neighbours_sent: std::sync::Arc<Vec<Series>>,
+    /// The hardware path's series (PCIe places, firmware, counts), read by the poller every
+    /// minute and sent with every flush.
+    hardware: HardwareSeries,
+    /// The hardware series sent at the last flush (one gone is retired).
+    hardware_sent: crate::sources::hwpath::Values,
     pub flush_every: Duration,
     pub interval: Duration,
 }
@@ -145,7 +152,10 @@ pub fn sampler_config(
             ground_truth_every: 2,
             ..config.clone()
         };
-        AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
+        // A RoCE port's ethtool statistics are sampled as its IB counters are.
+        AdaptiveSampler::new(config)
+            .with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib.clone())
+            .with_group(metric::ETHTOOL_PREFIX, metric::ETHTOOL_PREFIX, ib)
     } else {
         AdaptiveSampler::new(config.fixed())
     };
@@ -202,7 +212,8 @@ impl Pipeline {
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
-        spawn_poller(options.clone(), tx, requests)?;
+        let hardware = HardwareSeries::default();
+        spawn_poller(options.clone(), tx, requests, hardware.clone())?;
         tracing::info!(
             "sending to {} as node {:?} (read every {:?}, sent every {:?}, adaptive sampling {})",
             options
@@ -230,6 +241,8 @@ impl Pipeline {
                 options.lldp_socket.clone(),
             ),
             neighbours_sent: Default::default(),
+            hardware,
+            hardware_sent: Default::default(),
             flush_every: options.flush_every,
             interval: options.interval,
         })
@@ -352,6 +365,29 @@ impl Pipeline {
             }
         }
         self.neighbours_sent = neighbours;
+        let hardware = self.hardware.current();
+        if !std::sync::Arc::ptr_eq(&hardware, &self.hardware_sent) {
+            let now_sent: std::collections::HashSet<&Series> =
+                hardware.iter().map(|(s, _)| s).collect();
+            let gone: std::collections::HashSet<&Series> = self
+                .hardware_sent
+                .iter()
+                .map(|(s, _)| s)
+                .filter(|s| !now_sent.contains(s))
+                .collect();
+            if !gone.is_empty() {
+                self.encoder.retire_where(|s| gone.contains(s));
+            }
+        }
+        for (series, value) in hardware.iter() {
+            if let Err(e) = self
+                .encoder
+                .push_sample(series, Sample::Gauge(GaugeSample::reading(now, *value)))
+            {
+                tracing::debug!("hardware path series not encoded: {e}");
+            }
+        }
+        self.hardware_sent = hardware;
         let frames = self.encoder.flush(now);
         self.send(frames);
     }
@@ -589,10 +625,11 @@ fn spawn_poller(
     options: PipelineOptions,
     tx: mpsc::Sender<Polled>,
     requests: std_mpsc::Receiver<FlushRequest>,
+    hardware: HardwareSeries,
 ) -> anyhow::Result<()> {
     thread::Builder::new()
         .name("railscope-poll".into())
-        .spawn(move || poll(options, tx, requests))
+        .spawn(move || poll(options, tx, requests, hardware))
         .context("starting the poller thread")?;
     Ok(())
 }
@@ -601,6 +638,7 @@ fn poll(
     options: PipelineOptions,
     tx: mpsc::Sender<Polled>,
     requests: std_mpsc::Receiver<FlushRequest>,
+    hardware: HardwareSeries,
 ) {
     let Ok(mut sampler) = sampler_config(options.interval, options.adaptive, &options.sampling)
     else {
@@ -608,6 +646,7 @@ fn poll(
     };
     // Devices that appear are found within 5 s; one that goes away at its next read.
     let mut ib = IbSysfs::new(options.sysfs_root.clone()).with_relist_every(Duration::from_secs(5));
+    let mut ethtool = EthtoolStats::new(options.sysfs_root.clone());
     let class = options.sysfs_root.join("class/infiniband");
     if !class.is_dir() {
         tracing::warn!(
@@ -635,9 +674,12 @@ fn poll(
             Err(e) => tracing::warn!("{e}"),
         }
     }
+    // Read at start and every minute, through the GPU source's NVML: never every sweep.
+    let mut hardware = HardwarePoll::new(options.sysfs_root.clone(), hardware);
     let mut samples = Vec::new();
     let mut last_stale_check = Instant::now();
     loop {
+        hardware.poll(gpu.as_ref().map(GpuSource::nvml));
         let started = Instant::now();
         // The sampler runs on CLOCK_MONOTONIC, so a step of the wall clock neither stalls nor
         // rushes it; what it emits is converted when encoded (`on_wall_clock`). Each sweep
@@ -653,6 +695,7 @@ fn poll(
             samples: &mut samples,
         };
         ib.read_into(&mut sink);
+        ethtool.read_into(&mut sink);
         let mut ended = Vec::new();
         if let Some(source) = gpu.as_mut() {
             source.read_into(now, &mut sink);

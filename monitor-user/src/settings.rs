@@ -76,6 +76,12 @@ pub struct AgentSettings {
     #[arg(long, value_name = "SECONDS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters: Option<Seconds>,
+    /// Send the verb counters of this recording (the JSON lines `--counters S --json`
+    /// prints; its latest snapshot, read again each sweep) instead of the probes': to check
+    /// what the collector makes of a recorded node's verbs. Not for production.
+    #[arg(long, value_name = "FILE", hide = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verb_counts_from: Option<PathBuf>,
     /// Send metrics and events to this collector (HOST:PORT, UDP); twice for a collector
     /// pair, each of which gets every frame. Without it the agent only prints events. In the
     /// file: one address, or a list of two.
@@ -178,6 +184,7 @@ impl Layered for AgentSettings {
             json,
             rescan,
             counters,
+            verb_counts_from,
             collector,
             spool_bytes,
             spool_age,
@@ -199,6 +206,7 @@ impl Layered for AgentSettings {
             json: json || over.json,
             rescan: pick(rescan, over.rescan),
             counters: pick(counters, over.counters),
+            verb_counts_from: pick(verb_counts_from, over.verb_counts_from),
             collector: if over.collector.is_empty() {
                 collector
             } else {
@@ -298,6 +306,7 @@ pub fn agent_options(sources: &Sources<AgentSettings>) -> Result<AgentOptions, C
         kernel: Kernel::default(),
         jobs: JobRules::new(&s.jobs),
         pipeline,
+        verb_counts_from: s.verb_counts_from.clone(),
     })
 }
 

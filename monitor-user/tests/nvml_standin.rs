@@ -1008,10 +1008,45 @@ fn the_agent_ends_a_gpu_s_job_series_when_the_job_leaves_the_gpu() {
     assert!(by_job["-/-"].iter().all(|(t, _)| *t > last_labelled));
 }
 
+/// Every series name a real `railscope agent` sends in a few seconds on an HGX H100 node's
+/// tree with the NVML stand-in answering the same GPUs.
+fn names_a_real_agent_sends_on_an_hgx_node() -> std::collections::BTreeSet<String> {
+    use monitor_testkit::{
+        FixtureAgent, HgxNode, KEY_HEX, free_udp_port, key_file, scratch_dir, spawn_json_listener,
+    };
+    const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
+    let node = HgxNode::new(9);
+    let dir = scratch_dir("agent-metrics-hgx");
+    node.write(&dir.join("sys"));
+    let lib = node.standin(&dir);
+    let key = key_file(&dir, KEY_HEX);
+    let port = free_udp_port();
+    let listener = spawn_json_listener(RAILSCOPE, port, &key);
+    thread::sleep(Duration::from_millis(300));
+    let agent = FixtureAgent::new(&format!("127.0.0.1:{port}"), &key, &dir.join("sys"))
+        .nvml_lib(&lib)
+        .cadence("0.3", "1")
+        .spawn(RAILSCOPE);
+    thread::sleep(Duration::from_secs(3));
+    let (agent_ok, _, agent_err) = agent.interrupt();
+    thread::sleep(Duration::from_millis(300));
+    let (_, frames, _) = listener.interrupt();
+    assert!(agent_ok, "{agent_err}");
+    let _ = fs::remove_dir_all(&dir);
+    frames
+        .lines()
+        .map(|l| serde_json::from_str::<Json>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .flat_map(|f| f["samples"].as_array().cloned().unwrap_or_default())
+        .filter_map(|s| s["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// `monitor_wire::names::AGENT_METRICS` is exactly what the agent's sources send: every name
 /// the GPU source (on the stand-in, GPM included), the IB source (on the fixture trees, taken
-/// from real mlx5 and rxe adapters) and the pipeline (version, verb counters) emit is in the
-/// list, and every name in the list is emitted by one of them (the state report's own three
+/// from real mlx5 and rxe adapters), the ethtool source's naming of mlx5's statistics, the
+/// pipeline (version, verb counters) and a real agent on an HGX node's tree (the hardware
+/// path) emit is in the list, and every name in the list is emitted by one of them (the state
+/// report's own three
 /// by its unit test). The one exception is the fixture's stand-in for a counter file new
 /// firmware adds: passed through under the IB scheme, and in no list.
 #[test]
@@ -1079,8 +1114,30 @@ fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
             .into_iter()
             .map(|s| s.name.to_string()),
     );
+    // The mlx5 ethtool statistics the collector reads, as the ethtool source names and keeps
+    // them among the many a ConnectX netdev prints (per-channel ones it leaves out); the
+    // source itself reads a real veth's in tests/ethtool_netns.rs.
+    let mut mlx5_stats: Vec<String> = metric::ETHTOOL_STATS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for ch in 0..64 {
+        mlx5_stats.extend([
+            format!("rx{ch}_packets"),
+            format!("tx{ch}_bytes"),
+            format!("ch{ch}_events"),
+        ]);
+    }
+    sent.extend(
+        monitor_user::sources::ethtool::stat_names::kept(&mlx5_stats)
+            .into_iter()
+            .map(|(_, name)| name),
+    );
     sent.insert(agent_info_series().name.to_string());
     sent.insert(VERB_SERIES.to_owned());
+    // The hardware path, from a real agent on an HGX H100 node's tree with the stand-in
+    // answering the same GPUs (monitor_testkit::hgx), as `railscope listen` decodes it.
+    sent.extend(names_a_real_agent_sends_on_an_hgx_node());
 
     let unknown_firmware_counter = format!("{}roce_cc_future_event_total", metric::IB_PREFIX);
     assert!(sent.contains(&unknown_firmware_counter));

@@ -11,6 +11,11 @@
 //! `hw_counters/` the agent's fixture trees hold (taken from real adapters); a `hw_counters/`
 //! file named like a `counters/` file of the same port is sent as
 //! `railscope_ib_hw_<file>_total` (none of the known drivers has one).
+//!
+//! The ethtool statistics of RoCE ports' netdevs are passed through the same way
+//! (`railscope_ethtool_<stat>_total`, [`metric::ETHTOOL_PREFIX`]); [`metric::ETHTOOL_STATS`]
+//! lists the mlx5 ones the collector's rules read (PFC pause frames and durations per
+//! priority) and a few an operator looks at beside them (ECN marks, physical-port discards).
 
 /// Metric names, one constant each, with kind, unit and labels. Every GPU series also carries
 /// `gpu` and `uuid`; every IB port series `device` and `port` (a device-level counter only
@@ -20,22 +25,29 @@ pub mod metric {
         (
             fixed { $( $(#[doc = $doc:literal])* $name:ident = $value:literal; )* }
             ib_counters { $( $ib:ident = $file:literal; )* }
+            ethtool_stats { $( $eth:ident = $stat:literal; )* }
         ) => {
             $( $(#[doc = $doc])* pub const $name: &str = $value; )*
             $(
                 #[doc = concat!("Counter: the sysfs counter file `", $file, "` of an IB device or port.")]
                 pub const $ib: &str = concat!("railscope_ib_", $file, "_total");
             )*
+            $(
+                #[doc = concat!("Counter: the ethtool statistic `", $stat, "` of a RoCE port's netdev.")]
+                pub const $eth: &str = concat!("railscope_ethtool_", $stat, "_total");
+            )*
 
             /// Every metric name the agent can send (each constant of this module), in
-            /// declaration order: the fixed names, then one per [`IB_COUNTER_FILES`] entry.
-            pub const AGENT_METRICS: &[&str] = &[$($name,)* $($ib,)*];
+            /// declaration order: the fixed names, then one per [`IB_COUNTER_FILES`] entry,
+            /// then one per [`ETHTOOL_STATS`] entry.
+            pub const AGENT_METRICS: &[&str] = &[$($name,)* $($ib,)* $($eth,)*];
 
             /// Every metric name the agent can send with its description (the constant's doc
             /// comment, a leading space and all): what [`help`] answers.
             const DESCRIBED: &[(&str, &str)] = &[
                 $(($name, concat!($($doc),*)),)*
                 $(($ib, concat!(" Counter: the sysfs counter file `", $file, "` of an IB device or port.")),)*
+                $(($eth, concat!(" Counter: the ethtool statistic `", $stat, "` of a RoCE port's netdev.")),)*
             ];
 
             /// Every constant of this module as (constant name, metric name): what the
@@ -43,11 +55,16 @@ pub mod metric {
             pub const ALL: &[(&str, &str)] = &[
                 $((stringify!($name), $name),)*
                 $((stringify!($ib), $ib),)*
+                $((stringify!($eth), $eth),)*
             ];
 
             /// The IB counter files the agent is known to find (see the module's doc), as
             /// named in sysfs lowercased; each gives `railscope_ib_<file>_total`.
             pub const IB_COUNTER_FILES: &[&str] = &[$($file,)*];
+
+            /// The ethtool statistics of mlx5 netdevs the collector reads (see the module's
+            /// doc), as the driver names them; each gives `railscope_ethtool_<stat>_total`.
+            pub const ETHTOOL_STATS: &[&str] = &[$($stat,)*];
         };
     }
 
@@ -55,6 +72,10 @@ pub mod metric {
     /// file (lowercased, characters outside `[a-z0-9_]` as `_`, a trailing `_total` not
     /// doubled).
     pub const IB_PREFIX: &str = "railscope_ib_";
+    /// The prefix of every ethtool series name: `railscope_ethtool_<stat>_total` for a
+    /// statistic of a RoCE port's netdev (named as IB counter files are), labels `device`,
+    /// `port` (the RDMA port's) and `netdev`.
+    pub const ETHTOOL_PREFIX: &str = "railscope_ethtool_";
     /// The prefix of every GPU series name.
     pub const GPU_PREFIX: &str = "railscope_gpu_";
 
@@ -65,6 +86,12 @@ pub mod metric {
     pub fn help(name: &str) -> Option<std::borrow::Cow<'static, str>> {
         if let Some((_, doc)) = DESCRIBED.iter().find(|(n, _)| *n == name) {
             return Some(doc.trim().into());
+        }
+        if let Some(stat) = name.strip_prefix(ETHTOOL_PREFIX) {
+            let stat = stat.strip_suffix("_total")?;
+            return Some(
+                format!("Counter: the ethtool statistic `{stat}` of a RoCE port's netdev.").into(),
+            );
         }
         let file = name.strip_prefix(IB_PREFIX)?.strip_suffix("_total")?;
         Some(format!("Counter: the sysfs counter file `{file}` of an IB device or port.").into())
@@ -291,6 +318,58 @@ pub mod metric {
             IB_SEND_RNR_ERR_TOTAL = "send_rnr_err";
             IB_SENT_PKTS_TOTAL = "sent_pkts";
         }
+        ethtool_stats {
+            // mlx5's per-priority PFC counters: pause frames received (rx: the switch paused
+            // this port) and sent (tx: this port paused the switch), and for how long, in
+            // microseconds (`*_pause_duration`).
+            ETHTOOL_RX_PRIO0_PAUSE_TOTAL = "rx_prio0_pause";
+            ETHTOOL_RX_PRIO0_PAUSE_DURATION_TOTAL = "rx_prio0_pause_duration";
+            ETHTOOL_TX_PRIO0_PAUSE_TOTAL = "tx_prio0_pause";
+            ETHTOOL_TX_PRIO0_PAUSE_DURATION_TOTAL = "tx_prio0_pause_duration";
+            ETHTOOL_RX_PRIO1_PAUSE_TOTAL = "rx_prio1_pause";
+            ETHTOOL_RX_PRIO1_PAUSE_DURATION_TOTAL = "rx_prio1_pause_duration";
+            ETHTOOL_TX_PRIO1_PAUSE_TOTAL = "tx_prio1_pause";
+            ETHTOOL_TX_PRIO1_PAUSE_DURATION_TOTAL = "tx_prio1_pause_duration";
+            ETHTOOL_RX_PRIO2_PAUSE_TOTAL = "rx_prio2_pause";
+            ETHTOOL_RX_PRIO2_PAUSE_DURATION_TOTAL = "rx_prio2_pause_duration";
+            ETHTOOL_TX_PRIO2_PAUSE_TOTAL = "tx_prio2_pause";
+            ETHTOOL_TX_PRIO2_PAUSE_DURATION_TOTAL = "tx_prio2_pause_duration";
+            ETHTOOL_RX_PRIO3_PAUSE_TOTAL = "rx_prio3_pause";
+            ETHTOOL_RX_PRIO3_PAUSE_DURATION_TOTAL = "rx_prio3_pause_duration";
+            ETHTOOL_TX_PRIO3_PAUSE_TOTAL = "tx_prio3_pause";
+            ETHTOOL_TX_PRIO3_PAUSE_DURATION_TOTAL = "tx_prio3_pause_duration";
+            ETHTOOL_RX_PRIO4_PAUSE_TOTAL = "rx_prio4_pause";
+            ETHTOOL_RX_PRIO4_PAUSE_DURATION_TOTAL = "rx_prio4_pause_duration";
+            ETHTOOL_TX_PRIO4_PAUSE_TOTAL = "tx_prio4_pause";
+            ETHTOOL_TX_PRIO4_PAUSE_DURATION_TOTAL = "tx_prio4_pause_duration";
+            ETHTOOL_RX_PRIO5_PAUSE_TOTAL = "rx_prio5_pause";
+            ETHTOOL_RX_PRIO5_PAUSE_DURATION_TOTAL = "rx_prio5_pause_duration";
+            ETHTOOL_TX_PRIO5_PAUSE_TOTAL = "tx_prio5_pause";
+            ETHTOOL_TX_PRIO5_PAUSE_DURATION_TOTAL = "tx_prio5_pause_duration";
+            ETHTOOL_RX_PRIO6_PAUSE_TOTAL = "rx_prio6_pause";
+            ETHTOOL_RX_PRIO6_PAUSE_DURATION_TOTAL = "rx_prio6_pause_duration";
+            ETHTOOL_TX_PRIO6_PAUSE_TOTAL = "tx_prio6_pause";
+            ETHTOOL_TX_PRIO6_PAUSE_DURATION_TOTAL = "tx_prio6_pause_duration";
+            ETHTOOL_RX_PRIO7_PAUSE_TOTAL = "rx_prio7_pause";
+            ETHTOOL_RX_PRIO7_PAUSE_DURATION_TOTAL = "rx_prio7_pause_duration";
+            ETHTOOL_TX_PRIO7_PAUSE_TOTAL = "tx_prio7_pause";
+            ETHTOOL_TX_PRIO7_PAUSE_DURATION_TOTAL = "tx_prio7_pause_duration";
+            // mlx5's ECN: packets of a priority marked congestion-experienced.
+            ETHTOOL_RX_PRIO0_MARKED_TOTAL = "rx_prio0_marked";
+            ETHTOOL_RX_PRIO1_MARKED_TOTAL = "rx_prio1_marked";
+            ETHTOOL_RX_PRIO2_MARKED_TOTAL = "rx_prio2_marked";
+            ETHTOOL_RX_PRIO3_MARKED_TOTAL = "rx_prio3_marked";
+            ETHTOOL_RX_PRIO4_MARKED_TOTAL = "rx_prio4_marked";
+            ETHTOOL_RX_PRIO5_MARKED_TOTAL = "rx_prio5_marked";
+            ETHTOOL_RX_PRIO6_MARKED_TOTAL = "rx_prio6_marked";
+            ETHTOOL_RX_PRIO7_MARKED_TOTAL = "rx_prio7_marked";
+            // mlx5's port-level link pause (802.3x) and drops.
+            ETHTOOL_RX_PAUSE_CTRL_PHY_TOTAL = "rx_pause_ctrl_phy";
+            ETHTOOL_TX_PAUSE_CTRL_PHY_TOTAL = "tx_pause_ctrl_phy";
+            ETHTOOL_RX_DISCARDS_PHY_TOTAL = "rx_discards_phy";
+            ETHTOOL_TX_DISCARDS_PHY_TOTAL = "tx_discards_phy";
+            ETHTOOL_RX_OUT_OF_BUFFER_TOTAL = "rx_out_of_buffer";
+        }
     }
 }
 
@@ -385,6 +464,15 @@ mod tests {
         assert!(
             unknown_file.contains("`roce_cc_future_event`"),
             "{unknown_file}"
+        );
+        for stat in metric::ETHTOOL_STATS {
+            let name = format!("{}{stat}_total", metric::ETHTOOL_PREFIX);
+            assert!(is_agent_metric(&name), "{name}");
+        }
+        let unknown_stat = metric::help("railscope_ethtool_rx_prio3_future_total").unwrap();
+        assert_eq!(
+            unknown_stat,
+            "Counter: the ethtool statistic `rx_prio3_future` of a RoCE port's netdev."
         );
         assert_eq!(metric::help("node_cpu_seconds_total"), None);
         let kinds: BTreeSet<&str> = EVENT_KINDS.iter().copied().collect();

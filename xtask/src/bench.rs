@@ -781,6 +781,7 @@ fn boot_bench_scenario(
         &[scenario],
         testbed::BootOptions {
             user_net: false,
+            pcie_numa: false,
             mem: mem.into(),
             smp: options.smp,
             timeout: Duration::from_secs(options.timeout),

@@ -112,6 +112,7 @@ pub fn run(
         cmdline_extra: cmdline,
         serial_log: work_dir.join("guest.log"),
         user_net: true,
+        pcie_numa: false,
     };
     setup::step(&format!(
         "booting the guest (its console: {})",

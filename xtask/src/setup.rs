@@ -41,6 +41,10 @@ pub const ALERTMANAGER_PACKAGES: &[&str] = &["prometheus-alertmanager"];
 /// the browser its test drives headless.
 pub const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
 
+/// The tools the agent's ethtool test runs (monitor-user/tests/ethtool_netns.rs): `ip` for its
+/// network namespace and veth pair, `ethtool -S` for what the agent must match.
+pub const ETHTOOL_TEST_PACKAGES: &[&str] = &["iproute2", "ethtool"];
+
 pub use crate::{progress::step, tools::Tools};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -85,6 +89,7 @@ pub fn run(options: &Options) -> anyhow::Result<Tools> {
         ensure_debian_packages(SLURM_PACKAGES)?;
         ensure_debian_packages(ALERTMANAGER_PACKAGES)?;
         ensure_debian_packages(DASHBOARD_PACKAGES)?;
+        ensure_debian_packages(ETHTOOL_TEST_PACKAGES)?;
         ensure_debian_packages(crate::units::PACKAGES)?;
     }
     Ok(Tools {

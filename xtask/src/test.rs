@@ -25,7 +25,8 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
     // The remote-write tests skip when Prometheus or VictoriaMetrics is missing under a
     // plain `cargo test`; here setup installed them, so a missing server is a failure. The
-    // same for Chromium and the dashboard test, and Slurm and the actions' tests.
+    // same for Chromium and the dashboard test, Slurm and the actions' tests, and ethtool and
+    // the agent's ethtool test.
     cargo::run(
         cargo::command(&tools)
             .args(["test", "--release"])
@@ -33,7 +34,8 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .env("RAILSCOPE_REQUIRE_SLURM", "1")
             .env("RAILSCOPE_REQUIRE_PROMTOOL", "1")
             .env("RAILSCOPE_REQUIRE_ALERTMANAGER", "1")
-            .env("RAILSCOPE_REQUIRE_CHROMIUM", "1"),
+            .env("RAILSCOPE_REQUIRE_CHROMIUM", "1")
+            .env("RAILSCOPE_REQUIRE_ETHTOOL", "1"),
     )?;
     units::check(&cargo::workspace_root().join("target/release"))?;
     // Every decoder of outside input, fuzzed for a short bounded time (`cargo xtask fuzz`

@@ -55,6 +55,9 @@ pub const SCENARIOS: &[&str] = &[
     // A link flapping in the guest drains the guest's node in a Slurm cluster on the host,
     // through the host collector's actions (a boot of its own: see OWN_BOOT).
     host_collector::SLURM_SCENARIO,
+    // rxe on virtio NICs under a PCIe switch and a root port of two NUMA nodes: the agent's
+    // hardware path and `railscope topology` against lspci and sysfs (a boot of its own).
+    PCIE_SCENARIO,
     // 5 % loss and reordering (netem) between the agent and a collector in a network
     // namespace of the guest: every frame archived once.
     LOSSY_SCENARIO,
@@ -87,7 +90,12 @@ const SIW_GUEST_PATH: &str = "/opt/siw/siw.ko";
 /// (On 6.12 a guest panicked in `linkwatch_event` during `ring-overflow`'s link flaps after
 /// `siw-async-errors` had loaded and unloaded siw.ko in the same boot; every later scenario
 /// then had no result.)
-const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO];
+/// And `pcie-topology`, whose guest is a q35 machine with NUMA nodes and a PCIe tree.
+const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO, PCIE_SCENARIO];
+
+/// The scenario whose guest has two NUMA nodes and NICs on a PCIe tree
+/// (`PCIE_NUMA_ARGS` of the test bed's QEMU boot): the agent's hardware path from the kernel's own PCI sysfs.
+const PCIE_SCENARIO: &str = "pcie-topology";
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
 pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
@@ -129,6 +137,11 @@ const ONE_KERNEL_IN_CI: &[(&str, &str)] = &[
         host_collector::SLURM_SCENARIO,
         "a drain through Slurm does not depend on the guest's kernel; its port events are \
          covered on every kernel by the other scenarios",
+    ),
+    (
+        PCIE_SCENARIO,
+        "the PCI sysfs the agent reads is the same on every kernel line; its own boot costs \
+         about a minute under TCG",
     ),
 ];
 
@@ -400,6 +413,7 @@ fn run_boot(
             .join(" "),
             serial_log: serial_log.clone(),
             user_net: host.is_some(),
+            pcie_numa: scenarios.contains(&PCIE_SCENARIO),
         },
     )?;
     let host_result = host.map(host_collector::HostCollector::verify);

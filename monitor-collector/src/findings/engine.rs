@@ -29,7 +29,7 @@ use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, na
 use super::{
     FindingsStore, Observation, Thresholds, fabric, gpus,
     hardware::{self, HardwareReader},
-    ib_links,
+    ib_links, pfc,
     profile::{self, GoldenProfile, ProfileBoard},
     topology::{PortKey, Topology},
     verbs,
@@ -329,7 +329,10 @@ impl FindingsEngine {
             };
             let first = Latest {
                 unix_ns: first.unix_ns,
-                value: LatestValue::Counter(first.value),
+                value: LatestValue::Counter {
+                    value: first.value,
+                    per_second: None,
+                },
             };
             let track = self
                 .tracks
@@ -376,6 +379,7 @@ impl FindingsEngine {
                     self.profile_seen = learn_profile(&view, &self.th, &self.board);
                 }
                 seen.extend(self.profile_seen.iter().cloned());
+                pfc::evaluate(&view, &mut seen);
                 all_rules()
             }
         };
@@ -425,6 +429,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(gpus::RULES)
         .chain(verbs::RULES)
         .chain(profile::RULES)
+        .chain(pfc::RULES)
         .copied()
         .collect()
 }

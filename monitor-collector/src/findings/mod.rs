@@ -31,6 +31,7 @@ pub mod hardware_api;
 pub mod hostlist;
 pub mod ib_links;
 pub mod log;
+pub mod pfc;
 pub mod profile;
 pub mod reads;
 pub mod remote;

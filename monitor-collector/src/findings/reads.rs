@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{fabric, gpus, hardware, ib_links, verbs};
+use super::{fabric, gpus, hardware, ib_links, pfc, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
@@ -32,6 +32,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),
     ("roce_congestion", &[metric::IB_NP_CNP_SENT_TOTAL]),
     ("fabric_upstream_down", &[metric::IB_PORT_NEIGHBOR_INFO]),
+    (pfc::RULE, pfc::SERIES),
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
     ("gpu_ecc_uncorrected", &[metric::GPU_ECC_ERRORS_TOTAL]),
@@ -103,6 +104,7 @@ pub fn metrics_read() -> BTreeSet<&'static str> {
         .chain(fabric::SERIES)
         .chain(gpus::SERIES)
         .chain(hardware::SERIES)
+        .chain(pfc::SERIES)
         .copied()
         .chain([verbs::SERIES])
         .collect()
@@ -125,7 +127,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 5] {
+    ); 6] {
         [
             (
                 "ib_links",
@@ -144,6 +146,7 @@ mod tests {
                 super::super::profile::RULES,
                 hardware::SERIES.iter().copied().collect(),
             ),
+            ("pfc", pfc::RULES, pfc::SERIES.iter().copied().collect()),
         ]
     }
 

@@ -211,6 +211,43 @@ fn roce_congestion_far_above_the_fleets_norm_is_found() {
     assert_eq!(f.evidence["ports"], 64);
 }
 
+/// 16 RoCE ports (two nodes) through the agent's own sampler, with mlx5's PFC counters as
+/// the ethtool source names them: one port sends 50,000 pause frames/s on priority 3 where
+/// the others send about 20, one is paused 80 % of the time; a fleet without either has no
+/// finding.
+#[test]
+fn a_pfc_pause_storm_and_a_port_paused_most_of_the_time_are_found() {
+    let healthy = run(&mut fleet(2).adaptive(true).pfc().build(key()), 150);
+    assert!(healthy.is_empty(), "{healthy:#?}");
+
+    let mut fleet = fleet(2)
+        .adaptive(true)
+        .pfc_storm_port(0, 5)
+        .pfc_paused_port(1, 2, 0.8)
+        .build(key());
+    let found = run(&mut fleet, 150);
+    assert_eq!(
+        rules(&found),
+        [
+            port("pfc_pause_storm", "node-000", "mlx5_5"),
+            port("pfc_pause_storm", "node-001", "mlx5_2"),
+        ]
+    );
+    let storm = found.iter().find(|f| f.node == "node-000").unwrap();
+    assert_eq!(storm.evidence["priority"], 3);
+    assert_eq!(storm.evidence["direction"], "tx");
+    let rate = storm.evidence["pause_per_s"].as_f64().unwrap();
+    assert!((rate - 50_000.0).abs() < 1_000.0, "{rate}");
+    let median = storm.evidence["fleet_median"].as_f64().unwrap();
+    assert!((10.0..30.0).contains(&median), "{median}");
+    assert_eq!(storm.evidence["ports"], 16);
+    let paused = found.iter().find(|f| f.node == "node-001").unwrap();
+    assert_eq!(paused.evidence["priority"], 3);
+    assert_eq!(paused.evidence["direction"], "rx");
+    let fraction = paused.evidence["paused_fraction"].as_f64().unwrap();
+    assert!((fraction - 0.8).abs() < 0.05, "{fraction}");
+}
+
 #[test]
 fn a_throttled_gpu_is_found_with_its_job() {
     let found = run(&mut fleet(4).slow_gpu(1, 5).build(key()), 30);

@@ -39,6 +39,16 @@ pub struct Thresholds {
     /// ...and at least this many CNPs per second (railscope's choice: below it congestion
     /// control is not what slows a job).
     pub congestion_min_cnp_per_s: f64,
+    /// A RoCE port's PFC pause frames per second (one priority, one direction) above this
+    /// many times the fleet's median for that counter are a pause storm (railscope's choice:
+    /// a storm runs orders of magnitude above a congested port's pauses)...
+    pub pfc_storm_factor: f64,
+    /// ...and above this many pause frames per second (railscope's choice: below it pauses
+    /// are ordinary flow control).
+    pub pfc_storm_min_pps: f64,
+    /// A port paused more than this fraction of the last minute (mlx5's `*_pause_duration`)
+    /// is in a pause storm whatever the fleet does (railscope's choice: half the time).
+    pub pfc_storm_paused_fraction: f64,
     /// How long an XID or a lost GPU keeps its finding active, seconds (railscope's choice:
     /// the event needs an operator's action, which the collector cannot see).
     pub xid_hold_s: u64,
@@ -92,6 +102,9 @@ impl Default for Thresholds {
             phys_state_grace_s: 25,
             congestion_score: 3.5,
             congestion_min_cnp_per_s: 500.0,
+            pfc_storm_factor: 10.0,
+            pfc_storm_min_pps: 1000.0,
+            pfc_storm_paused_fraction: 0.5,
             xid_hold_s: 3600,
             pcie_busy_utilization: 0.5,
             qp_errors: 1,
@@ -145,6 +158,15 @@ impl Thresholds {
         }
         if self.congestion_score.is_nan() || self.congestion_score <= 0.0 {
             return Err("findings.congestion-score must be above 0".into());
+        }
+        if self.pfc_storm_factor.is_nan() || self.pfc_storm_factor < 1.0 {
+            return Err("findings.pfc-storm-factor must be at least 1".into());
+        }
+        if self.pfc_storm_min_pps.is_nan() || self.pfc_storm_min_pps < 0.0 {
+            return Err("findings.pfc-storm-min-pps must be 0 or more".into());
+        }
+        if !(self.pfc_storm_paused_fraction > 0.0 && self.pfc_storm_paused_fraction <= 1.0) {
+            return Err("findings.pfc-storm-paused-fraction must be above 0 and at most 1".into());
         }
         Ok(())
     }

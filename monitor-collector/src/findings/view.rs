@@ -47,14 +47,17 @@ impl Track {
     /// history back, as a checkpoint before the first (a resent backlog, frames reordered).
     pub(super) fn take_counter(&mut self, unix_ns: u64, value: u64) {
         let newest = self.latest.unix_ns;
-        let LatestValue::Counter(held) = self.latest.value else {
+        let LatestValue::Counter { value: held, .. } = self.latest.value else {
             // A gauge of that name: the sender's bug, as the live view treats it.
             return;
         };
         if self.checkpoints.is_empty() {
             self.latest = Latest {
                 unix_ns,
-                value: LatestValue::Counter(value),
+                value: LatestValue::Counter {
+                    value,
+                    per_second: None,
+                },
             };
             self.checkpoints.push_back((unix_ns, value));
             return;
@@ -71,7 +74,10 @@ impl Track {
             }
             self.latest = Latest {
                 unix_ns,
-                value: LatestValue::Counter(value),
+                value: LatestValue::Counter {
+                    value,
+                    per_second: None,
+                },
             };
             let due = self
                 .checkpoints
@@ -100,13 +106,13 @@ impl Track {
     pub fn gauge(&self) -> Option<f64> {
         match self.latest.value {
             LatestValue::Gauge { mean, .. } => Some(mean),
-            LatestValue::Counter(_) => None,
+            LatestValue::Counter { .. } => None,
         }
     }
 
     pub fn counter(&self) -> Option<u64> {
         match self.latest.value {
-            LatestValue::Counter(v) => Some(v),
+            LatestValue::Counter { value, .. } => Some(value),
             LatestValue::Gauge { .. } => None,
         }
     }

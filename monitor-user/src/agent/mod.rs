@@ -13,11 +13,13 @@
 //! - [`wire_events`]: the same events as the collector receives them;
 //! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
 //! - [`device_ends`]: the same for a device once the kernel freed it;
-//! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged.
+//! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged;
+//! - [`recorded_counts`]: verb counters from a recording in place of the probes'.
 
 mod device_ends;
 mod job_ends;
 pub mod output;
+mod recorded_counts;
 mod state_report;
 mod wire_events;
 
@@ -58,6 +60,9 @@ pub struct AgentOptions {
     pub jobs: JobRules,
     /// Send metrics and events to a collector (None: print only).
     pub pipeline: Option<PipelineOptions>,
+    /// Send the verb counters of this recording instead of the probes' (see
+    /// [`recorded_counts`]).
+    pub verb_counts_from: Option<std::path::PathBuf>,
 }
 
 /// How often acknowledgements are taken and resends paced.
@@ -82,6 +87,10 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
     let mut pipeline = options.pipeline.as_ref().map(Pipeline::start).transpose()?;
     let mut jobs = job_ends::JobEnds::default();
     let mut devices = device_ends::DeviceEnds::default();
+    let mut recorded = options
+        .verb_counts_from
+        .as_ref()
+        .map(recorded_counts::RecordedCounts::new);
     // The first attempts run on blocking threads; the probe table is printed when they are in.
     let mut families = Families::start(options.kernel.clone(), attach, records_tx);
 
@@ -140,7 +149,10 @@ async fn run_with(options: AgentOptions, attach: AttachFn) -> anyhow::Result<()>
                     // base at this sweep); the pipeline converts what it sends.
                     let now = monotonic_ns();
                     let raw = families.counts();
-                    let counts = decode::decode_counts(&raw, &families.names, &mut cgroups);
+                    let counts = match recorded.as_mut() {
+                        Some(recorded) => recorded.read(),
+                        None => decode::decode_counts(&raw, &families.names, &mut cgroups),
+                    };
                     if let Some(p) = pipeline.as_mut() {
                         p.on_samples(&samples);
                         p.on_readings(&pipeline::verb_readings(&counts, now));

@@ -2,6 +2,8 @@
 //! its series, to a [`ReadingSink`] (the agent's sampler), or returns
 //! [`Reading`]s for tests and benchmarks.
 
+pub mod ethtool;
+pub mod hwpath;
 pub mod ib_sysfs;
 pub mod lldp;
 

@@ -161,6 +161,15 @@ impl FixtureAgent {
     pub fn spawn(&self, program: impl AsRef<Path>) -> Running {
         Running::spawn(program.as_ref(), &self.args)
     }
+
+    /// Starts `railscope` (at `program`) with these arguments in the network namespace
+    /// `netns` (`ip netns exec`, which runs it in its own place: signals reach the agent).
+    pub fn spawn_in_netns(&self, program: impl AsRef<Path>, netns: &str) -> Running {
+        let mut args: Vec<OsString> = vec!["netns".into(), "exec".into(), netns.into()];
+        args.push(program.as_ref().into());
+        args.extend(self.args.iter().cloned());
+        Running::spawn("ip", &args)
+    }
 }
 
 /// `railscope listen` (at `program`) on 127.0.0.1:`port`, printing each frame it decodes as

@@ -29,7 +29,8 @@
 //! Also the set-up the end-to-end tests share, one home each: scratch directories, key
 //! files and free ports ([`scratch`]), a child process with its output drained ([`child`]),
 //! a collector started and waited for ([`collector_process`]), the real agent on a fixture
-//! node with the NVML stand-in ([`fixture_agent`]), processes in a job's cgroups whose pids
+//! node with the NVML stand-in ([`fixture_agent`]), the sysfs tree and stand-in script of an
+//! 8-GPU HGX H100 node and its variants ([`hgx`]), processes in a job's cgroups whose pids
 //! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
 //! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
 //! the hardware path a simulated node sends, an HGX H100's ([`sim_hardware`]);
@@ -40,6 +41,7 @@
 pub mod child;
 pub mod collector_process;
 pub mod fixture_agent;
+pub mod hgx;
 pub mod job_processes;
 pub mod node_frames;
 pub mod relay;
@@ -66,6 +68,7 @@ pub use fixture_agent::{
     FixtureAgent, agent_binary_next_to, json_listener_command, spawn_json_listener,
     standin_with_script, sysfs_fixture,
 };
+pub use hgx::HgxNode;
 pub use job_processes::JobProcesses;
 pub use node_frames::{NodeFrame, NodeSender};
 pub use relay::Relay;
@@ -114,6 +117,12 @@ pub mod values {
     /// CNPs sent per second by a healthy RoCE port, and by a congested one.
     pub const CNP_PER_S: u64 = 50;
     pub const CONGESTED_CNP_PER_S: u64 = 20_000;
+    /// PFC pause frames per second a healthy RoCE port sends and receives on priority 3
+    /// (its RoCE traffic class), each pausing for [`PAUSE_US`] microseconds; and the frames a
+    /// port in a pause storm sends.
+    pub const PAUSE_PER_S: u64 = 20;
+    pub const PAUSE_US: u64 = 10;
+    pub const STORM_PAUSE_PER_S: u64 = 50_000;
     /// PCIe link of a healthy GPU (Gen5 x16).
     pub const PCIE_GEN: f64 = 5.0;
     pub const PCIE_WIDTH: f64 = 16.0;
@@ -160,6 +169,11 @@ pub struct FleetBuilder {
     flap_down_ticks: u64,
     port_event_skew_ns: u64,
     congested_ports: Vec<(usize, usize)>,
+    /// Ports whose netdevs send the ethtool PFC counters (see [`FleetBuilder::pfc`]).
+    pfc: bool,
+    pfc_storms: Vec<(usize, usize)>,
+    /// (node, port, fraction of the time paused).
+    pfc_paused: Vec<(usize, usize, f64)>,
     xids: Vec<SimXid>,
     lost: Vec<SimLostGpu>,
     ecc_dbe: Vec<(usize, usize)>,
@@ -271,6 +285,30 @@ impl FleetBuilder {
     ) -> Self {
         self.neighbours
             .push((node, port, switch.into(), switch_port.into()));
+        self
+    }
+
+    /// Every port's netdev sends mlx5's PFC counters as the agent's ethtool source names them
+    /// (`railscope_ethtool_{rx,tx}_prio{0,3}_pause_total` and `..._pause_duration_total`,
+    /// labels `device`, `port`, `netdev`): priority 3 at the healthy rate, priority 0 none.
+    pub fn pfc(mut self) -> Self {
+        self.pfc = true;
+        self
+    }
+
+    /// A port in a PFC pause storm: it sends [`values::STORM_PAUSE_PER_S`] pause frames on
+    /// priority 3 (makes the fleet send the PFC counters).
+    pub fn pfc_storm_port(mut self, node: usize, port: usize) -> Self {
+        self.pfc_storms.push((node, port));
+        self.pfc = true;
+        self
+    }
+
+    /// A port the switch keeps paused `fraction` of the time on priority 3, with the healthy
+    /// number of pause frames (makes the fleet send the PFC counters).
+    pub fn pfc_paused_port(mut self, node: usize, port: usize, fraction: f64) -> Self {
+        self.pfc_paused.push((node, port, fraction));
+        self.pfc = true;
         self
     }
 
@@ -496,7 +534,9 @@ fn agent_sampler(interval: Duration) -> AdaptiveSampler {
         ground_truth_every: 2,
         ..config.clone()
     };
-    AdaptiveSampler::new(config).with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib)
+    AdaptiveSampler::new(config)
+        .with_group(metric::IB_PREFIX, metric::IB_PREFIX, ib.clone())
+        .with_group(metric::ETHTOOL_PREFIX, metric::ETHTOOL_PREFIX, ib)
 }
 
 /// FNV-1a of a node, a series and a seed: where in its phase a series of an adaptive fleet
@@ -547,6 +587,9 @@ impl SimulatedFleet {
             flap_down_ticks: 2,
             port_event_skew_ns: 0,
             congested_ports: Vec::new(),
+            pfc: false,
+            pfc_storms: Vec::new(),
+            pfc_paused: Vec::new(),
             xids: Vec::new(),
             lost: Vec::new(),
             ecc_dbe: Vec::new(),
@@ -902,6 +945,40 @@ impl SimulatedFleet {
                     metric::IB_NP_ECN_MARKED_ROCE_PACKETS_TOTAL,
                 ] {
                     counters.push((counter(name, labels.clone()), cnp));
+                }
+            }
+            if self.spec.pfc {
+                let secs = (dt as u64).max(1);
+                let netdev = Labels::new([
+                    ("device", format!("mlx5_{p}")),
+                    ("port", "1".into()),
+                    ("netdev", format!("enp{p}s0np0")),
+                ]);
+                let mut frames = || self.noisy(values::PAUSE_PER_S as f64, 20.0) as u64 * secs;
+                let (rx, tx) = (frames(), frames());
+                let tx = if self.spec.pfc_storms.contains(&(n, p)) {
+                    values::STORM_PAUSE_PER_S * secs
+                } else {
+                    tx
+                };
+                let rx_us = match self.spec.pfc_paused.iter().find(|x| (x.0, x.1) == (n, p)) {
+                    Some(&(_, _, fraction)) => (fraction * 1e6) as u64 * secs,
+                    None => rx * values::PAUSE_US,
+                };
+                for (name, inc) in [
+                    (metric::ETHTOOL_RX_PRIO3_PAUSE_TOTAL, rx),
+                    (metric::ETHTOOL_TX_PRIO3_PAUSE_TOTAL, tx),
+                    (metric::ETHTOOL_RX_PRIO3_PAUSE_DURATION_TOTAL, rx_us),
+                    (
+                        metric::ETHTOOL_TX_PRIO3_PAUSE_DURATION_TOTAL,
+                        tx * values::PAUSE_US,
+                    ),
+                    (metric::ETHTOOL_RX_PRIO0_PAUSE_TOTAL, 0),
+                    (metric::ETHTOOL_TX_PRIO0_PAUSE_TOTAL, 0),
+                    (metric::ETHTOOL_RX_PRIO0_PAUSE_DURATION_TOTAL, 0),
+                    (metric::ETHTOOL_TX_PRIO0_PAUSE_DURATION_TOTAL, 0),
+                ] {
+                    counters.push((counter(name, netdev.clone()), inc));
                 }
             }
         }

@@ -55,6 +55,18 @@ pub struct Utilization {
     pub memory: c_uint,
 }
 
+/// `nvmlPciInfo_t` (what `nvmlDeviceGetPciInfo_v3` fills).
+#[repr(C)]
+pub struct PciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [c_char; 32],
+}
+
 /// `nvmlMemory_v2_t`.
 #[repr(C)]
 pub struct MemoryV2 {

@@ -199,6 +199,62 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     unsafe { copy_str(uuid, length, v) }
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: Handle,
+    pci: *mut ffi::PciInfo,
+) -> NvmlReturn {
+    counts::count("nvmlDeviceGetPciInfo_v3");
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(pci, |run| {
+            let id = supported(run.view(device)?.gpu.pci)?;
+            // NVML's C strings, NUL-padded (the ids are ASCII and shorter than their arrays).
+            let fill = |text: String, out: &mut [c_char]| {
+                for (o, b) in out.iter_mut().zip(text.bytes()) {
+                    *o = b as c_char;
+                }
+            };
+            let mut info = ffi::PciInfo {
+                bus_id_legacy: [0; 16],
+                domain: id.domain,
+                bus: id.bus,
+                device: id.device,
+                pci_device_id: 0,
+                pci_sub_system_id: 0,
+                bus_id: [0; 32],
+            };
+            fill(id.bus_id_legacy(), &mut info.bus_id_legacy);
+            fill(id.bus_id(), &mut info.bus_id);
+            Ok(info)
+        })
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    device: Handle,
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    counts::count("nvmlDeviceGetVbiosVersion");
+    let v = state::with_run(|run| supported(run.view(device)?.gpu.vbios_version.clone()));
+    // SAFETY: forwarded contract.
+    unsafe { copy_str(version, length, v) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: Handle,
+    serial: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    counts::count("nvmlDeviceGetSerial");
+    let v = state::with_run(|run| supported(run.view(device)?.gpu.serial.clone()));
+    // SAFETY: forwarded contract.
+    unsafe { copy_str(serial, length, v) }
+}
+
 /// Also the stand-in's clock: each call moves this GPU to its next step.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(

@@ -53,6 +53,16 @@ pub struct GpuScript {
     /// NVLink links (`NVML_FI_DEV_NVLINK_LINK_COUNT`); 0 = no NVLink.
     #[serde(default)]
     pub nvlink_links: u32,
+    /// Its PCI address, `DDDD:BB:DD.F` or NVML's `DDDDDDDD:BB:DD.F`
+    /// (`nvmlDeviceGetPciInfo_v3`; absent: `NVML_ERROR_NOT_SUPPORTED`).
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
+    /// `nvmlDeviceGetVbiosVersion` (absent: `NVML_ERROR_NOT_SUPPORTED`).
+    #[serde(default)]
+    pub vbios_version: Option<String>,
+    /// `nvmlDeviceGetSerial` (absent: `NVML_ERROR_NOT_SUPPORTED`).
+    #[serde(default)]
+    pub serial: Option<String>,
     /// From this step on, every call about this GPU returns `NVML_ERROR_GPU_IS_LOST`.
     #[serde(default)]
     pub lost_at_step: Option<u64>,
@@ -268,6 +278,9 @@ pub struct GpuTrace {
     pub uuid: CString,
     pub gpm_supported: bool,
     pub nvlink_links: u32,
+    pub pci: Option<PciBusId>,
+    pub vbios_version: Option<CString>,
+    pub serial: Option<CString>,
     pub lost_at_step: Option<u64>,
     pub error_from_step: Option<u64>,
     pub error_until_step: Option<u64>,
@@ -280,6 +293,51 @@ impl GpuTrace {
     pub fn at(&self, step: u64) -> &Step {
         let last = self.steps.len() - 1;
         &self.steps[usize::try_from(step).map_or(last, |s| s.min(last))]
+    }
+}
+
+/// A PCI address, as `nvmlPciInfo_t` holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciBusId {
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub function: u32,
+}
+
+impl PciBusId {
+    /// `DDDD:BB:DD.F`, the domain of up to 8 hex digits.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (domain, rest) = text.split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, function) = rest.split_once('.')?;
+        let hex = |s: &str, max: usize| {
+            (!s.is_empty() && s.len() <= max)
+                .then(|| u32::from_str_radix(s, 16).ok())
+                .flatten()
+        };
+        Some(Self {
+            domain: hex(domain, 8)?,
+            bus: hex(bus, 2)?,
+            device: hex(device, 2)?,
+            function: hex(function, 1)?,
+        })
+    }
+
+    /// NVML's `busId`: `%08X:%02X:%02X.%X`.
+    pub fn bus_id(&self) -> String {
+        format!(
+            "{:08X}:{:02X}:{:02X}.{:X}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+
+    /// NVML's `busIdLegacy`: `%04X:%02X:%02X.%X`.
+    pub fn bus_id_legacy(&self) -> String {
+        format!(
+            "{:04X}:{:02X}:{:02X}.{:X}",
+            self.domain, self.bus, self.device, self.function
+        )
     }
 }
 
@@ -346,11 +404,37 @@ impl Script {
                     "GPU {i}: error_until_step {until} needs an error_from_step before it"
                 )));
             }
+            let pci = gpu
+                .pci_bus_id
+                .as_deref()
+                .map(|id| {
+                    PciBusId::parse(id).ok_or_else(|| {
+                        invalid(format!("GPU {i}: pci_bus_id {id:?} is not DDDD:BB:DD.F"))
+                    })
+                })
+                .transpose()?;
+            // nvml-wrapper reads them into NVML's buffers: 32 bytes, 30 for the serial.
+            let sized = |what: &str, s: &Option<String>, room: usize| {
+                s.as_deref()
+                    .map(|s| {
+                        if s.len() >= room {
+                            return Err(invalid(format!(
+                                "GPU {i}: {what} {s:?} is longer than {} bytes",
+                                room - 1
+                            )));
+                        }
+                        c_string(what, s)
+                    })
+                    .transpose()
+            };
             gpus.push(GpuTrace {
                 name: c_string("name", &gpu.name)?,
                 uuid: c_string("uuid", &gpu.uuid)?,
                 gpm_supported: gpu.gpm_supported,
                 nvlink_links: gpu.nvlink_links,
+                pci,
+                vbios_version: sized("vbios_version", &gpu.vbios_version, 32)?,
+                serial: sized("serial", &gpu.serial, 30)?,
                 lost_at_step: gpu.lost_at_step,
                 error_from_step: gpu.error_from_step,
                 error_until_step: gpu.error_until_step,
@@ -368,6 +452,29 @@ impl Script {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pci_bus_ids_are_read_in_either_form_and_answered_in_nvml_s() {
+        let trace = Script::parse(
+            r#"{"gpus": [{"name": "n", "uuid": "GPU-a", "pci_bus_id": "0000:1b:00.0",
+                          "vbios_version": "96.00.99.00.01", "serial": "1654922001234"},
+                         {"name": "n", "uuid": "GPU-b", "pci_bus_id": "00000001:9A:00.0"},
+                         {"name": "n", "uuid": "GPU-c"}]}"#,
+        )
+        .unwrap();
+        let id = |i: usize| trace.gpus[i].pci.map(|p| p.bus_id());
+        assert_eq!(id(0).as_deref(), Some("00000000:1B:00.0"));
+        assert_eq!(trace.gpus[0].pci.unwrap().bus_id_legacy(), "0000:1B:00.0");
+        assert_eq!(id(1).as_deref(), Some("00000001:9A:00.0"));
+        assert_eq!(id(2), None);
+        assert_eq!(trace.gpus[0].serial.as_deref(), Some(c"1654922001234"));
+        assert_eq!(trace.gpus[1].vbios_version, None);
+        let e =
+            Script::parse(r#"{"gpus": [{"name": "n", "uuid": "GPU-a", "pci_bus_id": "1b:00.0"}]}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("pci_bus_id \"1b:00.0\""), "{e}");
+    }
 
     #[test]
     fn a_step_carries_over_what_it_does_not_change() {

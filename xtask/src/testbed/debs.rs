@@ -38,7 +38,8 @@ impl KernelLine {
 }
 
 /// Userspace packages of the guest, beside the kernel image: rdma-core (verbs, the rxe
-/// provider, rdma_cm), its tools, perftest, iproute2 (`ip`, `rdma`, `tc`), bpftool, and the
+/// provider, rdma_cm), its tools, perftest, iproute2 (`ip`, `rdma`, `tc`), bpftool, pciutils (`lspci`),
+/// ethtool (`ethtool -S`, what the agent's ethtool statistics are checked against), and the
 /// libraries these link against that a stock busybox system lacks.
 const GUEST_PACKAGES: &[&str] = &[
     "rdma-core",
@@ -50,6 +51,9 @@ const GUEST_PACKAGES: &[&str] = &[
     "perftest",
     "iproute2",
     "bpftool",
+    // lspci, for pcie-topology's PCI tree.
+    "pciutils",
+    "ethtool",
     "libpci3",
     "libibumad3",
     "libnl-3-200",

@@ -81,6 +81,8 @@ const TOOLS: &[&str] = &[
     "ibv_rc_pingpong",
     "rping",
     "bpftool",
+    "lspci",
+    "ethtool",
 ];
 
 /// Programs from the debs that are added when the packages ship them.

@@ -218,6 +218,7 @@ poweroff -f
         let image = build_image(&cache, &work, &spec).expect("image builds");
         let opts = BootOptions {
             user_net: false,
+            pcie_numa: false,
             mem: "1G".into(),
             smp: 2,
             timeout,

@@ -37,7 +37,49 @@ pub struct BootOptions {
     /// A virtio NIC on QEMU's user network (the host is 10.0.2.2 from the guest), for
     /// scenarios that reach the host; none otherwise.
     pub user_net: bool,
+    /// Boot a q35 machine with two NUMA nodes and a PCIe tree of NICs ([`PCIE_NUMA_ARGS`])
+    /// instead of the plain PC.
+    pub pcie_numa: bool,
 }
+
+/// A q35 machine with two NUMA nodes (one vCPU and half the memory each, so `-m` must be
+/// 1G) and, on each node's expander bus (`pxb-pcie`), a root port with a virtio NIC: on node
+/// 0 behind a PCIe switch (`x3130-upstream`, `xio3130-downstream`) under a root port set to
+/// 16 GT/s x16; on node 1 straight on a root port set to 8 GT/s x4 (QEMU 7.2's virtio NICs
+/// themselves report 2.5 GT/s x1). The guest's kernel builds its PCI sysfs from this: where
+/// a NIC sits, its NUMA node and link, what an HGX node's NICs show.
+pub const PCIE_NUMA_ARGS: &[&str] = &[
+    "-machine",
+    "q35",
+    "-object",
+    "memory-backend-ram,id=mem0,size=512M",
+    "-numa",
+    "node,nodeid=0,cpus=0,memdev=mem0",
+    "-object",
+    "memory-backend-ram,id=mem1,size=512M",
+    "-numa",
+    "node,nodeid=1,cpus=1,memdev=mem1",
+    "-device",
+    "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0",
+    "-device",
+    "pcie-root-port,id=rp0,bus=pxb0,chassis=10,slot=0,x-speed=16,x-width=16",
+    "-device",
+    "x3130-upstream,id=sw0,bus=rp0",
+    "-device",
+    "xio3130-downstream,id=sw0port0,bus=sw0,chassis=11,slot=0",
+    "-netdev",
+    "user,id=nic0",
+    "-device",
+    "virtio-net-pci,netdev=nic0,bus=sw0port0",
+    "-device",
+    "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0",
+    "-device",
+    "pcie-root-port,id=rp1,bus=pxb1,chassis=12,slot=0,x-speed=8,x-width=4",
+    "-netdev",
+    "user,id=nic1",
+    "-device",
+    "virtio-net-pci,netdev=nic1,bus=rp1",
+];
 
 /// How a boot went.
 #[derive(Clone, Debug)]
@@ -143,6 +185,9 @@ fn qemu_args(image: &GuestImage, opts: &BootOptions, accel: Accel) -> Vec<OsStri
         "stdio",
     ] {
         args.push(a.into());
+    }
+    if opts.pcie_numa {
+        args.extend(PCIE_NUMA_ARGS.iter().map(OsString::from));
     }
     args.push(os("-kernel").into());
     args.push(image.vmlinuz.clone().into());
@@ -291,6 +336,7 @@ mod tests {
     fn opts(extra: &str) -> BootOptions {
         BootOptions {
             user_net: false,
+            pcie_numa: false,
             mem: "1G".into(),
             smp: 2,
             timeout: Duration::from_secs(60),

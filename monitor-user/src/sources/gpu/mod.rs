@@ -96,6 +96,25 @@ pub(super) fn now_unix_ns() -> UnixNs {
     TimeBase::global().now_unix_ns()
 }
 
+/// Loads NVML (`None`: the system's [`SYSTEM_LIBRARY`]) and initialises it.
+pub fn load_nvml(lib_path: Option<&Path>) -> Result<Nvml, GpuError> {
+    let library = lib_path.map_or(OsStr::new(SYSTEM_LIBRARY), Path::as_os_str);
+    Nvml::builder()
+        .lib_path(library)
+        .init()
+        .map_err(|e| match e {
+            NvmlError::LibloadingError(err) => {
+                let library = library.to_string_lossy().into_owned();
+                tracing::debug!(%library, "cannot load NVML: {err}");
+                GpuError::NotFound {
+                    library,
+                    reason: err.to_string(),
+                }
+            }
+            e => GpuError::Init(e),
+        })
+}
+
 /// What [`GpuSource::open`] found about one GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
@@ -132,21 +151,7 @@ const _: () = {
 impl GpuSource {
     /// Load NVML (`None`: the system's [`SYSTEM_LIBRARY`]) and list the GPUs.
     pub fn open(lib_path: Option<&Path>) -> Result<GpuSource, GpuError> {
-        let library = lib_path.map_or(OsStr::new(SYSTEM_LIBRARY), Path::as_os_str);
-        let nvml = Nvml::builder()
-            .lib_path(library)
-            .init()
-            .map_err(|e| match e {
-                NvmlError::LibloadingError(err) => {
-                    let library = library.to_string_lossy().into_owned();
-                    tracing::debug!(%library, "cannot load NVML: {err}");
-                    GpuError::NotFound {
-                        library,
-                        reason: err.to_string(),
-                    }
-                }
-                e => GpuError::Init(e),
-            })?;
+        let nvml = load_nvml(lib_path)?;
         let count = nvml.device_count().map_err(GpuError::Init)?;
         if count == 0 {
             return Err(GpuError::NoGpu);
@@ -194,6 +199,12 @@ impl GpuSource {
     /// using it): the caller sends what its sampler still holds of them and retires them.
     pub fn take_ended_series(&mut self) -> Vec<Series> {
         std::mem::take(&mut self.ended)
+    }
+
+    /// The NVML instance the source reads through (the hardware path reads the GPUs' PCI
+    /// places through it too).
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
     }
 
     /// The GPUs found at open, lost ones included.

@@ -91,6 +91,7 @@ pub use error::SysfsError;
 pub use link::{
     CodedState, LinkLayer, LinkRate, PortLink, parse_coded, parse_link_layer, parse_rate,
 };
+pub use plan::metric_stem;
 
 use super::{Collect, ReadingSink};
 use monitor_wire::{Reading, Series, names::metric};

@@ -335,7 +335,7 @@ pub(super) fn forget_problems_under(problems: &mut BTreeMap<PathBuf, SysfsError>
 
 /// A counter file name as a metric name part: lowercase, `[a-z0-9_]` only, no `_total` suffix
 /// (it is added back once).
-pub(super) fn metric_stem(file: &str) -> String {
+pub fn metric_stem(file: &str) -> String {
     let mut s: String = file
         .chars()
         .map(|c| match c.to_ascii_lowercase() {

@@ -1,8 +1,10 @@
 //! agent-frames: the node agent sending to a collector inside the guest. `railscope listen`
 //! receives the frames of `railscope agent --collector` while `ib_write_bw` runs and a link
 //! flaps: the real rxe hardware counters move in the frames (rxe0's sent packets equal
-//! rxe1's received ones), the verb counters travel as `railscope_rdma_verbs_total`, and port
-//! events arrive as events.
+//! rxe1's received ones), the verb counters travel as `railscope_rdma_verbs_total`, port
+//! events arrive as events, and the ethtool statistics of rxe's netdevs (vethA, vethB) arrive
+//! as `railscope_ethtool_<stat>_total{device, port, netdev}` with the values `ethtool -S`
+//! prints once the transfer is over.
 
 use std::{collections::BTreeMap, thread, time::Duration};
 
@@ -83,5 +85,74 @@ pub fn run() -> anyhow::Result<()> {
             && port_events.iter().any(|e| e["text"] == "PORT_ACTIVE"),
         "the link flap did not reach the collector as events: {port_events:?}"
     );
+    ethtool_statistics_as_printed(&frames)
+}
+
+/// Each rxe device's netdev: every statistic `ethtool -S` prints for it was sent, its last
+/// value the one printed now (the traffic is over, and a veth's statistics move only on its
+/// XDP path, which nothing here uses), and nothing else was sent for it, under its rxe
+/// device's labels.
+fn ethtool_statistics_as_printed(frames: &[Value]) -> anyhow::Result<()> {
+    // (netdev, series name) → (time, value) of the last point, with the device and port.
+    let mut sent: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for frame in frames {
+        for s in frame["samples"].as_array().into_iter().flatten() {
+            let name = s["name"].as_str().unwrap_or("");
+            if !name.starts_with("railscope_ethtool_") {
+                continue;
+            }
+            let labels = &s["labels"];
+            let netdev = labels["netdev"].as_str().unwrap_or("").to_owned();
+            let expected_device = match netdev.as_str() {
+                "vethA" => "rxe0",
+                "vethB" => "rxe1",
+                // Another RDMA device an earlier scenario left (siw on another netdev).
+                _ => continue,
+            };
+            ensure!(
+                labels["device"] == expected_device && labels["port"] == "1",
+                "{name}: labels {labels}"
+            );
+            for p in s["points"].as_array().into_iter().flatten() {
+                let (t, v) = (
+                    p["unix_ns"].as_u64().unwrap_or(0),
+                    p["value"].as_u64().unwrap_or(0),
+                );
+                let key = (netdev.clone(), name.to_owned());
+                if sent.get(&key).is_none_or(|(lt, _)| t >= *lt) {
+                    sent.insert(key, (t, v));
+                }
+            }
+        }
+    }
+    for netdev in ["vethA", "vethB"] {
+        let printed: BTreeMap<String, u64> = guest::run("/usr/bin/ethtool", &["-S", netdev])?
+            .lines()
+            .filter_map(|l| {
+                let (stat, value) = l.trim().rsplit_once(':')?;
+                Some((
+                    format!("railscope_ethtool_{}_total", stat.trim()),
+                    value.trim().parse().ok()?,
+                ))
+            })
+            .collect();
+        ensure!(
+            !printed.is_empty(),
+            "ethtool -S {netdev} printed no statistic"
+        );
+        let agent: BTreeMap<String, u64> = sent
+            .iter()
+            .filter(|((n, _), _)| n == netdev)
+            .map(|((_, name), (_, v))| (name.clone(), *v))
+            .collect();
+        println!(
+            "{netdev}: the agent sent {} ethtool statistics",
+            agent.len()
+        );
+        ensure!(
+            agent == printed,
+            "{netdev}: the agent sent {agent:?}, ethtool -S prints {printed:?}"
+        );
+    }
     Ok(())
 }

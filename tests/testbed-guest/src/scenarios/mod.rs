@@ -22,6 +22,7 @@ mod job_labels;
 mod kernel_facts;
 mod least_privilege;
 mod lossy_link;
+mod pcie_topology;
 mod perftest;
 mod port_events;
 mod probe_table;
@@ -67,6 +68,7 @@ pub fn run(name: &str) -> anyhow::Result<()> {
         "demo" => demo::run(),
         "least-privilege" => least_privilege::run(),
         "ring-overflow" => ring_overflow::run(),
+        "pcie-topology" => pcie_topology::run(),
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
 }
