@@ -49,7 +49,7 @@ use std::{
 
 use browser::{Page, assert_no_problem, chromium, eval, open, screenshot, wait_until};
 use headless_chrome::Tab;
-use monitor_testkit::SimulatedFleet;
+use monitor_testkit::{HgxNode, SimulatedFleet, hgx};
 use monitor_wire::Key;
 use serde_json::Value;
 
@@ -65,7 +65,6 @@ const LOST: (usize, usize) = (2, 6);
 /// A node wired like PFN's servers whose NIC 2 runs older firmware (every node sends its
 /// hardware path, an HGX H100's).
 const PFN: usize = 9;
-const OLD_FW: &str = "28.36.1010";
 /// Sweeps (1 s each) sent before the page opens, and while it is open.
 const HISTORY: u64 = 150;
 const LIVE: u64 = 10;
@@ -183,8 +182,12 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         .degraded_port(DEGRADED.0, DEGRADED.1)
         .lost_gpu(LOST.0, LOST.1, HISTORY - 60)
         .hardware_path()
-        .pfn_wired(PFN)
-        .nic_firmware(PFN, 2, OLD_FW)
+        .hgx_node(
+            PFN,
+            HgxNode::new(PFN as u32)
+                .pfn_wired()
+                .nic_with_old_firmware(2),
+        )
         .ticks_before_now(HISTORY)
         .build(Key::from_bytes(KEY));
     fleet.send_ticks(collector.udp, HISTORY).unwrap();
@@ -644,7 +647,7 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
             "gpus": 8, "nics": 8, "link": "Gen5 x16", "cells": 64,
             "drift": pix_pairs,
             "fwRule": "firmware_drift",
-            "fwDrift": [[OLD_FW, monitor_testkit::sim_hardware::FW_VER]],
+            "fwDrift": [[hgx::OLD_FIRMWARE, hgx::FIRMWARE]],
             "matrixRule": "topology_drift",
             "otherDrift": 1,
         }),

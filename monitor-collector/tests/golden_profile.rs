@@ -1,9 +1,9 @@
-//! The fleet's golden profile (docs/findings.md, "The golden profile"): 16 HGX H100 nodes
-//! whose frames carry the hardware path (monitor-wire's names, through the agent's own
-//! adaptive sampler: monitor-testkit's simulated fleet and its `sim_hardware` layout) into a
-//! collector as an operator runs it. One GPU runs at Gen4 x8, one NIC has older firmware, one
-//! node lacks a NIC, one node is wired like PFN's servers: exactly four findings, nothing
-//! else; and `GET /api/v1/nodes/{node}/hardware` shows the node's path against its class.
+//! The fleet's golden profile (docs/findings.md, "The golden profile"): 16 real `railscope
+//! agent` processes, each on an 8-GPU HGX H100 node's sysfs tree with the NVML stand-in
+//! answering the same GPUs (monitor-testkit's `hgx`), send their hardware path to a collector
+//! as an operator runs it. One GPU runs at Gen4 x8, one NIC has older firmware, one node lacks
+//! a NIC, one node is wired like PFN's servers: exactly four findings, nothing else; and
+//! `GET /api/v1/nodes/{node}/hardware` shows the node's path against its class.
 
 use std::{
     ffi::OsStr,
@@ -13,16 +13,18 @@ use std::{
 };
 
 use monitor_testkit::{
-    CollectorProcess, SimulatedFleet, key_file, key_from_hex, scratch_dir, sim_hardware, wait_for,
+    CollectorProcess, FixtureAgent, HgxNode, Running, agent_binary_next_to, hgx, key_file,
+    scratch_dir, wait_for,
 };
 use serde_json::Value;
 
 const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 const KEY_HEX: &str = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677";
-/// Ticks the fleet sends, 1 s apart and ending now: the adaptive sampler sends a stable
-/// series every ~32 s, each series starting at its own phase within the first 64.
-const TICKS: u64 = 120;
-const OLD_FW: &str = "28.36.1010";
+const NODES: u32 = 16;
+
+fn node_name(n: u32) -> String {
+    format!("hgx-{n:02}")
+}
 
 fn findings(c: &CollectorProcess) -> Vec<Value> {
     c.json("/api/v1/findings")["findings"]
@@ -64,7 +66,7 @@ fn get(c: &CollectorProcess, path: &str) -> (String, String) {
 }
 
 #[test]
-fn sixteen_hgx_nodes_with_four_hardware_faults_are_exactly_four_findings() {
+fn sixteen_real_agents_on_hgx_trees_with_four_hardware_faults_are_exactly_four_findings() {
     let dir = scratch_dir("golden-profile");
     let key = key_file(&dir, KEY_HEX);
     let config = dir.join("collector.toml");
@@ -73,27 +75,35 @@ fn sixteen_hgx_nodes_with_four_hardware_faults_are_exactly_four_findings() {
         .args([OsStr::new("--config"), config.as_os_str()])
         .args(["--sockets", "1"])
         .start();
-    SimulatedFleet::builder(16)
-        .job("slurm:7", 0..16)
-        .adaptive(true)
-        .ticks_before_now(TICKS)
-        .hardware_path()
-        .pcie_degraded(3, 5)
-        .nic_firmware(6, 2, OLD_FW)
-        .missing_nic(9, 7)
-        .pfn_wired(12)
-        .build(key_from_hex(KEY_HEX))
-        .send_ticks(c.udp_addr(), TICKS)
-        .unwrap();
+    let _agents: Vec<Running> = (0..NODES)
+        .map(|n| {
+            let node = match n {
+                3 => HgxNode::new(n).gpu_at_gen4_x8(5),
+                6 => HgxNode::new(n).nic_with_old_firmware(2),
+                9 => HgxNode::new(n).without_nic(7),
+                12 => HgxNode::new(n).pfn_wired(),
+                _ => HgxNode::new(n),
+            };
+            let here = dir.join(node_name(n));
+            let tree = here.join("sys");
+            node.write(&tree);
+            let lib = node.standin(&here);
+            FixtureAgent::new(&c.udp_addr().to_string(), &key, &tree)
+                .node(&node_name(n))
+                .nvml_lib(&lib)
+                .cadence("1", "1")
+                .spawn(agent_binary_next_to(COLLECTOR))
+        })
+        .collect();
 
     let expected = [
-        ("device_missing", "node-009", ""),
-        ("firmware_drift", "node-006", "mlx5_2"),
-        ("pcie_downtrained", "node-003", "5"),
-        ("topology_drift", "node-012", ""),
+        ("device_missing", "hgx-09", ""),
+        ("firmware_drift", "hgx-06", "mlx5_2"),
+        ("pcie_downtrained", "hgx-03", "5"),
+        ("topology_drift", "hgx-12", ""),
     ]
     .map(|(r, n, d)| (r.to_owned(), n.to_owned(), d.to_owned()));
-    wait_for("the four findings", Duration::from_secs(30), || {
+    wait_for("the four findings", Duration::from_secs(90), || {
         (places(&findings(&c)).len() >= 4).then_some(())
     });
     // A few more passes (the profile is learnt again at most every 6): nothing else comes,
@@ -107,10 +117,13 @@ fn sixteen_hgx_nodes_with_four_hardware_faults_are_exactly_four_findings() {
     }
     let of = |rule: &str| found.iter().find(|f| f["rule"] == rule).unwrap();
     assert_eq!(of("pcie_downtrained")["evidence"]["link"]["width"], 8);
-    assert_eq!(of("firmware_drift")["evidence"]["fw_ver"], OLD_FW);
+    assert_eq!(
+        of("firmware_drift")["evidence"]["fw_ver"],
+        hgx::OLD_FIRMWARE
+    );
     assert_eq!(
         of("firmware_drift")["evidence"]["class_fw_ver"]["value"],
-        sim_hardware::FW_VER
+        hgx::FIRMWARE
     );
     let missing = &of("device_missing")["evidence"];
     assert_eq!(missing["rdma_devices"]["value"], 7);
@@ -129,13 +142,16 @@ fn sixteen_hgx_nodes_with_four_hardware_faults_are_exactly_four_findings() {
     );
 
     // The PFN-wired node's hardware path: its matrix against its class's.
-    let hw = c.json("/api/v1/nodes/node-012/hardware");
-    assert_eq!(hw["class"]["gpu_model"], sim_hardware::GPU_MODEL);
-    assert_eq!(hw["class"]["nic_model"], sim_hardware::NIC_MODEL);
+    let hw = c.json("/api/v1/nodes/hgx-12/hardware");
+    assert_eq!(hw["class"]["gpu_model"], hgx::GPU_MODEL);
+    assert_eq!(hw["class"]["nic_model"], hgx::HCA_TYPE);
+    assert_eq!(hw["info"]["driver"], hgx::DRIVER);
     assert_eq!(hw["counts"]["gpus"], 8);
     assert_eq!(hw["gpus"].as_array().unwrap().len(), 8);
     assert_eq!(hw["rdma"][0]["device"], "mlx5_0");
-    assert_eq!(hw["rdma"][0]["fw_ver"], sim_hardware::FW_VER);
+    assert_eq!(hw["rdma"][0]["fw_ver"], hgx::FIRMWARE);
+    assert_eq!(hw["gpus"][0]["vbios"], hgx::VBIOS);
+    assert_eq!(hw["gpus"][0]["link"]["max_generation"], 5);
     assert_eq!(hw["class_profile"]["nodes"], 16);
     assert_eq!(hw["class_profile"]["gpus"]["value"], 8);
     assert_eq!(hw["distances"]["nics"][7], "mlx5_7");
@@ -144,7 +160,7 @@ fn sixteen_hgx_nodes_with_four_hardware_faults_are_exactly_four_findings() {
     assert_eq!(hw["distances"]["node"][0][4], "SYS");
     assert_eq!(hw["distances"]["class"][0][4], "SYS");
     // A healthy node's matrix is its class's.
-    let healthy = c.json("/api/v1/nodes/node-000/hardware");
+    let healthy = c.json("/api/v1/nodes/hgx-00/hardware");
     assert_eq!(healthy["distances"]["node"], healthy["distances"]["class"]);
 
     let (status, body) = get(&c, "/api/v1/nodes/node-999/hardware");

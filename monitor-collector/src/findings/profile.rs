@@ -485,7 +485,7 @@ impl GoldenProfile {
 
 #[cfg(test)]
 mod tests {
-    use monitor_testkit::sim_hardware::{self, HardwareFaults};
+    use monitor_testkit::{HgxNode, hgx as layout, sim_hardware};
     use monitor_wire::{Kind, Labels, Series, names::metric};
 
     use super::*;
@@ -513,16 +513,16 @@ mod tests {
         }
     }
 
-    /// Node `n` of the testkit's HGX layout, with `faults`; GPU `slow` (if any) linked at
+    /// Node `n` of the testkit's HGX layout, as `node` has it; GPU `slow` (if any) linked at
     /// (generation, width); `gpu_model` and `nic_model` replaced where given.
     fn hgx(
         n: usize,
-        faults: &HardwareFaults,
+        node: &HgxNode,
         slow: Option<(usize, f64, f64)>,
         models: Option<(&str, &str)>,
     ) -> NodeHardware {
         let mut r = HardwareReader::default();
-        for (name, labels, v) in sim_hardware::series(n, faults) {
+        for (name, labels, v) in sim_hardware::series(n, node) {
             let labels = match (name, models) {
                 (metric::NODE_HARDWARE_INFO, Some((gpu, nic))) => {
                     Labels::new(labels.iter().map(|(k, v)| match k {
@@ -554,7 +554,7 @@ mod tests {
     }
 
     fn healthy(n: usize) -> NodeHardware {
-        hgx(n, &HardwareFaults::default(), None, None)
+        hgx(n, &HgxNode::new(n as u32), None, None)
     }
 
     fn findings(nodes: &[NodeHardware], min_nodes: usize) -> Vec<Observation> {
@@ -614,10 +614,10 @@ mod tests {
         let names = ["a", "b", "c", "d"];
         let profile = GoldenProfile::learn(names.into_iter().zip(&nodes), 3);
         let (class, p) = profile.class_of("a").unwrap();
-        assert_eq!(class.gpu_model, sim_hardware::GPU_MODEL);
+        assert_eq!(class.gpu_model, layout::GPU_MODEL);
         assert_eq!(p.nodes, 4);
         assert_eq!(p.gpus.as_ref().unwrap().value, 8);
-        assert_eq!(p.fw_ver.as_ref().unwrap().value, sim_hardware::FW_VER);
+        assert_eq!(p.fw_ver.as_ref().unwrap().value, layout::FIRMWARE);
         assert_eq!(p.fw_ver.as_ref().unwrap().held, 32);
         // GPU 0 and NIC 0 share a switch; NIC 2 is on the other switch of NUMA node 0,
         // NIC 4 across the sockets.
@@ -639,22 +639,10 @@ mod tests {
     #[test]
     fn the_four_faults_of_sixteen_nodes_are_four_findings() {
         let mut nodes: Vec<NodeHardware> = (0..16).map(healthy).collect();
-        nodes[3] = hgx(3, &HardwareFaults::default(), Some((5, 4.0, 8.0)), None);
-        let old_fw = HardwareFaults {
-            firmware: vec![(2, "28.36.1010".into())],
-            ..Default::default()
-        };
-        nodes[6] = hgx(6, &old_fw, None, None);
-        let no_nic = HardwareFaults {
-            missing_nics: vec![7],
-            ..Default::default()
-        };
-        nodes[9] = hgx(9, &no_nic, None, None);
-        let pfn = HardwareFaults {
-            pfn_wired: true,
-            ..Default::default()
-        };
-        nodes[12] = hgx(12, &pfn, None, None);
+        nodes[3] = hgx(3, &HgxNode::new(3), Some((5, 4.0, 8.0)), None);
+        nodes[6] = hgx(6, &HgxNode::new(6).nic_with_old_firmware(2), None, None);
+        nodes[9] = hgx(9, &HgxNode::new(9).without_nic(7), None, None);
+        nodes[12] = hgx(12, &HgxNode::new(12).pfn_wired(), None, None);
         let found = findings(&nodes, 3);
         assert_eq!(
             places(&found),
@@ -674,8 +662,8 @@ mod tests {
         assert_eq!(pcie.evidence["link"]["max_width"], 16);
         assert!(pcie.summary.contains("Gen4 x8"), "{}", pcie.summary);
         let fw = of("firmware_drift");
-        assert_eq!(fw.evidence["fw_ver"], "28.36.1010");
-        assert_eq!(fw.evidence["class_fw_ver"]["value"], sim_hardware::FW_VER);
+        assert_eq!(fw.evidence["fw_ver"], layout::OLD_FIRMWARE);
+        assert_eq!(fw.evidence["class_fw_ver"]["value"], layout::FIRMWARE);
         // 127 of the 128 NICs, on 16 nodes; the node without a NIC has 7.
         assert_eq!(fw.evidence["class_fw_ver"]["held"], 126);
         assert_eq!(fw.evidence["class_fw_ver"]["of"], 127);
@@ -703,50 +691,38 @@ mod tests {
     fn classes_are_kept_apart() {
         // Four nodes of one class on one firmware, four of another NIC on another: each class
         // is its own majority.
-        let other_fw = HardwareFaults {
-            firmware: (0..8).map(|n| (n, "22.31.1014".into())).collect(),
-            ..Default::default()
+        let other = |n: usize, models| {
+            let mut hw = hgx(n, &HgxNode::new(n as u32), None, models);
+            for r in &mut hw.rdma {
+                r.fw_ver = "22.31.1014".into();
+            }
+            hw
         };
         let mut nodes: Vec<NodeHardware> = (0..4).map(healthy).collect();
-        nodes.extend((4..8).map(|n| {
-            hgx(
-                n,
-                &other_fw,
-                None,
-                Some((sim_hardware::GPU_MODEL, "MT4123")),
-            )
-        }));
+        nodes.extend((4..8).map(|n| other(n, Some((layout::GPU_MODEL, "MT4123")))));
         assert_eq!(findings(&nodes, 3), []);
         // The same eight nodes as one class: no majority (half and half), no finding.
         let mut one_class: Vec<NodeHardware> = (0..4).map(healthy).collect();
-        one_class.extend((4..8).map(|n| hgx(n, &other_fw, None, None)));
+        one_class.extend((4..8).map(|n| other(n, None)));
         assert_eq!(findings(&one_class, 3), []);
     }
 
     #[test]
     fn too_small_a_class_or_no_majority_finds_nothing_against_it() {
-        let old_fw = HardwareFaults {
-            firmware: vec![(0, "28.36.1010".into())],
-            missing_nics: vec![1],
-            ..Default::default()
-        };
+        let odd = hgx(
+            1,
+            &HgxNode::new(1).nic_with_old_firmware(0).without_nic(1),
+            None,
+            None,
+        );
         // Two nodes: below profile-min-nodes.
-        assert_eq!(findings(&[healthy(0), hgx(1, &old_fw, None, None)], 3), []);
+        assert_eq!(findings(&[healthy(0), odd.clone()], 3), []);
         // Three nodes, each counting differently: no majority of counts, no device_missing.
-        let nodes = [
-            healthy(0),
-            hgx(1, &old_fw, None, None),
-            hgx(
-                2,
-                &HardwareFaults {
-                    missing_nics: vec![1, 2],
-                    ..Default::default()
-                },
-                None,
-                None,
-            ),
-        ];
-        let found = findings(&nodes, 3);
+        let mut fewer = hgx(2, &HgxNode::new(2).without_nic(1), None, None);
+        fewer.rdma.remove(1);
+        fewer.counts.rdma_devices = Some(6);
+        fewer.counts.active_ports = Some(6);
+        let found = findings(&[healthy(0), odd, fewer], 3);
         assert_eq!(
             places(&found),
             [("firmware_drift", "node01".into(), Some("mlx5_0".into()))]
@@ -758,7 +734,7 @@ mod tests {
         let mut nodes: Vec<NodeHardware> = (0..4).map(healthy).collect();
         // GPU 3 fell off: the node sends seven GPUs and counts seven.
         let mut r = HardwareReader::default();
-        for (name, labels, v) in sim_hardware::series(4, &HardwareFaults::default()) {
+        for (name, labels, v) in sim_hardware::series(4, &HgxNode::new(4)) {
             let (name, v) = match name {
                 metric::GPU_PCI_INFO if labels.get("gpu") == Some("3") => continue,
                 metric::NODE_GPUS => (name, 7.0),

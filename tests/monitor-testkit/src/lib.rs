@@ -33,7 +33,7 @@
 //! 8-GPU HGX H100 node and its variants ([`hgx`]), processes in a job's cgroups whose pids
 //! the stand-in lists on a GPU ([`job_processes`]); one node's frames as a collector
 //! accepts them, for the collector's archive and query tests and benches ([`node_frames`]);
-//! the hardware path a simulated node sends, an HGX H100's ([`sim_hardware`]);
+//! the hardware path a simulated node sends, an [`hgx`] node's ([`sim_hardware`]);
 //! a relay that keeps what an agent sent and can answer it ([`relay`]), and what it sent in
 //! the forms an archive and a TSDB are compared with ([`sent_frames`]); a real Slurm cluster
 //! on loopback for the actions' tests ([`slurm`]).
@@ -181,8 +181,9 @@ pub struct FleetBuilder {
     pcie_degraded: Vec<(usize, usize)>,
     /// GPUs whose link trained at Gen4 but full width.
     pcie_gen_dropped: Vec<(usize, usize)>,
-    /// Every node sends its hardware path ([`sim_hardware`]), with these faults by node.
-    hardware: Option<BTreeMap<usize, sim_hardware::HardwareFaults>>,
+    /// Every node sends its hardware path ([`sim_hardware`]), these nodes' variants of the
+    /// HGX layout.
+    hardware: Option<BTreeMap<usize, HgxNode>>,
     qp_errors: Vec<(usize, String)>,
     cm_disconnects: Vec<(usize, String)>,
     cm_rejects: Vec<(usize, String)>,
@@ -358,37 +359,19 @@ impl FleetBuilder {
         self
     }
 
-    /// Every node sends its hardware path, an HGX H100's ([`sim_hardware`]), every tick.
+    /// Every node sends its hardware path every tick, an HGX H100's ([`sim_hardware`]): node
+    /// `n` as [`HgxNode::new`]`(n)` unless [`Self::hgx_node`] gives it a variant.
     pub fn hardware_path(mut self) -> Self {
         self.hardware.get_or_insert_with(BTreeMap::new);
         self
     }
 
-    fn hardware_faults(&mut self, node: usize) -> &mut sim_hardware::HardwareFaults {
+    /// Node `node`'s hardware path is `hgx`'s (a variant: older NIC firmware, a NIC missing,
+    /// PFN's wiring); the hardware path on.
+    pub fn hgx_node(mut self, node: usize, hgx: HgxNode) -> Self {
         self.hardware
             .get_or_insert_with(BTreeMap::new)
-            .entry(node)
-            .or_default()
-    }
-
-    /// NIC `nic` (`mlx5_<nic>`) of `node` runs firmware `fw_ver` (the hardware path on).
-    pub fn nic_firmware(mut self, node: usize, nic: usize, fw_ver: &str) -> Self {
-        self.hardware_faults(node)
-            .firmware
-            .push((nic, fw_ver.into()));
-        self
-    }
-
-    /// `node` lacks NIC `nic`: no device, no active port (the hardware path on).
-    pub fn missing_nic(mut self, node: usize, nic: usize) -> Self {
-        self.hardware_faults(node).missing_nics.push(nic);
-        self
-    }
-
-    /// `node` is wired like PFN's servers: its NICs under switches of their own, so each GPU
-    /// reaches its NIC through the CPU (the hardware path on).
-    pub fn pfn_wired(mut self, node: usize) -> Self {
-        self.hardware_faults(node).pfn_wired = true;
+            .insert(node, hgx);
         self
     }
 
@@ -865,9 +848,12 @@ impl SimulatedFleet {
                 0,
             ));
         }
-        if let Some(faults) = &self.spec.hardware {
-            let faults = faults.get(&n).cloned().unwrap_or_default();
-            for (name, labels, v) in sim_hardware::series(n, &faults) {
+        if let Some(variants) = &self.spec.hardware {
+            let node = variants
+                .get(&n)
+                .cloned()
+                .unwrap_or_else(|| HgxNode::new(n as u32));
+            for (name, labels, v) in sim_hardware::series(n, &node) {
                 out.push(gauge(name, labels, v, t));
             }
         }
