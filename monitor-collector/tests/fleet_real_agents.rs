@@ -23,12 +23,12 @@
 //! |---|---|---|---|
 //! | 2 | GPU 3 | SM activity 0.54 (peers ~0.93), tensor and DRAM low, `hw_thermal_slowdown` | `gpu_thermal_throttle`; a GPU straggler of job A caused by it |
 //! | 2 | mlx5_1/1 | trained down to 2X 200 Gb/s, half its peers' traffic, 20 symbol errors/s | `ib_port_degraded`, `ib_symbol_errors` (critical: over 120 an hour); a port straggler of job A caused by the most severe, the symbol errors |
-//! | 3 | GPU 7 | XID 79 at step 19, lost (`GPU_IS_LOST`) from step 20 | `gpu_xid` critical, `gpu_lost` dated within the run |
+//! | 3 | GPU 7 | XID 79 at step 19, lost (`GPU_IS_LOST`) from step 20 | `gpu_xid` critical, `gpu_lost` dated within the run; `device_missing` (NVML counts 7 GPUs where the class has 8: the golden profile) |
 //! | 3 | mlx5_3/1 | `link_downed` rises by one 10 s in | `ib_link_downed` |
 //! | 4 | GPU 0 | XID 43 | `gpu_xid`, info (the table's IGNORE bucket: still recorded, no code is dropped) |
 //! | 4 | GPU 6 | PCIe Gen4 of Gen5 while busy | `gpu_pcie_degraded` |
 //! | 5 | GPU 0 | `hw_power_brake_slowdown` (activity normal) | `gpu_power_throttle` |
-//! | 5 | mlx5_2/1 | DOWN / Polling before the agent starts | `ib_phys_state` (after its 25 s grace); a port straggler of job B caused by it |
+//! | 5 | mlx5_2/1 | DOWN / Polling before the agent starts | `ib_phys_state` (after its 25 s grace); `device_missing` (3 active ports where the fleet's class has 4: the golden profile); a port straggler of job B caused by it |
 //! | 6 | GPU 1 | XID 94 | `gpu_xid` critical |
 //! | 6 | GPU 4 | one uncorrected volatile ECC error from step 6 | `gpu_ecc_uncorrected` |
 //! | 6 | mlx5_0/1 | 30 link error recoveries/min | `ib_link_error_recovery` |
@@ -389,10 +389,12 @@ fn expected_findings() -> Expected {
         ("gpu_xid", 3, "gpu 7", "critical"),
         ("gpu_lost", 3, "gpu 7", "critical"),
         ("ib_link_downed", 3, "mlx5_3/1", "critical"),
+        ("device_missing", 3, "", "warning"),
         ("gpu_xid", 4, "gpu 0", "info"),
         ("gpu_pcie_degraded", 4, "gpu 6", "warning"),
         ("gpu_power_throttle", 5, "gpu 0", "warning"),
         ("ib_phys_state", 5, "mlx5_2/1", "critical"),
+        ("device_missing", 5, "", "warning"),
         ("gpu_xid", 6, "gpu 1", "critical"),
         ("gpu_ecc_uncorrected", 6, "gpu 4", "critical"),
         ("ib_link_error_recovery", 6, "mlx5_0/1", "warning"),
