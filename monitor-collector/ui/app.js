@@ -787,7 +787,7 @@
     const summary = el(
       "p",
       { "data-hw-class": hw.class ? `${hw.class.gpu_model} + ${hw.class.nic_model}` : null },
-      `Class ${hw.class ? `${hw.class.gpu_model || "no GPU"} + ${hw.class.nic_model || "no NIC"}` : "unknown"}` +
+      `Class ${hw.class ? `${hw.class.gpu_model || "no GPU"} + ${hw.class.nic_model || "no NIC"}` : "not sent"}` +
         (cp.nodes ? ` (${cp.nodes} nodes)` : "") +
         `; kernel ${info.kernel || "–"}, driver ${info.driver || "–"}; ` +
         [
