@@ -41,6 +41,10 @@ const JOBS: usize = 100;
 const MIN_JOB: usize = 8;
 const MAX_JOB: usize = 1024;
 
+/// The estimate of the time to make the frames: ticks measured after the probe's first ones.
+const PROBE_FROM: u64 = 35;
+const PROBE_TICKS: u64 = 10;
+
 /// Faults of each kind.
 const FAULTS_PER_KIND: usize = 10;
 
@@ -184,9 +188,10 @@ fn unix_now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Seconds one tick of `nodes` nodes takes to make, from a few ticks of a smaller fleet.
+/// Seconds one tick of `nodes` nodes takes to make, from the ticks of a smaller fleet after
+/// every series has started (the first 32 s send less: series start out of phase).
 fn seconds_per_tick(args: &Args) -> f64 {
-    let probe_nodes = args.nodes.min(500);
+    let probe_nodes = args.nodes.min(100);
     let probe = Args {
         nodes: probe_nodes,
         seconds: args.seconds,
@@ -194,11 +199,14 @@ fn seconds_per_tick(args: &Args) -> f64 {
         key: args.key.clone(),
     };
     let (mut fleet, _, _) = build(&probe, 1_790_000_000_000_000_000);
-    let started = Instant::now();
-    for _ in 0..5 {
+    for _ in 0..PROBE_FROM {
         fleet.tick();
     }
-    started.elapsed().as_secs_f64() / 5.0 * args.nodes as f64 / probe_nodes as f64
+    let started = Instant::now();
+    for _ in 0..PROBE_TICKS {
+        fleet.tick();
+    }
+    started.elapsed().as_secs_f64() / PROBE_TICKS as f64 * args.nodes as f64 / probe_nodes as f64
 }
 
 /// Sends every tick's frames, each tick's spread over its second from its time on.
@@ -258,9 +266,8 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let per_tick = seconds_per_tick(&args);
     // Ready with a margin (the machine is shared), on a whole second.
-    let estimate = per_tick * args.seconds as f64 * 1.3 + 10.0;
-    let start_unix_ns =
-        (unix_now_ns() + (estimate * 1e9) as u64) / 1_000_000_000 * 1_000_000_000;
+    let estimate = per_tick * args.seconds as f64 * 2.0 + 20.0;
+    let start_unix_ns = (unix_now_ns() + (estimate * 1e9) as u64) / 1_000_000_000 * 1_000_000_000;
     let (mut fleet, faults, jobs) = build(&args, start_unix_ns);
     // Each tick's frames, and which node sends each (its socket).
     let mut ticks = Vec::with_capacity(args.seconds as usize);

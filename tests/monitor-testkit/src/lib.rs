@@ -634,7 +634,11 @@ impl SimulatedFleet {
             for e in events {
                 node.encoder.push_event(e);
             }
-            let stagger = if self.spec.staggered_flush { n as u64 } else { 0 };
+            let stagger = if self.spec.staggered_flush {
+                n as u64
+            } else {
+                0
+            };
             if (tick + 1 + stagger).is_multiple_of(self.spec.flush_every) {
                 frames.extend(node.encoder.flush(t).into_iter().map(|f| (n, f)));
             } else if has_events {

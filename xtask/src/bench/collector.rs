@@ -767,10 +767,11 @@ fn time_queries(addr: SocketAddr, ready: &Value) -> anyhow::Result<Value> {
 }
 
 /// VictoriaMetrics on a fresh storage directory `<dir>/<name>`, answering on a free loopback
-/// port: the process, its address and its version.
+/// port (`extra`: more of its flags): the process, its address and its version.
 pub(super) fn start_victoria_metrics(
     dir: &Path,
     name: &str,
+    extra: &[&str],
 ) -> anyhow::Result<(Proc, SocketAddr, String)> {
     let storage = dir.join(name);
     let port = free_tcp_port()?;
@@ -779,7 +780,8 @@ pub(super) fn start_victoria_metrics(
     vm_cmd
         .arg(format!("-storageDataPath={}", storage.display()))
         .arg(format!("-httpListenAddr={addr}"))
-        .arg("-retentionPeriod=100y");
+        .arg("-retentionPeriod=100y")
+        .args(extra);
     let mut vm = Proc::spawn(name, &mut vm_cmd, dir, None)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !matches!(http_get(addr, "/health"), Ok((200, _))) {
@@ -814,7 +816,7 @@ fn victoria_metrics(
     samples: f64,
 ) -> anyhow::Result<Value> {
     let storage = dir.join(name);
-    let (mut vm, addr, version) = start_victoria_metrics(dir, name)?;
+    let (mut vm, addr, version) = start_victoria_metrics(dir, name, &[])?;
     let vm_cpu_before = cpu_ticks(vm.pid())?.total();
     let started = Instant::now();
     let url = format!("vm=http://{addr}/api/v1/write");
