@@ -37,6 +37,9 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
 pub fn render_own(shared: &Shared) -> String {
     let mut out = String::new();
     render_health(&mut out, shared);
+    if let Some(store) = &shared.findings {
+        crate::findings::api::write_tick_metrics(&mut out, store);
+    }
     if let Some(extra) = &shared.extra_metrics {
         extra(&mut out);
     }

@@ -211,17 +211,15 @@ impl ArchiveQueue {
         }
         let frames = self.stats.queued_frames.fetch_add(1, Ordering::Relaxed);
         let fits = frames < self.capacity_frames();
-        match fits.then(|| self.tx.send(frame)) {
-            Some(Ok(())) => true,
-            None | Some(Err(_)) => {
-                self.stats.queued_bytes.fetch_sub(len, Ordering::Relaxed);
-                self.stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
-                self.stats
-                    .dropped_queue_full
-                    .fetch_add(1, Ordering::Relaxed);
-                false
-            }
+        if fits && self.tx.send(frame).is_ok() {
+            return true;
         }
+        self.stats.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+        self.stats.queued_frames.fetch_sub(1, Ordering::Relaxed);
+        self.stats
+            .dropped_queue_full
+            .fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// A copy of a frame already taken arrived: its acknowledgement was lost, or is not due

@@ -17,6 +17,12 @@
 //!   the agent's memory through a 10-minute collector outage, the time until its backlog is
 //!   archived, and a fleet's backlog at one collector; writes `bench/results/delivery.md`
 //!   and `delivery.json` (module [`delivery`]).
+//! - `fleet`: one collector under a simulated fleet (12,500 nodes by default) sending what
+//!   agents send, in real time, with faults injected: CPU per sample, RSS per node, the
+//!   findings tick and straggler search, the time from each fault to its finding or
+//!   straggler, and the read path next to VictoriaMetrics fed by the collector's own
+//!   remote-write in the same run; writes `bench/results/fleet.md` and `fleet.json` (module
+//!   [`fleet`]).
 //! - `events`: how late IB port events reach the collector over a few hundred link flaps in
 //!   the guest (kernel timestamp to frame sent, and to `railscope listen` printing it);
 //!   writes `bench/results/events.md` and `events.json` (module [`events`]).
@@ -43,6 +49,7 @@ mod agent;
 mod collector;
 mod delivery;
 mod events;
+mod fleet;
 mod node_keys;
 
 /// The NVML stand-in library (also what `cargo xtask run --demo` puts in its guest).
@@ -75,6 +82,8 @@ pub struct Options {
     #[command(flatten)]
     pub delivery: delivery::DeliveryOptions,
     #[command(flatten)]
+    pub fleet: fleet::FleetOptions,
+    #[command(flatten)]
     pub setup: setup::Options,
 }
 
@@ -96,6 +105,9 @@ pub enum Target {
     /// What acknowledged delivery costs: acknowledgement bytes, the agent's memory through a
     /// collector outage, the backlog's time, a fleet's backlog at one collector (on this host).
     Delivery,
+    /// One collector under a simulated fleet of real agents' frames with faults injected:
+    /// CPU, memory, time to detect, the read path next to VictoriaMetrics (on this host).
+    Fleet,
 }
 
 /// The guest scenario that measures the probes.
@@ -131,6 +143,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Collector => "installing VictoriaMetrics (setup)",
         Target::NodeKeys => "installing valgrind",
         Target::Delivery => "running the agent (it loads eBPF probes)",
+        Target::Fleet => "installing VictoriaMetrics (setup)",
     })?;
     let tools = setup::run(&options.setup)?;
     match options.target {
@@ -138,8 +151,9 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         Target::Agent => agent::run(&tools, options),
         Target::Events => events::run(&tools, options),
         Target::Collector => collector::run(&tools, options),
-        Target::NodeKeys => node_keys::run(&tools, options.collector.nodes),
+        Target::NodeKeys => node_keys::run(&tools, options.collector.nodes()),
         Target::Delivery => delivery::run(&tools, options),
+        Target::Fleet => fleet::run(&tools, options),
     }
 }
 
@@ -838,6 +852,7 @@ fn results_path(target: Target) -> PathBuf {
         Target::Collector => "collector",
         Target::NodeKeys => "node-keys",
         Target::Delivery => "delivery",
+        Target::Fleet => "fleet",
     };
     Path::new("bench/results").join(format!("{name}.md"))
 }

@@ -81,6 +81,25 @@ pub fn write_metrics(out: &mut String, store: &FindingsStore) {
          railscope_collector_findings_log_errors_total {}",
         store.log_errors()
     );
+    write_tick_metrics(out, store);
+}
+
+/// How long the findings thread's ticks take (also on `/metrics/collector`).
+pub fn write_tick_metrics(out: &mut String, store: &FindingsStore) {
+    let (count, sum, max, last) = store.ticks().snapshot();
+    let _ = writeln!(
+        out,
+        "# HELP railscope_collector_findings_tick_seconds Time the findings thread's ticks took (every rule over the live view, each tick-s).\n\
+         # TYPE railscope_collector_findings_tick_seconds summary\n\
+         railscope_collector_findings_tick_seconds_sum {sum}\n\
+         railscope_collector_findings_tick_seconds_count {count}\n\
+         # HELP railscope_collector_findings_tick_max_seconds The longest findings tick since the collector started.\n\
+         # TYPE railscope_collector_findings_tick_max_seconds gauge\n\
+         railscope_collector_findings_tick_max_seconds {max}\n\
+         # HELP railscope_collector_findings_last_tick_seconds The last findings tick's duration.\n\
+         # TYPE railscope_collector_findings_last_tick_seconds gauge\n\
+         railscope_collector_findings_last_tick_seconds {last}"
+    );
 }
 
 fn escape(v: &str) -> String {

@@ -492,6 +492,7 @@ fn run<L: AsRef<NodeTable>>(
             }
             engine.refresh((*live).as_ref());
             engine.evaluate(Pass::All, unix_now_ns());
+            engine.store.ticks().record(now.elapsed());
             next_tick = now + tick;
         } else if engine.burst_due(unix_now_ns()) {
             // A burst of port DOWN transitions has settled: judged now rather than at the

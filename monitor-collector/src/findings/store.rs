@@ -4,7 +4,11 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::Path,
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
 };
 
 use super::{
@@ -43,6 +47,38 @@ pub struct FindingsStore {
     inner: Mutex<Inner>,
     /// Reloaded active findings not seen again are ended after this (ns since the epoch).
     grace_until_ns: u64,
+    ticks: TickTimes,
+}
+
+/// How long the findings thread's ticks took (every rule over the live view), for
+/// `/metrics`: the tick must stay well under `tick-s` as the fleet grows.
+#[derive(Default)]
+pub struct TickTimes {
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+    max_ns: AtomicU64,
+    last_ns: AtomicU64,
+}
+
+impl TickTimes {
+    pub fn record(&self, took: Duration) {
+        let ns = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+        self.last_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Ticks, and their total, longest and last duration in seconds.
+    pub fn snapshot(&self) -> (u64, f64, f64, f64) {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+        (
+            self.count.load(Ordering::Relaxed),
+            s(&self.sum_ns),
+            s(&self.max_ns),
+            s(&self.last_ns),
+        )
+    }
 }
 
 impl FindingsStore {
@@ -90,6 +126,7 @@ impl FindingsStore {
         Self {
             inner: Mutex::new(inner),
             grace_until_ns,
+            ticks: TickTimes::default(),
         }
     }
 
@@ -208,6 +245,11 @@ impl FindingsStore {
     }
 
     /// Entries the log could not take.
+    /// The findings thread's tick durations.
+    pub fn ticks(&self) -> &TickTimes {
+        &self.ticks
+    }
+
     pub fn log_errors(&self) -> u64 {
         lock(&self.inner).log_errors
     }

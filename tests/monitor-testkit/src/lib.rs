@@ -160,10 +160,14 @@ pub struct FleetBuilder {
     node_prefix: String,
     node_names: Vec<String>,
     jobs: Vec<SimJob>,
-    slow_gpus: Vec<(usize, usize)>,
+    /// (node, GPU, the tick it slows down at).
+    slow_gpus: Vec<(usize, usize, u64)>,
     /// Slow GPUs whose cause is a thermal slowdown (the throttle flag is up).
     throttled: bool,
-    degraded_ports: Vec<(usize, usize)>,
+    /// (node, port, the tick it trains down at).
+    degraded_ports: Vec<(usize, usize, u64)>,
+    /// (node, port, the tick it goes down at, for good).
+    down_ports: Vec<(usize, usize, u64)>,
     flapping_ports: Vec<(usize, usize)>,
     flap_every_ticks: u64,
     flap_down_ticks: u64,
@@ -193,6 +197,7 @@ pub struct FleetBuilder {
     adaptive: bool,
     interval: Duration,
     flush_every: u64,
+    staggered_flush: bool,
     schema_refresh: Duration,
     start_unix_ns: Option<u64>,
     ticks_before_now: u64,
@@ -224,8 +229,13 @@ impl FleetBuilder {
 
     /// A GPU whose SM, tensor and memory-bandwidth activity stay well below its peers', with
     /// its `hw_thermal_slowdown` throttle flag up (the cause a findings engine should name).
-    pub fn slow_gpu(mut self, node: usize, gpu: usize) -> Self {
-        self.slow_gpus.push((node, gpu));
+    pub fn slow_gpu(self, node: usize, gpu: usize) -> Self {
+        self.slow_gpu_from(node, gpu, 0)
+    }
+
+    /// [`slow_gpu`](Self::slow_gpu) from tick `tick` on (healthy before): a straggler's onset.
+    pub fn slow_gpu_from(mut self, node: usize, gpu: usize, tick: u64) -> Self {
+        self.slow_gpus.push((node, gpu, tick));
         self.throttled = true;
         self
     }
@@ -238,8 +248,21 @@ impl FleetBuilder {
 
     /// A port trained down from 4X 400 Gb/s to 2X 200 Gb/s, counting symbol errors and
     /// carrying less than half its peers' traffic.
-    pub fn degraded_port(mut self, node: usize, port: usize) -> Self {
-        self.degraded_ports.push((node, port));
+    pub fn degraded_port(self, node: usize, port: usize) -> Self {
+        self.degraded_port_from(node, port, 0)
+    }
+
+    /// [`degraded_port`](Self::degraded_port) from tick `tick` on (4X 400 Gb/s before).
+    pub fn degraded_port_from(mut self, node: usize, port: usize, tick: u64) -> Self {
+        self.degraded_ports.push((node, port, tick));
+        self
+    }
+
+    /// A port that goes DOWN at tick `tick` and stays down: a `PORT_ERR` port event and a
+    /// `port_transition` to DOWN at that tick's time, state, phys state and `link_downed`
+    /// following.
+    pub fn port_down(mut self, node: usize, port: usize, tick: u64) -> Self {
+        self.down_ports.push((node, port, tick));
         self
     }
 
@@ -425,6 +448,14 @@ impl FleetBuilder {
         self
     }
 
+    /// Node `n` flushes `n` ticks later in the flush cycle than node 0 (modulo the cycle),
+    /// as agents started at different times do, instead of every node at the same tick
+    /// (default off).
+    pub fn staggered_flush(mut self, on: bool) -> Self {
+        self.staggered_flush = on;
+        self
+    }
+
     /// How often each node's encoder sends its whole schema again (default 60 s, so that a
     /// collector started late learns every series soon; the agent's is the encoder's default,
     /// 5 min).
@@ -565,6 +596,7 @@ impl SimulatedFleet {
             slow_gpus: Vec::new(),
             throttled: false,
             degraded_ports: Vec::new(),
+            down_ports: Vec::new(),
             flapping_ports: Vec::new(),
             flap_every_ticks: 20,
             flap_down_ticks: 2,
@@ -588,6 +620,7 @@ impl SimulatedFleet {
             adaptive: false,
             interval: Duration::from_secs(1),
             flush_every: 10,
+            staggered_flush: false,
             schema_refresh: Duration::from_secs(60),
             start_unix_ns: None,
             ticks_before_now: 300,
@@ -630,6 +663,11 @@ impl SimulatedFleet {
     /// One sweep of every node; returns the frames due (every `flush_every` ticks, and the
     /// events of this tick at once, as the agent sends them).
     pub fn tick(&mut self) -> Vec<Vec<u8>> {
+        self.tick_by_node().into_iter().map(|(_, f)| f).collect()
+    }
+
+    /// [`tick`](Self::tick), each frame with the index of the node that sends it.
+    pub fn tick_by_node(&mut self) -> Vec<(usize, Vec<u8>)> {
         let tick = self.tick;
         let t = self.tick_unix_ns(tick);
         let mut frames = Vec::new();
@@ -667,10 +705,15 @@ impl SimulatedFleet {
             for e in events {
                 node.encoder.push_event(e);
             }
-            if (tick + 1).is_multiple_of(self.spec.flush_every) {
-                frames.extend(node.encoder.flush(t));
+            let stagger = if self.spec.staggered_flush {
+                n as u64
+            } else {
+                0
+            };
+            if (tick + 1 + stagger).is_multiple_of(self.spec.flush_every) {
+                frames.extend(node.encoder.flush(t).into_iter().map(|f| (n, f)));
             } else if has_events {
-                frames.extend(node.encoder.flush_events(t));
+                frames.extend(node.encoder.flush_events(t).into_iter().map(|f| (n, f)));
             }
         }
         self.tick += 1;
@@ -732,11 +775,13 @@ impl SimulatedFleet {
         value * (1.0 + pct / 100.0 * (2.0 * self.rng.f64() - 1.0))
     }
 
-    fn flapping_down(&self, node: usize, port: usize, tick: u64) -> bool {
-        self.spec.flapping_ports.contains(&(node, port)) && {
+    /// Whether a port is down at `tick`: flapping, or gone down for good.
+    fn port_down_at(&self, node: usize, port: usize, tick: u64) -> bool {
+        let flapping = self.spec.flapping_ports.contains(&(node, port)) && {
             let phase = tick % self.spec.flap_every_ticks;
             phase >= self.spec.flap_every_ticks - self.spec.flap_down_ticks
-        }
+        };
+        flapping || from_tick(&self.spec.down_ports, node, port, tick)
     }
 
     fn node_readings(&mut self, n: usize, tick: u64, t: u64) -> Vec<Reading> {
@@ -762,7 +807,7 @@ impl SimulatedFleet {
                         .chain(extra.iter().copied()),
                 )
             };
-            let slow = self.gpu_fault(&self.spec.slow_gpus, n, g);
+            let slow = from_tick(&self.spec.slow_gpus, n, g, tick);
             let (sm, tensor, dram) = match (busy, slow) {
                 (false, _) => (0.02, 0.0, 0.01),
                 (true, false) => (values::SM_UTIL, values::TENSOR_UTIL, values::DRAM_BW_UTIL),
@@ -873,8 +918,8 @@ impl SimulatedFleet {
         }
         for p in 0..PORTS {
             let labels = Labels::new([("device", format!("mlx5_{p}")), ("port", "1".into())]);
-            let degraded = self.spec.degraded_ports.contains(&(n, p));
-            let down = self.flapping_down(n, p, tick);
+            let degraded = from_tick(&self.spec.degraded_ports, n, p, tick);
+            let down = self.port_down_at(n, p, tick);
             let (rate, width) = if degraded {
                 (values::DEGRADED_RATE_GBPS, values::DEGRADED_WIDTH_LANES)
             } else {
@@ -1051,8 +1096,8 @@ impl SimulatedFleet {
             });
         }
         for p in 0..PORTS {
-            let down = self.flapping_down(n, p, tick);
-            let was_down = tick > 0 && self.flapping_down(n, p, tick - 1);
+            let down = self.port_down_at(n, p, tick);
+            let was_down = tick > 0 && self.port_down_at(n, p, tick - 1);
             if down == was_down {
                 continue;
             }
@@ -1080,6 +1125,12 @@ impl SimulatedFleet {
         }
         out
     }
+}
+
+/// Whether `(node, index)` has a fault of `list` (node, index, onset tick) at `tick`.
+fn from_tick(list: &[(usize, usize, u64)], node: usize, index: usize, tick: u64) -> bool {
+    list.iter()
+        .any(|&(n, i, from)| n == node && i == index && tick >= from)
 }
 
 fn send_paced(socket: &UdpSocket, to: SocketAddr, frames: &[Vec<u8>]) -> io::Result<usize> {

@@ -59,9 +59,10 @@ use crate::{
 /// Options of `cargo xtask bench collector`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CollectorOptions {
-    /// `collector`, `node-keys`, `delivery`: simulated nodes (node identities) of the fleet.
-    #[arg(long, default_value_t = 2000)]
-    pub nodes: usize,
+    /// `collector`, `node-keys`, `delivery` (default 2,000), `fleet` (default 12,500):
+    /// simulated nodes (node identities) of the fleet.
+    #[arg(long)]
+    pub nodes: Option<usize>,
     /// `collector`: the rising rates, in samples a second, sent until the collector saturates.
     #[arg(long, value_delimiter = ',', default_values_t = [500_000u64, 1_000_000, 2_000_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000])]
     pub rates: Vec<u64>,
@@ -83,6 +84,13 @@ pub struct CollectorOptions {
     /// the collector's `--fleet-secret`; bench/results/collector-node-keys.md).
     #[arg(long, value_enum, default_value_t = Keys::Shared)]
     pub keys: Keys,
+}
+
+impl CollectorOptions {
+    /// `--nodes`, or the default of `collector`, `node-keys` and `delivery`.
+    pub fn nodes(&self) -> usize {
+        self.nodes.unwrap_or(2000)
+    }
 }
 
 /// How the bench's nodes seal their frames.
@@ -115,7 +123,7 @@ const FLOOD_SECONDS: f64 = 3.0;
 /// asked rate (what its 100 µs pacing can miss by); below, the flood goal is not met.
 const FLOOD_RATE_REACHED: f64 = 0.99;
 
-const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
+pub(super) const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
 
 pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let o = &options.collector;
@@ -130,7 +138,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         eprintln!("    wrote {}", md_path.display());
         return Ok(());
     }
-    if o.rates.is_empty() || o.nodes < 1000 {
+    if o.rates.is_empty() || o.nodes() < 1000 {
         bail!("--rates must not be empty and --nodes at least 1000 (the 1,000-node query)");
     }
     let (collector_bin, load_bin, archive_size_bin) = build(tools)?;
@@ -182,7 +190,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let wanted: f64 = o.rates.iter().map(|&r| r as f64 * o.step_seconds).sum();
     setup::step(&format!(
         "making the frames of {} nodes, {wanted:.0} samples and a round more (+ one node-hour) with the agent's encoder",
-        o.nodes,
+        o.nodes(),
     ));
     let mut collector = Proc::spawn("collector", &mut collector_args(&[]), &dir, None)?;
     wait_http(http, Duration::from_secs(20))?;
@@ -196,7 +204,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         .arg(&key)
         .args([
             "--nodes",
-            &o.nodes.to_string(),
+            &o.nodes().to_string(),
             "--samples",
             &(wanted.ceil() as u64).to_string(),
         ]);
@@ -499,7 +507,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         },
         "collector": {
             "sockets": sockets,
-            "nodes": o.nodes + 1,
+            "nodes": o.nodes() + 1,
             "series_per_node": ready["series_per_node"],
             "fleet_data_s": u64_of(&ready["end_ns"]).saturating_sub(u64_of(&ready["t0_ns"])) / 1_000_000_000,
             "warm_up": warm_up,
@@ -562,7 +570,7 @@ fn command_line(options: &super::Options) -> String {
     let rates: Vec<String> = o.rates.iter().map(u64::to_string).collect();
     format!(
         "cargo xtask bench collector --nodes {} --rates {} --step-seconds {} --long-nodes {}{}",
-        o.nodes,
+        o.nodes(),
         rates.join(","),
         o.step_seconds,
         o.long_nodes,
@@ -595,17 +603,17 @@ fn read_json(output: &mut BufReader<ChildStdout>) -> anyhow::Result<Value> {
     serde_json::from_str(&line).with_context(|| format!("not JSON: {line:?}"))
 }
 
-fn f64_of(v: &Value) -> f64 {
+pub(super) fn f64_of(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-fn u64_of(v: &Value) -> u64 {
+pub(super) fn u64_of(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
 /// The collector's own totals (`/metrics/collector`: rendering the fleet's latest values and
 /// per-node health on every poll would cost the collector more than the polls measure).
-fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
+pub(super) fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
     metrics_at(addr, "/metrics/collector")
 }
 
@@ -758,15 +766,13 @@ fn time_queries(addr: SocketAddr, ready: &Value) -> anyhow::Result<Value> {
     }))
 }
 
-/// VictoriaMetrics on a fresh storage directory, fed the archive by a collector started again
-/// with `--remote-write` to it: its CPU per sample and bytes at rest per sample.
-fn victoria_metrics(
+/// VictoriaMetrics on a fresh storage directory `<dir>/<name>`, answering on a free loopback
+/// port (`extra`: more of its flags): the process, its address and its version.
+pub(super) fn start_victoria_metrics(
     dir: &Path,
     name: &str,
-    collector_args: &dyn Fn(&[String]) -> Command,
-    http: SocketAddr,
-    samples: f64,
-) -> anyhow::Result<Value> {
+    extra: &[&str],
+) -> anyhow::Result<(Proc, SocketAddr, String)> {
     let storage = dir.join(name);
     let port = free_tcp_port()?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -774,7 +780,8 @@ fn victoria_metrics(
     vm_cmd
         .arg(format!("-storageDataPath={}", storage.display()))
         .arg(format!("-httpListenAddr={addr}"))
-        .arg("-retentionPeriod=100y");
+        .arg("-retentionPeriod=100y")
+        .args(extra);
     let mut vm = Proc::spawn(name, &mut vm_cmd, dir, None)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !matches!(http_get(addr, "/health"), Ok((200, _))) {
@@ -796,6 +803,20 @@ fn victoria_metrics(
             )
         })
         .unwrap_or_default();
+    Ok((vm, addr, version))
+}
+
+/// VictoriaMetrics on a fresh storage directory, fed the archive by a collector started again
+/// with `--remote-write` to it: its CPU per sample and bytes at rest per sample.
+fn victoria_metrics(
+    dir: &Path,
+    name: &str,
+    collector_args: &dyn Fn(&[String]) -> Command,
+    http: SocketAddr,
+    samples: f64,
+) -> anyhow::Result<Value> {
+    let storage = dir.join(name);
+    let (mut vm, addr, version) = start_victoria_metrics(dir, name, &[])?;
     let vm_cpu_before = cpu_ticks(vm.pid())?.total();
     let started = Instant::now();
     let url = format!("vm=http://{addr}/api/v1/write");
@@ -868,7 +889,7 @@ fn victoria_metrics(
     Ok(out)
 }
 
-fn fmt(v: &Value, digits: usize) -> String {
+pub(super) fn fmt(v: &Value, digits: usize) -> String {
     match v.as_f64() {
         Some(x) => format!("{x:.digits$}"),
         None => "-".into(),

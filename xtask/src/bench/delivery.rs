@@ -89,13 +89,13 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     }
     fs::create_dir_all(&work)?;
     let node = one_node(&bins, o, &work.join("node"))?;
-    let fleet = fleet_backlog(&bins, o, options.collector.nodes, &work.join("fleet"))?;
+    let fleet = fleet_backlog(&bins, o, options.collector.nodes(), &work.join("fleet"))?;
 
     let ack_share = node["ack_share"].as_f64().unwrap_or(f64::NAN);
     let report = json!({
         "command": format!(
             "cargo xtask bench delivery --outage {} --live {} --nodes {}",
-            o.outage, o.live, options.collector.nodes
+            o.outage, o.live, options.collector.nodes()
         ),
         "date": utc_now(),
         "host_cpu": host_cpu(),
