@@ -14,7 +14,7 @@
 //! rule asks only what a value is now, which the latest sample answers.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, LazyLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -27,7 +27,7 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Observation, Thresholds, fabric, gpus,
+    FindingsStore, Observation, Thresholds, affinity, fabric, gpus,
     hardware::{self, HardwareReader},
     ib_links, pfc,
     profile::{self, GoldenProfile, ProfileBoard},
@@ -173,6 +173,9 @@ pub struct FindingsEngine {
     profile_seen: Vec<Observation>,
     /// Where the profile is published for `GET /api/v1/nodes/{node}/hardware`.
     board: Arc<ProfileBoard>,
+    /// Each node's hardware path as the profile last read it (the affinity rule's map of
+    /// GPUs and NICs).
+    hardware: HashMap<Arc<str>, hardware::NodeHardware>,
 }
 
 /// The golden profile is learnt again at most once every this many passes (30 s at the
@@ -207,6 +210,7 @@ impl FindingsEngine {
             profile_pass: 0,
             profile_seen: Vec::new(),
             board: Arc::new(ProfileBoard::default()),
+            hardware: HashMap::new(),
         }
     }
 
@@ -376,9 +380,12 @@ impl FindingsEngine {
                 {
                     self.hardware_changed = false;
                     self.profile_pass = self.pass;
-                    self.profile_seen = learn_profile(&view, &self.th, &self.board);
+                    let (profile_seen, hardware) = learn_profile(&view, &self.th, &self.board);
+                    self.profile_seen = profile_seen;
+                    self.hardware = hardware;
                 }
                 seen.extend(self.profile_seen.iter().cloned());
+                affinity::evaluate(&view, &self.events, &self.hardware, &mut seen);
                 pfc::evaluate(&view, &mut seen);
                 all_rules()
             }
@@ -396,29 +403,29 @@ impl FindingsEngine {
 }
 
 /// Reads every node's hardware path from the view, learns the golden profile, publishes it on
-/// `board` and returns what its rules see.
-fn learn_profile(view: &View, th: &Thresholds, board: &ProfileBoard) -> Vec<Observation> {
-    let mut readers: std::collections::HashMap<&Arc<str>, HardwareReader> =
-        std::collections::HashMap::new();
+/// `board` and returns what its rules see, and each node's hardware path.
+fn learn_profile(
+    view: &View,
+    th: &Thresholds,
+    board: &ProfileBoard,
+) -> (Vec<Observation>, HashMap<Arc<str>, hardware::NodeHardware>) {
+    let mut readers: HashMap<&Arc<str>, HardwareReader> = HashMap::new();
     for name in hardware::SERIES {
         for ((node, series), track) in view.named(name) {
             readers.entry(node).or_default().take(series, &track.latest);
         }
     }
-    let nodes: Vec<(&Arc<str>, hardware::NodeHardware)> = readers
+    let nodes: HashMap<Arc<str>, hardware::NodeHardware> = readers
         .into_iter()
-        .map(|(node, r)| (node, r.finish()))
+        .map(|(node, r)| (node.clone(), r.finish()))
         .collect();
-    let golden = GoldenProfile::learn(
-        nodes.iter().map(|(n, hw)| (&***n, hw)),
-        th.profile_min_nodes,
-    );
+    let golden = GoldenProfile::learn(nodes.iter().map(|(n, hw)| (&**n, hw)), th.profile_min_nodes);
     let mut seen = Vec::new();
     for (node, hw) in &nodes {
         golden.evaluate(node, hw, &mut seen);
     }
     board.publish(golden);
-    seen
+    (seen, nodes)
 }
 
 /// Every rule's name.
@@ -430,6 +437,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(verbs::RULES)
         .chain(profile::RULES)
         .chain(pfc::RULES)
+        .chain(affinity::RULES)
         .copied()
         .collect()
 }

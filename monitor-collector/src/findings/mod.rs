@@ -11,7 +11,7 @@
 //!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
 //! - the golden profile: [`hardware`] reads each node's hardware path from its series,
 //!   [`profile`] learns what each hardware class's majority has and finds the nodes unlike
-//!   it;
+//!   it; [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
@@ -21,6 +21,7 @@
 //! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`remote`]: the same series to the
 //!   remote-write endpoints; [`cli`]: `railscope findings`.
 
+pub mod affinity;
 pub mod api;
 pub mod cli;
 pub mod engine;

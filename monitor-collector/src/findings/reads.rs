@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{fabric, gpus, hardware, ib_links, pfc, verbs};
+use super::{affinity, fabric, gpus, hardware, ib_links, pfc, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none.
@@ -93,6 +93,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
             metric::RDMA_DEVICE_INFO,
         ],
     ),
+    ("nic_affinity", affinity::SERIES),
     ("verbs_qp_error", &[verbs::SERIES]),
     ("verbs_cm_reject", &[verbs::SERIES]),
 ];
@@ -105,6 +106,7 @@ pub fn metrics_read() -> BTreeSet<&'static str> {
         .chain(gpus::SERIES)
         .chain(hardware::SERIES)
         .chain(pfc::SERIES)
+        .chain(affinity::SERIES)
         .copied()
         .chain([verbs::SERIES])
         .collect()
@@ -127,7 +129,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 6] {
+    ); 7] {
         [
             (
                 "ib_links",
@@ -147,6 +149,11 @@ mod tests {
                 hardware::SERIES.iter().copied().collect(),
             ),
             ("pfc", pfc::RULES, pfc::SERIES.iter().copied().collect()),
+            (
+                "affinity",
+                affinity::RULES,
+                affinity::SERIES.iter().copied().collect(),
+            ),
         ]
     }
 
