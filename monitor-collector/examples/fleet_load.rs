@@ -48,35 +48,27 @@ const PROBE_TICKS: u64 = 10;
 /// Faults of each kind.
 const FAULTS_PER_KIND: usize = 10;
 
+/// The load generator's command line (xtask's fleet bench passes it).
+#[derive(clap::Parser)]
 struct Args {
+    /// The collector's UDP address.
+    #[arg(long)]
     target: SocketAddr,
+    /// The fleet's key file.
+    #[arg(long, value_parser = read_key)]
     key: Key,
+    #[arg(long, default_value_t = 12_500)]
     nodes: usize,
+    #[arg(long, default_value_t = 180)]
     seconds: u64,
 }
 
+fn read_key(path: &str) -> Result<Key, String> {
+    Key::from_file(path).map_err(|e| e.to_string())
+}
+
 fn parse_args() -> anyhow::Result<Args> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| -> Option<&String> {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    let number = |name: &str, default: u64| -> anyhow::Result<u64> {
-        value(name).map_or(Ok(default), |v| {
-            v.parse()
-                .with_context(|| format!("{name} {v}: not a number"))
-        })
-    };
-    let args = Args {
-        target: value("--target")
-            .context("--target ADDR:PORT is required")?
-            .parse()
-            .context("--target: not an ADDR:PORT")?,
-        key: Key::from_file(value("--key").context("--key FILE is required")?)?,
-        nodes: number("--nodes", 12_500)? as usize,
-        seconds: number("--seconds", 180)?,
-    };
+    let args = <Args as clap::Parser>::parse();
     anyhow::ensure!(
         args.nodes >= 4 * MIN_JOB,
         "--nodes {}: at least {} (four jobs of {MIN_JOB})",

@@ -618,7 +618,7 @@ pub(super) fn metrics(addr: SocketAddr) -> anyhow::Result<Metrics> {
 }
 
 /// Drops by reason between two scrapes (reasons that moved only).
-fn drops(after: &Metrics, before: &Metrics) -> BTreeMap<String, f64> {
+pub(super) fn drops(after: &Metrics, before: &Metrics) -> BTreeMap<String, f64> {
     const NAME: &str = "railscope_collector_frames_dropped_total{reason=\"";
     after
         .iter()
@@ -633,7 +633,7 @@ fn drops(after: &Metrics, before: &Metrics) -> BTreeMap<String, f64> {
 /// Waits until the collector has seen `datagrams` more datagrams than in `before` (received
 /// or dropped by the kernel) and archived every frame it accepted, or nothing moved for 3 s
 /// (datagrams lost before the socket), or `timeout`. Returns the last scrape.
-fn settle(
+pub(super) fn settle(
     addr: SocketAddr,
     before: &Metrics,
     datagrams: u64,

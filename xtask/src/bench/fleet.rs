@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 
 use super::{
     agent::process::{Proc, clock_ticks_per_second, cpu_ticks, status_kb, thread_run_ns, unix_ns},
-    collector::{f64_of, fmt, metrics, start_victoria_metrics, u64_of},
+    collector::{self, f64_of, fmt, metrics, start_victoria_metrics, u64_of},
     host_cpu, sorted_json, utc_now,
 };
 use crate::{
@@ -181,7 +181,12 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             f64_of(&sent["started_late_s"])
         );
     }
-    let after_send = settle(http, &before, u64_of(&sent["datagrams"]))?;
+    let after_send = collector::settle(
+        http,
+        &before,
+        u64_of(&sent["datagrams"]),
+        Duration::from_secs(120),
+    )?;
     let cpu_s = (cpu_ticks(pid)?.total() - cpu_before) as f64 / clock_ticks_per_second();
     let threads_after = thread_run_ns(pid);
     let rss_kb = status_kb(pid, "VmRSS").unwrap_or(0);
@@ -257,7 +262,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
             "samples_per_s": samples / seconds as f64,
             "frames_accepted": frames,
             "datagrams_lost": lost,
-            "drops": drops(&after_send, &before),
+            "drops": collector::drops(&after_send, &before),
             "cpu_s": cpu_s,
             "cpu_by_thread_s": by_thread,
             "ingest_cpu_s": ingest_cpu_s,
@@ -506,46 +511,6 @@ fn thread_cpu(
         *out.entry(group.to_owned()).or_insert(0.0) += ns.saturating_sub(was) as f64 / 1e9;
     }
     out
-}
-
-/// Drops by reason between two scrapes (reasons that moved only).
-fn drops(after: &crate::http::Metrics, before: &crate::http::Metrics) -> BTreeMap<String, f64> {
-    const NAME: &str = "railscope_collector_frames_dropped_total{reason=\"";
-    after
-        .iter()
-        .filter_map(|(k, v)| {
-            let reason = k.strip_prefix(NAME)?.strip_suffix("\"}")?;
-            let d = v - before.get(k).copied().unwrap_or(0.0);
-            (d != 0.0).then(|| (reason.to_owned(), d))
-        })
-        .collect()
-}
-
-/// Waits until the collector has received `datagrams` more than in `before` (or dropped
-/// them in the kernel) and archived what it accepted, or nothing moved for 5 s.
-fn settle(
-    http: SocketAddr,
-    before: &crate::http::Metrics,
-    datagrams: u64,
-) -> anyhow::Result<crate::http::Metrics> {
-    let mut last = metrics(http)?;
-    let mut changed = Instant::now();
-    loop {
-        let seen = metric_sum(&last, "railscope_collector_datagrams_received_total")
-            - metric_sum(before, "railscope_collector_datagrams_received_total");
-        let archived = metric_sum(&last, "railscope_collector_archive_frames_total")
-            + metric_sum(&last, "railscope_collector_archive_dropped_frames_total");
-        let accepted = metric_sum(&last, "railscope_collector_frames_accepted_total");
-        if (seen >= datagrams as f64 && archived >= accepted) || changed.elapsed().as_secs() >= 5 {
-            return Ok(last);
-        }
-        thread::sleep(Duration::from_millis(100));
-        let next = metrics(http)?;
-        if next != last {
-            changed = Instant::now();
-        }
-        last = next;
-    }
 }
 
 /// Seconds until the collector's remote-write has nothing pending and its count of samples
