@@ -719,6 +719,19 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     assert_no_problem(tab, problems, "the events view");
 }
 
+/// Where a finding is, as the fleet view names it: `NODE gpu G`, `NODE port DEVICE/PORT`,
+/// `NODE node`.
+fn finding_place(f: &Value) -> String {
+    let node = f["node"].as_str().unwrap();
+    if let Some(gpu) = f["gpu"].as_str() {
+        format!("{node} gpu {gpu}")
+    } else if let Some(device) = f["device"].as_str() {
+        format!("{node} port {device}/{}", f["port"])
+    } else {
+        format!("{node} node")
+    }
+}
+
 /// `HH:MM` (or, with `seconds`, also `HH:MM:SS`).
 /// A node without GPUs whose two rxe ports count packets only (as soft-RoCE's hw_counters do):
 /// `seconds` of 1 s sweeps ending now, sent as the agent names them.
@@ -778,10 +791,15 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     const BIG: usize = 1_000;
     const BIG_HISTORY: u64 = 35;
     const BIG_INTERVAL: Duration = Duration::from_secs(2);
+    // A port trained down to 2X and a GPU fallen off the bus, in the 4th and 11th racks.
+    const BIG_DEGRADED: (usize, usize) = (200, 5);
+    const BIG_LOST: (usize, usize) = (650, 6);
     let Some(chromium) = chromium() else { return };
     let collector = RunningCollector::start();
     let mut fleet = SimulatedFleet::builder(BIG)
         .job(JOB, 0..BIG)
+        .degraded_port(BIG_DEGRADED.0, BIG_DEGRADED.1)
+        .lost_gpu(BIG_LOST.0, BIG_LOST.1, 10)
         .interval(BIG_INTERVAL)
         .ticks_before_now(BIG_HISTORY)
         .build(Key::from_bytes(KEY));
@@ -792,6 +810,8 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         sent.elapsed()
     );
     let last_node = fleet.node_name(BIG - 1).to_owned();
+    let names: Vec<String> = (0..BIG).map(|i| fleet.node_name(i).to_owned()).collect();
+    let fleet_node = |i: usize| names[i].clone();
     collector.wait_for("/api/v1/live/nodes", "every node", |v| {
         v.as_array().map(Vec::len) == Some(BIG)
     });
@@ -825,6 +845,22 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     }
     let stopper = StopOnDrop(stop);
 
+    // What the collector concluded, to compare the heat map with.
+    let lost_node = fleet_node(BIG_LOST.0);
+    let degraded_node = fleet_node(BIG_DEGRADED.0);
+    let degraded_port = format!("mlx5_{}/1", BIG_DEGRADED.1);
+    collector.wait_for(
+        "/api/v1/findings?active=true",
+        "the degraded port's and the lost GPU's findings",
+        |v| {
+            let list = v["findings"].as_array().unwrap();
+            let has = |rule: &str, node: &str| {
+                list.iter().any(|f| f["rule"] == rule && f["node"] == node)
+            };
+            has("ib_port_degraded", &degraded_node) && has("gpu_lost", &lost_node)
+        },
+    );
+
     let page = Page::open(
         chromium,
         &format!("http://{}/?refresh=5#/fleet", collector.http),
@@ -833,25 +869,167 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     let started = Instant::now();
     wait_until(
         tab,
-        "the fleet grid",
-        "return window.railscope.updates >= 1 && !!document.querySelector('#fleet-grid .grid')",
+        "the fleet heat map",
+        "return window.railscope.updates >= 1 && !!document.querySelector('#fleet-grid canvas.heat-map')",
     );
     eprintln!("fleet view of {BIG} nodes drawn in {:?}", started.elapsed());
+    // Above 500 nodes the fleet is one canvas, not a DOM cell per GPU and port.
     let cells = eval(
         tab,
-        "const rows = [...document.querySelectorAll('#fleet-grid .row[data-node]')]; \
-         return [rows.length, \
-                 rows.filter(r => r.querySelectorAll('.cell.gpu[data-util]').length === 8 \
-                               && r.querySelectorAll('.cell.port[data-load]').length === 8).length, \
-                 document.querySelector('#fleet-grid .grid').dataset.nodes]",
+        "const f = window.railscope.fleet;          return [f.mode, f.zoom, f.nodes, f.gpuCells, f.portCells, f.colouredGpus, f.colouredPorts, f.nodesColoured,                  f.lost, f.degraded, document.querySelectorAll('#fleet-grid .cell').length]",
     );
     assert_eq!(
         cells,
-        serde_json::json!([BIG, BIG, BIG.to_string()]),
-        "rows, rows with 8 coloured GPU and 8 coloured port cells, nodes"
+        serde_json::json!([
+            "canvas",
+            "fleet",
+            BIG,
+            BIG * 8,
+            BIG * 8,
+            BIG * 8 - 1,
+            BIG * 8,
+            BIG - 1,
+            [format!("{lost_node} gpu {}", BIG_LOST.1)],
+            [format!("{degraded_node} port {degraded_port}")],
+            0
+        ]),
+        "mode, zoom, nodes drawn, GPU and port cells, coloured GPU and port cells, nodes fully \
+         coloured (all but the lost GPU's), lost GPUs, degraded ports, DOM cells"
+    );
+    // Every active finding outlines its cell (or its node), and nothing else is outlined.
+    let mut tries = 0;
+    loop {
+        let findings = collector.json("/api/v1/findings?active=true")["findings"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let mut expected: Vec<String> = findings.iter().map(finding_place).collect();
+        expected.sort();
+        expected.dedup();
+        let marked = eval(tab, "return window.railscope.fleet.marked");
+        if marked == serde_json::json!(expected) {
+            break;
+        }
+        tries += 1;
+        assert!(
+            tries < 10,
+            "cells outlined by findings: {marked}, expected {expected:?}"
+        );
+        let seen = eval(tab, "return window.railscope.updates")
+            .as_u64()
+            .unwrap();
+        wait_until(
+            tab,
+            "the next update",
+            &format!("return window.railscope.updates > {seen}"),
+        );
+    }
+    // What is on the canvas: a busy GPU in its colour (not the page's white or no-data
+    // grey), the lost GPU dark, the degraded port's load below its healthy peer's.
+    let drawn = eval(
+        tab,
+        &format!(
+            "const f = window.railscope.fleet; \
+             return [f.pixelOf('{first}', 'gpu', 0), f.cellOf('{first}', 'gpu', 0).colour, \
+                     f.pixelOf('{lost_node}', 'gpu', {lost_gpu}), \
+                     f.cellOf('{degraded_node}', 'port', '{degraded_port}').value, \
+                     f.cellOf('{degraded_node}', 'port', 'mlx5_0/1').value]",
+            first = fleet_node(0),
+            lost_gpu = BIG_LOST.1,
+        ),
+    );
+    let rgb = |v: &Value| -> Vec<u64> {
+        v.as_array().unwrap()[..3]
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect()
+    };
+    assert_ne!(rgb(&drawn[0]), vec![255, 255, 255], "{drawn}");
+    assert_ne!(rgb(&drawn[0]), vec![0xe4, 0xe4, 0xe4], "{drawn}");
+    assert!(drawn[1].as_str().unwrap().starts_with("hsl(212"), "{drawn}");
+    assert_eq!(
+        rgb(&drawn[2]),
+        vec![0x3a, 0x3f, 0x4b],
+        "the lost GPU: {drawn}"
+    );
+    assert!(
+        drawn[3].as_f64().unwrap() < 0.7 * drawn[4].as_f64().unwrap(),
+        "the degraded port's load is not below its healthy peer's: {drawn}"
+    );
+    // Pointing at a cell names it.
+    let hover = eval(
+        tab,
+        &format!(
+            "const c = document.querySelector('#fleet-grid canvas'); const r = c.getBoundingClientRect(); \
+             const [x, y] = window.railscope.fleet.centreOf('{lost_node}', 'gpu', {lost_gpu}); \
+             c.dispatchEvent(new MouseEvent('mousemove', {{ clientX: r.left + x, clientY: r.top + y, bubbles: true }})); \
+             return document.getElementById('fleet-hover').textContent",
+            lost_gpu = BIG_LOST.1,
+        ),
+    );
+    assert_eq!(
+        hover
+            .as_str()
+            .map(|t| t.starts_with(&format!("{lost_node} GPU {}: LOST", BIG_LOST.1))),
+        Some(true),
+        "the hover line over the lost GPU: {hover}"
+    );
+    let rows = eval(
+        tab,
+        "return document.querySelectorAll('#fleet-findings tr[data-finding-id]').length",
+    );
+    assert!(
+        rows.as_u64().unwrap() >= 2,
+        "the active findings table: {rows}"
     );
     screenshot(tab, "fleet-1000");
     assert_no_problem(tab, problems, "the fleet view of 1,000 nodes");
+
+    // Zoom: a click on the lost GPU's rack opens that rack (64 nodes by name), a click on
+    // a cell there opens its node.
+    let rack = BIG_LOST.0 / 64 + 1;
+    let click = |tab: &Tab, node: &str| {
+        eval(
+            tab,
+            &format!(
+                "const c = document.querySelector('#fleet-grid canvas'); const r = c.getBoundingClientRect(); \
+                 const [x, y] = window.railscope.fleet.centreOf('{node}', 'gpu', 0); \
+                 c.dispatchEvent(new MouseEvent('click', {{ clientX: r.left + x, clientY: r.top + y, bubbles: true }})); \
+                 return location.hash"
+            ),
+        )
+    };
+    assert_eq!(
+        click(tab, &lost_node),
+        Value::from(format!("#/fleet/rack/{rack}"))
+    );
+    wait_until(
+        tab,
+        "the rack",
+        &format!("return window.railscope.fleet && window.railscope.fleet.zoom === 'rack {rack}'"),
+    );
+    let rack_view = eval(
+        tab,
+        &format!(
+            "const f = window.railscope.fleet; return [f.nodes, f.colouredPorts, f.lost, !!f.cellOf('{lost_node}', 'gpu', 0)]"
+        ),
+    );
+    assert_eq!(
+        rack_view,
+        serde_json::json!([
+            64,
+            64 * 8,
+            [format!("{lost_node} gpu {}", BIG_LOST.1)],
+            true
+        ]),
+        "the rack's nodes, coloured ports, lost GPUs, the lost GPU's node"
+    );
+    screenshot(tab, "fleet-1000-rack");
+    assert_eq!(
+        click(tab, &lost_node),
+        Value::from(format!("#/node/{lost_node}"))
+    );
+    assert_no_problem(tab, problems, "a rack of the fleet view of 1,000 nodes");
 
     open(tab, "#/jobs", "jobs");
     let jobs = eval(
