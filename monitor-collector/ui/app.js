@@ -50,7 +50,8 @@
 
   // What the page holds: exposed for tests and for a curious operator's console
   // (`maxSeriesPoints`: the most points one `/api/v1/series` answer held; `maxLatestSeries`:
-  // the most series one `/api/v1/live/latest` answer held).
+  // the most series one `/api/v1/live/latest` answer held; `fleet`: what the fleet view drew;
+  // `updateMs`, `firstUpdateMs`: see `refresh`).
   const state = { updates: 0, view: null, charts: {}, busy: false, maxSeriesPoints: 0, maxLatestSeries: 0 };
   window.railscope = state;
 
@@ -812,7 +813,7 @@
         };
         canvas.addEventListener("mousemove", (e) => {
           const h = at(e);
-          const rack = h && h.rack !== null && h.rack !== undefined ? this.layout.nodes.slice(h.rack * RACK_NODES, (h.rack + 1) * RACK_NODES) : [];
+          const rack = h && this.rack === null && h.rack !== null && h.rack !== undefined ? this.layout.nodes.slice(h.rack * RACK_NODES, (h.rack + 1) * RACK_NODES) : [];
           const text = !h ? "\u00a0" : h.node ? cellText(h.node.node, h.cell) : rack.length ? `rack ${h.rack + 1}: ${rackText(rack)}` : "\u00a0";
           hover.textContent = text;
           canvas.title = text;
@@ -1387,10 +1388,15 @@
     }
     state.busy = true;
     const view = state.view;
+    const began = performance.now();
     try {
       await view.impl.update(view.route);
       if (view === state.view) {
         state.updates += 1;
+        // How long the last update took (asking and drawing), and when the first ended
+        // (ms since the page began loading).
+        state.updateMs = performance.now() - began;
+        if (state.firstUpdateMs === undefined) state.firstUpdateMs = performance.now();
         const status = document.getElementById("status");
         status.setAttribute("data-updates", state.updates);
         status.textContent = `live · updated ${new Date().toISOString().slice(11, 19)}Z · every ${REFRESH_S} s`;
