@@ -1224,7 +1224,10 @@ fn the_fleet_view_of_12500_nodes() {
     for n in 3..=14 {
         after(n);
         last = heap();
-        let ms = eval(tab, "return Math.round(window.railscope.updateMs)");
+        let ms = eval(
+            tab,
+            "return [Math.round(window.railscope.updateMs), window.railscope.fleet.timings]",
+        );
         eprintln!(
             "update {n}: {ms} ms, JS heap {:.1} MB, {} DOM nodes",
             last.0 / 1e6,

@@ -782,8 +782,11 @@
       );
     },
     async update() {
+      const began = performance.now();
       const [live, findings] = await Promise.all([api("/api/v1/live/nodes"), optionalApi(`/api/v1/findings?${q({ active: "true" })}`)]);
+      const asked = performance.now();
       const latest = await latestOf([GPU_SM, GPU_UTIL, PORT_TX, PORT_RX, PORT_RATE], null, null);
+      const answered = performance.now();
       const util = gpuActivity(latest);
       const loads = portLoads(latest.get(PORT_TX), latest.get(PORT_RX), latest.get(PORT_RATE));
       const idx = findingsIndex(findings);
@@ -794,8 +797,19 @@
       for (const f of (findings && findings.findings) || []) names.add(f.node);
       const sorted = [...names].sort(byName);
       const canvas = CANVAS === "1" || (CANVAS !== "0" && (sorted.length > GRID_MAX_NODES || this.rack !== null));
-      if (canvas) this.drawCanvas(fleetModel(sorted, util, loads, idx, jobs));
-      else this.drawGrid(sorted, util, loads, idx, jobs);
+      if (canvas) {
+        const model = fleetModel(sorted, util, loads, idx, jobs);
+        const modelled = performance.now();
+        this.drawCanvas(model);
+        // Where an update's time went (ms): the nodes and findings, the latest values
+        // (asked, sent, parsed), turning them into cells, drawing.
+        state.fleet.timings = {
+          nodesMs: Math.round(asked - began),
+          latestMs: Math.round(answered - asked),
+          modelMs: Math.round(modelled - answered),
+          drawMs: Math.round(performance.now() - modelled),
+        };
+      } else this.drawGrid(sorted, util, loads, idx, jobs);
       document
         .getElementById("fleet-findings")
         .replaceChildren(findings ? findingsTable(findings) : el("p", { class: "quiet", text: "This collector serves no findings." }));
