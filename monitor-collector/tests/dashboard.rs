@@ -27,10 +27,14 @@
 //! - no JavaScript error, failed request or blocked resource, and the error banner stays
 //!   hidden.
 //!
-//! A second test runs 1,000 nodes (35 sweeps 2 s apart, then live): the fleet view draws
-//! every node's 8 GPU and 8 port cells, coloured, the jobs list and the job view answer, no
-//! error shows, and no series answer holds more than 200 k points (the page asks per chunk of
-//! 200 nodes).
+//! A second test runs 1,000 nodes (35 sweeps 2 s apart, then live; a port trained down and a
+//! GPU lost among them): `/api/v1/live/latest?format=columns` holds what its series form
+//! holds; the fleet view draws its heat map (a canvas above 500 nodes) with every node's 8
+//! GPU and 8 port cells coloured but the lost GPU's, the lost GPU dark, the degraded port
+//! marked and exactly the active findings' cells outlined, as its canvas' pixels and hover
+//! line show; a click zooms to a rack of 64 nodes, a click there opens the node; the jobs list
+//! and the job view answer, no error shows, and no series answer holds more than 200 k points
+//! (the page asks per chunk of 200 nodes). A third, ignored, measures 12,500 nodes.
 //!
 //! Screenshots of each view are kept in `target/dashboard-screenshots/`.
 //!
@@ -785,7 +789,8 @@ fn is_time_of_day(text: &str, seconds: bool) -> bool {
 /// refused): 70 s of history, sweeps 2 s apart (as adaptive sampling stretches them), then
 /// a sweep every 2 s while the page is open, as a live fleet would send. The fleet view
 /// draws every node's GPU and port cells, coloured, the jobs list and the job view answer,
-/// and no error shows. The fleet and job views colour their cells from the live table
+/// and no error shows (what the heat map drew, read from `window.railscope.fleet` and its
+/// pixels: see the module's doc). The fleet and job views colour their cells from the live table
 /// (`/api/v1/live/latest`, one answer of every GPU and port series) rather than a minute of
 /// the archive; no series answer the page asked for holds more than 200 k points.
 ///
@@ -828,6 +833,80 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         "the last node's ports in the archive",
         |v| v["series"].as_array().map(Vec::len) == Some(8),
     );
+    // The columns form of the latest values holds what the series form holds (asked until
+    // both agree: the collector may still be taking in the last sweeps).
+    let ask = |format: &str| {
+        collector.json(&format!(
+            "/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&match=node={last_node}{format}"
+        ))
+    };
+    let as_series = || {
+        let mut out: Vec<String> = ask("")["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} {} {}",
+                    s["metric"], s["kind"], s["labels"], s["points"][0]
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let as_columns = || {
+        let mut out: Vec<String> = Vec::new();
+        for c in ask("&format=columns")["metrics"].as_array().unwrap() {
+            let (names, fields) = (
+                c["labels"].as_array().unwrap(),
+                c["fields"].as_array().unwrap(),
+            );
+            for row in c["rows"].as_array().unwrap() {
+                let row = row.as_array().unwrap();
+                let labels: serde_json::Map<String, Value> = names
+                    .iter()
+                    .zip(row)
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(n, v)| (n.as_str().unwrap().to_owned(), v.clone()))
+                    .collect();
+                let point: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .zip(&row[names.len()..])
+                    .map(|(n, v)| (n.as_str().unwrap().to_owned(), v.clone()))
+                    .collect();
+                out.push(format!(
+                    "{} {} {} {}",
+                    c["metric"],
+                    c["kind"],
+                    Value::Object(labels),
+                    Value::Object(point)
+                ));
+            }
+        }
+        out.sort();
+        out
+    };
+    for tries in 0.. {
+        let (before, columns, after) = (as_series(), as_columns(), as_series());
+        assert_eq!(before.len(), 16, "{before:?}");
+        if before == after {
+            assert_eq!(columns, before, "the columns form against the series form");
+            break;
+        }
+        assert!(tries < 40, "the latest values never settled");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let refused = ureq::get(&format!(
+        "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&format=rows",
+        collector.http
+    ))
+    .call();
+    assert!(
+        matches!(refused, Err(ureq::Error::StatusCode(400))),
+        "format=rows: {refused:?}"
+    );
+
     // The fleet goes on sending, a sweep every 2 s, until the test ends.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let live = {
