@@ -1,7 +1,9 @@
 // railscope's dashboard: four views over this collector's API, kept current by polling it.
 //   #/fleet        nodes x GPUs and IB ports (labelled by device), coloured by utilisation
 //                  (ports against their class's nominal rate), marked by findings, lost
-//                  GPUs marked lost, each node's job(s)
+//                  GPUs marked lost, each node's job(s); above 500 nodes (or `?canvas=1`) a
+//                  heat map on one canvas, racks of 64 nodes by name (`?rack=N`)
+//   #/fleet/rack/N a rack of the heat map, its nodes named; a click opens a node
 //   #/jobs, #/job/ID  the jobs; a job's GPUs and ports side by side, its stragglers marked
 //                  and ranked, its findings (on its nodes, GPUs and ports, or carrying its id)
 //   #/node/NAME    a node's time series (dygraphs: drag to zoom, double-click to reset;
