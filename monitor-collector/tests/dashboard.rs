@@ -27,10 +27,14 @@
 //! - no JavaScript error, failed request or blocked resource, and the error banner stays
 //!   hidden.
 //!
-//! A second test runs 1,000 nodes (35 sweeps 2 s apart, then live): the fleet view draws
-//! every node's 8 GPU and 8 port cells, coloured, the jobs list and the job view answer, no
-//! error shows, and no series answer holds more than 200 k points (the page asks per chunk of
-//! 200 nodes).
+//! A second test runs 1,000 nodes (35 sweeps 2 s apart, then live; a port trained down and a
+//! GPU lost among them): `/api/v1/live/latest?format=columns` holds what its series form
+//! holds; the fleet view draws its heat map (a canvas above 500 nodes) with every node's 8
+//! GPU and 8 port cells coloured but the lost GPU's, the lost GPU dark, the degraded port
+//! marked and exactly the active findings' cells outlined, as its canvas' pixels and hover
+//! line show; a click zooms to a rack of 64 nodes, a click there opens the node; the jobs list
+//! and the job view answer, no error shows, and no series answer holds more than 200 k points
+//! (the page asks per chunk of 200 nodes). A third, ignored, measures 12,500 nodes.
 //!
 //! Screenshots of each view are kept in `target/dashboard-screenshots/`.
 //!
@@ -96,6 +100,11 @@ struct RunningCollector {
 
 impl RunningCollector {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more command-line arguments.
+    fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("wire.key");
         let hex: String = KEY.iter().map(|b| format!("{b:02x}")).collect();
@@ -116,6 +125,7 @@ impl RunningCollector {
                 OsStr::new("--data"),
                 dir.path().join("data").as_os_str(),
             ])
+            .args(extra)
             .env("RAILSCOPE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -769,6 +779,19 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     assert_no_problem(tab, problems, "the events view");
 }
 
+/// Where a finding is, as the fleet view names it: `NODE gpu G`, `NODE port DEVICE/PORT`,
+/// `NODE node`.
+fn finding_place(f: &Value) -> String {
+    let node = f["node"].as_str().unwrap();
+    if let Some(gpu) = f["gpu"].as_str() {
+        format!("{node} gpu {gpu}")
+    } else if let Some(device) = f["device"].as_str() {
+        format!("{node} port {device}/{}", f["port"])
+    } else {
+        format!("{node} node")
+    }
+}
+
 /// `HH:MM` (or, with `seconds`, also `HH:MM:SS`).
 /// A node without GPUs whose two rxe ports count packets only (as soft-RoCE's hw_counters do):
 /// `seconds` of 1 s sweeps ending now, sent as the agent names them.
@@ -816,7 +839,8 @@ fn is_time_of_day(text: &str, seconds: bool) -> bool {
 /// refused): 70 s of history, sweeps 2 s apart (as adaptive sampling stretches them), then
 /// a sweep every 2 s while the page is open, as a live fleet would send. The fleet view
 /// draws every node's GPU and port cells, coloured, the jobs list and the job view answer,
-/// and no error shows. The fleet and job views colour their cells from the live table
+/// and no error shows (what the heat map drew, read from `window.railscope.fleet` and its
+/// pixels: see the module's doc). The fleet and job views colour their cells from the live table
 /// (`/api/v1/live/latest`, one answer of every GPU and port series) rather than a minute of
 /// the archive; no series answer the page asked for holds more than 200 k points.
 ///
@@ -828,10 +852,15 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     const BIG: usize = 1_000;
     const BIG_HISTORY: u64 = 35;
     const BIG_INTERVAL: Duration = Duration::from_secs(2);
+    // A port trained down to 2X and a GPU fallen off the bus, in the 4th and 11th racks.
+    const BIG_DEGRADED: (usize, usize) = (200, 5);
+    const BIG_LOST: (usize, usize) = (650, 6);
     let Some(chromium) = chromium() else { return };
     let collector = RunningCollector::start();
     let mut fleet = SimulatedFleet::builder(BIG)
         .job(JOB, 0..BIG)
+        .degraded_port(BIG_DEGRADED.0, BIG_DEGRADED.1)
+        .lost_gpu(BIG_LOST.0, BIG_LOST.1, 10)
         .interval(BIG_INTERVAL)
         .ticks_before_now(BIG_HISTORY)
         .build(Key::from_bytes(KEY));
@@ -842,6 +871,8 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         sent.elapsed()
     );
     let last_node = fleet.node_name(BIG - 1).to_owned();
+    let names: Vec<String> = (0..BIG).map(|i| fleet.node_name(i).to_owned()).collect();
+    let fleet_node = |i: usize| names[i].clone();
     collector.wait_for("/api/v1/live/nodes", "every node", |v| {
         v.as_array().map(Vec::len) == Some(BIG)
     });
@@ -852,6 +883,80 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         "the last node's ports in the archive",
         |v| v["series"].as_array().map(Vec::len) == Some(8),
     );
+    // The columns form of the latest values holds what the series form holds (asked until
+    // both agree: the collector may still be taking in the last sweeps).
+    let ask = |format: &str| {
+        collector.json(&format!(
+            "/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&match=node={last_node}{format}"
+        ))
+    };
+    let as_series = || {
+        let mut out: Vec<String> = ask("")["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} {} {}",
+                    s["metric"], s["kind"], s["labels"], s["points"][0]
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let as_columns = || {
+        let mut out: Vec<String> = Vec::new();
+        for c in ask("&format=columns")["metrics"].as_array().unwrap() {
+            let (names, fields) = (
+                c["labels"].as_array().unwrap(),
+                c["fields"].as_array().unwrap(),
+            );
+            for row in c["rows"].as_array().unwrap() {
+                let row = row.as_array().unwrap();
+                let labels: serde_json::Map<String, Value> = names
+                    .iter()
+                    .zip(row)
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(n, v)| (n.as_str().unwrap().to_owned(), v.clone()))
+                    .collect();
+                let point: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .zip(&row[names.len()..])
+                    .map(|(n, v)| (n.as_str().unwrap().to_owned(), v.clone()))
+                    .collect();
+                out.push(format!(
+                    "{} {} {} {}",
+                    c["metric"],
+                    c["kind"],
+                    Value::Object(labels),
+                    Value::Object(point)
+                ));
+            }
+        }
+        out.sort();
+        out
+    };
+    for tries in 0.. {
+        let (before, columns, after) = (as_series(), as_columns(), as_series());
+        assert_eq!(before.len(), 16, "{before:?}");
+        if before == after {
+            assert_eq!(columns, before, "the columns form against the series form");
+            break;
+        }
+        assert!(tries < 40, "the latest values never settled");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let refused = ureq::get(&format!(
+        "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&format=rows",
+        collector.http
+    ))
+    .call();
+    assert!(
+        matches!(refused, Err(ureq::Error::StatusCode(400))),
+        "format=rows: {refused:?}"
+    );
+
     // The fleet goes on sending, a sweep every 2 s, until the test ends.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let live = {
@@ -875,6 +980,22 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     }
     let stopper = StopOnDrop(stop);
 
+    // What the collector concluded, to compare the heat map with.
+    let lost_node = fleet_node(BIG_LOST.0);
+    let degraded_node = fleet_node(BIG_DEGRADED.0);
+    let degraded_port = format!("mlx5_{}/1", BIG_DEGRADED.1);
+    collector.wait_for(
+        "/api/v1/findings?active=true",
+        "the degraded port's and the lost GPU's findings",
+        |v| {
+            let list = v["findings"].as_array().unwrap();
+            let has = |rule: &str, node: &str| {
+                list.iter().any(|f| f["rule"] == rule && f["node"] == node)
+            };
+            has("ib_port_degraded", &degraded_node) && has("gpu_lost", &lost_node)
+        },
+    );
+
     let page = Page::open(
         chromium,
         &format!("http://{}/?refresh=5#/fleet", collector.http),
@@ -883,25 +1004,167 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
     let started = Instant::now();
     wait_until(
         tab,
-        "the fleet grid",
-        "return window.railscope.updates >= 1 && !!document.querySelector('#fleet-grid .grid')",
+        "the fleet heat map",
+        "return window.railscope.updates >= 1 && !!document.querySelector('#fleet-grid canvas.heat-map')",
     );
     eprintln!("fleet view of {BIG} nodes drawn in {:?}", started.elapsed());
+    // Above 500 nodes the fleet is one canvas, not a DOM cell per GPU and port.
     let cells = eval(
         tab,
-        "const rows = [...document.querySelectorAll('#fleet-grid .row[data-node]')]; \
-         return [rows.length, \
-                 rows.filter(r => r.querySelectorAll('.cell.gpu[data-util]').length === 8 \
-                               && r.querySelectorAll('.cell.port[data-load]').length === 8).length, \
-                 document.querySelector('#fleet-grid .grid').dataset.nodes]",
+        "const f = window.railscope.fleet;          return [f.mode, f.zoom, f.nodes, f.gpuCells, f.portCells, f.colouredGpus, f.colouredPorts, f.nodesColoured,                  f.lost, f.degraded, document.querySelectorAll('#fleet-grid .cell').length]",
     );
     assert_eq!(
         cells,
-        serde_json::json!([BIG, BIG, BIG.to_string()]),
-        "rows, rows with 8 coloured GPU and 8 coloured port cells, nodes"
+        serde_json::json!([
+            "canvas",
+            "fleet",
+            BIG,
+            BIG * 8,
+            BIG * 8,
+            BIG * 8 - 1,
+            BIG * 8,
+            BIG - 1,
+            [format!("{lost_node} gpu {}", BIG_LOST.1)],
+            [format!("{degraded_node} port {degraded_port}")],
+            0
+        ]),
+        "mode, zoom, nodes drawn, GPU and port cells, coloured GPU and port cells, nodes fully \
+         coloured (all but the lost GPU's), lost GPUs, degraded ports, DOM cells"
+    );
+    // Every active finding outlines its cell (or its node), and nothing else is outlined.
+    let mut tries = 0;
+    loop {
+        let findings = collector.json("/api/v1/findings?active=true")["findings"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let mut expected: Vec<String> = findings.iter().map(finding_place).collect();
+        expected.sort();
+        expected.dedup();
+        let marked = eval(tab, "return window.railscope.fleet.marked");
+        if marked == serde_json::json!(expected) {
+            break;
+        }
+        tries += 1;
+        assert!(
+            tries < 10,
+            "cells outlined by findings: {marked}, expected {expected:?}"
+        );
+        let seen = eval(tab, "return window.railscope.updates")
+            .as_u64()
+            .unwrap();
+        wait_until(
+            tab,
+            "the next update",
+            &format!("return window.railscope.updates > {seen}"),
+        );
+    }
+    // What is on the canvas: a busy GPU in its colour (not the page's white or no-data
+    // grey), the lost GPU dark, the degraded port's load below its healthy peer's.
+    let drawn = eval(
+        tab,
+        &format!(
+            "const f = window.railscope.fleet; \
+             return [f.pixelOf('{first}', 'gpu', 0), f.cellOf('{first}', 'gpu', 0).colour, \
+                     f.pixelOf('{lost_node}', 'gpu', {lost_gpu}), \
+                     f.cellOf('{degraded_node}', 'port', '{degraded_port}').value, \
+                     f.cellOf('{degraded_node}', 'port', 'mlx5_0/1').value]",
+            first = fleet_node(0),
+            lost_gpu = BIG_LOST.1,
+        ),
+    );
+    let rgb = |v: &Value| -> Vec<u64> {
+        v.as_array().unwrap()[..3]
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect()
+    };
+    assert_ne!(rgb(&drawn[0]), vec![255, 255, 255], "{drawn}");
+    assert_ne!(rgb(&drawn[0]), vec![0xe4, 0xe4, 0xe4], "{drawn}");
+    assert!(drawn[1].as_str().unwrap().starts_with("hsl(212"), "{drawn}");
+    assert_eq!(
+        rgb(&drawn[2]),
+        vec![0x3a, 0x3f, 0x4b],
+        "the lost GPU: {drawn}"
+    );
+    assert!(
+        drawn[3].as_f64().unwrap() < 0.7 * drawn[4].as_f64().unwrap(),
+        "the degraded port's load is not below its healthy peer's: {drawn}"
+    );
+    // Pointing at a cell names it.
+    let hover = eval(
+        tab,
+        &format!(
+            "const c = document.querySelector('#fleet-grid canvas'); const r = c.getBoundingClientRect(); \
+             const [x, y] = window.railscope.fleet.centreOf('{lost_node}', 'gpu', {lost_gpu}); \
+             c.dispatchEvent(new MouseEvent('mousemove', {{ clientX: r.left + x, clientY: r.top + y, bubbles: true }})); \
+             return document.getElementById('fleet-hover').textContent",
+            lost_gpu = BIG_LOST.1,
+        ),
+    );
+    assert_eq!(
+        hover
+            .as_str()
+            .map(|t| t.starts_with(&format!("{lost_node} GPU {}: LOST", BIG_LOST.1))),
+        Some(true),
+        "the hover line over the lost GPU: {hover}"
+    );
+    let rows = eval(
+        tab,
+        "return document.querySelectorAll('#fleet-findings tr[data-finding-id]').length",
+    );
+    assert!(
+        rows.as_u64().unwrap() >= 2,
+        "the active findings table: {rows}"
     );
     screenshot(tab, "fleet-1000");
     assert_no_problem(tab, problems, "the fleet view of 1,000 nodes");
+
+    // Zoom: a click on the lost GPU's rack opens that rack (64 nodes by name), a click on
+    // a cell there opens its node.
+    let rack = BIG_LOST.0 / 64 + 1;
+    let click = |tab: &Tab, node: &str| {
+        eval(
+            tab,
+            &format!(
+                "const c = document.querySelector('#fleet-grid canvas'); const r = c.getBoundingClientRect(); \
+                 const [x, y] = window.railscope.fleet.centreOf('{node}', 'gpu', 0); \
+                 c.dispatchEvent(new MouseEvent('click', {{ clientX: r.left + x, clientY: r.top + y, bubbles: true }})); \
+                 return location.hash"
+            ),
+        )
+    };
+    assert_eq!(
+        click(tab, &lost_node),
+        Value::from(format!("#/fleet/rack/{rack}"))
+    );
+    wait_until(
+        tab,
+        "the rack",
+        &format!("return window.railscope.fleet && window.railscope.fleet.zoom === 'rack {rack}'"),
+    );
+    let rack_view = eval(
+        tab,
+        &format!(
+            "const f = window.railscope.fleet; return [f.nodes, f.colouredPorts, f.lost, !!f.cellOf('{lost_node}', 'gpu', 0)]"
+        ),
+    );
+    assert_eq!(
+        rack_view,
+        serde_json::json!([
+            64,
+            64 * 8,
+            [format!("{lost_node} gpu {}", BIG_LOST.1)],
+            true
+        ]),
+        "the rack's nodes, coloured ports, lost GPUs, the lost GPU's node"
+    );
+    screenshot(tab, "fleet-1000-rack");
+    assert_eq!(
+        click(tab, &lost_node),
+        Value::from(format!("#/node/{lost_node}"))
+    );
+    assert_no_problem(tab, problems, "a rack of the fleet view of 1,000 nodes");
 
     open(tab, "#/jobs", "jobs");
     let jobs = eval(
@@ -938,5 +1201,176 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         "the largest series answer held {points} points (the limit is 1,000,000)"
     );
     drop(stopper);
+    live.join().unwrap();
+}
+
+/// The fleet view of a 100,000-GPU fleet: 12,500 nodes of 8 GPUs and 8 IB ports, sweeps 10 s
+/// apart (as agents flush), the page polling every 5 s. Every node is drawn on the heat map with its 8 GPU and
+/// 8 port cells coloured, and the page's JavaScript heap (after a garbage collection) does not
+/// grow across a minute of updates. Prints the time to the first drawing (from the page's
+/// start), each update's time and the heap: the figures for issue 29's goal (drawn in under
+/// 2 s, updated every 5 s without growing memory), which this test reports but does not
+/// assert.
+///
+/// Ignored in `cargo xtask test` (sending 12,500 nodes' sweeps takes most of a core): run it
+/// with `cargo test --release -p monitor-collector --test dashboard -- --ignored 12500 --nocapture`.
+#[test]
+#[ignore = "12,500 nodes: a measurement, run by hand (see its doc)"]
+fn the_fleet_view_of_12500_nodes() {
+    use headless_chrome::protocol::cdp::{HeapProfiler, Performance};
+    const HUGE: usize = 12_500;
+    const INTERVAL: Duration = Duration::from_secs(10);
+    let Some(chromium) = chromium() else { return };
+    // Past the default 10,000 nodes.
+    let collector = RunningCollector::start_with(&["--max-nodes", "20000"]);
+    let mut fleet = SimulatedFleet::builder(HUGE)
+        .job(JOB, 0..HUGE)
+        .interval(INTERVAL)
+        .flush_every(1)
+        .ticks_before_now(2)
+        .build(Key::from_bytes(KEY));
+    // The first sweeps (every node's schema, every series new): the collector meets 12,500
+    // nodes at once, on a machine shared with the sender and Chromium, and its receive
+    // buffer overflows; a node whose frames did not all arrive is sent them again (the
+    // collector counts a frame it has as a duplicate) until every node has all of its.
+    let sent = Instant::now();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut frames: Vec<Vec<Vec<u8>>> = vec![Vec::new(); HUGE];
+    for _ in 0..2 {
+        for (node, frame) in fleet.tick_by_node() {
+            frames[node].push(frame);
+        }
+    }
+    let index: std::collections::HashMap<String, usize> = (0..HUGE)
+        .map(|i| (fleet.node_name(i).to_owned(), i))
+        .collect();
+    let mut missing: Vec<usize> = (0..HUGE).collect();
+    for round in 0.. {
+        assert!(
+            round < 20,
+            "{} nodes never got all their frames",
+            missing.len()
+        );
+        for (k, frame) in missing.iter().flat_map(|&n| &frames[n]).enumerate() {
+            socket.send_to(frame, collector.udp).unwrap();
+            if k % 32 == 31 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let mut complete = vec![false; HUGE];
+        for n in collector.json("/api/v1/live/nodes").as_array().unwrap() {
+            let i = index[n["node"].as_str().unwrap()];
+            complete[i] = n["frames"].as_u64() == Some(frames[i].len() as u64);
+        }
+        missing = (0..HUGE).filter(|&i| !complete[i]).collect();
+        eprintln!("round {round}: {} nodes incomplete", missing.len());
+        if missing.is_empty() {
+            break;
+        }
+    }
+    eprintln!("{HUGE} nodes x 2 sweeps sent in {:?}", sent.elapsed());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let live = {
+        let stop = stop.clone();
+        let udp = collector.udp;
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if unix_now_ns() >= fleet.tick_unix_ns(fleet.ticks()) {
+                    fleet.send_ticks(udp, 1).unwrap();
+                } else {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    let answer = ureq::get(&format!(
+        "http://{}/api/v1/live/latest?format=columns&metric=railscope_gpu_sm_util_ratio&metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&metric=railscope_ib_port_rcv_bytes_total&metric=railscope_ib_port_rate_gbps",
+        collector.http
+    ))
+    .call()
+    .unwrap()
+    .into_body()
+    .with_config()
+    .limit(1 << 30)
+    .read_to_string()
+    .unwrap();
+    eprintln!(
+        "/api/v1/live/latest?format=columns of the fleet view's 5 metrics: {} bytes in {:?}",
+        answer.len(),
+        started.elapsed()
+    );
+
+    let page = Page::open(
+        chromium,
+        &format!("http://{}/?refresh=5#/fleet", collector.http),
+    );
+    let (tab, problems) = (&*page.tab, &*page.problems);
+    wait_until(
+        tab,
+        "the fleet heat map",
+        "return window.railscope.updates >= 1 && !!document.querySelector('#fleet-grid canvas.heat-map')",
+    );
+    let drawn = eval(
+        tab,
+        "const s = window.railscope, f = s.fleet; \
+         return [f.nodes, f.colouredGpus, f.colouredPorts, f.nodesColoured, Math.round(s.firstUpdateMs), Math.round(s.updateMs)]",
+    );
+    eprintln!(
+        "{HUGE} nodes: first drawn {} ms after the page began loading (its update: {} ms)",
+        drawn[4], drawn[5]
+    );
+    assert_eq!(
+        drawn.as_array().unwrap()[..4],
+        [HUGE, HUGE * 8, HUGE * 8, HUGE].map(Value::from),
+        "nodes drawn, coloured GPU and port cells, nodes fully coloured: {drawn}"
+    );
+    tab.call_method(Performance::Enable { time_domain: None })
+        .unwrap();
+    let heap = || {
+        tab.call_method(HeapProfiler::CollectGarbage(None)).unwrap();
+        let metrics = tab.call_method(Performance::GetMetrics(None)).unwrap();
+        let of = |name: &str| {
+            metrics
+                .metrics
+                .iter()
+                .find(|m| m.name == name)
+                .map_or(0.0, |m| m.value)
+        };
+        (of("JSHeapUsedSize"), of("Nodes"))
+    };
+    let after = |n: u64| {
+        wait_until(
+            tab,
+            "the next update",
+            &format!("return window.railscope.updates >= {n}"),
+        )
+    };
+    after(2);
+    let (first_heap, first_nodes) = heap();
+    let mut last = (first_heap, first_nodes);
+    for n in 3..=14 {
+        after(n);
+        last = heap();
+        let ms = eval(
+            tab,
+            "return [Math.round(window.railscope.updateMs), window.railscope.fleet.timings]",
+        );
+        eprintln!(
+            "update {n}: {ms} ms, JS heap {:.1} MB, {} DOM nodes",
+            last.0 / 1e6,
+            last.1
+        );
+    }
+    assert!(
+        last.0 < 1.25 * first_heap && last.1 <= first_nodes + 100.0,
+        "the page grew over a minute of updates: JS heap {first_heap} -> {}, DOM nodes {first_nodes} -> {}",
+        last.0,
+        last.1
+    );
+    screenshot(tab, "fleet-12500");
+    assert_no_problem(tab, problems, "the fleet view of 12,500 nodes");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     live.join().unwrap();
 }

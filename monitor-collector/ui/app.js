@@ -1,7 +1,9 @@
 // railscope's dashboard: four views over this collector's API, kept current by polling it.
 //   #/fleet        nodes x GPUs and IB ports (labelled by device), coloured by utilisation
 //                  (ports against their class's nominal rate), marked by findings, lost
-//                  GPUs marked lost, each node's job(s)
+//                  GPUs marked lost, each node's job(s); above 500 nodes (or `?canvas=1`) a
+//                  heat map on one canvas, racks of 64 nodes by name (`?rack=N`)
+//   #/fleet/rack/N a rack of the heat map, its nodes named; a click opens a node
 //   #/jobs, #/job/ID  the jobs; a job's GPUs and ports side by side, its stragglers marked
 //                  and ranked, its findings (on its nodes, GPUs and ports, or carrying its id)
 //   #/node/NAME    a node's time series (dygraphs: drag to zoom, double-click to reset;
@@ -50,7 +52,8 @@
 
   // What the page holds: exposed for tests and for a curious operator's console
   // (`maxSeriesPoints`: the most points one `/api/v1/series` answer held; `maxLatestSeries`:
-  // the most series one `/api/v1/live/latest` answer held).
+  // the most series one `/api/v1/live/latest` answer held; `fleet`: what the fleet view drew;
+  // `updateMs`, `firstUpdateMs`: see `refresh`).
   const state = { updates: 0, view: null, charts: {}, busy: false, maxSeriesPoints: 0, maxLatestSeries: 0 };
   window.railscope = state;
 
@@ -125,24 +128,30 @@
     p.textContent = text || "";
   }
 
-  // The latest value of each series of an answer, keyed by `keyOf(labels)`; counters give
-  // their latest rate, gauges the mean of their latest envelope.
-  function latestBy(answer, keyOf) {
+  // The latest value of each series of a `latestOf` answer's metric (its groups of columns),
+  // keyed by `keyOf(labels)`; counters give their latest rate, gauges the mean of their
+  // latest envelope.
+  function latestBy(groups, keyOf) {
     const out = new Map();
-    for (const s of (answer && answer.series) || []) {
-      const p = last(s.points);
-      if (!p) continue;
-      const value = s.kind === "counter" ? p.rate : p.mean;
-      out.set(keyOf(s.labels), { value, labels: s.labels, t: p.t });
+    for (const c of groups || []) {
+      const n = c.labels.length;
+      const valueAt = n + c.fields.indexOf(c.kind === "counter" ? "rate" : "mean");
+      const tAt = n + c.fields.indexOf("t");
+      for (const row of c.rows) {
+        const labels = {};
+        for (let i = 0; i < n; i++) if (row[i] !== null) labels[c.labels[i]] = row[i];
+        out.set(keyOf(labels), { value: row[valueAt], labels, t: row[tAt] });
+      }
     }
     return out;
   }
 
   const gpuKey = (l) => `${l.node}|${l.gpu}`;
 
-  // The latest point of every live series of `metrics` (`/api/v1/live/latest`), of `nodes`
-  // only when given (asked per chunk of CHUNK_NODES), with `match`; per metric, its series in
-  // the shape of a `/api/v1/series` answer (what `latestBy` reads).
+  // The latest point of every live series of `metrics` (`/api/v1/live/latest`, in its
+  // compact `format=columns`: 500,000 series of a 12,500-node fleet are a third of the bytes
+  // of the series format), of `nodes` only when given (asked per chunk of CHUNK_NODES), with
+  // `match`; per metric, its groups of columns (what `latestBy` reads).
   async function latestOf(metrics, nodes, match) {
     const extra = match ? [match] : [];
     const chunks = [];
@@ -152,11 +161,17 @@
         chunks.push([`node=~${nodes.slice(i, i + CHUNK_NODES).map(regexEscape).join("|")}`, ...extra]);
       }
     }
-    const answers = await Promise.all(chunks.map((m) => api(`/api/v1/live/latest?${q({ metric: metrics, match: m })}`)));
-    const out = new Map(metrics.map((m) => [m, { series: [] }]));
+    const answers = await Promise.all(
+      chunks.map((m) => api(`/api/v1/live/latest?${q({ metric: metrics, match: m, format: "columns" })}`))
+    );
+    const out = new Map(metrics.map((m) => [m, []]));
     for (const a of answers) {
-      state.maxLatestSeries = Math.max(state.maxLatestSeries, (a.series || []).length);
-      for (const s of a.series || []) out.get(s.metric).series.push(s);
+      let series = 0;
+      for (const c of a.metrics || []) {
+        out.get(c.metric).push(c);
+        series += c.rows.length;
+      }
+      state.maxLatestSeries = Math.max(state.maxLatestSeries, series);
     }
     return out;
   }
@@ -474,10 +489,282 @@
   // ------------------------------------------------------------------------------------
   // Fleet
 
+  // The fleet as DOM cells (a row per node) up to GRID_MAX_NODES nodes; above, as a heat map
+  // on one <canvas> (200,000 elements redrawn every 5 s would take seconds and grow the
+  // page). `?canvas=1` draws the heat map whatever the size, `?canvas=0` the grid.
+  const GRID_MAX_NODES = 500;
+  const CANVAS = params.get("canvas");
+  // Nodes per group (a rack, by name order) in the heat map; `?rack=N` for another size.
+  const RACK_NODES = Math.max(1, Math.floor(Number(params.get("rack"))) || 64);
+  const byName = new Intl.Collator(undefined, { numeric: true }).compare;
+  const SEVERITY_STROKE = { critical: "#d7263d", warning: "#f29e02", info: "#8a94a6" };
+
+  const worstOf = (list) => list.reduce((a, f) => ((SEVERITY_ORDER[f.severity] || 0) > (SEVERITY_ORDER[a] || 0) ? f.severity : a), "info");
+  const isLost = (findings) => (findings || []).some((f) => f.rule === "gpu_lost" && (f.end === null || f.end === undefined));
+
+  // What the fleet view shows, per node in name order: its GPUs (with their activity and
+  // findings) and its ports (with their load and findings), its node-wide findings, its jobs.
+  function fleetModel(names, util, loads, idx, jobs) {
+    const gpus = new Map();
+    const ports = new Map();
+    for (const n of names) {
+      gpus.set(n, new Set());
+      ports.set(n, []);
+    }
+    for (const v of util.values()) gpus.get(v.labels.node).add(v.labels.gpu);
+    // A GPU with a finding but no series (fallen off the bus) still gets its cell.
+    for (const key of idx.gpu.keys()) {
+      const i = key.lastIndexOf("|");
+      gpus.get(key.slice(0, i)).add(key.slice(i + 1));
+    }
+    for (const p of loads.values()) ports.get(p.labels.node).push(p);
+    return names.map((node) => {
+      const portList = ports.get(node).sort((a, b) => byName(a.labels.device, b.labels.device) || byNumber(a.labels.port, b.labels.port));
+      const perDevice = new Map();
+      for (const p of portList) perDevice.set(p.labels.device, (perDevice.get(p.labels.device) || 0) + 1);
+      return {
+        node,
+        gpus: [...gpus.get(node)].sort(byNumber).map((gpu) => {
+          const findings = idx.gpu.get(`${node}|${gpu}`) || [];
+          const activity = util.get(`${node}|${gpu}`);
+          const lost = isLost(findings);
+          return { kind: "gpu", gpu, activity, lost, value: activity && !lost ? activity.value : null, findings };
+        }),
+        ports: portList.map((p) => ({
+          kind: "port",
+          device: p.labels.device,
+          port: p.labels.port,
+          load: p,
+          label: perDevice.get(p.labels.device) > 1 ? `${p.labels.device}/${p.labels.port}` : p.labels.device,
+          value: p.load,
+          degraded: p.degraded,
+          findings: idx.forPort(node, p.labels.device, p.labels.port),
+        })),
+        findings: idx.node.get(node) || [],
+        jobs: [...(jobs.get(node) || [])].sort(),
+      };
+    });
+  }
+
+  // A rack's nodes, first to last.
+  const rackText = (nodes) => (nodes.length ? `${nodes.length} nodes, ${nodes[0].node} … ${nodes[nodes.length - 1].node}` : "no nodes");
+
+  // A cell's text for the heat map's hover line and title.
+  function cellText(node, c) {
+    if (!c) return node;
+    let text;
+    if (c.kind === "gpu") {
+      const u = c.value;
+      text = c.lost
+        ? `${node} GPU ${c.gpu}: LOST (fallen off the bus, no data since)`
+        : `${node} GPU ${c.gpu}: ${c.activity ? c.activity.metric : "activity"} ${u === null || u === undefined ? "no data" : Math.round(u * 100) + "%"}`;
+    } else {
+      const l = c.load;
+      text =
+        `${node} ${c.device}/${c.port}: ${l.bytesPerSecond !== null ? fmt((l.bytesPerSecond * 8) / 1e9) + " Gb/s" : "no byte counters"}` +
+        (l.nominalGbps ? ` of ${fmt(l.nominalGbps)} Gb/s nominal` : "") +
+        (c.degraded ? ` (link trained down to ${fmt(l.ownGbps)} Gb/s)` : "");
+    }
+    return c.findings.length ? `${text}; ${c.findings.map((f) => `${f.severity}: ${f.rule}: ${f.summary}`).join("; ")}` : text;
+  }
+
+  // The heat map's geometry: at the fleet's zoom every node as a strip of small cells (its
+  // GPUs, then its ports), a rack of RACK_NODES nodes as a column of strips, racks side by
+  // side and wrapped to the page's width; zoomed into a rack, its nodes' strips with large
+  // cells, named, with their jobs. `cell(x, y)` finds what is under the pointer.
+  function heatLayout(model, rack, width) {
+    const gpuCols = model.reduce((m, n) => Math.max(m, n.gpus.length), 1);
+    const portCols = model.reduce((m, n) => Math.max(m, n.ports.length), 1);
+    const zoomed = rack !== null;
+    const size = zoomed ? 18 : 3;
+    const gap = zoomed ? 2 : 0;
+    const nameW = zoomed ? 160 : 0;
+    const split = zoomed ? 12 : 2;
+    const stripW = nameW + gpuCols * (size + gap) + split + portCols * (size + gap);
+    const first = zoomed ? rack * RACK_NODES : 0;
+    const nodes = zoomed ? model.slice(first, first + RACK_NODES) : model;
+    const racks = zoomed ? 1 : Math.ceil(nodes.length / RACK_NODES);
+    const rackW = zoomed ? stripW + 200 : stripW + 8;
+    const head = 14;
+    const rackH = head + Math.min(RACK_NODES, nodes.length) * (size + gap) + 8;
+    const perRow = Math.max(1, Math.floor(width / rackW));
+    const L = { zoomed, size, gap, nameW, split, stripW, first, nodes, racks, rackW, rackH, head, perRow, gpuCols };
+    L.width = zoomed ? rackW : Math.min(racks, perRow) * rackW;
+    L.height = Math.max(1, Math.ceil(racks / perRow) * rackH);
+    // The top left of node i (of `nodes`), and of its cell k (GPUs first, then ports).
+    L.nodeAt = (i) => {
+      const r = Math.floor(i / RACK_NODES);
+      return [(r % perRow) * rackW, Math.floor(r / perRow) * rackH + head + (i % RACK_NODES) * (size + gap)];
+    };
+    L.cellX = (k) => nameW + (k < gpuCols ? k * (size + gap) : gpuCols * (size + gap) + split + (k - gpuCols) * (size + gap));
+    L.hit = (x, y) => {
+      const col = Math.floor(x / rackW);
+      const row = Math.floor(y / rackH);
+      if (col >= perRow) return null;
+      const r = row * perRow + col;
+      const inRack = Math.floor((y - row * rackH - head) / (size + gap));
+      if (r >= racks || inRack < 0 || inRack >= RACK_NODES) return { rack: r < racks ? r : null };
+      const i = r * RACK_NODES + inRack;
+      const n = nodes[i];
+      if (!n) return { rack: r };
+      const dx = x - col * rackW;
+      let cell = null;
+      if (dx >= nameW && dx < nameW + gpuCols * (size + gap)) cell = n.gpus[Math.floor((dx - nameW) / (size + gap))] || null;
+      const px = dx - nameW - gpuCols * (size + gap) - split;
+      if (px >= 0) cell = n.ports[Math.floor(px / (size + gap))] || null;
+      return { rack: zoomed ? rack : r, node: n, cell };
+    };
+    return L;
+  }
+
+  // Draws the heat map on `canvas`: every cell filled in its colour (batched by colour),
+  // lost GPUs dark (hatched when large), degraded ports marked (dashed when large), then the
+  // findings on top, outlined by severity. What it drew goes to `state.fleet`.
+  function drawHeatMap(canvas, L, rack) {
+    if (canvas.width !== L.width) canvas.width = L.width;
+    if (canvas.height !== L.height) canvas.height = L.height;
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    const { size, nodes, gpuCols } = L;
+    const byColour = new Map();
+    const lost = [];
+    const degraded = [];
+    const marked = [];
+    const where = [];
+    let gpuCells = 0;
+    let portCells = 0;
+    let colouredGpus = 0;
+    let colouredPorts = 0;
+    const fill = (colour, x, y) => {
+      let list = byColour.get(colour);
+      if (!list) byColour.set(colour, (list = []));
+      list.push(x, y);
+    };
+    const mark = (rect, findings, what) => {
+      marked.push([...rect, worstOf(findings)]);
+      where.push(what);
+    };
+    nodes.forEach((n, i) => {
+      const [x0, y0] = L.nodeAt(i);
+      n.gpus.forEach((c, k) => {
+        const x = x0 + L.cellX(k);
+        gpuCells += 1;
+        if (c.lost) lost.push(x, y0, `${n.node} gpu ${c.gpu}`);
+        else {
+          fill(utilColour(c.value), x, y0);
+          if (c.value !== null && c.value !== undefined) colouredGpus += 1;
+        }
+        if (c.findings.length) mark([x, y0, size, size], c.findings, `${n.node} gpu ${c.gpu}`);
+      });
+      n.ports.forEach((c, k) => {
+        const x = x0 + L.cellX(gpuCols + k);
+        portCells += 1;
+        fill(utilColour(c.value), x, y0);
+        if (c.value !== null && c.value !== undefined) colouredPorts += 1;
+        if (c.degraded) degraded.push(x, y0, `${n.node} port ${c.device}/${c.port}`);
+        if (c.findings.length) mark([x, y0, size, size], c.findings, `${n.node} port ${c.device}/${c.port}`);
+      });
+      if (n.findings.length) mark([x0, y0, L.stripW, size], n.findings, `${n.node} node`);
+    });
+    for (const [colour, list] of byColour) {
+      ctx.fillStyle = colour;
+      for (let j = 0; j < list.length; j += 2) ctx.fillRect(list[j], list[j + 1], size, size);
+    }
+    for (let j = 0; j < lost.length; j += 3) {
+      ctx.fillStyle = "#3a3f4b";
+      ctx.fillRect(lost[j], lost[j + 1], size, size);
+      if (L.zoomed) {
+        ctx.strokeStyle = "#6b7280";
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        for (let d = -size; d < size; d += 6) {
+          ctx.moveTo(lost[j] + Math.max(0, d), lost[j + 1] + Math.max(0, -d));
+          ctx.lineTo(lost[j] + Math.min(size, d + size), lost[j + 1] + Math.min(size, size - d));
+        }
+        ctx.stroke();
+      }
+    }
+    ctx.strokeStyle = "#7a4b00";
+    ctx.fillStyle = "#7a4b00";
+    for (let j = 0; j < degraded.length; j += 3) {
+      if (L.zoomed) {
+        ctx.setLineDash([3, 2]);
+        ctx.lineWidth = 2;
+        ctx.strokeRect(degraded[j] + 1, degraded[j + 1] + 1, size - 2, size - 2);
+        ctx.setLineDash([]);
+      } else ctx.fillRect(degraded[j], degraded[j + 1] + size - 1, size, 1);
+    }
+    // Findings on top: a ring around the cell (or the node's strip), in its severity's colour.
+    ctx.lineWidth = L.zoomed ? 3 : 1;
+    for (const [x, y, w, h, sev] of marked) {
+      ctx.strokeStyle = SEVERITY_STROKE[sev] || SEVERITY_STROKE.info;
+      ctx.strokeRect(x - 0.5 - (L.zoomed ? 1 : 0), y - 0.5 - (L.zoomed ? 1 : 0), w + 1 + (L.zoomed ? 2 : 0), h + 1 + (L.zoomed ? 2 : 0));
+    }
+    // Labels: each rack's first node at the fleet's zoom; each node's name and jobs in a rack.
+    ctx.fillStyle = "#1d2330";
+    ctx.font = L.zoomed ? "12px ui-monospace, monospace" : "10px ui-monospace, monospace";
+    ctx.textBaseline = "top";
+    if (!L.zoomed) {
+      for (let r = 0; r < L.racks; r++) {
+        const [x, y] = L.nodeAt(r * RACK_NODES);
+        ctx.fillText(String(r + 1), x, y - L.head + 2, L.rackW - 4);
+      }
+    } else {
+      nodes.forEach((n, i) => {
+        const [x, y] = L.nodeAt(i);
+        ctx.fillStyle = n.findings.length ? SEVERITY_STROKE[worstOf(n.findings)] : "#1d2330";
+        ctx.fillText(n.node, x + 2, y + 3, L.nameW - 6);
+        ctx.fillStyle = "#6b7280";
+        ctx.fillText(n.jobs.join(" "), x + L.stripW + 8, y + 3, 190);
+      });
+    }
+    const centreOf = (node, kind, id) => {
+      const i = nodes.findIndex((n) => n.node === node);
+      if (i < 0) return null;
+      const n = nodes[i];
+      const k = kind === "gpu" ? n.gpus.findIndex((c) => c.gpu === String(id)) : n.ports.findIndex((c) => `${c.device}/${c.port}` === id);
+      if (k < 0) return null;
+      const [x0, y0] = L.nodeAt(i);
+      return [x0 + L.cellX(kind === "gpu" ? k : gpuCols + k) + Math.floor(size / 2), y0 + Math.floor(size / 2)];
+    };
+    state.fleet = {
+      mode: "canvas",
+      zoom: rack === null ? "fleet" : `rack ${rack + 1}`,
+      racks: L.racks,
+      nodes: nodes.length,
+      gpuCells,
+      portCells,
+      colouredGpus,
+      colouredPorts,
+      // Nodes whose every GPU and port cell is coloured (not grey: a value, not lost).
+      nodesColoured: nodes.filter((n) => n.gpus.length && n.ports.length && n.gpus.every((c) => !c.lost && c.value !== null && c.value !== undefined) && n.ports.every((c) => c.value !== null && c.value !== undefined)).length,
+      // "NODE gpu G", "NODE port DEVICE/PORT", "NODE node": what the findings outline.
+      marked: where.sort(),
+      lost: lost.filter((_, j) => j % 3 === 2).sort(),
+      degraded: degraded.filter((_, j) => j % 3 === 2).sort(),
+      // The middle of a cell (`gpu`, `port` as "DEVICE/PORT") on the canvas, [x, y] from its
+      // top left; the pixel drawn there as [r, g, b, a]: for a test to see what is drawn and
+      // to point at it.
+      centreOf,
+      pixelOf: (node, kind, id) => {
+        const at = centreOf(node, kind, id);
+        return at && [...ctx.getImageData(at[0], at[1], 1, 1).data];
+      },
+      cellOf: (node, kind, id) => {
+        const n = nodes.find((m) => m.node === node);
+        const c = n && (kind === "gpu" ? n.gpus.find((g) => g.gpu === String(id)) : n.ports.find((p) => `${p.device}/${p.port}` === id));
+        return c ? { value: c.value, colour: utilColour(c.value), lost: !!c.lost, degraded: !!c.degraded, rules: c.findings.map((f) => f.rule) } : null;
+      },
+    };
+  }
+
   const fleetView = {
-    mount(root) {
+    mount(root, route) {
+      const m = /^rack\/(\d+)$/.exec(route.arg || "");
+      this.rack = m ? Number(m[1]) - 1 : null;
+      this.layout = null;
       root.append(
-        el("h1", { text: "Fleet" }),
+        el("h1", {}, "Fleet", this.rack === null ? "" : [" · ", el("a", { href: "#/fleet", text: "all racks" }), ` · rack ${this.rack + 1}`]),
         el(
           "p",
           { class: "legend" },
@@ -487,27 +774,90 @@
           el("span", { class: "swatch", style: `background:${utilColour(1)}` }),
           " busy; ",
           el("span", { class: "swatch lost" }),
-          " GPU lost; dashed: port trained below its nominal rate; outlined where a finding is active (red critical, orange warning). Click a cell for its node, a job for its view."
+          " GPU lost; dashed (a dark underline when small): port trained below its nominal rate; outlined where a finding is active (red critical, orange warning). Click a cell for its node, a job for its view.",
+          el("span", { id: "fleet-zoom-help" })
         ),
+        el("div", { id: "fleet-hover", class: "quiet mono" }, "\u00a0"),
         el("div", { id: "fleet-grid" }),
         el("h2", { text: "Active findings" }),
         el("div", { id: "fleet-findings" })
       );
     },
     async update() {
+      const began = performance.now();
       const [live, findings] = await Promise.all([api("/api/v1/live/nodes"), optionalApi(`/api/v1/findings?${q({ active: "true" })}`)]);
-      const liveNames = live.map((n) => n.node);
+      const asked = performance.now();
       const latest = await latestOf([GPU_SM, GPU_UTIL, PORT_TX, PORT_RX, PORT_RATE], null, null);
+      const answered = performance.now();
       const util = gpuActivity(latest);
       const loads = portLoads(latest.get(PORT_TX), latest.get(PORT_RX), latest.get(PORT_RATE));
       const idx = findingsIndex(findings);
       const jobs = jobsByNode(util);
-      const names = new Set(liveNames);
-      for (const v of [...util.values(), ...loads.values()]) names.add(v.labels.node);
+      const names = new Set(live.map((n) => n.node));
+      for (const v of util.values()) names.add(v.labels.node);
+      for (const v of loads.values()) names.add(v.labels.node);
       for (const f of (findings && findings.findings) || []) names.add(f.node);
-
-      const grid = el("div", { class: "grid", "data-nodes": names.size }, gridHead(true));
-      for (const node of [...names].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }))) {
+      const sorted = [...names].sort(byName);
+      const canvas = CANVAS === "1" || (CANVAS !== "0" && (sorted.length > GRID_MAX_NODES || this.rack !== null));
+      if (canvas) {
+        const model = fleetModel(sorted, util, loads, idx, jobs);
+        const modelled = performance.now();
+        this.drawCanvas(model);
+        // Where an update's time went (ms): the nodes and findings, the latest values
+        // (asked, sent, parsed), turning them into cells, drawing.
+        state.fleet.timings = {
+          nodesMs: Math.round(asked - began),
+          latestMs: Math.round(answered - asked),
+          modelMs: Math.round(modelled - answered),
+          drawMs: Math.round(performance.now() - modelled),
+        };
+      } else this.drawGrid(sorted, util, loads, idx, jobs);
+      document
+        .getElementById("fleet-findings")
+        .replaceChildren(findings ? findingsTable(findings) : el("p", { class: "quiet", text: "This collector serves no findings." }));
+    },
+    // The heat map, on the one canvas this view keeps (redrawn, not replaced, every update).
+    drawCanvas(model) {
+      const box = document.getElementById("fleet-grid");
+      let canvas = box.querySelector("canvas.heat-map");
+      if (!canvas) {
+        canvas = el("canvas", { class: "heat-map", "data-view": "heat-map" });
+        const hover = document.getElementById("fleet-hover");
+        const at = (e) => {
+          const r = canvas.getBoundingClientRect();
+          return this.layout ? this.layout.hit(e.clientX - r.left, e.clientY - r.top) : null;
+        };
+        canvas.addEventListener("mousemove", (e) => {
+          const h = at(e);
+          const rack = h && this.rack === null && h.rack !== null && h.rack !== undefined ? this.layout.nodes.slice(h.rack * RACK_NODES, (h.rack + 1) * RACK_NODES) : [];
+          const text = !h ? "\u00a0" : h.node ? cellText(h.node.node, h.cell) : rack.length ? `rack ${h.rack + 1}: ${rackText(rack)}` : "\u00a0";
+          hover.textContent = text;
+          canvas.title = text;
+          canvas.style.cursor = h && (h.node || h.rack !== null) ? "pointer" : "default";
+        });
+        canvas.addEventListener("click", (e) => {
+          const h = at(e);
+          if (!h) return;
+          // From the fleet to a rack, from a rack to a node.
+          if (this.rack === null && h.rack !== null && h.rack !== undefined) location.hash = `#/fleet/rack/${h.rack + 1}`;
+          else if (this.rack !== null && h.node) location.hash = `#/node/${encodeURIComponent(h.node.node)}`;
+        });
+        box.replaceChildren(canvas);
+      }
+      const width = Math.max(400, box.clientWidth || document.documentElement.clientWidth - 40);
+      this.layout = heatLayout(model, this.rack, width);
+      drawHeatMap(canvas, this.layout, this.rack);
+      canvas.setAttribute("data-nodes", this.layout.nodes.length);
+      document.getElementById("fleet-zoom-help").textContent =
+        this.rack === null
+          ? ` ${model.length} nodes in ${this.layout.racks} racks of ${RACK_NODES} (by name); click a rack to zoom in, point at a cell to name it.`
+          : ` Rack ${this.rack + 1} of ${Math.ceil(model.length / RACK_NODES)}: ${rackText(this.layout.nodes)}.`;
+    },
+    // The DOM grid: a row per node, a cell per GPU and port.
+    drawGrid(sorted, util, loads, idx, jobs) {
+      this.layout = null;
+      const grid = el("div", { class: "grid", "data-nodes": sorted.length }, gridHead(true));
+      for (const node of sorted) {
         const gpuIds = [...util.values()].filter((v) => v.labels.node === node).map((v) => v.labels.gpu);
         // A GPU with a finding but no series (fallen off the bus) still gets its cell.
         for (const key of idx.gpu.keys()) if (key.startsWith(node + "|")) gpuIds.push(key.slice(node.length + 1));
@@ -529,11 +879,9 @@
           )
         );
       }
-      if (!names.size) grid.append(el("p", { class: "quiet", text: "No node has sent anything yet." }));
+      if (!sorted.length) grid.append(el("p", { class: "quiet", text: "No node has sent anything yet." }));
       document.getElementById("fleet-grid").replaceChildren(grid);
-      document
-        .getElementById("fleet-findings")
-        .replaceChildren(findings ? findingsTable(findings) : el("p", { class: "quiet", text: "This collector serves no findings." }));
+      state.fleet = { mode: "grid", nodes: sorted.length };
     },
   };
 
@@ -1168,10 +1516,15 @@
     }
     state.busy = true;
     const view = state.view;
+    const began = performance.now();
     try {
       await view.impl.update(view.route);
       if (view === state.view) {
         state.updates += 1;
+        // How long the last update took (asking and drawing), and when the first ended
+        // (ms since the page began loading).
+        state.updateMs = performance.now() - began;
+        if (state.firstUpdateMs === undefined) state.firstUpdateMs = performance.now();
         const status = document.getElementById("status");
         status.setAttribute("data-updates", state.updates);
         status.textContent = `live · updated ${new Date().toISOString().slice(11, 19)}Z · every ${REFRESH_S} s`;
