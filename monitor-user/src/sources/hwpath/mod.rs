@@ -88,13 +88,21 @@ impl HardwarePath {
             .collect()
     }
 
-    /// The series sent for it, each with its value.
+    /// The series sent for it, each with its value. A label whose value is unknown (a GPU
+    /// without VBIOS, rxe's firmware, a device on a root port has no switch) is left out
+    /// rather than sent empty: Prometheus and the TSDBs treat an empty label as an absent one,
+    /// so an empty one would name a series they do not hold.
     pub fn series(&self) -> Vec<(Series, f64)> {
         let gauge = |name: &str, labels: Labels| Series {
             name: name.into(),
             labels,
             kind: Kind::Gauge,
         };
+        fn known<K, V: AsRef<str>>(
+            labels: impl IntoIterator<Item = (K, V)>,
+        ) -> impl Iterator<Item = (K, V)> {
+            labels.into_iter().filter(|(_, v)| !v.as_ref().is_empty())
+        }
         let places = |p: &Option<PciDevice>| {
             let place = p.as_ref().map(|p| p.place.clone()).unwrap_or_default();
             [
@@ -125,7 +133,7 @@ impl HardwarePath {
             out.push((
                 gauge(
                     metric::GPU_PCI_INFO,
-                    Labels::new(labels.into_iter().chain(place)),
+                    Labels::new(known(labels.into_iter().chain(place))),
                 ),
                 1.0,
             ));
@@ -141,7 +149,7 @@ impl HardwarePath {
             out.push((
                 gauge(
                     metric::RDMA_DEVICE_INFO,
-                    Labels::new(labels.into_iter().chain(places(&d.pci))),
+                    Labels::new(known(labels.into_iter().chain(places(&d.pci)))),
                 ),
                 1.0,
             ));
@@ -164,12 +172,12 @@ impl HardwarePath {
         out.push((
             gauge(
                 metric::NODE_HARDWARE_INFO,
-                Labels::new([
+                Labels::new(known([
                     ("kernel", n.kernel.as_str()),
                     ("driver", n.driver.as_str()),
                     ("gpu_model", n.gpu_model.as_str()),
                     ("nic_model", n.nic_model.as_str()),
-                ]),
+                ])),
             ),
             1.0,
         ));
