@@ -130,11 +130,17 @@ fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_
         .send_ticks(c.udp_addr(), TICKS)
         .unwrap();
 
-    let upstream = wait_for("the upstream finding", Duration::from_secs(30), || {
-        findings(&c)
-            .into_iter()
-            .find(|f| f["rule"] == "fabric_upstream_down")
-    });
+    // The finding opens with the first burst judged; its evidence counts each burst as the
+    // engine judges it (the fleet's frames arrive over a few seconds): all four, one finding.
+    let upstream = wait_for(
+        "the upstream finding of all four bursts",
+        Duration::from_secs(30),
+        || {
+            findings(&c)
+                .into_iter()
+                .find(|f| f["rule"] == "fabric_upstream_down" && f["evidence"]["bursts"] == 4)
+        },
+    );
     let leaf1 = names(1..=16);
     assert_eq!(upstream["node"], "leaf1", "{upstream:#}");
     assert_eq!(upstream["severity"], "critical");
