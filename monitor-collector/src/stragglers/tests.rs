@@ -387,7 +387,8 @@ fn a_gpu_that_slows_down_is_flagged_within_30_s_as_an_onset() {
     let mut flagged_at = None;
     while fleet.ticks() < ONSET_TICK + 60 {
         // Every 5 s while healthy, then every second.
-        store.run(&mut fleet, if fleet.ticks() < ONSET_TICK { 5 } else { 1 });
+        let ticks = if fleet.ticks() < ONSET_TICK { 5 } else { 1 };
+        store.run(&mut fleet, ticks);
         let end = fleet.tick_unix_ns(fleet.ticks() - 1);
         let jobs = store.find(end - 300 * S, end);
         let found = jobs.first().map(places).unwrap_or_default();
