@@ -252,11 +252,8 @@ fn ports_a_switch_takes_down_for_good_are_found_at_once_blamed_on_it_and_never_d
                 .into_iter()
                 .filter(|f| f["rule"] == "ib_port_down")
                 .collect();
-            (downs.len() == 17
-                && downs
-                    .iter()
-                    .all(|f| f["evidence"]["upstream"] != "pending"))
-            .then_some(downs)
+            (downs.len() == 17 && downs.iter().all(|f| f["evidence"]["upstream"] != "pending"))
+                .then_some(downs)
         },
     );
     for f in &downs {

@@ -103,7 +103,11 @@ fn a_port_going_down_on_a_real_agent_s_node_is_found_and_ends_when_it_is_back() 
     });
     assert_eq!(
         (&early["device"], &early["port"], &early["severity"]),
-        (&Value::from("mlx5_0"), &Value::from(1), &Value::from("critical")),
+        (
+            &Value::from("mlx5_0"),
+            &Value::from(1),
+            &Value::from("critical")
+        ),
         "{early:#}"
     );
     assert_eq!(early["evidence"]["state"], "DOWN", "{early:#}");
@@ -152,7 +156,9 @@ fn a_port_going_down_on_a_real_agent_s_node_is_found_and_ends_when_it_is_back() 
     assert_eq!(port_down_of(&c, "node-02").len(), 1, "{all:#?}");
     // node-04's is still open; the healthy ports have none.
     assert!(
-        port_down_of(&c, "node-04").iter().all(|f| f["end"].is_null()),
+        port_down_of(&c, "node-04")
+            .iter()
+            .all(|f| f["end"].is_null()),
         "{all:#?}"
     );
     for node in ["node-01", "node-03"] {

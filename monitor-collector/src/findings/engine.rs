@@ -831,14 +831,9 @@ mod tests {
         });
         let (inbox, rx) = FindingsInbox::new();
         let engine = FindingsEngine::new(Thresholds::default(), store.clone());
-        let threads = FindingsThread::spawn(
-            engine,
-            rx,
-            live.clone(),
-            Heartbeat::new(),
-            Heartbeat::new(),
-        )
-        .unwrap();
+        let threads =
+            FindingsThread::spawn(engine, rx, live.clone(), Heartbeat::new(), Heartbeat::new())
+                .unwrap();
         // The first tick starts at once and is held inside its read of the live view.
         live.wait_entered();
         let down = WireEvent {
@@ -853,7 +848,10 @@ mod tests {
         // test): the check is that it happens while the tick is held.
         let found = (0..6000)
             .find_map(|_| {
-                let f = store.active().into_iter().find(|f| f.rule == "ib_port_down");
+                let f = store
+                    .active()
+                    .into_iter()
+                    .find(|f| f.rule == "ib_port_down");
                 if f.is_none() {
                     std::thread::sleep(Duration::from_millis(10));
                 }

@@ -107,13 +107,8 @@ pub fn evaluate_port_down(
             "phys_state": phys,
             "phys_state_name": phys.map(phys_name),
         });
-        let blamed = grouping.upstream_of(
-            events.downs.get(key),
-            key,
-            down.at_ns,
-            down.at_ns,
-            now_ns,
-        );
+        let blamed =
+            grouping.upstream_of(events.downs.get(key), key, down.at_ns, down.at_ns, now_ns);
         fabric::mark(&mut evidence, blamed);
         out.push(Observation {
             rule: PORT_DOWN,
@@ -128,7 +123,11 @@ pub fn evaluate_port_down(
             at_ns: down.at_ns,
             summary: format!(
                 "{device}/{port} {how}{}",
-                if disabled { ", phys state Disabled" } else { "" }
+                if disabled {
+                    ", phys state Disabled"
+                } else {
+                    ""
+                }
             ),
             evidence,
         });

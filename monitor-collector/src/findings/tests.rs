@@ -159,7 +159,10 @@ fn a_port_down_without_a_port_event_is_found_from_its_state_samples() {
     // An agent without the eBPF probes (or started with the port already down) sends no
     // port transition: the state samples say it, as they arrive (the fleet's events are left
     // out here). Down from tick 65 to 99, judged its node's after `fabric-settle-s`.
-    let mut fleet = fleet(2).flapping_port(1, 2).flap_period(100, 35).build(key());
+    let mut fleet = fleet(2)
+        .flapping_port(1, 2)
+        .flap_period(100, 35)
+        .build(key());
     let table = NodeTable::new(key(), Limits::default());
     let store = Arc::new(FindingsStore::in_memory());
     let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
@@ -177,7 +180,10 @@ fn a_port_down_without_a_port_event_is_found_from_its_state_samples() {
         }
         engine.evaluate(Pass::Events, t);
         if tick == 90 {
-            open_at_90 = store.active().into_iter().find(|f| f.rule == "ib_port_down");
+            open_at_90 = store
+                .active()
+                .into_iter()
+                .find(|f| f.rule == "ib_port_down");
         }
     }
     let f = open_at_90.expect("the port's finding, open while it is down");

@@ -260,7 +260,6 @@ pub(super) fn note_gpu_job(jobs: &mut GpuJobs, node: &Arc<str>, gpu: &str, job: 
 }
 
 impl EventState {
-
     /// Takes one event, which the collector took at `arrived_ns`.
     pub(super) fn take(&mut self, node: &str, e: &WireEvent, arrived_ns: u64) {
         match e.kind.as_str() {
@@ -284,7 +283,12 @@ impl EventState {
                         });
                 }
                 let from = e.labels.get("from").unwrap_or("UNKNOWN").to_owned();
-                self.observe_port(key, (e.unix_ns, e.unix_ns), down, DownSource::Event { from });
+                self.observe_port(
+                    key,
+                    (e.unix_ns, e.unix_ns),
+                    down,
+                    DownSource::Event { from },
+                );
             }
             event_kind::XID => {
                 if let Some(gpu) = e.labels.get("gpu") {
