@@ -1,6 +1,7 @@
 //! IB and RoCE link rules: a port down and flapping (from the kernel's port events, and for a
-//! port down the state samples as they arrive), symbol errors, link error recovery, `link_downed` increments, a port below its expected width or speed, phys
-//! state off LinkUp, and RoCE congestion far above the fleet's norm. Thresholds and their
+//! port down the state samples as they arrive), symbol errors, link error recovery,
+//! `link_downed` increments, a port below its expected width or speed, phys state off LinkUp,
+//! and RoCE congestion far above the fleet's norm. Thresholds and their
 //! sources: [`Thresholds`](super::Thresholds), docs/findings.md.
 
 use std::collections::HashMap;
