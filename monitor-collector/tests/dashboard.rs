@@ -1007,15 +1007,27 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         assert!(tries < 40, "the latest values never settled");
         std::thread::sleep(Duration::from_millis(500));
     }
-    let refused = ureq::get(&format!(
-        "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&format=rows",
-        collector.http
-    ))
-    .call();
-    assert!(
-        matches!(refused, Err(ureq::Error::StatusCode(400))),
-        "format=rows: {refused:?}"
+    // `label=` keeps a compact answer to the labels asked for (and `node`): the GPUs'
+    // numbers without their uuids.
+    let only_gpu = ask("&format=compact&label=gpu");
+    let names: Vec<&String> = only_gpu["dictionary"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["gpu", "node"], "{only_gpu}");
+    assert_eq!(
+        only_gpu["dictionary"]["gpu"].as_array().map(Vec::len),
+        Some(8),
+        "{only_gpu}"
     );
+    for refused in ["format=rows", "format=columns&label=gpu"] {
+        let answer = ureq::get(&format!(
+            "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&{refused}",
+            collector.http
+        ))
+        .call();
+        assert!(
+            matches!(answer, Err(ureq::Error::StatusCode(400))),
+            "{refused}: {answer:?}"
+        );
+    }
 
     // The fleet goes on sending, a sweep every 2 s, until the test ends.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1344,7 +1356,8 @@ fn the_fleet_view_of_12500_nodes() {
             }
         })
     };
-    // The fleet view's question in both shapes: how large, how long the collector takes.
+    // The fleet view's question in each shape (compact with the labels the page asks for
+    // below): how large, how long the collector takes.
     let metrics = "metric=railscope_gpu_sm_util_ratio&metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&metric=railscope_ib_port_rcv_bytes_total&metric=railscope_ib_port_rate_gbps";
     let fetch = |format: &str| {
         let started = Instant::now();
@@ -1367,13 +1380,17 @@ fn the_fleet_view_of_12500_nodes() {
         answer
     };
     fetch("columns");
+    fetch("compact");
     // Every port's byte counters have a rate (a sample before the latest), or nearly: a
     // node whose sweeps came in out of order has none until its next sweep, and on a loaded
     // machine the collector's receive buffer overflows at about the same place of every
     // sweep, so a few nodes may go without one for long.
     let mut rated = 0;
     for _ in 0..20 {
-        let answer: Value = serde_json::from_str(&fetch("compact")).unwrap();
+        let answer: Value = serde_json::from_str(&fetch(
+            "compact&label=gpu&label=job_id&label=device&label=port",
+        ))
+        .unwrap();
         rated = answer["metrics"]
             .as_array()
             .unwrap()

@@ -151,8 +151,10 @@
 
   // `/api/v1/live/latest?format=compact` of `metrics` with `match`: the label values once in
   // a dictionary, the series as indexes into it, a number per series (`docs/http-api.md`).
+  // Of the labels the views read only (`label=`): not each GPU's `uuid`.
+  const LATEST_LABELS = ["gpu", "job_id", "device", "port"];
   async function compactLatest(metrics, match) {
-    const a = await api(`/api/v1/live/latest?${q({ metric: metrics, match, format: "compact" })}`);
+    const a = await api(`/api/v1/live/latest?${q({ metric: metrics, match, format: "compact", label: LATEST_LABELS })}`);
     let series = 0;
     for (const m of a.metrics) series += m.values.length;
     state.maxLatestSeries = Math.max(state.maxLatestSeries, series);
