@@ -1284,7 +1284,7 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
 /// each shape, the time to the first drawing (from the page's start), each update's time
 /// (and where it went) and the heap: the figures for issue 29's goal (drawn in under 2 s,
 /// updated every 5 s without growing memory), which this test reports but does not assert
-/// (on the shared 2-core development machine the collector's answer alone takes 1.7-8 s,
+/// (on the shared 2-core development machine the collector's answer alone takes 1.6-9 s,
 /// as loaded; bench/results/fleet-view.md).
 ///
 /// Ignored in `cargo xtask test` (sending 12,500 nodes' sweeps takes most of a core): run it
