@@ -313,44 +313,59 @@ fn compact<'a>(found: &'a [Found], asked: usize, only: &[String]) -> Compact<'a>
     }
     let names: Vec<&str> = by_name.iter().map(|&i| seen[i as usize]).collect();
 
-    // Series by metric asked and kind, each with its node's rank.
-    let mut groups: Vec<Vec<(u32, &Found)>> = vec![Vec::new(); asked * 2];
-    for (f, at) in found.iter().zip(node_of) {
-        let kind = usize::from(matches!(f.point, Point::Gauge { .. }));
-        groups[f.asked * 2 + kind].push((rank[at as usize], f));
-    }
+    // Each series' labels as (dictionary, index) pairs, in the order the table gave them:
+    // reading the series where they lie, not hopping through them by node name.
+    let wanted = |name: &str| name != "node" && (only.is_empty() || only.iter().any(|o| o == name));
     let mut dictionaries: Vec<(&str, Dictionary<'_>)> = Vec::new();
+    let mut pairs: Vec<(u32, u32)> = Vec::with_capacity(found.len() * 2);
+    let mut pairs_of: Vec<u32> = Vec::with_capacity(found.len() + 1);
+    pairs_of.push(0);
+    for f in found {
+        for (name, value) in f.labels.iter().filter(|(name, _)| wanted(name)) {
+            let d = match dictionaries.iter().position(|(n, _)| *n == name) {
+                Some(d) => d,
+                None => {
+                    dictionaries.push((name, Dictionary::default()));
+                    dictionaries.len() - 1
+                }
+            };
+            pairs.push((d as u32, dictionaries[d].1.index_of(value)));
+        }
+        pairs_of.push(pairs.len() as u32);
+    }
+
+    // Series by metric asked and kind, each as (its node's rank, its place in `found`).
+    let mut groups: Vec<Vec<(u32, u32)>> = vec![Vec::new(); asked * 2];
+    for (i, (f, at)) in found.iter().zip(node_of).enumerate() {
+        let kind = usize::from(matches!(f.point, Point::Gauge { .. }));
+        groups[f.asked * 2 + kind].push((rank[at as usize], i as u32));
+    }
     let mut metrics: Vec<CompactMetric<'_>> = groups
         .into_iter()
         .filter(|list| !list.is_empty())
         .map(|mut list| {
             list.sort_by_key(|(rank, _)| *rank);
-            let mut labels: BTreeMap<&str, Vec<Option<u32>>> = BTreeMap::new();
-            labels.insert("node", list.iter().map(|(rank, _)| Some(*rank)).collect());
-            for (i, (_, f)) in list.iter().enumerate() {
-                let wanted = |name: &str| {
-                    name != "node" && (only.is_empty() || only.iter().any(|o| o == name))
-                };
-                for (name, value) in f.labels.iter().filter(|(name, _)| wanted(name)) {
-                    let d = match dictionaries.iter().position(|(n, _)| *n == name) {
-                        Some(d) => d,
-                        None => {
-                            dictionaries.push((name, Dictionary::default()));
-                            dictionaries.len() - 1
-                        }
-                    };
-                    let at = dictionaries[d].1.index_of(value);
-                    labels.entry(name).or_insert_with(|| vec![None; list.len()])[i] = Some(at);
+            let mut columns: Vec<Option<Vec<Option<u32>>>> = vec![None; dictionaries.len()];
+            for (at, (_, i)) in list.iter().enumerate() {
+                let i = *i as usize;
+                for &(d, v) in &pairs[pairs_of[i] as usize..pairs_of[i + 1] as usize] {
+                    columns[d as usize].get_or_insert_with(|| vec![None; list.len()])[at] = Some(v);
                 }
             }
+            let mut labels: BTreeMap<&str, Vec<Option<u32>>> = columns
+                .into_iter()
+                .zip(&dictionaries)
+                .filter_map(|(column, (name, _))| Some((*name, column?)))
+                .collect();
+            labels.insert("node", list.iter().map(|(rank, _)| Some(*rank)).collect());
             let values = list
                 .iter()
-                .map(|(_, f)| match f.point {
+                .map(|(_, i)| match found[*i as usize].point {
                     Point::Counter { rate, .. } => rate,
                     Point::Gauge { mean, .. } => Some(mean as f32),
                 })
                 .collect();
-            let f = list[0].1;
+            let f = &found[list[0].1 as usize];
             CompactMetric {
                 metric: f.metric.clone(),
                 kind: f.kind(),
