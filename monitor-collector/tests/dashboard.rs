@@ -13,8 +13,8 @@
 //!   title), and no other is;
 //! - jobs: two loads ask the same aligned straggler window (its end on a 10 s step) and show
 //!   the same answer, the one the API gives for that window;
-//! - job: the slow GPU is marked as a straggler (and nothing else but the degraded port may
-//!   be); the job's findings list the degraded port's, the lost GPU's and the flapping port's
+//! - job: the slow GPU is marked as a straggler (and nothing else but the degraded port, or
+//!   the flapping port while its latest steps were down, may be); the job's findings list the degraded port's, the lost GPU's and the flapping port's
 //!   findings; its degraded port and lost GPU are marked in its grid;
 //! - node: the GPU utilization chart has one point per sweep sent, 8 series drawn as bands,
 //!   a legend naming GPU 0..7 without the pointer on it, whole `HH:MM[:SS]` time labels, and
@@ -489,7 +489,8 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         "the job's stragglers",
         "return !!document.querySelector('#job-stragglers [data-stragglers]')",
     );
-    // The slow GPU is marked, and only it or the degraded port (half its peers' traffic).
+    // The slow GPU is marked, and only it, the degraded port (half its peers' traffic) or
+    // the flapping port (no traffic while down: an onset when its latest steps were down).
     let stragglers = eval(
         tab,
         "return [...document.querySelectorAll('#job-grid [data-straggler]')].map(c => \
@@ -497,12 +498,13 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     );
     let slow_gpu = serde_json::json!([slow_node, SLOW.1.to_string(), null]);
     let degraded_port = serde_json::json!([degraded_node, null, degraded_device]);
+    let flapping_port = serde_json::json!([flapping_node, null, flapping_device]);
     let stragglers = stragglers.as_array().unwrap();
     assert!(
         stragglers.contains(&slow_gpu)
             && stragglers
                 .iter()
-                .all(|s| *s == slow_gpu || *s == degraded_port),
+                .all(|s| *s == slow_gpu || *s == degraded_port || *s == flapping_port),
         "cells marked as stragglers: {stragglers:?}"
     );
     // The job's findings: the degraded port's and the lost GPU's are listed, their cells
