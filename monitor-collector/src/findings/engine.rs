@@ -24,14 +24,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
+use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent};
 
 use super::{
     FindingsStore, Observation, Thresholds, affinity, fabric, gpus,
     hardware::{self, HardwareReader},
-    ib_links, pfc,
+    ib_links,
+    live::LiveReader,
+    pfc,
     profile::{self, GoldenProfile, ProfileBoard},
-    topology::{PortKey, Topology},
+    topology::Topology,
     verbs,
     view::{EventState, Track, Tracks, View},
 };
@@ -127,20 +129,6 @@ pub fn watched_counters(frame: &Frame, schema: &Schema) -> CounterSamples {
         .collect()
 }
 
-/// A `railscope_ib_port_neighbor_info` series as (port, (switch, the switch's port)); None
-/// if a label is missing.
-fn neighbour(node: &Arc<str>, series: &Series) -> Option<(PortKey, (String, String))> {
-    let l = &series.labels;
-    let port = l.get("port")?.parse().ok()?;
-    Some((
-        (node.to_string(), l.get("device")?.to_owned(), port),
-        (
-            l.get("switch")?.to_owned(),
-            l.get("switch_port")?.to_owned(),
-        ),
-    ))
-}
-
 /// Which rules a pass evaluated: a finding of a rule a pass did not evaluate is left alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
@@ -176,6 +164,8 @@ pub struct FindingsEngine {
     /// Each node's hardware path as the profile last read it (the affinity rule's map of
     /// GPUs and NICs).
     hardware: HashMap<Arc<str>, hardware::NodeHardware>,
+    /// How the tick reads the live view, kept between ticks.
+    live: LiveReader,
 }
 
 /// The golden profile is learnt again at most once every this many passes (30 s at the
@@ -211,6 +201,7 @@ impl FindingsEngine {
             profile_seen: Vec::new(),
             board: Arc::new(ProfileBoard::default()),
             hardware: HashMap::new(),
+            live: LiveReader::default(),
         }
     }
 
@@ -244,62 +235,17 @@ impl FindingsEngine {
         }
     }
 
-    /// Reads the latest value of every watched series from the live view.
+    /// Reads the latest value of every watched series from the live view (see the `live` module).
     pub fn refresh(&mut self, table: &NodeTable) {
         self.pass += 1;
         let pass = self.pass;
-        let tracks = &mut self.tracks;
-        let events = &mut self.events;
-        let hardware_changed = &mut self.hardware_changed;
-        let mut neighbours = std::collections::HashMap::new();
-        table.visit_latest(&mut |node, series, latest| {
-            if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
-                if let Some(port) = neighbour(node, series) {
-                    neighbours.insert(port.0, port.1);
-                }
-                return;
-            }
-            if !watched(&series.name) {
-                return;
-            }
-            if series.name.starts_with(metric::GPU_PREFIX)
-                && let (Some(gpu), Some(job)) =
-                    (series.labels.get("gpu"), series.labels.get("job_id"))
-            {
-                events.note_gpu_job(node, gpu, job);
-            }
-            if series.kind == Kind::Counter {
-                // Counters come as samples through the inbox (see the module documentation):
-                // the live view only says the series is still there.
-                if let Some(track) = tracks.get_mut(&(node.clone(), series.clone())) {
-                    track.seen_pass = pass;
-                }
-                return;
-            }
-            let key = (node.clone(), series.clone());
-            let mut new = false;
-            let track = tracks.entry(key).or_insert_with(|| {
-                new = true;
-                Track::new(*latest, pass)
-            });
-            track.seen_pass = pass;
-            if latest.unix_ns < track.latest.unix_ns {
-                return;
-            }
-            let mut changed = new;
-            if let (LatestValue::Gauge { mean: a, .. }, LatestValue::Gauge { mean: b, .. }) =
-                (track.latest.value, latest.value)
-                && a.to_bits() != b.to_bits()
-            {
-                track.changed_ns = latest.unix_ns;
-                changed = true;
-            }
-            if changed && hardware::is_hardware_series(&series.name) {
-                *hardware_changed = true;
-            }
-            track.latest = *latest;
-        });
-        self.topology.set_neighbours(neighbours);
+        let read = self
+            .live
+            .read(table, &mut self.tracks, &mut self.events, pass, watched);
+        self.hardware_changed |= read.hardware_changed;
+        if let Some(neighbours) = read.neighbours {
+            self.topology.set_neighbours(neighbours);
+        }
         let keep_ns = self.history_ns();
         let hardware_changed = &mut self.hardware_changed;
         // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
@@ -338,10 +284,9 @@ impl FindingsEngine {
                     per_second: None,
                 },
             };
-            let track = self
+            let (_, track, _) = self
                 .tracks
-                .entry((node.clone(), series))
-                .or_insert_with(|| Track::new(first, pass));
+                .get_or_insert(&(node.clone(), series), || Track::new(first, pass));
             track.seen_pass = pass;
             for sample in samples {
                 track.take_counter(sample.unix_ns, sample.value);

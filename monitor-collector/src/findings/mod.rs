@@ -31,6 +31,7 @@ pub mod hardware;
 pub mod hardware_api;
 pub mod hostlist;
 pub mod ib_links;
+mod live;
 pub mod log;
 pub mod pfc;
 pub mod profile;

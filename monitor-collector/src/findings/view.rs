@@ -141,39 +141,168 @@ impl Track {
 /// The node and series of a [`Track`].
 pub type TrackKey = (Arc<str>, Series);
 
-/// Every watched series' track. Hashed with foldhash rather than std's SipHash: the findings
-/// thread walks every watched series of the fleet each tick (hundreds of thousands at 2,000
-/// nodes), and the keys are the collector's own, not an attacker's choice of strings alone.
-pub type Tracks = HashMap<TrackKey, Track, foldhash::fast::RandomState>;
+type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Where a track is held in [`Tracks`], and the generation of that place: a handle kept
+/// across passes (the tick's per-node lists) finds its track again without hashing the
+/// series, and a handle of a track since forgotten finds nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrackHandle {
+    slot: u32,
+    generation: u32,
+}
+
+struct Held {
+    key: TrackKey,
+    track: Track,
+    /// Its position in its name's list of `Tracks::by_name`.
+    at: u32,
+}
+
+struct Slot {
+    generation: u32,
+    held: Option<Held>,
+}
+
+/// Every watched series' track, by (node, series), and by series name (what the rules read:
+/// each reads a few names). Tracks sit in slots that handles point to; the index by key is
+/// asked only for a series new to the tick and for counter samples. Hashed with foldhash
+/// rather than std's SipHash: the keys are the collector's own.
+#[derive(Default)]
+pub struct Tracks {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: FoldHashMap<TrackKey, u32>,
+    by_name: FoldHashMap<Arc<str>, Vec<u32>>,
+}
+
+impl Tracks {
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The handle of `key`'s track, if it has one.
+    pub fn handle(&self, key: &TrackKey) -> Option<TrackHandle> {
+        let &slot = self.index.get(key)?;
+        Some(TrackHandle {
+            slot,
+            generation: self.slots[slot as usize].generation,
+        })
+    }
+
+    /// The track `handle` points to, if it is still held.
+    pub fn get_mut(&mut self, handle: TrackHandle) -> Option<&mut Track> {
+        let slot = self.slots.get_mut(handle.slot as usize)?;
+        if slot.generation != handle.generation {
+            return None;
+        }
+        slot.held.as_mut().map(|h| &mut h.track)
+    }
+
+    /// `key`'s track, made by `new` if it has none; and whether it was made.
+    pub fn get_or_insert(
+        &mut self,
+        key: &TrackKey,
+        new: impl FnOnce() -> Track,
+    ) -> (TrackHandle, &mut Track, bool) {
+        let (slot, made) = match self.index.get(key) {
+            Some(&slot) => (slot, false),
+            None => (self.insert(key.clone(), new()), true),
+        };
+        let held = &mut self.slots[slot as usize];
+        let handle = TrackHandle {
+            slot,
+            generation: held.generation,
+        };
+        let track = &mut held.held.as_mut().expect("an indexed slot holds a track").track;
+        (handle, track, made)
+    }
+
+    fn insert(&mut self, key: TrackKey, track: Track) -> u32 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    held: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let named = match self.by_name.get_mut(&*key.1.name) {
+            Some(named) => named,
+            None => self.by_name.entry(key.1.name.clone()).or_default(),
+        };
+        named.push(slot);
+        let at = (named.len() - 1) as u32;
+        self.index.insert(key.clone(), slot);
+        self.slots[slot as usize].held = Some(Held { key, track, at });
+        slot
+    }
+
+    /// Keeps the tracks `keep` says to keep.
+    pub fn retain(&mut self, mut keep: impl FnMut(&TrackKey, &mut Track) -> bool) {
+        for slot in 0..self.slots.len() {
+            let Some(held) = self.slots[slot].held.as_mut() else {
+                continue;
+            };
+            if keep(&held.key, &mut held.track) {
+                continue;
+            }
+            let held = self.slots[slot].held.take().expect("checked");
+            self.slots[slot].generation = self.slots[slot].generation.wrapping_add(1);
+            self.free.push(slot as u32);
+            self.index.remove(&held.key);
+            let named = self
+                .by_name
+                .get_mut(&*held.key.1.name)
+                .expect("a held track is listed by name");
+            named.swap_remove(held.at as usize);
+            if let Some(&moved) = named.get(held.at as usize) {
+                self.slots[moved as usize]
+                    .held
+                    .as_mut()
+                    .expect("a listed slot holds a track")
+                    .at = held.at;
+            }
+            if named.is_empty() {
+                self.by_name.remove(&*held.key.1.name);
+            }
+        }
+    }
+
+    /// The tracks of the series named `name`.
+    pub fn named<'b>(&'b self, name: &str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
+        self.by_name.get(name).into_iter().flat_map(|slots| {
+            slots.iter().map(|&slot| {
+                let held = self.slots[slot as usize]
+                    .held
+                    .as_ref()
+                    .expect("a listed slot holds a track");
+                (&held.key, &held.track)
+            })
+        })
+    }
+}
 
 /// What the rules read in one pass.
 pub struct View<'a> {
-    /// The tracks by series name, indexed once per pass: each rule reads a few names, and a
-    /// scan of every track per name read made the findings thread the collector's busiest.
-    by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, foldhash::fast::RandomState>,
+    tracks: &'a Tracks,
     pub now_ns: u64,
     pub th: &'a Thresholds,
 }
 
 impl<'a> View<'a> {
     pub fn new(tracks: &'a Tracks, now_ns: u64, th: &'a Thresholds) -> Self {
-        let mut by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, _> =
-            HashMap::with_hasher(foldhash::fast::RandomState::default());
-        for (key, track) in tracks {
-            by_name.entry(&*key.1.name).or_default().push((key, track));
-        }
-        Self {
-            by_name,
-            now_ns,
-            th,
-        }
+        Self { tracks, now_ns, th }
     }
 
     pub fn named<'b>(&'b self, name: &'b str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
-        self.by_name
-            .get(name)
-            .into_iter()
-            .flat_map(|tracks| tracks.iter().map(|&(k, t)| (k, t)))
+        self.tracks.named(name)
     }
 }
 

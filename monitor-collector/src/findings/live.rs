@@ -1,0 +1,261 @@
+//! How the tick reads the live view (the node table's latest values) into the engine's
+//! [`Tracks`]: node by node, through a list per node of the schema ids of the series the rules
+//! read, each with the handle of its track. The list is made again only when the node's schema
+//! changed, and a node that sent nothing since the last tick is not read again (its tracks
+//! are only marked seen): at 12,500 nodes a tick would otherwise hash every series of the
+//! fleet, millions of them, to find its track.
+
+use std::{collections::HashMap, sync::Arc};
+
+use monitor_wire::{Kind, Series, names::metric};
+
+use super::{
+    hardware,
+    topology::PortKey,
+    view::{EventState, Track, TrackHandle, Tracks},
+};
+use crate::nodes::{LatestValue, NodeLatest, NodeTable};
+
+type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// One watched series of a node.
+struct Watched {
+    id: u32,
+    counter: bool,
+    hardware: bool,
+    /// Its GPU and job (`gpu` and `job_id` labels of a GPU series), as an index into
+    /// [`NodeRead::jobs`].
+    job: Option<u32>,
+    /// Its track, once it has one.
+    handle: Option<TrackHandle>,
+    /// It had a latest value when the node was last read.
+    present: bool,
+}
+
+/// A port's LLDP neighbour series of a node.
+struct Neighbour {
+    id: u32,
+    port: PortKey,
+    switch: (String, String),
+    present: bool,
+}
+
+/// What the tick knows of one node between ticks.
+struct NodeRead {
+    schema_stamp: u64,
+    latest_stamp: Option<u64>,
+    /// The tick that last saw the node in the table.
+    pass: u64,
+    watched: Vec<Watched>,
+    neighbours: Vec<Neighbour>,
+    /// (GPU, job, one of its series has a latest value).
+    jobs: Vec<(String, String, bool)>,
+}
+
+/// The tick's reading of the live view, kept between ticks.
+#[derive(Default)]
+pub(super) struct LiveReader {
+    nodes: FoldHashMap<Arc<str>, NodeRead>,
+}
+
+/// What a reading found beyond the tracks.
+pub(super) struct Read {
+    /// A hardware-path series appeared or changed value.
+    pub hardware_changed: bool,
+    /// The ports' LLDP neighbours, if they may have changed since the last reading.
+    pub neighbours: Option<HashMap<PortKey, (String, String)>>,
+}
+
+/// A `railscope_ib_port_neighbor_info` series as (port, (switch, the switch's port)); None
+/// if a label is missing.
+fn neighbour(node: &Arc<str>, series: &Series) -> Option<(PortKey, (String, String))> {
+    let l = &series.labels;
+    let port = l.get("port")?.parse().ok()?;
+    Some((
+        (node.to_string(), l.get("device")?.to_owned(), port),
+        (
+            l.get("switch")?.to_owned(),
+            l.get("switch_port")?.to_owned(),
+        ),
+    ))
+}
+
+impl NodeRead {
+    /// The node's watched series and neighbours, from its schema.
+    fn of(node: &NodeLatest, watched: impl Fn(&str) -> bool) -> Self {
+        let mut read = Self {
+            schema_stamp: node.schema_stamp,
+            latest_stamp: None,
+            pass: 0,
+            watched: Vec::new(),
+            neighbours: Vec::new(),
+            jobs: Vec::new(),
+        };
+        for (&id, series) in &node.schema.entries {
+            if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
+                if let Some((port, switch)) = neighbour(node.name, series) {
+                    read.neighbours.push(Neighbour {
+                        id,
+                        port,
+                        switch,
+                        present: false,
+                    });
+                }
+                continue;
+            }
+            if !watched(&series.name) {
+                continue;
+            }
+            let job = if series.name.starts_with(metric::GPU_PREFIX)
+                && let (Some(gpu), Some(job)) =
+                    (series.labels.get("gpu"), series.labels.get("job_id"))
+            {
+                let at = read
+                    .jobs
+                    .iter()
+                    .position(|(g, j, _)| g == gpu && j == job)
+                    .unwrap_or_else(|| {
+                        read.jobs.push((gpu.to_owned(), job.to_owned(), false));
+                        read.jobs.len() - 1
+                    });
+                Some(at as u32)
+            } else {
+                None
+            };
+            read.watched.push(Watched {
+                id,
+                counter: series.kind == Kind::Counter,
+                hardware: hardware::is_hardware_series(&series.name),
+                job,
+                handle: None,
+                present: false,
+            });
+        }
+        read
+    }
+}
+
+impl LiveReader {
+    /// Reads every node of `table` into `tracks` for tick `pass`: a watched gauge's latest
+    /// value (a track made for a series new to the tick), every watched series with a latest
+    /// value marked seen; each GPU's job noted in `events`.
+    pub(super) fn read(
+        &mut self,
+        table: &NodeTable,
+        tracks: &mut Tracks,
+        events: &mut EventState,
+        pass: u64,
+        watched: impl Fn(&str) -> bool + Copy,
+    ) -> Read {
+        let mut hardware_changed = false;
+        let mut neighbours_changed = false;
+        table.visit_nodes(&mut |node| {
+            let read = match self.nodes.get_mut(&**node.name) {
+                Some(read) if read.schema_stamp == node.schema_stamp => read,
+                Some(read) => {
+                    neighbours_changed |= !read.neighbours.is_empty();
+                    *read = NodeRead::of(node, watched);
+                    neighbours_changed |= !read.neighbours.is_empty();
+                    read
+                }
+                None => {
+                    let read = NodeRead::of(node, watched);
+                    neighbours_changed |= !read.neighbours.is_empty();
+                    self.nodes.entry(node.name.clone()).or_insert(read)
+                }
+            };
+            read.pass = pass;
+            if read.latest_stamp == Some(node.latest_stamp) {
+                // Nothing came since the last reading: the same series are still there.
+                for w in read.watched.iter().filter(|w| w.present) {
+                    if let Some(track) = w.handle.and_then(|h| tracks.get_mut(h)) {
+                        track.seen_pass = pass;
+                    }
+                }
+                return;
+            }
+            read.latest_stamp = Some(node.latest_stamp);
+            for n in &mut read.neighbours {
+                let present = node.latest(n.id).is_some();
+                neighbours_changed |= present != n.present;
+                n.present = present;
+            }
+            for job in &mut read.jobs {
+                job.2 = false;
+            }
+            for w in &mut read.watched {
+                let Some(latest) = node.latest(w.id) else {
+                    w.present = false;
+                    continue;
+                };
+                w.present = true;
+                if let Some(job) = w.job {
+                    read.jobs[job as usize].2 = true;
+                }
+                let held = w.handle.and_then(|h| tracks.get_mut(h).is_some().then_some(h));
+                if w.counter {
+                    // Counters come as samples through the inbox (see the engine's module
+                    // documentation): the live view only says the series is still there.
+                    let handle = held.or_else(|| {
+                        let series = node.schema.entries.get(&w.id)?;
+                        tracks.handle(&(node.name.clone(), series.clone()))
+                    });
+                    w.handle = handle;
+                    if let Some(track) = handle.and_then(|h| tracks.get_mut(h)) {
+                        track.seen_pass = pass;
+                    }
+                    continue;
+                }
+                let (track, new) = match held {
+                    Some(h) => (tracks.get_mut(h).expect("checked"), false),
+                    None => {
+                        let Some(series) = node.schema.entries.get(&w.id) else {
+                            continue;
+                        };
+                        let (h, track, new) = tracks
+                            .get_or_insert(&(node.name.clone(), series.clone()), || {
+                                Track::new(*latest, pass)
+                            });
+                        w.handle = Some(h);
+                        (track, new)
+                    }
+                };
+                track.seen_pass = pass;
+                if latest.unix_ns < track.latest.unix_ns {
+                    continue;
+                }
+                let mut changed = new;
+                if let (LatestValue::Gauge { mean: a, .. }, LatestValue::Gauge { mean: b, .. }) =
+                    (track.latest.value, latest.value)
+                    && a.to_bits() != b.to_bits()
+                {
+                    track.changed_ns = latest.unix_ns;
+                    changed = true;
+                }
+                if changed && w.hardware {
+                    hardware_changed = true;
+                }
+                track.latest = *latest;
+            }
+            for (gpu, job, present) in &read.jobs {
+                if *present {
+                    events.note_gpu_job(node.name, gpu, job);
+                }
+            }
+        });
+        let before = self.nodes.len();
+        self.nodes.retain(|_, read| read.pass == pass);
+        neighbours_changed |= self.nodes.len() != before;
+        let neighbours = neighbours_changed.then(|| {
+            self.nodes
+                .values()
+                .flat_map(|read| read.neighbours.iter().filter(|n| n.present))
+                .map(|n| (n.port.clone(), n.switch.clone()))
+                .collect()
+        });
+        Read {
+            hardware_changed,
+            neighbours,
+        }
+    }
+}
