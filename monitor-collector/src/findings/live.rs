@@ -43,6 +43,7 @@ struct Neighbour {
 /// What the tick knows of one node between ticks.
 struct NodeRead {
     schema_stamp: u64,
+    session: u32,
     latest_stamp: Option<u64>,
     /// The tick that last saw the node in the table.
     pass: u64,
@@ -81,10 +82,38 @@ fn neighbour(node: &Arc<str>, series: &Series) -> Option<(PortKey, (String, Stri
 }
 
 impl NodeRead {
-    /// The node's watched series and neighbours, from its schema.
-    fn of(node: &NodeLatest, watched: impl Fn(&str) -> bool) -> Self {
+    fn empty() -> Self {
+        Self {
+            schema_stamp: 0,
+            session: 0,
+            latest_stamp: None,
+            pass: 0,
+            watched: Vec::new(),
+            neighbours: Vec::new(),
+            jobs: Vec::new(),
+        }
+    }
+
+    /// The node's watched series and neighbours, from its schema; the handles of the tracks
+    /// `old` (the node's previous list, if of the same session) had are kept.
+    fn of(
+        node: &NodeLatest,
+        old: Option<NodeRead>,
+        tracks: &Tracks,
+        watched: impl Fn(&str) -> bool,
+    ) -> Self {
+        let held: FoldHashMap<u32, TrackHandle> = old
+            .filter(|old| old.session == node.schema.session)
+            .map(|old| {
+                old.watched
+                    .into_iter()
+                    .filter_map(|w| Some((w.id, w.handle?)))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut read = Self {
             schema_stamp: node.schema_stamp,
+            session: node.schema.session,
             latest_stamp: None,
             pass: 0,
             watched: Vec::new(),
@@ -122,12 +151,19 @@ impl NodeRead {
             } else {
                 None
             };
+            // Kept only if its track is still this series' (an id given another series
+            // within a session is the sender's bug, but then its track is another's).
+            let handle = held.get(&id).copied().filter(|&h| {
+                tracks
+                    .key(h)
+                    .is_some_and(|(n, s)| n == node.name && s == series)
+            });
             read.watched.push(Watched {
                 id,
                 counter: series.kind == Kind::Counter,
                 hardware: hardware::is_hardware_series(&series.name),
                 job,
-                handle: None,
+                handle,
                 present: false,
             });
         }
@@ -154,12 +190,13 @@ impl LiveReader {
                 Some(read) if read.schema_stamp == node.schema_stamp => read,
                 Some(read) => {
                     neighbours_changed |= !read.neighbours.is_empty();
-                    *read = NodeRead::of(node, watched);
+                    let old = std::mem::replace(read, NodeRead::empty());
+                    *read = NodeRead::of(node, Some(old), tracks, watched);
                     neighbours_changed |= !read.neighbours.is_empty();
                     read
                 }
                 None => {
-                    let read = NodeRead::of(node, watched);
+                    let read = NodeRead::of(node, None, tracks, watched);
                     neighbours_changed |= !read.neighbours.is_empty();
                     self.nodes.entry(node.name.clone()).or_insert(read)
                 }
