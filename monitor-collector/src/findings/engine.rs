@@ -354,7 +354,8 @@ fn learn_profile(
     th: &Thresholds,
     board: &ProfileBoard,
 ) -> (Vec<Observation>, HashMap<Arc<str>, hardware::NodeHardware>) {
-    let mut readers: HashMap<&Arc<str>, HardwareReader> = HashMap::new();
+    let mut readers: HashMap<&Arc<str>, HardwareReader, foldhash::fast::RandomState> =
+        HashMap::default();
     for name in hardware::SERIES {
         for ((node, series), track) in view.named(name) {
             readers.entry(node).or_default().take(series, &track.latest);

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{
     Observation, Severity, Subject, Thresholds,
-    view::{EventState, Track, TrackKey, View},
+    view::{EventState, Place, Track, TrackKey, View},
     xid,
 };
 
@@ -243,25 +243,24 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
     // PCIe link: current against maximum, on busy GPUs only (idle GPUs lower their link).
     // The GPUs below their maximum generation first (few, usually none); then only their
     // width and utilisation are looked up, not every GPU's.
-    let gen_max: GpuMap<GpuId, &Track> = view
-        .named(PCIE_MAX_GEN)
-        .map(|(k, t)| (gpu_id(k), t))
+    let gen_max: GpuMap<Place, &Track> = view
+        .placed(PCIE_MAX_GEN)
+        .map(|(_, t, p)| (p.gpu, t))
         .collect();
-    let low: Vec<(&TrackKey, &Track, GpuId)> = view
-        .named(PCIE_GEN)
-        .filter_map(|(k, t)| {
-            let id = gpu_id(k);
-            let gm = gen_max.get(&id).and_then(|t| t.gauge());
-            matches!((t.gauge(), gm), (Some(a), Some(b)) if a < b).then_some((k, t, id))
+    let low: Vec<(&TrackKey, &Track, Place)> = view
+        .placed(PCIE_GEN)
+        .filter_map(|(k, t, p)| {
+            let gm = gen_max.get(&p.gpu).and_then(|t| t.gauge());
+            matches!((t.gauge(), gm), (Some(a), Some(b)) if a < b).then_some((k, t, p.gpu))
         })
         .collect();
-    let of_low = |name: &'static str| -> GpuMap<GpuId, &Track> {
+    let of_low = |name: &'static str| -> GpuMap<Place, &Track> {
         if low.is_empty() {
             return GpuMap::default();
         }
-        let wanted: GpuMap<GpuId, ()> = low.iter().map(|l| (l.2, ())).collect();
-        view.named(name)
-            .map(|(k, t)| (gpu_id(k), t))
+        let wanted: GpuMap<Place, ()> = low.iter().map(|l| (l.2, ())).collect();
+        view.placed(name)
+            .map(|(_, t, p)| (p.gpu, t))
             .filter(|(id, _)| wanted.contains_key(id))
             .collect()
     };

@@ -12,7 +12,7 @@ use super::{
     Observation, Severity, Subject, Thresholds,
     fabric::{self, Blame, Grouping},
     topology::PortKey,
-    view::{EventState, Track, TrackKey, View},
+    view::{EventState, Place, Track, TrackKey, View},
 };
 
 pub const RULES: &[&str] = &[
@@ -55,23 +55,14 @@ const LINK_UP: f64 = 5.0;
 const DISABLED: f64 = 3.0;
 
 fn port_of(key: &TrackKey) -> Option<Subject> {
-    let (node, device, port) = port_ref(key)?;
-    Some(Subject::port(node, device, port))
-}
-
-/// A port's (node, device, port) borrowed from a series key: what the rules join a tick's
-/// gauges of a port by (a [`Subject`] is made for a finding only: the fleet has 100,000
-/// ports at 12,500 nodes).
-type PortRef<'a> = (&'a str, &'a str, u32);
-
-fn port_ref(key: &TrackKey) -> Option<PortRef<'_>> {
     let device = key.1.labels.get("device")?;
     let port = key.1.labels.get("port")?.parse().ok()?;
-    Some((&key.0, device, port))
+    Some(Subject::port(&key.0, device, port))
 }
 
-/// Maps of a tick's ports (foldhash, as the tracks: see `view::Tracks`).
-type PortMap<'a, V> = HashMap<PortRef<'a>, V, foldhash::fast::RandomState>;
+/// Maps of a tick's ports, by their [`Place`] (a [`Subject`] is made for a finding only: the
+/// fleet has 100,000 ports at 12,500 nodes).
+type PortMap<V> = HashMap<Place, V, foldhash::fast::RandomState>;
 
 fn phys_name(v: f64) -> &'static str {
     match v as i64 {
@@ -151,13 +142,13 @@ pub fn evaluate_series(
             s.port.unwrap_or(0),
         )
     };
-    let port_gauge = |name: &'static str| -> PortMap<&Track> {
-        view.named(name)
-            .filter_map(|(k, t)| Some((port_ref(k)?, t)))
+    let port_gauge = |name: &'static str| -> PortMap<(&TrackKey, &Track)> {
+        view.placed(name)
+            .filter_map(|(k, t, p)| Some((p.port?, (k, t))))
             .collect()
     };
     let states = port_gauge(STATE);
-    let active = |s: &PortRef| states.get(s).and_then(|t| t.gauge()) == Some(ACTIVE);
+    let active = |p: &Place| states.get(p).and_then(|(_, t)| t.gauge()) == Some(ACTIVE);
 
     // Each loop asks its track first and makes the port's subject only for a finding.
     for (key, track) in view.named(SYMBOL_ERROR) {
@@ -258,28 +249,30 @@ pub fn evaluate_series(
         mode(
             widths
                 .iter()
-                .filter(|(s, _)| active(s))
-                .filter_map(|(_, t)| t.gauge()),
+                .filter(|(p, _)| active(p))
+                .filter_map(|(_, (_, t))| t.gauge()),
         )
     });
     let expected_rate = th.expected_rate_gbps.or_else(|| {
         mode(
             rates
                 .iter()
-                .filter(|(s, _)| active(s))
-                .filter_map(|(_, t)| t.gauge()),
+                .filter(|(p, _)| active(p))
+                .filter_map(|(_, (_, t))| t.gauge()),
         )
     });
-    for (port, track) in &widths {
-        if !active(port) {
+    for (place, &(key, track)) in &widths {
+        if !active(place) {
             continue;
         }
         let width = track.gauge();
-        let rate = rates.get(port).and_then(|t| t.gauge());
+        let rate = rates.get(place).and_then(|(_, t)| t.gauge());
         let narrow = matches!((width, expected_width), (Some(w), Some(e)) if w < e);
         let slow = matches!((rate, expected_rate), (Some(r), Some(e)) if r < e);
         if narrow || slow {
-            let subject = Subject::port(port.0, port.1, port.2);
+            let Some(subject) = port_of(key) else {
+                continue;
+            };
             out.push(observation(
                 "ib_port_degraded",
                 Severity::Warning,
@@ -355,9 +348,9 @@ pub fn evaluate_series(
 fn congestion(view: &View, out: &mut Vec<Observation>) {
     let th = view.th;
     let rates: Vec<(&TrackKey, &Track, f64)> = view
-        .named(CNP_SENT)
-        .filter_map(|(k, t)| Some((k, t, t.rate(RATE_WINDOW_NS)?)))
-        .filter(|(k, _, _)| port_ref(k).is_some())
+        .placed(CNP_SENT)
+        .filter(|(_, _, p)| p.port.is_some())
+        .filter_map(|(k, t, _)| Some((k, t, t.rate(RATE_WINDOW_NS)?)))
         .collect();
     if rates.len() < 3 {
         return;
