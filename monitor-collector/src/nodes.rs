@@ -132,11 +132,13 @@ struct Node {
     schema_asked: Option<(u32, Instant)>,
     /// Its keys, derived when it was first heard from.
     keys: NodeKeys,
-    /// Stamps (from the table's [`NodeTable::next_stamp`]) of the last change to its schema
-    /// or the set of its latest values, and to any latest value: a reader that saw the same
+    /// Stamps (from the table's `next_stamp`) of the last change to its schema or the set of
+    /// its latest values, and to any latest value: a reader that saw the same
     /// stamps saw the same node (the findings tick skips nodes that sent nothing since).
     schema_stamp: u64,
     latest_stamp: u64,
+    /// Changes when the schema gained ids (and nothing else about it changed).
+    grown_stamp: u64,
 }
 
 /// One node's latest values as [`NodeTable::visit_nodes`] shows them.
@@ -146,6 +148,9 @@ pub struct NodeLatest<'a> {
     /// Changes when the schema or the set of series with a latest value may have changed
     /// otherwise than by a new series getting its first value.
     pub schema_stamp: u64,
+    /// Changes when the schema gained ids (a schema that changed otherwise changes
+    /// `schema_stamp`).
+    pub grown_stamp: u64,
     /// Changes when any latest value may have changed (and with `schema_stamp`).
     pub latest_stamp: u64,
     latest: &'a HashMap<u32, Latest>,
@@ -464,6 +469,7 @@ impl NodeTable {
             keys,
             schema_stamp: self.next_stamp(),
             latest_stamp: 0,
+            grown_stamp: 0,
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)
     }
@@ -509,11 +515,16 @@ impl NodeTable {
             node.schema_stamp = self.next_stamp();
         }
         for e in &frame.schema {
-            if node.schema.entries.get(&e.id) != Some(&e.series) {
+            let held = node.schema.entries.get(&e.id);
+            if held != Some(&e.series) {
+                if held.is_none() {
+                    node.grown_stamp = self.next_stamp();
+                } else {
+                    node.schema_stamp = self.next_stamp();
+                }
                 Arc::make_mut(&mut node.schema)
                     .entries
                     .insert(e.id, e.series.clone());
-                node.schema_stamp = self.next_stamp();
             }
         }
         // Every accepted frame may move a latest value (cheaper than asking which did).
@@ -699,6 +710,7 @@ impl NodeTable {
                     name: &node.name,
                     schema: &node.schema,
                     schema_stamp: node.schema_stamp,
+                    grown_stamp: node.grown_stamp,
                     latest_stamp: node.latest_stamp,
                     latest: &node.latest,
                 });

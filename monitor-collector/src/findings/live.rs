@@ -43,7 +43,10 @@ struct Neighbour {
 /// What the tick knows of one node between ticks.
 struct NodeRead {
     schema_stamp: u64,
+    grown_stamp: u64,
     session: u32,
+    /// Its schema's ids when last read, sorted.
+    known: Vec<u32>,
     latest_stamp: Option<u64>,
     /// The tick that last saw the node in the table.
     pass: u64,
@@ -85,9 +88,11 @@ impl NodeRead {
     fn empty() -> Self {
         Self {
             schema_stamp: 0,
+            grown_stamp: 0,
             session: 0,
             latest_stamp: None,
             pass: 0,
+            known: Vec::new(),
             watched: Vec::new(),
             neighbours: Vec::new(),
             jobs: Vec::new(),
@@ -113,44 +118,11 @@ impl NodeRead {
             .unwrap_or_default();
         let mut read = Self {
             schema_stamp: node.schema_stamp,
+            grown_stamp: node.grown_stamp,
             session: node.schema.session,
-            latest_stamp: None,
-            pass: 0,
-            watched: Vec::new(),
-            neighbours: Vec::new(),
-            jobs: Vec::new(),
+            ..Self::empty()
         };
         for (&id, series) in &node.schema.entries {
-            if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
-                if let Some((port, switch)) = neighbour(node.name, series) {
-                    read.neighbours.push(Neighbour {
-                        id,
-                        port,
-                        switch,
-                        present: false,
-                    });
-                }
-                continue;
-            }
-            if !watched(&series.name) {
-                continue;
-            }
-            let job = if series.name.starts_with(metric::GPU_PREFIX)
-                && let (Some(gpu), Some(job)) =
-                    (series.labels.get("gpu"), series.labels.get("job_id"))
-            {
-                let at = read
-                    .jobs
-                    .iter()
-                    .position(|(g, j, _)| g == gpu && j == job)
-                    .unwrap_or_else(|| {
-                        read.jobs.push((gpu.to_owned(), job.to_owned(), false));
-                        read.jobs.len() - 1
-                    });
-                Some(at as u32)
-            } else {
-                None
-            };
             // Kept only if its track is still this series' (an id given another series
             // within a session is the sender's bug, but then its track is another's).
             let handle = held.get(&id).copied().filter(|&h| {
@@ -158,16 +130,74 @@ impl NodeRead {
                     .key(h)
                     .is_some_and(|(n, s)| n == node.name && s == series)
             });
-            read.watched.push(Watched {
-                id,
-                counter: series.kind == Kind::Counter,
-                hardware: hardware::is_hardware_series(&series.name),
-                job,
-                handle,
-                present: false,
-            });
+            read.add(node.name, id, series, handle, &watched);
         }
+        read.known = node.schema.entries.keys().copied().collect();
+        read.known.sort_unstable();
         read
+    }
+
+    /// Adds the series the node's schema gained since it was read (new ids only: the
+    /// node table says when an id was given another series, and the list is made again).
+    fn grow(&mut self, node: &NodeLatest, watched: impl Fn(&str) -> bool) {
+        let mut added = Vec::new();
+        for (&id, series) in &node.schema.entries {
+            if self.known.binary_search(&id).is_err() {
+                self.add(node.name, id, series, None, &watched);
+                added.push(id);
+            }
+        }
+        self.known.extend(added);
+        self.known.sort_unstable();
+        self.grown_stamp = node.grown_stamp;
+        self.latest_stamp = None;
+    }
+
+    fn add(
+        &mut self,
+        node: &Arc<str>,
+        id: u32,
+        series: &Series,
+        handle: Option<TrackHandle>,
+        watched: impl Fn(&str) -> bool,
+    ) {
+        if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
+            if let Some((port, switch)) = neighbour(node, series) {
+                self.neighbours.push(Neighbour {
+                    id,
+                    port,
+                    switch,
+                    present: false,
+                });
+            }
+            return;
+        }
+        if !watched(&series.name) {
+            return;
+        }
+        let job = if series.name.starts_with(metric::GPU_PREFIX)
+            && let (Some(gpu), Some(job)) = (series.labels.get("gpu"), series.labels.get("job_id"))
+        {
+            let at = self
+                .jobs
+                .iter()
+                .position(|(g, j, _)| g == gpu && j == job)
+                .unwrap_or_else(|| {
+                    self.jobs.push((gpu.to_owned(), job.to_owned(), false));
+                    self.jobs.len() - 1
+                });
+            Some(at as u32)
+        } else {
+            None
+        };
+        self.watched.push(Watched {
+            id,
+            counter: series.kind == Kind::Counter,
+            hardware: hardware::is_hardware_series(&series.name),
+            job,
+            handle,
+            present: false,
+        });
     }
 }
 
@@ -187,7 +217,12 @@ impl LiveReader {
         let mut neighbours_changed = false;
         table.visit_nodes(&mut |node| {
             let read = match self.nodes.get_mut(&**node.name) {
-                Some(read) if read.schema_stamp == node.schema_stamp => read,
+                Some(read) if read.schema_stamp == node.schema_stamp => {
+                    if read.grown_stamp != node.grown_stamp {
+                        read.grow(node, watched);
+                    }
+                    read
+                }
                 Some(read) => {
                     neighbours_changed |= !read.neighbours.is_empty();
                     let old = std::mem::replace(read, NodeRead::empty());

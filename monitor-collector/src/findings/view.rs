@@ -243,6 +243,105 @@ struct Slot {
     held: Option<Held>,
 }
 
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The tracks' slots by their key's hash: a key is hashed once when looked up or added, and
+/// never again as the index grows (rehashing millions of keys' strings made the tick that
+/// grew it the slowest).
+#[derive(Default)]
+struct KeyIndex {
+    hasher: foldhash::fast::RandomState,
+    first: HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>,
+    /// Slots of keys whose hash another key in `first` has.
+    more: HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<Prehashed>>,
+    len: usize,
+}
+
+impl KeyIndex {
+    fn hash(&self, key: &TrackKey) -> u64 {
+        use std::hash::BuildHasher as _;
+        self.hasher.hash_one(key)
+    }
+
+    fn get(&self, key: &TrackKey, slots: &[Slot]) -> Option<u32> {
+        let is = |slot: u32| {
+            slots[slot as usize]
+                .held
+                .as_ref()
+                .is_some_and(|h| h.key == *key)
+        };
+        let hash = self.hash(key);
+        let &first = self.first.get(&hash)?;
+        if is(first) {
+            return Some(first);
+        }
+        self.more.get(&hash)?.iter().copied().find(|&s| is(s))
+    }
+
+    fn insert(&mut self, key: &TrackKey, slot: u32) {
+        let hash = self.hash(key);
+        self.len += 1;
+        match self.first.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(slot);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.more.entry(hash).or_default().push(slot);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &TrackKey, slot: u32) {
+        let hash = self.hash(key);
+        self.len -= 1;
+        if self.first.get(&hash) == Some(&slot) {
+            match self.more.get_mut(&hash) {
+                Some(more) => {
+                    let next = more.pop().expect("no empty list is kept");
+                    if more.is_empty() {
+                        self.more.remove(&hash);
+                    }
+                    self.first.insert(hash, next);
+                }
+                None => {
+                    self.first.remove(&hash);
+                }
+            }
+        } else if let Some(more) = self.more.get_mut(&hash) {
+            more.retain(|&s| s != slot);
+            if more.is_empty() {
+                self.more.remove(&hash);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// Every watched series' track, by (node, series), and by series name (what the rules read:
 /// each reads a few names). Tracks sit in slots that handles point to; the index by key is
 /// asked only for a series new to the tick and for counter samples. Hashed with foldhash
@@ -251,7 +350,7 @@ struct Slot {
 pub struct Tracks {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    index: FoldHashMap<TrackKey, u32>,
+    index: KeyIndex,
     by_name: FoldHashMap<Arc<str>, Vec<u32>>,
     places: PlaceBook,
 }
@@ -267,7 +366,7 @@ impl Tracks {
 
     /// The handle of `key`'s track, if it has one.
     pub fn handle(&self, key: &TrackKey) -> Option<TrackHandle> {
-        let &slot = self.index.get(key)?;
+        let slot = self.index.get(key, &self.slots)?;
         Some(TrackHandle {
             slot,
             generation: self.slots[slot as usize].generation,
@@ -298,8 +397,8 @@ impl Tracks {
         key: &TrackKey,
         new: impl FnOnce() -> Track,
     ) -> (TrackHandle, &mut Track, bool) {
-        let (slot, made) = match self.index.get(key) {
-            Some(&slot) => (slot, false),
+        let (slot, made) = match self.index.get(key, &self.slots) {
+            Some(slot) => (slot, false),
             None => (self.insert(key.clone(), new()), true),
         };
         let held = &mut self.slots[slot as usize];
@@ -328,7 +427,7 @@ impl Tracks {
         };
         named.push(slot);
         let at = (named.len() - 1) as u32;
-        self.index.insert(key.clone(), slot);
+        self.index.insert(&key, slot);
         let places = self.places.places_of(&key);
         self.slots[slot as usize].held = Some(Held {
             key,
@@ -351,7 +450,7 @@ impl Tracks {
             let held = self.slots[slot].held.take().expect("checked");
             self.slots[slot].generation = self.slots[slot].generation.wrapping_add(1);
             self.free.push(slot as u32);
-            self.index.remove(&held.key);
+            self.index.remove(&held.key, slot as u32);
             if let Some(port) = held.places.port {
                 self.places.release(port);
             }
