@@ -292,7 +292,11 @@ impl HardwareReader {
     }
 
     fn link(&self, gpu: bool, id: &str) -> Link {
-        let links = if gpu { &self.gpu_links } else { &self.rdma_links };
+        let links = if gpu {
+            &self.gpu_links
+        } else {
+            &self.rdma_links
+        };
         let get = |part: LinkPart| {
             links
                 .get(id)
@@ -311,7 +315,11 @@ impl HardwareReader {
     /// older than the hardware path sends the GPUs' links alone), each with its info labels.
     fn ids(&self, gpu: bool) -> Vec<(&str, Labels)> {
         let info = if gpu { &self.gpus } else { &self.rdma };
-        let links = if gpu { &self.gpu_links } else { &self.rdma_links };
+        let links = if gpu {
+            &self.gpu_links
+        } else {
+            &self.rdma_links
+        };
         let mut ids: Vec<&str> = info.keys().map(String::as_str).collect();
         ids.extend(links.keys().map(String::as_str));
         ids.sort_unstable();

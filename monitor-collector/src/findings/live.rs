@@ -264,7 +264,9 @@ impl LiveReader {
                 if let Some(job) = w.job {
                     read.jobs[job as usize].2 = true;
                 }
-                let held = w.handle.and_then(|h| tracks.get_mut(h).is_some().then_some(h));
+                let held = w
+                    .handle
+                    .and_then(|h| tracks.get_mut(h).is_some().then_some(h));
                 if w.counter {
                     // Counters come as samples through the inbox (see the engine's module
                     // documentation): the live view only says the series is still there.

@@ -406,7 +406,11 @@ impl Tracks {
             slot,
             generation: held.generation,
         };
-        let track = &mut held.held.as_mut().expect("an indexed slot holds a track").track;
+        let track = &mut held
+            .held
+            .as_mut()
+            .expect("an indexed slot holds a track")
+            .track;
         (handle, track, made)
     }
 
