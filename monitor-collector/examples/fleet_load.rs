@@ -84,24 +84,27 @@ fn parse_args() -> anyhow::Result<Args> {
 }
 
 /// Job sizes from [`MIN_JOB`] to [`MAX_JOB`] nodes, most jobs small and a few large (sizes
-/// rising geometrically with the square of the job's rank), scaled down until they fill at
-/// most 90% of the fleet (the rest idle); fewer jobs where even [`MIN_JOB`] each would not fit.
+/// growing as exp(x^2) along the jobs), the largest as large as the fleet allows (up to
+/// [`MAX_JOB`]: the job view's goal is for a 1,024-node job), the rest scaled to fit 90% of
+/// the fleet with it.
 fn job_sizes(nodes: usize) -> Vec<usize> {
     let jobs = JOBS.min(nodes * 9 / 10 / MIN_JOB).max(1);
+    let room = nodes * 9 / 10;
+    let largest = MAX_JOB.min(room.saturating_sub(MIN_JOB * (jobs - 1)));
     let ratio = (MAX_JOB as f64 / MIN_JOB as f64).ln();
-    let mut sizes: Vec<f64> = (0..jobs)
+    let mut sizes: Vec<f64> = (0..jobs - 1)
         .map(|i| {
-            let x = i as f64 / (jobs - 1).max(1) as f64;
+            let x = i as f64 / jobs.saturating_sub(2).max(1) as f64;
             MIN_JOB as f64 * (ratio * x * x).exp()
         })
         .collect();
-    let room = (nodes * 9 / 10) as f64;
+    let rest = (room - largest) as f64;
     for _ in 0..20 {
         let sum: f64 = sizes.iter().sum();
-        if sum <= room {
+        if sum <= rest {
             break;
         }
-        let scale = room / sum;
+        let scale = rest / sum;
         for s in &mut sizes {
             *s = (*s * scale).max(MIN_JOB as f64);
         }
@@ -109,6 +112,7 @@ fn job_sizes(nodes: usize) -> Vec<usize> {
     sizes
         .into_iter()
         .map(|s| (s.floor() as usize).clamp(MIN_JOB, MAX_JOB))
+        .chain([largest.max(MIN_JOB)])
         .collect()
 }
 

@@ -155,8 +155,10 @@ impl Collector {
             heartbeats.watch("http", http_beat.clone());
         }
         let findings_beat = Heartbeat::new();
+        let findings_tick_beat = Heartbeat::new();
         if parts.findings.is_some() {
             heartbeats.watch("findings", findings_beat.clone());
+            heartbeats.watch("findings-tick", findings_tick_beat.clone());
         }
         let (findings_inbox, findings_rx) = match &parts.findings {
             Some(_) => {
@@ -192,6 +194,7 @@ impl Collector {
                 rx,
                 shared.clone(),
                 findings_beat,
+                findings_tick_beat,
             )?),
             _ => None,
         };

@@ -7,9 +7,9 @@ use std::{net::TcpListener, sync::Arc};
 
 use axum::{
     Json, Router,
-    extract::{Query, State},
-    http::header,
-    response::IntoResponse,
+    extract::{Query, RawQuery, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
 };
 use tokio::sync::watch;
 
@@ -18,16 +18,48 @@ use crate::{
     events::EventFilter,
     liveness::{BEAT_EVERY, Heartbeat},
     metrics,
+    nodes::NodeSet,
+    query::api::ApiError,
+    scrape_targets,
     shared::Shared,
     web::{WebAuth, auth, tls::TlsListener},
 };
 
-/// `GET /metrics`.
-pub(crate) async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    // Rendering walks every node: off the async threads.
-    let body = tokio::task::spawn_blocking(move || metrics::render(&shared, unix_now_ns()))
+/// `GET /metrics[?node=NAME | ?shard=K&shards=N]`: every node's series and health with the
+/// fleet-level families, or only one node's or one shard's (see [`scrape_targets`]).
+pub(crate) async fn metrics_page(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let set = scrape_targets::node_set(raw)?;
+    if let NodeSet::One(node) = &set
+        && shared.table.summaries_of(&set).is_empty()
+    {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no node {node:?} is held (parameter \"node\")"),
+        ));
+    }
+    // Rendering walks the nodes: off the async threads.
+    let body = tokio::task::spawn_blocking(move || match set {
+        NodeSet::All => metrics::render(&shared, unix_now_ns()),
+        set => metrics::render_nodes(&shared, &set, unix_now_ns()),
+    })
+    .await
+    .unwrap_or_default();
+    Ok(text_format(body))
+}
+
+/// `GET /metrics/fleet`.
+pub(crate) async fn fleet_metrics_page(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let body = tokio::task::spawn_blocking(move || metrics::render_fleet(&shared))
         .await
         .unwrap_or_default();
+    text_format(body)
+}
+
+/// An answer in Prometheus' text format.
+fn text_format(body: String) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -35,6 +67,7 @@ pub(crate) async fn metrics_page(State(shared): State<Arc<Shared>>) -> impl Into
         )],
         body,
     )
+        .into_response()
 }
 
 /// `GET /metrics/collector`.
@@ -42,13 +75,7 @@ pub(crate) async fn own_metrics_page(State(shared): State<Arc<Shared>>) -> impl 
     let body = tokio::task::spawn_blocking(move || metrics::render_own(&shared))
         .await
         .unwrap_or_default();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
+    text_format(body)
 }
 
 /// `GET /api/v1/live/nodes`.

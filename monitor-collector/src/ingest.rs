@@ -125,7 +125,7 @@ fn take(shared: &Shared, accepted: Accepted, bytes: &[u8], from: SocketAddr, now
         }
     }
     if let Some(inbox) = &shared.findings_inbox {
-        inbox.push_counters(&node, &frame, &schema);
+        inbox.push_samples(&node, &frame, &schema);
     }
     if let Some(queue) = &shared.archive {
         let (first_ns, last_ns) = time_range(&frame);

@@ -59,6 +59,7 @@ pub mod reads;
 pub mod remote_write;
 pub mod robust;
 pub mod routes;
+pub mod scrape_targets;
 pub mod select;
 pub mod settings;
 pub mod shared;

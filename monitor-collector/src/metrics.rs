@@ -12,7 +12,7 @@ use monitor_wire::{Kind, names::metric};
 
 use crate::{
     drops::DropReason,
-    nodes::{LatestValue, LiveSeries, kind_name},
+    nodes::{LatestValue, LiveSeries, NodeSet, kind_name},
     shared::Shared,
 };
 
@@ -22,6 +22,32 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
     render_series(&mut out, shared.table.live_series(now_unix_ns));
     render_health(&mut out, shared);
     render_node_health(&mut out, shared);
+    if let Some(store) = &shared.findings {
+        crate::findings::api::write_metrics(&mut out, store);
+    }
+    if let Some(extra) = &shared.extra_metrics {
+        extra(&mut out);
+    }
+    out
+}
+
+/// The series and per-node health of the nodes of `set` only (`/metrics?node=` and
+/// `/metrics?shard=&shards=`): a scrape target that grows with its share of the fleet, not
+/// with the fleet. The fleet-level families are on `/metrics/fleet`.
+pub fn render_nodes(shared: &Shared, set: &NodeSet, now_unix_ns: u64) -> String {
+    let mut out = String::new();
+    render_series(&mut out, shared.table.live_series_of(set, now_unix_ns));
+    render_node_families(&mut out, &shared.table.summaries_of(set));
+    out
+}
+
+/// Everything of `/metrics` that is not a node's (`/metrics/fleet`): the collector's own
+/// totals, the nodes' count by key, the archive's and remote-write's, and the findings, whose
+/// size grows with the findings open rather than with the fleet.
+pub fn render_fleet(shared: &Shared) -> String {
+    let mut out = String::new();
+    render_health(&mut out, shared);
+    render_nodes_by_key(&mut out, &shared.table.summaries());
     if let Some(store) = &shared.findings {
         crate::findings::api::write_metrics(&mut out, store);
     }
@@ -467,19 +493,12 @@ fn render_health(out: &mut String, shared: &Shared) {
 
 /// The collector's health per node (frames, samples, loss, last seen, agent version).
 fn render_node_health(out: &mut String, shared: &Shared) {
-    use Kind::{Counter, Gauge};
     let nodes = shared.table.summaries();
-    let per_node = |f: &dyn Fn(&crate::nodes::NodeSummary) -> String| -> Vec<(String, String)> {
-        nodes
-            .iter()
-            .map(|n| {
-                let mut labels = String::from("{");
-                label(&mut labels, "node", &n.node, true);
-                labels.push('}');
-                (labels, f(n))
-            })
-            .collect()
-    };
+    render_nodes_by_key(out, &nodes);
+    render_node_families(out, &nodes);
+}
+
+fn render_nodes_by_key(out: &mut String, nodes: &[crate::nodes::NodeSummary]) {
     // Which key the nodes' last frames carried: a rotation or a move off the shared key is
     // done when every node counts under `node`.
     let by_key: Vec<(String, String)> = ["node", "previous_node", "shared"]
@@ -492,10 +511,26 @@ fn render_node_health(out: &mut String, shared: &Shared) {
     family(
         out,
         "railscope_collector_nodes_by_key",
-        Gauge,
+        Kind::Gauge,
         "Nodes held, by the key their last frame was sealed with (node, previous_node, shared).",
         &by_key,
     );
+}
+
+/// The per-node health families of `nodes` (frames, loss, sessions, last seen, info).
+fn render_node_families(out: &mut String, nodes: &[crate::nodes::NodeSummary]) {
+    use Kind::{Counter, Gauge};
+    let per_node = |f: &dyn Fn(&crate::nodes::NodeSummary) -> String| -> Vec<(String, String)> {
+        nodes
+            .iter()
+            .map(|n| {
+                let mut labels = String::from("{");
+                label(&mut labels, "node", &n.node, true);
+                labels.push('}');
+                (labels, f(n))
+            })
+            .collect()
+    };
     family(
         out,
         "railscope_collector_node_frames_total",

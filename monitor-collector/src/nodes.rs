@@ -249,6 +249,40 @@ const SHARDS: usize = 64;
 /// The nodes whose names hash to one shard.
 type Shard = Mutex<HashMap<Arc<str>, Node>>;
 
+/// Which nodes a read of the live table covers: all, one, or one of `of` scrape shards (what
+/// `/metrics?node=` and `/metrics?shard=&shards=` serve, so that a fleet of 12,500 nodes can be
+/// scraped as many small targets rather than one answer of hundreds of megabytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeSet {
+    All,
+    One(String),
+    /// The nodes whose name's [`shard_of`] is `index`.
+    Shard {
+        index: u64,
+        of: u64,
+    },
+}
+
+impl NodeSet {
+    pub fn holds(&self, node: &str) -> bool {
+        match self {
+            NodeSet::All => true,
+            NodeSet::One(name) => name == node,
+            NodeSet::Shard { index, of } => shard_of(node, *of) == *index,
+        }
+    }
+}
+
+/// The scrape shard of `node` among `of`: FNV-1a of its name, so that a node stays in its
+/// shard across collector restarts (a process-seeded hash would move every node's series to
+/// another target at each restart).
+pub fn shard_of(node: &str, of: u64) -> u64 {
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash % of.max(1)
+}
+
 /// Every node, sharded by name.
 pub struct NodeTable {
     shards: Box<[Shard]>,
@@ -348,6 +382,19 @@ impl NodeTable {
 
     fn shard(&self, name: &str) -> &Shard {
         &self.shards[self.hasher.hash_one(name) as usize % SHARDS]
+    }
+
+    /// The lock shards that may hold nodes of `set`: one node's own, or all.
+    fn shards_of<'a>(&'a self, set: &NodeSet) -> impl Iterator<Item = &'a Shard> + 'a {
+        let only = match set {
+            NodeSet::One(name) => Some(self.hasher.hash_one(&**name) as usize % SHARDS),
+            _ => None,
+        };
+        self.shards
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| only.is_none_or(|o| o == *i))
+            .map(|(_, s)| s)
     }
 
     /// Verifies, decodes and accounts one datagram received at `now_unix_ns` from `from`.
@@ -651,10 +698,15 @@ impl NodeTable {
 
     /// Every node, sorted by name.
     pub fn summaries(&self) -> Vec<NodeSummary> {
+        self.summaries_of(&NodeSet::All)
+    }
+
+    /// The nodes of `set`, sorted by name.
+    pub fn summaries_of(&self, set: &NodeSet) -> Vec<NodeSummary> {
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
+        for shard in self.shards_of(set) {
             let shard = lock(shard);
-            for node in shard.values() {
+            for node in shard.values().filter(|n| set.holds(&n.name)) {
                 let received = node.receiver.node(&node.name);
                 out.push(NodeSummary {
                     node: node.name.to_string(),
@@ -740,11 +792,16 @@ impl NodeTable {
 
     /// The latest value of every series whose latest sample is at most the live ttl old.
     pub fn live_series(&self, now_unix_ns: u64) -> Vec<LiveSeries> {
+        self.live_series_of(&NodeSet::All, now_unix_ns)
+    }
+
+    /// [`live_series`](Self::live_series) of the nodes of `set` only.
+    pub fn live_series_of(&self, set: &NodeSet, now_unix_ns: u64) -> Vec<LiveSeries> {
         let oldest = now_unix_ns.saturating_sub(self.limits.live_ttl.as_nanos() as u64);
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
+        for shard in self.shards_of(set) {
             let shard = lock(shard);
-            for node in shard.values() {
+            for node in shard.values().filter(|n| set.holds(&n.name)) {
                 for (id, latest) in &node.latest {
                     if latest.unix_ns < oldest {
                         continue;

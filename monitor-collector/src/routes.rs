@@ -18,6 +18,7 @@ use crate::{
     findings::{self, FindingsStore},
     http, latest,
     query::{self, QueryEngine},
+    scrape_targets,
     shared::Shared,
     stragglers,
     web::{
@@ -87,9 +88,13 @@ pub fn router(sources: Sources) -> Router {
         routes = routes.merge(
             Router::new()
                 // Prometheus' text format: every node's latest samples and the collector's
-                // own families; the collector's own families alone.
+                // own families (or one node's, one shard's); the fleet-level families
+                // (collector and findings) without any node's; the collector's own alone.
                 .route("/metrics", read(get(http::metrics_page)))
+                .route("/metrics/fleet", read(get(http::fleet_metrics_page)))
                 .route("/metrics/collector", read(get(http::own_metrics_page)))
+                // Prometheus' HTTP service discovery: a scrape target per node or shard.
+                .route("/api/v1/targets", read(get(scrape_targets::handler)))
                 // The live view, from memory: the nodes and the recent events.
                 .route("/api/v1/live/nodes", read(get(http::live_nodes)))
                 .route("/api/v1/live/events", read(get(http::live_events)))

@@ -90,6 +90,12 @@ pub struct StragglerSettings {
     pub score: f64,
     /// Share of the window's steps in which it must be far (default 0.75: "stays").
     pub min_fraction: f64,
+    /// A device far in each of its latest this many scored steps is flagged too, as an
+    /// onset, although it was not far in most of the window (default 2: 20 s of 10 s steps).
+    /// Without it a GPU that slows down is flagged once it filled 75% of the window, 225 s
+    /// into a 5-minute one; with it within about 30 s (Holmes: 30.3 s). One far step alone
+    /// (a 10 s hiccup) is not enough.
+    pub onset_steps: usize,
     /// Devices a job needs for a median to mean something (default 4).
     pub min_devices: usize,
 }
@@ -100,6 +106,7 @@ impl Default for StragglerSettings {
             step_ns: 10_000_000_000,
             score: 3.5,
             min_fraction: 0.75,
+            onset_steps: 2,
             min_devices: 4,
         }
     }
@@ -113,14 +120,17 @@ pub struct Straggler {
     pub device: Option<String>,
     pub port: Option<u32>,
     pub metric: String,
-    /// The device's median over the window.
+    /// The device's median over the window (over its latest far steps for an onset).
     pub value: f64,
     /// The job's median.
     pub median: f64,
-    /// The device's median score over the steps.
+    /// The device's median score over the steps (over its latest far steps for an onset).
     pub score: f64,
     /// The share of steps it was far in.
     pub fraction: f64,
+    /// Flagged as an onset: far in each of its latest `onset_steps` steps, not (yet) in most
+    /// of the window.
+    pub onset: bool,
     /// The id of a finding on the same GPU or port that explains it.
     pub cause: Option<String>,
 }
@@ -475,7 +485,8 @@ fn score_metric(
     }
     let means: BTreeMap<&Device, &StepValues> = devices.iter().collect();
     let all_steps: BTreeSet<u64> = means.values().flat_map(|m| m.keys().copied()).collect();
-    let mut scores: BTreeMap<&Device, Vec<f64>> = BTreeMap::new();
+    // Per device, in step order: its value and score at each step it was scored at.
+    let mut scores: BTreeMap<&Device, Vec<(f64, f64)>> = BTreeMap::new();
     let mut step_medians = Vec::new();
     for k in all_steps {
         let values: Vec<(&Device, f64)> = means
@@ -498,18 +509,30 @@ fn score_metric(
         let norm = Norm { floor, ..probe };
         step_medians.push(norm.median);
         for (d, v) in values {
-            scores.entry(d).or_default().push(norm.score(v));
+            scores.entry(d).or_default().push((v, norm.score(v)));
         }
     }
     let job_median = median(&step_medians).unwrap_or(f64::NAN);
     let mut out = Vec::new();
-    for (d, s) in scores {
-        let far = s.iter().filter(|&&x| x > settings.score).count();
-        let fraction = far as f64 / s.len() as f64;
-        if fraction < settings.min_fraction {
+    for (d, steps) in scores {
+        let is_far = |&&(_, score): &&(f64, f64)| score > settings.score;
+        let far = steps.iter().filter(is_far).count();
+        let fraction = far as f64 / steps.len() as f64;
+        let latest = &steps[steps.len().saturating_sub(settings.onset_steps.max(1))..];
+        let onset = settings.onset_steps > 0
+            && latest.len() == settings.onset_steps
+            && latest.iter().all(|step| is_far(&step));
+        let (values, s): (Vec<f64>, Vec<f64>) = if fraction >= settings.min_fraction {
+            (
+                means[d].values().copied().collect(),
+                steps.iter().map(|x| x.1).collect(),
+            )
+        } else if onset {
+            latest.iter().copied().unzip()
+        } else {
             continue;
-        }
-        let values: Vec<f64> = means[d].values().copied().collect();
+        };
+        let onset = fraction < settings.min_fraction;
         let (node, gpu, device, port) = match d {
             Device::Gpu(n, g) => (n.clone(), Some(g.clone()), None, None),
             Device::Port(n, dev, p) => (n.clone(), None, Some(dev.clone()), Some(*p)),
@@ -525,6 +548,7 @@ fn score_metric(
             median: job_median,
             score: median(&s).unwrap_or(0.0),
             fraction,
+            onset,
             cause,
         });
     }
@@ -638,12 +662,17 @@ pub fn run_cli(args: &StragglerArgs) -> anyhow::Result<()> {
                 _ => "?".into(),
             };
             println!(
-                "  {} {place}: {} {:.4} against the job's {:.4} (score {:.1}){}",
+                "  {} {place}: {} {:.4} against the job's {:.4} (score {:.1}{}){}",
                 s["node"].as_str().unwrap_or("?"),
                 s["metric"].as_str().unwrap_or("?"),
                 s["value"].as_f64().unwrap_or(f64::NAN),
                 s["median"].as_f64().unwrap_or(f64::NAN),
                 s["score"].as_f64().unwrap_or(f64::NAN),
+                if s["onset"].as_bool() == Some(true) {
+                    ", onset: its latest steps"
+                } else {
+                    ""
+                },
                 s["cause"]
                     .as_str()
                     .map(|c| format!(", likely cause {c}"))

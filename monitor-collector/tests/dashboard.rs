@@ -13,8 +13,8 @@
 //!   title), and no other is;
 //! - jobs: two loads ask the same aligned straggler window (its end on a 10 s step) and show
 //!   the same answer, the one the API gives for that window;
-//! - job: the slow GPU is marked as a straggler (and nothing else but the degraded port may
-//!   be); the job's findings list the degraded port's, the lost GPU's and the flapping port's
+//! - job: the slow GPU is marked as a straggler (and nothing else but the degraded port, or
+//!   the flapping port while its latest steps were down, may be); the job's findings list the degraded port's, the lost GPU's and the flapping port's
 //!   findings; its degraded port and lost GPU are marked in its grid;
 //! - node: the GPU utilization chart has one point per sweep sent, 8 series drawn as bands,
 //!   a legend naming GPU 0..7 without the pointer on it, whole `HH:MM[:SS]` time labels, and
@@ -489,7 +489,8 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
         "the job's stragglers",
         "return !!document.querySelector('#job-stragglers [data-stragglers]')",
     );
-    // The slow GPU is marked, and only it or the degraded port (half its peers' traffic).
+    // The slow GPU is marked, and only it, the degraded port (half its peers' traffic) or
+    // the flapping port (no traffic while down: an onset when its latest steps were down).
     let stragglers = eval(
         tab,
         "return [...document.querySelectorAll('#job-grid [data-straggler]')].map(c => \
@@ -497,12 +498,13 @@ fn the_dashboard_shows_the_straggler_the_flapping_port_and_live_data() {
     );
     let slow_gpu = serde_json::json!([slow_node, SLOW.1.to_string(), null]);
     let degraded_port = serde_json::json!([degraded_node, null, degraded_device]);
+    let flapping_port = serde_json::json!([flapping_node, null, flapping_device]);
     let stragglers = stragglers.as_array().unwrap();
     assert!(
         stragglers.contains(&slow_gpu)
             && stragglers
                 .iter()
-                .all(|s| *s == slow_gpu || *s == degraded_port),
+                .all(|s| *s == slow_gpu || *s == degraded_port || *s == flapping_port),
         "cells marked as stragglers: {stragglers:?}"
     );
     // The job's findings: the degraded port's and the lost GPU's are listed, their cells
@@ -937,25 +939,97 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
         out.sort();
         out
     };
+    // The compact form: each series' labels as indexes into the answer's dictionary, its
+    // value (a counter's rate, a gauge's mean) as f32; against the series form's, so.
+    let value_of = |kind: &Value, point: &Value| -> Option<f32> {
+        let v = if kind == "counter" {
+            &point["rate"]
+        } else {
+            &point["mean"]
+        };
+        v.as_f64().map(|v| v as f32)
+    };
+    let series_values = || {
+        let mut out: Vec<String> = ask("")["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} {} {:?}",
+                    s["metric"],
+                    s["kind"],
+                    s["labels"],
+                    value_of(&s["kind"], &s["points"][0])
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let as_compact = || {
+        let answer = ask("&format=compact");
+        let dictionary = &answer["dictionary"];
+        let mut out: Vec<String> = Vec::new();
+        for m in answer["metrics"].as_array().unwrap() {
+            let labels = m["labels"].as_object().unwrap();
+            for (i, v) in m["values"].as_array().unwrap().iter().enumerate() {
+                let named: serde_json::Map<String, Value> = labels
+                    .iter()
+                    .filter_map(|(name, at)| {
+                        let at = at[i].as_u64()? as usize;
+                        Some((name.clone(), dictionary[name][at].clone()))
+                    })
+                    .collect();
+                out.push(format!(
+                    "{} {} {} {:?}",
+                    m["metric"],
+                    m["kind"],
+                    Value::Object(named),
+                    v.as_f64().map(|v| v as f32)
+                ));
+            }
+        }
+        out.sort();
+        out
+    };
     for tries in 0.. {
         let (before, columns, after) = (as_series(), as_columns(), as_series());
+        let (values_before, compact, values_after) =
+            (series_values(), as_compact(), series_values());
         assert_eq!(before.len(), 16, "{before:?}");
-        if before == after {
+        if before == after && values_before == values_after {
             assert_eq!(columns, before, "the columns form against the series form");
+            assert_eq!(
+                compact, values_before,
+                "the compact form against the series form"
+            );
             break;
         }
         assert!(tries < 40, "the latest values never settled");
         std::thread::sleep(Duration::from_millis(500));
     }
-    let refused = ureq::get(&format!(
-        "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&format=rows",
-        collector.http
-    ))
-    .call();
-    assert!(
-        matches!(refused, Err(ureq::Error::StatusCode(400))),
-        "format=rows: {refused:?}"
+    // `label=` keeps a compact answer to the labels asked for (and `node`): the GPUs'
+    // numbers without their uuids.
+    let only_gpu = ask("&format=compact&label=gpu");
+    let names: Vec<&String> = only_gpu["dictionary"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["gpu", "node"], "{only_gpu}");
+    assert_eq!(
+        only_gpu["dictionary"]["gpu"].as_array().map(Vec::len),
+        Some(8),
+        "{only_gpu}"
     );
+    for refused in ["format=rows", "format=columns&label=gpu"] {
+        let answer = ureq::get(&format!(
+            "http://{}/api/v1/live/latest?metric=railscope_gpu_utilization_ratio&{refused}",
+            collector.http
+        ))
+        .call();
+        assert!(
+            matches!(answer, Err(ureq::Error::StatusCode(400))),
+            "{refused}: {answer:?}"
+        );
+    }
 
     // The fleet goes on sending, a sweep every 2 s, until the test ends.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1205,12 +1279,15 @@ fn the_dashboard_shows_a_fleet_of_1000_nodes() {
 }
 
 /// The fleet view of a 100,000-GPU fleet: 12,500 nodes of 8 GPUs and 8 IB ports, sweeps 10 s
-/// apart (as agents flush), the page polling every 5 s. Every node is drawn on the heat map with its 8 GPU and
-/// 8 port cells coloured, and the page's JavaScript heap (after a garbage collection) does not
-/// grow across a minute of updates. Prints the time to the first drawing (from the page's
-/// start), each update's time and the heap: the figures for issue 29's goal (drawn in under
-/// 2 s, updated every 5 s without growing memory), which this test reports but does not
-/// assert.
+/// apart (as agents flush), the page polling every 5 s. Every node is drawn on the heat map
+/// with its 8 GPU cells coloured, and every port the collector has a rate for (all, or nearly:
+/// see the wait below), and the page's JavaScript heap (after a garbage collection) does not
+/// grow across a minute of updates. Prints the size and time of the collector's answer in
+/// each shape, the time to the first drawing (from the page's start), each update's time
+/// (and where it went) and the heap: the figures for issue 29's goal (drawn in under 2 s,
+/// updated every 5 s without growing memory), which this test reports but does not assert
+/// (on the shared 2-core development machine the collector's answer alone takes 1.6-9 s,
+/// as loaded; bench/results/fleet-view.md).
 ///
 /// Ignored in `cargo xtask test` (sending 12,500 nodes' sweeps takes most of a core): run it
 /// with `cargo test --release -p monitor-collector --test dashboard -- --ignored 12500 --nocapture`.
@@ -1284,22 +1361,58 @@ fn the_fleet_view_of_12500_nodes() {
             }
         })
     };
-    let started = Instant::now();
-    let answer = ureq::get(&format!(
-        "http://{}/api/v1/live/latest?format=columns&metric=railscope_gpu_sm_util_ratio&metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&metric=railscope_ib_port_rcv_bytes_total&metric=railscope_ib_port_rate_gbps",
-        collector.http
-    ))
-    .call()
-    .unwrap()
-    .into_body()
-    .with_config()
-    .limit(1 << 30)
-    .read_to_string()
-    .unwrap();
-    eprintln!(
-        "/api/v1/live/latest?format=columns of the fleet view's 5 metrics: {} bytes in {:?}",
-        answer.len(),
-        started.elapsed()
+    // The fleet view's question in each shape (compact with the labels the page asks for
+    // below): how large, how long the collector takes.
+    let metrics = "metric=railscope_gpu_sm_util_ratio&metric=railscope_gpu_utilization_ratio&metric=railscope_ib_port_xmit_bytes_total&metric=railscope_ib_port_rcv_bytes_total&metric=railscope_ib_port_rate_gbps";
+    let fetch = |format: &str| {
+        let started = Instant::now();
+        let answer = ureq::get(&format!(
+            "http://{}/api/v1/live/latest?format={format}&{metrics}",
+            collector.http
+        ))
+        .call()
+        .unwrap()
+        .into_body()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .unwrap();
+        eprintln!(
+            "/api/v1/live/latest?format={format} of the fleet view's 5 metrics: {} bytes in {:?}",
+            answer.len(),
+            started.elapsed()
+        );
+        answer
+    };
+    fetch("columns");
+    fetch("compact");
+    // Every port's byte counters have a rate (a sample before the latest), or nearly: a
+    // node whose sweeps came in out of order has none until its next sweep, and on a loaded
+    // machine the collector's receive buffer overflows at about the same place of every
+    // sweep, so a few nodes may go without one for long.
+    let mut rated = 0;
+    for _ in 0..20 {
+        let answer: Value = serde_json::from_str(&fetch(
+            "compact&label=gpu&label=job_id&label=device&label=port",
+        ))
+        .unwrap();
+        rated = answer["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["metric"] == "railscope_ib_port_xmit_bytes_total")
+            .flat_map(|m| m["values"].as_array().unwrap())
+            .filter(|v| v.is_number())
+            .count();
+        if rated == HUGE * 8 {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("{rated} of {} ports have a transmit rate", HUGE * 8);
+    assert!(
+        rated >= HUGE * 8 * 99 / 100,
+        "{rated} ports with a transmit rate"
     );
 
     let page = Page::open(
@@ -1315,16 +1428,22 @@ fn the_fleet_view_of_12500_nodes() {
     let drawn = eval(
         tab,
         "const s = window.railscope, f = s.fleet; \
-         return [f.nodes, f.colouredGpus, f.colouredPorts, f.nodesColoured, Math.round(s.firstUpdateMs), Math.round(s.updateMs)]",
+         return [f.nodes, f.colouredGpus, f.colouredPorts, f.nodesColoured, Math.round(s.firstUpdateMs), Math.round(s.updateMs), f.timings]",
     );
     eprintln!(
-        "{HUGE} nodes: first drawn {} ms after the page began loading (its update: {} ms)",
-        drawn[4], drawn[5]
+        "{HUGE} nodes: first drawn {} ms after the page began loading (its update: {} ms, {})",
+        drawn[4], drawn[5], drawn[6]
     );
-    assert_eq!(
-        drawn.as_array().unwrap()[..4],
-        [HUGE, HUGE * 8, HUGE * 8, HUGE].map(Value::from),
-        "nodes drawn, coloured GPU and port cells, nodes fully coloured: {drawn}"
+    let count = |i: usize| drawn[i].as_u64().unwrap() as usize;
+    // Every node and GPU, and every port the collector had a rate for (a node's ports without
+    // one spoil that node alone).
+    assert!(
+        count(0) == HUGE
+            && count(1) == HUGE * 8
+            && count(2) >= rated
+            && count(3) >= HUGE - (HUGE * 8 - rated),
+        "nodes drawn, coloured GPU and port cells, nodes fully coloured: {drawn} \
+         ({rated} ports with a rate)"
     );
     tab.call_method(Performance::Enable { time_domain: None })
         .unwrap();

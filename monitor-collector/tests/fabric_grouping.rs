@@ -220,6 +220,101 @@ fn a_switch_wide_flap_across_16_nodes_is_one_upstream_finding_naming_the_switch_
 }
 
 #[test]
+fn ports_a_switch_takes_down_for_good_are_found_at_once_blamed_on_it_and_never_drained() {
+    let dir = scratch_dir("fabric-port-down");
+    let c = collector(&dir, TOPOLOGY).start();
+    // leaf1 loses power at tick 10: its 16 nodes' mlx5_0 go down and stay down, each node's
+    // kernel seeing it 2 ms after the one before. node17's mlx5_2 goes down alone at tick 12.
+    let mut f = fleet(&names(1..=18), start_ns());
+    for n in 0..16 {
+        f = f.port_down(n, 0, 10);
+    }
+    f.port_down(16, 2, 12)
+        .port_event_skew(Duration::from_millis(2))
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), TICKS)
+        .unwrap();
+    let upstream = wait_for("the upstream finding", Duration::from_secs(30), || {
+        findings(&c)
+            .into_iter()
+            .find(|f| f["rule"] == "fabric_upstream_down")
+    });
+    assert_eq!(upstream["node"], "leaf1", "{upstream:#}");
+    let id = upstream["id"].as_str().unwrap().to_owned();
+    let leaf1 = names(1..=16);
+    // Each leaf1 node's port is found down (the port did go down) and, once the burst is
+    // judged, carries the upstream finding's id; node17's is its own.
+    let downs = wait_for(
+        "every port's finding judged",
+        Duration::from_secs(30),
+        || {
+            let downs: Vec<Value> = findings(&c)
+                .into_iter()
+                .filter(|f| f["rule"] == "ib_port_down")
+                .collect();
+            (downs.len() == 17 && downs.iter().all(|f| f["evidence"]["upstream"] != "pending"))
+                .then_some(downs)
+        },
+    );
+    for f in &downs {
+        assert!(f["end"].is_null(), "{f:#}");
+        assert_eq!(f["severity"], "critical", "{f:#}");
+        let e = &f["evidence"];
+        assert_eq!(e["state"], "DOWN", "{f:#}");
+        assert_eq!(e["source"], "port_transition", "{f:#}");
+        assert_eq!(e["from"], "UP", "{f:#}");
+        assert_eq!(e["down_at"], f["start"], "{f:#}");
+        if f["node"] == "node17" {
+            assert_eq!(f["device"], "mlx5_2", "{f:#}");
+            assert!(e.get("upstream").is_none(), "{f:#}");
+        } else {
+            assert!(leaf1.iter().any(|n| f["node"] == n.as_str()), "{f:#}");
+            assert_eq!(f["device"], "mlx5_0", "{f:#}");
+            assert_eq!(e["upstream"], id.as_str(), "{f:#}");
+        }
+    }
+    // The actions: node17 drained (a dry run: would), every leaf1 node's port finding
+    // skipped as the fabric's, and no leaf1 node drained, now or a few passes later.
+    wait_for("node17's dry-run drain", Duration::from_secs(30), || {
+        records(&c)
+            .into_iter()
+            .find(|r| r["node"] == "node17" && r["action"] == "drain" && r["outcome"] == "would")
+    });
+    wait_for(
+        "every leaf1 port-down finding skipped",
+        Duration::from_secs(30),
+        || {
+            let r = records(&c);
+            leaf1
+                .iter()
+                .all(|n| {
+                    r.iter().any(|r| {
+                        r["node"] == n.as_str()
+                            && r["outcome"] == "skipped"
+                            && r["finding"]
+                                .as_str()
+                                .is_some_and(|f| f.starts_with("ib_port_down/"))
+                    })
+                })
+                .then_some(())
+        },
+    );
+    thread::sleep(Duration::from_secs(3));
+    let acted: Vec<Value> = records(&c)
+        .into_iter()
+        .filter(|r| {
+            leaf1.iter().any(|n| r["node"] == n.as_str())
+                && r["action"] == "drain"
+                && r["outcome"] != "skipped"
+        })
+        .collect();
+    assert!(acted.is_empty(), "{acted:#?}");
+    let (ok, _, err) = c.stop();
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn on_roce_the_agents_lldp_neighbours_name_the_switch_the_topology_file_does_not_know() {
     let dir = scratch_dir("fabric-lldp");
     // The topology file knows the InfiniBand nodes only; gpu01-gpu06 are RoCE nodes whose

@@ -28,7 +28,7 @@
 //! | 4 | GPU 0 | XID 43 | `gpu_xid`, info (the table's IGNORE bucket: still recorded, no code is dropped) |
 //! | 4 | GPU 6 | PCIe Gen4 of Gen5 while busy | `gpu_pcie_degraded` |
 //! | 5 | GPU 0 | `hw_power_brake_slowdown` (activity normal) | `gpu_power_throttle` |
-//! | 5 | mlx5_2/1 | DOWN / Polling before the agent starts | `ib_phys_state` (after its 25 s grace); `device_missing` (3 active ports where the fleet's class has 4: the golden profile); a port straggler of job B caused by it |
+//! | 5 | mlx5_2/1 | DOWN / Polling before the agent starts | `ib_port_down` (from the agent's first frames); `ib_phys_state` (after its 25 s grace); `device_missing` (3 active ports where the fleet's class has 4: the golden profile); a port straggler of job B caused by the first |
 //! | 6 | GPU 1 | XID 94 | `gpu_xid` critical |
 //! | 6 | GPU 4 | one uncorrected volatile ECC error from step 6 | `gpu_ecc_uncorrected` |
 //! | 6 | mlx5_0/1 | 30 link error recoveries/min | `ib_link_error_recovery` |
@@ -393,6 +393,7 @@ fn expected_findings() -> Expected {
         ("gpu_xid", 4, "gpu 0", "info"),
         ("gpu_pcie_degraded", 4, "gpu 6", "warning"),
         ("gpu_power_throttle", 5, "gpu 0", "warning"),
+        ("ib_port_down", 5, "mlx5_2/1", "critical"),
         ("ib_phys_state", 5, "mlx5_2/1", "critical"),
         ("device_missing", 5, "", "warning"),
         ("gpu_xid", 6, "gpu 1", "critical"),
@@ -504,7 +505,9 @@ fn expected_stragglers(job: &str) -> Vec<ExpectedStraggler> {
         ]
     } else {
         vec![
-            port(5, "mlx5_2", 0.0, Some(("ib_phys_state", "mlx5_2/1"))),
+            // Two critical findings of the port: the earlier, `ib_port_down` (from the agent's
+            // first frames; `ib_phys_state` waits out its grace).
+            port(5, "mlx5_2", 0.0, Some(("ib_port_down", "mlx5_2/1"))),
             port(7, "mlx5_3", 0.0, None),
         ]
     }

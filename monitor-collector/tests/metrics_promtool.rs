@@ -138,6 +138,14 @@ fn every_metrics_route_passes_promtool_check_metrics() {
         thread::sleep(Duration::from_millis(300));
     };
     let own = collector.get("/metrics/collector");
+    // The routes a large fleet is scraped through (docs/deployment.md): one node, one shard
+    // of two (whichever holds gpu-node), the fleet-level families.
+    let one_node = collector.get("/metrics?node=gpu-node");
+    let shard = (0..2)
+        .map(|k| collector.get(&format!("/metrics?shard={k}&shards=2")))
+        .find(|text| has_series(text, metric::AGENT_RSS_BYTES, "gpu-node"))
+        .expect("no shard of two holds gpu-node");
+    let fleet_level = collector.get("/metrics/fleet");
     for agent in [gpus, soft_roce] {
         let (ok, _, err) = agent.signal(libc::SIGINT);
         assert!(ok, "agent failed: {err}");
@@ -145,7 +153,13 @@ fn every_metrics_route_passes_promtool_check_metrics() {
     let (stopped, _, stderr) = collector.stop();
     assert!(stopped, "{stderr}");
 
-    for (route, text) in [("/metrics", &fleet), ("/metrics/collector", &own)] {
+    for (route, text) in [
+        ("/metrics", &fleet),
+        ("/metrics/collector", &own),
+        ("/metrics?node=gpu-node", &one_node),
+        ("/metrics?shard=K&shards=2", &shard),
+        ("/metrics/fleet", &fleet_level),
+    ] {
         let (ok, said) = promtool_check(text);
         let unexpected: Vec<&str> = said
             .lines()
@@ -164,6 +178,11 @@ fn every_metrics_route_passes_promtool_check_metrics() {
         let help = format!("# HELP {name} ");
         assert!(fleet.contains(&help), "/metrics lacks {help}");
     }
+    // One node's target holds that node only; the fleet target no node's series.
+    assert!(has_series(&one_node, metric::AGENT_RSS_BYTES, "gpu-node"));
+    assert!(!has_series(&one_node, metric::AGENT_RSS_BYTES, "rxe-node"));
+    assert!(!fleet_level.contains(&format!("{}{{", metric::AGENT_RSS_BYTES)));
+    assert!(fleet_level.contains("# HELP railscope_findings_total "));
     assert!(own.contains("# HELP railscope_collector_alerts_sent_total "));
     assert!(own.contains("# HELP railscope_collector_remote_write_samples_sent_total "));
 }

@@ -128,19 +128,20 @@
     p.textContent = text || "";
   }
 
-  // The latest value of each series of a `latestOf` answer's metric (its groups of columns),
+  // The latest value of each series of a `latestOf` answer's metric (its compact groups),
   // keyed by `keyOf(labels)`; counters give their latest rate, gauges the mean of their
   // latest envelope.
   function latestBy(groups, keyOf) {
     const out = new Map();
-    for (const c of groups || []) {
-      const n = c.labels.length;
-      const valueAt = n + c.fields.indexOf(c.kind === "counter" ? "rate" : "mean");
-      const tAt = n + c.fields.indexOf("t");
-      for (const row of c.rows) {
+    for (const g of groups || []) {
+      const names = Object.keys(g.labels);
+      for (let i = 0; i < g.values.length; i++) {
         const labels = {};
-        for (let i = 0; i < n; i++) if (row[i] !== null) labels[c.labels[i]] = row[i];
-        out.set(keyOf(labels), { value: row[valueAt], labels, t: row[tAt] });
+        for (const n of names) {
+          const at = g.labels[n][i];
+          if (at !== null) labels[n] = g.dictionary[n][at];
+        }
+        out.set(keyOf(labels), { value: g.values[i], labels });
       }
     }
     return out;
@@ -148,10 +149,21 @@
 
   const gpuKey = (l) => `${l.node}|${l.gpu}`;
 
-  // The latest point of every live series of `metrics` (`/api/v1/live/latest`, in its
-  // compact `format=columns`: 500,000 series of a 12,500-node fleet are a third of the bytes
-  // of the series format), of `nodes` only when given (asked per chunk of CHUNK_NODES), with
-  // `match`; per metric, its groups of columns (what `latestBy` reads).
+  // `/api/v1/live/latest?format=compact` of `metrics` with `match`: the label values once in
+  // a dictionary, the series as indexes into it, a number per series (`docs/http-api.md`).
+  // Of the labels the views read only (`label=`): not each GPU's `uuid`.
+  const LATEST_LABELS = ["gpu", "job_id", "device", "port"];
+  async function compactLatest(metrics, match) {
+    const a = await api(`/api/v1/live/latest?${q({ metric: metrics, match, format: "compact", label: LATEST_LABELS })}`);
+    let series = 0;
+    for (const m of a.metrics) series += m.values.length;
+    state.maxLatestSeries = Math.max(state.maxLatestSeries, series);
+    return a;
+  }
+
+  // The latest point of every live series of `metrics` (`/api/v1/live/latest`, compact), of
+  // `nodes` only when given (asked per chunk of CHUNK_NODES), with `match`; per metric, its
+  // groups (one per answer and kind, each with its answer's `dictionary`: what `latestBy` reads).
   async function latestOf(metrics, nodes, match) {
     const extra = match ? [match] : [];
     const chunks = [];
@@ -161,18 +173,9 @@
         chunks.push([`node=~${nodes.slice(i, i + CHUNK_NODES).map(regexEscape).join("|")}`, ...extra]);
       }
     }
-    const answers = await Promise.all(
-      chunks.map((m) => api(`/api/v1/live/latest?${q({ metric: metrics, match: m, format: "columns" })}`))
-    );
+    const answers = await Promise.all(chunks.map((m) => compactLatest(metrics, m)));
     const out = new Map(metrics.map((m) => [m, []]));
-    for (const a of answers) {
-      let series = 0;
-      for (const c of a.metrics || []) {
-        out.get(c.metric).push(c);
-        series += c.rows.length;
-      }
-      state.maxLatestSeries = Math.max(state.maxLatestSeries, series);
-    }
+    for (const a of answers) for (const g of a.metrics) out.get(g.metric).push({ ...g, dictionary: a.dictionary });
     return out;
   }
 
@@ -500,54 +503,217 @@
   const SEVERITY_STROKE = { critical: "#d7263d", warning: "#f29e02", info: "#8a94a6" };
 
   const worstOf = (list) => list.reduce((a, f) => ((SEVERITY_ORDER[f.severity] || 0) > (SEVERITY_ORDER[a] || 0) ? f.severity : a), "info");
-  const isLost = (findings) => (findings || []).some((f) => f.rule === "gpu_lost" && (f.end === null || f.end === undefined));
 
-  // What the fleet view shows, per node in name order: its GPUs (with their activity and
-  // findings) and its ports (with their load and findings), its node-wide findings, its jobs.
-  function fleetModel(names, util, loads, idx, jobs) {
-    const gpus = new Map();
-    const ports = new Map();
-    for (const n of names) {
-      gpus.set(n, new Set());
-      ports.set(n, []);
-    }
-    for (const v of util.values()) gpus.get(v.labels.node).add(v.labels.gpu);
-    // A GPU with a finding but no series (fallen off the bus) still gets its cell.
-    for (const key of idx.gpu.keys()) {
-      const i = key.lastIndexOf("|");
-      gpus.get(key.slice(0, i)).add(key.slice(i + 1));
-    }
-    for (const p of loads.values()) ports.get(p.labels.node).push(p);
-    return names.map((node) => {
-      const portList = ports.get(node).sort((a, b) => byName(a.labels.device, b.labels.device) || byNumber(a.labels.port, b.labels.port));
-      const perDevice = new Map();
-      for (const p of portList) perDevice.set(p.labels.device, (perDevice.get(p.labels.device) || 0) + 1);
-      return {
-        node,
-        gpus: [...gpus.get(node)].sort(byNumber).map((gpu) => {
-          const findings = idx.gpu.get(`${node}|${gpu}`) || [];
-          const activity = util.get(`${node}|${gpu}`);
-          const lost = isLost(findings);
-          return { kind: "gpu", gpu, activity, lost, value: activity && !lost ? activity.value : null, findings };
-        }),
-        ports: portList.map((p) => ({
-          kind: "port",
-          device: p.labels.device,
-          port: p.labels.port,
-          load: p,
-          label: perDevice.get(p.labels.device) > 1 ? `${p.labels.device}/${p.labels.port}` : p.labels.device,
-          value: p.load,
-          degraded: p.degraded,
-          findings: idx.forPort(node, p.labels.device, p.labels.port),
-        })),
-        findings: idx.node.get(node) || [],
-        jobs: [...(jobs.get(node) || [])].sort(),
-      };
-    });
+  // A typed array of at least `n` elements kept in `bufs` under `name` across updates:
+  // grown (by a quarter more) when too small, never shrunk, so an update of 200,000 cells
+  // allocates nothing per cell and the page's heap stays flat.
+  function buffer(bufs, name, Type, n) {
+    let b = bufs[name];
+    if (!b || b.length < n) bufs[name] = b = new Type(Math.max(16, Math.ceil(n * 1.25)));
+    return b;
   }
 
-  // A rack's nodes, first to last.
-  const rackText = (nodes) => (nodes.length ? `${nodes.length} nodes, ${nodes[0].node} … ${nodes[nodes.length - 1].node}` : "no nodes");
+  // What the heat map shows, from one compact answer of the fleet view's metrics and the
+  // active findings: per node of `names` (name order) a column per GPU id (by number) and per
+  // port (device by name, then port), in typed arrays of node x column (see `buffer`):
+  // `gpuAt` (0 no cell, 1 NVML's utilization, 2 SM activity, 3 a cell for its findings
+  // only), `gpuVal` (NaN: no data), `gpuLost`; `portAt`, `portTx`, `portRx` (bytes/s),
+  // `portOwn` (its own rate, Gb/s), `portGbps` (what its load is measured against: its
+  // class's nominal rate, never less than its own), `portLoad`, `portDegraded`; `findings`
+  // keyed by "gpu CELL", "port CELL", "node NODE" (only where one is active).
+  function heatData(names, pos, answer, findings, bufs) {
+    const dict = answer.dictionary;
+    const N = names.length;
+    const nodeDict = dict.node || [];
+    const nodePos = buffer(bufs, "nodePos", Int32Array, nodeDict.length);
+    for (let i = 0; i < nodeDict.length; i++) nodePos[i] = pos.get(nodeDict[i]);
+    const byMetric = (name) => answer.metrics.filter((m) => m.metric === name);
+    const active = ((findings && findings.findings) || []).filter((f) => f.end === null || f.end === undefined);
+    const atGpu = (f) => f.gpu !== null && f.gpu !== undefined;
+
+    // GPU columns: every GPU id in the answer or in an active finding (a lost GPU has no series).
+    const gpuDict = dict.gpu || [];
+    const gpuIds = [...new Set(gpuDict.concat(active.filter(atGpu).map((f) => String(f.gpu))))].sort(byNumber);
+    const G = Math.max(1, gpuIds.length);
+    const gpuColOf = new Map(gpuIds.map((g, i) => [g, i]));
+    const gpuCol = gpuDict.map((g) => gpuColOf.get(g));
+    const gpuAt = buffer(bufs, "gpuAt", Uint8Array, N * G).fill(0, 0, N * G);
+    const gpuVal = buffer(bufs, "gpuVal", Float32Array, N * G).fill(NaN, 0, N * G);
+    const gpuLost = buffer(bufs, "gpuLost", Uint8Array, N * G).fill(0, 0, N * G);
+    // A node's jobs (its GPU series' `job_id`): the first in `nodeJob`, any other in `moreJobs`.
+    const jobDict = dict.job_id || [];
+    const nodeJob = buffer(bufs, "nodeJob", Int32Array, N).fill(-1, 0, N);
+    const moreJobs = new Map();
+    // NVML's utilization first, SM activity over it where the GPU reports it.
+    for (const [metric, source] of [[GPU_UTIL, 1], [GPU_SM, 2]]) {
+      for (const m of byMetric(metric)) {
+        const nodes = m.labels.node;
+        const gpus = m.labels.gpu;
+        const jobs = m.labels.job_id;
+        if (!gpus) continue;
+        for (let i = 0; i < m.values.length; i++) {
+          if (gpus[i] === null) continue;
+          const p = nodePos[nodes[i]];
+          const cell = p * G + gpuCol[gpus[i]];
+          gpuAt[cell] = source;
+          gpuVal[cell] = m.values[i] === null ? NaN : m.values[i];
+          const j = jobs ? jobs[i] : null;
+          if (j === null || j === nodeJob[p]) continue;
+          if (nodeJob[p] < 0) nodeJob[p] = j;
+          else {
+            if (!moreJobs.has(p)) moreJobs.set(p, new Set());
+            moreJobs.get(p).add(j);
+          }
+        }
+      }
+    }
+
+    // Port columns: every device and port of a byte counter or a link rate (a port without
+    // byte counters, as soft-RoCE's, still gets its cell, uncoloured).
+    const devDict = dict.device || [];
+    const portDict = dict.port || [];
+    const tx = byMetric(PORT_TX);
+    const rx = byMetric(PORT_RX);
+    const rate = byMetric(PORT_RATE);
+    const comboOf = new Int32Array(devDict.length * portDict.length).fill(-1);
+    const combos = [];
+    for (const m of tx.concat(rate)) {
+      const devs = m.labels.device;
+      const ports = m.labels.port;
+      if (!devs || !ports) continue;
+      for (let i = 0; i < devs.length; i++) {
+        if (devs[i] === null || ports[i] === null) continue;
+        const k = devs[i] * portDict.length + ports[i];
+        if (comboOf[k] < 0) {
+          comboOf[k] = 0;
+          combos.push({ k, device: devDict[devs[i]], port: portDict[ports[i]] });
+        }
+      }
+    }
+    combos.sort((a, b) => byName(a.device, b.device) || byNumber(a.port, b.port));
+    combos.forEach((c, i) => (comboOf[c.k] = i));
+    const C = Math.max(1, combos.length);
+    const perDevice = new Map();
+    for (const c of combos) perDevice.set(c.device, (perDevice.get(c.device) || 0) + 1);
+    for (const c of combos) c.label = perDevice.get(c.device) > 1 ? `${c.device}/${c.port}` : c.device;
+    const portAt = buffer(bufs, "portAt", Uint8Array, N * C).fill(0, 0, N * C);
+    const portTx = buffer(bufs, "portTx", Float32Array, N * C).fill(NaN, 0, N * C);
+    const portRx = buffer(bufs, "portRx", Float32Array, N * C).fill(NaN, 0, N * C);
+    const portOwn = buffer(bufs, "portOwn", Float32Array, N * C).fill(NaN, 0, N * C);
+    const fillPorts = (groups, into, present) => {
+      for (const m of groups) {
+        const nodes = m.labels.node;
+        const devs = m.labels.device;
+        const ports = m.labels.port;
+        if (!devs || !ports) continue;
+        for (let i = 0; i < m.values.length; i++) {
+          if (devs[i] === null || ports[i] === null) continue;
+          const col = comboOf[devs[i] * portDict.length + ports[i]];
+          if (col < 0) continue;
+          const cell = nodePos[nodes[i]] * C + col;
+          if (present) portAt[cell] = 1;
+          // A link rate of 0 (a port down) says nothing of its nominal rate.
+          const v = m.values[i];
+          into[cell] = v === null || (into === portOwn && !v) ? NaN : v;
+        }
+      }
+    };
+    fillPorts(tx, portTx, true);
+    fillPorts(rx, portRx, false);
+    fillPorts(rate, portOwn, true);
+
+    // The nominal rate of each class of port (see `nominalRates`): the most common own rate
+    // among the ports in view (ties: the higher).
+    const classOf = combos.map((c) => portClass(c.device));
+    const counts = new Map();
+    for (let p = 0; p < N; p++) {
+      for (let c = 0; c < combos.length; c++) {
+        const own = portOwn[p * C + c];
+        if (!(own > 0)) continue;
+        if (!counts.has(classOf[c])) counts.set(classOf[c], new Map());
+        const m = counts.get(classOf[c]);
+        m.set(own, (m.get(own) || 0) + 1);
+      }
+    }
+    const nominal = new Map();
+    for (const [cls, m] of counts) nominal.set(cls, [...m.entries()].sort((a, b) => b[1] - a[1] || b[0] - a[0])[0][0]);
+    const nominalOf = classOf.map((cls) => nominal.get(cls) || NaN);
+    // Per port: throughput (the larger direction) against its class's nominal rate.
+    const portGbps = buffer(bufs, "portGbps", Float32Array, N * C);
+    const portLoad = buffer(bufs, "portLoad", Float32Array, N * C);
+    const portDegraded = buffer(bufs, "portDegraded", Uint8Array, N * C);
+    for (let p = 0; p < N; p++) {
+      for (let c = 0; c < C; c++) {
+        const cell = p * C + c;
+        const own = portOwn[cell];
+        const nom = nominalOf[c];
+        const gbps = own > 0 && nom > 0 ? Math.max(own, nom) : own > 0 ? own : nom;
+        portGbps[cell] = gbps;
+        portDegraded[cell] = own > 0 && nom > 0 && own < nom ? 1 : 0;
+        const t = portTx[cell];
+        const r = portRx[cell];
+        const bps = Math.max(t > 0 ? t : 0, r > 0 ? r : 0);
+        portLoad[cell] = gbps > 0 && !Number.isNaN(t) ? bps / ((gbps * 1e9) / 8) : NaN;
+      }
+    }
+
+    // The active findings on what they are about: a GPU (its cell made if it has none: a
+    // lost GPU), every port of a device or one port, or the node.
+    const found = new Map();
+    const attach = (key, f) => {
+      if (!found.has(key)) found.set(key, []);
+      found.get(key).push(f);
+    };
+    for (const f of active) {
+      const p = pos.get(f.node);
+      if (p === undefined) continue;
+      if (atGpu(f)) {
+        const cell = p * G + gpuColOf.get(String(f.gpu));
+        if (!gpuAt[cell]) gpuAt[cell] = 3;
+        if (f.rule === "gpu_lost") gpuLost[cell] = 1;
+        attach(`gpu ${cell}`, f);
+      } else if (f.device) {
+        combos.forEach((c, col) => {
+          const onIt = c.device === f.device && (f.port === null || f.port === undefined || c.port === String(f.port));
+          if (onIt && portAt[p * C + col]) attach(`port ${p * C + col}`, f);
+        });
+      } else attach(`node ${p}`, f);
+    }
+    const jobsOf = (p) => {
+      const list = nodeJob[p] < 0 ? [] : [nodeJob[p], ...(moreJobs.get(p) || [])];
+      return list.map((j) => jobDict[j]).sort();
+    };
+    return { names, pos, N, G, C, gpuIds, combos, gpuAt, gpuVal, gpuLost, portAt, portTx, portRx, portOwn, portGbps, portLoad, portDegraded, findings: found, jobsOf };
+  }
+
+  // A cell of the heat map as an object (for its hover text and a test's `cellOf`), made only
+  // when asked: `kind` "gpu" or "port", `col` its column.
+  function heatCell(H, p, kind, col) {
+    const node = H.names[p];
+    if (kind === "gpu") {
+      const cell = p * H.G + col;
+      if (!H.gpuAt[cell]) return null;
+      const v = H.gpuVal[cell];
+      const lost = !!H.gpuLost[cell];
+      const metric = H.gpuAt[cell] === 2 ? "SM activity" : H.gpuAt[cell] === 1 ? "utilization" : null;
+      return { kind, node, gpu: H.gpuIds[col], activity: metric && { metric }, lost, value: lost || Number.isNaN(v) ? null : v, findings: H.findings.get(`gpu ${cell}`) || [] };
+    }
+    const cell = p * H.C + col;
+    if (!H.portAt[cell]) return null;
+    const c = H.combos[col];
+    const num = (x) => (Number.isNaN(x) ? null : x);
+    const t = H.portTx[cell];
+    const r = H.portRx[cell];
+    const load = {
+      bytesPerSecond: Number.isNaN(t) ? null : Math.max(t, r > 0 ? r : 0),
+      ownGbps: num(H.portOwn[cell]),
+      nominalGbps: num(H.portGbps[cell]),
+    };
+    return { kind, node, device: c.device, port: c.port, label: c.label, load, value: num(H.portLoad[cell]), degraded: !!H.portDegraded[cell], findings: H.findings.get(`port ${cell}`) || [] };
+  }
+
+  // A rack's nodes, first to last (positions `first`..`end` of the heat map's).
+  const rackText = (H, first, end) => (end > first ? `${end - first} nodes, ${H.names[first]} … ${H.names[end - 1]}` : "no nodes");
 
   // A cell's text for the heat map's hover line and title.
   function cellText(node, c) {
@@ -569,29 +735,32 @@
   }
 
   // The heat map's geometry: at the fleet's zoom every node as a strip of small cells (its
-  // GPUs, then its ports), a rack of RACK_NODES nodes as a column of strips, racks side by
-  // side and wrapped to the page's width; zoomed into a rack, its nodes' strips with large
-  // cells, named, with their jobs. `cell(x, y)` finds what is under the pointer.
-  function heatLayout(model, rack, width) {
-    const gpuCols = model.reduce((m, n) => Math.max(m, n.gpus.length), 1);
-    const portCols = model.reduce((m, n) => Math.max(m, n.ports.length), 1);
+  // GPUs, then its ports, a column each), a rack of RACK_NODES nodes as a column of strips,
+  // racks side by side and wrapped to the page's width; zoomed into a rack, its nodes'
+  // strips with large cells, named, with their jobs. `hit(x, y)` finds what is under the
+  // pointer.
+  function heatLayout(H, rack, width) {
+    const gpuCols = H.G;
+    const portCols = H.C;
     const zoomed = rack !== null;
     const size = zoomed ? 18 : 3;
     const gap = zoomed ? 2 : 0;
     const nameW = zoomed ? 160 : 0;
     const split = zoomed ? 12 : 2;
     const stripW = nameW + gpuCols * (size + gap) + split + portCols * (size + gap);
-    const first = zoomed ? rack * RACK_NODES : 0;
-    const nodes = zoomed ? model.slice(first, first + RACK_NODES) : model;
-    const racks = zoomed ? 1 : Math.ceil(nodes.length / RACK_NODES);
+    const first = zoomed ? Math.min(rack * RACK_NODES, H.N) : 0;
+    const end = zoomed ? Math.min(first + RACK_NODES, H.N) : H.N;
+    const count = end - first;
+    const racks = zoomed ? 1 : Math.ceil(count / RACK_NODES);
     const rackW = zoomed ? stripW + 200 : stripW + 8;
     const head = 14;
-    const rackH = head + Math.min(RACK_NODES, nodes.length) * (size + gap) + 8;
+    const rackH = head + Math.min(RACK_NODES, count) * (size + gap) + 8;
     const perRow = Math.max(1, Math.floor(width / rackW));
-    const L = { zoomed, size, gap, nameW, split, stripW, first, nodes, racks, rackW, rackH, head, perRow, gpuCols };
-    L.width = zoomed ? rackW : Math.min(racks, perRow) * rackW;
+    const L = { H, zoomed, size, gap, nameW, split, stripW, first, end, count, racks, rackW, rackH, head, perRow, gpuCols };
+    L.width = zoomed ? rackW : Math.max(1, Math.min(racks, perRow) * rackW);
     L.height = Math.max(1, Math.ceil(racks / perRow) * rackH);
-    // The top left of node i (of `nodes`), and of its cell k (GPUs first, then ports).
+    // The top left of the i-th node drawn (position first + i), and of its column k (GPUs
+    // first, then ports).
     L.nodeAt = (i) => {
       const r = Math.floor(i / RACK_NODES);
       return [(r % perRow) * rackW, Math.floor(r / perRow) * rackH + head + (i % RACK_NODES) * (size + gap)];
@@ -605,71 +774,111 @@
       const inRack = Math.floor((y - row * rackH - head) / (size + gap));
       if (r >= racks || inRack < 0 || inRack >= RACK_NODES) return { rack: r < racks ? r : null };
       const i = r * RACK_NODES + inRack;
-      const n = nodes[i];
-      if (!n) return { rack: r };
+      if (i >= count) return { rack: r };
+      const p = first + i;
       const dx = x - col * rackW;
       let cell = null;
-      if (dx >= nameW && dx < nameW + gpuCols * (size + gap)) cell = n.gpus[Math.floor((dx - nameW) / (size + gap))] || null;
+      if (dx >= nameW && dx < nameW + gpuCols * (size + gap)) cell = heatCell(H, p, "gpu", Math.floor((dx - nameW) / (size + gap)));
       const px = dx - nameW - gpuCols * (size + gap) - split;
-      if (px >= 0) cell = n.ports[Math.floor(px / (size + gap))] || null;
-      return { rack: zoomed ? rack : r, node: n, cell };
+      if (px >= 0 && px < portCols * (size + gap)) cell = heatCell(H, p, "port", Math.floor(px / (size + gap)));
+      return { rack: zoomed ? rack : r, node: H.names[p], cell };
     };
     return L;
   }
 
-  // Draws the heat map on `canvas`: every cell filled in its colour (batched by colour),
-  // lost GPUs dark (hatched when large), degraded ports marked (dashed when large), then the
-  // findings on top, outlined by severity. What it drew goes to `state.fleet`.
-  function drawHeatMap(canvas, L, rack) {
+  // The heat map's colours as levels: utilColour's lightness is a whole percent, so
+  // utilisation 0..1 takes one of 59 colours (level 0..58), grey (no data) is level 59.
+  const GREY_LEVEL = 59;
+  const levelOf = (u) => (u === null || u === undefined || Number.isNaN(u) ? GREY_LEVEL : Math.round(58 * Math.min(1, Math.max(0, u))));
+  const LEVEL_COLOURS = Array.from({ length: GREY_LEVEL + 1 }, (_, l) => utilColour(l === GREY_LEVEL ? null : l / 58));
+  // The same as RGB, for writing the fleet's zoom as pixels (hsl(212, 70%, L%) converted).
+  const LEVEL_RGB = LEVEL_COLOURS.map((_, l) => {
+    if (l === GREY_LEVEL) return [0xe4, 0xe4, 0xe4];
+    const light = Math.round(94 - l) / 100;
+    const chroma = (1 - Math.abs(2 * light - 1)) * 0.7;
+    const x = chroma * (1 - Math.abs(((212 / 60) % 2) - 1));
+    const m = light - chroma / 2;
+    return [0, x, chroma].map((v) => Math.round((v + m) * 255));
+  });
+
+  // Draws the heat map on `canvas`: every cell filled in its colour (at the fleet's zoom as
+  // pixels written at once; zoomed, a rectangle each), lost GPUs dark (hatched when large),
+  // degraded ports marked (dashed when large), then the findings on top, outlined by
+  // severity. What it drew goes to `state.fleet`.
+  function drawHeatMap(canvas, L, rack, bufs) {
     if (canvas.width !== L.width) canvas.width = L.width;
     if (canvas.height !== L.height) canvas.height = L.height;
     const ctx = canvas.getContext("2d");
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    const { size, nodes, gpuCols } = L;
-    const byColour = new Map();
-    const lost = [];
-    const degraded = [];
-    const marked = [];
-    const where = [];
+    const { H, size, first, end, gpuCols } = L;
+    const { G, C } = H;
     let gpuCells = 0;
     let portCells = 0;
     let colouredGpus = 0;
     let colouredPorts = 0;
-    const fill = (colour, x, y) => {
-      let list = byColour.get(colour);
-      if (!list) byColour.set(colour, (list = []));
-      list.push(x, y);
-    };
-    const mark = (rect, findings, what) => {
-      marked.push([...rect, worstOf(findings)]);
-      where.push(what);
-    };
-    nodes.forEach((n, i) => {
-      const [x0, y0] = L.nodeAt(i);
-      n.gpus.forEach((c, k) => {
-        const x = x0 + L.cellX(k);
-        gpuCells += 1;
-        if (c.lost) lost.push(x, y0, `${n.node} gpu ${c.gpu}`);
-        else {
-          fill(utilColour(c.value), x, y0);
-          if (c.value !== null && c.value !== undefined) colouredGpus += 1;
+    let nodesColoured = 0;
+    const lost = [];
+    const degraded = [];
+    // Each cell's colour level, then drawn: pixels at the fleet's zoom, rectangles zoomed.
+    let image = null;
+    if (!L.zoomed) {
+      if (!bufs.image || bufs.image.width !== L.width || bufs.image.height !== L.height) bufs.image = ctx.createImageData(L.width, L.height);
+      image = bufs.image;
+      image.data.fill(0);
+    } else ctx.clearRect(0, 0, canvas.width, canvas.height);
+    const px = image && image.data;
+    const paint = (level, x, y) => {
+      if (!px) {
+        ctx.fillStyle = LEVEL_COLOURS[level];
+        ctx.fillRect(x, y, size, size);
+        return;
+      }
+      const [r, g, b] = LEVEL_RGB[level];
+      for (let dy = 0; dy < size; dy++) {
+        let o = ((y + dy) * L.width + x) * 4;
+        for (let dx = 0; dx < size; dx++, o += 4) {
+          px[o] = r;
+          px[o + 1] = g;
+          px[o + 2] = b;
+          px[o + 3] = 255;
         }
-        if (c.findings.length) mark([x, y0, size, size], c.findings, `${n.node} gpu ${c.gpu}`);
-      });
-      n.ports.forEach((c, k) => {
-        const x = x0 + L.cellX(gpuCols + k);
+      }
+    };
+    for (let p = first; p < end; p++) {
+      const [x0, y0] = L.nodeAt(p - first);
+      let cells = 0;
+      let grey = 0;
+      for (let k = 0; k < G; k++) {
+        const cell = p * G + k;
+        if (!H.gpuAt[cell]) continue;
+        cells += 1;
+        gpuCells += 1;
+        const x = x0 + L.cellX(k);
+        if (H.gpuLost[cell]) {
+          lost.push(x, y0, `${H.names[p]} gpu ${H.gpuIds[k]}`);
+          grey += 1;
+          continue;
+        }
+        const v = H.gpuVal[cell];
+        if (Number.isNaN(v)) grey += 1;
+        else colouredGpus += 1;
+        paint(levelOf(v), x, y0);
+      }
+      const gpusHere = cells;
+      for (let k = 0; k < C; k++) {
+        const cell = p * C + k;
+        if (!H.portAt[cell]) continue;
+        cells += 1;
         portCells += 1;
-        fill(utilColour(c.value), x, y0);
-        if (c.value !== null && c.value !== undefined) colouredPorts += 1;
-        if (c.degraded) degraded.push(x, y0, `${n.node} port ${c.device}/${c.port}`);
-        if (c.findings.length) mark([x, y0, size, size], c.findings, `${n.node} port ${c.device}/${c.port}`);
-      });
-      if (n.findings.length) mark([x0, y0, L.stripW, size], n.findings, `${n.node} node`);
-    });
-    for (const [colour, list] of byColour) {
-      ctx.fillStyle = colour;
-      for (let j = 0; j < list.length; j += 2) ctx.fillRect(list[j], list[j + 1], size, size);
+        const x = x0 + L.cellX(gpuCols + k);
+        const v = H.portLoad[cell];
+        if (Number.isNaN(v)) grey += 1;
+        else colouredPorts += 1;
+        paint(levelOf(v), x, y0);
+        if (H.portDegraded[cell]) degraded.push(x, y0, `${H.names[p]} port ${H.combos[k].device}/${H.combos[k].port}`);
+      }
+      if (gpusHere && cells > gpusHere && !grey) nodesColoured += 1;
     }
+    if (image) ctx.putImageData(image, 0, 0);
     for (let j = 0; j < lost.length; j += 3) {
       ctx.fillStyle = "#3a3f4b";
       ctx.fillRect(lost[j], lost[j + 1], size, size);
@@ -695,10 +904,29 @@
       } else ctx.fillRect(degraded[j], degraded[j + 1] + size - 1, size, 1);
     }
     // Findings on top: a ring around the cell (or the node's strip), in its severity's colour.
+    const where = [];
     ctx.lineWidth = L.zoomed ? 3 : 1;
-    for (const [x, y, w, h, sev] of marked) {
-      ctx.strokeStyle = SEVERITY_STROKE[sev] || SEVERITY_STROKE.info;
-      ctx.strokeRect(x - 0.5 - (L.zoomed ? 1 : 0), y - 0.5 - (L.zoomed ? 1 : 0), w + 1 + (L.zoomed ? 2 : 0), h + 1 + (L.zoomed ? 2 : 0));
+    const pad = L.zoomed ? 1 : 0;
+    for (const [key, list] of H.findings) {
+      const [kind, at] = key.split(" ");
+      const n = Number(at);
+      const p = kind === "gpu" ? Math.floor(n / G) : kind === "port" ? Math.floor(n / C) : n;
+      if (p < first || p >= end) continue;
+      const [x0, y0] = L.nodeAt(p - first);
+      let x = x0;
+      let w = L.stripW;
+      if (kind === "gpu") {
+        x += L.cellX(n % G);
+        w = size;
+        where.push(`${H.names[p]} gpu ${H.gpuIds[n % G]}`);
+      } else if (kind === "port") {
+        const c = H.combos[n % C];
+        x += L.cellX(gpuCols + (n % C));
+        w = size;
+        where.push(`${H.names[p]} port ${c.device}/${c.port}`);
+      } else where.push(`${H.names[p]} node`);
+      ctx.strokeStyle = SEVERITY_STROKE[worstOf(list)] || SEVERITY_STROKE.info;
+      ctx.strokeRect(x - 0.5 - pad, y0 - 0.5 - pad, w + 1 + 2 * pad, size + 1 + 2 * pad);
     }
     // Labels: each rack's first node at the fleet's zoom; each node's name and jobs in a rack.
     ctx.fillStyle = "#1d2330";
@@ -710,55 +938,64 @@
         ctx.fillText(String(r + 1), x, y - L.head + 2, L.rackW - 4);
       }
     } else {
-      nodes.forEach((n, i) => {
-        const [x, y] = L.nodeAt(i);
-        ctx.fillStyle = n.findings.length ? SEVERITY_STROKE[worstOf(n.findings)] : "#1d2330";
-        ctx.fillText(n.node, x + 2, y + 3, L.nameW - 6);
+      for (let p = first; p < end; p++) {
+        const [x, y] = L.nodeAt(p - first);
+        const nodeFindings = H.findings.get(`node ${p}`);
+        ctx.fillStyle = nodeFindings ? SEVERITY_STROKE[worstOf(nodeFindings)] : "#1d2330";
+        ctx.fillText(H.names[p], x + 2, y + 3, L.nameW - 6);
         ctx.fillStyle = "#6b7280";
-        ctx.fillText(n.jobs.join(" "), x + L.stripW + 8, y + 3, 190);
-      });
+        ctx.fillText(H.jobsOf(p).join(" "), x + L.stripW + 8, y + 3, 190);
+      }
     }
+    // Where a cell (`gpu` id, `port` as "DEVICE/PORT") of a drawn node is: its position and column.
+    const locate = (node, kind, id) => {
+      const p = H.pos.get(node);
+      if (p === undefined || p < first || p >= end) return null;
+      const col = kind === "gpu" ? H.gpuIds.indexOf(String(id)) : H.combos.findIndex((c) => `${c.device}/${c.port}` === id);
+      return col < 0 || !heatCell(H, p, kind, col) ? null : { p, col };
+    };
     const centreOf = (node, kind, id) => {
-      const i = nodes.findIndex((n) => n.node === node);
-      if (i < 0) return null;
-      const n = nodes[i];
-      const k = kind === "gpu" ? n.gpus.findIndex((c) => c.gpu === String(id)) : n.ports.findIndex((c) => `${c.device}/${c.port}` === id);
-      if (k < 0) return null;
-      const [x0, y0] = L.nodeAt(i);
-      return [x0 + L.cellX(kind === "gpu" ? k : gpuCols + k) + Math.floor(size / 2), y0 + Math.floor(size / 2)];
+      const at = locate(node, kind, id);
+      if (!at) return null;
+      const [x0, y0] = L.nodeAt(at.p - first);
+      return [x0 + L.cellX(kind === "gpu" ? at.col : gpuCols + at.col) + Math.floor(size / 2), y0 + Math.floor(size / 2)];
     };
     state.fleet = {
       mode: "canvas",
       zoom: rack === null ? "fleet" : `rack ${rack + 1}`,
       racks: L.racks,
-      nodes: nodes.length,
+      nodes: L.count,
       gpuCells,
       portCells,
       colouredGpus,
       colouredPorts,
       // Nodes whose every GPU and port cell is coloured (not grey: a value, not lost).
-      nodesColoured: nodes.filter((n) => n.gpus.length && n.ports.length && n.gpus.every((c) => !c.lost && c.value !== null && c.value !== undefined) && n.ports.every((c) => c.value !== null && c.value !== undefined)).length,
+      nodesColoured,
       // "NODE gpu G", "NODE port DEVICE/PORT", "NODE node": what the findings outline.
       marked: where.sort(),
       lost: lost.filter((_, j) => j % 3 === 2).sort(),
       degraded: degraded.filter((_, j) => j % 3 === 2).sort(),
-      // The middle of a cell (`gpu`, `port` as "DEVICE/PORT") on the canvas, [x, y] from its
-      // top left; the pixel drawn there as [r, g, b, a]: for a test to see what is drawn and
-      // to point at it.
+      // The middle of a cell on the canvas, [x, y] from its top left; the pixel drawn there
+      // as [r, g, b, a]: for a test to see what is drawn and to point at it.
       centreOf,
       pixelOf: (node, kind, id) => {
         const at = centreOf(node, kind, id);
         return at && [...ctx.getImageData(at[0], at[1], 1, 1).data];
       },
       cellOf: (node, kind, id) => {
-        const n = nodes.find((m) => m.node === node);
-        const c = n && (kind === "gpu" ? n.gpus.find((g) => g.gpu === String(id)) : n.ports.find((p) => `${p.device}/${p.port}` === id));
+        const at = locate(node, kind, id);
+        const c = at && heatCell(H, at.p, kind, at.col);
         return c ? { value: c.value, colour: utilColour(c.value), lost: !!c.lost, degraded: !!c.degraded, rules: c.findings.map((f) => f.rule) } : null;
       },
     };
   }
 
   const fleetView = {
+    // The heat map's typed arrays and pixels, kept across updates and visits (see `buffer`).
+    bufs: {},
+    // The last update's node names in name order and their positions, kept while the fleet's
+    // nodes stay the same (sorting 12,500 names by number takes a while).
+    order: { names: [], pos: new Map() },
     mount(root, route) {
       const m = /^rack\/(\d+)$/.exec(route.arg || "");
       this.rack = m ? Number(m[1]) - 1 : null;
@@ -783,41 +1020,52 @@
         el("div", { id: "fleet-findings" })
       );
     },
+    // `names` (a Set) in name order, with each one's position.
+    inOrder(names) {
+      const o = this.order;
+      if (names.size === o.names.length && [...names].every((n) => o.pos.has(n))) return o;
+      const sorted = [...names].sort(byName);
+      this.order = { names: sorted, pos: new Map(sorted.map((n, i) => [n, i])) };
+      return this.order;
+    },
     async update() {
       const began = performance.now();
-      const [live, findings] = await Promise.all([api("/api/v1/live/nodes"), optionalApi(`/api/v1/findings?${q({ active: "true" })}`)]);
-      const asked = performance.now();
-      const latest = await latestOf([GPU_SM, GPU_UTIL, PORT_TX, PORT_RX, PORT_RATE], null, null);
+      const metrics = [GPU_SM, GPU_UTIL, PORT_TX, PORT_RX, PORT_RATE];
+      // The three questions at once; each one's time (ms) for `timings`.
+      const took = {};
+      const timed = (name, promise) => promise.then((v) => ((took[name] = Math.round(performance.now() - began)), v));
+      const [live, findings, answer] = await Promise.all([
+        timed("nodesMs", api("/api/v1/live/nodes")),
+        timed("findingsMs", optionalApi(`/api/v1/findings?${q({ active: "true" })}`)),
+        timed("latestMs", compactLatest(metrics, null)),
+      ]);
       const answered = performance.now();
-      const util = gpuActivity(latest);
-      const loads = portLoads(latest.get(PORT_TX), latest.get(PORT_RX), latest.get(PORT_RATE));
-      const idx = findingsIndex(findings);
-      const jobs = jobsByNode(util);
       const names = new Set(live.map((n) => n.node));
-      for (const v of util.values()) names.add(v.labels.node);
-      for (const v of loads.values()) names.add(v.labels.node);
+      for (const n of answer.dictionary.node || []) names.add(n);
       for (const f of (findings && findings.findings) || []) names.add(f.node);
-      const sorted = [...names].sort(byName);
-      const canvas = CANVAS === "1" || (CANVAS !== "0" && (sorted.length > GRID_MAX_NODES || this.rack !== null));
+      const order = this.inOrder(names);
+      const canvas = CANVAS === "1" || (CANVAS !== "0" && (order.names.length > GRID_MAX_NODES || this.rack !== null));
       if (canvas) {
-        const model = fleetModel(sorted, util, loads, idx, jobs);
+        // Straight from the answer's arrays into the heat map's: no object per series or cell.
+        this.heat = heatData(order.names, order.pos, answer, findings, this.bufs);
         const modelled = performance.now();
-        this.drawCanvas(model);
-        // Where an update's time went (ms): the nodes and findings, the latest values
-        // (asked, sent, parsed), turning them into cells, drawing.
-        state.fleet.timings = {
-          nodesMs: Math.round(asked - began),
-          latestMs: Math.round(answered - asked),
-          modelMs: Math.round(modelled - answered),
-          drawMs: Math.round(performance.now() - modelled),
-        };
-      } else this.drawGrid(sorted, util, loads, idx, jobs);
+        this.drawCanvas();
+        // Where an update's time went (ms): each answer since the update began (asked, sent,
+        // parsed; asked at once), turning them into cells, drawing.
+        state.fleet.timings = { ...took, modelMs: Math.round(modelled - answered), drawMs: Math.round(performance.now() - modelled) };
+      } else {
+        const latest = new Map(metrics.map((m) => [m, answer.metrics.filter((g) => g.metric === m).map((g) => ({ ...g, dictionary: answer.dictionary }))]));
+        const util = gpuActivity(latest);
+        const loads = portLoads(latest.get(PORT_TX), latest.get(PORT_RX), latest.get(PORT_RATE));
+        this.drawGrid(order.names, util, loads, findingsIndex(findings), jobsByNode(util));
+      }
       document
         .getElementById("fleet-findings")
         .replaceChildren(findings ? findingsTable(findings) : el("p", { class: "quiet", text: "This collector serves no findings." }));
     },
     // The heat map, on the one canvas this view keeps (redrawn, not replaced, every update).
-    drawCanvas(model) {
+    drawCanvas() {
+      const H = this.heat;
       const box = document.getElementById("fleet-grid");
       let canvas = box.querySelector("canvas.heat-map");
       if (!canvas) {
@@ -829,8 +1077,9 @@
         };
         canvas.addEventListener("mousemove", (e) => {
           const h = at(e);
-          const rack = h && this.rack === null && h.rack !== null && h.rack !== undefined ? this.layout.nodes.slice(h.rack * RACK_NODES, (h.rack + 1) * RACK_NODES) : [];
-          const text = !h ? "\u00a0" : h.node ? cellText(h.node.node, h.cell) : rack.length ? `rack ${h.rack + 1}: ${rackText(rack)}` : "\u00a0";
+          const onRack = h && this.rack === null && h.rack !== null && h.rack !== undefined;
+          const first = onRack ? h.rack * RACK_NODES : 0;
+          const text = !h ? "\u00a0" : h.node ? cellText(h.node, h.cell) : onRack ? `rack ${h.rack + 1}: ${rackText(this.heat, first, Math.min(first + RACK_NODES, this.heat.N))}` : "\u00a0";
           hover.textContent = text;
           canvas.title = text;
           canvas.style.cursor = h && (h.node || h.rack !== null) ? "pointer" : "default";
@@ -840,18 +1089,18 @@
           if (!h) return;
           // From the fleet to a rack, from a rack to a node.
           if (this.rack === null && h.rack !== null && h.rack !== undefined) location.hash = `#/fleet/rack/${h.rack + 1}`;
-          else if (this.rack !== null && h.node) location.hash = `#/node/${encodeURIComponent(h.node.node)}`;
+          else if (this.rack !== null && h.node) location.hash = `#/node/${encodeURIComponent(h.node)}`;
         });
         box.replaceChildren(canvas);
       }
       const width = Math.max(400, box.clientWidth || document.documentElement.clientWidth - 40);
-      this.layout = heatLayout(model, this.rack, width);
-      drawHeatMap(canvas, this.layout, this.rack);
-      canvas.setAttribute("data-nodes", this.layout.nodes.length);
+      this.layout = heatLayout(H, this.rack, width);
+      drawHeatMap(canvas, this.layout, this.rack, this.bufs);
+      canvas.setAttribute("data-nodes", this.layout.count);
       document.getElementById("fleet-zoom-help").textContent =
         this.rack === null
-          ? ` ${model.length} nodes in ${this.layout.racks} racks of ${RACK_NODES} (by name); click a rack to zoom in, point at a cell to name it.`
-          : ` Rack ${this.rack + 1} of ${Math.ceil(model.length / RACK_NODES)}: ${rackText(this.layout.nodes)}.`;
+          ? ` ${H.N} nodes in ${this.layout.racks} racks of ${RACK_NODES} (by name); click a rack to zoom in, point at a cell to name it.`
+          : ` Rack ${this.rack + 1} of ${Math.ceil(H.N / RACK_NODES)}: ${rackText(H, this.layout.first, this.layout.end)}.`;
     },
     // The DOM grid: a row per node, a cell per GPU and port.
     drawGrid(sorted, util, loads, idx, jobs) {

@@ -504,13 +504,20 @@ fn a_webhook_is_given_up_after_its_attempts_and_a_dry_run_sends_nothing() {
 
 #[test]
 fn a_port_finding_blamed_on_the_fabric_never_drains_and_waits_while_it_is_judged() {
+    // A counter's finding, and a port down found from its port event at once.
+    for rule in ["ib_link_downed", "ib_port_down"] {
+        port_finding_blamed_on_the_fabric(rule);
+    }
+}
+
+fn port_finding_blamed_on_the_fabric(rule: &'static str) {
     let store = FindingsStore::in_memory();
     let slurm = FakeSlurm::with(&["n1", "n2"]);
     let mut c = config(false);
     c.rule[0].rule = "*".into();
     let actions = Actions::in_memory(c);
     let downed = |node: &str, upstream: Option<&str>| Observation {
-        rule: "ib_link_downed",
+        rule,
         severity: Severity::Critical,
         subject: Subject::port(node, "mlx5_0", 1),
         job_id: None,
@@ -536,7 +543,7 @@ fn a_port_finding_blamed_on_the_fabric_never_drains_and_waits_while_it_is_judged
         summary: "4 ports on 4 nodes went down within 6.0 ms".into(),
         evidence: serde_json::json!({}),
     };
-    let rules = ["ib_link_downed", crate::findings::fabric::RULE];
+    let rules = [rule, crate::findings::fabric::RULE];
     // Being judged: nothing decided, nothing recorded.
     store.apply(&[downed("n1", Some("pending"))], &rules, T0);
     actions.pass(&store, 10, T0, &slurm);

@@ -19,7 +19,7 @@ use std::{
 use monitor_wire::{names::metric, pci::Distance};
 use serde_json::json;
 
-use super::{Observation, Severity, Subject, hardware::NodeHardware, view::EventState, view::View};
+use super::{Observation, Severity, Subject, hardware::NodeHardware, view::GpuJobs, view::View};
 
 pub const RULES: &[&str] = &["nic_affinity"];
 
@@ -64,13 +64,13 @@ fn qps_by_device(view: &View) -> QpsByDevice {
 /// Evaluates the rule on every node whose hardware path is known.
 pub fn evaluate(
     view: &View,
-    events: &EventState,
+    gpu_jobs: &GpuJobs,
     hardware: &HashMap<Arc<str>, NodeHardware>,
     out: &mut Vec<Observation>,
 ) {
     let qps = qps_by_device(view);
     for (node, devices) in &qps {
-        let (Some(hw), Some(gpu_jobs)) = (hardware.get(node), events.gpu_jobs.get(node)) else {
+        let (Some(hw), Some(gpu_jobs)) = (hardware.get(node), gpu_jobs.get(node)) else {
             continue;
         };
         evaluate_node(node, hw, gpu_jobs, devices, out);

@@ -1,17 +1,31 @@
-//! The findings thread: events come from ingest through a bounded channel ([`FindingsInbox`])
-//! and are evaluated at once; so do the samples of the counters the rules read, a frame's
-//! worth at a time, which the thread folds into each counter's history by the samples' own
-//! times; gauges are read from the live view (the node table's latest value of each series)
-//! every `tick-s`. Nothing is evaluated per sample on the receive threads. Each pass runs the
-//! rules and hands what they saw to the [`FindingsStore`], which opens, keeps and ends
-//! findings.
+//! The findings threads: the event rules on one ("findings"), the series rules on another
+//! ("findings-tick"), so an event is never held back by a tick over the whole fleet.
+//!
+//! Events come from ingest through a bounded channel ([`FindingsInbox`]) to the events thread
+//! with each frame's port state samples, and are evaluated within [`EVENT_PASS_EVERY`] (an
+//! event pass: the event rules only). The counters the rules read come through a channel of
+//! their own to the tick thread, a frame's worth at a time, which it folds into each
+//! counter's history by the samples' own times; gauges are read from the live view (the node
+//! table's latest value of each series) every `tick-s`. Nothing is evaluated per sample on
+//! the receive threads.
+//!
+//! The two threads share no state but the [`FindingsStore`]: each pass hands the store what
+//! its rules saw and the list of the rules it judged, and the two lists are disjoint. At each
+//! tick the tick thread reads the live view, hands the events thread what the event rules
+//! need of it (the agents' LLDP neighbours, the GPUs' jobs) and asks for what the series rules
+//! need of the events (the DOWN transitions as the fabric grouping judged them, the lost
+//! GPUs); the events thread answers with an event pass of its own (which also ends the event
+//! findings whose hold ran out) and a copy, and goes on taking events while the tick's series
+//! pass runs.
 //!
 //! Why counters come as samples and gauges do not: a counter rule asks how much a counter rose
 //! within a window, which needs the value before the rise. Read from the live view at each
 //! tick, the rule saw only what the tick happened to see: a baseline and its rise arriving
 //! between two ticks (a node's first frames, a backlog, history sent in one burst) left the
 //! rise unseen, and the same data gave different findings at a different arrival pace. A gauge
-//! rule asks only what a value is now, which the latest sample answers.
+//! rule asks only what a value is now, which the latest sample answers. Port state samples are
+//! the exception, taken as they arrive: `ib_port_down` finds a port already down when its agent
+//! starts from its first frame, not at the next tick.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,7 +38,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent};
+use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
     FindingsStore, Observation, Thresholds, affinity, fabric, gpus,
@@ -33,9 +47,9 @@ use super::{
     live::LiveReader,
     pfc,
     profile::{self, GoldenProfile, ProfileBoard},
-    topology::Topology,
+    topology::{PortKey, Topology},
     verbs,
-    view::{EventState, Track, Tracks, View},
+    view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
 };
 use crate::{
     clock::unix_now_ns,
@@ -43,62 +57,101 @@ use crate::{
     nodes::{Latest, LatestValue, NodeTable, Schema},
 };
 
-/// Messages waiting for the findings thread at most: events, and frames' counter samples
-/// (beyond it they are counted and dropped: the receive threads never wait for it).
+/// Messages waiting for each findings thread at most: events and port states, and frames'
+/// counter samples (beyond it they are counted and dropped: the receive threads never wait).
 const INBOX_CAPACITY: usize = 65_536;
 
 /// The samples of one frame of the counters the rules read, by series, in the frame's order.
 pub type CounterSamples = Vec<(Series, Vec<CounterSample>)>;
 
-/// What ingest hands the findings thread.
+/// What the events thread takes.
 #[derive(Debug)]
 pub enum FindingsInput {
     Event(Arc<str>, WireEvent),
-    Counters(Arc<str>, CounterSamples),
+    PortStates(Arc<str>, PortStateSamples),
+    /// The tick thread's: what it read of the live view, and where to answer.
+    Tick(Box<TickRequest>),
 }
 
-/// Where ingest hands events and counter samples to the findings thread.
+/// A tick's request to the events thread.
+pub struct TickRequest {
+    refreshed: Refreshed,
+    reply: SyncSender<Judged>,
+}
+
+impl std::fmt::Debug for TickRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TickRequest")
+    }
+}
+
+/// A frame's counter samples, for the tick thread.
+pub type CounterInput = (Arc<str>, CounterSamples);
+
+/// Where ingest hands events, port states and counter samples to the findings threads.
 #[derive(Clone)]
 pub struct FindingsInbox {
-    tx: SyncSender<FindingsInput>,
+    events: SyncSender<FindingsInput>,
+    counters: SyncSender<CounterInput>,
     dropped: Arc<AtomicU64>,
 }
 
+/// The receiving ends of a [`FindingsInbox`], and the tick thread's way to the events thread.
+pub struct InboxReceivers {
+    events: Receiver<FindingsInput>,
+    counters: Receiver<CounterInput>,
+    to_events: SyncSender<FindingsInput>,
+}
+
 impl FindingsInbox {
-    /// An inbox and the receiving end the findings thread reads.
-    pub fn new() -> (Self, Receiver<FindingsInput>) {
-        let (tx, rx) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
+    /// An inbox and the receiving ends the findings threads read.
+    pub fn new() -> (Self, InboxReceivers) {
+        let (events, events_rx) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
+        let (counters, counters_rx) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
         (
             Self {
-                tx,
+                events: events.clone(),
+                counters,
                 dropped: Arc::new(AtomicU64::new(0)),
             },
-            rx,
+            InboxReceivers {
+                events: events_rx,
+                counters: counters_rx,
+                to_events: events,
+            },
         )
     }
 
     pub fn push(&self, node: &Arc<str>, event: &WireEvent) {
-        self.send(FindingsInput::Event(node.clone(), event.clone()));
+        self.count(
+            self.events
+                .try_send(FindingsInput::Event(node.clone(), event.clone())),
+        );
     }
 
-    /// Hands over the watched counters' samples of an accepted frame, if it has any.
-    pub fn push_counters(&self, node: &Arc<str>, frame: &Frame, schema: &Schema) {
+    /// Hands over an accepted frame's port state samples and the watched counters' samples,
+    /// if it has any.
+    pub fn push_samples(&self, node: &Arc<str>, frame: &Frame, schema: &Schema) {
+        let states = port_states(frame, schema);
+        if !states.is_empty() {
+            self.count(
+                self.events
+                    .try_send(FindingsInput::PortStates(node.clone(), states)),
+            );
+        }
         let counters = watched_counters(frame, schema);
         if !counters.is_empty() {
-            self.send(FindingsInput::Counters(node.clone(), counters));
+            self.count(self.counters.try_send((node.clone(), counters)));
         }
     }
 
-    fn send(&self, input: FindingsInput) {
-        match self.tx.try_send(input) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+    fn count<T>(&self, sent: Result<(), TrySendError<T>>) {
+        if sent.is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Messages the findings thread could not take (its inbox was full).
+    /// Messages the findings threads could not take (an inbox was full).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -129,29 +182,138 @@ pub fn watched_counters(frame: &Frame, schema: &Schema) -> CounterSamples {
         .collect()
 }
 
+/// A frame's samples of `railscope_ib_port_state` and `railscope_ib_port_phys_state`, which
+/// `ib_port_down` takes as they arrive.
+pub fn port_states(frame: &Frame, schema: &Schema) -> PortStateSamples {
+    frame
+        .samples
+        .iter()
+        .filter_map(|s| {
+            let SeriesData::Gauge(samples) = &s.data else {
+                return None;
+            };
+            let series = schema.entries.get(&s.id)?;
+            (&*series.name == metric::IB_PORT_STATE || &*series.name == metric::IB_PORT_PHYS_STATE)
+                .then(|| (series.clone(), samples.clone()))
+        })
+        .collect()
+}
+
 /// Which rules a pass evaluated: a finding of a rule a pass did not evaluate is left alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
     /// The event rules only (an event came in).
     Events,
-    /// Every rule (the tick).
+    /// Every rule (the tick): the event rules, then the series rules.
     All,
 }
 
-pub const EVENT_RULES: &[&str] = &["ib_link_flapping", fabric::RULE, "gpu_xid", "gpu_lost"];
+pub const EVENT_RULES: &[&str] = &[
+    ib_links::PORT_DOWN,
+    "ib_link_flapping",
+    fabric::RULE,
+    "gpu_xid",
+    "gpu_lost",
+];
 
-/// The rules' state between passes.
-pub struct FindingsEngine {
+/// Every rule but the event rules: those the tick's series pass judges.
+fn series_rules() -> Vec<&'static str> {
+    all_rules()
+        .into_iter()
+        .filter(|r| !EVENT_RULES.contains(r))
+        .collect()
+}
+
+/// What the tick's read of the live view hands the event rules, each when it may have changed:
+/// the agents' LLDP neighbours (the fabric grouping's topology) and the job each GPU's series
+/// carry.
+pub struct Refreshed {
+    /// None if no node's neighbours can have changed since the last tick.
+    neighbours: Option<HashMap<PortKey, (String, String)>>,
+    gpu_jobs: Option<GpuJobs>,
+}
+
+/// What the series rules read of the event rules' state, as one event pass left it: the DOWN
+/// transitions and lost GPUs (a copy), and how the transitions are blamed.
+pub struct Judged {
+    events: EventState,
+    grouping: fabric::Grouping,
+}
+
+/// The event rules and their state: the events thread's own. An event pass reads nothing the
+/// tick writes but what the tick hands it ([`Refreshed`]), so it never waits for a tick.
+pub struct EventEngine {
     th: Thresholds,
-    tracks: Tracks,
-    pub events: EventState,
-    pass: u64,
+    events: EventState,
     store: Arc<FindingsStore>,
     /// Which switch each port hangs off: `[findings] topology` if given, and the agents'
     /// LLDP neighbours (read from the live view at each tick) for ports it does not cover.
     topology: Topology,
     /// When the first burst of DOWN transitions not judged yet will be (collector clock).
     settles_at_ns: Option<u64>,
+}
+
+impl EventEngine {
+    /// Takes an event the collector took at `arrived_ns` (its own clock).
+    pub fn take_event(&mut self, node: &str, event: &WireEvent, arrived_ns: u64) {
+        self.events.take(node, event, arrived_ns);
+    }
+
+    /// Takes a frame's port state samples; true if a port went down or came back (the event
+    /// rules are due).
+    pub fn take_port_states(&mut self, node: &str, samples: PortStateSamples) -> bool {
+        self.events.take_port_states(node, samples)
+    }
+
+    /// Whether a burst of DOWN transitions waiting to be judged is due at `now_ns`.
+    pub fn burst_due(&self, now_ns: u64) -> bool {
+        self.settles_at_ns.is_some_and(|t| now_ns >= t)
+    }
+
+    /// Takes what the tick read of the live view.
+    pub fn refreshed(&mut self, r: Refreshed) {
+        if let Some(neighbours) = r.neighbours {
+            self.topology.set_neighbours(neighbours);
+        }
+        if let Some(jobs) = r.gpu_jobs {
+            self.events.gpu_jobs = jobs;
+        }
+    }
+
+    /// Runs the event rules and hands what they saw to the store; returns the grouping of
+    /// the DOWN transitions, for the series rules of a tick.
+    pub fn evaluate(&mut self, now_ns: u64) -> fabric::Grouping {
+        self.events.prune(now_ns, &self.th);
+        let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, Some(&self.topology));
+        self.settles_at_ns = grouping.settles_at_ns;
+        let mut seen = Vec::new();
+        ib_links::evaluate_port_down(&self.events, &grouping, now_ns, &mut seen);
+        ib_links::evaluate_events(&self.events, &grouping, now_ns, &self.th, &mut seen);
+        grouping.evaluate(now_ns, &mut seen);
+        gpus::evaluate_events(&self.events, now_ns, &self.th, &mut seen);
+        self.store.apply(&seen, EVENT_RULES, now_ns);
+        grouping
+    }
+
+    /// What the series rules read of this pass (`grouping`: its grouping).
+    pub fn judged(&self, grouping: fabric::Grouping) -> Judged {
+        Judged {
+            events: self.events.for_series(),
+            grouping,
+        }
+    }
+}
+
+/// The series rules and their state: the tick thread's own.
+pub struct SeriesEngine {
+    th: Thresholds,
+    tracks: Tracks,
+    pass: u64,
+    store: Arc<FindingsStore>,
+    /// The job each GPU's series last carried (the affinity rule's; the event rules get a copy
+    /// when it changes).
+    gpu_jobs: GpuJobs,
+    gpu_jobs_changed: bool,
     /// A hardware-path series appeared, changed value or went since the profile was learnt.
     hardware_changed: bool,
     /// The pass that last learnt the golden profile.
@@ -173,79 +335,17 @@ pub struct FindingsEngine {
 /// with its load and its job, and the profile reads the whole fleet's hardware path.
 const PROFILE_EVERY_PASSES: u64 = 6;
 
-impl FindingsEngine {
-    /// The engine; `th.topology` is read here (the settings checked it at start: a file
-    /// unreadable since is logged and the engine runs without it).
-    pub fn new(th: Thresholds, store: Arc<FindingsStore>) -> Self {
-        let topology = th
-            .topology
-            .as_deref()
-            .and_then(|path| match Topology::load(path) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    tracing::error!("{e}: upstream findings name no switch");
-                    None
-                }
-            })
-            .unwrap_or_default();
-        Self {
-            th,
-            tracks: Tracks::default(),
-            events: EventState::default(),
-            pass: 0,
-            store,
-            topology,
-            settles_at_ns: None,
-            hardware_changed: true,
-            profile_pass: 0,
-            profile_seen: Vec::new(),
-            board: Arc::new(ProfileBoard::default()),
-            hardware: HashMap::new(),
-            live: LiveReader::default(),
-        }
-    }
-
-    /// Publishes the golden profile on `board` (the HTTP routes read it there).
-    pub fn with_board(mut self, board: Arc<ProfileBoard>) -> Self {
-        self.board = board;
-        self
-    }
-
-    /// Takes an event the collector took at `arrived_ns` (its own clock).
-    pub fn take_event(&mut self, node: &str, event: &WireEvent, arrived_ns: u64) {
-        self.events.take(node, event, arrived_ns);
-    }
-
-    /// Whether a burst of DOWN transitions waiting to be judged is due at `now_ns`.
-    pub fn burst_due(&self, now_ns: u64) -> bool {
-        self.settles_at_ns.is_some_and(|t| now_ns >= t)
-    }
-
-    /// Takes one message of the inbox; true if it was an event (the event rules are due).
-    pub fn take(&mut self, input: FindingsInput) -> bool {
-        match input {
-            FindingsInput::Event(node, event) => {
-                self.take_event(&node, &event, unix_now_ns());
-                true
-            }
-            FindingsInput::Counters(node, counters) => {
-                self.take_counters(&node, counters);
-                false
-            }
-        }
-    }
-
-    /// Reads the latest value of every watched series from the live view (see the `live` module).
-    pub fn refresh(&mut self, table: &NodeTable) {
+impl SeriesEngine {
+    /// Reads the latest value of every watched series from the live view (see the `live`
+    /// module); returns what the event rules need of it.
+    pub fn refresh(&mut self, table: &NodeTable) -> Refreshed {
         self.pass += 1;
         let pass = self.pass;
         let read = self
             .live
-            .read(table, &mut self.tracks, &mut self.events, pass, watched);
+            .read(table, &mut self.tracks, &mut self.gpu_jobs, pass, watched);
         self.hardware_changed |= read.hardware_changed;
-        if let Some(neighbours) = read.neighbours {
-            self.topology.set_neighbours(neighbours);
-        }
+        self.gpu_jobs_changed |= read.gpu_jobs_changed;
         let keep_ns = self.history_ns();
         let hardware_changed = &mut self.hardware_changed;
         // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
@@ -266,6 +366,10 @@ impl FindingsEngine {
             }
             t.seen_pass >= pass
         });
+        Refreshed {
+            neighbours: read.neighbours,
+            gpu_jobs: std::mem::take(&mut self.gpu_jobs_changed).then(|| self.gpu_jobs.clone()),
+        }
     }
 
     /// Takes a frame's samples of the counters the rules read (from
@@ -303,47 +407,120 @@ impl FindingsEngine {
             * 1_000_000_000
     }
 
+    /// Runs the series rules over the tracks and what the event rules `judged`, and hands
+    /// what they saw to the store.
+    pub fn evaluate(&mut self, judged: &Judged, now_ns: u64) {
+        let (events, grouping) = (&judged.events, &judged.grouping);
+        let mut seen = Vec::new();
+        let view = View::new(&self.tracks, now_ns, &self.th);
+        ib_links::evaluate_series(&view, events, grouping, &mut seen);
+        gpus::evaluate_series(&view, events, &mut seen);
+        verbs::evaluate(&view, &mut seen);
+        if self.hardware_changed
+            && (self.profile_pass == 0 || self.pass >= self.profile_pass + PROFILE_EVERY_PASSES)
+        {
+            self.hardware_changed = false;
+            self.profile_pass = self.pass;
+            let (profile_seen, hardware) = learn_profile(&view, &self.th, &self.board);
+            self.profile_seen = profile_seen;
+            self.hardware = hardware;
+        }
+        seen.extend(self.profile_seen.iter().cloned());
+        affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut seen);
+        pfc::evaluate(&view, &mut seen);
+        self.store.apply(&seen, &series_rules(), now_ns);
+    }
+}
+
+/// The rules' state between passes, both halves: the findings thread splits it between its
+/// events thread and its tick thread; tests drive it in one.
+pub struct FindingsEngine {
+    events: EventEngine,
+    series: SeriesEngine,
+}
+
+impl FindingsEngine {
+    /// The engine; `th.topology` is read here (the settings checked it at start: a file
+    /// unreadable since is logged and the engine runs without it).
+    pub fn new(th: Thresholds, store: Arc<FindingsStore>) -> Self {
+        let topology = th
+            .topology
+            .as_deref()
+            .and_then(|path| match Topology::load(path) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::error!("{e}: upstream findings name no switch");
+                    None
+                }
+            })
+            .unwrap_or_default();
+        Self {
+            events: EventEngine {
+                th: th.clone(),
+                events: EventState::default(),
+                store: store.clone(),
+                topology,
+                settles_at_ns: None,
+            },
+            series: SeriesEngine {
+                th,
+                tracks: Tracks::default(),
+                pass: 0,
+                store,
+                gpu_jobs: GpuJobs::default(),
+                gpu_jobs_changed: false,
+                hardware_changed: true,
+                profile_pass: 0,
+                profile_seen: Vec::new(),
+                board: Arc::new(ProfileBoard::default()),
+                hardware: HashMap::new(),
+                live: LiveReader::default(),
+            },
+        }
+    }
+
+    /// Publishes the golden profile on `board` (the HTTP routes read it there).
+    pub fn with_board(mut self, board: Arc<ProfileBoard>) -> Self {
+        self.series.board = board;
+        self
+    }
+
+    /// Takes an event the collector took at `arrived_ns` (its own clock).
+    pub fn take_event(&mut self, node: &str, event: &WireEvent, arrived_ns: u64) {
+        self.events.take_event(node, event, arrived_ns);
+    }
+
+    /// Takes a frame's port state samples (from [`port_states`]).
+    pub fn take_port_states(&mut self, node: &str, samples: PortStateSamples) -> bool {
+        self.events.take_port_states(node, samples)
+    }
+
+    /// Takes a frame's counter samples (from [`watched_counters`]).
+    pub fn take_counters(&mut self, node: &Arc<str>, counters: CounterSamples) {
+        self.series.take_counters(node, counters);
+    }
+
+    /// Reads the live view (the tick's first step).
+    pub fn refresh(&mut self, table: &NodeTable) {
+        let r = self.series.refresh(table);
+        self.events.refreshed(r);
+    }
+
     /// Runs the rules of `pass` and hands what they saw to the store.
     pub fn evaluate(&mut self, pass: Pass, now_ns: u64) {
-        self.events.prune(now_ns, &self.th);
-        let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, Some(&self.topology));
-        self.settles_at_ns = grouping.settles_at_ns;
-        let mut seen = Vec::new();
-        ib_links::evaluate_events(&self.events, &grouping, now_ns, &self.th, &mut seen);
-        grouping.evaluate(now_ns, &mut seen);
-        gpus::evaluate_events(&self.events, now_ns, &self.th, &mut seen);
-        let rules: Vec<&str> = match pass {
-            Pass::Events => EVENT_RULES.to_vec(),
-            Pass::All => {
-                let view = View::new(&self.tracks, now_ns, &self.th);
-                ib_links::evaluate_series(&view, &self.events, &grouping, &mut seen);
-                gpus::evaluate_series(&view, &self.events, &mut seen);
-                verbs::evaluate(&view, &mut seen);
-                if self.hardware_changed
-                    && (self.profile_pass == 0
-                        || self.pass >= self.profile_pass + PROFILE_EVERY_PASSES)
-                {
-                    self.hardware_changed = false;
-                    self.profile_pass = self.pass;
-                    let (profile_seen, hardware) = learn_profile(&view, &self.th, &self.board);
-                    self.profile_seen = profile_seen;
-                    self.hardware = hardware;
-                }
-                seen.extend(self.profile_seen.iter().cloned());
-                affinity::evaluate(&view, &self.events, &self.hardware, &mut seen);
-                pfc::evaluate(&view, &mut seen);
-                all_rules()
-            }
-        };
-        self.store.apply(&seen, &rules, now_ns);
+        let grouping = self.events.evaluate(now_ns);
+        if pass == Pass::All {
+            let judged = self.events.judged(grouping);
+            self.series.evaluate(&judged, now_ns);
+        }
     }
 
     pub fn store(&self) -> &Arc<FindingsStore> {
-        &self.store
+        &self.events.store
     }
 
     pub fn thresholds(&self) -> &Thresholds {
-        &self.th
+        &self.events.th
     }
 }
 
@@ -388,35 +565,55 @@ pub fn all_rules() -> Vec<&'static str> {
         .collect()
 }
 
-/// The running findings thread.
+/// The running findings threads.
 pub struct FindingsThread {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    handles: Vec<JoinHandle<()>>,
 }
 
 impl FindingsThread {
-    /// Starts the thread: events and counter samples from `rx`, gauges from the live node
-    /// table `live` (all the thread reads of what the collector shares).
+    /// Starts the threads: the events thread ("findings", beating `heartbeat`) on the events
+    /// and port states of `rx`, the tick thread ("findings-tick", beating `tick_heartbeat`) on
+    /// its counter samples and the live node table `live` (all they read of what the
+    /// collector shares).
     pub fn spawn<L: AsRef<NodeTable> + Send + Sync + 'static>(
         engine: FindingsEngine,
-        rx: Receiver<FindingsInput>,
+        rx: InboxReceivers,
         live: Arc<L>,
         heartbeat: Heartbeat,
+        tick_heartbeat: Heartbeat,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let handle = std::thread::Builder::new().name("findings".into()).spawn({
+        let FindingsEngine { events, series } = engine;
+        let InboxReceivers {
+            events: events_rx,
+            counters,
+            to_events,
+        } = rx;
+        let mut handles = Vec::new();
+        handles.push(std::thread::Builder::new().name("findings".into()).spawn({
             let stop = stop.clone();
-            move || run(engine, rx, live, stop, heartbeat)
-        })?;
-        Ok(Self {
-            stop,
-            handle: Some(handle),
-        })
+            move || run_events(events, events_rx, stop, heartbeat)
+        })?);
+        let tick = std::thread::Builder::new()
+            .name("findings-tick".into())
+            .spawn({
+                let stop = stop.clone();
+                move || run_ticks(series, counters, to_events, live, stop, tick_heartbeat)
+            });
+        match tick {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                Self { stop, handles }.stop();
+                return Err(e);
+            }
+        }
+        Ok(Self { stop, handles })
     }
 
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
+        for h in self.handles.drain(..) {
             let _ = h.join();
         }
     }
@@ -425,9 +622,65 @@ impl FindingsThread {
 /// Events are evaluated at most this often (a burst is taken as one pass).
 const EVENT_PASS_EVERY: Duration = Duration::from_millis(100);
 
-fn run<L: AsRef<NodeTable>>(
-    mut engine: FindingsEngine,
+/// The events thread: takes events and port states, and runs an event pass within
+/// [`EVENT_PASS_EVERY`] of one that changed something; answers the tick thread's requests.
+fn run_events(
+    mut engine: EventEngine,
     rx: Receiver<FindingsInput>,
+    stop: Arc<AtomicBool>,
+    heartbeat: Heartbeat,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        heartbeat.beat();
+        if engine.burst_due(unix_now_ns()) {
+            // A burst of port DOWN transitions has settled: judged now rather than at the
+            // tick, so a node's own port finding is not held back longer than it must be.
+            engine.evaluate(unix_now_ns());
+        }
+        match rx.recv_timeout(BEAT_EVERY) {
+            Ok(input) => {
+                let mut due = take(&mut engine, input);
+                let until = Instant::now() + EVENT_PASS_EVERY;
+                while let Ok(input) =
+                    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+                {
+                    due |= take(&mut engine, input);
+                }
+                if due {
+                    engine.evaluate(unix_now_ns());
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// Takes one message of the events thread; true if the event rules are due.
+fn take(engine: &mut EventEngine, input: FindingsInput) -> bool {
+    match input {
+        FindingsInput::Event(node, event) => {
+            engine.take_event(&node, &event, unix_now_ns());
+            true
+        }
+        FindingsInput::PortStates(node, samples) => engine.take_port_states(&node, samples),
+        FindingsInput::Tick(request) => {
+            let TickRequest { refreshed, reply } = *request;
+            engine.refreshed(refreshed);
+            // Every event taken so far is judged in this pass: nothing is left due.
+            let grouping = engine.evaluate(unix_now_ns());
+            let _ = reply.send(engine.judged(grouping));
+            false
+        }
+    }
+}
+
+/// The tick thread: takes counter samples, and every `tick-s` reads the live view, has the
+/// events thread judge the events so far, and runs the series rules.
+fn run_ticks<L: AsRef<NodeTable>>(
+    mut engine: SeriesEngine,
+    counters: Receiver<CounterInput>,
+    to_events: SyncSender<FindingsInput>,
     live: Arc<L>,
     stop: Arc<AtomicBool>,
     heartbeat: Heartbeat,
@@ -440,37 +693,134 @@ fn run<L: AsRef<NodeTable>>(
         if now >= next_tick {
             // What ingest handed over before the live view is read is taken first, so the
             // tick never sees a counter's latest value without the samples that led to it.
-            // (Events among them are evaluated by the full pass.)
-            while let Ok(input) = rx.try_recv() {
-                engine.take(input);
+            while let Ok((node, samples)) = counters.try_recv() {
+                engine.take_counters(&node, samples);
             }
-            engine.refresh((*live).as_ref());
-            engine.evaluate(Pass::All, unix_now_ns());
+            let refreshed = engine.refresh((*live).as_ref());
+            let (reply, answer) = std::sync::mpsc::sync_channel(1);
+            let request = Box::new(TickRequest { refreshed, reply });
+            if to_events.send(FindingsInput::Tick(request)).is_err() {
+                break;
+            }
+            let judged = loop {
+                match answer.recv_timeout(BEAT_EVERY) {
+                    Ok(judged) => break Some(judged),
+                    Err(RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
+                    Err(_) => break None,
+                }
+            };
+            let Some(judged) = judged else { break };
+            engine.evaluate(&judged, unix_now_ns());
             engine.store.ticks().record(now.elapsed());
             next_tick = now + tick;
-        } else if engine.burst_due(unix_now_ns()) {
-            // A burst of port DOWN transitions has settled: judged now rather than at the
-            // tick, so a node's own port finding is not held back longer than it must be.
-            engine.evaluate(Pass::Events, unix_now_ns());
         }
         let wait = next_tick
             .saturating_duration_since(Instant::now())
             .min(BEAT_EVERY);
-        match rx.recv_timeout(wait) {
-            Ok(input) => {
-                let mut events = engine.take(input);
-                let until = Instant::now() + EVENT_PASS_EVERY;
-                while let Ok(input) =
-                    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
-                {
-                    events |= engine.take(input);
-                }
-                if events {
-                    engine.evaluate(Pass::Events, unix_now_ns());
-                }
-            }
+        match counters.recv_timeout(wait) {
+            Ok((node, samples)) => engine.take_counters(&node, samples),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Condvar, Mutex};
+
+    use monitor_wire::{Key, Labels, names::event_kind};
+
+    use super::*;
+    use crate::{config::Limits, findings::Severity};
+
+    /// A live view whose reading blocks until the test opens it: a tick that takes as long
+    /// as the test wants.
+    struct Gated {
+        table: NodeTable,
+        state: Mutex<(bool, bool)>,
+        changed: Condvar,
+    }
+
+    impl Gated {
+        /// Waits until the tick thread is inside its read of the live view.
+        fn wait_entered(&self) {
+            let mut s = self.state.lock().unwrap();
+            while !s.0 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        fn open(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    impl AsRef<NodeTable> for Gated {
+        fn as_ref(&self) -> &NodeTable {
+            let mut s = self.state.lock().unwrap();
+            s.0 = true;
+            self.changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+            &self.table
+        }
+    }
+
+    #[test]
+    fn an_event_is_judged_while_a_tick_is_still_running() {
+        let store = Arc::new(FindingsStore::in_memory());
+        let live = Arc::new(Gated {
+            table: NodeTable::new(Key::from_bytes([9; 32]), Limits::default()),
+            state: Mutex::new((false, false)),
+            changed: Condvar::new(),
+        });
+        let (inbox, rx) = FindingsInbox::new();
+        let engine = FindingsEngine::new(Thresholds::default(), store.clone());
+        let threads =
+            FindingsThread::spawn(engine, rx, live.clone(), Heartbeat::new(), Heartbeat::new())
+                .unwrap();
+        // The first tick starts at once and is held inside its read of the live view.
+        live.wait_entered();
+        let down = WireEvent {
+            unix_ns: unix_now_ns(),
+            kind: event_kind::PORT_TRANSITION.into(),
+            labels: Labels::new([("device", "mlx5_0"), ("port", "1"), ("from", "UP")]),
+            code: 0,
+            text: "DOWN".into(),
+        };
+        inbox.push(&Arc::from("node-001"), &down);
+        // However long that takes (the bound only keeps a broken engine from hanging the
+        // test): the check is that it happens while the tick is held.
+        let found = (0..6000)
+            .find_map(|_| {
+                let f = store
+                    .active()
+                    .into_iter()
+                    .find(|f| f.rule == "ib_port_down");
+                if f.is_none() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                f
+            })
+            .expect("the port's finding, while the tick is held");
+        assert_eq!(store.ticks().snapshot().0, 0, "the tick is still held");
+        assert_eq!(found.node, "node-001");
+        assert_eq!(found.severity, Severity::Critical);
+        assert_eq!(found.evidence["down_at"], down.unix_ns);
+        assert_eq!(found.evidence["upstream"], "pending");
+        // Let go, the tick finishes (its event pass and its series pass).
+        live.open();
+        let ticked = (0..6000).any(|_| {
+            let done = store.ticks().snapshot().0 == 1;
+            if !done {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done
+        });
+        assert!(ticked, "the tick finished once let go");
+        threads.stop();
     }
 }

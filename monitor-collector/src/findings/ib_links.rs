@@ -1,6 +1,7 @@
-//! IB and RoCE link rules: flapping (from the kernel's port events), symbol errors, link
-//! error recovery, `link_downed` increments, a port below its expected width or speed, phys
-//! state off LinkUp, and RoCE congestion far above the fleet's norm. Thresholds and their
+//! IB and RoCE link rules: a port down and flapping (from the kernel's port events, and for a
+//! port down the state samples as they arrive), symbol errors, link error recovery,
+//! `link_downed` increments, a port below its expected width or speed, phys state off LinkUp,
+//! and RoCE congestion far above the fleet's norm. Thresholds and their
 //! sources: [`Thresholds`](super::Thresholds), docs/findings.md.
 
 use std::collections::HashMap;
@@ -12,10 +13,11 @@ use super::{
     Observation, Severity, Subject, Thresholds,
     fabric::{self, Blame, Grouping},
     topology::PortKey,
-    view::{EventState, Place, Track, TrackKey, View},
+    view::{DownSource, EventState, Place, Track, TrackKey, View},
 };
 
 pub const RULES: &[&str] = &[
+    PORT_DOWN,
     "ib_link_flapping",
     "ib_symbol_errors",
     "ib_link_error_recovery",
@@ -24,6 +26,9 @@ pub const RULES: &[&str] = &[
     "ib_phys_state",
     "roce_congestion",
 ];
+
+/// A port that went down, found from its DOWN transition (or state sample) at once.
+pub const PORT_DOWN: &str = "ib_port_down";
 
 const SYMBOL_ERROR: &str = metric::IB_SYMBOL_ERROR_TOTAL;
 const LINK_ERROR_RECOVERY: &str = metric::IB_LINK_ERROR_RECOVERY_TOTAL;
@@ -74,6 +79,63 @@ fn phys_name(v: f64) -> &'static str {
         6 => "LinkErrorRecovery",
         7 => "PhyTest",
         _ => "unknown",
+    }
+}
+
+/// A port down now: from its DOWN transition (the kernel's port event) until its UP one, or
+/// from a `railscope_ib_port_state` sample saying DOWN (a port already down when the agent
+/// started) until one saying ACTIVE. Blamed like the other port findings on what its DOWN
+/// transition is ([`fabric`]): pending until its burst is judged, then the node's or the
+/// upstream finding's.
+pub fn evaluate_port_down(
+    events: &EventState,
+    grouping: &Grouping,
+    now_ns: u64,
+    out: &mut Vec<Observation>,
+) {
+    for (key, port_now) in &events.ports {
+        let Some(down) = &port_now.down else {
+            continue;
+        };
+        let (node, device, port) = key;
+        let phys = port_now.phys_state.map(|(_, v)| v);
+        let disabled = phys == Some(DISABLED);
+        let (how, source, from) = match &down.source {
+            DownSource::Event { from } => ("went DOWN (port event)", "port_transition", Some(from)),
+            DownSource::Sample => ("is DOWN (port state)", STATE, None),
+        };
+        let mut evidence = json!({
+            "state": "DOWN",
+            "down_at": down.at_ns,
+            "source": source,
+            "from": from,
+            "phys_state": phys,
+            "phys_state_name": phys.map(phys_name),
+        });
+        let blamed =
+            grouping.upstream_of(events.downs.get(key), key, down.at_ns, down.at_ns, now_ns);
+        fabric::mark(&mut evidence, blamed);
+        out.push(Observation {
+            rule: PORT_DOWN,
+            // A port an operator disabled is no fault, as for `ib_phys_state`.
+            severity: if disabled {
+                Severity::Info
+            } else {
+                Severity::Critical
+            },
+            subject: Subject::port(node, device, *port),
+            job_id: None,
+            at_ns: down.at_ns,
+            summary: format!(
+                "{device}/{port} {how}{}",
+                if disabled {
+                    ", phys state Disabled"
+                } else {
+                    ""
+                }
+            ),
+            evidence,
+        });
     }
 }
 

@@ -12,7 +12,7 @@ use monitor_wire::{Kind, Series, names::metric};
 use super::{
     hardware,
     topology::PortKey,
-    view::{EventState, Track, TrackHandle, Tracks},
+    view::{GpuJobs, Track, TrackHandle, Tracks, note_gpu_job},
 };
 use crate::nodes::{LatestValue, NodeLatest, NodeTable};
 
@@ -68,6 +68,8 @@ pub(super) struct Read {
     pub hardware_changed: bool,
     /// The ports' LLDP neighbours, if they may have changed since the last reading.
     pub neighbours: Option<HashMap<PortKey, (String, String)>>,
+    /// A GPU's job changed (or a GPU was noted for the first time).
+    pub gpu_jobs_changed: bool,
 }
 
 /// A `railscope_ib_port_neighbor_info` series as (port, (switch, the switch's port)); None
@@ -204,16 +206,17 @@ impl NodeRead {
 impl LiveReader {
     /// Reads every node of `table` into `tracks` for tick `pass`: a watched gauge's latest
     /// value (a track made for a series new to the tick), every watched series with a latest
-    /// value marked seen; each GPU's job noted in `events`.
+    /// value marked seen; each GPU's job noted in `gpu_jobs`.
     pub(super) fn read(
         &mut self,
         table: &NodeTable,
         tracks: &mut Tracks,
-        events: &mut EventState,
+        gpu_jobs: &mut GpuJobs,
         pass: u64,
         watched: impl Fn(&str) -> bool + Copy,
     ) -> Read {
         let mut hardware_changed = false;
+        let mut gpu_jobs_changed = false;
         let mut neighbours_changed = false;
         table.visit_nodes(&mut |node| {
             let read = match self.nodes.get_mut(&**node.name) {
@@ -313,7 +316,7 @@ impl LiveReader {
             }
             for (gpu, job, present) in &read.jobs {
                 if *present {
-                    events.note_gpu_job(node.name, gpu, job);
+                    gpu_jobs_changed |= note_gpu_job(gpu_jobs, node.name, gpu, job);
                 }
             }
         });
@@ -330,6 +333,7 @@ impl LiveReader {
         Read {
             hardware_changed,
             neighbours,
+            gpu_jobs_changed,
         }
     }
 }

@@ -12,8 +12,13 @@ use monitor_wire::names::metric;
 use super::{affinity, fabric, gpus, hardware, ib_links, pfc, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
-/// kernel's port events, XIDs, a GPU lost) read none.
+/// kernel's port events, XIDs, a GPU lost) read none. (`ib_port_down` reads the port state
+/// samples as they arrive, beside the port events.)
 pub const RULE_READS: &[(&str, &[&str])] = &[
+    (
+        "ib_port_down",
+        &[metric::IB_PORT_STATE, metric::IB_PORT_PHYS_STATE],
+    ),
     ("ib_link_flapping", &[]),
     ("ib_symbol_errors", &[metric::IB_SYMBOL_ERROR_TOTAL]),
     (

@@ -50,8 +50,8 @@ pub struct FindingsStore {
     ticks: TickTimes,
 }
 
-/// How long the findings thread's ticks took (every rule over the live view), for
-/// `/metrics`: the tick must stay well under `tick-s` as the fleet grows.
+/// How long the findings ticks took (the series rules over the live view, on the tick
+/// thread), for `/metrics`: the tick must stay well under `tick-s` as the fleet grows.
 #[derive(Default)]
 pub struct TickTimes {
     count: AtomicU64,
@@ -245,7 +245,7 @@ impl FindingsStore {
     }
 
     /// Entries the log could not take.
-    /// The findings thread's tick durations.
+    /// The findings ticks' durations.
     pub fn ticks(&self) -> &TickTimes {
         &self.ticks
     }

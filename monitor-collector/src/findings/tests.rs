@@ -9,7 +9,7 @@ use monitor_wire::Key;
 
 use super::{
     Finding, FindingsStore, Severity, Thresholds,
-    engine::{FindingsEngine, Pass, watched_counters},
+    engine::{FindingsEngine, Pass, port_states, watched_counters},
 };
 use crate::{config::Limits, nodes::NodeTable};
 
@@ -48,6 +48,10 @@ fn run_with(
             engine.take_counters(
                 &accepted.node,
                 watched_counters(&accepted.frame, &accepted.schema),
+            );
+            events |= engine.take_port_states(
+                &accepted.node,
+                port_states(&accepted.frame, &accepted.schema),
             );
         }
         if events {
@@ -116,8 +120,88 @@ fn two_downs_are_not_flapping() {
     let found = run(&mut fleet(2).flapping_port(1, 3).build(key()), 50);
     assert_eq!(
         rules(&found),
-        [port("ib_link_downed", "node-001", "mlx5_3")]
+        [
+            port("ib_link_downed", "node-001", "mlx5_3"),
+            port("ib_port_down", "node-001", "mlx5_3"),
+        ]
     );
+}
+
+#[test]
+fn a_port_going_down_is_found_at_its_event_and_ends_when_it_comes_back() {
+    // Down for 2 s at 18 s and 38 s; each DOWN transition 1 ms after its tick.
+    let found = run(&mut fleet(2).flapping_port(1, 3).build(key()), 50);
+    let downs: Vec<&Finding> = found.iter().filter(|f| f.rule == "ib_port_down").collect();
+    assert_eq!(downs.len(), 2, "{found:#?}");
+    for (f, tick) in downs.iter().zip([18, 38]) {
+        let at = T0 + tick * S + 1_000_000;
+        assert_eq!(
+            (f.node.as_str(), f.device.as_deref(), f.port),
+            ("node-001", Some("mlx5_3"), Some(1))
+        );
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.start, at, "{f:#?}");
+        // Ended by the UP transition two ticks later, at the pass that took it.
+        assert_eq!(f.end, Some(T0 + (tick + 2) * S), "{f:#?}");
+        let e = &f.evidence;
+        assert_eq!(e["state"], "DOWN", "{f:#?}");
+        assert_eq!(e["down_at"], at);
+        assert_eq!(e["source"], "port_transition");
+        assert_eq!(e["from"], "UP");
+        // Back within `fabric-settle-s`: still being grouped when it ended, so no action
+        // acted on it.
+        assert_eq!(e["upstream"], "pending", "{f:#?}");
+    }
+}
+
+#[test]
+fn a_port_down_without_a_port_event_is_found_from_its_state_samples() {
+    // An agent without the eBPF probes (or started with the port already down) sends no
+    // port transition: the state samples say it, as they arrive (the fleet's events are left
+    // out here). Down from tick 65 to 99, judged its node's after `fabric-settle-s`.
+    let mut fleet = fleet(2)
+        .flapping_port(1, 2)
+        .flap_period(100, 35)
+        .build(key());
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut open_at_90 = None;
+    for _ in 0..110 {
+        let tick = fleet.ticks();
+        let t = fleet.tick_unix_ns(tick);
+        for f in fleet.tick() {
+            let accepted = table.ingest(&f, from, t).expect("accepted");
+            engine.take_port_states(
+                &accepted.node,
+                port_states(&accepted.frame, &accepted.schema),
+            );
+        }
+        engine.evaluate(Pass::Events, t);
+        if tick == 90 {
+            open_at_90 = store
+                .active()
+                .into_iter()
+                .find(|f| f.rule == "ib_port_down");
+        }
+    }
+    let f = open_at_90.expect("the port's finding, open while it is down");
+    assert_eq!(f.node, "node-001");
+    assert_eq!((f.device.as_deref(), f.port), (Some("mlx5_2"), Some(1)));
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(f.evidence["source"], "railscope_ib_port_state", "{f:#?}");
+    assert_eq!(f.evidence["phys_state_name"], "Polling", "{f:#?}");
+    assert!(f.evidence.get("upstream").is_none(), "{f:#?}");
+    let all = store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    });
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0].id, f.id);
+    assert_eq!(all[0].start, f.evidence["down_at"].as_u64().unwrap());
+    assert!(!all[0].is_active(), "{all:#?}");
 }
 
 #[test]
@@ -129,6 +213,7 @@ fn a_flapping_port_is_found_from_its_port_events() {
         [
             port("ib_link_downed", "node-002", "mlx5_3"),
             port("ib_link_flapping", "node-002", "mlx5_3"),
+            port("ib_port_down", "node-002", "mlx5_3"),
         ]
     );
     let flap = found.iter().find(|f| f.rule == "ib_link_flapping").unwrap();
@@ -160,11 +245,16 @@ fn a_port_down_for_long_is_found_by_its_phys_state_and_not_as_flapping() {
         [
             port("ib_link_downed", "node-001", "mlx5_0"),
             port("ib_phys_state", "node-001", "mlx5_0"),
+            port("ib_port_down", "node-001", "mlx5_0"),
         ]
     );
     let phys = found.iter().find(|f| f.rule == "ib_phys_state").unwrap();
     assert_eq!(phys.evidence["name"], "Polling");
     assert_eq!(phys.severity, Severity::Critical);
+    // Found at once, and still down: judged its node's, so the actions may act on it.
+    let down = found.iter().find(|f| f.rule == "ib_port_down").unwrap();
+    assert!(down.is_active() && down.start < phys.start, "{found:#?}");
+    assert!(down.evidence.get("upstream").is_none(), "{down:#?}");
 }
 
 #[test]
@@ -474,6 +564,7 @@ fn a_port_seen_down_at_every_pass_is_not_stuck_down_when_it_flaps_between() {
         [
             port("ib_link_downed", "node-001", "mlx5_0"),
             port("ib_link_flapping", "node-001", "mlx5_0"),
+            port("ib_port_down", "node-001", "mlx5_0"),
         ]
     );
 }
@@ -496,6 +587,10 @@ fn run_in_one_burst(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
             engine.take_counters(
                 &accepted.node,
                 watched_counters(&accepted.frame, &accepted.schema),
+            );
+            engine.take_port_states(
+                &accepted.node,
+                port_states(&accepted.frame, &accepted.schema),
             );
         }
     }
@@ -572,5 +667,44 @@ fn a_switch_wide_flap_is_one_upstream_finding_and_no_port_of_it_is_flapping() {
     assert_eq!(downed.len(), 6, "{found:#?}");
     for f in downed {
         assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
+    }
+}
+
+#[test]
+fn ports_down_in_a_fabric_burst_are_found_at_once_and_blamed_upstream_once_judged() {
+    // Port mlx5_2 of 6 of 8 nodes goes down for good at tick 10 (a switch), node-007's
+    // mlx5_1 alone at tick 20.
+    let build = |ticks| {
+        let mut builder = fleet(8).port_down(7, 1, 20);
+        for n in 0..6 {
+            builder = builder.port_down(n, 2, 10);
+        }
+        run(&mut builder.build(key()), ticks)
+    };
+    // Within the settle time: found, and the actions wait.
+    let early = build(12);
+    let pending: Vec<&Finding> = early.iter().filter(|f| f.rule == "ib_port_down").collect();
+    assert_eq!(pending.len(), 6, "{early:#?}");
+    for f in &pending {
+        assert_eq!(f.evidence["upstream"], "pending", "{f:#?}");
+        assert_eq!(f.start, T0 + 10 * S + 1_000_000);
+    }
+    let found = build(30);
+    let u = found
+        .iter()
+        .find(|f| f.rule == "fabric_upstream_down")
+        .expect("the upstream finding");
+    let downs: Vec<&Finding> = found.iter().filter(|f| f.rule == "ib_port_down").collect();
+    assert_eq!(downs.len(), 7, "{found:#?}");
+    for f in downs {
+        assert!(f.is_active(), "{f:#?}");
+        if f.node == "node-007" {
+            assert_eq!(f.device.as_deref(), Some("mlx5_1"));
+            assert!(f.evidence.get("upstream").is_none(), "{f:#?}");
+        } else {
+            // Still raised (the port is down), carrying the upstream finding's id.
+            assert_eq!(f.device.as_deref(), Some("mlx5_2"));
+            assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
+        }
     }
 }

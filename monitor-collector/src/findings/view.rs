@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-use monitor_wire::{Series, WireEvent, names::event_kind};
+use monitor_wire::{GaugeSample, Series, WireEvent, names::event_kind};
 
 use super::{Thresholds, topology::PortKey};
 use crate::nodes::{Latest, LatestValue};
@@ -534,50 +534,108 @@ pub struct PortDown {
     pub arrived_ns: u64,
 }
 
+/// `railscope_ib_port_state`: DOWN, and ACTIVE and above (ACTIVE_DEFER).
+const STATE_DOWN: f64 = 1.0;
+const STATE_ACTIVE: f64 = 4.0;
+
+/// What said a port went down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DownSource {
+    /// Its DOWN transition (the kernel's port event), with the state it left.
+    Event { from: String },
+    /// A `railscope_ib_port_state` sample (a port down before the agent started, or whose
+    /// event was lost).
+    Sample,
+}
+
+/// A port down: since when (the DOWN transition's kernel timestamp, or the start of the first
+/// state sample that saw it DOWN) and what said so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownSince {
+    pub at_ns: u64,
+    pub source: DownSource,
+}
+
+/// A port as its transitions and its state samples say it is now.
+#[derive(Clone, Debug, Default)]
+pub struct PortNow {
+    /// Down since; None while up (or not known down).
+    pub down: Option<DownSince>,
+    /// The time of the newest transition or state sample taken: an older one that arrives
+    /// later (a frame resent, a flush after the event) is stale and changes nothing.
+    pub seen_ns: u64,
+    /// The latest `railscope_ib_port_phys_state` sample's value (Disabled: an operator's
+    /// choice, not a fault).
+    pub phys_state: Option<(u64, f64)>,
+}
+
+/// The port state samples of one frame (`railscope_ib_port_state` and `_phys_state`), by
+/// series: the events thread takes them as they arrive, not at the tick.
+pub type PortStateSamples = Vec<(Series, Vec<GaugeSample>)>;
+
 /// A port's DOWN transitions and when they happened (event time).
 #[derive(Debug, Default)]
 pub struct EventState {
     /// (node, device, port) → DOWN transitions, oldest first.
     pub downs: HashMap<PortKey, VecDeque<PortDown>>,
+    /// (node, device, port) → whether it is down now (`ib_port_down`).
+    pub ports: HashMap<PortKey, PortNow>,
     /// (node, gpu) → XIDs seen: (time, code).
     pub xids: HashMap<(String, String), VecDeque<(u64, u64)>>,
     /// (node, gpu) → when it was lost.
     pub lost: HashMap<(String, String), u64>,
-    /// node → gpu → the job its series last carried (by node first, so a tick's walk looks
-    /// it up without making a key).
-    pub gpu_jobs: HashMap<Arc<str>, HashMap<String, String>>,
+    /// The job each GPU's series last carried, as the tick last handed it over.
+    pub gpu_jobs: GpuJobs,
+}
+
+/// node → gpu → the job its series last carried (by node first, so a tick's walk looks it up
+/// without making a key).
+pub type GpuJobs = HashMap<Arc<str>, HashMap<String, String>>;
+
+/// Notes that `node`'s GPU `gpu` carries `job` (allocating only when it changed); true if it
+/// changed.
+pub(super) fn note_gpu_job(jobs: &mut GpuJobs, node: &Arc<str>, gpu: &str, job: &str) -> bool {
+    let gpus = match jobs.get_mut(node) {
+        Some(gpus) => gpus,
+        None => jobs.entry(node.clone()).or_default(),
+    };
+    if gpus.get(gpu).is_none_or(|known| known != job) {
+        gpus.insert(gpu.to_owned(), job.to_owned());
+        return true;
+    }
+    false
 }
 
 impl EventState {
-    /// Notes that `node`'s GPU `gpu` carries `job` (allocating only when it changed).
-    pub(super) fn note_gpu_job(&mut self, node: &Arc<str>, gpu: &str, job: &str) {
-        let gpus = match self.gpu_jobs.get_mut(node) {
-            Some(gpus) => gpus,
-            None => self.gpu_jobs.entry(node.clone()).or_default(),
-        };
-        if gpus.get(gpu).is_none_or(|known| known != job) {
-            gpus.insert(gpu.to_owned(), job.to_owned());
-        }
-    }
-
     /// Takes one event, which the collector took at `arrived_ns`.
     pub(super) fn take(&mut self, node: &str, e: &WireEvent, arrived_ns: u64) {
         match e.kind.as_str() {
             // The kernel's port events as the probes see them, UP/DOWN folded by the agent.
-            event_kind::PORT_TRANSITION if e.code == 0 => {
+            event_kind::PORT_TRANSITION => {
                 let (Some(device), Some(port)) = (
                     e.labels.get("device"),
                     e.labels.get("port").and_then(|p| p.parse().ok()),
                 ) else {
                     return;
                 };
-                self.downs
-                    .entry((node.into(), device.into(), port))
-                    .or_default()
-                    .push_back(PortDown {
-                        at_ns: e.unix_ns,
-                        arrived_ns,
-                    });
+                let key: PortKey = (node.into(), device.into(), port);
+                let down = e.code == 0;
+                if down {
+                    self.downs
+                        .entry(key.clone())
+                        .or_default()
+                        .push_back(PortDown {
+                            at_ns: e.unix_ns,
+                            arrived_ns,
+                        });
+                }
+                let from = e.labels.get("from").unwrap_or("UNKNOWN").to_owned();
+                self.observe_port(
+                    key,
+                    (e.unix_ns, e.unix_ns),
+                    down,
+                    DownSource::Event { from },
+                );
             }
             event_kind::XID => {
                 if let Some(gpu) = e.labels.get("gpu") {
@@ -593,6 +651,83 @@ impl EventState {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Takes a frame's port state samples of `node`; true if a port went down or came back.
+    pub(super) fn take_port_states(&mut self, node: &str, samples: PortStateSamples) -> bool {
+        let mut changed = false;
+        for (series, samples) in samples {
+            let l = &series.labels;
+            let (Some(device), Some(port)) =
+                (l.get("device"), l.get("port").and_then(|p| p.parse().ok()))
+            else {
+                continue;
+            };
+            let key: PortKey = (node.into(), device.into(), port);
+            let phys = &*series.name == monitor_wire::names::metric::IB_PORT_PHYS_STATE;
+            for s in samples {
+                if phys {
+                    let p = self.ports.entry(key.clone()).or_default();
+                    if p.phys_state.is_none_or(|(t, _)| s.end_unix_ns >= t) {
+                        p.phys_state = Some((s.end_unix_ns, s.mean));
+                    }
+                    continue;
+                }
+                // A sample whose state changed within it says neither: the next one will.
+                let down = if s.min == STATE_DOWN && s.max == STATE_DOWN {
+                    true
+                } else if s.min >= STATE_ACTIVE {
+                    false
+                } else {
+                    continue;
+                };
+                changed |= self.observe_port(
+                    key.clone(),
+                    (s.start_unix_ns, s.end_unix_ns),
+                    down,
+                    DownSource::Sample,
+                );
+            }
+        }
+        changed
+    }
+
+    /// Takes that a port was seen down (or up) from `span.0` to `span.1`; true if that
+    /// changed it.
+    fn observe_port(
+        &mut self,
+        key: PortKey,
+        span: (u64, u64),
+        down: bool,
+        source: DownSource,
+    ) -> bool {
+        let (at_ns, seen_ns) = span;
+        let p = self.ports.entry(key).or_default();
+        // A port a state sample saw down, whose DOWN transition comes after: the event's
+        // kernel timestamp and the state it left are the finer account of the same going down.
+        if let (Some(d), true, DownSource::Event { .. }) = (&p.down, down, &source)
+            && d.source == DownSource::Sample
+            && at_ns >= d.at_ns
+        {
+            p.down = Some(DownSince { at_ns, source });
+            p.seen_ns = p.seen_ns.max(seen_ns);
+            return true;
+        }
+        if seen_ns < p.seen_ns {
+            return false;
+        }
+        p.seen_ns = seen_ns;
+        match (&p.down, down) {
+            (None, true) => {
+                p.down = Some(DownSince { at_ns, source });
+                true
+            }
+            (Some(_), false) => {
+                p.down = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -623,6 +758,18 @@ impl EventState {
             !x.is_empty()
         });
         self.lost.retain(|_, &mut t| t >= xid_from);
+        // A port neither sampled nor transitioned for as long (its node gone) is forgotten.
+        self.ports.retain(|_, p| p.seen_ns >= downs_from);
+    }
+
+    /// What the series rules read of the events (the tick's copy; see the engine): the DOWN
+    /// transitions and the GPUs lost.
+    pub(super) fn for_series(&self) -> EventState {
+        EventState {
+            downs: self.downs.clone(),
+            lost: self.lost.clone(),
+            ..EventState::default()
+        }
     }
 
     pub fn job_of(&self, node: &str, gpu: &str) -> Option<String> {

@@ -366,3 +366,62 @@ fn a_fleet_larger_than_one_query_is_read_a_chunk_of_nodes_at_a_time() {
         jobs[0]
     );
 }
+
+/// A GPU that slows down in a job whose history is longer than the window (16 nodes as agents
+/// sample them, healthy for 400 s): the live 5-minute window, asked every second as the
+/// frames arrive (every 5 s before), flags it as an onset within 30 s of the sample time it slowed at (its
+/// latest two 10 s steps far, long before 75% of the window is), and from then on in every
+/// window; nothing else is flagged at any time, before or after.
+#[test]
+fn a_gpu_that_slows_down_is_flagged_within_30_s_as_an_onset() {
+    const ONSET_TICK: u64 = 400;
+    let mut fleet = SimulatedFleet::builder(16)
+        .job("slurm:78", 0..16)
+        .slow_gpu_from(9, 2, ONSET_TICK)
+        .adaptive(true)
+        .start_unix_ns(T0)
+        .build(key());
+    let mut store = Store::new();
+    store.run(&mut fleet, 330);
+    let slowed_ns = fleet.tick_unix_ns(ONSET_TICK);
+    let mut flagged_at = None;
+    while fleet.ticks() < ONSET_TICK + 60 {
+        // Every 5 s while healthy, then every second.
+        let ticks = if fleet.ticks() < ONSET_TICK { 5 } else { 1 };
+        store.run(&mut fleet, ticks);
+        let end = fleet.tick_unix_ns(fleet.ticks() - 1);
+        let jobs = store.find(end - 300 * S, end);
+        let found = jobs.first().map(places).unwrap_or_default();
+        if end < slowed_ns {
+            assert!(
+                found.is_empty(),
+                "+{} s, healthy: {jobs:#?}",
+                (end - T0) / S
+            );
+            continue;
+        }
+        match flagged_at {
+            None if found.is_empty() => continue,
+            None => flagged_at = Some(end),
+            Some(_) => {}
+        }
+        assert_eq!(
+            found,
+            BTreeSet::from([place("node-009", "gpu 2")]),
+            "+{} s: {jobs:#?}",
+            (end - T0) / S
+        );
+        let s = &jobs[0].stragglers[0];
+        if s.fraction < 0.75 {
+            assert!(s.onset, "{s:?}");
+            assert!(s.value < s.median - 0.1 && s.score > 3.5, "{s:?}");
+        }
+    }
+    let flagged_at = flagged_at.expect("the slow GPU was never flagged");
+    let after = (flagged_at - slowed_ns) as f64 / S as f64;
+    eprintln!("flagged {after} s after it slowed down");
+    assert!(
+        after <= 30.0,
+        "flagged {after} s after it slowed down (the goal: 30 s)"
+    );
+}

@@ -27,6 +27,8 @@ pub struct Server {
     data: PathBuf,
     child: Option<Child>,
     web: Option<Web>,
+    /// Prometheus only: its `scrape_configs` (YAML, a list), none by default.
+    scrape_configs: String,
 }
 
 /// A Prometheus whose HTTP API is behind TLS and basic auth (`--web.config.file`), and how
@@ -97,9 +99,42 @@ impl Server {
             data: data.to_owned(),
             child: None,
             web,
+            scrape_configs: "[]".into(),
         };
         server.spawn(binary);
         server
+    }
+
+    /// A Prometheus that scrapes: `scrape_configs` is its config's list (YAML, indented as
+    /// the list's items under `scrape_configs:`).
+    pub fn start_scraping(binary: &Path, port: u16, data: &Path, scrape_configs: &str) -> Self {
+        std::fs::create_dir_all(data).unwrap();
+        let mut server = Server {
+            kind: Tsdb::Prometheus,
+            port,
+            data: data.to_owned(),
+            child: None,
+            web: None,
+            scrape_configs: format!("\n{scrape_configs}"),
+        };
+        server.spawn(binary);
+        server
+    }
+
+    /// The answer of an instant PromQL query at the server's now: `data.result`.
+    pub fn instant(&self, promql: &str) -> Vec<serde_json::Value> {
+        let url = format!("{}/api/v1/query", self.base());
+        let text = self
+            .get(&url)
+            .query("query", promql)
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["status"], "success", "{promql}: {body}");
+        body["data"]["result"].as_array().unwrap().clone()
     }
 
     pub fn base(&self) -> String {
@@ -128,8 +163,11 @@ impl Server {
                 // Prometheus refuses (the whole request) without this window.
                 std::fs::write(
                     &config,
-                    "global:\n  scrape_interval: 1m\nstorage:\n  tsdb:\n    \
-                     out_of_order_time_window: 1h\nscrape_configs: []\n",
+                    format!(
+                        "global:\n  scrape_interval: 1m\nstorage:\n  tsdb:\n    \
+                         out_of_order_time_window: 1h\nscrape_configs: {}\n",
+                        self.scrape_configs
+                    ),
                 )
                 .unwrap();
                 cmd.arg(format!("--config.file={}", config.display()))

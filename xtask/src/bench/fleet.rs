@@ -67,9 +67,11 @@ const DEFAULT_NODES: usize = 12_500;
 const GOAL_EVENT_FINDING_P99_S: f64 = 1.0;
 const GOAL_STRAGGLER_S: f64 = 30.0;
 const GOAL_FINDINGS_TICK_S: f64 = 1.0;
+const GOAL_JOB_VIEW_S: f64 = 1.0;
 
-/// `/api/v1/stragglers`' default window, seconds.
-const STRAGGLER_WINDOW_S: u64 = 300;
+/// A slow GPU's detection is judged only for onsets this long after the fleet's start (see
+/// `with_goals`).
+const STRAGGLER_JUDGED_FROM_S: u64 = 30;
 
 /// How often the findings are polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -229,8 +231,10 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         .unwrap_or("node-000")
         .to_owned();
     let read_path = read_path(http, vm_addr, &node, start_ns, end_ns)?;
+    setup::step("the job view of the largest job");
+    let job_view = job_view(http, &ready["jobs"], end_ns)?;
     setup::step("/metrics at this scale");
-    let scrape = scrape_cost(http, pid)?;
+    let scrape = scrape_costs(http, pid, &node)?;
     collector.stop(libc::SIGTERM, Duration::from_secs(30))?;
     vm.stop(libc::SIGTERM, Duration::from_secs(30))?;
 
@@ -290,6 +294,7 @@ pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
         "detection": detection,
         "faults_onset_ticks": onset_ticks(&faults),
         "read_path": read_path,
+        "job_view": job_view,
     });
     let report = with_goals(report);
     let md_path = cargo::workspace_root().join(super::results_path(super::Target::Fleet));
@@ -586,6 +591,83 @@ fn vm_points(v: &Value) -> u64 {
     })
 }
 
+/// What the dashboard's job view asks for the fleet's largest job, as `ui/app.js` asks it
+/// (its straggler window, its GPUs' latest values, the findings of the window, then its
+/// nodes' ports, 200 nodes a request), each timed ([`REPEATS`], median): the goal is a
+/// 1,024-node job's view in under 1 s.
+fn job_view(http: SocketAddr, jobs: &Value, end_ns: u64) -> anyhow::Result<Value> {
+    let Some(job) = jobs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .max_by_key(|j| u64_of(&j["nodes"]))
+    else {
+        bail!("the load generator named no job");
+    };
+    let id = job["job_id"].as_str().unwrap_or_default();
+    let job_match = encode(&format!("job_id={id:?}"));
+    // The job's nodes, as the page learns them: from its GPUs' series.
+    let (_, body) = http_get(
+        http,
+        &format!("/api/v1/live/latest?metric=railscope_gpu_sm_util_ratio&match={job_match}"),
+    )?;
+    let answer: Value = serde_json::from_str(&body).context("/api/v1/live/latest")?;
+    let mut nodes: Vec<String> = answer["series"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["labels"]["node"].as_str().map(str::to_owned))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    let window_start = (end_ns - 300_000_000_000) / 1_000_000_000;
+    let stragglers = timed(
+        http,
+        &format!(
+            "/api/v1/stragglers?job_id={}&start={window_start}&end={}",
+            encode(id),
+            end_ns / 1_000_000_000
+        ),
+        |_| 0,
+    )?;
+    let gpus = timed(
+        http,
+        &format!(
+            "/api/v1/live/latest?metric=railscope_gpu_sm_util_ratio&metric=railscope_gpu_utilization_ratio&match={job_match}&format=columns"
+        ),
+        |_| 0,
+    )?;
+    let findings = timed(
+        http,
+        &format!("/api/v1/findings?start={window_start}"),
+        |_| 0,
+    )?;
+    let mut ports_ms = 0.0;
+    for chunk in nodes.chunks(200) {
+        let regex = chunk.join("|");
+        let t = timed(
+            http,
+            &format!(
+                "/api/v1/live/latest?metric=railscope_ib_port_xmit_bytes_total&metric=railscope_ib_port_rcv_bytes_total&metric=railscope_ib_port_rate_gbps&match={}&format=columns",
+                encode(&format!("node=~{regex}"))
+            ),
+            |_| 0,
+        )?;
+        ports_ms += f64_of(&t["ms"]);
+    }
+    let ms = |v: &Value| f64_of(&v["ms"]);
+    Ok(json!({
+        "job_id": id,
+        "nodes": nodes.len(),
+        "stragglers_ms": ms(&stragglers),
+        "gpus_ms": ms(&gpus),
+        "findings_ms": ms(&findings),
+        "ports_ms": ports_ms,
+        // The page asks the first three at once, then the ports.
+        "page_ms": ms(&stragglers).max(ms(&gpus)).max(ms(&findings)) + ports_ms,
+    }))
+}
+
 /// The four questions of issue 29, of railscope and of VictoriaMetrics.
 fn read_path(
     http: SocketAddr,
@@ -708,23 +790,46 @@ fn read_path(
     }))
 }
 
-/// `/metrics` three times: its size, and the collector's CPU and the wall time per scrape
-/// (medians).
-fn scrape_cost(http: SocketAddr, pid: i32) -> anyhow::Result<Value> {
-    let (mut cpu, mut wall, mut bytes) = (Vec::new(), Vec::new(), 0);
-    for _ in 0..3 {
-        let before = cpu_ticks(pid)?.total();
+/// What scraping the collector costs, each way docs/deployment.md offers: the whole
+/// `/metrics`, one node's target, one of 16 shards, the fleet-level target and the target
+/// list: the answer's size, the collector's CPU per scrape (over `times` scrapes one after
+/// the other: a node's target costs less than the CPU clock's tick) and the median wall time.
+fn scrape_costs(http: SocketAddr, pid: i32, node: &str) -> anyhow::Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (key, path, times) in [
+        ("whole", "/metrics".to_owned(), 3),
+        ("node", format!("/metrics?node={node}"), 200),
+        ("shard", "/metrics?shard=0&shards=16".to_owned(), 10),
+        ("fleet", "/metrics/fleet".to_owned(), 50),
+        ("targets", "/api/v1/targets".to_owned(), 10),
+    ] {
+        out.insert(key.into(), scrape_cost(http, pid, &path, times)?);
+    }
+    Ok(Value::Object(out))
+}
+
+/// `path` `times` times: its size, the collector's CPU per scrape and the median wall time.
+fn scrape_cost(http: SocketAddr, pid: i32, path: &str, times: u32) -> anyhow::Result<Value> {
+    let (mut wall, mut bytes) = (Vec::new(), 0);
+    let before = cpu_ticks(pid)?.total();
+    for _ in 0..times {
         let started = Instant::now();
-        let (status, body) = http_get(http, "/metrics")?;
+        let (status, body) = http_get(http, path)?;
         wall.push(started.elapsed().as_secs_f64());
         if status != 200 {
-            bail!("GET /metrics: status {status}");
+            bail!("GET {path}: status {status}");
         }
-        thread::sleep(Duration::from_millis(100));
-        cpu.push((cpu_ticks(pid)?.total() - before) as f64 / clock_ticks_per_second());
         bytes = body.len();
     }
-    Ok(json!({ "bytes": bytes, "cpu_s": median(&cpu), "wall_s": median(&wall) }))
+    thread::sleep(Duration::from_millis(100));
+    let cpu = (cpu_ticks(pid)?.total() - before) as f64 / clock_ticks_per_second();
+    Ok(json!({
+        "path": path,
+        "bytes": bytes,
+        "scrapes": times,
+        "cpu_s": cpu / f64::from(times),
+        "wall_s": median(&wall),
+    }))
 }
 
 /// Adds the goals, judged, to the report.
@@ -749,12 +854,18 @@ fn with_goals(mut r: Value) -> Value {
     } else {
         f64_of(&straggler["max_s"])
     };
-    // Judged only where every onset came a whole default window after the fleet started:
-    // before that the window also holds the fleet's start, and fewer slow steps flag it.
+    // Judged only where every onset came at least STRAGGLER_JUDGED_FROM_S after the fleet
+    // started: a GPU slow since t into the run is far in 75% of its steps only d >= 3t after
+    // it slowed (its steps since the start), 90 s at t = 30 s, so the onset test (its latest
+    // two steps far, ~20 s) is what flags it, as in a fleet whose history is longer than the
+    // window. An onset in the first seconds would be flagged sooner than the rule allows.
     let window_full = r["faults_onset_ticks"]["slow_gpu"]
         .as_array()
-        .is_some_and(|t| t.iter().all(|t| u64_of(t) >= STRAGGLER_WINDOW_S));
+        .is_some_and(|t| t.iter().all(|t| u64_of(t) >= STRAGGLER_JUDGED_FROM_S));
     let tick_max = f64_of(&r["collector"]["findings_tick_max_s"]);
+    // The job view's goal is for a 1,024-node job: judged where the run had one.
+    let job_view_s = f64_of(&r["job_view"]["page_ms"]) / 1e3;
+    let job_view_judged = u64_of(&r["job_view"]["nodes"]) >= 1024;
     let lost = f64_of(&r["collector"]["datagrams_lost"]);
     let finite = |v: f64| if v.is_finite() { json!(v) } else { Value::Null };
     r["goals"] = json!({
@@ -762,6 +873,12 @@ fn with_goals(mut r: Value) -> Value {
         "straggler_flagged_s": { "goal": GOAL_STRAGGLER_S, "value": finite(straggler_max), "judged": window_full, "met": if window_full { json!(straggler_max <= GOAL_STRAGGLER_S) } else { Value::Null } },
         "findings_tick_s": { "goal": GOAL_FINDINGS_TICK_S, "value": tick_max, "met": tick_max < GOAL_FINDINGS_TICK_S },
         "nothing_lost": { "value": lost, "met": lost == 0.0 },
+        "job_view_s": {
+            "goal": GOAL_JOB_VIEW_S,
+            "value": job_view_s,
+            "judged": job_view_judged,
+            "met": if job_view_judged { json!(job_view_s < GOAL_JOB_VIEW_S) } else { Value::Null },
+        },
     });
     r
 }
@@ -772,7 +889,7 @@ fn markdown(r: &Value) -> String {
     let g = &r["goals"];
     let met = |v: &Value| match &v["met"] {
         Value::Bool(true) => "met",
-        Value::Null => "not judged: every onset within the first 300 s of the run (below)",
+        Value::Null => "not judged: an onset within the first 30 s of the run (below)",
         _ => "**not met**",
     };
     let ms = |v: &Value| fmt(v, 1);
@@ -838,6 +955,21 @@ fn markdown(r: &Value) -> String {
         c["findings_ticks"],
         met(&g["findings_tick_s"])
     );
+    let jv = &r["job_view"];
+    s += &format!(
+        "| the job view of a 1,024-node job under 1 s (here its largest, {} nodes: stragglers {} ms, GPUs {} ms, findings {} ms, then ports {} ms) | {} s | {} |\n",
+        jv["nodes"],
+        fmt(&jv["stragglers_ms"], 0),
+        fmt(&jv["gpus_ms"], 0),
+        fmt(&jv["findings_ms"], 0),
+        fmt(&jv["ports_ms"], 0),
+        fmt(&g["job_view_s"]["value"], 2),
+        match &g["job_view_s"]["met"] {
+            Value::Bool(true) => "met",
+            Value::Null => "not judged: the run's largest job is under 1,024 nodes",
+            _ => "**not met**",
+        }
+    );
     s += &format!(
         "| nothing lost below saturation | {} datagrams lost | {} |\n\n",
         fmt(&g["nothing_lost"]["value"], 0),
@@ -864,10 +996,10 @@ fn markdown(r: &Value) -> String {
         );
     }
     s += "\nWhere the time goes:\n\n\
-        - **A port going down**: no event rule opens a finding for one port going down once (`ib_link_flapping` needs 3 downs in the window, `fabric_upstream_down` 4 nodes within 50 ms), so its port event, although it reaches the collector within milliseconds, opens nothing; the port is found by `ib_link_downed` (the counter, in the node's next 10 s flush, judged at the next 5 s findings tick) or by `ib_phys_state` after its 25 s grace. Hence seconds, not the goal's 1 s: meeting it needs an event rule for a port's DOWN transition.\n\
-        - **XID 79**: an event rule (`gpu_xid`), evaluated within 100 ms of the event's arrival: the time is the poll's and the event pass's.\n\
+        - **A port going down**: an event rule (`ib_port_down`) opens its finding from the node's DOWN transition (its port event, sent at once) in the event pass within 100 ms of the event's arrival, as for an XID; `ib_link_downed` (the counter, next flush and findings tick) and `ib_phys_state` (after its 25 s grace) follow. The finding says `\"upstream\": \"pending\"` for `fabric-settle-s` (5 s), until the DOWN is judged its node's or a switch's: the actions wait that long, the finding does not.\n\
+        - **XID 79**: an event rule (`gpu_xid`), evaluated within 100 ms of the event's arrival: the time is the poll's and the event pass's. The event rules run on a thread of their own (`findings`), the series rules' tick on another (`findings-tick`), so an event arriving during a tick is not held back by it.\n\
         - **A port trained down to 2X**: a gauge rule (`ib_port_degraded`) or its symbol errors (`ib_symbol_errors`), seen at the first findings tick after the node's next flush.\n\
-        - **A GPU slowing down**: the straggler search reads the archive (what the node flushed, every 10 s) over its default 5-minute window and flags a device far from its job's median in at least 75% of the 10 s steps it is scored at. In this run the window reached back to the fleet's start, so a GPU that slowed at time t into the run was flagged once 75% of its steps since the start were slow; in a fleet whose history is longer than the window, the same rule flags a GPU about 0.75 x 300 s = 225 s after it slows down (from the rule, not measured here): the 30 s goal needs a shorter window or an onset test.\n";
+        - **A GPU slowing down**: the straggler search reads the archive (what the node flushed, every 10 s) over its default 5-minute window and flags a device far from its job's median in its latest two 10 s steps (an onset), or in at least 75% of the steps it is scored at. Its time is the node's next flush (up to 10 s), the two far steps (the first may be partly slow), and the poll's turn. Every onset here came 40 s or more into the run, when the 75% rule would need three times as long since the onset: the onset test flagged them, as it would in a fleet whose history is longer than the window.\n";
     s += "\n## The collector\n\n| | |\n|---|---|\n";
     s += &format!(
         "| samples accepted | {} ({} a second) in {} frames; {} datagrams lost |\n",
@@ -921,11 +1053,30 @@ fn markdown(r: &Value) -> String {
         fmt(&c["segments_sealed"], 0)
     );
     let m = &c["metrics_scrape"];
+    for (key, what) in [
+        ("whole", "`/metrics` at this scale (every node)"),
+        ("node", "one node's target"),
+        ("shard", "one shard of 16"),
+        ("fleet", "the fleet-level target"),
+        ("targets", "the target list (http_sd)"),
+    ] {
+        let t = &m[key];
+        s += &format!(
+            "| {what}: `{}` | {:.3} MB, {} CPU s (mean of {}) and {} s per scrape |\n",
+            t["path"].as_str().unwrap_or_default(),
+            f64_of(&t["bytes"]) / 1e6,
+            fmt(&t["cpu_s"], 4),
+            t["scrapes"],
+            fmt(&t["wall_s"], 4)
+        );
+    }
+    // What a Prometheus scraping 12,500 node targets every 15 s asks of the collector, from
+    // one node's target here (a node's target does not grow with the fleet).
+    let node = &m["node"];
     s += &format!(
-        "| `/metrics` at this scale | {:.1} MB, {} CPU s and {} s per scrape |\n",
-        f64_of(&m["bytes"]) / 1e6,
-        fmt(&m["cpu_s"], 2),
-        fmt(&m["wall_s"], 2)
+        "| 12,500 node targets every 15 s (from one node's target) | {:.2} CPU s a second, {:.1} MB a second |\n",
+        f64_of(&node["cpu_s"]) * 12_500.0 / 15.0,
+        f64_of(&node["bytes"]) * 12_500.0 / 15.0 / 1e6,
     );
     s += &format!(
         "| remote-write caught up | {} s after the run; VictoriaMetrics' ingest CPU over the run: {} s |\n\n",
