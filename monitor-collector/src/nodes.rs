@@ -13,7 +13,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -132,6 +132,35 @@ struct Node {
     schema_asked: Option<(u32, Instant)>,
     /// Its keys, derived when it was first heard from.
     keys: NodeKeys,
+    /// Stamps (from the table's `next_stamp`) of the last change to its schema or the set of
+    /// its latest values, and to any latest value: a reader that saw the same
+    /// stamps saw the same node (the findings tick skips nodes that sent nothing since).
+    schema_stamp: u64,
+    latest_stamp: u64,
+    /// Changes when the schema gained ids (and nothing else about it changed).
+    grown_stamp: u64,
+}
+
+/// One node's latest values as [`NodeTable::visit_nodes`] shows them.
+pub struct NodeLatest<'a> {
+    pub name: &'a Arc<str>,
+    pub schema: &'a Schema,
+    /// Changes when the schema or the set of series with a latest value may have changed
+    /// otherwise than by a new series getting its first value.
+    pub schema_stamp: u64,
+    /// Changes when the schema gained ids (a schema that changed otherwise changes
+    /// `schema_stamp`).
+    pub grown_stamp: u64,
+    /// Changes when any latest value may have changed (and with `schema_stamp`).
+    pub latest_stamp: u64,
+    latest: &'a HashMap<u32, Latest>,
+}
+
+impl NodeLatest<'_> {
+    /// The latest value of the series with schema id `id`, if it has one.
+    pub fn latest(&self, id: u32) -> Option<&Latest> {
+        self.latest.get(&id)
+    }
 }
 
 /// One node as the live view and `/metrics` show it.
@@ -263,6 +292,9 @@ pub struct NodeTable {
     hasher: std::collections::hash_map::RandomState,
     nodes: AtomicUsize,
     series: AtomicUsize,
+    /// The next node stamp (see `Node::schema_stamp`): unique over the table's life, so a
+    /// node forgotten and heard from again never repeats one.
+    stamps: AtomicU64,
     limits: Limits,
     keys: IngestKeys,
 }
@@ -306,6 +338,7 @@ impl NodeTable {
             hasher: Default::default(),
             nodes: AtomicUsize::new(0),
             series: AtomicUsize::new(0),
+            stamps: AtomicU64::new(1),
             limits,
             keys: IngestKeys::new(keys.into()),
         }
@@ -341,6 +374,10 @@ impl NodeTable {
     /// Series held over all nodes (schema entries of their current sessions).
     pub fn series_count(&self) -> usize {
         self.series.load(Ordering::Relaxed)
+    }
+
+    fn next_stamp(&self) -> u64 {
+        self.stamps.fetch_add(1, Ordering::Relaxed)
     }
 
     fn shard(&self, name: &str) -> &Shard {
@@ -477,6 +514,9 @@ impl NodeTable {
             refused_session: None,
             schema_asked: None,
             keys,
+            schema_stamp: self.next_stamp(),
+            latest_stamp: 0,
+            grown_stamp: 0,
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)
     }
@@ -519,14 +559,23 @@ impl NodeTable {
             node.latest.clear();
             node.refused_session = None;
             node.schema_asked = None;
+            node.schema_stamp = self.next_stamp();
         }
         for e in &frame.schema {
-            if node.schema.entries.get(&e.id) != Some(&e.series) {
+            let held = node.schema.entries.get(&e.id);
+            if held != Some(&e.series) {
+                if held.is_none() {
+                    node.grown_stamp = self.next_stamp();
+                } else {
+                    node.schema_stamp = self.next_stamp();
+                }
                 Arc::make_mut(&mut node.schema)
                     .entries
                     .insert(e.id, e.series.clone());
             }
         }
+        // Every accepted frame may move a latest value (cheaper than asking which did).
+        node.latest_stamp = self.next_stamp();
         let received = node.receiver.node(&node.name).expect("the frame's node");
         let footprint = received.known_series();
         let last = received.last;
@@ -558,6 +607,7 @@ impl NodeTable {
                 entries: HashMap::default(),
             });
             node.latest = HashMap::default();
+            node.schema_stamp = self.next_stamp();
             node.counts.refused += 1;
             return Err(Refused {
                 reason: DropReason::SeriesLimit,
@@ -698,6 +748,24 @@ impl NodeTable {
                         f(&node.name, series, latest);
                     }
                 }
+            }
+        }
+    }
+
+    /// Calls `f` with each node's schema and latest values, under each shard's lock in turn,
+    /// with the stamps that say whether they changed since a previous visit.
+    pub fn visit_nodes(&self, f: &mut dyn FnMut(&NodeLatest)) {
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for node in shard.values() {
+                f(&NodeLatest {
+                    name: &node.name,
+                    schema: &node.schema,
+                    schema_stamp: node.schema_stamp,
+                    grown_stamp: node.grown_stamp,
+                    latest_stamp: node.latest_stamp,
+                    latest: &node.latest,
+                });
             }
         }
     }

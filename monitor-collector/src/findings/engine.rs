@@ -43,11 +43,13 @@ use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, na
 use super::{
     FindingsStore, Observation, Thresholds, affinity, fabric, gpus,
     hardware::{self, HardwareReader},
-    ib_links, pfc,
+    ib_links,
+    live::LiveReader,
+    pfc,
     profile::{self, GoldenProfile, ProfileBoard},
     topology::{PortKey, Topology},
     verbs,
-    view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View, note_gpu_job},
+    view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
 };
 use crate::{
     clock::unix_now_ns,
@@ -197,20 +199,6 @@ pub fn port_states(frame: &Frame, schema: &Schema) -> PortStateSamples {
         .collect()
 }
 
-/// A `railscope_ib_port_neighbor_info` series as (port, (switch, the switch's port)); None
-/// if a label is missing.
-fn neighbour(node: &Arc<str>, series: &Series) -> Option<(PortKey, (String, String))> {
-    let l = &series.labels;
-    let port = l.get("port")?.parse().ok()?;
-    Some((
-        (node.to_string(), l.get("device")?.to_owned(), port),
-        (
-            l.get("switch")?.to_owned(),
-            l.get("switch_port")?.to_owned(),
-        ),
-    ))
-}
-
 /// Which rules a pass evaluated: a finding of a rule a pass did not evaluate is left alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
@@ -236,10 +224,12 @@ fn series_rules() -> Vec<&'static str> {
         .collect()
 }
 
-/// What the tick's read of the live view hands the event rules: the agents' LLDP neighbours
-/// (the fabric grouping's topology) and, when it changed, the job each GPU's series carry.
+/// What the tick's read of the live view hands the event rules, each when it may have changed:
+/// the agents' LLDP neighbours (the fabric grouping's topology) and the job each GPU's series
+/// carry.
 pub struct Refreshed {
-    neighbours: HashMap<PortKey, (String, String)>,
+    /// None if no node's neighbours can have changed since the last tick.
+    neighbours: Option<HashMap<PortKey, (String, String)>>,
     gpu_jobs: Option<GpuJobs>,
 }
 
@@ -282,7 +272,9 @@ impl EventEngine {
 
     /// Takes what the tick read of the live view.
     pub fn refreshed(&mut self, r: Refreshed) {
-        self.topology.set_neighbours(r.neighbours);
+        if let Some(neighbours) = r.neighbours {
+            self.topology.set_neighbours(neighbours);
+        }
         if let Some(jobs) = r.gpu_jobs {
             self.events.gpu_jobs = jobs;
         }
@@ -334,6 +326,8 @@ pub struct SeriesEngine {
     /// Each node's hardware path as the profile last read it (the affinity rule's map of
     /// GPUs and NICs).
     hardware: HashMap<Arc<str>, hardware::NodeHardware>,
+    /// How the tick reads the live view, kept between ticks.
+    live: LiveReader,
 }
 
 /// The golden profile is learnt again at most once every this many passes (30 s at the
@@ -342,63 +336,16 @@ pub struct SeriesEngine {
 const PROFILE_EVERY_PASSES: u64 = 6;
 
 impl SeriesEngine {
-    /// Reads the latest value of every watched series from the live view; returns what the
-    /// event rules need of it.
+    /// Reads the latest value of every watched series from the live view (see the `live`
+    /// module); returns what the event rules need of it.
     pub fn refresh(&mut self, table: &NodeTable) -> Refreshed {
         self.pass += 1;
         let pass = self.pass;
-        let tracks = &mut self.tracks;
-        let gpu_jobs = &mut self.gpu_jobs;
-        let gpu_jobs_changed = &mut self.gpu_jobs_changed;
-        let hardware_changed = &mut self.hardware_changed;
-        let mut neighbours = HashMap::new();
-        table.visit_latest(&mut |node, series, latest| {
-            if &*series.name == metric::IB_PORT_NEIGHBOR_INFO {
-                if let Some(port) = neighbour(node, series) {
-                    neighbours.insert(port.0, port.1);
-                }
-                return;
-            }
-            if !watched(&series.name) {
-                return;
-            }
-            if series.name.starts_with(metric::GPU_PREFIX)
-                && let (Some(gpu), Some(job)) =
-                    (series.labels.get("gpu"), series.labels.get("job_id"))
-            {
-                *gpu_jobs_changed |= note_gpu_job(gpu_jobs, node, gpu, job);
-            }
-            if series.kind == Kind::Counter {
-                // Counters come as samples through the inbox (see the module documentation):
-                // the live view only says the series is still there.
-                if let Some(track) = tracks.get_mut(&(node.clone(), series.clone())) {
-                    track.seen_pass = pass;
-                }
-                return;
-            }
-            let key = (node.clone(), series.clone());
-            let mut new = false;
-            let track = tracks.entry(key).or_insert_with(|| {
-                new = true;
-                Track::new(*latest, pass)
-            });
-            track.seen_pass = pass;
-            if latest.unix_ns < track.latest.unix_ns {
-                return;
-            }
-            let mut changed = new;
-            if let (LatestValue::Gauge { mean: a, .. }, LatestValue::Gauge { mean: b, .. }) =
-                (track.latest.value, latest.value)
-                && a.to_bits() != b.to_bits()
-            {
-                track.changed_ns = latest.unix_ns;
-                changed = true;
-            }
-            if changed && hardware::is_hardware_series(&series.name) {
-                *hardware_changed = true;
-            }
-            track.latest = *latest;
-        });
+        let read = self
+            .live
+            .read(table, &mut self.tracks, &mut self.gpu_jobs, pass, watched);
+        self.hardware_changed |= read.hardware_changed;
+        self.gpu_jobs_changed |= read.gpu_jobs_changed;
         let keep_ns = self.history_ns();
         let hardware_changed = &mut self.hardware_changed;
         // Series gone from the live view (its ttl) are forgotten; a counter's samples taken
@@ -420,7 +367,7 @@ impl SeriesEngine {
             t.seen_pass >= pass
         });
         Refreshed {
-            neighbours,
+            neighbours: read.neighbours,
             gpu_jobs: std::mem::take(&mut self.gpu_jobs_changed).then(|| self.gpu_jobs.clone()),
         }
     }
@@ -441,10 +388,9 @@ impl SeriesEngine {
                     per_second: None,
                 },
             };
-            let track = self
+            let (_, track, _) = self
                 .tracks
-                .entry((node.clone(), series))
-                .or_insert_with(|| Track::new(first, pass));
+                .get_or_insert(&(node.clone(), series), || Track::new(first, pass));
             track.seen_pass = pass;
             for sample in samples {
                 track.take_counter(sample.unix_ns, sample.value);
@@ -528,6 +474,7 @@ impl FindingsEngine {
                 profile_seen: Vec::new(),
                 board: Arc::new(ProfileBoard::default()),
                 hardware: HashMap::new(),
+                live: LiveReader::default(),
             },
         }
     }
@@ -584,7 +531,8 @@ fn learn_profile(
     th: &Thresholds,
     board: &ProfileBoard,
 ) -> (Vec<Observation>, HashMap<Arc<str>, hardware::NodeHardware>) {
-    let mut readers: HashMap<&Arc<str>, HardwareReader> = HashMap::new();
+    let mut readers: HashMap<&Arc<str>, HardwareReader, foldhash::fast::RandomState> =
+        HashMap::default();
     for name in hardware::SERIES {
         for ((node, series), track) in view.named(name) {
             readers.entry(node).or_default().take(series, &track.latest);

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{
     Observation, Severity, Subject, Thresholds,
-    view::{EventState, Track, TrackKey, View},
+    view::{EventState, Place, Track, TrackKey, View},
     xid,
 };
 
@@ -156,22 +156,24 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         }
     };
     for (key, track) in view.named(ECC) {
+        // The value first: a label lookup per series of the fleet costs more.
+        let Some(n) = track.counter().filter(|&n| n > 0) else {
+            continue;
+        };
         let labels = &key.1.labels;
         if labels.get("type") != Some("uncorrected") || labels.get("scope") != Some("volatile") {
             continue;
         }
-        if let Some(n) = track.counter().filter(|&n| n > 0) {
-            push(
-                "gpu_ecc_uncorrected",
-                Severity::Critical,
-                key,
-                track,
-                format!(
-                    "{n} uncorrected (double-bit) ECC errors since the driver loaded: drain and reset the GPU"
-                ),
-                json!({"volatile_uncorrected": n}),
-            );
-        }
+        push(
+            "gpu_ecc_uncorrected",
+            Severity::Critical,
+            key,
+            track,
+            format!(
+                "{n} uncorrected (double-bit) ECC errors since the driver loaded: drain and reset the GPU"
+            ),
+            json!({"volatile_uncorrected": n}),
+        );
     }
     for (name, rule, severity, advice) in [
         (
@@ -203,6 +205,9 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
     // Throttle flags, grouped per GPU and rule.
     let mut per_gpu: GpuMap<(&'static str, GpuId), Throttled> = GpuMap::default();
     for (key, track) in view.named(THROTTLE) {
+        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else {
+            continue;
+        };
         let Some(reason) = key.1.labels.get("reason") else {
             continue;
         };
@@ -211,9 +216,6 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         } else if POWER.contains(&reason) {
             "gpu_power_throttle"
         } else {
-            continue;
-        };
-        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else {
             continue;
         };
         per_gpu
@@ -239,17 +241,35 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         );
     }
     // PCIe link: current against maximum, on busy GPUs only (idle GPUs lower their link).
-    let by_gpu = |name: &'static str| -> GpuMap<GpuId, &Track> {
-        view.named(name).map(|(k, t)| (gpu_id(k), t)).collect()
+    // The GPUs below their maximum generation first (few, usually none); then only their
+    // width and utilisation are looked up, not every GPU's.
+    let gen_max: GpuMap<Place, &Track> = view
+        .placed(PCIE_MAX_GEN)
+        .map(|(_, t, p)| (p.gpu, t))
+        .collect();
+    let low: Vec<(&TrackKey, &Track, Place)> = view
+        .placed(PCIE_GEN)
+        .filter_map(|(k, t, p)| {
+            let gm = gen_max.get(&p.gpu).and_then(|t| t.gauge());
+            matches!((t.gauge(), gm), (Some(a), Some(b)) if a < b).then_some((k, t, p.gpu))
+        })
+        .collect();
+    let of_low = |name: &'static str| -> GpuMap<Place, &Track> {
+        if low.is_empty() {
+            return GpuMap::default();
+        }
+        let wanted: GpuMap<Place, ()> = low.iter().map(|l| (l.2, ())).collect();
+        view.placed(name)
+            .map(|(_, t, p)| (p.gpu, t))
+            .filter(|(id, _)| wanted.contains_key(id))
+            .collect()
     };
-    let (gen_max, width, width_max, util) = (
-        by_gpu(PCIE_MAX_GEN),
-        by_gpu(PCIE_WIDTH),
-        by_gpu(PCIE_MAX_WIDTH),
-        by_gpu(UTILIZATION),
+    let (width, width_max, util) = (
+        of_low(PCIE_WIDTH),
+        of_low(PCIE_MAX_WIDTH),
+        of_low(UTILIZATION),
     );
-    for (series_key, track) in view.named(PCIE_GEN) {
-        let key = gpu_id(series_key);
+    for &(series_key, track, key) in &low {
         let busy = util
             .get(&key)
             .and_then(|t| t.gauge())
@@ -261,9 +281,8 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         // A width below the maximum is `pcie_downtrained`'s (the golden profile's): lanes are
         // not lowered to save power, so it is judged busy or not. Until the width is known
         // (the gauges arrive apart) neither is judged here.
-        let low_gen = matches!((g, gm), (Some(a), Some(b)) if a < b);
         let full_width = matches!((w, wm), (Some(a), Some(b)) if a >= b);
-        if busy && low_gen && full_width {
+        if busy && full_width {
             push(
                 "gpu_pcie_degraded",
                 Severity::Warning,

@@ -186,6 +186,7 @@ impl NodeHardware {
 /// Which of a link's four gauges a metric is.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum LinkPart {
+    // The discriminants index a link's gauges in `HardwareReader`.
     Generation,
     MaxGeneration,
     Width,
@@ -206,16 +207,21 @@ fn link_part(name: &str) -> Option<(bool, LinkPart)> {
     })
 }
 
+/// The reader's maps: foldhash, as the tracks (see `view::Tracks`).
+type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Reads one node's hardware path from its series, newest sample first (see the module
 /// documentation).
 #[derive(Default)]
 pub struct HardwareReader {
     info: Option<(u64, Labels)>,
     counts: [Option<(u64, f64)>; 3],
-    gpus: HashMap<String, (u64, Labels)>,
-    rdma: HashMap<String, (u64, Labels)>,
-    /// (is a GPU, gpu or device, part) → (time, value).
-    links: HashMap<(bool, String, LinkPart), (u64, f64)>,
+    gpus: FoldHashMap<String, (u64, Labels)>,
+    rdma: FoldHashMap<String, (u64, Labels)>,
+    /// gpu (GPUs) or device (RDMA devices) → (time, value) of each [`LinkPart`]: looked up
+    /// by the label's text (the whole fleet is read when the profile is learnt).
+    gpu_links: FoldHashMap<String, [Option<(u64, f64)>; 4]>,
+    rdma_links: FoldHashMap<String, [Option<(u64, f64)>; 4]>,
     seen_ns: u64,
 }
 
@@ -247,9 +253,16 @@ impl HardwareReader {
                     (&mut self.rdma, "device")
                 };
                 let Some(id) = labels.get(key) else { return };
-                let mut slot = map.remove(id);
-                newest(&mut slot, t, labels.clone());
-                map.insert(id.to_owned(), slot.expect("just set or kept"));
+                match map.get_mut(id) {
+                    Some(slot) => {
+                        if t >= slot.0 {
+                            *slot = (t, labels.clone());
+                        }
+                    }
+                    None => {
+                        map.insert(id.to_owned(), (t, labels.clone()));
+                    }
+                }
             }
             _ => {
                 let Some((gpu, part)) = link_part(name) else {
@@ -258,10 +271,16 @@ impl HardwareReader {
                 let Some(id) = labels.get(if gpu { "gpu" } else { "device" }) else {
                     return;
                 };
-                let mut slot = self.links.remove(&(gpu, id.to_owned(), part));
-                newest(&mut slot, t, mean);
-                self.links
-                    .insert((gpu, id.to_owned(), part), slot.expect("just set or kept"));
+                let links = if gpu {
+                    &mut self.gpu_links
+                } else {
+                    &mut self.rdma_links
+                };
+                let parts = match links.get_mut(id) {
+                    Some(parts) => parts,
+                    None => links.entry(id.to_owned()).or_default(),
+                };
+                newest(&mut parts[part as usize], t, mean);
             }
         }
         self.seen_ns = self.seen_ns.max(t);
@@ -273,10 +292,16 @@ impl HardwareReader {
     }
 
     fn link(&self, gpu: bool, id: &str) -> Link {
-        let get = |part| {
-            self.links
-                .get(&(gpu, id.to_owned(), part))
-                .map(|&(_, v)| v.round().max(0.0) as u32)
+        let links = if gpu {
+            &self.gpu_links
+        } else {
+            &self.rdma_links
+        };
+        let get = |part: LinkPart| {
+            links
+                .get(id)
+                .and_then(|parts| parts[part as usize])
+                .map(|(_, v)| v.round().max(0.0) as u32)
         };
         Link {
             generation: get(LinkPart::Generation),
@@ -290,13 +315,13 @@ impl HardwareReader {
     /// older than the hardware path sends the GPUs' links alone), each with its info labels.
     fn ids(&self, gpu: bool) -> Vec<(&str, Labels)> {
         let info = if gpu { &self.gpus } else { &self.rdma };
+        let links = if gpu {
+            &self.gpu_links
+        } else {
+            &self.rdma_links
+        };
         let mut ids: Vec<&str> = info.keys().map(String::as_str).collect();
-        ids.extend(
-            self.links
-                .keys()
-                .filter(|k| k.0 == gpu)
-                .map(|k| k.1.as_str()),
-        );
+        ids.extend(links.keys().map(String::as_str));
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter()

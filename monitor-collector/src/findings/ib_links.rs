@@ -13,7 +13,7 @@ use super::{
     Observation, Severity, Subject, Thresholds,
     fabric::{self, Blame, Grouping},
     topology::PortKey,
-    view::{DownSource, EventState, Track, TrackKey, View},
+    view::{DownSource, EventState, Place, Track, TrackKey, View},
 };
 
 pub const RULES: &[&str] = &[
@@ -64,6 +64,10 @@ fn port_of(key: &TrackKey) -> Option<Subject> {
     let port = key.1.labels.get("port")?.parse().ok()?;
     Some(Subject::port(&key.0, device, port))
 }
+
+/// Maps of a tick's ports, by their [`Place`] (a [`Subject`] is made for a finding only: the
+/// fleet has 100,000 ports at 12,500 nodes).
+type PortMap<V> = HashMap<Place, V, foldhash::fast::RandomState>;
 
 fn phys_name(v: f64) -> &'static str {
     match v as i64 {
@@ -200,18 +204,16 @@ pub fn evaluate_series(
             s.port.unwrap_or(0),
         )
     };
-    let port_gauge = |name: &'static str| -> HashMap<Subject, &Track> {
-        view.named(name)
-            .filter_map(|(k, t)| Some((port_of(k)?, t)))
+    let port_gauge = |name: &'static str| -> PortMap<(&TrackKey, &Track)> {
+        view.placed(name)
+            .filter_map(|(k, t, p)| Some((p.port?, (k, t))))
             .collect()
     };
     let states = port_gauge(STATE);
-    let active = |s: &Subject| states.get(s).and_then(|t| t.gauge()) == Some(ACTIVE);
+    let active = |p: &Place| states.get(p).and_then(|(_, t)| t.gauge()) == Some(ACTIVE);
 
+    // Each loop asks its track first and makes the port's subject only for a finding.
     for (key, track) in view.named(SYMBOL_ERROR) {
-        let Some(subject) = port_of(key) else {
-            continue;
-        };
         let hour = track.increase(3600 * S);
         let rate = track.rate(RATE_WINDOW_NS);
         let (severity, what) = match (hour, rate) {
@@ -230,6 +232,9 @@ pub fn evaluate_series(
                 ),
             ),
             _ => continue,
+        };
+        let Some(subject) = port_of(key) else {
+            continue;
         };
         let window = if matches!(severity, Severity::Critical) {
             3600 * S
@@ -253,14 +258,13 @@ pub fn evaluate_series(
     }
 
     for (key, track) in view.named(LINK_ERROR_RECOVERY) {
-        let Some(subject) = port_of(key) else {
-            continue;
-        };
         let Some((n, span)) = track.increase(RATE_WINDOW_NS) else {
             continue;
         };
         let per_min = n as f64 * 60.0 / span.max(60.0);
-        if per_min > th.link_error_recovery_per_min {
+        if per_min > th.link_error_recovery_per_min
+            && let Some(subject) = port_of(key)
+        {
             out.push(rise_observation(
                 "ib_link_error_recovery",
                 Severity::Warning,
@@ -277,13 +281,12 @@ pub fn evaluate_series(
     }
 
     for (key, track) in view.named(LINK_DOWNED) {
-        let Some(subject) = port_of(key) else {
-            continue;
-        };
         let Some((n, span)) = track.increase(th.link_downed_hold_s * S) else {
             continue;
         };
-        if n > 0 {
+        if n > 0
+            && let Some(subject) = port_of(key)
+        {
             let port = key_of(&subject);
             let mut o = rise_observation(
                 "ib_link_downed",
@@ -308,27 +311,30 @@ pub fn evaluate_series(
         mode(
             widths
                 .iter()
-                .filter(|(s, _)| active(s))
-                .filter_map(|(_, t)| t.gauge()),
+                .filter(|(p, _)| active(p))
+                .filter_map(|(_, (_, t))| t.gauge()),
         )
     });
     let expected_rate = th.expected_rate_gbps.or_else(|| {
         mode(
             rates
                 .iter()
-                .filter(|(s, _)| active(s))
-                .filter_map(|(_, t)| t.gauge()),
+                .filter(|(p, _)| active(p))
+                .filter_map(|(_, (_, t))| t.gauge()),
         )
     });
-    for (subject, track) in &widths {
-        if !active(subject) {
+    for (place, &(key, track)) in &widths {
+        if !active(place) {
             continue;
         }
         let width = track.gauge();
-        let rate = rates.get(subject).and_then(|t| t.gauge());
+        let rate = rates.get(place).and_then(|(_, t)| t.gauge());
         let narrow = matches!((width, expected_width), (Some(w), Some(e)) if w < e);
         let slow = matches!((rate, expected_rate), (Some(r), Some(e)) if r < e);
         if narrow || slow {
+            let Some(subject) = port_of(key) else {
+                continue;
+            };
             out.push(observation(
                 "ib_port_degraded",
                 Severity::Warning,
@@ -352,10 +358,13 @@ pub fn evaluate_series(
     }
 
     for (key, track) in view.named(PHYS_STATE) {
+        let Some(phys) = track.gauge() else { continue };
+        if phys == LINK_UP {
+            continue;
+        }
         let Some(subject) = port_of(key) else {
             continue;
         };
-        let Some(phys) = track.gauge() else { continue };
         // Held since the value last changed as the engine saw it, or since the port's last
         // DOWN transition: the engine sees the latest sample only, so two down episodes with
         // an UP between them would otherwise look like one long one.
@@ -400,9 +409,10 @@ pub fn evaluate_series(
 /// with a robust z-score (median and MAD), so the congested ports cannot pull the norm.
 fn congestion(view: &View, out: &mut Vec<Observation>) {
     let th = view.th;
-    let rates: Vec<(Subject, &Track, f64)> = view
-        .named(CNP_SENT)
-        .filter_map(|(k, t)| Some((port_of(k)?, t, t.rate(RATE_WINDOW_NS)?)))
+    let rates: Vec<(&TrackKey, &Track, f64)> = view
+        .placed(CNP_SENT)
+        .filter(|(_, _, p)| p.port.is_some())
+        .filter_map(|(k, t, _)| Some((k, t, t.rate(RATE_WINDOW_NS)?)))
         .collect();
     if rates.len() < 3 {
         return;
@@ -411,9 +421,12 @@ fn congestion(view: &View, out: &mut Vec<Observation>) {
     let Some(norm) = crate::robust::Norm::of(&values, 1.0) else {
         return;
     };
-    for (subject, track, rate) in rates {
+    for (key, track, rate) in rates {
         let score = norm.score(rate);
-        if score > th.congestion_score && rate >= th.congestion_min_cnp_per_s {
+        if score > th.congestion_score
+            && rate >= th.congestion_min_cnp_per_s
+            && let Some(subject) = port_of(key)
+        {
             out.push(observation(
                 "roce_congestion",
                 Severity::Warning,

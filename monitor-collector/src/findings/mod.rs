@@ -2,10 +2,12 @@
 //! receives, each a [`Finding`] with severity, node, device and port or GPU, job, start, end,
 //! rule and evidence.
 //!
-//! - [`engine`]: the findings thread: takes events as they arrive (from ingest, through a
-//!   bounded channel: nothing is evaluated on the receive threads) and walks the live view's
-//!   latest values on a short tick; opens a finding when a rule's condition appears, ends it
-//!   when it is gone;
+//! - [`engine`]: the findings threads: the events thread takes events and port states as they
+//!   arrive (from ingest, through a bounded channel: nothing is evaluated on the receive
+//!   threads) and runs the event rules at once; the tick thread reads the live view's latest
+//!   values on a short tick (`live`: node by node, skipping nodes unchanged since the last
+//!   tick; [`view`]: the tracks the rules read) and runs the series rules; a finding opens
+//!   when a rule's condition appears and ends when it is gone;
 //! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
 //!   [`xid`]), [`verbs`]; [`fabric`]: port DOWN transitions of many nodes at once blamed on
 //!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
@@ -31,6 +33,7 @@ pub mod hardware;
 pub mod hardware_api;
 pub mod hostlist;
 pub mod ib_links;
+mod live;
 pub mod log;
 pub mod pfc;
 pub mod profile;

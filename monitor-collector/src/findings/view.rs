@@ -141,39 +141,386 @@ impl Track {
 /// The node and series of a [`Track`].
 pub type TrackKey = (Arc<str>, Series);
 
-/// Every watched series' track. Hashed with foldhash rather than std's SipHash: the findings
-/// thread walks every watched series of the fleet each tick (hundreds of thousands at 2,000
-/// nodes), and the keys are the collector's own, not an attacker's choice of strings alone.
-pub type Tracks = HashMap<TrackKey, Track, foldhash::fast::RandomState>;
+type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Where a track is held in [`Tracks`], and the generation of that place: a handle kept
+/// across passes (the tick's per-node lists) finds its track again without hashing the
+/// series, and a handle of a track since forgotten finds nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrackHandle {
+    slot: u32,
+    generation: u32,
+}
+
+struct Held {
+    key: TrackKey,
+    track: Track,
+    /// Its position in its name's list of `Tracks::by_name`.
+    at: u32,
+    places: Places,
+}
+
+/// A port or a GPU a track's series measures, as a number: the rules join a tick's series of
+/// one port or GPU by it, where reading each series' labels again at every tick (millions of
+/// series at 12,500 nodes) was most of the rules' time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Place(u32);
+
+/// The places of a track's series, read from its labels once, when its track is made.
+#[derive(Clone, Copy, Debug)]
+pub struct Places {
+    /// (node, `device`, `port`), if it has both labels and the port is a number.
+    pub port: Option<Place>,
+    /// (node, `gpu`, `job_id`, `uuid`), each label if it has it (a series without them all
+    /// shares its node's).
+    pub gpu: Place,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum PlaceKey {
+    Port(Arc<str>, String, u32),
+    Gpu(Arc<str>, Option<String>, Option<String>, Option<String>),
+}
+
+/// The places tracks have, each with the number of tracks that have it (forgotten with the
+/// last).
+#[derive(Default)]
+struct PlaceBook {
+    ids: FoldHashMap<PlaceKey, u32>,
+    /// By id: its key and how many tracks have it.
+    held: Vec<Option<(PlaceKey, u32)>>,
+    free: Vec<u32>,
+}
+
+impl PlaceBook {
+    fn take(&mut self, key: PlaceKey) -> Place {
+        if let Some(&id) = self.ids.get(&key) {
+            self.held[id as usize].as_mut().expect("an id in use").1 += 1;
+            return Place(id);
+        }
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.held.push(None);
+                (self.held.len() - 1) as u32
+            }
+        };
+        self.held[id as usize] = Some((key.clone(), 1));
+        self.ids.insert(key, id);
+        Place(id)
+    }
+
+    fn release(&mut self, place: Place) {
+        let slot = &mut self.held[place.0 as usize];
+        let (_, refs) = slot.as_mut().expect("an id in use");
+        *refs -= 1;
+        if *refs == 0 {
+            let (key, _) = slot.take().expect("checked");
+            self.ids.remove(&key);
+            self.free.push(place.0);
+        }
+    }
+
+    fn places_of(&mut self, key: &TrackKey) -> Places {
+        let labels = &key.1.labels;
+        let port = labels.get("device").and_then(|device| {
+            let port = labels.get("port")?.parse().ok()?;
+            Some(self.take(PlaceKey::Port(key.0.clone(), device.to_owned(), port)))
+        });
+        let own = |name: &str| labels.get(name).map(str::to_owned);
+        let gpu = self.take(PlaceKey::Gpu(
+            key.0.clone(),
+            own("gpu"),
+            own("job_id"),
+            own("uuid"),
+        ));
+        Places { port, gpu }
+    }
+}
+
+struct Slot {
+    generation: u32,
+    held: Option<Held>,
+}
+
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The tracks' slots by their key's hash: a key is hashed once when looked up or added, and
+/// never again as the index grows (rehashing millions of keys' strings made the tick that
+/// grew it the slowest).
+#[derive(Default)]
+struct KeyIndex {
+    hasher: foldhash::fast::RandomState,
+    first: HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>,
+    /// Slots of keys whose hash another key in `first` has.
+    more: HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<Prehashed>>,
+    len: usize,
+}
+
+impl KeyIndex {
+    fn hash(&self, key: &TrackKey) -> u64 {
+        use std::hash::BuildHasher as _;
+        self.hasher.hash_one(key)
+    }
+
+    fn get(&self, key: &TrackKey, slots: &[Slot]) -> Option<u32> {
+        let is = |slot: u32| {
+            slots[slot as usize]
+                .held
+                .as_ref()
+                .is_some_and(|h| h.key == *key)
+        };
+        let hash = self.hash(key);
+        let &first = self.first.get(&hash)?;
+        if is(first) {
+            return Some(first);
+        }
+        self.more.get(&hash)?.iter().copied().find(|&s| is(s))
+    }
+
+    fn insert(&mut self, key: &TrackKey, slot: u32) {
+        let hash = self.hash(key);
+        self.len += 1;
+        match self.first.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(slot);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.more.entry(hash).or_default().push(slot);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &TrackKey, slot: u32) {
+        let hash = self.hash(key);
+        self.len -= 1;
+        if self.first.get(&hash) == Some(&slot) {
+            match self.more.get_mut(&hash) {
+                Some(more) => {
+                    let next = more.pop().expect("no empty list is kept");
+                    if more.is_empty() {
+                        self.more.remove(&hash);
+                    }
+                    self.first.insert(hash, next);
+                }
+                None => {
+                    self.first.remove(&hash);
+                }
+            }
+        } else if let Some(more) = self.more.get_mut(&hash) {
+            more.retain(|&s| s != slot);
+            if more.is_empty() {
+                self.more.remove(&hash);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Every watched series' track, by (node, series), and by series name (what the rules read:
+/// each reads a few names). Tracks sit in slots that handles point to; the index by key is
+/// asked only for a series new to the tick and for counter samples. Hashed with foldhash
+/// rather than std's SipHash: the keys are the collector's own.
+#[derive(Default)]
+pub struct Tracks {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: KeyIndex,
+    by_name: FoldHashMap<Arc<str>, Vec<u32>>,
+    places: PlaceBook,
+}
+
+impl Tracks {
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The handle of `key`'s track, if it has one.
+    pub fn handle(&self, key: &TrackKey) -> Option<TrackHandle> {
+        let slot = self.index.get(key, &self.slots)?;
+        Some(TrackHandle {
+            slot,
+            generation: self.slots[slot as usize].generation,
+        })
+    }
+
+    /// The key of the track `handle` points to, if it is still held.
+    pub fn key(&self, handle: TrackHandle) -> Option<&TrackKey> {
+        let slot = self.slots.get(handle.slot as usize)?;
+        if slot.generation != handle.generation {
+            return None;
+        }
+        slot.held.as_ref().map(|h| &h.key)
+    }
+
+    /// The track `handle` points to, if it is still held.
+    pub fn get_mut(&mut self, handle: TrackHandle) -> Option<&mut Track> {
+        let slot = self.slots.get_mut(handle.slot as usize)?;
+        if slot.generation != handle.generation {
+            return None;
+        }
+        slot.held.as_mut().map(|h| &mut h.track)
+    }
+
+    /// `key`'s track, made by `new` if it has none; and whether it was made.
+    pub fn get_or_insert(
+        &mut self,
+        key: &TrackKey,
+        new: impl FnOnce() -> Track,
+    ) -> (TrackHandle, &mut Track, bool) {
+        let (slot, made) = match self.index.get(key, &self.slots) {
+            Some(slot) => (slot, false),
+            None => (self.insert(key.clone(), new()), true),
+        };
+        let held = &mut self.slots[slot as usize];
+        let handle = TrackHandle {
+            slot,
+            generation: held.generation,
+        };
+        let track = &mut held
+            .held
+            .as_mut()
+            .expect("an indexed slot holds a track")
+            .track;
+        (handle, track, made)
+    }
+
+    fn insert(&mut self, key: TrackKey, track: Track) -> u32 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    held: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let named = match self.by_name.get_mut(&*key.1.name) {
+            Some(named) => named,
+            None => self.by_name.entry(key.1.name.clone()).or_default(),
+        };
+        named.push(slot);
+        let at = (named.len() - 1) as u32;
+        self.index.insert(&key, slot);
+        let places = self.places.places_of(&key);
+        self.slots[slot as usize].held = Some(Held {
+            key,
+            track,
+            at,
+            places,
+        });
+        slot
+    }
+
+    /// Keeps the tracks `keep` says to keep.
+    pub fn retain(&mut self, mut keep: impl FnMut(&TrackKey, &mut Track) -> bool) {
+        for slot in 0..self.slots.len() {
+            let Some(held) = self.slots[slot].held.as_mut() else {
+                continue;
+            };
+            if keep(&held.key, &mut held.track) {
+                continue;
+            }
+            let held = self.slots[slot].held.take().expect("checked");
+            self.slots[slot].generation = self.slots[slot].generation.wrapping_add(1);
+            self.free.push(slot as u32);
+            self.index.remove(&held.key, slot as u32);
+            if let Some(port) = held.places.port {
+                self.places.release(port);
+            }
+            self.places.release(held.places.gpu);
+            let named = self
+                .by_name
+                .get_mut(&*held.key.1.name)
+                .expect("a held track is listed by name");
+            named.swap_remove(held.at as usize);
+            if let Some(&moved) = named.get(held.at as usize) {
+                self.slots[moved as usize]
+                    .held
+                    .as_mut()
+                    .expect("a listed slot holds a track")
+                    .at = held.at;
+            }
+            if named.is_empty() {
+                self.by_name.remove(&*held.key.1.name);
+            }
+        }
+    }
+
+    /// The tracks of the series named `name`.
+    pub fn named<'b>(&'b self, name: &str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
+        self.placed(name).map(|(k, t, _)| (k, t))
+    }
+
+    /// The tracks of the series named `name`, with their places.
+    pub fn placed<'b>(
+        &'b self,
+        name: &str,
+    ) -> impl Iterator<Item = (&'b TrackKey, &'b Track, Places)> {
+        self.by_name.get(name).into_iter().flat_map(|slots| {
+            slots.iter().map(|&slot| {
+                let held = self.slots[slot as usize]
+                    .held
+                    .as_ref()
+                    .expect("a listed slot holds a track");
+                (&held.key, &held.track, held.places)
+            })
+        })
+    }
+}
 
 /// What the rules read in one pass.
 pub struct View<'a> {
-    /// The tracks by series name, indexed once per pass: each rule reads a few names, and a
-    /// scan of every track per name read made the findings thread the collector's busiest.
-    by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, foldhash::fast::RandomState>,
+    tracks: &'a Tracks,
     pub now_ns: u64,
     pub th: &'a Thresholds,
 }
 
 impl<'a> View<'a> {
     pub fn new(tracks: &'a Tracks, now_ns: u64, th: &'a Thresholds) -> Self {
-        let mut by_name: HashMap<&'a str, Vec<(&'a TrackKey, &'a Track)>, _> =
-            HashMap::with_hasher(foldhash::fast::RandomState::default());
-        for (key, track) in tracks {
-            by_name.entry(&*key.1.name).or_default().push((key, track));
-        }
-        Self {
-            by_name,
-            now_ns,
-            th,
-        }
+        Self { tracks, now_ns, th }
     }
 
     pub fn named<'b>(&'b self, name: &'b str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
-        self.by_name
-            .get(name)
-            .into_iter()
-            .flat_map(|tracks| tracks.iter().map(|&(k, t)| (k, t)))
+        self.tracks.named(name)
+    }
+
+    /// [`named`](Self::named), with each series' places.
+    pub fn placed<'b>(
+        &'b self,
+        name: &'b str,
+    ) -> impl Iterator<Item = (&'b TrackKey, &'b Track, Places)> {
+        self.tracks.placed(name)
     }
 }
 
