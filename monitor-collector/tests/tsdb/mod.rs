@@ -123,10 +123,17 @@ impl Server {
 
     /// The answer of an instant PromQL query at the server's now: `data.result`.
     pub fn instant(&self, promql: &str) -> Vec<serde_json::Value> {
+        self.instant_at(promql, None)
+    }
+
+    /// An instant PromQL query at `time` (Unix seconds; the server's now if None).
+    fn instant_at(&self, promql: &str, time: Option<&str>) -> Vec<serde_json::Value> {
         let url = format!("{}/api/v1/query", self.base());
-        let text = self
-            .get(&url)
-            .query("query", promql)
+        let mut request = self.get(&url).query("query", promql);
+        if let Some(time) = time {
+            request = request.query("time", time);
+        }
+        let text = request
             .call()
             .unwrap()
             .into_body()
@@ -259,19 +266,7 @@ impl Server {
                 // A range selector returns the raw samples with their own timestamps.
                 let query = "{__name__=~\"railscope_.+\"}[3h]";
                 let time = (now_ms() / 1000 + 60).to_string();
-                let url = format!("{}/api/v1/query", self.base());
-                let text = self
-                    .get(&url)
-                    .query("query", query)
-                    .query("time", &time)
-                    .call()
-                    .unwrap()
-                    .into_body()
-                    .read_to_string()
-                    .unwrap();
-                let body: serde_json::Value = serde_json::from_str(&text).unwrap();
-                assert_eq!(body["status"], "success", "{body}");
-                for series in body["data"]["result"].as_array().unwrap() {
+                for series in &self.instant_at(query, Some(&time)) {
                     let key = key_of(&series["metric"]);
                     for pair in series["values"].as_array().unwrap() {
                         let ms = (pair[0].as_f64().unwrap() * 1000.0).round() as i64;
