@@ -22,11 +22,7 @@ use std::{
 use clap::Parser as _;
 use monitor_collector::{
     config::Limits,
-    findings::{
-        FindingsEngine, FindingsStore, Thresholds,
-        engine::{Pass, watched_counters},
-        store::FindingFilter,
-    },
+    findings::{FindingsEngine, FindingsStore, Thresholds, engine::Pass, store::FindingFilter},
     nodes::NodeTable,
 };
 use monitor_testkit::SimulatedFleet;
@@ -101,14 +97,7 @@ fn main() -> anyhow::Result<()> {
             let accepted = table
                 .ingest(&f, from, t + 1_000_000)
                 .map_err(|r| anyhow::anyhow!("a frame was refused: {}", r.detail))?;
-            for e in &accepted.frame.events {
-                engine.take_event(&accepted.node, e, t);
-                events = true;
-            }
-            engine.take_counters(
-                &accepted.node,
-                watched_counters(&accepted.frame, &accepted.schema),
-            );
+            events |= engine.take_frame(&accepted.node, &accepted.frame, &accepted.schema, t);
         }
         if events {
             engine.evaluate(Pass::Events, t);

@@ -500,6 +500,26 @@ impl FindingsEngine {
         self.series.take_counters(node, counters);
     }
 
+    /// Takes all the findings threads get of one frame accepted at `arrived_ns`, as ingest
+    /// hands it over: its events, its port states and its watched counters' samples. True
+    /// if the event rules are due. (For a caller that drives the engine itself: the tests,
+    /// the tick's example.)
+    pub fn take_frame(
+        &mut self,
+        node: &Arc<str>,
+        frame: &Frame,
+        schema: &Schema,
+        arrived_ns: u64,
+    ) -> bool {
+        let mut due = false;
+        for e in &frame.events {
+            self.take_event(node, e, arrived_ns);
+            due = true;
+        }
+        self.take_counters(node, watched_counters(frame, schema));
+        due | self.take_port_states(node, port_states(frame, schema))
+    }
+
     /// Reads the live view (the tick's first step).
     pub fn refresh(&mut self, table: &NodeTable) {
         let r = self.series.refresh(table);

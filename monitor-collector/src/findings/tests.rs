@@ -9,7 +9,7 @@ use monitor_wire::Key;
 
 use super::{
     Finding, FindingsStore, Severity, Thresholds,
-    engine::{FindingsEngine, Pass, port_states, watched_counters},
+    engine::{FindingsEngine, Pass, port_states},
 };
 use crate::{config::Limits, nodes::NodeTable};
 
@@ -41,18 +41,7 @@ fn run_with(
         let mut events = false;
         for f in frames {
             let accepted = table.ingest(&f, from, t + 1_000_000).expect("accepted");
-            for e in &accepted.frame.events {
-                engine.take_event(&accepted.node, e, t);
-                events = true;
-            }
-            engine.take_counters(
-                &accepted.node,
-                watched_counters(&accepted.frame, &accepted.schema),
-            );
-            events |= engine.take_port_states(
-                &accepted.node,
-                port_states(&accepted.frame, &accepted.schema),
-            );
+            events |= engine.take_frame(&accepted.node, &accepted.frame, &accepted.schema, t);
         }
         if events {
             engine.evaluate(Pass::Events, t);
@@ -581,17 +570,7 @@ fn run_in_one_burst(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
         last = fleet.tick_unix_ns(fleet.ticks());
         for f in fleet.tick() {
             let accepted = table.ingest(&f, from, last + 1_000_000).expect("accepted");
-            for e in &accepted.frame.events {
-                engine.take_event(&accepted.node, e, last);
-            }
-            engine.take_counters(
-                &accepted.node,
-                watched_counters(&accepted.frame, &accepted.schema),
-            );
-            engine.take_port_states(
-                &accepted.node,
-                port_states(&accepted.frame, &accepted.schema),
-            );
+            engine.take_frame(&accepted.node, &accepted.frame, &accepted.schema, last);
         }
     }
     engine.refresh(&table);
