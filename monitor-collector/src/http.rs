@@ -32,21 +32,29 @@ pub(crate) async fn metrics_page(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let set = scrape_targets::node_set(raw)?;
-    if let NodeSet::One(node) = &set
-        && shared.table.summaries_of(&set).is_empty()
-    {
+    let asked = set.clone();
+    // Rendering walks the nodes: off the async threads.
+    let body = tokio::task::spawn_blocking(move || match set {
+        NodeSet::All => Some(metrics::render(&shared, unix_now_ns())),
+        set => metrics::render_nodes(&shared, &set, unix_now_ns()),
+    })
+    .await
+    .map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering /metrics failed: {e}"),
+        )
+    })?;
+    let Some(body) = body else {
+        let node = match asked {
+            NodeSet::One(node) => node,
+            _ => String::new(),
+        };
         return Err(ApiError(
             StatusCode::NOT_FOUND,
             format!("no node {node:?} is held (parameter \"node\")"),
         ));
-    }
-    // Rendering walks the nodes: off the async threads.
-    let body = tokio::task::spawn_blocking(move || match set {
-        NodeSet::All => metrics::render(&shared, unix_now_ns()),
-        set => metrics::render_nodes(&shared, &set, unix_now_ns()),
-    })
-    .await
-    .unwrap_or_default();
+    };
     Ok(text_format(body))
 }
 

@@ -34,11 +34,16 @@ pub fn render(shared: &Shared, now_unix_ns: u64) -> String {
 /// The series and per-node health of the nodes of `set` only (`/metrics?node=` and
 /// `/metrics?shard=&shards=`): a scrape target that grows with its share of the fleet, not
 /// with the fleet. The fleet-level families are on `/metrics/fleet`.
-pub fn render_nodes(shared: &Shared, set: &NodeSet, now_unix_ns: u64) -> String {
+/// None when `set` is one node the collector does not hold.
+pub fn render_nodes(shared: &Shared, set: &NodeSet, now_unix_ns: u64) -> Option<String> {
+    let nodes = shared.table.summaries_of(set);
+    if nodes.is_empty() && matches!(set, NodeSet::One(_)) {
+        return None;
+    }
     let mut out = String::new();
     render_series(&mut out, shared.table.live_series_of(set, now_unix_ns));
-    render_node_families(&mut out, &shared.table.summaries_of(set));
-    out
+    render_node_families(&mut out, &nodes);
+    Some(out)
 }
 
 /// Everything of `/metrics` that is not a node's (`/metrics/fleet`): the collector's own
