@@ -85,6 +85,15 @@ fn findings(c: &CollectorProcess) -> Vec<Value> {
         .clone()
 }
 
+/// The first `fabric_upstream_down` finding, waited for up to 30 s.
+fn upstream_finding(c: &CollectorProcess) -> Value {
+    wait_for("the upstream finding", Duration::from_secs(30), || {
+        findings(c)
+            .into_iter()
+            .find(|f| f["rule"] == "fabric_upstream_down")
+    })
+}
+
 fn records(c: &CollectorProcess) -> Vec<Value> {
     c.json("/api/v1/actions")["records"]
         .as_array()
@@ -234,11 +243,7 @@ fn ports_a_switch_takes_down_for_good_are_found_at_once_blamed_on_it_and_never_d
         .build(key_from_hex(KEY_HEX))
         .send_ticks(c.udp_addr(), TICKS)
         .unwrap();
-    let upstream = wait_for("the upstream finding", Duration::from_secs(30), || {
-        findings(&c)
-            .into_iter()
-            .find(|f| f["rule"] == "fabric_upstream_down")
-    });
+    let upstream = upstream_finding(&c);
     assert_eq!(upstream["node"], "leaf1", "{upstream:#}");
     let id = upstream["id"].as_str().unwrap().to_owned();
     let leaf1 = names(1..=16);
@@ -336,11 +341,7 @@ fn on_roce_the_agents_lldp_neighbours_name_the_switch_the_topology_file_does_not
         .build(key_from_hex(KEY_HEX))
         .send_ticks(c.udp_addr(), TICKS)
         .unwrap();
-    let upstream = wait_for("the upstream finding", Duration::from_secs(30), || {
-        findings(&c)
-            .into_iter()
-            .find(|f| f["rule"] == "fabric_upstream_down")
-    });
+    let upstream = upstream_finding(&c);
     assert_eq!(upstream["node"], "roce-leaf7", "{upstream:#}");
     assert_eq!(upstream["evidence"]["switch"], "roce-leaf7");
     assert_eq!(
