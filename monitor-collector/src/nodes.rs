@@ -139,6 +139,11 @@ struct Node {
     latest_stamp: u64,
     /// Changes when the schema gained ids (and nothing else about it changed).
     grown_stamp: u64,
+    /// Since when (the collector's clock) `latest` holds every series the node sent: its
+    /// session's first frame here, or the last time an id was given another series. Before
+    /// it, the node may have sent series the table never saw (before the collector
+    /// started, in an earlier session): see [`NodeTable::ruled_out`].
+    complete_since_ns: u64,
 }
 
 /// One node's latest values as [`NodeTable::visit_nodes`] shows them.
@@ -517,6 +522,7 @@ impl NodeTable {
             schema_stamp: self.next_stamp(),
             latest_stamp: 0,
             grown_stamp: 0,
+            complete_since_ns: now_unix_ns,
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)
     }
@@ -560,6 +566,7 @@ impl NodeTable {
             node.refused_session = None;
             node.schema_asked = None;
             node.schema_stamp = self.next_stamp();
+            node.complete_since_ns = now_unix_ns;
         }
         for e in &frame.schema {
             let held = node.schema.entries.get(&e.id);
@@ -568,6 +575,7 @@ impl NodeTable {
                     node.grown_stamp = self.next_stamp();
                 } else {
                     node.schema_stamp = self.next_stamp();
+                    node.complete_since_ns = now_unix_ns;
                 }
                 Arc::make_mut(&mut node.schema)
                     .entries
@@ -783,6 +791,43 @@ impl NodeTable {
             }
         }
         true
+    }
+
+    /// The nodes the table rules out of having sent a sample at or after `since_ns` (sample
+    /// time) of a series of one of `metrics` whose label `label` is `value`: nodes whose
+    /// latest values hold every series they sent since before `since_ns` (less a minute for
+    /// clocks and transit), and none of those series that recent. A node not held, or held
+    /// completely only since later, may have: the caller asks the archive about it. The
+    /// straggler search of one job reads only the nodes not ruled out, rather than the fleet.
+    pub fn ruled_out(
+        &self,
+        metrics: &[&str],
+        label: &str,
+        value: &str,
+        since_ns: u64,
+    ) -> std::collections::HashSet<Arc<str>> {
+        /// Clocks of agent and collector may differ, and a frame takes time to arrive.
+        const SLACK_NS: u64 = 60_000_000_000;
+        let mut out = std::collections::HashSet::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for node in shard.values() {
+                if node.complete_since_ns.saturating_add(SLACK_NS) > since_ns {
+                    continue;
+                }
+                let carries = node.latest.iter().any(|(id, latest)| {
+                    latest.unix_ns >= since_ns
+                        && node.schema.entries.get(id).is_some_and(|series| {
+                            metrics.contains(&&*series.name)
+                                && series.labels.get(label) == Some(value)
+                        })
+                });
+                if !carries {
+                    out.insert(node.name.clone());
+                }
+            }
+        }
+        out
     }
 
     /// How old a series' latest sample may be and still count as live.

@@ -126,6 +126,7 @@ pub fn router(sources: Sources) -> Router {
                     .with_state(stragglers::ApiState {
                         engine,
                         findings: findings.clone(),
+                        live: table.clone(),
                     }),
             );
     }

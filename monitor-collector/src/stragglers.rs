@@ -48,6 +48,7 @@ use serde_json::json;
 
 use crate::{
     findings::{Finding, FindingsStore, store::FindingFilter},
+    nodes::NodeTable,
     query::{
         api::{ApiError, blocking, one, params, range},
         engine::{CounterPoint, GaugePoint, Points, QueryEngine, QueryError, SeriesQuery},
@@ -272,6 +273,7 @@ type Place = (String, Option<String>, Option<String>, Option<u32>);
 pub fn find(
     engine: &QueryEngine,
     findings: Option<&FindingsStore>,
+    live: Option<&NodeTable>,
     job: Option<&str>,
     start_ns: u64,
     end_ns: u64,
@@ -296,7 +298,13 @@ pub fn find(
     let mut steps: Steps = BTreeMap::new();
     // A chunk of nodes at a time, so no answer grows with the fleet (a 1,000-node fleet read
     // every second holds about 4,300 points per node and metric over the read range).
-    let all_nodes: Vec<String> = engine.nodes(read_from, read_to)?.into_iter().collect();
+    let mut all_nodes: Vec<String> = engine.nodes(read_from, read_to)?.into_iter().collect();
+    if let (Some(job), Some(live)) = (job, live) {
+        // One job: only the nodes the live table cannot rule out of it (a 1,024-node job of
+        // a 12,500-node fleet reads its own nodes, not the fleet's).
+        let ruled_out = live.ruled_out(GPU_METRICS, "job_id", job, read_from);
+        all_nodes.retain(|n| !ruled_out.contains(n.as_str()));
+    }
     for chunk in all_nodes.chunks(NODES_PER_QUERY) {
         let chunk: BTreeSet<String> = chunk.iter().cloned().collect();
         read_chunk(
@@ -365,7 +373,9 @@ pub fn find(
 /// Nodes asked about in one query.
 const NODES_PER_QUERY: usize = 100;
 
-/// Adds the steps of the GPUs and ports of `nodes` (one chunk of the fleet) to `steps`.
+/// Adds the steps of the GPUs and ports of `nodes` (one chunk of the fleet) to `steps`. The
+/// GPU metrics and the port counters are read at once (each frame opened once); the ports
+/// of a node whose GPUs carry no job are then left out.
 fn read_chunk(
     engine: &QueryEngine,
     nodes: &BTreeSet<String>,
@@ -374,17 +384,23 @@ fn read_chunk(
     (read_from, read_to): (u64, u64),
     steps: &mut Steps,
 ) -> Result<(), QueryError> {
+    let query = |metric: &str, matchers: Vec<Matcher>| SeriesQuery {
+        metric: metric.into(),
+        matchers,
+        start_ns: read_from,
+        end_ns: read_to,
+    };
+    let queries: Vec<SeriesQuery> = GPU_METRICS
+        .iter()
+        .map(|m| query(m, vec![job_matcher.clone()]))
+        .chain(PORT_COUNTERS.iter().map(|m| query(m, Vec::new())))
+        .collect();
+    let mut answers = engine
+        .series_many_of_nodes(&queries, nodes)?
+        .into_iter()
+        .map(|(a, _)| a);
     let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for &metric in GPU_METRICS {
-        let (answers, _) = engine.series_of_nodes(
-            &SeriesQuery {
-                metric: metric.into(),
-                matchers: vec![job_matcher.clone()],
-                start_ns: read_from,
-                end_ns: read_to,
-            },
-            nodes,
-        )?;
+    for (&metric, answers) in GPU_METRICS.iter().zip(answers.by_ref()) {
         for a in answers {
             let (Some(node), Some(gpu), Some(job)) = (
                 a.labels.get("node"),
@@ -412,63 +428,54 @@ fn read_chunk(
                 .extend(values);
         }
     }
-    if !node_jobs.is_empty() {
-        // Ports, for the nodes of the jobs: each direction's rate over each step, then the
-        // two added where both cover the step.
-        let job_nodes: BTreeSet<String> = node_jobs.keys().cloned().collect();
-        let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
-        for (direction, &metric) in PORT_COUNTERS.iter().enumerate() {
-            let (answers, _) = engine.series_of_nodes(
-                &SeriesQuery {
-                    metric: metric.into(),
-                    matchers: Vec::new(),
-                    start_ns: read_from,
-                    end_ns: read_to,
-                },
-                &job_nodes,
-            )?;
-            for a in answers {
-                let (Some(node), Some(device), Some(port)) = (
-                    a.labels.get("node"),
-                    a.labels.get("device"),
-                    a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
-                ) else {
-                    continue;
-                };
-                if !node_jobs.contains_key(node) {
-                    continue;
-                }
-                if let Points::Counter(points) = &a.points {
-                    let covers = counter_covers(grid, points);
-                    let mine = &mut port_covers
-                        .entry((node.clone(), device.clone(), port))
-                        .or_default()[direction];
-                    // Series of one port that differ in other labels: their spans add up.
-                    for (k, c) in covers {
-                        let m = mine.entry(k).or_default();
-                        m.ns += c.ns;
-                        m.sum += c.sum;
-                        m.instants += c.instants;
-                        m.instant_sum += c.instant_sum;
-                    }
+    if node_jobs.is_empty() {
+        return Ok(());
+    }
+    // Ports, for the nodes of the jobs: each direction's rate over each step, then the two
+    // added where both cover the step.
+    let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
+    for (direction, answers) in answers.enumerate() {
+        for a in answers {
+            let (Some(node), Some(device), Some(port)) = (
+                a.labels.get("node"),
+                a.labels.get("device"),
+                a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
+            ) else {
+                continue;
+            };
+            if !node_jobs.contains_key(node) {
+                continue;
+            }
+            if let Points::Counter(points) = &a.points {
+                let covers = counter_covers(grid, points);
+                let mine = &mut port_covers
+                    .entry((node.clone(), device.clone(), port))
+                    .or_default()[direction];
+                // Series of one port that differ in other labels: their spans add up.
+                for (k, c) in covers {
+                    let m = mine.entry(k).or_default();
+                    m.ns += c.ns;
+                    m.sum += c.sum;
+                    m.instants += c.instants;
+                    m.instant_sum += c.instant_sum;
                 }
             }
         }
-        for ((node, device, port), [tx, rx]) in port_covers {
-            let (tx, rx) = (values_of(&tx), values_of(&rx));
-            let values: StepValues = tx
-                .iter()
-                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
-                .collect();
-            if values.is_empty() {
-                continue;
-            }
-            for job in &node_jobs[&node] {
-                steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
-                    Device::Port(node.clone(), device.clone(), port),
-                    values.clone(),
-                );
-            }
+    }
+    for ((node, device, port), [tx, rx]) in port_covers {
+        let (tx, rx) = (values_of(&tx), values_of(&rx));
+        let values: StepValues = tx
+            .iter()
+            .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
+            .collect();
+        if values.is_empty() {
+            continue;
+        }
+        for job in &node_jobs[&node] {
+            steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
+                Device::Port(node.clone(), device.clone(), port),
+                values.clone(),
+            );
         }
     }
     Ok(())
@@ -583,6 +590,9 @@ const DEFAULT_WINDOW_NS: u64 = 300_000_000_000;
 pub(crate) struct ApiState {
     pub(crate) engine: Arc<QueryEngine>,
     pub(crate) findings: Option<Arc<FindingsStore>>,
+    /// Which nodes a job's search may skip ([`NodeTable::ruled_out`]); without it (a query
+    /// server on an archive alone) every node of the window is read.
+    pub(crate) live: Option<Arc<NodeTable>>,
 }
 
 /// `GET /api/v1/stragglers?job_id=&start=&end=`.
@@ -605,6 +615,7 @@ pub(crate) async fn stragglers(
         find(
             &state.engine,
             state.findings.as_deref(),
+            state.live.as_deref(),
             job.as_deref(),
             start_ns,
             end_ns,

@@ -342,6 +342,17 @@ pub fn peek_node(bytes: &[u8]) -> Option<&str> {
     std::str::from_utf8(bytes.get(7..7 + len)?).ok()
 }
 
+/// Whether a frame carries schema entries, read from its header's flags without checking the
+/// MAC: for frames already authenticated (the collector's archive), so a reader can pass
+/// over a frame outside its time range whose ids it needs no definition from. `true` when
+/// the header is cut short or is not a frame's (the reader then opens it and finds out).
+pub fn peek_has_schema(bytes: &[u8]) -> bool {
+    if bytes.get(..4) != Some(&MAGIC[..]) {
+        return true;
+    }
+    bytes.get(5).is_none_or(|flags| flags & FLAG_SCHEMA != 0)
+}
+
 /// The session and sequence number in a frame's header, read without checking the MAC: for
 /// frames already authenticated (an agent's own spool, the collector's archive). `None` when
 /// the header is cut short.
@@ -387,6 +398,20 @@ mod tests {
         let node = state.node("gpu-node-017").unwrap();
         assert_eq!(&*node.series(1).unwrap().name, "railscope_gpu_power_watts");
         assert_eq!(node.frames, 1);
+    }
+
+    #[test]
+    fn peek_has_schema_reads_the_flags_of_the_header() {
+        let mut frame = sample_frame();
+        assert!(!frame.schema.is_empty());
+        let with = encode_frame(&frame, &key()).unwrap();
+        assert!(peek_has_schema(&with));
+        frame.schema.clear();
+        let without = encode_frame(&frame, &key()).unwrap();
+        assert!(!peek_has_schema(&without));
+        // Too short or not a frame: the reader must open it to know.
+        assert!(peek_has_schema(&without[..5]));
+        assert!(peek_has_schema(b"not a frame at all"));
     }
 
     /// The worked example at the end of docs/wire-format.md, byte for byte.

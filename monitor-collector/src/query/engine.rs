@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use monitor_wire::{Keyring, Kind, Series, SeriesData, StoredFrame};
+use monitor_wire::{Keyring, Kind, Series, SeriesData, StoredFrame, peek_has_schema};
 use serde::Serialize;
 
 use super::selector::Matcher;
@@ -92,7 +92,10 @@ pub struct EventAnswer {
 pub struct QueryCost {
     pub segments: usize,
     pub blocks: usize,
+    /// Frames opened (MAC checked, header and schema parsed).
     pub frames: usize,
+    /// Frames outside the range that define no series, passed over unopened.
+    pub passed: usize,
     /// Frames that did not decode (a key that changed, a corrupt record).
     pub undecodable: usize,
 }
@@ -124,6 +127,8 @@ pub struct QueryEngine {
 
 /// A series an answer holds, and its samples gathered from all the frames read.
 struct Selected {
+    /// The question (of those asked at once) it answers.
+    query: usize,
     node: Arc<str>,
     series: Series,
     gathered: Gathered,
@@ -175,6 +180,12 @@ impl QueryEngine {
     /// stored frame (MAC checked, header and schema parsed; samples and events are for
     /// `visit` to decode, as much as it needs). `visit` gets whether the record is a frame
     /// (not a schema record) and whether its time range meets the range; it may stop the scan.
+    ///
+    /// A frame outside the range that defines no series is passed over unopened: what a
+    /// visitor takes from such a frame is only its schema entries (the ids later frames
+    /// use). A node's records are read from its segment's start, so for a question about the
+    /// last minute most frames are of that kind, and opening them (the MAC, the header) was
+    /// most of what the question cost.
     pub(crate) fn each_frame(
         &self,
         nodes: NodeSelector,
@@ -196,6 +207,12 @@ impl QueryEngine {
         let mut names: HashMap<String, Arc<str>> = HashMap::new();
         let mut cost = QueryCost::default();
         let stats = self.reader.scan(&filter, &mut |r| {
+            let in_range =
+                r.kind == RecordKind::Frame && r.last_ns >= start_ns && r.first_ns <= end_ns;
+            if !in_range && r.kind == RecordKind::Frame && !peek_has_schema(r.bytes) {
+                cost.passed += 1;
+                return ControlFlow::Continue(());
+            }
             cost.frames += 1;
             let Ok(frame) = self.keys.open_stored(r.bytes) else {
                 cost.undecodable += 1;
@@ -208,8 +225,6 @@ impl QueryEngine {
                     .or_insert_with(|| Arc::from(r.node))
                     .clone(),
             };
-            let in_range =
-                r.kind == RecordKind::Frame && r.last_ns >= start_ns && r.first_ns <= end_ns;
             visit(&node, &frame, in_range)
         })?;
         cost.segments = stats.segments;
@@ -236,43 +251,88 @@ impl QueryEngine {
         self.series_in(q, NodeSelector::Only(nodes.clone()))
     }
 
+    /// Several [`series_of_nodes`](Self::series_of_nodes) questions about `nodes`, answered
+    /// from one read of the archive: a caller that needs several metrics of the same nodes
+    /// (the straggler search: three GPU metrics and two port counters) opens each frame once
+    /// rather than once per metric. Answers come in the order of `queries`; each is limited
+    /// to [`max_points`](Self::max_points) on its own, as if asked alone.
+    pub fn series_many_of_nodes(
+        &self,
+        queries: &[SeriesQuery],
+        nodes: &BTreeSet<String>,
+    ) -> Result<Vec<(Vec<SeriesAnswer>, QueryCost)>, QueryError> {
+        let distinct: BTreeSet<&str> = queries.iter().map(|q| q.metric.as_str()).collect();
+        if distinct.len() < queries.len() {
+            // One series then answers two questions: asked one by one.
+            return queries
+                .iter()
+                .map(|q| self.series_of_nodes(q, nodes))
+                .collect();
+        }
+        let (answers, cost) = self.series_in_many(queries, NodeSelector::Only(nodes.clone()))?;
+        Ok(answers.into_iter().map(|a| (a, cost)).collect())
+    }
+
     fn series_in(
         &self,
         q: &SeriesQuery,
         nodes: NodeSelector,
     ) -> Result<(Vec<SeriesAnswer>, QueryCost), QueryError> {
-        if q.start_ns > q.end_ns {
-            return Err(QueryError::Range {
-                start: q.start_ns,
-                end: q.end_ns,
-            });
+        let (mut answers, cost) = self.series_in_many(std::slice::from_ref(q), nodes)?;
+        Ok((answers.pop().unwrap_or_default(), cost))
+    }
+
+    /// The answers to `queries` (of distinct metrics) from one scan of `nodes` over the
+    /// union of their ranges.
+    fn series_in_many(
+        &self,
+        queries: &[SeriesQuery],
+        nodes: NodeSelector,
+    ) -> Result<(Vec<Vec<SeriesAnswer>>, QueryCost), QueryError> {
+        for q in queries {
+            if q.start_ns > q.end_ns {
+                return Err(QueryError::Range {
+                    start: q.start_ns,
+                    end: q.end_ns,
+                });
+            }
         }
+        let (Some(first), Some(last)) = (
+            queries.iter().map(|q| q.start_ns).min(),
+            queries.iter().map(|q| q.end_ns).max(),
+        ) else {
+            return Ok((Vec::new(), QueryCost::default()));
+        };
         let mut selected: Vec<Selected> = Vec::new();
         let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::new();
         let mut slots: Slots = HashMap::new();
-        let mut points = 0usize;
+        let mut points = vec![0usize; queries.len()];
         let mut failed: Option<QueryError> = None;
-        let from = q.start_ns.saturating_sub(COUNTER_LOOKBACK_NS);
+        let from = first.saturating_sub(COUNTER_LOOKBACK_NS);
+        // The question a series answers, if any.
         let wants = |node: &Arc<str>, series: &Series| {
-            *series.name == *q.metric
-                && q.matchers.iter().all(|m| {
-                    m.matches(if m.label == "node" {
-                        Some(node)
-                    } else {
-                        series.labels.get(&m.label)
+            queries.iter().position(|q| {
+                *series.name == *q.metric
+                    && q.matchers.iter().all(|m| {
+                        m.matches(if m.label == "node" {
+                            Some(node)
+                        } else {
+                            series.labels.get(&m.label)
+                        })
                     })
-                })
+            })
         };
-        let cost = self.each_frame(nodes, from, q.end_ns, |node, frame, in_range| {
+        let cost = self.each_frame(nodes, from, last, |node, frame, in_range| {
             let table = match slots.get_mut(&(node.clone(), frame.session)) {
                 Some(t) => t,
                 None => slots.entry((node.clone(), frame.session)).or_default(),
             };
             for e in &frame.schema {
-                let slot = wants(node, &e.series).then(|| {
+                let slot = wants(node, &e.series).map(|query| {
                     let key = (node.clone(), e.series.clone());
                     *by_series.entry(key).or_insert_with(|| {
                         selected.push(Selected {
+                            query,
                             node: node.clone(),
                             series: e.series.clone(),
                             gathered: match e.series.kind {
@@ -301,7 +361,10 @@ impl QueryEngine {
                 let Some(&Some(ix)) = table.get(s.id as usize) else {
                     continue;
                 };
-                match (s.data, &mut selected[ix].gathered) {
+                let sel = &mut selected[ix];
+                let q = &queries[sel.query];
+                let counted = &mut points[sel.query];
+                match (s.data, &mut sel.gathered) {
                     (SeriesData::Counter(v), Gathered::Counter(out)) => {
                         for c in v.iter() {
                             if c.unix_ns < q.start_ns {
@@ -309,7 +372,7 @@ impl QueryEngine {
                                     out.before = Some((c.unix_ns, c.value));
                                 }
                             } else if c.unix_ns <= q.end_ns {
-                                points += 1;
+                                *counted += 1;
                                 out.inside.push((c.unix_ns, c.value));
                             }
                         }
@@ -329,16 +392,16 @@ impl QueryEngine {
                                     mean: g.mean,
                                 }),
                         );
-                        points += out.len() - before;
+                        *counted += out.len() - before;
                     }
                     _ => {} // a kind that disagrees with the schema: the block is ignored
                 }
-            }
-            if points > self.max_points {
-                failed = Some(QueryError::TooManyPoints {
-                    limit: self.max_points,
-                });
-                return ControlFlow::Break(());
+                if *counted > self.max_points {
+                    failed = Some(QueryError::TooManyPoints {
+                        limit: self.max_points,
+                    });
+                    return ControlFlow::Break(());
+                }
             }
             ControlFlow::Continue(())
         })?;
@@ -347,41 +410,48 @@ impl QueryEngine {
         }
         drop(slots);
         drop(by_series);
-        let mut answers: Vec<SeriesAnswer> = selected
-            .into_iter()
-            .filter_map(
-                |Selected {
-                     node,
-                     series,
-                     gathered,
-                 }| {
-                    let points = match gathered {
-                        Gathered::Counter(CounterGathered { before, mut inside }) => {
-                            inside.extend(before);
-                            let points = counter_points(inside, q.start_ns, q.end_ns);
-                            (!points.is_empty()).then_some(Points::Counter(points))?
-                        }
-                        Gathered::Gauge(mut points) => {
-                            points.sort_by_key(|p| p.t);
-                            points.dedup_by_key(|p| p.t);
-                            (!points.is_empty()).then_some(Points::Gauge(points))?
-                        }
-                    };
-                    let mut labels: BTreeMap<String, String> = series
-                        .labels
-                        .iter()
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect();
-                    labels.insert("node".into(), node.to_string());
-                    Some(SeriesAnswer {
-                        metric: series.name.to_string(),
-                        labels,
-                        points,
-                    })
-                },
-            )
-            .collect();
-        answers.sort_by(|a, b| a.labels.cmp(&b.labels));
+        let mut answers: Vec<Vec<SeriesAnswer>> = queries.iter().map(|_| Vec::new()).collect();
+        for Selected {
+            query,
+            node,
+            series,
+            gathered,
+        } in selected
+        {
+            let q = &queries[query];
+            let points = match gathered {
+                Gathered::Counter(CounterGathered { before, mut inside }) => {
+                    inside.extend(before);
+                    let points = counter_points(inside, q.start_ns, q.end_ns);
+                    if points.is_empty() {
+                        continue;
+                    }
+                    Points::Counter(points)
+                }
+                Gathered::Gauge(mut points) => {
+                    points.sort_by_key(|p| p.t);
+                    points.dedup_by_key(|p| p.t);
+                    if points.is_empty() {
+                        continue;
+                    }
+                    Points::Gauge(points)
+                }
+            };
+            let mut labels: BTreeMap<String, String> = series
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            labels.insert("node".into(), node.to_string());
+            answers[query].push(SeriesAnswer {
+                metric: series.name.to_string(),
+                labels,
+                points,
+            });
+        }
+        for a in &mut answers {
+            a.sort_by(|a, b| a.labels.cmp(&b.labels));
+        }
         Ok((answers, cost))
     }
 

@@ -91,6 +91,22 @@ impl Store {
             &self.engine,
             None,
             None,
+            None,
+            start_ns,
+            end_ns,
+            &StragglerSettings::default(),
+        )
+        .unwrap()
+    }
+
+    /// One job's stragglers as `/api/v1/stragglers?job_id=` finds them: the live table
+    /// rules out the nodes that never carried the job.
+    fn find_job(&self, job: &str, start_ns: u64, end_ns: u64) -> Vec<JobStragglers> {
+        find(
+            &self.engine,
+            None,
+            Some(&self.table),
+            Some(job),
             start_ns,
             end_ns,
             &StragglerSettings::default(),
@@ -165,6 +181,124 @@ fn an_adaptive_fleet_has_the_same_stragglers_in_every_window() {
         .iter()
         .fold((f64::MAX, f64::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
     assert!(lo > 20.0 && hi - lo < 0.01 * lo, "{port_scores:?}");
+}
+
+/// Two jobs of one fleet, each with its straggler: asked for one job, the search reads only
+/// the nodes the live table cannot rule out of it (the other job's are), and finds for it
+/// exactly what the search of every job finds.
+#[test]
+fn a_job_asked_alone_has_the_stragglers_the_search_of_every_job_gives_it() {
+    let mut fleet = SimulatedFleet::builder(24)
+        .job("slurm:1", 0..16)
+        .job("slurm:2", 16..24)
+        .slow_gpu(9, 2)
+        .degraded_port(20, 3)
+        .adaptive(true)
+        .start_unix_ns(T0)
+        .build(key());
+    let mut store = Store::new();
+    store.run(&mut fleet, 360);
+    let end = fleet.tick_unix_ns(fleet.ticks() - 1);
+    // A window the table has seen whole, its look-back included (the fleet began at T0).
+    let start = end - 120 * S;
+    assert!(start - LOOKBACK_NS > T0 + 60 * S);
+    let every = store.find(start, end);
+    assert_eq!(every.len(), 2, "{every:#?}");
+    for (job, others) in [("slurm:1", 16..24), ("slurm:2", 0..16)] {
+        let ruled_out = store
+            .table
+            .ruled_out(GPU_METRICS, "job_id", job, start - LOOKBACK_NS);
+        let want: std::collections::HashSet<Arc<str>> =
+            others.map(|i| Arc::from(fleet.node_name(i))).collect();
+        assert_eq!(ruled_out, want, "{job}");
+        let alone = store.find_job(job, start, end);
+        assert_eq!(alone.len(), 1, "{alone:#?}");
+        let from_every = every.iter().find(|j| j.job_id == job).unwrap();
+        assert_eq!(
+            (alone[0].nodes, alone[0].gpus, places(&alone[0])),
+            (from_every.nodes, from_every.gpus, places(from_every)),
+            "{job}"
+        );
+    }
+    assert!(
+        places(&every[0]).contains(&place("node-009", "gpu 2")),
+        "{every:#?}"
+    );
+    assert!(
+        places(&every[1]).contains(&place("node-020", "mlx5_3/1")),
+        "{every:#?}"
+    );
+}
+
+/// What the live table may rule out of a job over a window, from frames as an agent sends
+/// them: a node whose GPUs left the job within the window (its session goes on, with new
+/// series carrying the next job) was in it and is read; so is a node first heard after the
+/// window began (it may have carried the job before, unseen); a node that carried only
+/// another job while the table saw all it sent is ruled out.
+#[test]
+fn the_live_table_rules_out_of_a_job_only_the_nodes_it_saw_never_carry_it() {
+    let mut store = Store::new();
+    let series = |job: &str| Series {
+        name: "railscope_gpu_sm_util_ratio".into(),
+        labels: Labels::new([("gpu", "0".to_owned()), ("job_id", job.to_owned())]),
+        kind: Kind::Gauge,
+    };
+    let mut encoders: Vec<FrameEncoder> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|n| FrameEncoder::new(EncoderConfig::new((*n).to_owned()), key()).unwrap())
+        .collect();
+    for sec in 0..=400u64 {
+        let t = T0 + sec * S;
+        // node-a: job A until 200 s, then job B; node-b: job B; node-c: job B from 350 s.
+        let jobs = [
+            if sec <= 200 { "A" } else { "B" },
+            "B",
+            if sec >= 350 { "B" } else { "" },
+        ];
+        for (encoder, job) in encoders.iter_mut().zip(jobs) {
+            if job.is_empty() {
+                continue;
+            }
+            let sample = Sample::Gauge(GaugeSample {
+                start_unix_ns: t,
+                end_unix_ns: t,
+                min: 0.9,
+                max: 0.9,
+                mean: 0.9,
+            });
+            encoder.push_sample(&series(job), sample).unwrap();
+            if sec % 10 == 9 || sec == 400 {
+                let frames = encoder.flush(t);
+                store.take(&frames, t + 1_000_000);
+            }
+        }
+    }
+    let ruled_out = |job: &str, since_s: u64| -> BTreeSet<String> {
+        store
+            .table
+            .ruled_out(GPU_METRICS, "job_id", job, T0 + since_s * S)
+            .iter()
+            .map(|n| n.to_string())
+            .collect()
+    };
+    // From 100 s: node-a carried A until 200 s; node-c, heard from 350 s, may have.
+    assert_eq!(ruled_out("A", 100), BTreeSet::from(["node-b".to_owned()]));
+    // From 250 s: node-a's last sample of A is older.
+    assert_eq!(
+        ruled_out("A", 250),
+        BTreeSet::from(["node-a".to_owned(), "node-b".to_owned()])
+    );
+    // Every node carried B since 250 s, node-c only heard since 350 s: none ruled out.
+    assert_eq!(ruled_out("B", 250), BTreeSet::new());
+    // From 420 s on (beyond the table's minute of slack after 350 s), node-c is known.
+    assert_eq!(
+        ruled_out("A", 420),
+        BTreeSet::from([
+            "node-a".to_owned(),
+            "node-b".to_owned(),
+            "node-c".to_owned()
+        ])
+    );
 }
 
 /// One node's SM activity as an agent sends a stable series: an envelope every 32 s, of the
@@ -351,6 +485,7 @@ fn a_fleet_larger_than_one_query_is_read_a_chunk_of_nodes_at_a_time() {
     );
     let jobs = find(
         &limited,
+        None,
         None,
         None,
         end - 60 * S,
