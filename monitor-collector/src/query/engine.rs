@@ -4,7 +4,8 @@
 //! envelopes) and events by kind, node, device and time.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     ops::ControlFlow,
     sync::Arc,
 };
@@ -191,6 +192,22 @@ impl QueryEngine {
         nodes: NodeSelector,
         start_ns: u64,
         end_ns: u64,
+        visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
+    ) -> Result<QueryCost, QueryError> {
+        self.each_frame_looking_back(nodes, start_ns, start_ns, end_ns, &|_| false, visit)
+    }
+
+    /// [`each_frame`](Self::each_frame) over `[from_ns, end_ns]`, where the frames of
+    /// `[from_ns, start_ns)` (the look-back a counter's first rate needs) are in the range
+    /// only for the nodes `looks_back` names (those with a counter asked for): of the others
+    /// they are passed over unopened like any frame outside the range.
+    fn each_frame_looking_back(
+        &self,
+        nodes: NodeSelector,
+        from_ns: u64,
+        start_ns: u64,
+        end_ns: u64,
+        looks_back: &dyn Fn(&str) -> bool,
         mut visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
     ) -> Result<QueryCost, QueryError> {
         if start_ns > end_ns {
@@ -201,14 +218,15 @@ impl QueryEngine {
         }
         let filter = ScanFilter {
             nodes,
-            start_ns,
+            start_ns: from_ns.min(start_ns),
             end_ns,
         };
         let mut names: HashMap<String, Arc<str>> = HashMap::new();
         let mut cost = QueryCost::default();
         let stats = self.reader.scan(&filter, &mut |r| {
-            let in_range =
-                r.kind == RecordKind::Frame && r.last_ns >= start_ns && r.first_ns <= end_ns;
+            let in_range = r.kind == RecordKind::Frame
+                && r.first_ns <= end_ns
+                && (r.last_ns >= start_ns || (r.last_ns >= from_ns && looks_back(r.node)));
             if !in_range && r.kind == RecordKind::Frame && !peek_has_schema(r.bytes) {
                 cost.passed += 1;
                 return ControlFlow::Continue(());
@@ -322,13 +340,20 @@ impl QueryEngine {
                     })
             })
         };
-        let cost = self.each_frame(nodes, from, last, |node, frame, in_range| {
+        // The nodes with a counter asked for: only their frames before the range are read
+        // (for the sample that gives the first point its rate).
+        let with_counters: RefCell<HashSet<Arc<str>>> = RefCell::default();
+        let looks_back = |node: &str| with_counters.borrow().contains(node);
+        let visit = |node: &Arc<str>, frame: &StoredFrame<'_>, in_range: bool| {
             let table = match slots.get_mut(&(node.clone(), frame.session)) {
                 Some(t) => t,
                 None => slots.entry((node.clone(), frame.session)).or_default(),
             };
             for e in &frame.schema {
                 let slot = wants(node, &e.series).map(|query| {
+                    if e.series.kind == Kind::Counter && !with_counters.borrow().contains(node) {
+                        with_counters.borrow_mut().insert(node.clone());
+                    }
                     let key = (node.clone(), e.series.clone());
                     *by_series.entry(key).or_insert_with(|| {
                         selected.push(Selected {
@@ -404,7 +429,8 @@ impl QueryEngine {
                 }
             }
             ControlFlow::Continue(())
-        })?;
+        };
+        let cost = self.each_frame_looking_back(nodes, from, first, last, &looks_back, visit)?;
         if let Some(e) = failed {
             return Err(e);
         }

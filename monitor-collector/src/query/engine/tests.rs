@@ -293,3 +293,80 @@ fn the_points_limit_counts_the_points_answered_not_the_look_back() {
         QueryError::TooManyPoints { .. }
     ));
 }
+
+/// A question about the last minute passes over, unopened, the earlier frames of the
+/// segments it reads that define no series, and its answer holds every sample of the minute
+/// as sent.
+#[test]
+fn a_last_minute_question_passes_over_earlier_frames_and_answers_in_full() {
+    let s = setup();
+    let metric = "railscope_gpu_power_watts";
+    let q = SeriesQuery {
+        metric: metric.into(),
+        matchers: matchers(&["node=gpu-node-001", "gpu=2"]),
+        start_ns: T0 + 240 * S,
+        end_ns: T0 + 299 * S,
+    };
+    let (answers, cost) = s.engine.series(&q).unwrap();
+    assert!(cost.passed > 0, "{cost:?}");
+    assert_eq!(answers.len(), 1);
+    let Points::Gauge(points) = &answers[0].points else {
+        panic!("a gauge")
+    };
+    let want: Vec<u64> = sent(&s, "gpu-node-001", metric, ("gpu", "2"))
+        .map(|r| r.unix_ns)
+        .filter(|&t| (q.start_ns..=q.end_ns).contains(&t))
+        .collect();
+    assert_eq!(points.iter().map(|p| p.t).collect::<Vec<_>>(), want);
+    assert_eq!(want.len(), 60);
+}
+
+/// Several metrics asked at once give each the answer it gets asked alone, each within the
+/// points limit on its own.
+#[test]
+fn metrics_asked_at_once_answer_as_each_asked_alone() {
+    let s = setup();
+    let nodes: BTreeSet<String> = ["gpu-node-000".to_owned(), "gpu-node-001".to_owned()].into();
+    let queries: Vec<SeriesQuery> = [
+        ("railscope_gpu_power_watts", vec!["gpu=~[0-3]"]),
+        ("railscope_ib_port_xmit_bytes_total", vec![]),
+        (
+            "railscope_gpu_temperature_celsius",
+            vec!["node=gpu-node-000"],
+        ),
+    ]
+    .into_iter()
+    .map(|(metric, m)| SeriesQuery {
+        metric: metric.into(),
+        matchers: matchers(&m),
+        start_ns: T0 + 100 * S,
+        end_ns: T0 + 200 * S,
+    })
+    .collect();
+    let together = s.engine.series_many_of_nodes(&queries, &nodes).unwrap();
+    assert_eq!(together.len(), 3);
+    for (q, (answers, _)) in queries.iter().zip(&together) {
+        let (alone, _) = s.engine.series_of_nodes(q, &nodes).unwrap();
+        assert!(!alone.is_empty(), "{}", q.metric);
+        assert_eq!(answers, &alone, "{}", q.metric);
+    }
+    // The limit holds per question: one that fits alone fits asked with others.
+    let per_question = together.iter().map(|(a, _)| points_of(a)).max().unwrap();
+    let limited = QueryEngine::new(s.archive.reader(), key()).with_max_points(per_question);
+    assert!(limited.series_many_of_nodes(&queries, &nodes).is_ok());
+    let below = QueryEngine::new(s.archive.reader(), key()).with_max_points(per_question - 1);
+    assert!(matches!(
+        below.series_many_of_nodes(&queries, &nodes),
+        Err(QueryError::TooManyPoints { .. })
+    ));
+}
+
+fn points_of(answers: &[SeriesAnswer]) -> usize {
+    answers
+        .iter()
+        .map(|a| match &a.points {
+            Points::Counter(p) => p.len(),
+            Points::Gauge(p) => p.len(),
+        })
+        .sum()
+}
