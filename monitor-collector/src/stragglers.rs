@@ -395,10 +395,7 @@ fn read_chunk(
         .map(|m| query(m, vec![job_matcher.clone()]))
         .chain(PORT_COUNTERS.iter().map(|m| query(m, Vec::new())))
         .collect();
-    let mut answers = engine
-        .series_many_of_nodes(&queries, nodes)?
-        .into_iter()
-        .map(|(a, _)| a);
+    let mut answers = engine.series_many_of_nodes(&queries, nodes)?.0.into_iter();
     let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
     for (&metric, answers) in GPU_METRICS.iter().zip(answers.by_ref()) {
         for a in answers {

@@ -101,6 +101,17 @@ pub struct QueryCost {
     pub undecodable: usize,
 }
 
+impl QueryCost {
+    /// Counts what another read cost too.
+    fn add(&mut self, other: &QueryCost) {
+        self.segments += other.segments;
+        self.blocks += other.blocks;
+        self.frames += other.frames;
+        self.passed += other.passed;
+        self.undecodable += other.undecodable;
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     #[error(transparent)]
@@ -273,22 +284,26 @@ impl QueryEngine {
     /// from one read of the archive: a caller that needs several metrics of the same nodes
     /// (the straggler search: three GPU metrics and two port counters) opens each frame once
     /// rather than once per metric. Answers come in the order of `queries`; each is limited
-    /// to [`max_points`](Self::max_points) on its own, as if asked alone.
+    /// to [`max_points`](Self::max_points) on its own, as if asked alone. The cost is that
+    /// of every read made for them.
     pub fn series_many_of_nodes(
         &self,
         queries: &[SeriesQuery],
         nodes: &BTreeSet<String>,
-    ) -> Result<Vec<(Vec<SeriesAnswer>, QueryCost)>, QueryError> {
+    ) -> Result<(Vec<Vec<SeriesAnswer>>, QueryCost), QueryError> {
         let distinct: BTreeSet<&str> = queries.iter().map(|q| q.metric.as_str()).collect();
         if distinct.len() < queries.len() {
             // One series then answers two questions: asked one by one.
-            return queries
-                .iter()
-                .map(|q| self.series_of_nodes(q, nodes))
-                .collect();
+            let mut total = QueryCost::default();
+            let mut answers = Vec::with_capacity(queries.len());
+            for q in queries {
+                let (a, cost) = self.series_of_nodes(q, nodes)?;
+                total.add(&cost);
+                answers.push(a);
+            }
+            return Ok((answers, total));
         }
-        let (answers, cost) = self.series_in_many(queries, NodeSelector::Only(nodes.clone()))?;
-        Ok(answers.into_iter().map(|a| (a, cost)).collect())
+        self.series_in_many(queries, NodeSelector::Only(nodes.clone()))
     }
 
     fn series_in(

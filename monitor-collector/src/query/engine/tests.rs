@@ -343,15 +343,15 @@ fn metrics_asked_at_once_answer_as_each_asked_alone() {
         end_ns: T0 + 200 * S,
     })
     .collect();
-    let together = s.engine.series_many_of_nodes(&queries, &nodes).unwrap();
+    let (together, _) = s.engine.series_many_of_nodes(&queries, &nodes).unwrap();
     assert_eq!(together.len(), 3);
-    for (q, (answers, _)) in queries.iter().zip(&together) {
+    for (q, answers) in queries.iter().zip(&together) {
         let (alone, _) = s.engine.series_of_nodes(q, &nodes).unwrap();
         assert!(!alone.is_empty(), "{}", q.metric);
         assert_eq!(answers, &alone, "{}", q.metric);
     }
     // The limit holds per question: one that fits alone fits asked with others.
-    let per_question = together.iter().map(|(a, _)| points_of(a)).max().unwrap();
+    let per_question = together.iter().map(|a| points_of(a)).max().unwrap();
     let limited = QueryEngine::new(s.archive.reader(), key()).with_max_points(per_question);
     assert!(limited.series_many_of_nodes(&queries, &nodes).is_ok());
     let below = QueryEngine::new(s.archive.reader(), key()).with_max_points(per_question - 1);
