@@ -28,6 +28,7 @@ use crate::{
     drops::DropReason,
     lock::lock,
     node_keys::{DecodeError, IngestKeys, NodeKeys},
+    stragglers::recent::RecentSteps,
 };
 
 /// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
@@ -94,6 +95,11 @@ fn counter_latest(samples: &[CounterSample], held: Option<Latest>) -> Option<Lat
     })
 }
 
+/// How much earlier than asked the table must have held a node whole to answer for it
+/// ([`NodeTable::ruled_out`], [`NodeTable::visit_recent_steps`]): the clocks of agent and
+/// collector may differ, and a frame takes time to arrive.
+const SLACK_NS: u64 = 60_000_000_000;
+
 /// Name of the series an agent reports its version in (a Prometheus `_info` gauge, 1, with a
 /// `version` label).
 pub const AGENT_INFO: &str = metric::AGENT_INFO;
@@ -144,6 +150,9 @@ struct Node {
     /// it, the node may have sent series the table never saw (before the collector
     /// started, in an earlier session): see [`NodeTable::ruled_out`].
     complete_since_ns: u64,
+    /// The straggler metrics' recent steps, spread at ingest (what a job's straggler search
+    /// reads instead of the archive once the node is held whole over its window).
+    recent: RecentSteps,
 }
 
 /// One node's latest values as [`NodeTable::visit_nodes`] shows them.
@@ -523,6 +532,7 @@ impl NodeTable {
             latest_stamp: 0,
             grown_stamp: 0,
             complete_since_ns: now_unix_ns,
+            recent: RecentSteps::default(),
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)
     }
@@ -567,10 +577,15 @@ impl NodeTable {
             node.schema_asked = None;
             node.schema_stamp = self.next_stamp();
             node.complete_since_ns = now_unix_ns;
+            node.recent.clear();
         }
         for e in &frame.schema {
             let held = node.schema.entries.get(&e.id);
             if held != Some(&e.series) {
+                node.recent.define(
+                    e.id,
+                    RecentSteps::keeps(&e.series.name).then_some(e.series.kind),
+                );
                 if held.is_none() {
                     node.grown_stamp = self.next_stamp();
                 } else {
@@ -615,6 +630,7 @@ impl NodeTable {
                 entries: HashMap::default(),
             });
             node.latest = HashMap::default();
+            node.recent.clear();
             node.schema_stamp = self.next_stamp();
             node.counts.refused += 1;
             return Err(Refused {
@@ -631,6 +647,7 @@ impl NodeTable {
             let Some(series) = node.schema.entries.get(&s.id) else {
                 continue;
             };
+            node.recent.add(s.id, &s.data);
             let newest = match &s.data {
                 SeriesData::Counter(v) => counter_latest(v, node.latest.get(&s.id).copied()),
                 SeriesData::Gauge(v) => v.iter().max_by_key(|g| g.end_unix_ns).map(|g| Latest {
@@ -806,8 +823,6 @@ impl NodeTable {
         value: &str,
         since_ns: u64,
     ) -> std::collections::HashSet<Arc<str>> {
-        /// Clocks of agent and collector may differ, and a frame takes time to arrive.
-        const SLACK_NS: u64 = 60_000_000_000;
         let mut out = std::collections::HashSet::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);
@@ -825,6 +840,33 @@ impl NodeTable {
                 if !carries {
                     out.insert(node.name.clone());
                 }
+            }
+        }
+        out
+    }
+
+    /// Shows `f` the recent steps ([`RecentSteps`]) of every node held whole since before
+    /// `since_ns` (less a minute for clocks and transit, as [`Self::ruled_out`]) whose steps
+    /// still reach back to epoch step `first_step`, with the schema they are kept under;
+    /// returns those nodes. Any other node's steps may be missing spans: the caller reads
+    /// it from the archive.
+    pub fn visit_recent_steps(
+        &self,
+        since_ns: u64,
+        first_step: u64,
+        f: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
+    ) -> std::collections::HashSet<Arc<str>> {
+        let mut out = std::collections::HashSet::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for node in shard.values() {
+                if node.complete_since_ns.saturating_add(SLACK_NS) > since_ns
+                    || !node.recent.series().all(|(_, s)| s.holds(first_step))
+                {
+                    continue;
+                }
+                f(&node.name, &node.schema, &node.recent);
+                out.insert(node.name.clone());
             }
         }
         out

@@ -42,16 +42,22 @@ use axum::{
     extract::{RawQuery, State},
     response::{IntoResponse, Response},
 };
-use monitor_wire::names::metric;
+use monitor_wire::{Kind, names::metric};
 use serde::Serialize;
 use serde_json::json;
 
+pub mod recent;
+mod spans;
+
+use recent::RecentSteps;
+use spans::{Covers, Grid, counter_covers, gauge_covers};
+
 use crate::{
     findings::{Finding, FindingsStore, store::FindingFilter},
-    nodes::NodeTable,
+    nodes::{NodeTable, Schema},
     query::{
         api::{ApiError, blocking, one, params, range},
-        engine::{CounterPoint, GaugePoint, Points, QueryEngine, QueryError, SeriesQuery},
+        engine::{Points, QueryEngine, QueryError, SeriesQuery},
         selector::Matcher,
     },
     robust::{Norm, median},
@@ -151,112 +157,10 @@ enum Device {
     Port(String, String, u32),
 }
 
-/// What a series' spans give one step: the time covered, the value × time, and spans of no
-/// length (a single read with no previous sample) in it, their values' sum and number.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct Cover {
-    ns: f64,
-    sum: f64,
-    instants: u32,
-    instant_sum: f64,
-}
-
-impl Cover {
-    /// The time-weighted mean of the spans over the step (instants only when no span of any
-    /// length covers it).
-    fn value(&self) -> Option<f64> {
-        if self.ns > 0.0 {
-            Some(self.sum / self.ns)
-        } else if self.instants > 0 {
-            Some(self.instant_sum / f64::from(self.instants))
-        } else {
-            None
-        }
-    }
-}
-
-/// Per step index: what covers it.
-type Covers = BTreeMap<u64, Cover>;
 /// Per step of the window: a device's value.
 type StepValues = BTreeMap<u64, f64>;
 /// Per job, metric and device: the values in each step of the window.
 type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, StepValues>>;
-
-/// The window `[start, end]` cut into steps `[start + k step, start + (k + 1) step)`, the last
-/// one ending at `end`.
-#[derive(Clone, Copy, Debug)]
-struct Grid {
-    start: u64,
-    end: u64,
-    step: u64,
-}
-
-impl Grid {
-    fn steps(&self) -> u64 {
-        (self.end - self.start).div_ceil(self.step).max(1)
-    }
-
-    /// Adds `v` over the span `(a, b]` (the instant `b` when `a == b`) to the steps it
-    /// overlaps, each by the time it covers of the step.
-    fn spread(&self, covers: &mut Covers, a: u64, b: u64, v: f64) {
-        if !v.is_finite() || b < a {
-            return;
-        }
-        let last = self.steps() - 1;
-        if a == b {
-            if (self.start..=self.end).contains(&b) {
-                let c = covers
-                    .entry(((b - self.start) / self.step).min(last))
-                    .or_default();
-                c.instants += 1;
-                c.instant_sum += v;
-            }
-            return;
-        }
-        let (lo, hi) = (a.max(self.start), b.min(self.end));
-        if hi <= lo {
-            return;
-        }
-        let first = (lo - self.start) / self.step;
-        let final_k = ((hi - 1 - self.start) / self.step).min(last);
-        for k in first..=final_k {
-            let s0 = self.start + k * self.step;
-            let s1 = if k == last { self.end } else { s0 + self.step };
-            let overlap = hi.min(s1).saturating_sub(lo.max(s0));
-            if overlap > 0 {
-                let c = covers.entry(k).or_default();
-                c.ns += overlap as f64;
-                c.sum += v * overlap as f64;
-            }
-        }
-    }
-}
-
-/// The spans of a gauge's samples over the grid: each mean over (previous sample, its time].
-fn gauge_covers(grid: &Grid, points: &[GaugePoint]) -> Covers {
-    let mut covers = Covers::new();
-    let mut prev: Option<u64> = None;
-    for p in points {
-        let from = match prev {
-            Some(t) if p.start <= t.saturating_add(LOOKBACK_NS) => t,
-            _ => p.start.min(p.t),
-        };
-        grid.spread(&mut covers, from, p.t, p.mean);
-        prev = Some(p.t);
-    }
-    covers
-}
-
-/// The spans of a counter's samples over the grid: each rate over (previous sample, its time].
-fn counter_covers(grid: &Grid, points: &[CounterPoint]) -> Covers {
-    let mut covers = Covers::new();
-    for w in points.windows(2) {
-        if let Some(rate) = w[1].rate {
-            grid.spread(&mut covers, w[0].t, w[1].t, rate);
-        }
-    }
-    covers
-}
 
 fn values_of(covers: &Covers) -> StepValues {
     covers
@@ -296,15 +200,36 @@ pub fn find(
         end_ns.saturating_add(LOOKBACK_NS),
     );
     let mut steps: Steps = BTreeMap::new();
-    // A chunk of nodes at a time, so no answer grows with the fleet (a 1,000-node fleet read
-    // every second holds about 4,300 points per node and metric over the read range).
     let mut all_nodes: Vec<String> = engine.nodes(read_from, read_to)?.into_iter().collect();
-    if let (Some(job), Some(live)) = (job, live) {
-        // One job: only the nodes the live table cannot rule out of it (a 1,024-node job of
-        // a 12,500-node fleet reads its own nodes, not the fleet's).
-        let ruled_out = live.ruled_out(GPU_METRICS, "job_id", job, read_from);
-        all_nodes.retain(|n| !ruled_out.contains(n.as_str()));
+    if let Some(live) = live {
+        if grid.is_aligned() && step == recent::step_ns() {
+            // The nodes the live table has held whole over the window and its look-back:
+            // their recent steps, spread at ingest, are the window's (it is aligned to them).
+            let mut covers = WindowCovers::default();
+            let first_step = grid.start / step;
+            let answered =
+                live.visit_recent_steps(read_from, first_step, &mut |node, schema, recent| {
+                    covers.add_recent(
+                        node,
+                        schema,
+                        recent,
+                        job,
+                        first_step,
+                        first_step + grid.steps(),
+                    );
+                });
+            covers.into_steps(&mut steps);
+            all_nodes.retain(|n| !answered.contains(n.as_str()));
+        } else if let Some(job) = job {
+            // One job: only the nodes the live table cannot rule out of it (a 1,024-node job
+            // of a 12,500-node fleet reads its own nodes, not the fleet's).
+            let ruled_out = live.ruled_out(GPU_METRICS, "job_id", job, read_from);
+            all_nodes.retain(|n| !ruled_out.contains(n.as_str()));
+        }
     }
+    // The others from the archive, a chunk of nodes at a time, so no answer grows with the
+    // fleet (a 1,000-node fleet read every second holds about 4,300 points per node and
+    // metric over the read range).
     for chunk in all_nodes.chunks(NODES_PER_QUERY) {
         let chunk: BTreeSet<String> = chunk.iter().cloned().collect();
         read_chunk(
@@ -373,9 +298,146 @@ pub fn find(
 /// Nodes asked about in one query.
 const NODES_PER_QUERY: usize = 100;
 
-/// Adds the steps of the GPUs and ports of `nodes` (one chunk of the fleet) to `steps`. The
-/// GPU metrics and the port counters are read at once (each frame opened once); the ports
-/// of a node whose GPUs carry no job are then left out.
+/// What the spans of some nodes' series give the window's steps, before they are made into
+/// devices' values: read from the archive ([`read_chunk`]) or from the live table's recent
+/// steps ([`WindowCovers::add_recent`]).
+#[derive(Default)]
+struct WindowCovers {
+    /// GPU series with a job: metric, node, GPU, job, and their covers.
+    gpus: Vec<(&'static str, String, String, String, Covers)>,
+    /// Per port, per direction (transmit, receive): the covers of its counters, added (series
+    /// of one port that differ in other labels: their spans add up).
+    ports: HashMap<(String, String, u32), [Covers; 2]>,
+}
+
+impl WindowCovers {
+    /// A series of a GPU metric of `node` (`label`: its labels), if it carries a job (and the
+    /// job asked for, if any).
+    fn add_gpu<'a>(
+        &mut self,
+        metric: &str,
+        node: &str,
+        label: impl Fn(&str) -> Option<&'a str>,
+        job: Option<&str>,
+        covers: Covers,
+    ) {
+        let Some(metric) = GPU_METRICS.iter().copied().find(|m| *m == metric) else {
+            return;
+        };
+        let (Some(gpu), Some(job_id)) = (label("gpu"), label("job_id").filter(|j| !j.is_empty()))
+        else {
+            return;
+        };
+        if job.is_some_and(|j| j != job_id) {
+            return;
+        }
+        self.gpus
+            .push((metric, node.into(), gpu.into(), job_id.into(), covers));
+    }
+
+    /// A series of a port counter of `node` (`label`: its labels).
+    fn add_port<'a>(
+        &mut self,
+        metric: &str,
+        node: &str,
+        label: impl Fn(&str) -> Option<&'a str>,
+        covers: Covers,
+    ) {
+        let Some(direction) = PORT_COUNTERS.iter().position(|m| *m == metric) else {
+            return;
+        };
+        let (Some(device), Some(port)) = (
+            label("device"),
+            label("port").and_then(|p| p.parse::<u32>().ok()),
+        ) else {
+            return;
+        };
+        let mine = &mut self
+            .ports
+            .entry((node.into(), device.into(), port))
+            .or_default()[direction];
+        for (k, c) in covers {
+            mine.entry(k).or_default().add(&c);
+        }
+    }
+
+    /// The kept series of one node the live table holds whole, over epoch steps
+    /// `[first_step, end_step)`.
+    fn add_recent(
+        &mut self,
+        node: &str,
+        schema: &Schema,
+        recent: &RecentSteps,
+        job: Option<&str>,
+        first_step: u64,
+        end_step: u64,
+    ) {
+        for (id, steps) in recent.series() {
+            let Some(series) = schema.entries.get(&id) else {
+                continue;
+            };
+            let is_gpu = steps.kind() == Kind::Gauge;
+            if is_gpu && job.is_some_and(|j| series.labels.get("job_id") != Some(j)) {
+                continue;
+            }
+            let Some(covers) = steps.covers(first_step, end_step) else {
+                continue;
+            };
+            let label = |k: &str| series.labels.get(k);
+            if is_gpu {
+                self.add_gpu(&series.name, node, label, job, covers);
+            } else {
+                self.add_port(&series.name, node, label, covers);
+            }
+        }
+    }
+
+    /// Adds the GPUs' values at each step to `steps`, then the ports' of the nodes whose
+    /// GPUs carry a job: each direction's rate over each step, the two added where both
+    /// cover the step.
+    fn into_steps(self, steps: &mut Steps) {
+        let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (metric, node, gpu, job, covers) in self.gpus {
+            let values = values_of(&covers);
+            if values.is_empty() {
+                continue;
+            }
+            node_jobs
+                .entry(node.clone())
+                .or_default()
+                .insert(job.clone());
+            steps
+                .entry((job, metric))
+                .or_default()
+                .entry(Device::Gpu(node, gpu))
+                .or_default()
+                .extend(values);
+        }
+        for ((node, device, port), [tx, rx]) in self.ports {
+            let Some(jobs) = node_jobs.get(&node) else {
+                continue;
+            };
+            let (tx, rx) = (values_of(&tx), values_of(&rx));
+            let values: StepValues = tx
+                .iter()
+                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
+                .collect();
+            if values.is_empty() {
+                continue;
+            }
+            for job in jobs {
+                steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
+                    Device::Port(node.clone(), device.clone(), port),
+                    values.clone(),
+                );
+            }
+        }
+    }
+}
+
+/// Adds the steps of the GPUs and ports of `nodes` (one chunk of the fleet) to `steps`, read
+/// from the archive. The GPU metrics and the port counters are read at once (each frame
+/// opened once); the ports of a node whose GPUs carry no job are then left out.
 fn read_chunk(
     engine: &QueryEngine,
     nodes: &BTreeSet<String>,
@@ -395,86 +457,25 @@ fn read_chunk(
         .map(|m| query(m, vec![job_matcher.clone()]))
         .chain(PORT_COUNTERS.iter().map(|m| query(m, Vec::new())))
         .collect();
-    let mut answers = engine.series_many_of_nodes(&queries, nodes)?.0.into_iter();
-    let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for (&metric, answers) in GPU_METRICS.iter().zip(answers.by_ref()) {
+    let answers = engine.series_many_of_nodes(&queries, nodes)?.0;
+    let mut covers = WindowCovers::default();
+    for (q, answers) in queries.iter().zip(answers) {
         for a in answers {
-            let (Some(node), Some(gpu), Some(job)) = (
-                a.labels.get("node"),
-                a.labels.get("gpu"),
-                a.labels.get("job_id"),
-            ) else {
+            let Some(node) = a.labels.get("node") else {
                 continue;
             };
-            let Points::Gauge(points) = &a.points else {
-                continue;
-            };
-            let values = values_of(&gauge_covers(grid, points));
-            if values.is_empty() {
-                continue;
-            }
-            node_jobs
-                .entry(node.clone())
-                .or_default()
-                .insert(job.clone());
-            steps
-                .entry((job.clone(), metric))
-                .or_default()
-                .entry(Device::Gpu(node.clone(), gpu.clone()))
-                .or_default()
-                .extend(values);
-        }
-    }
-    if node_jobs.is_empty() {
-        return Ok(());
-    }
-    // Ports, for the nodes of the jobs: each direction's rate over each step, then the two
-    // added where both cover the step.
-    let mut port_covers: HashMap<(String, String, u32), [Covers; 2]> = HashMap::new();
-    for (direction, answers) in answers.enumerate() {
-        for a in answers {
-            let (Some(node), Some(device), Some(port)) = (
-                a.labels.get("node"),
-                a.labels.get("device"),
-                a.labels.get("port").and_then(|p| p.parse::<u32>().ok()),
-            ) else {
-                continue;
-            };
-            if !node_jobs.contains_key(node) {
-                continue;
-            }
-            if let Points::Counter(points) = &a.points {
-                let covers = counter_covers(grid, points);
-                let mine = &mut port_covers
-                    .entry((node.clone(), device.clone(), port))
-                    .or_default()[direction];
-                // Series of one port that differ in other labels: their spans add up.
-                for (k, c) in covers {
-                    let m = mine.entry(k).or_default();
-                    m.ns += c.ns;
-                    m.sum += c.sum;
-                    m.instants += c.instants;
-                    m.instant_sum += c.instant_sum;
+            let label = |k: &str| a.labels.get(k).map(String::as_str);
+            match &a.points {
+                Points::Gauge(points) => {
+                    covers.add_gpu(&q.metric, node, label, None, gauge_covers(grid, points))
+                }
+                Points::Counter(points) => {
+                    covers.add_port(&q.metric, node, label, counter_covers(grid, points))
                 }
             }
         }
     }
-    for ((node, device, port), [tx, rx]) in port_covers {
-        let (tx, rx) = (values_of(&tx), values_of(&rx));
-        let values: StepValues = tx
-            .iter()
-            .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
-            .collect();
-        if values.is_empty() {
-            continue;
-        }
-        for job in &node_jobs[&node] {
-            steps.entry((job.clone(), PORT_METRIC)).or_default().insert(
-                Device::Port(node.clone(), device.clone(), port),
-                values.clone(),
-            );
-        }
-    }
+    covers.into_steps(steps);
     Ok(())
 }
 

@@ -12,6 +12,7 @@ use crate::{
     archive::{AcceptedFrame, Archive, ArchiveConfig},
     config::Limits,
     nodes::{NodeTable, time_range},
+    query::engine::{CounterPoint, GaugePoint},
     writer::schema_frame,
 };
 
@@ -228,6 +229,102 @@ fn a_job_asked_alone_has_the_stragglers_the_search_of_every_job_gives_it() {
         places(&every[1]).contains(&place("node-020", "mlx5_3/1")),
         "{every:#?}"
     );
+}
+
+/// The window the dashboard asks (5 minutes ending on a 10 s step, one step behind the
+/// clock), of a fleet sampled as agents sample: every node the live table held whole over it
+/// is answered from the steps kept at ingest, and every job (and each job asked alone) has
+/// the nodes, GPUs and stragglers, with the values, that the archive gives. After a collector
+/// restart (a table that has not held the nodes whole since before the window), the same
+/// window is read from the archive again, with the same answer.
+#[test]
+fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archive() {
+    let mut fleet = SimulatedFleet::builder(24)
+        .job("slurm:1", 0..16)
+        .job("slurm:2", 16..24)
+        .slow_gpu(9, 2)
+        .degraded_port(20, 3)
+        .adaptive(true)
+        .start_unix_ns(T0)
+        .build(key());
+    let mut store = Store::new();
+    let aligned_window = |fleet: &SimulatedFleet| {
+        let now = fleet.tick_unix_ns(fleet.ticks() - 1);
+        let end = now / (10 * S) * (10 * S) - 10 * S;
+        (end - 300 * S, end)
+    };
+    let answered_by_table = |store: &Store, start: u64| {
+        store
+            .table
+            .visit_recent_steps(start - LOOKBACK_NS, start / (10 * S), &mut |_, _, _| {})
+            .len()
+    };
+    let same = |store: &Store, start: u64, end: u64| {
+        for job in [None, Some("slurm:1"), Some("slurm:2")] {
+            let ask = |live: Option<&NodeTable>| {
+                find(
+                    &store.engine,
+                    None,
+                    live,
+                    job,
+                    start,
+                    end,
+                    &StragglerSettings::default(),
+                )
+                .unwrap()
+            };
+            let (kept, archived) = (ask(Some(&store.table)), ask(None));
+            assert_eq!(kept.len(), archived.len(), "{job:?}: {kept:#?}");
+            assert_eq!(kept.len(), if job.is_some() { 1 } else { 2 });
+            for (k, a) in kept.iter().zip(&archived) {
+                assert_eq!(
+                    (&k.job_id, k.nodes, k.gpus, places(k)),
+                    (&a.job_id, a.nodes, a.gpus, places(a)),
+                    "{job:?}"
+                );
+                for (ks, as_) in k.stragglers.iter().zip(&a.stragglers) {
+                    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+                    assert!(
+                        close(ks.value, as_.value)
+                            && close(ks.median, as_.median)
+                            && close(ks.score, as_.score)
+                            && ks.fraction == as_.fraction
+                            && ks.onset == as_.onset,
+                        "{ks:?} against {as_:?}"
+                    );
+                }
+            }
+            let one = |j: &str| kept.iter().find(|x| x.job_id == j).map(places);
+            if job != Some("slurm:2") {
+                assert!(
+                    one("slurm:1")
+                        .unwrap()
+                        .contains(&place("node-009", "gpu 2"))
+                );
+            }
+            if job != Some("slurm:1") {
+                assert!(
+                    one("slurm:2")
+                        .unwrap()
+                        .contains(&place("node-020", "mlx5_3/1"))
+                );
+            }
+        }
+    };
+    // The table has held every node since T0: from 8 minutes on, it vouches for a window's
+    // look-back (2 minutes) with its minute of slack.
+    store.run(&mut fleet, 510);
+    let (start, end) = aligned_window(&fleet);
+    assert_eq!(answered_by_table(&store, start), 24);
+    same(&store, start, end);
+
+    // The collector restarts (the archive stays): its table learns the nodes anew from their
+    // next frames and schema refreshes, and vouches for none of them over this window.
+    store.table = NodeTable::new(key(), Limits::default());
+    store.run(&mut fleet, 70);
+    let (start, end) = aligned_window(&fleet);
+    assert_eq!(answered_by_table(&store, start), 0);
+    same(&store, start, end);
 }
 
 /// What the live table may rule out of a job over a window, from frames as an agent sends
@@ -559,4 +656,49 @@ fn a_gpu_that_slows_down_is_flagged_within_30_s_as_an_onset() {
         after <= 30.0,
         "flagged {after} s after it slowed down (the goal: 30 s)"
     );
+}
+
+/// A series' recent steps: a gauge's mean over (previous sample, its time] in each epoch step
+/// it covers; the ring keeps the last `RECENT_STEPS`, clears the steps a later sample passes
+/// over, and says when a window's first step has rolled off.
+#[test]
+fn recent_steps_keep_the_last_steps_and_clear_those_they_pass() {
+    use monitor_wire::SeriesData;
+    use recent::{RECENT_STEPS, RecentSteps};
+    let mut recent = RecentSteps::default();
+    recent.define(7, Some(Kind::Gauge));
+    recent.define(8, None);
+    let envelope = |start: u64, t: u64, mean: f64| {
+        SeriesData::Gauge(vec![GaugeSample {
+            start_unix_ns: start,
+            end_unix_ns: t,
+            min: mean,
+            max: mean,
+            mean,
+        }])
+    };
+    let reading = |t: u64, mean: f64| envelope(t, t, mean);
+    let first = T0 / (10 * S);
+    recent.add(7, &reading(T0, 1.0));
+    recent.add(7, &reading(T0 + 25 * S, 2.0));
+    recent.add(8, &reading(T0 + 25 * S, 2.0));
+    let (_, steps) = recent.series().next().unwrap();
+    assert_eq!(recent.series().count(), 1);
+    let covers = steps.covers(first, first + 3).unwrap();
+    // Step 0: the first reading, alone (an instant), then 2.0 over (0, 25 s].
+    assert_eq!(
+        values_of(&covers),
+        BTreeMap::from([(0, 2.0), (1, 2.0), (2, 2.0)])
+    );
+    assert_eq!(covers[&2].ns, 5e9);
+    // An envelope of the reads of the next 400 s spans 40 steps: the ring's last steps keep
+    // it, the older ones are gone.
+    recent.add(7, &envelope(T0 + 26 * S, T0 + 425 * S, 3.0));
+    let (_, steps) = recent.series().next().unwrap();
+    assert!(steps.covers(first, first + 43).is_none());
+    let oldest = first + 42 - RECENT_STEPS as u64 + 1;
+    let covers = steps.covers(oldest, first + 43).unwrap();
+    assert_eq!(covers.len(), RECENT_STEPS);
+    assert!(covers.values().all(|c| c.value() == Some(3.0)));
+    assert_eq!(covers[&(RECENT_STEPS as u64 - 1)].ns, 5e9);
 }

@@ -18,7 +18,9 @@
 //!    ingest and archive apart from the HTTP answers the polls cost and the remote-write),
 //!    RSS per node, the findings tick's duration (`railscope_collector_findings_tick_seconds`
 //!    on `/metrics/collector`), datagrams lost; once the remote-write has caught up, four
-//!    questions asked of both (median of 5), and `/metrics` at that scale.
+//!    questions asked of both (median of 5), the job and jobs views' questions as the page
+//!    asks them (its straggler window: 5 minutes ending on a 10 s step, one step behind the
+//!    load's end), and `/metrics` at that scale.
 //!
 //! Writes `bench/results/fleet.md` and `fleet.json`.
 
@@ -620,13 +622,15 @@ fn job_view(http: SocketAddr, jobs: &Value, end_ns: u64) -> anyhow::Result<Value
         .collect();
     nodes.sort();
     nodes.dedup();
-    let window_start = (end_ns - 300_000_000_000) / 1_000_000_000;
+    // The page's straggler window (`stragglerWindow` in ui/app.js), asked as the load ends:
+    // 5 minutes ending on a 10 s step, one step behind the clock.
+    let window_end = end_ns / 1_000_000_000 / 10 * 10 - 10;
     let stragglers = timed(
         http,
         &format!(
-            "/api/v1/stragglers?job_id={}&start={window_start}&end={}",
+            "/api/v1/stragglers?job_id={}&start={}&end={window_end}",
             encode(id),
-            end_ns / 1_000_000_000
+            window_end - 300
         ),
         |_| 0,
     )?;
@@ -639,7 +643,7 @@ fn job_view(http: SocketAddr, jobs: &Value, end_ns: u64) -> anyhow::Result<Value
     )?;
     let findings = timed(
         http,
-        &format!("/api/v1/findings?start={window_start}"),
+        &format!("/api/v1/findings?start={}", window_end - 300),
         |_| 0,
     )?;
     let mut ports_ms = 0.0;
@@ -655,6 +659,15 @@ fn job_view(http: SocketAddr, jobs: &Value, end_ns: u64) -> anyhow::Result<Value
         )?;
         ports_ms += f64_of(&t["ms"]);
     }
+    // The jobs view: every job's stragglers over the same window.
+    let jobs_view = timed(
+        http,
+        &format!(
+            "/api/v1/stragglers?start={}&end={window_end}",
+            window_end - 300
+        ),
+        |_| 0,
+    )?;
     let ms = |v: &Value| f64_of(&v["ms"]);
     Ok(json!({
         "job_id": id,
@@ -665,6 +678,7 @@ fn job_view(http: SocketAddr, jobs: &Value, end_ns: u64) -> anyhow::Result<Value
         "ports_ms": ports_ms,
         // The page asks the first three at once, then the ports.
         "page_ms": ms(&stragglers).max(ms(&gpus)).max(ms(&findings)) + ports_ms,
+        "jobs_view_stragglers_ms": ms(&jobs_view),
     }))
 }
 
@@ -1047,6 +1061,10 @@ fn markdown(r: &Value) -> String {
         fmt(&c["straggler_pass_median_s"], 2),
         fmt(&c["straggler_pass_max_s"], 2),
         c["straggler_passes"]
+    );
+    s += &format!(
+        "| the jobs view's straggler search (every job, the page's window: 5 min ending on a 10 s step) | {} ms |\n",
+        fmt(&r["job_view"]["jobs_view_stragglers_ms"], 0)
     );
     s += &format!(
         "| segments sealed during the run | {} |\n",
