@@ -8,7 +8,7 @@ use std::{
     sync::atomic::{AtomicIsize, Ordering},
 };
 
-use monitor_collector::{Limits, drops::DropReason, nodes::NodeTable};
+use monitor_collector::{Limits, drops::DropReason, nodes::NodeTable, stragglers};
 use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
 
 /// Bytes currently allocated by the process.
@@ -43,6 +43,23 @@ fn key() -> Key {
     Key::from_bytes([4; 32])
 }
 
+/// The name of a node's `m`-th GPU gauge: the first ones are the straggler metrics the
+/// collector keeps recent steps of (monitor_collector::stragglers), as agents name them.
+fn gpu_metric(m: usize) -> String {
+    stragglers::GPU_METRICS.get(m).map_or_else(
+        || format!("railscope_gpu_metric_{m:02}_ratio"),
+        |n| n.to_string(),
+    )
+}
+
+/// The name of a port's `m`-th counter, the straggler search's two first.
+fn port_counter(m: usize) -> String {
+    stragglers::PORT_COUNTERS.get(m).map_or_else(
+        || format!("railscope_ib_counter_{m:02}_total"),
+        |n| n.to_string(),
+    )
+}
+
 /// One flush of a realistic node at `t`: 320 GPU gauges and 400 port counters.
 fn node_frames(enc: &mut FrameEncoder, t: u64) -> Vec<Vec<u8>> {
     for gpu in 0..8 {
@@ -56,7 +73,7 @@ fn node_frames(enc: &mut FrameEncoder, t: u64) -> Vec<Vec<u8>> {
         for m in 0..40 {
             enc.push_reading(&Reading {
                 series: Series {
-                    name: format!("railscope_gpu_metric_{m:02}_ratio").into(),
+                    name: gpu_metric(m).into(),
                     labels: labels.clone(),
                     kind: Kind::Gauge,
                 },
@@ -71,11 +88,11 @@ fn node_frames(enc: &mut FrameEncoder, t: u64) -> Vec<Vec<u8>> {
         for m in 0..50 {
             enc.push_reading(&Reading {
                 series: Series {
-                    name: format!("railscope_ib_counter_{m:02}_total").into(),
+                    name: port_counter(m).into(),
                     labels: labels.clone(),
                     kind: Kind::Counter,
                 },
-                value: Value::U64(1_000_000 + m),
+                value: Value::U64(1_000_000 + m as u64),
                 unix_ns: t,
             })
             .unwrap();

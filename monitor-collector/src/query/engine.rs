@@ -592,6 +592,13 @@ fn node_selector(matchers: &[Matcher], label: &str) -> NodeSelector {
     }))
 }
 
+/// A counter's rate per second from `(t0, v0)` to `(t1, v1)`, `t0 < t1`: a value below the
+/// previous one is a reset, counted from zero (as Prometheus' `rate`).
+pub(crate) fn counter_rate((t0, v0): (u64, u64), (t1, v1): (u64, u64)) -> f64 {
+    let increase = if v1 >= v0 { v1 - v0 } else { v1 };
+    increase as f64 / ((t1 - t0) as f64 / 1e9)
+}
+
 /// A counter's samples in `[start, end]` with their rates; the sample just before `start`,
 /// if the archive has it, gives the first one its rate.
 fn counter_points(mut samples: Vec<(u64, u64)>, start: u64, end: u64) -> Vec<CounterPoint> {
@@ -604,10 +611,7 @@ fn counter_points(mut samples: Vec<(u64, u64)>, start: u64, end: u64) -> Vec<Cou
             break;
         }
         if t >= start {
-            let rate = prev.map(|(pt, pv)| {
-                let increase = if v >= pv { v - pv } else { v };
-                increase as f64 / ((t - pt) as f64 / 1e9)
-            });
+            let rate = prev.map(|p| counter_rate(p, (t, v)));
             out.push(CounterPoint { t, value: v, rate });
         }
         prev = Some((t, v));

@@ -17,8 +17,9 @@ use monitor_wire::{CounterSample, GaugeSample, Kind, SeriesData};
 
 use super::{
     StragglerSettings,
-    spans::{Cover, Covers, Grid, counter_rate, gauge_span_start},
+    spans::{Cover, Covers, Grid, gauge_span_start},
 };
+use crate::query::engine::counter_rate;
 
 /// Steps kept per series: the default 5-minute window (30 steps) ending one step behind the
 /// clock (as the dashboard asks), the step under way, and 40 s for frames still in flight.

@@ -130,13 +130,6 @@ pub(crate) fn gauge_span_start(previous: Option<u64>, start: u64, t: u64) -> u64
     }
 }
 
-/// A counter's rate per second from `(t0, v0)` to `(t1, v1)`, `t0 < t1`: a value below the
-/// previous one is a reset, counted from zero (as the query engine's rates).
-pub(crate) fn counter_rate((t0, v0): (u64, u64), (t1, v1): (u64, u64)) -> f64 {
-    let increase = if v1 >= v0 { v1 - v0 } else { v1 };
-    increase as f64 / ((t1 - t0) as f64 / 1e9)
-}
-
 /// The spans of a gauge's samples over the grid: each mean over (previous sample, its time].
 pub(crate) fn gauge_covers(grid: &Grid, points: &[GaugePoint]) -> Covers {
     let mut covers = Covers::new();
