@@ -173,7 +173,23 @@ type JobFound = (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>);
 /// A straggler's place: node, GPU, device, port.
 type Place = (String, Option<String>, Option<String>, Option<u32>);
 
-/// Searches the window `[start_ns, end_ns]` of the archive (`job`: only this job).
+/// What a search found, and where it read each node from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Search {
+    pub jobs: Vec<JobStragglers>,
+    pub read: NodesRead,
+}
+
+/// The nodes a search read: from the steps kept at ingest, and from the archive (the
+/// nodes the live table could neither answer for nor rule out).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodesRead {
+    pub steps: usize,
+    pub archive: usize,
+}
+
+/// Searches the window `[start_ns, end_ns]` (`job`: only this job): from the steps kept at
+/// ingest for the nodes `live` answers for, from the archive for the others.
 pub fn find(
     engine: &QueryEngine,
     findings: Option<&FindingsStore>,
@@ -182,7 +198,7 @@ pub fn find(
     start_ns: u64,
     end_ns: u64,
     settings: &StragglerSettings,
-) -> Result<Vec<JobStragglers>, QueryError> {
+) -> Result<Search, QueryError> {
     let step = settings.step_ns.max(1);
     let job_matcher = match job {
         Some(j) => Matcher::parse(&format!("job_id={j:?}")),
@@ -201,8 +217,12 @@ pub fn find(
     );
     let mut steps: Steps = BTreeMap::new();
     let mut all_nodes: Vec<String> = engine.nodes(read_from, read_to)?.into_iter().collect();
+    let mut read = NodesRead::default();
     if let Some(live) = live {
-        if grid.is_aligned() && step == recent::step_ns() {
+        // A window ending within a step of the present (the API's default, `end` = now when
+        // asked) ends with the step under way, as far as samples have come.
+        let open = end_ns.saturating_add(step) >= crate::clock::unix_now_ns();
+        if grid.is_aligned(open) && step == recent::step_ns() {
             // The nodes the live table has held whole over the window and its look-back:
             // their recent steps, spread at ingest, are the window's (it is aligned to them).
             let mut covers = WindowCovers::default();
@@ -219,6 +239,7 @@ pub fn find(
                     );
                 });
             covers.into_steps(&mut steps);
+            read.steps = answered.len();
             all_nodes.retain(|n| !answered.contains(n.as_str()));
         } else if let Some(job) = job {
             // One job: only the nodes the live table cannot rule out of it (a 1,024-node job
@@ -227,6 +248,7 @@ pub fn find(
             all_nodes.retain(|n| !ruled_out.contains(n.as_str()));
         }
     }
+    read.archive = all_nodes.len();
     // The others from the archive, a chunk of nodes at a time, so no answer grows with the
     // fleet (a 1,000-node fleet read every second holds about 4,300 points per node and
     // metric over the read range).
@@ -269,7 +291,7 @@ pub fn find(
             .2
             .extend(score_metric(metric, devices, settings, &active));
     }
-    Ok(jobs
+    let jobs = jobs
         .into_iter()
         .map(|(job_id, (nodes, gpus, found))| {
             // One entry per device: its worst metric.
@@ -292,7 +314,8 @@ pub fn find(
                 stragglers,
             }
         })
-        .collect())
+        .collect();
+    Ok(Search { jobs, read })
 }
 
 /// Nodes asked about in one query.
@@ -580,7 +603,8 @@ fn cause_of(
         .map(|f| f.id.clone())
 }
 
-/// Default window of `/api/v1/stragglers`: the last 5 minutes.
+/// Default window of `/api/v1/stragglers`: the last 5 minutes (from the 10 s step they begin
+/// in).
 const DEFAULT_WINDOW_NS: u64 = 300_000_000_000;
 
 /// What `GET /api/v1/stragglers` reads: the archive, and the findings for the likely causes.
@@ -602,14 +626,15 @@ pub(crate) async fn stragglers(
     let job = one(&pairs, "job_id")?.map(str::to_owned);
     let mut pairs_with_default = pairs.clone();
     if one(&pairs, "start")?.is_none() {
+        // The last 5 minutes, from the step they begin in: the window's steps are then the
+        // epoch's, which the steps kept at ingest answer.
         let (_, end) = range(&pairs)?;
-        pairs_with_default.push((
-            "start".into(),
-            format!("{:.9}", end.saturating_sub(DEFAULT_WINDOW_NS) as f64 / 1e9),
-        ));
+        let step = StragglerSettings::default().step_ns;
+        let start = end.saturating_sub(DEFAULT_WINDOW_NS) / step * step;
+        pairs_with_default.push(("start".into(), format!("{}", start / 1_000_000_000)));
     }
     let (start_ns, end_ns) = range(&pairs_with_default)?;
-    let jobs = blocking(move || {
+    let search = blocking(move || {
         find(
             &state.engine,
             state.findings.as_deref(),
@@ -621,7 +646,7 @@ pub(crate) async fn stragglers(
         )
     })
     .await?;
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+    Ok(Json(json!({ "jobs": search.jobs, "nodes_read": search.read })).into_response())
 }
 
 /// `railscope stragglers [--collector URL] [--json] [--job-id J] [--start T] [--end T]`
@@ -634,15 +659,20 @@ pub struct StragglerArgs {
     /// Only this job (`slurm:42`, `k8s:<pod uid>`, ...).
     #[arg(long)]
     pub job_id: Option<String>,
-    /// The window (default: the last 5 minutes).
-    #[arg(long, default_value = "-5m", allow_hyphen_values = true)]
-    pub start: String,
-    #[arg(long, default_value = "now", allow_hyphen_values = true)]
-    pub end: String,
+    /// The window (default: the last 5 minutes, from the 10 s step they begin in).
+    #[arg(long, allow_hyphen_values = true)]
+    pub start: Option<String>,
+    /// (default: now)
+    #[arg(long, allow_hyphen_values = true)]
+    pub end: Option<String>,
 }
 
 pub fn run_cli(args: &StragglerArgs) -> anyhow::Result<()> {
-    let mut query = vec![("start", args.start.clone()), ("end", args.end.clone())];
+    // The defaults are the collector's own (its 5-minute window begins on a step).
+    let mut query: Vec<(&str, String)> = [("start", &args.start), ("end", &args.end)]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect();
     if let Some(j) = &args.job_id {
         query.push(("job_id", j.clone()));
     }

@@ -67,9 +67,11 @@ impl Grid {
         (self.end - self.start).div_ceil(self.step).max(1)
     }
 
-    /// Whether the window's steps are the epoch's (start and end on a step).
-    pub(crate) fn is_aligned(&self) -> bool {
-        self.start.is_multiple_of(self.step) && self.end.is_multiple_of(self.step)
+    /// Whether the window's steps are the epoch's: its start on a step, and its end on one
+    /// or, `open`, at the present (its last step is then the epoch's step under way, covered
+    /// as far as samples have come, which may be a little past `end`).
+    pub(crate) fn is_aligned(&self, open: bool) -> bool {
+        self.start.is_multiple_of(self.step) && (open || self.end.is_multiple_of(self.step))
     }
 
     /// Spreads `v` over the span `(a, b]` (the instant `b` when `a == b`): gives `to` each

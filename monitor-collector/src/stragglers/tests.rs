@@ -98,6 +98,7 @@ impl Store {
             &StragglerSettings::default(),
         )
         .unwrap()
+        .jobs
     }
 
     /// One job's stragglers as `/api/v1/stragglers?job_id=` finds them: the live table
@@ -113,6 +114,7 @@ impl Store {
             &StragglerSettings::default(),
         )
         .unwrap()
+        .jobs
     }
 }
 
@@ -234,9 +236,10 @@ fn a_job_asked_alone_has_the_stragglers_the_search_of_every_job_gives_it() {
 /// The window the dashboard asks (5 minutes ending on a 10 s step, one step behind the
 /// clock), of a fleet sampled as agents sample: every node the live table held whole over it
 /// is answered from the steps kept at ingest, and every job (and each job asked alone) has
-/// the nodes, GPUs and stragglers, with the values, that the archive gives. After a collector
-/// restart (a table that has not held the nodes whole since before the window), the same
-/// window is read from the archive again, with the same answer.
+/// the nodes, GPUs and stragglers, with the values, that the archive gives. So has the
+/// API's default window (from a step to the present). After a collector restart (a table
+/// that has not held the nodes whole since before the window), the same window is read from
+/// the archive again, with the same answer.
 #[test]
 fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archive() {
     let mut fleet = SimulatedFleet::builder(24)
@@ -245,7 +248,7 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
         .slow_gpu(9, 2)
         .degraded_port(20, 3)
         .adaptive(true)
-        .start_unix_ns(T0)
+        .ticks_before_now(600)
         .build(key());
     let mut store = Store::new();
     let aligned_window = |fleet: &SimulatedFleet| {
@@ -259,7 +262,10 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
             .visit_recent_steps(start - LOOKBACK_NS, start / (10 * S), &mut |_, _, _| {})
             .len()
     };
-    let same = |store: &Store, start: u64, end: u64| {
+    // Asks every job and each job alone with and without the table; returns how many
+    // nodes the table answered for from its steps (the archive read none of them).
+    let same = |store: &Store, start: u64, end: u64| -> Vec<usize> {
+        let mut answered = Vec::new();
         for job in [None, Some("slurm:1"), Some("slurm:2")] {
             let ask = |live: Option<&NodeTable>| {
                 find(
@@ -274,6 +280,13 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
                 .unwrap()
             };
             let (kept, archived) = (ask(Some(&store.table)), ask(None));
+            assert_eq!(archived.read.steps, 0);
+            answered.push(if kept.read.archive == 0 {
+                kept.read.steps
+            } else {
+                0
+            });
+            let (kept, archived) = (kept.jobs, archived.jobs);
             assert_eq!(kept.len(), archived.len(), "{job:?}: {kept:#?}");
             assert_eq!(kept.len(), if job.is_some() { 1 } else { 2 });
             for (k, a) in kept.iter().zip(&archived) {
@@ -310,13 +323,21 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
                 );
             }
         }
+        answered
     };
-    // The table has held every node since T0: from 8 minutes on, it vouches for a window's
-    // look-back (2 minutes) with its minute of slack.
+    // The table has held every node since its first frame: from 8 minutes on, it vouches
+    // for a window's look-back (2 minutes) with its minute of slack.
     store.run(&mut fleet, 510);
     let (start, end) = aligned_window(&fleet);
     assert_eq!(answered_by_table(&store, start), 24);
-    same(&store, start, end);
+    assert_eq!(same(&store, start, end), [24, 24, 24]);
+    // The default window: from the step the last 5 minutes begin in, to the present (the
+    // fleet's frames are older: nothing past `end` to tell the two apart).
+    let end = crate::clock::unix_now_ns();
+    let start = (end - 300 * S) / (10 * S) * (10 * S);
+    assert_eq!(same(&store, start, end), [24, 24, 24]);
+    // Not on a step: read from the archive.
+    assert_eq!(same(&store, start + S, end - S), [0, 0, 0]);
 
     // The collector restarts (the archive stays): its table learns the nodes anew from their
     // next frames and schema refreshes, and vouches for none of them over this window.
@@ -324,7 +345,7 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
     store.run(&mut fleet, 70);
     let (start, end) = aligned_window(&fleet);
     assert_eq!(answered_by_table(&store, start), 0);
-    same(&store, start, end);
+    assert_eq!(same(&store, start, end), [0, 0, 0]);
 }
 
 /// What the live table may rule out of a job over a window, from frames as an agent sends
@@ -589,7 +610,8 @@ fn a_fleet_larger_than_one_query_is_read_a_chunk_of_nodes_at_a_time() {
         end,
         &StragglerSettings::default(),
     )
-    .unwrap();
+    .unwrap()
+    .jobs;
     assert_eq!(jobs.len(), 1, "{jobs:#?}");
     assert_eq!((jobs[0].nodes, jobs[0].gpus), (nodes, nodes * 8));
     assert!(
