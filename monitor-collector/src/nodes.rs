@@ -148,7 +148,9 @@ struct Node {
     /// Since when (the collector's clock) `latest` holds every series the node sent: its
     /// session's first frame here, or the last time an id was given another series. Before
     /// it, the node may have sent series the table never saw (before the collector
-    /// started, in an earlier session): see [`NodeTable::ruled_out`].
+    /// started, in an earlier session): see [`NodeTable::ruled_out`]. Zero (always) when
+    /// the table took the node's first session from its first frame (sequence 0) and the
+    /// archive held no session of the node: there is nothing it did not see.
     complete_since_ns: u64,
     /// The straggler metrics' recent steps, spread at ingest (what a job's straggler search
     /// reads instead of the archive once the node is held whole over its window).
@@ -508,7 +510,14 @@ impl NodeTable {
             });
         }
         self.nodes.fetch_add(1, Ordering::Relaxed);
-        lock(&self.resumed).remove(name);
+        let archived = lock(&self.resumed).remove(name).is_some();
+        // The first frame of the node's first session, with no session of it in the archive:
+        // the table holds all the node ever sent here (nothing older to read anywhere).
+        let complete_since_ns = if frame.seq == 0 && !archived {
+            0
+        } else {
+            now_unix_ns
+        };
         let name: Arc<str> = Arc::from(name);
         tracing::info!("new node {name:?} from {from}");
         let node = shard.entry(name.clone()).or_insert(Node {
@@ -531,7 +540,7 @@ impl NodeTable {
             schema_stamp: self.next_stamp(),
             latest_stamp: 0,
             grown_stamp: 0,
-            complete_since_ns: now_unix_ns,
+            complete_since_ns,
             recent: RecentSteps::default(),
         });
         self.absorb(node, frame, bytes.len(), from, now_unix_ns)

@@ -325,9 +325,9 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
         }
         answered
     };
-    // The table has held every node since its first frame: from 8 minutes on, it vouches
-    // for a window's look-back (2 minutes) with its minute of slack.
-    store.run(&mut fleet, 510);
+    // The table took every node's session from its first frame, and the archive held none
+    // before: it vouches for every window from the start.
+    store.run(&mut fleet, 340);
     let (start, end) = aligned_window(&fleet);
     assert_eq!(answered_by_table(&store, start), 24);
     assert_eq!(same(&store, start, end), [24, 24, 24]);
@@ -351,8 +351,9 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
 /// What the live table may rule out of a job over a window, from frames as an agent sends
 /// them: a node whose GPUs left the job within the window (its session goes on, with new
 /// series carrying the next job) was in it and is read; so is a node first heard after the
-/// window began (it may have carried the job before, unseen); a node that carried only
-/// another job while the table saw all it sent is ruled out.
+/// window began in the middle of a session (it may have carried the job before, unseen); a
+/// node that carried only another job while the table saw all it sent is ruled out, and so
+/// is one whose first session the table took from its first frame.
 #[test]
 fn the_live_table_rules_out_of_a_job_only_the_nodes_it_saw_never_carry_it() {
     let mut store = Store::new();
@@ -361,16 +362,24 @@ fn the_live_table_rules_out_of_a_job_only_the_nodes_it_saw_never_carry_it() {
         labels: Labels::new([("gpu", "0".to_owned()), ("job_id", job.to_owned())]),
         kind: Kind::Gauge,
     };
-    let mut encoders: Vec<FrameEncoder> = ["node-a", "node-b", "node-c"]
+    let config = |n: &str| EncoderConfig::new(n.to_owned());
+    let mut encoders: Vec<FrameEncoder> = ["node-a", "node-b", "node-d"]
         .iter()
-        .map(|n| FrameEncoder::new(EncoderConfig::new((*n).to_owned()), key()).unwrap())
+        .map(|n| FrameEncoder::new(config(n), key()).unwrap())
         .collect();
+    // node-c is first heard in the middle of a session (its earlier frames went elsewhere).
+    encoders.insert(
+        2,
+        FrameEncoder::resume(config("node-c"), key(), 0x5e55_0c0c, 1_000, 100).unwrap(),
+    );
     for sec in 0..=400u64 {
         let t = T0 + sec * S;
-        // node-a: job A until 200 s, then job B; node-b: job B; node-c: job B from 350 s.
+        // node-a: job A until 200 s, then job B; node-b: job B; node-c: job B from 350 s;
+        // node-d: a new session from 350 s, job B.
         let jobs = [
             if sec <= 200 { "A" } else { "B" },
             "B",
+            if sec >= 350 { "B" } else { "" },
             if sec >= 350 { "B" } else { "" },
         ];
         for (encoder, job) in encoders.iter_mut().zip(jobs) {
@@ -399,23 +408,19 @@ fn the_live_table_rules_out_of_a_job_only_the_nodes_it_saw_never_carry_it() {
             .map(|n| n.to_string())
             .collect()
     };
-    // From 100 s: node-a carried A until 200 s; node-c, heard from 350 s, may have.
-    assert_eq!(ruled_out("A", 100), BTreeSet::from(["node-b".to_owned()]));
+    let set =
+        |nodes: &[&str]| -> BTreeSet<String> { nodes.iter().map(|n| n.to_string()).collect() };
+    // From 100 s: node-a carried A until 200 s; node-c, first heard at 350 s in the middle of
+    // a session, may have; node-d's session began at 350 s, all of it seen.
+    assert_eq!(ruled_out("A", 100), set(&["node-b", "node-d"]));
     // From 250 s: node-a's last sample of A is older.
-    assert_eq!(
-        ruled_out("A", 250),
-        BTreeSet::from(["node-a".to_owned(), "node-b".to_owned()])
-    );
+    assert_eq!(ruled_out("A", 250), set(&["node-a", "node-b", "node-d"]));
     // Every node carried B since 250 s, node-c only heard since 350 s: none ruled out.
-    assert_eq!(ruled_out("B", 250), BTreeSet::new());
+    assert_eq!(ruled_out("B", 250), set(&[]));
     // From 420 s on (beyond the table's minute of slack after 350 s), node-c is known.
     assert_eq!(
         ruled_out("A", 420),
-        BTreeSet::from([
-            "node-a".to_owned(),
-            "node-b".to_owned(),
-            "node-c".to_owned()
-        ])
+        set(&["node-a", "node-b", "node-c", "node-d"])
     );
 }
 
