@@ -395,22 +395,33 @@ impl WindowCovers {
         first_step: u64,
         end_step: u64,
     ) {
-        for (id, steps) in recent.series() {
-            let Some(series) = schema.entries.get(&id) else {
-                continue;
-            };
-            let is_gpu = steps.kind() == Kind::Gauge;
-            if is_gpu && job.is_some_and(|j| series.labels.get("job_id") != Some(j)) {
-                continue;
+        // GPUs first: the ports of a node none of whose GPUs carry the job (most nodes of the
+        // fleet, for one job) would only be dropped by `into_steps`, so they are not read.
+        let gpus_before = self.gpus.len();
+        for ports in [false, true] {
+            if ports && self.gpus.len() == gpus_before {
+                return;
             }
-            let Some(covers) = steps.covers(first_step, end_step) else {
-                continue;
-            };
-            let label = |k: &str| series.labels.get(k);
-            if is_gpu {
-                self.add_gpu(&series.name, node, label, job, covers);
-            } else {
-                self.add_port(&series.name, node, label, covers);
+            for (id, steps) in recent.series() {
+                let is_gpu = steps.kind() == Kind::Gauge;
+                if is_gpu == ports {
+                    continue;
+                }
+                let Some(series) = schema.entries.get(&id) else {
+                    continue;
+                };
+                if is_gpu && job.is_some_and(|j| series.labels.get("job_id") != Some(j)) {
+                    continue;
+                }
+                let Some(covers) = steps.covers(first_step, end_step) else {
+                    continue;
+                };
+                let label = |k: &str| series.labels.get(k);
+                if is_gpu {
+                    self.add_gpu(&series.name, node, label, job, covers);
+                } else {
+                    self.add_port(&series.name, node, label, covers);
+                }
             }
         }
     }
