@@ -65,7 +65,7 @@ fn qps_by_device(view: &View) -> QpsByDevice {
 pub fn evaluate(
     view: &View,
     gpu_jobs: &GpuJobs,
-    hardware: &HashMap<Arc<str>, NodeHardware>,
+    hardware: &HashMap<Arc<str>, Arc<NodeHardware>>,
     out: &mut Vec<Observation>,
 ) {
     let qps = qps_by_device(view);

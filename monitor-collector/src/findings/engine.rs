@@ -41,12 +41,11 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Observation, Thresholds, affinity, fabric, gpus,
-    hardware::{self, HardwareReader},
-    ib_links,
+    FindingsStore, Observation, Thresholds, affinity, fabric, gpus, hardware, ib_links,
+    learner::{FleetHardware, ProfileLearner},
     live::LiveReader,
     pfc,
-    profile::{self, GoldenProfile, ProfileBoard},
+    profile::{self, ProfileBoard},
     topology::{PortKey, Topology},
     verbs,
     view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
@@ -314,18 +313,19 @@ pub struct SeriesEngine {
     /// when it changes).
     gpu_jobs: GpuJobs,
     gpu_jobs_changed: bool,
-    /// A hardware-path series appeared, changed value or went since the profile was learnt.
-    hardware_changed: bool,
-    /// The pass that last learnt the golden profile.
+    /// The nodes of which a hardware-path series appeared, changed value or went since their
+    /// hardware was last handed to the profile's learner.
+    hardware_changed: HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// The pass that last handed hardware to the learner.
     profile_pass: u64,
+    /// Learns the golden profile off this thread (see the `learner` module).
+    learner: ProfileLearner,
     /// What the golden profile's rules saw when it was last learnt (handed to the store at
     /// every full pass).
     profile_seen: Vec<Observation>,
-    /// Where the profile is published for `GET /api/v1/nodes/{node}/hardware`.
-    board: Arc<ProfileBoard>,
     /// Each node's hardware path as the profile last read it (the affinity rule's map of
     /// GPUs and NICs).
-    hardware: HashMap<Arc<str>, hardware::NodeHardware>,
+    hardware: FleetHardware,
     /// How the tick reads the live view, kept between ticks.
     live: LiveReader,
 }
@@ -344,7 +344,7 @@ impl SeriesEngine {
         let read = self
             .live
             .read(table, &mut self.tracks, &mut self.gpu_jobs, pass, watched);
-        self.hardware_changed |= read.hardware_changed;
+        self.hardware_changed.extend(read.hardware_nodes);
         self.gpu_jobs_changed |= read.gpu_jobs_changed;
         let keep_ns = self.history_ns();
         let hardware_changed = &mut self.hardware_changed;
@@ -352,7 +352,7 @@ impl SeriesEngine {
         // since the last pass count as seen.
         self.tracks.retain(|k, t| {
             if t.seen_pass < pass && hardware::is_hardware_series(&k.1.name) {
-                *hardware_changed = true;
+                hardware_changed.insert(k.0.clone());
             }
             while t.checkpoints.len() > 1 && t.checkpoints[1].0 + keep_ns <= t.latest.unix_ns {
                 t.checkpoints.pop_front();
@@ -407,24 +407,45 @@ impl SeriesEngine {
             * 1_000_000_000
     }
 
+    /// Takes what the profile's learner learnt since the last pass (waiting for it: see the
+    /// `learner` module), then, if it is time, hands it the hardware of the nodes whose
+    /// hardware changed.
+    fn learn_profile(&mut self) {
+        if let Some(learnt) = self.learner.take() {
+            if learnt.forgot {
+                self.hardware_changed
+                    .extend(self.live.node_names().cloned());
+            }
+            self.profile_seen = learnt.seen;
+            self.hardware = learnt.hardware;
+        }
+        if self.hardware_changed.is_empty()
+            || (self.profile_pass != 0 && self.pass < self.profile_pass + PROFILE_EVERY_PASSES)
+        {
+            return;
+        }
+        self.profile_pass = self.pass;
+        let update = self
+            .hardware_changed
+            .drain()
+            .map(|node| {
+                let series = self.live.hardware_series(&node, &self.tracks);
+                (node, series)
+            })
+            .collect();
+        self.learner.hand(update);
+    }
+
     /// Runs the series rules over the tracks and what the event rules `judged`, and hands
     /// what they saw to the store.
     pub fn evaluate(&mut self, judged: &Judged, now_ns: u64) {
         let (events, grouping) = (&judged.events, &judged.grouping);
+        self.learn_profile();
         let mut seen = Vec::new();
         let view = View::new(&self.tracks, now_ns, &self.th);
         ib_links::evaluate_series(&view, events, grouping, &mut seen);
         gpus::evaluate_series(&view, events, &mut seen);
         verbs::evaluate(&view, &mut seen);
-        if self.hardware_changed
-            && (self.profile_pass == 0 || self.pass >= self.profile_pass + PROFILE_EVERY_PASSES)
-        {
-            self.hardware_changed = false;
-            self.profile_pass = self.pass;
-            let (profile_seen, hardware) = learn_profile(&view, &self.th, &self.board);
-            self.profile_seen = profile_seen;
-            self.hardware = hardware;
-        }
         seen.extend(self.profile_seen.iter().cloned());
         affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut seen);
         pfc::evaluate(&view, &mut seen);
@@ -443,6 +464,7 @@ impl FindingsEngine {
     /// The engine; `th.topology` is read here (the settings checked it at start: a file
     /// unreadable since is logged and the engine runs without it).
     pub fn new(th: Thresholds, store: Arc<FindingsStore>) -> Self {
+        let min_nodes = th.profile_min_nodes;
         let topology = th
             .topology
             .as_deref()
@@ -469,11 +491,11 @@ impl FindingsEngine {
                 store,
                 gpu_jobs: GpuJobs::default(),
                 gpu_jobs_changed: false,
-                hardware_changed: true,
+                hardware_changed: HashSet::default(),
                 profile_pass: 0,
+                learner: ProfileLearner::new(min_nodes, Arc::new(ProfileBoard::default())),
                 profile_seen: Vec::new(),
-                board: Arc::new(ProfileBoard::default()),
-                hardware: HashMap::new(),
+                hardware: FleetHardware::new(),
                 live: LiveReader::default(),
             },
         }
@@ -481,7 +503,7 @@ impl FindingsEngine {
 
     /// Publishes the golden profile on `board` (the HTTP routes read it there).
     pub fn with_board(mut self, board: Arc<ProfileBoard>) -> Self {
-        self.series.board = board;
+        self.series.learner.set_board(board);
         self
     }
 
@@ -542,33 +564,6 @@ impl FindingsEngine {
     pub fn thresholds(&self) -> &Thresholds {
         &self.events.th
     }
-}
-
-/// Reads every node's hardware path from the view, learns the golden profile, publishes it on
-/// `board` and returns what its rules see, and each node's hardware path.
-fn learn_profile(
-    view: &View,
-    th: &Thresholds,
-    board: &ProfileBoard,
-) -> (Vec<Observation>, HashMap<Arc<str>, hardware::NodeHardware>) {
-    let mut readers: HashMap<&Arc<str>, HardwareReader, foldhash::fast::RandomState> =
-        HashMap::default();
-    for name in hardware::SERIES {
-        for ((node, series), track) in view.named(name) {
-            readers.entry(node).or_default().take(series, &track.latest);
-        }
-    }
-    let nodes: HashMap<Arc<str>, hardware::NodeHardware> = readers
-        .into_iter()
-        .map(|(node, r)| (node.clone(), r.finish()))
-        .collect();
-    let golden = GoldenProfile::learn(nodes.iter().map(|(n, hw)| (&**n, hw)), th.profile_min_nodes);
-    let mut seen = Vec::new();
-    for (node, hw) in &nodes {
-        golden.evaluate(node, hw, &mut seen);
-    }
-    board.publish(golden);
-    (seen, nodes)
 }
 
 /// Every rule's name.

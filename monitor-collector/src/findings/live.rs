@@ -14,7 +14,7 @@ use super::{
     topology::PortKey,
     view::{GpuJobs, Track, TrackHandle, Tracks, note_gpu_job},
 };
-use crate::nodes::{LatestValue, NodeLatest, NodeTable};
+use crate::nodes::{Latest, LatestValue, NodeLatest, NodeTable};
 
 type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -64,8 +64,8 @@ pub(super) struct LiveReader {
 
 /// What a reading found beyond the tracks.
 pub(super) struct Read {
-    /// A hardware-path series appeared or changed value.
-    pub hardware_changed: bool,
+    /// The nodes of which a hardware-path series appeared or changed value.
+    pub hardware_nodes: Vec<Arc<str>>,
     /// The ports' LLDP neighbours, if they may have changed since the last reading.
     pub neighbours: Option<HashMap<PortKey, (String, String)>>,
     /// A GPU's job changed (or a GPU was noted for the first time).
@@ -204,6 +204,27 @@ impl NodeRead {
 }
 
 impl LiveReader {
+    /// The hardware-path series of `node` that have a track, each with its latest value, as
+    /// its last reading found them.
+    pub(super) fn hardware_series(&self, node: &str, tracks: &Tracks) -> Vec<(Series, Latest)> {
+        let Some(read) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        read.watched
+            .iter()
+            .filter(|w| w.hardware)
+            .filter_map(|w| {
+                let h = w.handle?;
+                Some((tracks.key(h)?.1.clone(), tracks.get(h)?.latest))
+            })
+            .collect()
+    }
+
+    /// Every node the last reading found.
+    pub(super) fn node_names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.nodes.keys()
+    }
+
     /// Reads every node of `table` into `tracks` for tick `pass`: a watched gauge's latest
     /// value (a track made for a series new to the tick), every watched series with a latest
     /// value marked seen; each GPU's job noted in `gpu_jobs`.
@@ -215,7 +236,7 @@ impl LiveReader {
         pass: u64,
         watched: impl Fn(&str) -> bool + Copy,
     ) -> Read {
-        let mut hardware_changed = false;
+        let mut hardware_nodes = Vec::new();
         let mut gpu_jobs_changed = false;
         let mut neighbours_changed = false;
         table.visit_nodes(&mut |node| {
@@ -258,6 +279,7 @@ impl LiveReader {
             for job in &mut read.jobs {
                 job.2 = false;
             }
+            let mut hardware_changed = false;
             for w in &mut read.watched {
                 let Some(latest) = node.latest(w.id) else {
                     w.present = false;
@@ -314,6 +336,9 @@ impl LiveReader {
                 }
                 track.latest = *latest;
             }
+            if hardware_changed {
+                hardware_nodes.push(node.name.clone());
+            }
             for (gpu, job, present) in &read.jobs {
                 if *present {
                     gpu_jobs_changed |= note_gpu_job(gpu_jobs, node.name, gpu, job);
@@ -331,7 +356,7 @@ impl LiveReader {
                 .collect()
         });
         Read {
-            hardware_changed,
+            hardware_nodes,
             neighbours,
             gpu_jobs_changed,
         }

@@ -33,6 +33,18 @@ fn run_with(
     let table = NodeTable::new(key(), Limits::default());
     let store = Arc::new(FindingsStore::in_memory());
     let mut engine = FindingsEngine::new(th.clone(), store.clone());
+    feed(fleet, ticks, &table, &mut engine);
+    let all = store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    });
+    (all, store, engine, table)
+}
+
+/// Runs `ticks` ticks of `fleet` through `table` and `engine`, as [`run_with`] does.
+fn feed(fleet: &mut SimulatedFleet, ticks: u64, table: &NodeTable, engine: &mut FindingsEngine) {
+    let tick_s = engine.thresholds().tick_s;
     let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
     for _ in 0..ticks {
         let tick = fleet.ticks();
@@ -46,17 +58,11 @@ fn run_with(
         if events {
             engine.evaluate(Pass::Events, t);
         }
-        if (tick + 1).is_multiple_of(th.tick_s) {
-            engine.refresh(&table);
+        if (tick + 1).is_multiple_of(tick_s) {
+            engine.refresh(table);
             engine.evaluate(Pass::All, t);
         }
     }
-    let all = store.list(&super::store::FindingFilter {
-        start_ns: 0,
-        end_ns: u64::MAX,
-        ..Default::default()
-    });
-    (all, store, engine, table)
 }
 
 fn run(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
@@ -686,4 +692,50 @@ fn ports_down_in_a_fabric_burst_are_found_at_once_and_blamed_upstream_once_judge
             assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
         }
     }
+}
+
+/// The golden profile is learnt off the tick thread, from the hardware of the nodes that
+/// changed since it was last learnt: a node whose agent comes back with older NIC firmware,
+/// after the profile was learnt from a healthy fleet, is found, and what is active then is
+/// what a collector that only ever saw the fleet as it is now finds.
+#[test]
+fn a_node_whose_hardware_changed_after_the_profile_was_learnt_is_judged_again() {
+    let fleet = |start: u64, old_firmware: bool| {
+        let mut b = SimulatedFleet::builder(16)
+            .hardware_path()
+            .flush_every(5)
+            .start_unix_ns(start);
+        if old_firmware {
+            b = b.hgx_node(6, monitor_testkit::HgxNode::new(6).nic_with_old_firmware(2));
+        }
+        b.build(key())
+    };
+    let active = |store: &FindingsStore| rules(&store.active());
+    // Long enough for the profile to be learnt more than once (every 6 passes at most).
+    let ticks = 80;
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
+    feed(&mut fleet(T0, false), ticks, &table, &mut engine);
+    assert_eq!(active(&store), [], "a healthy fleet");
+    // Every agent restarts (new sessions); node 6's with one NIC on older firmware.
+    feed(&mut fleet(T0 + ticks * S, true), ticks, &table, &mut engine);
+    let found = active(&store);
+    assert_eq!(
+        found,
+        [(
+            "firmware_drift".to_owned(),
+            "node-006".to_owned(),
+            Some("mlx5_2".to_owned()),
+            None,
+            None
+        )]
+    );
+    // As a collector that saw only the restarted fleet.
+    let (_, fresh, ..) = run_with(
+        &mut fleet(T0 + ticks * S, true),
+        ticks,
+        Thresholds::default(),
+    );
+    assert_eq!(found, active(&fresh));
 }

@@ -383,6 +383,15 @@ impl Tracks {
     }
 
     /// The track `handle` points to, if it is still held.
+    pub fn get(&self, handle: TrackHandle) -> Option<&Track> {
+        let slot = self.slots.get(handle.slot as usize)?;
+        if slot.generation != handle.generation {
+            return None;
+        }
+        slot.held.as_ref().map(|h| &h.track)
+    }
+
+    /// The track `handle` points to, if it is still held.
     pub fn get_mut(&mut self, handle: TrackHandle) -> Option<&mut Track> {
         let slot = self.slots.get_mut(handle.slot as usize)?;
         if slot.generation != handle.generation {
