@@ -50,7 +50,7 @@ pub mod recent;
 mod spans;
 
 use recent::RecentSteps;
-use spans::{Covers, Grid, counter_covers, gauge_covers};
+use spans::{Covers, Grid, counter_covers, gauge_covers, values_of};
 
 use crate::{
     findings::{Finding, FindingsStore, store::FindingFilter},
@@ -157,16 +157,28 @@ enum Device {
     Port(String, String, u32),
 }
 
-/// Per step of the window: a device's value.
-type StepValues = BTreeMap<u64, f64>;
+/// A device's value at each step of the window, by index (NaN: not covered).
+type StepValues = Vec<f64>;
 /// Per job, metric and device: the values in each step of the window.
 type Steps = BTreeMap<(String, &'static str), BTreeMap<Device, StepValues>>;
 
-fn values_of(covers: &Covers) -> StepValues {
-    covers
-        .iter()
-        .filter_map(|(&k, c)| c.value().map(|v| (k, v)))
-        .collect()
+/// Whether no step is covered.
+fn uncovered(values: &[f64]) -> bool {
+    values.iter().all(|v| v.is_nan())
+}
+
+/// Takes the steps `new` covers into `into` (a device of several series, their labels
+/// apart: step by step, the later series wins).
+fn take_covered(into: &mut StepValues, new: &[f64]) {
+    if into.is_empty() {
+        into.extend_from_slice(new);
+        return;
+    }
+    for (mine, &v) in into.iter_mut().zip(new) {
+        if !v.is_nan() {
+            *mine = v;
+        }
+    }
 }
 /// A job's nodes, GPUs and stragglers.
 type JobFound = (BTreeSet<String>, BTreeSet<Device>, Vec<Straggler>);
@@ -379,8 +391,12 @@ impl WindowCovers {
             .ports
             .entry((node.into(), device.into(), port))
             .or_default()[direction];
-        for (k, c) in covers {
-            mine.entry(k).or_default().add(&c);
+        if mine.is_empty() {
+            *mine = covers;
+        } else {
+            for (m, c) in mine.iter_mut().zip(&covers) {
+                m.add(c);
+            }
         }
     }
 
@@ -433,30 +449,31 @@ impl WindowCovers {
         let mut node_jobs: HashMap<String, BTreeSet<String>> = HashMap::new();
         for (metric, node, gpu, job, covers) in self.gpus {
             let values = values_of(&covers);
-            if values.is_empty() {
+            if uncovered(&values) {
                 continue;
             }
             node_jobs
                 .entry(node.clone())
                 .or_default()
                 .insert(job.clone());
-            steps
+            let mine = steps
                 .entry((job, metric))
                 .or_default()
                 .entry(Device::Gpu(node, gpu))
-                .or_default()
-                .extend(values);
+                .or_default();
+            take_covered(mine, &values);
         }
         for ((node, device, port), [tx, rx]) in self.ports {
             let Some(jobs) = node_jobs.get(&node) else {
                 continue;
             };
-            let (tx, rx) = (values_of(&tx), values_of(&rx));
-            let values: StepValues = tx
+            // Both directions, where both cover a step (NaN where either does not).
+            let values: StepValues = values_of(&tx)
                 .iter()
-                .filter_map(|(k, t)| rx.get(k).map(|r| (*k, t + r)))
+                .zip(values_of(&rx))
+                .map(|(t, r)| t + r)
                 .collect();
-            if values.is_empty() {
+            if uncovered(&values) {
                 continue;
             }
             for job in jobs {
@@ -522,20 +539,24 @@ fn score_metric(
     if devices.len() < settings.min_devices {
         return Vec::new();
     }
-    let means: BTreeMap<&Device, &StepValues> = devices.iter().collect();
-    let all_steps: BTreeSet<u64> = means.values().flat_map(|m| m.keys().copied()).collect();
-    // Per device, in step order: its value and score at each step it was scored at.
-    let mut scores: BTreeMap<&Device, Vec<(f64, f64)>> = BTreeMap::new();
+    // In device order, each with the steps it was scored at, in step order: its value and
+    // score at each.
+    let devices: Vec<(&Device, &StepValues)> = devices.iter().collect();
+    let steps = devices.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let mut scores: Vec<Vec<(f64, f64)>> = vec![Vec::new(); devices.len()];
     let mut step_medians = Vec::new();
-    for k in all_steps {
-        let values: Vec<(&Device, f64)> = means
-            .iter()
-            .filter_map(|(d, m)| m.get(&k).map(|&v| (*d, v)))
-            .collect();
-        if values.len() < settings.min_devices {
+    let (mut at, mut xs) = (Vec::new(), Vec::new());
+    for k in 0..steps {
+        at.clear();
+        at.extend(devices.iter().enumerate().filter_map(|(i, (_, values))| {
+            let v = *values.get(k)?;
+            (!v.is_nan()).then_some((i, v))
+        }));
+        if at.len() < settings.min_devices {
             continue;
         }
-        let xs: Vec<f64> = values.iter().map(|v| v.1).collect();
+        xs.clear();
+        xs.extend(at.iter().map(|v| v.1));
         let Some(probe) = Norm::of(&xs, 0.0) else {
             continue;
         };
@@ -547,13 +568,16 @@ fn score_metric(
         .max(f64::MIN_POSITIVE);
         let norm = Norm { floor, ..probe };
         step_medians.push(norm.median);
-        for (d, v) in values {
-            scores.entry(d).or_default().push((v, norm.score(v)));
+        for &(i, v) in &at {
+            scores[i].push((v, norm.score(v)));
         }
     }
     let job_median = median(&step_medians).unwrap_or(f64::NAN);
     let mut out = Vec::new();
-    for (d, steps) in scores {
+    for ((d, values), steps) in devices.into_iter().zip(scores) {
+        if steps.is_empty() {
+            continue;
+        }
         let is_far = |&&(_, score): &&(f64, f64)| score > settings.score;
         let far = steps.iter().filter(is_far).count();
         let fraction = far as f64 / steps.len() as f64;
@@ -563,7 +587,7 @@ fn score_metric(
             && latest.iter().all(|step| is_far(&step));
         let (values, s): (Vec<f64>, Vec<f64>) = if fraction >= settings.min_fraction {
             (
-                means[d].values().copied().collect(),
+                values.iter().copied().filter(|v| !v.is_nan()).collect(),
                 steps.iter().map(|x| x.1).collect(),
             )
         } else if onset {

@@ -159,10 +159,13 @@ impl SeriesSteps {
             return None;
         }
         Some(
-            (first..end.min(self.head + 1))
-                .filter_map(|k| {
-                    let c = self.ring[k as usize % RECENT_STEPS];
-                    (c != Cover::default()).then_some((k - first, c))
+            (first..end)
+                .map(|k| {
+                    if k <= self.head {
+                        self.ring[k as usize % RECENT_STEPS]
+                    } else {
+                        Cover::default()
+                    }
                 })
                 .collect(),
         )

@@ -2,8 +2,6 @@
 //! each step gets of a series' samples, whether the window's spans are read from the archive
 //! or were spread at ingest into the live table's recent steps ([`super::recent`]).
 
-use std::collections::BTreeMap;
-
 use crate::query::engine::{CounterPoint, GaugePoint};
 
 use super::LOOKBACK_NS;
@@ -39,8 +37,19 @@ impl Cover {
     }
 }
 
-/// Per step index: what covers it.
-pub(crate) type Covers = BTreeMap<u64, Cover>;
+/// What covers each step of a window, by its index (a step nothing covers: the default,
+/// whose [`Cover::value`] is None). Dense, not a map: a 1,024-node job's search holds 40,960
+/// series of 30 steps, and a map per series made the search's bookkeeping cost more than its
+/// reading.
+pub(crate) type Covers = Vec<Cover>;
+
+/// Each step's value (NaN: not covered), by index.
+pub(crate) fn values_of(covers: &[Cover]) -> Vec<f64> {
+    covers
+        .iter()
+        .map(|c| c.value().unwrap_or(f64::NAN))
+        .collect()
+}
 
 /// The window `[start, end]` cut into steps `[start + k step, start + (k + 1) step)`, the last
 /// one ending at `end`.
@@ -65,6 +74,11 @@ impl Grid {
 
     pub(crate) fn steps(&self) -> u64 {
         (self.end - self.start).div_ceil(self.step).max(1)
+    }
+
+    /// Covers of every step of the window, nothing covering any yet.
+    pub(crate) fn no_covers(&self) -> Covers {
+        vec![Cover::default(); self.steps() as usize]
     }
 
     /// Whether the window's steps are the epoch's: its start on a step, and its end on one
@@ -116,9 +130,9 @@ impl Grid {
         }
     }
 
-    /// [`Self::spread_with`] into `covers`.
+    /// [`Self::spread_with`] into `covers` (the window's, from [`Self::no_covers`]).
     pub(crate) fn spread(&self, covers: &mut Covers, a: u64, b: u64, v: f64) {
-        self.spread_with(a, b, v, |k, c| covers.entry(k).or_default().add(&c));
+        self.spread_with(a, b, v, |k, c| covers[k as usize].add(&c));
     }
 }
 
@@ -134,7 +148,7 @@ pub(crate) fn gauge_span_start(previous: Option<u64>, start: u64, t: u64) -> u64
 
 /// The spans of a gauge's samples over the grid: each mean over (previous sample, its time].
 pub(crate) fn gauge_covers(grid: &Grid, points: &[GaugePoint]) -> Covers {
-    let mut covers = Covers::new();
+    let mut covers = grid.no_covers();
     let mut prev: Option<u64> = None;
     for p in points {
         let from = gauge_span_start(prev, p.start, p.t);
@@ -146,7 +160,7 @@ pub(crate) fn gauge_covers(grid: &Grid, points: &[GaugePoint]) -> Covers {
 
 /// The spans of a counter's samples over the grid: each rate over (previous sample, its time].
 pub(crate) fn counter_covers(grid: &Grid, points: &[CounterPoint]) -> Covers {
-    let mut covers = Covers::new();
+    let mut covers = grid.no_covers();
     for w in points.windows(2) {
         if let Some(rate) = w[1].rate {
             grid.spread(&mut covers, w[0].t, w[1].t, rate);
