@@ -88,6 +88,10 @@ const PORT_FLOOR_FRACTION: f64 = 0.02;
 /// with a margin for a lost frame or two.
 pub const LOOKBACK_NS: u64 = 120_000_000_000;
 
+/// The default step of a window: also the step of the steps kept at ingest ([`recent`]),
+/// which answer only windows of this step.
+pub const STEP_NS: u64 = 10_000_000_000;
+
 /// How stragglers are searched for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StragglerSettings {
@@ -110,7 +114,7 @@ pub struct StragglerSettings {
 impl Default for StragglerSettings {
     fn default() -> Self {
         Self {
-            step_ns: 10_000_000_000,
+            step_ns: STEP_NS,
             score: 3.5,
             min_fraction: 0.75,
             onset_steps: 2,
@@ -234,7 +238,7 @@ pub fn find(
         // A window ending within a step of the present (the API's default, `end` = now when
         // asked) ends with the step under way, as far as samples have come.
         let open = end_ns.saturating_add(step) >= crate::clock::unix_now_ns();
-        if grid.is_aligned(open) && step == recent::step_ns() {
+        if grid.is_aligned(open) && step == STEP_NS {
             // The nodes the live table has held whole over the window and its look-back:
             // their recent steps, spread at ingest, are the window's (it is aligned to them).
             let mut covers = WindowCovers::default();
@@ -253,9 +257,12 @@ pub fn find(
             covers.into_steps(&mut steps);
             read.steps = answered.len();
             all_nodes.retain(|n| !answered.contains(n.as_str()));
-        } else if let Some(job) = job {
-            // One job: only the nodes the live table cannot rule out of it (a 1,024-node job
-            // of a 12,500-node fleet reads its own nodes, not the fleet's).
+        }
+        if let Some(job) = job
+            && !all_nodes.is_empty()
+        {
+            // One job: of the others, only the nodes the live table cannot rule out of it (a
+            // 1,024-node job of a 12,500-node fleet reads its own nodes, not the fleet's).
             let ruled_out = live.ruled_out(GPU_METRICS, "job_id", job, read_from);
             all_nodes.retain(|n| !ruled_out.contains(n.as_str()));
         }

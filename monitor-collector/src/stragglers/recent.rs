@@ -16,7 +16,7 @@
 use monitor_wire::{CounterSample, GaugeSample, Kind, SeriesData};
 
 use super::{
-    StragglerSettings,
+    STEP_NS,
     spans::{Cover, Covers, Grid, gauge_span_start},
 };
 use crate::query::engine::counter_rate;
@@ -44,10 +44,6 @@ pub struct SeriesSteps {
     ring: Box<[Cover; RECENT_STEPS]>,
 }
 
-/// The step the search and these steps share (the search's default).
-pub(crate) fn step_ns() -> u64 {
-    StragglerSettings::default().step_ns
-}
 
 impl RecentSteps {
     /// Whether series named `name` are kept (the metrics the straggler search reads).
@@ -129,7 +125,7 @@ impl SeriesSteps {
     /// dropped.
     fn spread(&mut self, a: u64, b: u64, v: f64) {
         let (head, ring) = (&mut self.head, &mut self.ring);
-        Grid::epoch(step_ns()).spread_with(a, b, v, |k, c| {
+        Grid::epoch(STEP_NS).spread_with(a, b, v, |k, c| {
             if k > *head {
                 let from = (*head + 1).max(k.saturating_sub(RECENT_STEPS as u64 - 1));
                 for cleared in from..=k {
