@@ -44,7 +44,6 @@ pub struct SeriesSteps {
     ring: Box<[Cover; RECENT_STEPS]>,
 }
 
-
 impl RecentSteps {
     /// Whether series named `name` are kept (the metrics the straggler search reads).
     pub fn keeps(name: &str) -> bool {
