@@ -13,7 +13,8 @@
 //!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
 //! - the golden profile: [`hardware`] reads each node's hardware path from its series,
 //!   [`profile`] learns what each hardware class's majority has and finds the nodes unlike
-//!   it (`learner`: off the tick thread, reading again only the nodes whose hardware changed); [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
+//!   it (`learner`: off the tick thread, reading again only the nodes whose hardware
+//!   changed); [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
