@@ -2,7 +2,7 @@
 //! header carries), trailer; then the flap analysis, both report forms and each port's SVG
 //! timeline over what was read.
 //!
-//! Input layout (monitor-capture/examples/fuzz_seeds.rs makes seeds of it): a flags byte, then
+//! Input layout (monitor-capture/examples/capture_fuzz_seeds.rs makes seeds of it): a flags byte, then
 //! the capture's bytes. With bit 0 set the target first rewrites the header's and every
 //! record's checksum and seals each frame again with the header's key, so that mutations get
 //! past those checks to the frame parser and the analysis; with it clear the bytes are read

@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     let from: SocketAddr = "192.0.2.1:40000".parse().unwrap();
     let now = 292 * YEAR * 1_000_000_000 / 2;
     // The first datagram's length, then both datagrams (fuzz/seeds and the example
-    // monitor-wire/examples/fuzz_seeds.rs make inputs of this layout).
+    // monitor-wire/examples/frame_fuzz_seeds.rs make inputs of this layout).
     let Some((len, datagrams)) = rest.split_first_chunk::<2>() else {
         return;
     };

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let key = Key::from_bytes([7; 32]);
     // The first datagram's length, then both datagrams (fuzz/seeds and the example
-    // monitor-wire/examples/fuzz_seeds.rs make inputs of this layout).
+    // monitor-wire/examples/frame_fuzz_seeds.rs make inputs of this layout).
     let Some((len, datagrams)) = rest.split_first_chunk::<2>() else {
         return;
     };

@@ -83,7 +83,30 @@ pub fn build_example(
 }
 
 /// Builds with `--message-format=json` and returns the executables cargo reports, by target name.
-pub fn build_executables(mut cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>> {
+pub fn build_executables(cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    Ok(artifacts(cmd)?
+        .into_iter()
+        .filter_map(|a| Some((a.name, a.executable?)))
+        .collect())
+}
+
+/// One target cargo built, as its `compiler-artifact` message says.
+struct Artifact {
+    /// The target's name (`railscope`, `monitor_user`, `nvml_standin`).
+    name: String,
+    /// Whether it is a test harness (a crate's unit tests, an integration test).
+    test: bool,
+    /// The target's kinds (`lib`, `cdylib`, `bin`, `test`, `example`).
+    kinds: Vec<String>,
+    executable: Option<PathBuf>,
+    /// What the target produced (a library's `.so`, `.rlib`, ...).
+    filenames: Vec<PathBuf>,
+    /// The package's manifest (`<workspace>/<package>/Cargo.toml`).
+    manifest: PathBuf,
+}
+
+/// Builds with `--message-format=json` and returns every artifact cargo reports.
+fn artifacts(mut cmd: Command) -> anyhow::Result<Vec<Artifact>> {
     cmd.arg("--message-format=json-render-diagnostics")
         .stdout(std::process::Stdio::piped());
     let rendered = render(&cmd);
@@ -94,7 +117,7 @@ pub fn build_executables(mut cmd: Command) -> anyhow::Result<Vec<(String, PathBu
     if !output.status.success() {
         bail!("{rendered} failed ({})", output.status);
     }
-    let mut executables = Vec::new();
+    let mut artifacts = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -102,11 +125,104 @@ pub fn build_executables(mut cmd: Command) -> anyhow::Result<Vec<(String, PathBu
         if msg["reason"] != "compiler-artifact" {
             continue;
         }
-        if let (Some(name), Some(exe)) =
-            (msg["target"]["name"].as_str(), msg["executable"].as_str())
-        {
-            executables.push((name.to_owned(), PathBuf::from(exe)));
-        }
+        let Some(name) = msg["target"]["name"].as_str() else {
+            continue;
+        };
+        artifacts.push(Artifact {
+            name: name.to_owned(),
+            test: msg["profile"]["test"].as_bool().unwrap_or(false),
+            kinds: msg["target"]["kind"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect(),
+            executable: msg["executable"].as_str().map(PathBuf::from),
+            filenames: msg["filenames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.as_str().map(PathBuf::from))
+                .collect(),
+            manifest: msg["manifest_path"]
+                .as_str()
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+        });
     }
-    Ok(executables)
+    Ok(artifacts)
+}
+
+/// The workspace's every target built once in release, resolved as `cargo test --release`
+/// resolves it, with what cargo reported.
+///
+/// Why the suite builds this way: `cargo build -p X` resolves the dependencies' features for
+/// X alone, not for the workspace, so each `-p` build after the workspace's tests built some
+/// fifty crates again with other features (the agent for the collector's tests, the guest
+/// init, the agent's unit tests for the guest, the collector, the package's two binaries, the
+/// NVML stand-in: about 8 minutes of a CI run on 2 cores). `cargo xtask test` builds once
+/// and every later step takes its binaries from here: the testkit through
+/// `RAILSCOPE_AGENT_BINARY`, the VM scenarios and the package test through this value.
+pub struct WorkspaceBuild {
+    artifacts: Vec<Artifact>,
+}
+
+impl WorkspaceBuild {
+    /// `cargo build --release --all-targets`: the default members' libraries, binaries,
+    /// tests and examples (what `cargo test --release` then runs without building again).
+    pub fn run(tools: &crate::tools::Tools) -> anyhow::Result<Self> {
+        crate::setup::step(
+            "building the workspace once (cargo build --release --all-targets): the tests, the \
+             guests and the package all take their binaries from this build",
+        );
+        let mut cmd = command(tools);
+        cmd.args(["build", "--release", "--all-targets"]);
+        Ok(Self {
+            artifacts: artifacts(cmd)?,
+        })
+    }
+
+    /// The binary `name` (not its unit-test harness).
+    pub fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
+        self.artifacts
+            .iter()
+            .find(|a| a.name == name && !a.test)
+            .and_then(|a| a.executable.clone())
+            .with_context(|| format!("the workspace build did not report the binary {name}"))
+    }
+
+    /// The example `name` of the package in folder `package`.
+    pub fn example(&self, package: &str, name: &str) -> anyhow::Result<PathBuf> {
+        self.artifacts
+            .iter()
+            .find(|a| {
+                a.name == name
+                    && !a.test
+                    && a.manifest.parent().and_then(|d| d.file_name()) == Some(package.as_ref())
+            })
+            .and_then(|a| a.executable.clone())
+            .with_context(|| {
+                format!("the workspace build did not report {package}'s example {name}")
+            })
+    }
+
+    /// The unit-test harness of library `name` (`monitor_user`).
+    pub fn unit_tests(&self, name: &str) -> anyhow::Result<PathBuf> {
+        self.artifacts
+            .iter()
+            .find(|a| a.name == name && a.test && a.kinds.iter().any(|k| k == "lib"))
+            .and_then(|a| a.executable.clone())
+            .with_context(|| format!("the workspace build did not report {name}'s unit tests"))
+    }
+
+    /// The file `file_name` a library target produced (`libnvml_standin.so`).
+    pub fn library_file(&self, file_name: &str) -> anyhow::Result<PathBuf> {
+        self.artifacts
+            .iter()
+            .filter(|a| !a.test)
+            .flat_map(|a| &a.filenames)
+            .find(|f| f.file_name().is_some_and(|n| n == file_name))
+            .cloned()
+            .with_context(|| format!("the workspace build did not report {file_name}"))
+    }
 }

@@ -113,19 +113,129 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs each target for `seconds` (or `runs` executions), one after the other; fails at the
-/// first target that finds something.
+/// Builds the targets and the seeds, then runs each target for `seconds` (or `runs`
+/// executions), one after the other; fails at the first target that finds something.
 pub fn run_targets(
     tools: &setup::Tools,
     targets: &[&str],
     seconds: u64,
     runs: Option<u64>,
 ) -> anyhow::Result<Vec<Outcome>> {
-    ensure_cargo_fuzz()?;
+    ensure_cargo_fuzz(None)?;
     let root = cargo::workspace_root();
-    let seeds = make_seeds(tools, &root)?;
+    let seeds = make_seeds(tools, &root, None)?;
     setup::step("building the fuzz targets (cargo +nightly fuzz build)");
     cargo::run(fuzz_command(tools, &root).args(["build"]))?;
+    run_built_targets(tools, &seeds, targets, seconds, runs)
+}
+
+/// The fuzz targets' build (cargo-fuzz's install where it is missing, then `cargo +nightly
+/// fuzz build`), in a thread of its own with its output in `target/fuzz/build.log`.
+///
+/// Why in the background: `cargo xtask test` starts it before the host tests, which spend most
+/// of their minutes waiting on agents, collectors and servers they started (collector_outage:
+/// 70 s of wall time, 0.7 s of CPU), while the fuzz build is some ten minutes of CPU on 2
+/// cores that has no other work to wait behind. Niced like every fuzz run, it takes the CPU
+/// the tests leave; its own target directory (`fuzz/target`) holds no lock the tests' cargo
+/// needs.
+/// Dropped before [`BackgroundBuild::wait`] (the tests failed), it stops the build.
+pub struct BackgroundBuild {
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    log: PathBuf,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BackgroundBuild {
+    pub fn start(tools: &setup::Tools) -> anyhow::Result<Self> {
+        let root = cargo::workspace_root();
+        let log = root.join("target/fuzz/build.log");
+        std::fs::create_dir_all(log.parent().expect("the log is in a directory"))?;
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        setup::step(&format!(
+            "building the fuzz targets in the background, niced (log: {})",
+            log.display()
+        ));
+        let mut build = fuzz_command(tools, &root);
+        build
+            .args(["build"])
+            .stdout(out.try_clone()?)
+            .stderr(out.try_clone()?);
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cancelled = cancel.clone();
+        let thread = std::thread::Builder::new()
+            .name("fuzz-build".into())
+            .spawn(move || {
+                ensure_cargo_fuzz(Some(&out))?;
+                let rendered = cargo::render(&build);
+                let mut child = build
+                    .spawn()
+                    .with_context(|| format!("failed to start {rendered}"))?;
+                loop {
+                    if let Some(status) = child.try_wait()? {
+                        if !status.success() {
+                            bail!("{rendered} failed ({status})");
+                        }
+                        return Ok(());
+                    }
+                    if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        bail!("{rendered}: stopped");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+            })?;
+        Ok(Self {
+            thread: Some(thread),
+            log,
+            cancel,
+        })
+    }
+
+    /// Waits for the build; its failure carries the log's last lines.
+    pub fn wait(mut self) -> anyhow::Result<()> {
+        setup::step("the fuzz targets' build: waiting for it to finish");
+        let result = self
+            .thread
+            .take()
+            .expect("waited once")
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the fuzz build's thread panicked")));
+        if let Err(e) = result {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "building the fuzz targets failed: {e:#}; the end of {}:\n{}",
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BackgroundBuild {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.cancel
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Runs each target, built already, for `seconds` (or `runs` executions) from `seeds`, one
+/// after the other; fails at the first target that finds something.
+pub fn run_built_targets(
+    tools: &setup::Tools,
+    seeds: &Path,
+    targets: &[&str],
+    seconds: u64,
+    runs: Option<u64>,
+) -> anyhow::Result<Vec<Outcome>> {
+    let root = cargo::workspace_root();
     let mut outcomes = Vec::new();
     for target in targets {
         let corpus = root.join("target/fuzz/corpus").join(target);
@@ -226,41 +336,59 @@ fn fuzz_command(tools: &setup::Tools, root: &Path) -> Command {
     cmd
 }
 
-/// Installs cargo-fuzz if `cargo fuzz` is missing.
-fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+/// Installs cargo-fuzz if `cargo fuzz` is missing. With `log`, what it does and cargo's
+/// output go there (the background build); else to the terminal.
+fn ensure_cargo_fuzz(log: Option<&std::fs::File>) -> anyhow::Result<()> {
+    let say = |line: &str| match log {
+        Some(mut file) => {
+            use std::io::Write as _;
+            let _ = writeln!(file, "==> {line}");
+        }
+        None => setup::step(line),
+    };
     let present = Command::new("cargo")
         .args(["fuzz", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
     if present {
-        setup::step("cargo-fuzz: installed");
+        say("cargo-fuzz: installed");
         return Ok(());
     }
-    setup::step("cargo-fuzz: installing (cargo install cargo-fuzz --locked, a few minutes)");
-    cargo::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
-        .context("installing cargo-fuzz failed; see cargo's output above")
+    say("cargo-fuzz: installing (cargo install cargo-fuzz --locked, a few minutes)");
+    let mut install = Command::new("nice");
+    install.args(["-n", "19", "cargo", "install", "cargo-fuzz", "--locked"]);
+    if let Some(file) = log {
+        install.stdout(file.try_clone()?).stderr(file.try_clone()?);
+    }
+    cargo::run(&mut install).context("installing cargo-fuzz failed; see cargo's output")
 }
 
-/// Runs `package`'s `fuzz_seeds` example, which writes seeds made by the crate's own writer
-/// into `dirs`.
-fn run_seed_example(tools: &setup::Tools, package: &str, dirs: &[PathBuf]) -> anyhow::Result<()> {
-    cargo::run(
-        cargo::command(tools)
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                package,
-                "--example",
-                "fuzz_seeds",
-                "--",
-            ])
-            .args(dirs),
-    )
+/// Runs `package`'s seed example `example`, which writes seeds made by the crate's own writer
+/// into `dirs`: the one `built` holds, else through `cargo run`.
+fn run_seed_example(
+    tools: &setup::Tools,
+    built: Option<&cargo::WorkspaceBuild>,
+    (package, example): (&str, &str),
+    dirs: &[PathBuf],
+) -> anyhow::Result<()> {
+    match built {
+        Some(built) => cargo::run(Command::new(built.example(package, example)?).args(dirs)),
+        None => cargo::run(
+            cargo::command(tools)
+                .args(["run", "--quiet", "-p", package, "--example", example, "--"])
+                .args(dirs),
+        ),
+    }
 }
 
 /// Seeds for every target under `target/fuzz/seeds/<target>/`, from what the tests use.
-fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
+///
+/// `built`: the suite's workspace build, which holds the seed examples already.
+pub fn make_seeds(
+    tools: &setup::Tools,
+    root: &Path,
+    built: Option<&cargo::WorkspaceBuild>,
+) -> anyhow::Result<PathBuf> {
     setup::step("fuzz seeds from the tests' inputs");
     let seeds = root.join("target/fuzz/seeds");
     let dir = |t: &str| -> anyhow::Result<PathBuf> {
@@ -304,14 +432,20 @@ fn make_seeds(tools: &setup::Tools, root: &Path) -> anyhow::Result<PathBuf> {
     // Frames and a schema request made by the agent's encoder.
     run_seed_example(
         tools,
-        "monitor-wire",
+        built,
+        ("monitor-wire", "frame_fuzz_seeds"),
         &[dir("wire_frame")?, dir("schema_request")?],
     )?;
-    // Small captures made by the capture writer (monitor-capture/examples/fuzz_seeds.rs), and
+    // Small captures made by the capture writer (monitor-capture/examples/capture_fuzz_seeds.rs), and
     // the shipped example capture (docs/examples, made by `railscope capture` in the test
     // bed), read as it is: the target's flags byte 0 before it.
     let captures = dir("capture_file")?;
-    run_seed_example(tools, "monitor-capture", std::slice::from_ref(&captures))?;
+    run_seed_example(
+        tools,
+        built,
+        ("monitor-capture", "capture_fuzz_seeds"),
+        std::slice::from_ref(&captures),
+    )?;
     let mut shipped = vec![0u8];
     shipped.extend(std::fs::read(
         root.join("docs/examples/capture-flap.rscap"),

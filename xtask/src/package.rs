@@ -74,7 +74,6 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 
 /// Builds the binaries and the package; returns the path of the `.deb`.
 pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
-    let root = cargo::workspace_root();
     setup::step("building railscope (eBPF object embedded) and railscope-collector (release)");
     let mut cmd = cargo::command(tools);
     cmd.args([
@@ -97,8 +96,17 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
             .map(|(_, p)| p.clone())
             .with_context(|| format!("cargo did not report the {name} binary"))
     };
-    let agent = binary("railscope")?;
-    let collector = binary("railscope-collector")?;
+    build_from(
+        &binary("railscope")?,
+        &binary("railscope-collector")?,
+        lintian,
+    )
+}
+
+/// The package of the two binaries `agent` and `collector`, built already (the suite's
+/// workspace build); returns the path of the `.deb`.
+pub fn build_from(agent: &Path, collector: &Path, lintian: bool) -> anyhow::Result<PathBuf> {
+    let root = cargo::workspace_root();
 
     let version = format!("{}-{DEBIAN_REVISION}", workspace_version(&root)?);
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
@@ -110,12 +118,12 @@ pub fn build(tools: &setup::Tools, lintian: bool) -> anyhow::Result<PathBuf> {
     }
     let mut entries = vec![
         Entry {
-            from: agent,
+            from: agent.to_path_buf(),
             to: "usr/bin/railscope".into(),
             mode: 0o755,
         },
         Entry {
-            from: collector,
+            from: collector.to_path_buf(),
             to: "usr/bin/railscope-collector".into(),
             mode: 0o755,
         },

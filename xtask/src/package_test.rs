@@ -50,17 +50,32 @@ pub struct Options {
 
 pub fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
-    run_with(&tools, options)
+    run_with(&tools, options, None)
 }
 
-pub fn run_with(tools: &setup::Tools, options: &Options) -> anyhow::Result<()> {
+/// Runs the test; `built` is the suite's workspace build when there is one (the package is
+/// made of its binaries, and the stand-in taken from it), else both are built here.
+pub fn run_with(
+    tools: &setup::Tools,
+    options: &Options,
+    built: Option<&crate::cargo::WorkspaceBuild>,
+) -> anyhow::Result<()> {
     setup::require_root("debootstrap, mkfs.ext4 -d and the guest's dpkg")?;
     if !options.setup.no_apt {
         setup::ensure_debian_packages(PACKAGES)?;
         setup::ensure_debian_packages(package::PACKAGES)?;
     }
-    let deb = package::build(tools, true)?;
-    let nvml = build_nvml_standin(tools)?;
+    let (deb, nvml) = match built {
+        Some(built) => (
+            package::build_from(
+                &built.binary("railscope")?,
+                &built.binary("railscope-collector")?,
+                true,
+            )?,
+            built.library_file(NVML_STANDIN)?,
+        ),
+        None => (package::build(tools, true)?, build_nvml_standin(tools)?),
+    };
     let kernels = if options.all_kernels {
         vec![KernelLine::Bookworm, KernelLine::Bookworm612]
     } else {
@@ -134,6 +149,9 @@ fn find_kernel_deb(dir: &Path, kver: &str) -> anyhow::Result<PathBuf> {
     bail!("no {prefix}*.deb in {}", dir.display())
 }
 
+/// The stand-in's file name as cargo builds it.
+const NVML_STANDIN: &str = "libnvml_standin.so";
+
 /// The NVML stand-in (docs/nvml-standin.md; not a GPU, not NVIDIA's library), built for the
 /// guest's agent to load as its NVML so the GPU source runs under the unit's sandbox.
 fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
@@ -144,7 +162,9 @@ fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
         "--package",
         "nvml-standin",
     ]))?;
-    let lib = crate::cargo::workspace_root().join("target/release/libnvml_standin.so");
+    let lib = crate::cargo::workspace_root()
+        .join("target/release")
+        .join(NVML_STANDIN);
     if !lib.exists() {
         bail!("cargo built nvml-standin but {} is missing", lib.display());
     }

@@ -21,12 +21,15 @@ pub struct Options {
 pub fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("loading eBPF programs in the host tests")?;
     let tools = setup::run(&options.vm.setup)?;
+    let built = cargo::WorkspaceBuild::run(&tools)?;
+    let fuzz_build = fuzz::BackgroundBuild::start(&tools)?;
     setup::step("unit and host tests (cargo test)");
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
     // The remote-write tests skip when Prometheus or VictoriaMetrics is missing under a
     // plain `cargo test`; here setup installed them, so a missing server is a failure. The
     // same for Chromium and the dashboard test, Slurm and the actions' tests, and ethtool and
-    // the agent's ethtool test.
+    // the agent's ethtool test. The collector's end-to-end tests run the agent the build
+    // above made, rather than building it again for monitor-user alone.
     cargo::run(
         cargo::command(&tools)
             .args(["test", "--release"])
@@ -35,12 +38,15 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .env("RAILSCOPE_REQUIRE_PROMTOOL", "1")
             .env("RAILSCOPE_REQUIRE_ALERTMANAGER", "1")
             .env("RAILSCOPE_REQUIRE_CHROMIUM", "1")
-            .env("RAILSCOPE_REQUIRE_ETHTOOL", "1"),
+            .env("RAILSCOPE_REQUIRE_ETHTOOL", "1")
+            .env("RAILSCOPE_AGENT_BINARY", built.binary("railscope")?),
     )?;
     units::check(&cargo::workspace_root().join("target/release"))?;
     // Every decoder of outside input, fuzzed for a short bounded time (`cargo xtask fuzz`
     // runs them longer).
-    let outcomes = fuzz::run_targets(&tools, fuzz::TARGETS, FUZZ_SECONDS, None)?;
+    let seeds = fuzz::make_seeds(&tools, &cargo::workspace_root(), Some(&built))?;
+    fuzz_build.wait()?;
+    let outcomes = fuzz::run_built_targets(&tools, &seeds, fuzz::TARGETS, FUZZ_SECONDS, None)?;
     eprint!("{}", fuzz::summary(&outcomes));
     let total: u64 = outcomes.iter().map(|o| o.executions).sum();
     let each: Vec<String> = outcomes
@@ -62,7 +68,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     if vm.kernel.is_empty() {
         vm.all_kernels = true;
     }
-    vm_test::run_with(&tools, &vm)?;
+    vm_test::run_with(&tools, &vm, Some(&built))?;
     // The Debian package installed, run and removed in a systemd Debian guest.
     package_test::run_with(
         &tools,
@@ -72,5 +78,6 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             timeout: package_test::DEFAULT_TIMEOUT,
             setup: options.vm.setup.clone(),
         },
+        Some(&built),
     )
 }

@@ -28,15 +28,31 @@ pub fn sysfs_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The environment variable naming an agent binary built already: `cargo xtask test` sets
+/// it to the one its workspace build made, so no test builds the agent again.
+pub const AGENT_BINARY_ENV: &str = "RAILSCOPE_AGENT_BINARY";
+
 /// `railscope`, next to another binary of the workspace (`binary`, the calling test's
-/// `CARGO_BIN_EXE_...`), built first.
+/// `CARGO_BIN_EXE_...`), built first; or the binary [`AGENT_BINARY_ENV`] names.
 ///
 /// The collector's end-to-end tests run the agent's binary, which cargo builds for a test of
 /// the whole workspace but not for `cargo test -p monitor-collector`, and cargo cannot name
 /// another package's binary as a test's dependency on stable. So the first call of a test
 /// process builds it (`cargo build -p monitor-user --bin railscope`, same profile and target
 /// directory; a no-op when it is up to date): the test never runs a missing or stale agent.
+/// That build resolves the dependencies' features for monitor-user alone, so after a
+/// workspace build it builds some fifty crates again (minutes): the suite, which built the
+/// agent with the workspace, names it instead.
 pub fn agent_binary_next_to(binary: &str) -> PathBuf {
+    if let Some(built) = std::env::var_os(AGENT_BINARY_ENV) {
+        let path = PathBuf::from(built);
+        assert!(
+            path.is_file(),
+            "{AGENT_BINARY_ENV}={} names no file",
+            path.display()
+        );
+        return path;
+    }
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     if let Err(why) = BUILT.get_or_init(|| build_agent_next_to(Path::new(binary))) {
         panic!("the agent binary could not be built: {why}");

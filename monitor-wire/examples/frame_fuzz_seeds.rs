@@ -4,7 +4,7 @@
 //! with the key by the target), the first datagram's length (u16 LE), then the datagrams
 //! without their MAC.
 //!
-//! `cargo run -p monitor-wire --example fuzz_seeds -- FRAME_DIR REQUEST_DIR`
+//! `cargo run -p monitor-wire --example frame_fuzz_seeds -- FRAME_DIR REQUEST_DIR`
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -19,7 +19,7 @@ const KEY: [u8; 32] = [7; 32];
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args_os().skip(1).map(PathBuf::from);
     let (Some(frames_dir), Some(requests_dir)) = (args.next(), args.next()) else {
-        return Err("usage: fuzz_seeds FRAME_DIR REQUEST_DIR".into());
+        return Err("usage: frame_fuzz_seeds FRAME_DIR REQUEST_DIR".into());
     };
     std::fs::create_dir_all(&frames_dir)?;
     std::fs::create_dir_all(&requests_dir)?;

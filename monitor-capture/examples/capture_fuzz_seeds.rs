@@ -6,7 +6,7 @@
 //! seals the frames again, so that mutations reach the frame parser and the analysis), then
 //! the capture's bytes.
 //!
-//! `cargo run -p monitor-capture --example fuzz_seeds -- DIR`
+//! `cargo run -p monitor-capture --example capture_fuzz_seeds -- DIR`
 
 use std::path::PathBuf;
 
@@ -52,7 +52,7 @@ const UP: Step = Step {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Some(dir) = std::env::args_os().nth(1).map(PathBuf::from) else {
-        return Err("usage: fuzz_seeds DIR".into());
+        return Err("usage: capture_fuzz_seeds DIR".into());
     };
     std::fs::create_dir_all(&dir)?;
     // A port that flaps (events, as rxe raises them: PORT_ERR once, PORT_ACTIVE twice) with
