@@ -128,7 +128,11 @@ enum Point {
 fn latest(table: &NodeTable, metrics: &[&str], matchers: &[Matcher], now_ns: u64) -> Vec<Found> {
     let oldest = now_ns.saturating_sub(table.live_ttl_ns());
     let mut out = Vec::new();
-    table.visit_latest(&mut |node, series, latest| {
+    // The node's matchers are asked once a node, before any of its series.
+    let (of_node, of_series): (Vec<&Matcher>, Vec<&Matcher>) =
+        matchers.iter().partition(|m| m.label == "node");
+    let wants = |node: &str| of_node.iter().all(|m| m.matches(Some(node)));
+    table.visit_latest(&wants, &mut |node, series, latest| {
         if latest.unix_ns < oldest {
             return;
         }
@@ -136,14 +140,10 @@ fn latest(table: &NodeTable, metrics: &[&str], matchers: &[Matcher], now_ns: u64
         let Some(asked) = metrics.iter().position(|m| *m == &*series.name) else {
             return;
         };
-        let label = |name: &str| {
-            if name == "node" {
-                Some(&**node)
-            } else {
-                series.labels.get(name)
-            }
-        };
-        if !matchers.iter().all(|m| m.matches(label(&m.label))) {
+        if !of_series
+            .iter()
+            .all(|m| m.matches(series.labels.get(&m.label)))
+        {
             return;
         }
         let t = latest.unix_ns as f64 / 1e9;

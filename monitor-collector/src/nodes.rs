@@ -771,12 +771,17 @@ impl NodeTable {
         out
     }
 
-    /// Calls `f` with the latest value of every series of every node, under each shard's lock
-    /// in turn (nothing is copied: the findings engine keeps only the series it reads).
-    pub fn visit_latest(&self, f: &mut dyn FnMut(&Arc<str>, &Series, &Latest)) {
+    /// Calls `f` with the latest value of every series of every node that `wants` (by its
+    /// name), under each shard's lock in turn (nothing is copied). A node not wanted costs one
+    /// call: a view of a job's 200 nodes reads 200 nodes' series, not the fleet's.
+    pub fn visit_latest(
+        &self,
+        wants: &dyn Fn(&str) -> bool,
+        f: &mut dyn FnMut(&Arc<str>, &Series, &Latest),
+    ) {
         for shard in self.shards.iter() {
             let shard = lock(shard);
-            for node in shard.values() {
+            for node in shard.values().filter(|node| wants(&node.name)) {
                 for (id, latest) in &node.latest {
                     if let Some(series) = node.schema.entries.get(id) {
                         f(&node.name, series, latest);

@@ -39,7 +39,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             .env("RAILSCOPE_REQUIRE_ALERTMANAGER", "1")
             .env("RAILSCOPE_REQUIRE_CHROMIUM", "1")
             .env("RAILSCOPE_REQUIRE_ETHTOOL", "1")
-            .env("RAILSCOPE_AGENT_BINARY", built.binary("railscope")?),
+            .env(
+                monitor_testkit::fixture_agent::AGENT_BINARY_ENV,
+                built.binary("railscope")?,
+            ),
     )?;
     units::check(&cargo::workspace_root().join("target/release"))?;
     // Every decoder of outside input, fuzzed for a short bounded time (`cargo xtask fuzz`

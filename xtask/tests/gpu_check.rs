@@ -32,8 +32,21 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// `railscope` and the stand-in, built into the profile directory the xtask binary lies in
-/// (cargo cannot name another package's binary or cdylib as a test's dependency).
+/// (cargo cannot name another package's binary or cdylib as a test's dependency); or, under
+/// `cargo xtask test`, the ones its workspace build made (`RAILSCOPE_AGENT_BINARY`, the
+/// stand-in beside it), which a `-p` build would make again with other features.
 fn built() -> (PathBuf, PathBuf) {
+    if let Some(agent) = std::env::var_os(monitor_testkit::fixture_agent::AGENT_BINARY_ENV) {
+        let agent = PathBuf::from(agent);
+        let standin = agent.with_file_name("libnvml_standin.so");
+        assert!(
+            agent.is_file() && standin.is_file(),
+            "{} or {} is missing",
+            agent.display(),
+            standin.display()
+        );
+        return (agent, standin);
+    }
     let profile_dir = Path::new(XTASK).parent().unwrap();
     let target_dir = profile_dir.parent().unwrap();
     let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {

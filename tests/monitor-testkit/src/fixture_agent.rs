@@ -29,7 +29,8 @@ pub fn sysfs_fixture(name: &str) -> PathBuf {
 }
 
 /// The environment variable naming an agent binary built already: `cargo xtask test` sets
-/// it to the one its workspace build made, so no test builds the agent again.
+/// it to the one its workspace build made (the NVML stand-in's library lies beside it), so
+/// no test builds the agent again.
 pub const AGENT_BINARY_ENV: &str = "RAILSCOPE_AGENT_BINARY";
 
 /// `railscope`, next to another binary of the workspace (`binary`, the calling test's
