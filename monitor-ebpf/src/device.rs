@@ -6,7 +6,12 @@
 //! allocates indexes cyclically at registration, so a device that goes away and a new one
 //! allocated at the same address never share a key, a name or counters. A probe on
 //! `ib_dealloc_device` marks the gone device's entry (userspace deletes it and the device's
-//! counters after a grace period) and clears its slot of the [`KNOWN_DEVICES`] cache.
+//! counters after a grace period) and clears its slot of the [`KNOWN_DEVICES`] cache; a
+//! device whose entry is marked is never cached again, and the event hooks read the index
+//! every time ([`remember_checked`]). In CI (attach-pace, 6.1) a port event of a new rxe0
+//! once carried the name of an rxe3 freed seconds before, which the agent never reported
+//! removed: most likely a probe of rxe3's teardown that ran after `ib_dealloc_device`'s
+//! named and cached it again, and the new device was allocated at its address.
 
 use aya_ebpf::{
     Global,
@@ -87,7 +92,8 @@ fn check_word(pointer: u64, key: u64) -> u64 {
 }
 
 /// Makes sure `DEVICE_NAMES` knows the device, and returns its key for counters and events
-/// (0 for a null device or an unreadable index).
+/// (0 for a null device or an unreadable index). The verbs' path: a device found in
+/// [`KNOWN_DEVICES`] costs no read of its memory.
 ///
 /// # Safety
 /// `device` is a kernel `struct ib_device *` or null.
@@ -97,13 +103,9 @@ pub unsafe fn remember(device: *const u8) -> u64 {
     if pointer == 0 {
         return 0;
     }
-    // SAFETY: an element of this program's own global array (the index is masked below its
-    // length); a torn or stale value fails the check below.
-    let slot = unsafe {
-        (&raw mut KNOWN_DEVICES)
-            .cast::<[u64; 2]>()
-            .add(known_slot(pointer))
-    };
+    let slot = known_slot_of(pointer);
+    // SAFETY: an element of this program's own global array; a torn or stale value fails
+    // the check below.
     let (check, key) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*slot)[0]),
@@ -113,24 +115,68 @@ pub unsafe fn remember(device: *const u8) -> u64 {
     if key != 0 && check == check_word(pointer, key) {
         return key;
     }
+    // SAFETY: as the caller's.
+    unsafe { remember_read(device) }
+}
+
+/// [`remember`] that reads the device's index every time, for the rare hooks (port and
+/// async events): their device is named by what the kernel holds now, even if a device
+/// that went away at the same address left a slot of [`KNOWN_DEVICES`] behind.
+///
+/// # Safety
+/// `device` is a kernel `struct ib_device *` or null.
+#[inline(always)]
+pub unsafe fn remember_checked(device: *const u8) -> u64 {
+    if device.is_null() {
+        return 0;
+    }
+    // SAFETY: as the caller's.
+    unsafe { remember_read(device) }
+}
+
+/// The slot of [`KNOWN_DEVICES`] for a device pointer.
+#[inline(always)]
+fn known_slot_of(pointer: u64) -> *mut [u64; 2] {
+    // SAFETY: the index is masked below the array's length.
+    unsafe {
+        (&raw mut KNOWN_DEVICES)
+            .cast::<[u64; 2]>()
+            .add(known_slot(pointer))
+    }
+}
+
+/// Reads the device's key, names it in `DEVICE_NAMES` if it is new, and caches it in its
+/// slot unless it is being freed: an entry marked removed is a device in `ib_dealloc_device`
+/// (a probe of its teardown runs after that hook's), and caching it then would hand its key
+/// to the next device allocated at its address.
+///
+/// # Safety
+/// `device` is a non-null kernel `struct ib_device *`.
+#[inline(always)]
+unsafe fn remember_read(device: *const u8) -> u64 {
+    let pointer = device as u64;
     let Ok(key) = (unsafe { read_key(device) }) else {
         return 0;
     };
-    let named = unsafe { DEVICE_NAMES.get(&key) }.is_some() || {
-        let mut entry = DeviceEntry {
-            name: [0u8; DEVICE_NAME_LEN],
-            removed_ns: 0,
-        };
-        unsafe { read_name(device, &mut entry.name) }.is_ok() && {
-            let inserted = DEVICE_NAMES.insert(&key, &entry, 0).is_ok();
-            if !inserted {
-                bump(ProbeStat::DeviceNamesFull);
+    let cache = match unsafe { DEVICE_NAMES.get(&key) } {
+        Some(entry) => entry.removed_ns == 0,
+        None => {
+            let mut entry = DeviceEntry {
+                name: [0u8; DEVICE_NAME_LEN],
+                removed_ns: 0,
+            };
+            unsafe { read_name(device, &mut entry.name) }.is_ok() && {
+                let inserted = DEVICE_NAMES.insert(&key, &entry, 0).is_ok();
+                if !inserted {
+                    bump(ProbeStat::DeviceNamesFull);
+                }
+                inserted
             }
-            inserted
         }
     };
-    if named {
-        // SAFETY: as above.
+    if cache {
+        let slot = known_slot_of(pointer);
+        // SAFETY: as in `remember`.
         unsafe {
             core::ptr::write_volatile(&raw mut (*slot)[1], key);
             core::ptr::write_volatile(&raw mut (*slot)[0], check_word(pointer, key));
@@ -140,8 +186,10 @@ pub unsafe fn remember(device: *const u8) -> u64 {
 }
 
 /// A device being freed (`ib_dealloc_device`): its cache slot is cleared and its
-/// `DEVICE_NAMES` entry marked removed. A device freed before it was registered (a driver's
-/// error path) has no name yet and its index is not its own: it is left alone.
+/// `DEVICE_NAMES` entry marked removed, made now (marked) if no probe had named the device:
+/// a probe that runs later in its teardown then finds it removed and does not cache it. A
+/// device freed before it was registered (a driver's error path) has no name yet and its
+/// index is not its own: it is left alone.
 ///
 /// # Safety
 /// `device` is a kernel `struct ib_device *` or null.
@@ -155,20 +203,28 @@ unsafe fn forget(device: *const u8) {
     if unsafe { read_name(device, &mut name) }.is_err() || name[0] == 0 {
         return;
     }
+    let slot = known_slot_of(pointer);
     // SAFETY: as in `remember`.
     unsafe {
-        let slot = (&raw mut KNOWN_DEVICES)
-            .cast::<[u64; 2]>()
-            .add(known_slot(pointer));
         core::ptr::write_volatile(&raw mut (*slot)[0], 0);
         core::ptr::write_volatile(&raw mut (*slot)[1], 0);
     }
     let Ok(key) = (unsafe { read_key(device) }) else {
         return;
     };
+    // SAFETY: `bpf_ktime_get_ns` takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = DEVICE_NAMES.get_ptr_mut(&key) {
-        // SAFETY: a value of our own map; `bpf_ktime_get_ns` takes no arguments.
-        unsafe { (*entry).removed_ns = bpf_ktime_get_ns() };
+        // SAFETY: a value of our own map.
+        unsafe { (*entry).removed_ns = now };
+    } else {
+        let entry = DeviceEntry {
+            name,
+            removed_ns: now,
+        };
+        if DEVICE_NAMES.insert(&key, &entry, 0).is_err() {
+            bump(ProbeStat::DeviceNamesFull);
+        }
     }
 }
 

@@ -56,7 +56,7 @@ pub fn ib_dispatch_event(ctx: ProbeContext) -> u32 {
                 read_at::<u32>(event, element)?
             };
             let dev = read_at::<*const u8>(event, IB_EVENT_DEVICE_OFFSET.load())?;
-            record.device = device::remember(dev);
+            record.device = device::remember_checked(dev);
             Ok(())
         }
     });

@@ -94,7 +94,7 @@ pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
             }
             let (dev, qp_num) = modify_qp::qp_device_and_num(qp)?;
             record.qp_num = qp_num;
-            record.device = device::remember(dev);
+            record.device = device::remember_checked(dev);
             Ok(())
         }
     });
@@ -116,7 +116,7 @@ pub fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
                 record.cgroup = cgroup;
             }
             let dev = read_at::<*const u8>(cq, IB_CQ_DEVICE_OFFSET.load())?;
-            record.device = device::remember(dev);
+            record.device = device::remember_checked(dev);
             Ok(())
         }
     });

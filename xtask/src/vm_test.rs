@@ -158,6 +158,24 @@ const ONE_KERNEL_IN_CI: &[(&str, &str)] = &[
         "loss and reordering between the agent and a collector do not depend on the kernel \
          the agent runs on",
     ),
+    (
+        "clock-step",
+        "the agent's clocks are read through the same calls on every kernel line",
+    ),
+    (
+        "capture-flap",
+        "the capture and its report are the agent's own; the port events they record are \
+         checked on every kernel by port-events",
+    ),
+    (
+        "capture-down-at-start",
+        "as capture-flap: the ports' states at start come from sysfs, the same on every kernel",
+    ),
+    (
+        "soak",
+        "the long run of jobs; the probes it drives are checked on every kernel by verbs, \
+         cgroups-late and job-labels",
+    ),
 ];
 
 /// The full soak's length, and the short one CI and single-kernel runs use.
