@@ -10,8 +10,10 @@
 //! device whose entry is marked is never cached again, and the event hooks read the index
 //! every time ([`remember_checked`]). In CI (attach-pace, 6.1) a port event of a new rxe0
 //! once carried the name of an rxe3 freed seconds before, which the agent never reported
-//! removed: most likely a probe of rxe3's teardown that ran after `ib_dealloc_device`'s
-//! named and cached it again, and the new device was allocated at its address.
+//! removed: a slot of the cache left for the old device's address, which the new device then
+//! took. Why the slot outlived rxe3 is not established (rerun, the devices that existed
+//! before the agent started were not reported removed either): the event hooks no longer
+//! depend on it; a verb counted in that window could still be.
 
 use aya_ebpf::{
     Global,
