@@ -204,12 +204,10 @@ impl BackgroundBuild {
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the fuzz build's thread panicked")));
         if let Err(e) = result {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
                 "building the fuzz targets failed: {e:#}; the end of {}:\n{}",
                 self.log.display(),
-                tail.join("\n")
+                last_lines(&text, 40)
             );
         }
         Ok(())
@@ -276,11 +274,9 @@ pub fn run_built_targets(
         // executions so far are reported and the next target runs.
         let interrupted = text.contains("libFuzzer: run interrupted");
         if !output.success() && !interrupted {
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
                 "fuzz target {target} failed ({output}); the input is under fuzz/artifacts/{target}/:\n{}",
-                tail.join("\n")
+                last_lines(&text, 40)
             );
         }
         let executions = text
@@ -306,6 +302,12 @@ pub fn run_built_targets(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The last `n` lines of a log, in order.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The `cov:` and `ft:` figures of libFuzzer's last status line (`#N DONE cov: 812 ft: 2904
