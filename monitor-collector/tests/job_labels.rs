@@ -185,8 +185,17 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
         "the Slurm job's two verb series and its GPU:\n{text}"
     );
 
-    // A query by job_id answers that job's series, and only them.
-    let slurm = collector.query("railscope_rdma_verbs_total", &["job_id=slurm:42"]);
+    // A query by job_id answers that job's series, and only them. The archive takes the
+    // frames a moment after the live table (its own thread, behind a queue): on a loaded
+    // machine the first query can come before it has them, so it is asked until it answers.
+    let start = Instant::now();
+    let slurm = loop {
+        let slurm = collector.query("railscope_rdma_verbs_total", &["job_id=slurm:42"]);
+        if !slurm.is_empty() || start.elapsed() > Duration::from_secs(10) {
+            break slurm;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(
         slurm,
         BTreeMap::from([
