@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_testkit::{CollectorProcess, key_file};
+use monitor_testkit::{CollectorProcess, key_file, wait_for};
 
 use monitor_wire::{
     CounterSample, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Sample, Series,
@@ -188,14 +188,14 @@ fn job_labels_reach_metrics_and_queries_by_job_id() {
     // A query by job_id answers that job's series, and only them. The archive takes the
     // frames a moment after the live table (its own thread, behind a queue): on a loaded
     // machine the first query can come before it has them, so it is asked until it answers.
-    let start = Instant::now();
-    let slurm = loop {
-        let slurm = collector.query("railscope_rdma_verbs_total", &["job_id=slurm:42"]);
-        if !slurm.is_empty() || start.elapsed() > Duration::from_secs(10) {
-            break slurm;
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
+    let slurm = wait_for(
+        "the archive to answer a query by job_id",
+        Duration::from_secs(10),
+        || {
+            let slurm = collector.query("railscope_rdma_verbs_total", &["job_id=slurm:42"]);
+            (!slurm.is_empty()).then_some(slurm)
+        },
+    );
     assert_eq!(
         slurm,
         BTreeMap::from([

@@ -138,6 +138,7 @@ pub fn run_targets(
 /// cores that has no other work to wait behind. Niced like every fuzz run, it takes the CPU
 /// the tests leave; its own target directory (`fuzz/target`) holds no lock the tests' cargo
 /// needs.
+///
 /// Dropped before [`BackgroundBuild::wait`] (the tests failed), it stops the build.
 pub struct BackgroundBuild {
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
