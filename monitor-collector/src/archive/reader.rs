@@ -51,6 +51,32 @@ pub struct ScanFilter {
     pub nodes: NodeSelector,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// A range an earlier scan of the same nodes read: a node's records in a segment where
+    /// they overlap it are passed over (that scan visited all of them, from the segment's
+    /// start). A query reads its own range first, then the look-back a counter's first rate
+    /// needs only where the first scan did not go.
+    pub read_before: Option<(u64, u64)>,
+}
+
+impl ScanFilter {
+    /// The nodes of `nodes` over `[start_ns, end_ns]`.
+    pub fn new(nodes: NodeSelector, start_ns: u64, end_ns: u64) -> Self {
+        Self {
+            nodes,
+            start_ns,
+            end_ns,
+            read_before: None,
+        }
+    }
+
+    /// Whether a node's records in a segment, spanning `[min_ns, max_ns]`, are read.
+    fn reads(&self, min_ns: u64, max_ns: u64) -> bool {
+        min_ns <= self.end_ns
+            && max_ns >= self.start_ns
+            && self
+                .read_before
+                .is_none_or(|(start, end)| min_ns > end || max_ns < start)
+    }
 }
 
 /// What a scan read: how much of the archive a query touched.
@@ -451,10 +477,7 @@ fn scan_sealed(
         };
         stats.segments += 1;
         for nb in seg.index(&file)? {
-            if !filter.nodes.wants(&nb.node)
-                || nb.min_ns() > filter.end_ns
-                || nb.max_ns() < filter.start_ns
-            {
+            if !filter.nodes.wants(&nb.node) || !filter.reads(nb.min_ns(), nb.max_ns()) {
                 continue;
             }
             for block in nb.blocks.iter().filter(|b| b.min_ns <= filter.end_ns) {
@@ -480,15 +503,21 @@ fn scan_wal(
     stats: &mut ScanStats,
 ) -> Result<ControlFlow<()>, ArchiveError> {
     let wanted: Vec<bool> = open.nodes.iter().map(|n| filter.nodes.wants(n)).collect();
+    // Whether each node has a record in the range, and one in the range read before.
     let mut in_range = vec![false; open.nodes.len()];
-    for e in &open.entries {
-        if e.first_ns <= filter.end_ns && e.last_ns >= filter.start_ns {
-            in_range[e.node as usize] = true;
-        }
-    }
+    let mut read_before = vec![false; open.nodes.len()];
     for e in &open.entries {
         let n = e.node as usize;
-        if !wanted[n] || !in_range[n] || e.first_ns > filter.end_ns {
+        in_range[n] |= e.first_ns <= filter.end_ns && e.last_ns >= filter.start_ns;
+        read_before[n] |= filter
+            .read_before
+            .is_some_and(|(start, end)| e.first_ns <= end && e.last_ns >= start);
+    }
+    let read: Vec<bool> = (0..open.nodes.len())
+        .map(|n| wanted[n] && in_range[n] && !read_before[n])
+        .collect();
+    for e in &open.entries {
+        if !read[e.node as usize] || e.first_ns > filter.end_ns {
             continue;
         }
         let bytes = open.entry_bytes(e)?;

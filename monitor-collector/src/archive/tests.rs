@@ -213,11 +213,7 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     let reader = archive.reader();
 
     // One node, all time: exactly its frames, in order.
-    let all = ScanFilter {
-        nodes: only("gpu-node-001"),
-        start_ns: 0,
-        end_ns: u64::MAX,
-    };
+    let all = ScanFilter::new(only("gpu-node-001"), 0, u64::MAX);
     let (seen, stats) = scan_all(&reader, &all);
     let want: Vec<&[u8]> = fleet
         .of("gpu-node-001")
@@ -231,11 +227,7 @@ fn frames_read_back_by_node_and_time_range_from_only_the_segments_they_need() {
     // Twenty seconds of one node: one or two segments, every frame of the range, and each
     // frame's samples decode with the schema read from its own segment.
     let (start, end) = (T0 + 300_000_000_000, T0 + 320_000_000_000);
-    let narrow = ScanFilter {
-        nodes: only("gpu-node-002"),
-        start_ns: start,
-        end_ns: end,
-    };
+    let narrow = ScanFilter::new(only("gpu-node-002"), start, end);
     let (seen, stats) = scan_all(&reader, &narrow);
     assert!(stats.segments <= 2, "read {} segments", stats.segments);
     let got = frames_only(&seen);
@@ -744,11 +736,7 @@ fn appends_go_on_and_are_read_back_while_the_sealer_is_slow() {
     assert_eq!(frames_back(&archive), sent(&fleet.frames));
     // A query sees the frozen segments' frames as the open one's, by node and time.
     let node = "gpu-node-001";
-    let all = ScanFilter {
-        nodes: only(node),
-        start_ns: 0,
-        end_ns: u64::MAX,
-    };
+    let all = ScanFilter::new(only(node), 0, u64::MAX);
     let want: Vec<&[u8]> = fleet.of(node).iter().map(|f| &f.bytes[..]).collect();
     let (seen, stats) = scan_all(&reader, &all);
     assert_eq!(frames_only(&seen), want);

@@ -205,36 +205,32 @@ impl QueryEngine {
         end_ns: u64,
         visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
     ) -> Result<QueryCost, QueryError> {
-        self.each_frame_looking_back(nodes, start_ns, start_ns, end_ns, &|_| false, visit)
-    }
-
-    /// [`each_frame`](Self::each_frame) over `[from_ns, end_ns]`, where the frames of
-    /// `[from_ns, start_ns)` (the look-back a counter's first rate needs) are in the range
-    /// only for the nodes `looks_back` names (those with a counter asked for): of the others
-    /// they are passed over unopened like any frame outside the range.
-    fn each_frame_looking_back(
-        &self,
-        nodes: NodeSelector,
-        from_ns: u64,
-        start_ns: u64,
-        end_ns: u64,
-        looks_back: &dyn Fn(&str) -> bool,
-        mut visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
-    ) -> Result<QueryCost, QueryError> {
         if start_ns > end_ns {
             return Err(QueryError::Range {
                 start: start_ns,
                 end: end_ns,
             });
         }
-        let filter = ScanFilter {
-            nodes,
-            start_ns: from_ns.min(start_ns),
-            end_ns,
-        };
+        let filter = ScanFilter::new(nodes, start_ns, end_ns);
+        self.each_frame_looking_back(&filter, start_ns, start_ns, end_ns, &|_| false, visit)
+    }
+
+    /// [`each_frame`](Self::each_frame) of what `filter` reads, where a frame is in the
+    /// range when it meets `[start_ns, end_ns]`, or `[from_ns, start_ns)` (the look-back a
+    /// counter's first rate needs) for the nodes `looks_back` names (those with a counter
+    /// asked for): other frames are passed over unopened unless they define series.
+    fn each_frame_looking_back(
+        &self,
+        filter: &ScanFilter,
+        from_ns: u64,
+        start_ns: u64,
+        end_ns: u64,
+        looks_back: &dyn Fn(&str) -> bool,
+        mut visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
+    ) -> Result<QueryCost, QueryError> {
         let mut names: HashMap<String, Arc<str>> = HashMap::new();
         let mut cost = QueryCost::default();
-        let stats = self.reader.scan(&filter, &mut |r| {
+        let stats = self.reader.scan(filter, &mut |r| {
             let in_range = r.kind == RecordKind::Frame
                 && r.first_ns <= end_ns
                 && (r.last_ns >= start_ns || (r.last_ns >= from_ns && looks_back(r.node)));
@@ -336,11 +332,11 @@ impl QueryEngine {
         ) else {
             return Ok((Vec::new(), QueryCost::default()));
         };
-        let mut selected: Vec<Selected> = Vec::new();
+        let selected: RefCell<Vec<Selected>> = RefCell::default();
         let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::new();
         let mut slots: Slots = HashMap::new();
         let mut points = vec![0usize; queries.len()];
-        let mut failed: Option<QueryError> = None;
+        let failed: RefCell<Option<QueryError>> = RefCell::default();
         let from = first.saturating_sub(COUNTER_LOOKBACK_NS);
         // The question a series answers, if any.
         let wants = |node: &Arc<str>, series: &Series| {
@@ -371,6 +367,7 @@ impl QueryEngine {
                     }
                     let key = (node.clone(), e.series.clone());
                     *by_series.entry(key).or_insert_with(|| {
+                        let mut selected = selected.borrow_mut();
                         selected.push(Selected {
                             query,
                             node: node.clone(),
@@ -397,6 +394,7 @@ impl QueryEngine {
             else {
                 return ControlFlow::Continue(());
             };
+            let mut selected = selected.borrow_mut();
             for s in samples {
                 let Some(&Some(ix)) = table.get(s.id as usize) else {
                     continue;
@@ -437,7 +435,7 @@ impl QueryEngine {
                     _ => {} // a kind that disagrees with the schema: the block is ignored
                 }
                 if *counted > self.max_points {
-                    failed = Some(QueryError::TooManyPoints {
+                    *failed.borrow_mut() = Some(QueryError::TooManyPoints {
                         limit: self.max_points,
                     });
                     return ControlFlow::Break(());
@@ -445,8 +443,41 @@ impl QueryEngine {
             }
             ControlFlow::Continue(())
         };
-        let cost = self.each_frame_looking_back(nodes, from, first, last, &looks_back, visit)?;
-        if let Some(e) = failed {
+        // The range first: each node's records of every segment it meets, from the
+        // segment's start (a counter's look-back too, where it is in those segments).
+        let mut visit = visit;
+        let in_range = ScanFilter::new(nodes, first, last);
+        let mut cost =
+            self.each_frame_looking_back(&in_range, from, first, last, &looks_back, &mut visit)?;
+        // Then the look-back where that did not go (segments that end before the range), of
+        // the nodes with a counter that has points in the range and no sample before them
+        // yet: a question of gauges never reads it, nor one whose counters were all sent in
+        // the segments already read (the agent sends a stable series at least every minute).
+        let lacking: BTreeSet<String> = selected
+            .borrow()
+            .iter()
+            .filter(|s| match &s.gathered {
+                Gathered::Counter(c) => c.before.is_none() && !c.inside.is_empty(),
+                Gathered::Gauge(_) => false,
+            })
+            .map(|s| s.node.to_string())
+            .collect();
+        if failed.borrow().is_none() && !lacking.is_empty() && from < first {
+            let look_back = ScanFilter {
+                read_before: Some((first, last)),
+                ..ScanFilter::new(NodeSelector::Only(lacking), from, first - 1)
+            };
+            cost.add(&self.each_frame_looking_back(
+                &look_back,
+                from,
+                first,
+                last,
+                &looks_back,
+                &mut visit,
+            )?);
+        }
+        drop(visit);
+        if let Some(e) = failed.into_inner() {
             return Err(e);
         }
         drop(slots);
@@ -457,7 +488,7 @@ impl QueryEngine {
             node,
             series,
             gathered,
-        } in selected
+        } in selected.into_inner()
         {
             let q = &queries[query];
             let points = match gathered {
