@@ -15,7 +15,7 @@ use crate::{
     prim::{Reader, put_varint},
     receiver::ReceiverState,
     samples::{PreparedBlock, TimePatterns, encode_prepared, parse_samples},
-    schema::{encode_schema, parse_schema},
+    schema::{encode_schema, parse_schema, parse_schema_where},
     series::Series,
 };
 
@@ -273,11 +273,21 @@ pub struct StoredFrame<'a> {
 /// Checks a stored frame's MAC and parses its header and schema entries (within the memory
 /// budget of [`decode`]).
 pub fn open_stored<'a>(bytes: &'a [u8], key: &Key) -> Result<StoredFrame<'a>, WireError> {
+    open_stored_where(bytes, key, &mut |_| true)
+}
+
+/// [`open_stored`] whose schema holds only the entries of series whose name `keep` accepts
+/// (a reader that asks about some metrics: the others' entries are checked, not made).
+pub fn open_stored_where<'a>(
+    bytes: &'a [u8],
+    key: &Key,
+    keep: &mut dyn FnMut(&str) -> bool,
+) -> Result<StoredFrame<'a>, WireError> {
     let body = mac::verify(bytes, key, MIN_FRAME_LEN)?;
     let mut budget = Budget::for_frame(body.len());
     let (head, mut r) = parse_head(body)?;
     let schema = match section(&mut r, head.flags & FLAG_SCHEMA, "schema section")? {
-        Some(mut s) => parse_schema(&mut s, &mut budget)?,
+        Some(mut s) => parse_schema_where(&mut s, &mut budget, keep)?,
         None => Vec::new(),
     };
     let samples = section(&mut r, head.flags & FLAG_SAMPLES, "samples section")?;
@@ -564,6 +574,29 @@ mod tests {
             got.samples = kept;
             prop_assert!(same(&expected, &got), "{:#?}\n{:#?}", expected, got);
             prop_assert_eq!(stored.events().unwrap(), whole.events);
+        }
+
+        /// A stored frame opened for some metric names holds exactly the schema entries of
+        /// those names, as opening it whole gives them (ids, labels, kinds).
+        #[test]
+        fn a_stored_frame_opened_for_some_names_holds_their_entries_only(
+            frame in arb_frame(),
+            modulus in 1usize..4,
+        ) {
+            let bytes = encode_frame(&frame, &key()).unwrap();
+            let whole = open_stored(&bytes, &key()).unwrap();
+            let mut names: Vec<&str> = whole.schema.iter().map(|e| &*e.series.name).collect();
+            names.sort_unstable();
+            names.dedup();
+            let wanted: Vec<&str> = names.into_iter().step_by(modulus).collect();
+            let some = open_stored_where(&bytes, &key(), &mut |n| wanted.contains(&n)).unwrap();
+            let expected: Vec<&SchemaEntry> = whole
+                .schema
+                .iter()
+                .filter(|e| wanted.contains(&&*e.series.name))
+                .collect();
+            prop_assert_eq!(some.schema.iter().collect::<Vec<_>>(), expected);
+            prop_assert_eq!(some.seq, whole.seq);
         }
 
         #[test]

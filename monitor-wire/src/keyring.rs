@@ -219,6 +219,16 @@ impl Keyring {
         self.with_each_key(bytes, |key| codec::open_stored(bytes, key))
     }
 
+    /// [`codec::open_stored_where`] for a reader of archived frames: tries each key of the
+    /// frame's node.
+    pub fn open_stored_where<'a>(
+        &self,
+        bytes: &'a [u8],
+        keep: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<StoredFrame<'a>, WireError> {
+        self.with_each_key(bytes, |key| codec::open_stored_where(bytes, key, keep))
+    }
+
     /// `open` with each key of the node `bytes` names, until one is not a bad MAC.
     fn with_each_key<T>(
         &self,

@@ -58,7 +58,8 @@ mod testing;
 pub use ack::{ACK_MAGIC, Ack, MIN_ACK_LEN, decode_ack, encode_ack};
 pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
 pub use codec::{
-    StoredFrame, decode, encode_frame, open_stored, peek_has_schema, peek_node, peek_sequence,
+    StoredFrame, decode, encode_frame, open_stored, open_stored_where, peek_has_schema, peek_node,
+    peek_sequence,
 };
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;

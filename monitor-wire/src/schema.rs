@@ -115,30 +115,62 @@ pub(crate) fn parse_schema(
     r: &mut Reader<'_>,
     budget: &mut Budget,
 ) -> Result<Vec<SchemaEntry>, WireError> {
+    parse_schema_where(r, budget, &mut |_| true)
+}
+
+/// [`parse_schema`], making entries only of the series whose name `keep` accepts (the rest
+/// are checked and skipped). A reader of the archive asks about one or a few metrics, while
+/// a node's schema record names every series it sends: the strings are kept in one buffer
+/// and a label set is made only for an entry kept, so a skipped entry allocates nothing.
+/// Budget charges are those of the whole schema, kept or not.
+pub(crate) fn parse_schema_where(
+    r: &mut Reader<'_>,
+    budget: &mut Budget,
+    keep: &mut dyn FnMut(&str) -> bool,
+) -> Result<Vec<SchemaEntry>, WireError> {
     const STRING: &str = "schema string";
     let n = r.count("schema string count")?;
     budget.charge_items::<String>(n, STRING)?;
-    let mut strings: Vec<String> = Vec::with_capacity(n);
+    // Every string, rebuilt from its front coding, one after the other in one buffer, made
+    // once at its full size (measured, and charged, first: a buffer that grew would hold
+    // twice its bytes while it moved); where each is, and where on the wire it was (for
+    // the error when it is not UTF-8).
+    let mut measure = r.clone();
+    let mut rebuilt = 0usize;
+    let mut prev = 0usize;
+    for _ in 0..n {
+        let shared = measure.varint(STRING)?;
+        if shared > prev as u64 {
+            return Err(measure.malformed(STRING));
+        }
+        let len = measure.count(STRING)?;
+        measure.bytes(len, STRING)?;
+        // Each string is rebuilt in full: what front coding saves on the wire is charged here.
+        prev = shared as usize + len;
+        budget.charge(prev, STRING)?;
+        rebuilt += prev;
+    }
+    let mut text: Vec<u8> = Vec::with_capacity(rebuilt);
+    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(n);
     for _ in 0..n {
         let offset = r.offset();
-        let prev = strings.last().map_or(&[][..], |s| s.as_bytes());
-        let shared = r.varint(STRING)?;
-        if shared > prev.len() as u64 {
-            return Err(r.malformed(STRING));
-        }
-        let shared = shared as usize;
+        let prev = spans.last().map_or(0..0, |&(at, len, _)| at..at + len);
+        let shared = r.varint(STRING)? as usize;
         let len = r.count(STRING)?;
-        // Each string is rebuilt in full: what front coding saves on the wire is charged here.
-        budget.charge(shared + len, STRING)?;
-        let mut s = Vec::with_capacity(shared + len);
-        s.extend_from_slice(&prev[..shared]);
-        s.extend_from_slice(r.bytes(len, STRING)?);
-        let text = String::from_utf8(s).map_err(|_| WireError::Malformed {
-            what: STRING,
-            offset,
-        })?;
-        strings.push(text);
+        let at = text.len();
+        text.extend_from_within(prev.start..prev.start + shared);
+        text.extend_from_slice(r.bytes(len, STRING)?);
+        spans.push((at, shared + len, offset));
     }
+    let strings = spans
+        .iter()
+        .map(|&(at, len, offset)| {
+            std::str::from_utf8(&text[at..at + len]).map_err(|_| WireError::Malformed {
+                what: STRING,
+                offset,
+            })
+        })
+        .collect::<Result<Vec<&str>, _>>()?;
     let index = |r: &mut Reader<'_>, len: usize, what: &'static str| -> Result<usize, WireError> {
         let offset = r.offset();
         usize::try_from(r.varint(what)?)
@@ -150,20 +182,22 @@ pub(crate) fn parse_schema(
     const LABELS: &str = "label set";
     let n = r.count("label set count")?;
     budget.charge_items::<Labels>(n, LABELS)?;
-    let mut label_sets = Vec::with_capacity(n);
+    // Each label set's pairs (string indexes), one set after the other.
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut label_sets: Vec<std::ops::Range<usize>> = Vec::with_capacity(n);
     for _ in 0..n {
-        let pairs = r.count("label count")?;
+        let count = r.count("label count")?;
         // The pairs' vector, and the shared block that holds it.
-        budget.charge_items::<(String, String)>(pairs, LABELS)?;
+        budget.charge_items::<(String, String)>(count, LABELS)?;
         budget.charge(ARC_HEADER + size_of::<Vec<(String, String)>>(), LABELS)?;
-        let mut labels = Vec::with_capacity(pairs);
-        for _ in 0..pairs {
+        let from = pairs.len();
+        for _ in 0..count {
             let k = index(r, strings.len(), "label string index")?;
             let v = index(r, strings.len(), "label string index")?;
             budget.charge(strings[k].len() + strings[v].len(), LABELS)?;
-            labels.push((strings[k].clone(), strings[v].clone()));
+            pairs.push((k, v));
         }
-        label_sets.push(Labels::new(labels));
+        label_sets.push(from..pairs.len());
     }
 
     const GROUP: &str = "name group";
@@ -224,29 +258,39 @@ pub(crate) fn parse_schema(
     r.finish("schema section length")?;
 
     // The entries are bounded by their count, as samples are (see `crate::budget`); a name
-    // is allocated once per frame and shared by every entry that has it.
+    // is allocated once per frame and shared by every entry that has it, a label set made
+    // once, for the first entry kept that has it.
     const ENTRY: &str = "schema entry";
     budget.charge_items::<Option<Arc<str>>>(strings.len(), ENTRY)?;
-    let mut names: Vec<Option<Arc<str>>> = vec![None; strings.len()];
+    let mut names: Vec<Option<Option<Arc<str>>>> = vec![None; strings.len()];
+    let mut made: Vec<Option<Labels>> = vec![None; label_sets.len()];
     let mut entries = Vec::with_capacity(total);
     for (first, labels, group) in runs {
         for (i, &(name, kind)) in groups[group].iter().enumerate() {
             let name = match &names[name] {
-                Some(shared) => Arc::clone(shared),
+                Some(kept) => kept.clone(),
                 None => {
                     budget.charge(ARC_HEADER + strings[name].len(), ENTRY)?;
-                    let shared: Arc<str> = strings[name].as_str().into();
-                    names[name] = Some(Arc::clone(&shared));
-                    shared
+                    let kept = keep(strings[name]).then(|| Arc::<str>::from(strings[name]));
+                    names[name] = Some(kept.clone());
+                    kept
                 }
             };
+            let Some(name) = name else {
+                continue;
+            };
+            let labels = made[labels]
+                .get_or_insert_with(|| {
+                    Labels::new(
+                        pairs[label_sets[labels].clone()]
+                            .iter()
+                            .map(|&(k, v)| (strings[k], strings[v])),
+                    )
+                })
+                .clone();
             entries.push(SchemaEntry {
                 id: first + i as u32,
-                series: Series {
-                    name,
-                    labels: label_sets[labels].clone(),
-                    kind,
-                },
+                series: Series { name, labels, kind },
             });
         }
     }

@@ -12,8 +12,6 @@
 //! block is made); any other frame (a non-canonical varint from a foreign encoder, bytes
 //! after the MAC, ...) is kept whole. So the transformation is exact by construction.
 
-use std::collections::HashMap;
-
 use super::record::{RecordKind, RecordView};
 
 mod packed;
@@ -257,6 +255,9 @@ fn walk_samples(s: &mut impl Side, session: u32) -> Option<()> {
     }
     Some(())
 }
+
+/// Column keys: foldhash rather than SipHash (a block's every sample block looks its column up).
+type HashMap<K, V> = foldhash::HashMap<K, V>;
 
 /// The columns of a block being made or read: values per key, keys in first-use order.
 #[derive(Default)]

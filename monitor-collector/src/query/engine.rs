@@ -5,7 +5,7 @@
 
 use std::{
     cell::RefCell,
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     ops::ControlFlow,
     sync::Arc,
 };
@@ -15,6 +15,10 @@ use serde::Serialize;
 
 use super::selector::Matcher;
 use crate::archive::{ArchiveError, ArchiveReader, NodeSelector, RecordKind, ScanFilter};
+
+/// The series and slots of an answer being gathered, looked up for every frame: foldhash
+/// rather than SipHash.
+type HashMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Series of one metric, selected by label matchers (the node is the `node` label), over a
 /// time range (Unix ns, inclusive).
@@ -160,6 +164,20 @@ struct CounterGathered {
     inside: Vec<(u64, u64)>,
 }
 
+/// How a scan's frames are judged: in the range when they meet `[start_ns, end_ns]`, or
+/// `[from_ns, start_ns)` (the look-back a counter's first rate needs) for the nodes
+/// `looks_back` names (those with a counter asked for); other frames are passed over unopened
+/// unless they define series. Of the series a frame defines, only those whose name
+/// `keeps_name` accepts are made.
+#[derive(Clone, Copy)]
+struct FrameFilter<'a> {
+    from_ns: u64,
+    start_ns: u64,
+    end_ns: u64,
+    looks_back: &'a dyn Fn(&str) -> bool,
+    keeps_name: &'a dyn Fn(&str) -> bool,
+}
+
 /// For each node and session: what each series id stands for in the answer (the index of
 /// its [`Selected`]), `None` for series the query does not want or ids not yet known.
 type Slots = HashMap<(Arc<str>, u32), Vec<Option<usize>>>;
@@ -212,23 +230,32 @@ impl QueryEngine {
             });
         }
         let filter = ScanFilter::new(nodes, start_ns, end_ns);
-        self.each_frame_looking_back(&filter, start_ns, start_ns, end_ns, &|_| false, visit)
+        let frames = FrameFilter {
+            from_ns: start_ns,
+            start_ns,
+            end_ns,
+            looks_back: &|_| false,
+            keeps_name: &|_| true,
+        };
+        self.each_frame_of(&filter, &frames, visit)
     }
 
-    /// [`each_frame`](Self::each_frame) of what `filter` reads, where a frame is in the
-    /// range when it meets `[start_ns, end_ns]`, or `[from_ns, start_ns)` (the look-back a
-    /// counter's first rate needs) for the nodes `looks_back` names (those with a counter
-    /// asked for): other frames are passed over unopened unless they define series.
-    fn each_frame_looking_back(
+    /// [`each_frame`](Self::each_frame) of what `filter` reads, each frame judged and opened
+    /// as `frames` says.
+    fn each_frame_of(
         &self,
         filter: &ScanFilter,
-        from_ns: u64,
-        start_ns: u64,
-        end_ns: u64,
-        looks_back: &dyn Fn(&str) -> bool,
+        frames: &FrameFilter<'_>,
         mut visit: impl FnMut(&Arc<str>, &StoredFrame<'_>, bool) -> ControlFlow<()>,
     ) -> Result<QueryCost, QueryError> {
-        let mut names: HashMap<String, Arc<str>> = HashMap::new();
+        let FrameFilter {
+            from_ns,
+            start_ns,
+            end_ns,
+            looks_back,
+            keeps_name,
+        } = *frames;
+        let mut names: HashMap<String, Arc<str>> = HashMap::default();
         let mut cost = QueryCost::default();
         let stats = self.reader.scan(filter, &mut |r| {
             let in_range = r.kind == RecordKind::Frame
@@ -239,7 +266,7 @@ impl QueryEngine {
                 return ControlFlow::Continue(());
             }
             cost.frames += 1;
-            let Ok(frame) = self.keys.open_stored(r.bytes) else {
+            let Ok(frame) = self.keys.open_stored_where(r.bytes, &mut |n| keeps_name(n)) else {
                 cost.undecodable += 1;
                 return ControlFlow::Continue(());
             };
@@ -333,8 +360,8 @@ impl QueryEngine {
             return Ok((Vec::new(), QueryCost::default()));
         };
         let selected: RefCell<Vec<Selected>> = RefCell::default();
-        let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::new();
-        let mut slots: Slots = HashMap::new();
+        let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::default();
+        let mut slots: Slots = HashMap::default();
         let mut points = vec![0usize; queries.len()];
         let failed: RefCell<Option<QueryError>> = RefCell::default();
         let from = first.saturating_sub(COUNTER_LOOKBACK_NS);
@@ -446,9 +473,16 @@ impl QueryEngine {
         // The range first: each node's records of every segment it meets, from the
         // segment's start (a counter's look-back too, where it is in those segments).
         let mut visit = visit;
+        let metrics: HashSet<&str> = queries.iter().map(|q| q.metric.as_str()).collect();
+        let frames = FrameFilter {
+            from_ns: from,
+            start_ns: first,
+            end_ns: last,
+            looks_back: &looks_back,
+            keeps_name: &|name| metrics.contains(name),
+        };
         let in_range = ScanFilter::new(nodes, first, last);
-        let mut cost =
-            self.each_frame_looking_back(&in_range, from, first, last, &looks_back, &mut visit)?;
+        let mut cost = self.each_frame_of(&in_range, &frames, &mut visit)?;
         // Then the look-back where that did not go (segments that end before the range), of
         // the nodes with a counter that has points in the range and no sample before them
         // yet: a question of gauges never reads it, nor one whose counters were all sent in
@@ -467,14 +501,7 @@ impl QueryEngine {
                 read_before: Some((first, last)),
                 ..ScanFilter::new(NodeSelector::Only(lacking), from, first - 1)
             };
-            cost.add(&self.each_frame_looking_back(
-                &look_back,
-                from,
-                first,
-                last,
-                &looks_back,
-                &mut visit,
-            )?);
+            cost.add(&self.each_frame_of(&look_back, &frames, &mut visit)?);
         }
         drop(visit);
         if let Some(e) = failed.into_inner() {
