@@ -476,8 +476,8 @@ fn scan_sealed(
             continue;
         };
         stats.segments += 1;
-        for nb in seg.index(&file)? {
-            if !filter.nodes.wants(&nb.node) || !filter.reads(nb.min_ns(), nb.max_ns()) {
+        for nb in seg.index_of(&file, &|node| filter.nodes.wants(node))? {
+            if !filter.reads(nb.min_ns(), nb.max_ns()) {
                 continue;
             }
             for block in nb.blocks.iter().filter(|b| b.min_ns <= filter.end_ns) {

@@ -338,6 +338,16 @@ impl SealedSegment {
 
     /// Reads the per-node index (checked against its CRC).
     pub(crate) fn index(&self, file: &File) -> Result<Vec<NodeBlocks>, ArchiveError> {
+        self.index_of(file, &|_| true)
+    }
+
+    /// The index entries of the nodes `wants` accepts; the others' are checked and passed
+    /// over (a question about one node of a large fleet makes one entry, not one a node).
+    pub(crate) fn index_of(
+        &self,
+        file: &File,
+        wants: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<NodeBlocks>, ArchiveError> {
         let path = &self.path;
         let mut b = vec![0u8; self.index_len as usize];
         file.read_exact_at(&mut b, self.index_offset)
@@ -358,6 +368,13 @@ impl SealedSegment {
             let len = usize::from(take(&mut at, 1)?[0]);
             let node = std::str::from_utf8(take(&mut at, len)?).map_err(|_| bad())?;
             let blocks = u32_at(take(&mut at, 4)?, 0);
+            if !wants(node) {
+                let len = (blocks as usize)
+                    .checked_mul(BLOCK_INDEX_LEN)
+                    .ok_or_else(bad)?;
+                take(&mut at, len)?;
+                continue;
+            }
             let mut list = Vec::with_capacity(blocks.min(1 << 16) as usize);
             for _ in 0..blocks {
                 let e = take(&mut at, BLOCK_INDEX_LEN)?;
