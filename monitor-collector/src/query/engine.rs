@@ -503,7 +503,6 @@ impl QueryEngine {
             };
             cost.add(&self.each_frame_of(&look_back, &frames, &mut visit)?);
         }
-        drop(visit);
         if let Some(e) = failed.into_inner() {
             return Err(e);
         }
