@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use clap::Parser as _;
 use monitor_collector::{
     archive::{AcceptedFrame, Archive, ArchiveConfig},
     query::{
@@ -25,31 +26,35 @@ use monitor_collector::{
 use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 
-fn arg(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .with_context(|| format!("{name} needs a value"))?
-            .parse()
-            .with_context(|| format!("{name}: not a number")),
-        None => Ok(default),
-    }
+#[derive(clap::Parser)]
+struct Args {
+    /// Simulated nodes (8 GPUs and 8 IB ports each) of a new archive.
+    #[arg(long, default_value_t = 200)]
+    nodes: u64,
+    /// Seconds of the fleet, ending now.
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
+    /// The last seconds left in the open segment (the rest sealed).
+    #[arg(long, default_value_t = 120)]
+    open_s: u64,
+    /// Times each question is asked (the median is printed).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Where the archive is kept and found again (a temporary directory without it).
+    #[arg(long)]
+    data: Option<std::path::PathBuf>,
+    /// The I-th question alone (from 0), for a profiler.
+    #[arg(long)]
+    only: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let nodes = arg(&args, "--nodes", 200)?;
-    let seconds = arg(&args, "--seconds", 600)?;
-    let open_s = arg(&args, "--open-s", 120)?.min(seconds);
-    let runs = arg(&args, "--runs", 5)?.max(1);
+    let args = Args::parse();
+    let (nodes, seconds, runs) = (args.nodes, args.seconds, args.runs.max(1));
+    let open_s = args.open_s.min(seconds);
     let key = Key::from_bytes([7; 32]);
-    let kept = args
-        .iter()
-        .position(|a| a == "--data")
-        .and_then(|i| args.get(i + 1))
-        .map(std::path::PathBuf::from);
     let temp = tempfile::tempdir()?;
-    let dir = kept.as_deref().unwrap_or(temp.path());
+    let dir = args.data.as_deref().unwrap_or(temp.path());
     let made_file = dir.join("archive_query.json");
     let config = ArchiveConfig {
         segment_span: Duration::from_secs(86_400),
@@ -102,16 +107,8 @@ fn main() -> anyhow::Result<()> {
             q(counter, &[], minute),
         ),
     ];
-    // `--only I`: the I-th question alone (from 0), for a profiler.
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse::<usize>())
-        .transpose()
-        .context("--only: not a number")?;
     for (i, (what, question)) in questions.iter().enumerate() {
-        if only.is_some_and(|o| o != i) {
+        if args.only.is_some_and(|o| o != i) {
             continue;
         }
         let mut times = Vec::new();
