@@ -157,8 +157,11 @@ fn make(
     let mut archive = Archive::open(config)?;
     let made = Instant::now();
     let mut samples = 0u64;
-    for chunk in 0..seconds.div_ceil(flush_s) {
-        if chunk * flush_s == seconds - open_s {
+    // The first flush interval left open: everything before it is sealed.
+    let open_from = (seconds - open_s).div_ceil(flush_s);
+    let chunks = seconds.div_ceil(flush_s);
+    for chunk in 0..chunks {
+        if chunk == open_from {
             archive.seal()?;
         }
         let start = t0 + chunk * flush_s * 1_000_000_000;
@@ -177,6 +180,9 @@ fn make(
             }
         }
         archive.tick()?;
+    }
+    if open_from >= chunks {
+        archive.seal()?; // --open-s 0: all of it sealed
     }
     archive.tick()?;
     eprintln!(
