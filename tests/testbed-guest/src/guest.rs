@@ -213,7 +213,15 @@ pub fn check_output(
         println!("  {what}: {line}");
     }
     if !output.status.success() {
-        bail!("{what} failed ({})", output.status);
+        // The console has all of it; the summary line names why (perftest's last words).
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let why = stderr
+            .lines()
+            .chain(stdout.lines())
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('-'))
+            .unwrap_or("no output");
+        bail!("{what} failed ({}): {}", output.status, why.trim());
     }
     Ok(stdout)
 }
@@ -332,6 +340,33 @@ pub fn wait_for(
         thread::sleep(Duration::from_millis(100));
     }
     bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// The TCP port on which perftest's and `ibv_rc_pingpong`'s servers wait for their client.
+pub const PERFTEST_TCP_PORT: u16 = 18515;
+
+/// Waits until a perftest (or `ibv_rc_pingpong`) server listens for its client. A client
+/// started before that fails at once ("Couldn't connect"), and under TCG, with the agent's
+/// probes attached, a server can take more than a second to get there.
+pub fn wait_for_perftest_server() -> anyhow::Result<()> {
+    wait_for(
+        Duration::from_secs(20),
+        "the perftest server to listen",
+        || tcp_listening(PERFTEST_TCP_PORT),
+    )
+}
+
+/// Whether a TCP socket listens on `port` (IPv4 or IPv6).
+pub fn tcp_listening(port: u16) -> bool {
+    let local = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&local) && cols[3] == "0A"
+            })
+        })
+    })
 }
 
 /// Polls `ready` every 500 ms until it is true, or fails at `timeout` with its last error
@@ -618,7 +653,7 @@ pub fn write_bw_then_flap(iterations: u32) -> anyhow::Result<()> {
         "/usr/bin/ib_write_bw",
         &["-d", "rxe1", "-x", &gid, "-F", "-n", &n],
     ))?;
-    thread::sleep(Duration::from_secs(1));
+    wait_for_perftest_server()?;
     let client = spawn_output(in_cgroup(
         "",
         "/usr/bin/ib_write_bw",

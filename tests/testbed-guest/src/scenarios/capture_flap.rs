@@ -86,7 +86,7 @@ pub fn run() -> anyhow::Result<()> {
         c.args(["-d", "rxe3"]).args(bw_args);
         c
     })?;
-    thread::sleep(Duration::from_secs(1));
+    guest::wait_for_perftest_server()?;
     let client = guest::spawn_output({
         let mut c = Command::new("/usr/bin/ib_write_bw");
         c.args(["-d", "rxe2"]).args(bw_args).arg(ADDR_D);

@@ -139,13 +139,16 @@ fn perftest_round() -> anyhow::Result<()> {
         .args(["-d", "rxe1"])
         .args(common)
         .spawn()?;
-    thread::sleep(Duration::from_secs(1));
-    let client = quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
-        .args(["-d", "rxe0"])
-        .args(common)
-        .arg(ADDR_B)
-        .status();
-    finish_round(&mut server, client.map_err(Into::into), "ib_write_bw")
+    let client = guest::wait_for_perftest_server().and_then(|()| {
+        Ok(
+            quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
+                .args(["-d", "rxe0"])
+                .args(common)
+                .arg(ADDR_B)
+                .status()?,
+        )
+    });
+    finish_round(&mut server, client, "ib_write_bw")
 }
 
 /// 100 rping round trips over rdma_cm, both ends in job 102, then a pause. A server whose

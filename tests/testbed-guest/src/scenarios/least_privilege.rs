@@ -215,7 +215,7 @@ fn write_traffic() -> anyhow::Result<Vec<Side>> {
     let mut server = Command::new("/usr/bin/ib_write_bw");
     server.args(["-d", "rxe1"]).args(args);
     let server = guest::spawn_output(server)?;
-    thread::sleep(Duration::from_secs(1));
+    guest::wait_for_perftest_server()?;
     let mut client = Command::new("/usr/bin/ib_write_bw");
     client.args(["-d", "rxe0"]).args(args).arg(guest::ADDR_B);
     let client = guest::spawn_output(client)?;

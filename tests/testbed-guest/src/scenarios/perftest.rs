@@ -28,7 +28,7 @@ pub fn run() -> anyhow::Result<()> {
             &program,
             &["-d", "rxe1", "-x", &gid, "-F", "-n", &iters],
         ))?;
-        thread::sleep(Duration::from_secs(1));
+        guest::wait_for_perftest_server()?;
         let client = guest::spawn_output(guest::in_cgroup(
             &client_job,
             &program,

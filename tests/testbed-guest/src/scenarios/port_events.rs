@@ -54,7 +54,7 @@ fn write_traffic() -> anyhow::Result<()> {
         .args(["-d", "rxe1"])
         .args(args)
         .output_in_background()?;
-    thread::sleep(Duration::from_secs(1));
+    guest::wait_for_perftest_server()?;
     let mut client_args = vec!["-d", "rxe0"];
     client_args.extend(args);
     client_args.push(ADDR_B);

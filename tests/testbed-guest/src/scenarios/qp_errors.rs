@@ -29,7 +29,7 @@ pub fn run() -> anyhow::Result<()> {
         &["-d", "rxe1", "-x", &gid, "-F", "-D", "14"],
     )
     .spawn()?;
-    thread::sleep(Duration::from_secs(1));
+    guest::wait_for_perftest_server()?;
     let client = guest::spawn_output(guest::in_cgroup(
         &survivor_job,
         "/usr/bin/ib_write_bw",

@@ -28,8 +28,6 @@ use crate::guest::{self, ADDR_B};
 const PORT: &str = "17460";
 /// `ibv_rc_pingpong` iterations per job: as many `post_send` doorbells on each side.
 const ITERS: u64 = 5;
-/// The port `ibv_rc_pingpong`'s server listens on for the client's connection.
-const PINGPONG_TCP_PORT: u16 = 18515;
 /// The jobs after which the "early" state is taken.
 const EARLY_JOBS: usize = 5;
 /// What each side of a job's pingpong does on its device (verb, detail, count; `None`:
@@ -177,9 +175,7 @@ fn run_job(cgroup: &str, gid: &str) -> anyhow::Result<()> {
         "/usr/bin/ibv_rc_pingpong",
         &["-d", "rxe1", "-g", gid, "-n", &iters],
     ))?;
-    guest::wait_for(Duration::from_secs(10), "the pingpong server", || {
-        tcp_listening(PINGPONG_TCP_PORT)
-    })?;
+    guest::wait_for_perftest_server()?;
     let client = guest::spawn_output(guest::in_cgroup(
         cgroup,
         "/usr/bin/ibv_rc_pingpong",
@@ -202,19 +198,6 @@ fn quiet_check(what: &str, output: std::io::Result<std::process::Output>) -> any
         );
     }
     Ok(())
-}
-
-/// Whether a TCP socket listens on `port` (IPv4 or IPv6).
-fn tcp_listening(port: u16) -> bool {
-    let local = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&local) && cols[3] == "0A"
-            })
-        })
-    })
 }
 
 /// Removes a job's cgroup (its tasks have exited; the kernel may need a moment to see it).
