@@ -250,7 +250,9 @@ impl ReceiverState {
         if frame.seq >= highest {
             let from = highest.max(node.first_seen);
             last.lost_before = frame.seq.saturating_sub(from);
-            node.lost += last.lost_before;
+            // Saturating: a forged or wrapped sequence can claim nearly 2^64 lost per
+            // session, and the count spans sessions.
+            node.lost = node.lost.saturating_add(last.lost_before);
         } else {
             if frame.seq >= node.first_seen {
                 node.lost = node.lost.saturating_sub(1);
@@ -338,6 +340,25 @@ mod tests {
             send(&frame, &mut state).unwrap_err(),
             WireError::Stale { .. }
         ));
+    }
+
+    /// Found by the `wire_frame` fuzz target: the lost count overflowed (a panic in a build
+    /// with overflow checks) when two sessions of a node each claimed a gap of nearly 2^64.
+    #[test]
+    fn sequence_gaps_of_nearly_2_pow_64_in_two_sessions_saturate_the_lost_count() {
+        let key = key();
+        let mut state = ReceiverState::default();
+        let mut frame = sample_frame();
+        for session in [1, 2] {
+            frame.session = session;
+            for seq in [0, u64::MAX] {
+                frame.seq = seq;
+                decode(&encode_frame(&frame, &key).unwrap(), &key, &mut state).unwrap();
+            }
+        }
+        let node = state.node("gpu-node-017").unwrap();
+        assert_eq!((node.lost, node.sessions), (u64::MAX, 2));
+        assert_eq!(node.last.lost_before, u64::MAX - 1);
     }
 
     #[test]
