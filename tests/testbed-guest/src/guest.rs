@@ -343,7 +343,7 @@ pub fn wait_for(
 }
 
 /// The TCP port on which perftest's and `ibv_rc_pingpong`'s servers wait for their client.
-pub const PERFTEST_TCP_PORT: u16 = 18515;
+const PERFTEST_TCP_PORT: u16 = 18515;
 
 /// Waits until a perftest (or `ibv_rc_pingpong`) server listens for its client. A client
 /// started before that fails at once ("Couldn't connect"), and under TCG, with the agent's
@@ -357,7 +357,7 @@ pub fn wait_for_perftest_server() -> anyhow::Result<()> {
 }
 
 /// Whether a TCP socket listens on `port` (IPv4 or IPv6).
-pub fn tcp_listening(port: u16) -> bool {
+fn tcp_listening(port: u16) -> bool {
     let local = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         std::fs::read_to_string(f).is_ok_and(|t| {
