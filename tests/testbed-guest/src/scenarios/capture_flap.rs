@@ -80,6 +80,7 @@ pub fn run() -> anyhow::Result<()> {
         "-t",
         "16",
         "--report_gbits",
+        guest::PERFTEST_QP_TIMEOUT,
     ];
     let server = guest::spawn_output({
         let mut c = Command::new("/usr/bin/ib_write_bw");

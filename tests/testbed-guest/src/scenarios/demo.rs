@@ -130,7 +130,14 @@ fn spawn_loop(
 /// failed (a flap cut the connection) would wait for ever: it is killed.
 fn perftest_round() -> anyhow::Result<()> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let common = ["-x", gid.as_str(), "-F", "-D", "10"];
+    let common = [
+        "-x",
+        gid.as_str(),
+        "-F",
+        "-D",
+        "10",
+        guest::PERFTEST_QP_TIMEOUT,
+    ];
     let quiet = |mut cmd: Command| {
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         cmd

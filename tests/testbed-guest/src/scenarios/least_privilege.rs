@@ -211,7 +211,14 @@ type Side = thread::JoinHandle<std::io::Result<std::process::Output>>;
 /// Three seconds of `ib_write_bw` from rxe0 to rxe1, started in the background.
 fn write_traffic() -> anyhow::Result<Vec<Side>> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let args = ["-x", gid.as_str(), "-F", "-D", "3"];
+    let args = [
+        "-x",
+        gid.as_str(),
+        "-F",
+        "-D",
+        "3",
+        guest::PERFTEST_QP_TIMEOUT,
+    ];
     let mut server = Command::new("/usr/bin/ib_write_bw");
     server.args(["-d", "rxe1"]).args(args);
     let server = guest::spawn_output(server)?;

@@ -26,13 +26,32 @@ pub fn run() -> anyhow::Result<()> {
         let server = guest::spawn_output(guest::in_cgroup(
             &server_job,
             &program,
-            &["-d", "rxe1", "-x", &gid, "-F", "-n", &iters],
+            &[
+                "-d",
+                "rxe1",
+                "-x",
+                &gid,
+                "-F",
+                "-n",
+                &iters,
+                guest::PERFTEST_QP_TIMEOUT,
+            ],
         ))?;
         guest::wait_for_perftest_server()?;
         let client = guest::spawn_output(guest::in_cgroup(
             &client_job,
             &program,
-            &["-d", "rxe0", "-x", &gid, "-F", "-n", &iters, ADDR_B],
+            &[
+                "-d",
+                "rxe0",
+                "-x",
+                &gid,
+                "-F",
+                "-n",
+                &iters,
+                guest::PERFTEST_QP_TIMEOUT,
+                ADDR_B,
+            ],
         ))?;
         guest::check_output(&format!("{tool} client"), client.join().expect("no panic"))?;
         guest::check_output(&format!("{tool} server"), server.join().expect("no panic"))?;

@@ -49,7 +49,15 @@ pub fn run() -> anyhow::Result<()> {
 /// link flaps (and to prove the stack is real).
 fn write_traffic() -> anyhow::Result<()> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let args = ["-x", gid.as_str(), "-F", "-D", "3", "--report_gbits"];
+    let args = [
+        "-x",
+        gid.as_str(),
+        "-F",
+        "-D",
+        "3",
+        "--report_gbits",
+        guest::PERFTEST_QP_TIMEOUT,
+    ];
     let server = Command::new("/usr/bin/ib_write_bw")
         .args(["-d", "rxe1"])
         .args(args)
