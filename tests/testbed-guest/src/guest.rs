@@ -354,9 +354,25 @@ pub fn wait_for(
 /// sender retransmits, 8.6 s without progress before it gives up (7 retries). perftest's
 /// default (14, 67 ms) is shorter than an ACK takes under TCG with 8 MiB in flight: a
 /// passing agent-frames run had 327 retry timeouts and 12,183 duplicate requests in 2,000
-/// writes, and CI saw runs where seven came in a row (`Completion with error`, exit 1).
+/// writes. Seven in a row fail the write (perftest exits 1 after its results header, as
+/// CI's agent-frames client did).
 /// Scenarios that want a QP to fail (qp-errors) keep the default.
 pub const PERFTEST_QP_TIMEOUT: &str = "--qp-timeout=18";
+
+/// The two argument lists of a perftest pair on the rxe pair whose transfer must finish:
+/// the server on rxe1, the client on rxe0 connecting to [`ADDR_B`], each with `common` and
+/// [`PERFTEST_QP_TIMEOUT`].
+pub fn perftest_pair_args<'a>(common: &[&'a str]) -> [Vec<&'a str>; 2] {
+    let side = |device: &'a str| {
+        let mut args = vec!["-d", device];
+        args.extend_from_slice(common);
+        args.push(PERFTEST_QP_TIMEOUT);
+        args
+    };
+    let mut client = side("rxe0");
+    client.push(ADDR_B);
+    [side("rxe1"), client]
+}
 
 /// The TCP port on which perftest's and `ibv_rc_pingpong`'s servers wait for their client.
 const PERFTEST_TCP_PORT: u16 = 18515;
@@ -664,36 +680,10 @@ pub fn stop_and_decode(
 pub fn write_bw_then_flap(iterations: u32) -> anyhow::Result<()> {
     let gid = ipv4_gid_index("rxe0")?.to_string();
     let n = iterations.to_string();
-    let server = spawn_output(in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &[
-            "-d",
-            "rxe1",
-            "-x",
-            &gid,
-            "-F",
-            "-n",
-            &n,
-            PERFTEST_QP_TIMEOUT,
-        ],
-    ))?;
+    let [server_args, client_args] = perftest_pair_args(&["-x", &gid, "-F", "-n", &n]);
+    let server = spawn_output(in_cgroup("", "/usr/bin/ib_write_bw", &server_args))?;
     wait_for_perftest_server()?;
-    let client = spawn_output(in_cgroup(
-        "",
-        "/usr/bin/ib_write_bw",
-        &[
-            "-d",
-            "rxe0",
-            "-x",
-            &gid,
-            "-F",
-            "-n",
-            &n,
-            PERFTEST_QP_TIMEOUT,
-            ADDR_B,
-        ],
-    ))?;
+    let client = spawn_output(in_cgroup("", "/usr/bin/ib_write_bw", &client_args))?;
     check_output("ib_write_bw client", client.join().expect("no panic"))?;
     check_output("ib_write_bw server", server.join().expect("no panic"))?;
     flap_link("vethA", 1)

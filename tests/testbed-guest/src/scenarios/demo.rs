@@ -130,30 +130,24 @@ fn spawn_loop(
 /// failed (a flap cut the connection) would wait for ever: it is killed.
 fn perftest_round() -> anyhow::Result<()> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let common = [
-        "-x",
-        gid.as_str(),
-        "-F",
-        "-D",
-        "10",
-        guest::PERFTEST_QP_TIMEOUT,
-    ];
+    let [server_args, client_args] = guest::perftest_pair_args(&["-x", &gid, "-F", "-D", "10"]);
     let quiet = |mut cmd: Command| {
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         cmd
     };
-    let mut server = quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
-        .args(["-d", "rxe1"])
-        .args(common)
-        .spawn()?;
+    let mut server = quiet(guest::in_cgroup(
+        PERFTEST_JOB,
+        "/usr/bin/ib_write_bw",
+        &server_args,
+    ))
+    .spawn()?;
     let client = guest::wait_for_perftest_server().and_then(|()| {
-        Ok(
-            quiet(guest::in_cgroup(PERFTEST_JOB, "/usr/bin/ib_write_bw", &[]))
-                .args(["-d", "rxe0"])
-                .args(common)
-                .arg(ADDR_B)
-                .status()?,
-        )
+        Ok(quiet(guest::in_cgroup(
+            PERFTEST_JOB,
+            "/usr/bin/ib_write_bw",
+            &client_args,
+        ))
+        .status()?)
     });
     finish_round(&mut server, client, "ib_write_bw")
 }

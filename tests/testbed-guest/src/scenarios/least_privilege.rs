@@ -211,20 +211,13 @@ type Side = thread::JoinHandle<std::io::Result<std::process::Output>>;
 /// Three seconds of `ib_write_bw` from rxe0 to rxe1, started in the background.
 fn write_traffic() -> anyhow::Result<Vec<Side>> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let args = [
-        "-x",
-        gid.as_str(),
-        "-F",
-        "-D",
-        "3",
-        guest::PERFTEST_QP_TIMEOUT,
-    ];
+    let [server_args, client_args] = guest::perftest_pair_args(&["-x", &gid, "-F", "-D", "3"]);
     let mut server = Command::new("/usr/bin/ib_write_bw");
-    server.args(["-d", "rxe1"]).args(args);
+    server.args(server_args);
     let server = guest::spawn_output(server)?;
     guest::wait_for_perftest_server()?;
     let mut client = Command::new("/usr/bin/ib_write_bw");
-    client.args(["-d", "rxe0"]).args(args).arg(guest::ADDR_B);
+    client.args(client_args);
     let client = guest::spawn_output(client)?;
     thread::sleep(Duration::from_millis(500));
     Ok(vec![server, client])

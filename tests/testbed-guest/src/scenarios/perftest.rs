@@ -7,7 +7,7 @@ use std::{thread, time::Duration};
 
 use anyhow::ensure;
 
-use crate::guest::{self, ADDR_B, Agent};
+use crate::guest::{self, Agent};
 
 const ITERS: u64 = 500;
 
@@ -23,36 +23,11 @@ pub fn run() -> anyhow::Result<()> {
         let server_job = guest::cgroup(&format!("{tool}_server"))?;
         let client_job = guest::cgroup(&format!("{tool}_client"))?;
         let program = format!("/usr/bin/{tool}");
-        let server = guest::spawn_output(guest::in_cgroup(
-            &server_job,
-            &program,
-            &[
-                "-d",
-                "rxe1",
-                "-x",
-                &gid,
-                "-F",
-                "-n",
-                &iters,
-                guest::PERFTEST_QP_TIMEOUT,
-            ],
-        ))?;
+        let [server_args, client_args] =
+            guest::perftest_pair_args(&["-x", &gid, "-F", "-n", &iters]);
+        let server = guest::spawn_output(guest::in_cgroup(&server_job, &program, &server_args))?;
         guest::wait_for_perftest_server()?;
-        let client = guest::spawn_output(guest::in_cgroup(
-            &client_job,
-            &program,
-            &[
-                "-d",
-                "rxe0",
-                "-x",
-                &gid,
-                "-F",
-                "-n",
-                &iters,
-                guest::PERFTEST_QP_TIMEOUT,
-                ADDR_B,
-            ],
-        ))?;
+        let client = guest::spawn_output(guest::in_cgroup(&client_job, &program, &client_args))?;
         guest::check_output(&format!("{tool} client"), client.join().expect("no panic"))?;
         guest::check_output(&format!("{tool} server"), server.join().expect("no panic"))?;
     }

@@ -9,7 +9,7 @@ use std::{process::Command, thread, time::Duration};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
-use crate::guest::{self, ADDR_B, Agent};
+use crate::guest::{self, Agent};
 
 const FLAPS: usize = 3;
 
@@ -49,23 +49,12 @@ pub fn run() -> anyhow::Result<()> {
 /// link flaps (and to prove the stack is real).
 fn write_traffic() -> anyhow::Result<()> {
     let gid = guest::ipv4_gid_index("rxe0")?.to_string();
-    let args = [
-        "-x",
-        gid.as_str(),
-        "-F",
-        "-D",
-        "3",
-        "--report_gbits",
-        guest::PERFTEST_QP_TIMEOUT,
-    ];
+    let [server_args, client_args] =
+        guest::perftest_pair_args(&["-x", &gid, "-F", "-D", "3", "--report_gbits"]);
     let server = Command::new("/usr/bin/ib_write_bw")
-        .args(["-d", "rxe1"])
-        .args(args)
+        .args(server_args)
         .output_in_background()?;
     guest::wait_for_perftest_server()?;
-    let mut client_args = vec!["-d", "rxe0"];
-    client_args.extend(args);
-    client_args.push(ADDR_B);
     guest::run("/usr/bin/ib_write_bw", &client_args).context("ib_write_bw client")?;
     let server = server
         .join()
