@@ -216,6 +216,31 @@ fn decode(types: &[u8], off: usize, id: u32) -> Result<Ty<'_>, String> {
     })
 }
 
+/// The type ids a record refers to: its target (pointers, typedefs, modifiers, functions,
+/// variables, tags, a prototype's return type), an array's element and index types, and the
+/// types of its members, parameters or section variables.
+fn referenced_ids<'a>(t: &Ty<'a>) -> impl Iterator<Item = u32> + 'a {
+    use kind::*;
+    let words = |stride: usize, at: usize| {
+        let extra = t.extra;
+        (0..t.vlen).map(move |i| word(extra, i * stride + at))
+    };
+    let (target, listed): (Option<u32>, Box<dyn Iterator<Item = u32> + 'a>) = match t.kind {
+        PTR | TYPEDEF | VOLATILE | CONST | RESTRICT | FUNC | VAR | DECL_TAG | TYPE_TAG => {
+            (Some(t.size_or_type), Box::new(std::iter::empty()))
+        }
+        ARRAY => (
+            None,
+            Box::new([word(t.extra, 0), word(t.extra, 1)].into_iter()),
+        ),
+        STRUCT | UNION => (None, Box::new(words(3, 1))),
+        FUNC_PROTO => (Some(t.size_or_type), Box::new(words(2, 1))),
+        DATASEC => (None, Box::new(words(3, 0))),
+        _ => (None, Box::new(std::iter::empty())),
+    };
+    target.into_iter().chain(listed)
+}
+
 fn is_composite(t: &Ty) -> bool {
     t.kind == kind::STRUCT || t.kind == kind::UNION
 }
@@ -374,8 +399,34 @@ impl Btf {
             .map_err(|reason| malformed(input, reason))?;
         let mut btf = base.unwrap_or(Btf { parts: Vec::new() });
         btf.parts.push(Arc::new(part));
+        btf.check_references_of_last()?;
         btf.index_last()?;
         Ok(btf)
+    }
+
+    /// Refuses a newest part whose types refer to ids past its end, as libbpf's validation
+    /// does: a type section cut at a record boundary is well formed record by record, and
+    /// only these dangling references show that it was cut.
+    fn check_references_of_last(&self) -> Res<()> {
+        let Some(last) = self.parts.last() else {
+            return Ok(());
+        };
+        let end = after(last.first_id, last.types.len())
+            .ok_or_else(|| malformed(&last.input, "too many types".into()))?;
+        for id in (0..last.types.len()).filter_map(|i| after(last.first_id, i)) {
+            let t = self.ty(id)?;
+            if let Some(to) = referenced_ids(&t).find(|&to| to >= end) {
+                return Err(malformed(
+                    &last.input,
+                    format!(
+                        "type {id} (kind {}) refers to type id {to}, past the last type {}",
+                        t.kind,
+                        end - 1
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Fills the name index of the newest part; its names may live in earlier parts' strings.
@@ -924,6 +975,33 @@ mod tests {
     }
 
     #[test]
+    fn a_type_section_cut_between_records_is_refused() {
+        // Every record before the cut is whole; only the references past it show the cut.
+        let (base, split) = synthetic();
+        let cut_after_outer = 12 + 6 * 12; // record 23: a header and six members
+        let mut cut = split.clone();
+        cut[12..16].copy_from_slice(&(cut_after_outer as u32).to_le_bytes());
+        let base_btf = Btf::parse("<memory>", &base).unwrap();
+        let e = msg(Btf::parse_split("<split>", &cut, base_btf));
+        assert_eq!(
+            e,
+            "<split>: malformed BTF: type 23 (kind 4) refers to type id 24, past the last type 23"
+        );
+        // A base whose pointer refers forward, cut after the pointer.
+        let mut b = Enc::base();
+        b.t("", kind::PTR, false, 0, 2, &[]); // 1: struct s *
+        b.t("s", kind::STRUCT, false, 0, 0, &[]); // 2
+        let mut blob = b.blob();
+        assert!(Btf::parse("<memory>", &blob).is_ok());
+        blob[12..16].copy_from_slice(&12u32.to_le_bytes());
+        let e = msg(Btf::parse("<memory>", &blob));
+        assert!(
+            e.ends_with("type 1 (kind 2) refers to type id 2, past the last type 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn cycles_and_fanout_terminate() {
         use kind::*;
         let mut b = Enc::base();
@@ -984,9 +1062,11 @@ mod tests {
                 "prefix {n} parsed"
             );
         }
-        // Cut the type section itself (the header rewritten to match) at odd places.
+        // Cut the type section itself (the header rewritten to match) inside a record: every
+        // record's length is a multiple of 4, so an odd cut splits one on any kernel. (A cut at
+        // a record boundary is `a_type_section_cut_between_records_is_refused`'s.)
         let type_len = word(&data, 3);
-        for cut in [1, 5, 13, 1001, 65_537, type_len / 3, type_len - 1] {
+        for cut in [1, 5, 13, 1001, 65_537, (type_len / 3) | 1, type_len - 1] {
             let mut d = data.clone();
             d[12..16].copy_from_slice(&cut.to_le_bytes());
             assert!(

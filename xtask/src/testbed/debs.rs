@@ -152,7 +152,7 @@ fn resolve_kernel_package(line: KernelLine) -> Option<String> {
 }
 
 /// Refreshes the package lists, saying why.
-fn apt_update(why: &str) -> Result<()> {
+pub(super) fn apt_update(why: &str) -> Result<()> {
     let t = Timer::start();
     note(format!("{why}: running `apt-get update` ..."));
     run(Command::new("apt-get").args(["update", "-qq"])).context(

@@ -15,6 +15,7 @@ mod cpio;
 mod debs;
 mod extra;
 mod image;
+mod package_set;
 mod qemu;
 mod siw;
 

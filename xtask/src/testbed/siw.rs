@@ -1,9 +1,10 @@
 //! siw (soft iWARP), built from Debian's own kernel source for a test bed kernel.
 //!
 //! Debian builds rdma_rxe but not siw (`CONFIG_RDMA_SIW` is unset), and rxe raises no QP async
-//! errors, so the test bed builds siw itself: the `linux-source-<series>` package of exactly
-//! the kernel's version (only `drivers/infiniband/sw/siw` is unpacked from its tarball),
-//! compiled out of tree against that kernel's `linux-headers` and `linux-kbuild` packages.
+//! errors, so the test bed builds siw itself: the `linux-source-<series>` package of the
+//! kernel's upstream release (only `drivers/infiniband/sw/siw` is unpacked from its tarball),
+//! compiled out of tree against that kernel's `linux-headers` and `linux-kbuild` packages, at
+//! the versions [`package_set`] chooses from what the archive offers now.
 //! The module is unsigned (Debian does not enforce signatures; the guest logs a taint line)
 //! and has no BTF (pahole is not needed; no probe reads siw's types).
 //!
@@ -18,6 +19,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use super::debs::{self, KernelLine, deb_names};
+use super::package_set;
 use super::{Timer, note, remove_dir_if_exists, run};
 
 const COMPLETE: &str = ".complete";
@@ -70,22 +72,15 @@ fn build(partial: &Path, kver: &str, version: &str) -> Result<PathBuf> {
     let work = partial.join("work");
     let debs_dir = work.join("debs");
     fs::create_dir_all(&debs_dir)?;
-    let headers = format!("linux-headers-{kver}");
-    let mut packages = vec![headers.clone(), format!("linux-source-{}", series(kver)?)];
-    packages.extend(header_dependencies(&headers)?);
-    let pinned: Vec<String> = packages.iter().map(|p| format!("{p}={version}")).collect();
+    let set = build_set(kver, version)?;
+    let pinned: Vec<String> = set.picks().map(package_set::Pick::pinned).collect();
     let t = Timer::start();
     note(format!("siw: downloading {}", pinned.join(" ")));
     run(Command::new("apt-get")
         .arg("download")
         .args(&pinned)
         .current_dir(&debs_dir))
-    .with_context(|| {
-        format!(
-            "downloading the kernel source and headers of {kver} failed (version {version} \
-             must still be in the archive; `apt-get update` may help)"
-        )
-    })?;
+    .with_context(|| format!("downloading the kernel source and headers of {kver} failed"))?;
     note(format!("siw: downloaded in {}", t.took()));
 
     let t = Timer::start();
@@ -175,28 +170,73 @@ fn kernel_version(debs_dir: &Path, kver: &str) -> Result<String> {
     Ok(version)
 }
 
-/// The `linux-headers-*-common` and `linux-kbuild-*` packages the headers of a kernel need.
-fn header_dependencies(headers: &str) -> Result<Vec<String>> {
-    let out = run(Command::new("apt-cache").args(["depends", headers]))
-        .with_context(|| format!("apt-cache cannot resolve {headers}"))?;
-    let deps = parse_header_dependencies(&String::from_utf8_lossy(&out.stdout));
-    if !deps.iter().any(|d| d.starts_with("linux-kbuild-")) {
-        bail!("{headers} depends on no linux-kbuild-* package (apt-cache depends)");
-    }
-    Ok(deps)
+/// The versions siw is built from for `kver`, whose image is at `version`: chosen from
+/// `apt-cache show` as apt would ([`package_set`]), with the package lists refreshed once
+/// when the archive they describe offers no complete set. Says which versions it chose.
+fn build_set(kver: &str, version: &str) -> Result<package_set::BuildSet> {
+    let image: debversion::Version = version
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the image's version {version:?}: {e}"))?;
+    let series = series(kver)?;
+    let choose = || -> Result<package_set::BuildSet> {
+        let mut stanzas = Vec::new();
+        for package in package_set::wanted(kver, &series) {
+            stanzas.extend(apt_cache_show(&package)?);
+        }
+        let mut dependencies: Vec<String> = stanzas
+            .iter()
+            .flat_map(|s| s.depends.iter().flatten())
+            .map(|r| r.package.clone())
+            .filter(|p| package_set::is_build_dependency(p))
+            .collect();
+        dependencies.sort();
+        dependencies.dedup();
+        for package in dependencies {
+            stanzas.extend(apt_cache_show(&package)?);
+        }
+        package_set::choose(kver, &series, &image, &stanzas).map_err(anyhow::Error::msg)
+    };
+    let set = match choose() {
+        Ok(set) => set,
+        Err(e) => {
+            debs::apt_update(&format!("siw's packages for {kver}: {e:#}"))?;
+            choose()
+                .with_context(|| format!("siw's packages for {kver}, after `apt-get update`"))?
+        }
+    };
+    let differ: Vec<String> = set
+        .picks()
+        .filter(|p| p.version != image)
+        .map(ToString::to_string)
+        .collect();
+    note(format!(
+        "siw: building for the image {version} from {}{}",
+        set.picks()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        if differ.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (not at the image's version, as the archive has it now: {})",
+                differ.join(", ")
+            )
+        }
+    ));
+    Ok(set)
 }
 
-fn parse_header_dependencies(apt_cache_depends: &str) -> Vec<String> {
-    let mut deps: Vec<String> = apt_cache_depends
-        .lines()
-        .filter_map(|l| l.trim().trim_start_matches('|').strip_prefix("Depends:"))
-        .map(str::trim)
-        .filter(|d| d.starts_with("linux-headers-") || d.starts_with("linux-kbuild-"))
-        .map(str::to_owned)
-        .collect();
-    deps.sort();
-    deps.dedup();
-    deps
+/// Every version of `package` the package lists know (none when they know none).
+fn apt_cache_show(package: &str) -> Result<Vec<package_set::Stanza>> {
+    let out = Command::new("apt-cache")
+        .args(["show", package])
+        .output()
+        .context("cannot run apt-cache")?;
+    // apt-cache exits 100 with "No packages found" for a name no list has.
+    let text = String::from_utf8_lossy(&out.stdout);
+    package_set::parse_apt_cache_show(&text)
+        .map_err(|e| anyhow::anyhow!("`apt-cache show {package}`: {e}"))
 }
 
 #[cfg(test)]
@@ -224,15 +264,5 @@ mod tests {
         assert_eq!(series("6.1.0-56-amd64").unwrap(), "6.1");
         assert_eq!(series("6.12.117+deb12-amd64").unwrap(), "6.12");
         assert!(series("amd64").is_err());
-    }
-
-    #[test]
-    fn header_dependencies_from_apt_cache_depends() {
-        let out = "linux-headers-6.1.0-56-amd64\n  Depends: linux-headers-6.1.0-56-common\n  \
-                   Depends: linux-kbuild-6.1\n  Depends: linux-compiler-gcc-12-x86\n";
-        assert_eq!(
-            parse_header_dependencies(out),
-            ["linux-headers-6.1.0-56-common", "linux-kbuild-6.1"]
-        );
     }
 }
