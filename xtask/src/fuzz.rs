@@ -62,6 +62,17 @@ pub struct Outcome {
     pub ft: Option<u64>,
     /// Stopped early by a SIGINT to the fuzzer.
     pub interrupted: bool,
+    /// What the fuzzer found (a crash, a leak, an allocation over the limit), with the end
+    /// of its log; the targets after it still run.
+    pub failure: Option<String>,
+}
+
+/// One line per target that found something, `target: what`.
+pub fn failures(outcomes: &[Outcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .filter_map(|o| Some(format!("fuzz target {}: {}", o.target, o.failure.as_ref()?)))
+        .collect()
 }
 
 impl Outcome {
@@ -86,7 +97,13 @@ pub fn summary(outcomes: &[Outcome]) -> String {
             o.per_second(),
             figure(o.cov),
             figure(o.ft),
-            if o.interrupted { "  interrupted" } else { "" }
+            if o.failure.is_some() {
+                "  FAILED"
+            } else if o.interrupted {
+                "  interrupted"
+            } else {
+                ""
+            }
         ));
     }
     out
@@ -108,13 +125,17 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         options.targets.iter().map(String::as_str).collect()
     };
     let outcomes = run_targets(&tools, &targets, options.time, options.runs)?;
-    setup::step("fuzzing done, no finding");
     eprint!("{}", summary(&outcomes));
+    let failed = failures(&outcomes);
+    if !failed.is_empty() {
+        bail!("fuzzing found something:\n  {}", failed.join("\n  "));
+    }
+    setup::step("fuzzing done, no finding");
     Ok(())
 }
 
 /// Builds the targets and the seeds, then runs each target for `seconds` (or `runs`
-/// executions), one after the other; fails at the first target that finds something.
+/// executions), one after the other, every one even after a finding (see [`failures`]).
 pub fn run_targets(
     tools: &setup::Tools,
     targets: &[&str],
@@ -226,7 +247,8 @@ impl Drop for BackgroundBuild {
 }
 
 /// Runs each target, built already, for `seconds` (or `runs` executions) from `seeds`, one
-/// after the other; fails at the first target that finds something.
+/// after the other, every one even after a finding (see [`failures`]); fails only where a
+/// target cannot be started.
 pub fn run_built_targets(
     tools: &setup::Tools,
     seeds: &Path,
@@ -274,12 +296,12 @@ pub fn run_built_targets(
         // SIGINT to the fuzzer alone (not to this command) stops that target early: its
         // executions so far are reported and the next target runs.
         let interrupted = text.contains("libFuzzer: run interrupted");
-        if !output.success() && !interrupted {
-            bail!(
-                "fuzz target {target} failed ({output}); the input is under fuzz/artifacts/{target}/:\n{}",
-                last_lines(&text, 40)
-            );
-        }
+        let failure = (!output.success() && !interrupted).then(|| {
+            format!(
+                "failed ({output}); the input is under fuzz/artifacts/{target}/, the log is {}",
+                log.display(),
+            )
+        });
         let executions = text
             .lines()
             .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
@@ -293,13 +315,20 @@ pub fn run_built_targets(
             cov,
             ft,
             interrupted,
+            failure,
         };
-        eprintln!(
-            "    {target}: {} executions in {:.0} s{}, no crash, no allocation over 64 MB",
-            outcome.executions,
-            outcome.seconds,
-            if interrupted { " (interrupted)" } else { "" }
-        );
+        match &outcome.failure {
+            Some(failure) => eprintln!(
+                "    {target}: {failure}; its end:\n{}",
+                last_lines(&text, 40)
+            ),
+            None => eprintln!(
+                "    {target}: {} executions in {:.0} s{}, no crash, no allocation over 64 MB",
+                outcome.executions,
+                outcome.seconds,
+                if interrupted { " (interrupted)" } else { "" }
+            ),
+        }
         outcomes.push(outcome);
     }
     Ok(outcomes)

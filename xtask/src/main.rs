@@ -16,6 +16,7 @@ mod run;
 mod scratch;
 mod setup;
 mod test;
+mod test_report;
 mod testbed;
 mod tools;
 mod units;

@@ -278,6 +278,21 @@ pub fn run_with(
     options: &Options,
     built: Option<&cargo::WorkspaceBuild>,
 ) -> anyhow::Result<()> {
+    let failures = failed_scenarios(tools, options, built)?;
+    if !failures.is_empty() {
+        bail!("VM scenarios failed:\n  {}", failures.join("\n  "));
+    }
+    setup::step("all VM scenarios passed");
+    Ok(())
+}
+
+/// Runs every scenario asked for on every kernel asked for, each whatever failed before it;
+/// returns one line per failed scenario (`Bookworm/port-events: why`).
+pub fn failed_scenarios(
+    tools: &Tools,
+    options: &Options,
+    built: Option<&cargo::WorkspaceBuild>,
+) -> anyhow::Result<Vec<String>> {
     let binaries = match built {
         Some(built) => GuestBinaries::from_workspace(built)?,
         None => build_guest_binaries(tools)?,
@@ -324,6 +339,7 @@ pub fn run_with(
                  `cargo xtask vm-test --all-kernels` runs it there"
             ));
         }
+        // A kernel whose guest cannot be made fails its scenarios; the next kernel still runs.
         let results = run_kernel(
             tools,
             &binaries,
@@ -331,18 +347,21 @@ pub fn run_with(
             kernel,
             &here,
             options,
-        )?;
+        )
+        .unwrap_or_else(|e| {
+            let reason = format!("the {kernel:?} guest could not be made: {e:#}");
+            eprintln!("    {reason}");
+            here.iter()
+                .map(|s| (s.to_string(), Err(reason.clone())))
+                .collect()
+        });
         for (scenario, result) in results {
             if let Err(reason) = result {
                 failures.push(format!("{kernel:?}/{scenario}: {reason}"));
             }
         }
     }
-    if !failures.is_empty() {
-        bail!("VM scenarios failed:\n  {}", failures.join("\n  "));
-    }
-    setup::step("all VM scenarios passed");
-    Ok(())
+    Ok(failures)
 }
 
 pub(crate) type ScenarioResult = Result<(), String>;
@@ -382,24 +401,43 @@ fn run_kernel(
             with_libs: true,
         });
     }
+    let mut results = Vec::new();
+    let mut scenarios = scenarios.to_vec();
     if scenarios.contains(&SIW_SCENARIO) {
-        spec.files.push(GuestFile {
-            host: testbed::siw_module(&tools.cache_dir.join("testbed"), kernel)?,
-            guest: SIW_GUEST_PATH.into(),
-            with_libs: false,
-        });
+        // siw built from Debian's kernel source: where it cannot be, its scenario fails and
+        // the others run.
+        match testbed::siw_module(&tools.cache_dir.join("testbed"), kernel) {
+            Ok(ko) => spec.files.push(GuestFile {
+                host: ko,
+                guest: SIW_GUEST_PATH.into(),
+                with_libs: false,
+            }),
+            Err(e) => {
+                let reason = format!("siw.ko could not be built: {e:#}");
+                eprintln!("    {SIW_SCENARIO}: {reason}");
+                results.push((SIW_SCENARIO.to_owned(), Err(reason)));
+                scenarios.retain(|s| *s != SIW_SCENARIO);
+            }
+        }
     }
     let image = testbed::build_image(&tools.cache_dir.join("testbed"), &work_dir, &spec)?;
-    let mut results = Vec::new();
-    for boot in boots(scenarios) {
+    for boot in boots(&scenarios) {
         // The shared boot's log keeps its name; a scenario booted alone has its own.
         let serial_log = match boot.as_slice() {
             [only] if OWN_BOOT.contains(only) => work_dir.join(format!("guest-{only}.log")),
             _ => work_dir.join("guest.log"),
         };
-        results.extend(run_boot(
+        match run_boot(
             collector, &image, &work_dir, &name, &boot, serial_log, options,
-        )?);
+        ) {
+            Ok(done) => results.extend(done),
+            // A boot that could not run fails its scenarios; the next boot still runs.
+            Err(e) => {
+                let reason = format!("the guest's boot failed: {e:#}");
+                eprintln!("    {}: {reason}", boot.join(", "));
+                results.extend(boot.iter().map(|s| (s.to_string(), Err(reason.clone()))));
+            }
+        }
     }
     // In the order the scenarios were asked for.
     results.sort_by_key(|(s, _)| scenarios.iter().position(|o| o == s));
