@@ -12,12 +12,16 @@ use std::{
 
 const RAILSCOPE: &str = env!("CARGO_BIN_EXE_railscope");
 
-/// What this kernel should say about the IB event probe.
+/// What this kernel should say about the IB event probe (the start of its status).
 fn expected_ib_status() -> &'static str {
     if !Path::new("/sys/module/ib_core").exists() {
         "unavailable: ib_core not loaded: IB event and verb probes inactive"
     } else if !Path::new("/sys/bus/event_source/devices/kprobe").exists() {
         "unavailable: kernel has no kprobe support"
+    } else if !Path::new("/sys/kernel/btf/ib_core").exists() {
+        // An ib_core built without BTF (MLNX_OFED's, or CONFIG_DEBUG_INFO_BTF_MODULES=n):
+        // its layout cannot be read, so the probe cannot attach.
+        "unavailable: "
     } else {
         "attached"
     }

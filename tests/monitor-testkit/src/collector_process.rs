@@ -65,7 +65,7 @@ impl CollectorCommand {
             .arg(format!("127.0.0.1:{}", self.udp))
             .arg("--http")
             .arg(format!("127.0.0.1:{}", self.http))
-            .args(&self.args)
+            .args(crate::scratch::without_host_config(&self.args))
             .env("NO_COLOR", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         let running = Running::spawn_command(command);

@@ -176,7 +176,10 @@ impl FixtureAgent {
 
     /// Starts `railscope` (at `program`) with these arguments.
     pub fn spawn(&self, program: impl AsRef<Path>) -> Running {
-        Running::spawn(program.as_ref(), &self.args)
+        Running::spawn(
+            program.as_ref(),
+            &crate::scratch::without_host_config(&self.args),
+        )
     }
 
     /// Starts `railscope` (at `program`) with these arguments in the network namespace
@@ -184,7 +187,7 @@ impl FixtureAgent {
     pub fn spawn_in_netns(&self, program: impl AsRef<Path>, netns: &str) -> Running {
         let mut args: Vec<OsString> = vec!["netns".into(), "exec".into(), netns.into()];
         args.push(program.as_ref().into());
-        args.extend(self.args.iter().cloned());
+        args.extend(crate::scratch::without_host_config(&self.args));
         Running::spawn("ip", &args)
     }
 }

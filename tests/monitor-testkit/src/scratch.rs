@@ -2,6 +2,7 @@
 //! private wire key file, free loopback ports.
 
 use std::{
+    ffi::OsString,
     net::{TcpListener, UdpSocket},
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
@@ -69,4 +70,15 @@ pub fn free_tcp_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `args` with `--config /dev/null` added unless they name a configuration: a binary started
+/// by a test reads the test's settings only, never the machine's `/etc/railscope/*.toml`
+/// (a host with railscope installed would change what it does).
+pub fn without_host_config(args: &[OsString]) -> Vec<OsString> {
+    let mut out = args.to_vec();
+    if !args.iter().any(|a| a == "--config") {
+        out.extend(["--config".into(), "/dev/null".into()]);
+    }
+    out
 }

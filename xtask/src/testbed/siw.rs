@@ -46,8 +46,8 @@ pub fn module(cache_dir: &Path, line: KernelLine) -> Result<PathBuf> {
     fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
     let t = Timer::start();
     note(format!(
-        "building siw.ko for {kver} from Debian's linux-source {version} (downloads ~150 MB, \
-         a few minutes) in {} ...",
+        "building siw.ko for {kver} (image {version}) from Debian's kernel source (downloads \
+         ~150 MB, a few minutes) in {} ...",
         partial.display()
     ));
     let built = build(&partial, kver, &version)?;
