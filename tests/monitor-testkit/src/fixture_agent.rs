@@ -178,7 +178,7 @@ impl FixtureAgent {
     pub fn spawn(&self, program: impl AsRef<Path>) -> Running {
         Running::spawn(
             program.as_ref(),
-            &crate::scratch::without_host_config(&self.args),
+            crate::scratch::without_host_config(&self.args),
         )
     }
 
