@@ -265,6 +265,9 @@ pub struct StoredFrame<'a> {
     pub send_unix_ns: u64,
     pub time_quantum_ns: u64,
     pub schema: Vec<SchemaEntry>,
+    /// The series ids the schema section defines, those of entries not kept too (see
+    /// [`open_stored_where`]).
+    pub defined: Vec<std::ops::Range<u32>>,
     samples: Option<Reader<'a>>,
     events: Option<Reader<'a>>,
     budget_len: usize,
@@ -286,9 +289,9 @@ pub fn open_stored_where<'a>(
     let body = mac::verify(bytes, key, MIN_FRAME_LEN)?;
     let mut budget = Budget::for_frame(body.len());
     let (head, mut r) = parse_head(body)?;
-    let schema = match section(&mut r, head.flags & FLAG_SCHEMA, "schema section")? {
+    let (schema, defined) = match section(&mut r, head.flags & FLAG_SCHEMA, "schema section")? {
         Some(mut s) => parse_schema_where(&mut s, &mut budget, keep)?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     let samples = section(&mut r, head.flags & FLAG_SAMPLES, "samples section")?;
     let events = section(&mut r, head.flags & FLAG_EVENTS, "events section")?;
@@ -300,6 +303,7 @@ pub fn open_stored_where<'a>(
         send_unix_ns: head.send_unix_ns,
         time_quantum_ns: head.time_quantum_ns,
         schema,
+        defined,
         samples,
         events,
         budget_len: body.len(),

@@ -115,19 +115,21 @@ pub(crate) fn parse_schema(
     r: &mut Reader<'_>,
     budget: &mut Budget,
 ) -> Result<Vec<SchemaEntry>, WireError> {
-    parse_schema_where(r, budget, &mut |_| true)
+    parse_schema_where(r, budget, &mut |_| true).map(|(entries, _)| entries)
 }
 
 /// [`parse_schema`], making entries only of the series whose name `keep` accepts (the rest
 /// are checked and skipped). A reader of the archive asks about one or a few metrics, while
 /// a node's schema record names every series it sends: the strings are kept in one buffer
 /// and a label set is made only for an entry kept, so a skipped entry allocates nothing.
-/// Budget charges are those of the whole schema, kept or not.
+/// Budget charges are those of the whole schema, kept or not. Also returns the id ranges the
+/// section defines, kept or not: a reader that meets samples before their entries can tell
+/// an id it chose not to keep from one it has not been told of yet.
 pub(crate) fn parse_schema_where(
     r: &mut Reader<'_>,
     budget: &mut Budget,
     keep: &mut dyn FnMut(&str) -> bool,
-) -> Result<Vec<SchemaEntry>, WireError> {
+) -> Result<(Vec<SchemaEntry>, Vec<std::ops::Range<u32>>), WireError> {
     const STRING: &str = "schema string";
     let n = r.count("schema string count")?;
     budget.charge_items::<String>(n, STRING)?;
@@ -265,6 +267,10 @@ pub(crate) fn parse_schema_where(
     let mut names: Vec<Option<Option<Arc<str>>>> = vec![None; strings.len()];
     let mut made: Vec<Option<Labels>> = vec![None; label_sets.len()];
     let mut entries = Vec::with_capacity(total);
+    let defined = runs
+        .iter()
+        .map(|&(first, _, group)| first..first + groups[group].len() as u32)
+        .collect();
     for (first, labels, group) in runs {
         for (i, &(name, kind)) in groups[group].iter().enumerate() {
             let name = match &names[name] {
@@ -294,7 +300,7 @@ pub(crate) fn parse_schema_where(
             });
         }
     }
-    Ok(entries)
+    Ok((entries, defined))
 }
 
 /// The two reference counts in front of an `Arc`'s value.

@@ -14,6 +14,7 @@ use monitor_wire::{Keyring, Kind, Series, SeriesData, StoredFrame, peek_has_sche
 use serde::Serialize;
 
 use super::selector::Matcher;
+use super::session_ids::{MAX_WAITING, SessionIds};
 use crate::archive::{ArchiveError, ArchiveReader, NodeSelector, RecordKind, ScanFilter};
 
 /// The series and slots of an answer being gathered, looked up for every frame: foldhash
@@ -103,6 +104,9 @@ pub struct QueryCost {
     pub passed: usize,
     /// Frames that did not decode (a key that changed, a corrupt record).
     pub undecodable: usize,
+    /// Samples read whose series id no schema entry of their node's session defined, in
+    /// whatever order (see [`super::session_ids`]): an error, counted and logged.
+    pub unplaced: u64,
 }
 
 impl QueryCost {
@@ -113,6 +117,7 @@ impl QueryCost {
         self.frames += other.frames;
         self.passed += other.passed;
         self.undecodable += other.undecodable;
+        self.unplaced += other.unplaced;
     }
 }
 
@@ -179,8 +184,9 @@ struct FrameFilter<'a> {
 }
 
 /// For each node and session: what each series id stands for in the answer (the index of
-/// its [`Selected`]), `None` for series the query does not want or ids not yet known.
-type Slots = HashMap<(Arc<str>, u32), Vec<Option<usize>>>;
+/// its [`Selected`]), `None` for a series the query does not want; samples of ids not yet
+/// defined wait for their entry.
+type Slots = SessionIds<Option<usize>>;
 
 /// How far before a query's start the sample that gives a counter's first point its rate is
 /// looked for (the agent reads a stable series at least every 2 x its interval cap).
@@ -361,7 +367,7 @@ impl QueryEngine {
         };
         let selected: RefCell<Vec<Selected>> = RefCell::default();
         let mut by_series: HashMap<(Arc<str>, Series), usize> = HashMap::default();
-        let mut slots: Slots = HashMap::default();
+        let mut slots: Slots = SessionIds::new(MAX_WAITING);
         let mut points = vec![0usize; queries.len()];
         let failed: RefCell<Option<QueryError>> = RefCell::default();
         let from = first.saturating_sub(COUNTER_LOOKBACK_NS);
@@ -382,11 +388,54 @@ impl QueryEngine {
         // (for the sample that gives the first point its rate).
         let with_counters: RefCell<HashSet<Arc<str>>> = RefCell::default();
         let looks_back = |node: &str| with_counters.borrow().contains(node);
+        // Adds the samples `data` of the answer's series `ix`; breaks past the point limit.
+        let mut gather = |ix: usize, data: SeriesData| {
+            let mut selected = selected.borrow_mut();
+            let sel = &mut selected[ix];
+            let q = &queries[sel.query];
+            let counted = &mut points[sel.query];
+            match (data, &mut sel.gathered) {
+                (SeriesData::Counter(v), Gathered::Counter(out)) => {
+                    for c in v.iter() {
+                        if c.unix_ns < q.start_ns {
+                            if out.before.is_none_or(|(t, _)| t < c.unix_ns) {
+                                out.before = Some((c.unix_ns, c.value));
+                            }
+                        } else if c.unix_ns <= q.end_ns {
+                            *counted += 1;
+                            out.inside.push((c.unix_ns, c.value));
+                        }
+                    }
+                }
+                (SeriesData::Gauge(v), Gathered::Gauge(out)) => {
+                    let before = out.len();
+                    out.extend(
+                        v.iter()
+                            .filter(|g| g.end_unix_ns >= q.start_ns && g.end_unix_ns <= q.end_ns)
+                            .map(|g| GaugePoint {
+                                start: g.start_unix_ns,
+                                t: g.end_unix_ns,
+                                min: g.min,
+                                max: g.max,
+                                mean: g.mean,
+                            }),
+                    );
+                    *counted += out.len() - before;
+                }
+                _ => {} // a kind that disagrees with the schema: the block is ignored
+            }
+            if *counted > self.max_points {
+                *failed.borrow_mut() = Some(QueryError::TooManyPoints {
+                    limit: self.max_points,
+                });
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        };
         let visit = |node: &Arc<str>, frame: &StoredFrame<'_>, in_range: bool| {
-            let table = match slots.get_mut(&(node.clone(), frame.session)) {
-                Some(t) => t,
-                None => slots.entry((node.clone(), frame.session)).or_default(),
-            };
+            let mut ids = slots.session(node, frame.session);
+            // Samples that came before the entries defining their ids, now placed.
+            let mut released = Vec::new();
             for e in &frame.schema {
                 let slot = wants(node, &e.series).map(|query| {
                     if e.series.kind == Kind::Counter && !with_counters.borrow().contains(node) {
@@ -407,65 +456,31 @@ impl QueryEngine {
                         selected.len() - 1
                     })
                 });
-                let id = e.id as usize;
-                if table.len() <= id {
-                    table.resize(id + 1, None);
+                let waited = ids.define(e.id, slot);
+                if let Some(ix) = slot {
+                    released.extend(waited.into_iter().map(|d| (ix, d)));
                 }
-                table[id] = slot;
             }
-            if !in_range || table.iter().all(Option::is_none) {
+            // The entries of series no question asks about (not made): their ids are
+            // known, and what waited for them is not wanted.
+            for id in frame.defined.iter().flat_map(Clone::clone) {
+                ids.define_if_new(id, None);
+            }
+            for (ix, data) in released {
+                gather(ix, data)?;
+            }
+            if !in_range {
                 return ControlFlow::Continue(());
             }
-            let Ok(samples) =
-                frame.samples(|id| table.get(id as usize).is_some_and(Option::is_some))
-            else {
+            // The wanted series' samples, and those of ids not defined yet (they wait).
+            let Ok(samples) = frame.samples(|id| ids.get(id).is_none_or(Option::is_some)) else {
                 return ControlFlow::Continue(());
             };
-            let mut selected = selected.borrow_mut();
             for s in samples {
-                let Some(&Some(ix)) = table.get(s.id as usize) else {
-                    continue;
-                };
-                let sel = &mut selected[ix];
-                let q = &queries[sel.query];
-                let counted = &mut points[sel.query];
-                match (s.data, &mut sel.gathered) {
-                    (SeriesData::Counter(v), Gathered::Counter(out)) => {
-                        for c in v.iter() {
-                            if c.unix_ns < q.start_ns {
-                                if out.before.is_none_or(|(t, _)| t < c.unix_ns) {
-                                    out.before = Some((c.unix_ns, c.value));
-                                }
-                            } else if c.unix_ns <= q.end_ns {
-                                *counted += 1;
-                                out.inside.push((c.unix_ns, c.value));
-                            }
-                        }
-                    }
-                    (SeriesData::Gauge(v), Gathered::Gauge(out)) => {
-                        let before = out.len();
-                        out.extend(
-                            v.iter()
-                                .filter(|g| {
-                                    g.end_unix_ns >= q.start_ns && g.end_unix_ns <= q.end_ns
-                                })
-                                .map(|g| GaugePoint {
-                                    start: g.start_unix_ns,
-                                    t: g.end_unix_ns,
-                                    min: g.min,
-                                    max: g.max,
-                                    mean: g.mean,
-                                }),
-                        );
-                        *counted += out.len() - before;
-                    }
-                    _ => {} // a kind that disagrees with the schema: the block is ignored
-                }
-                if *counted > self.max_points {
-                    *failed.borrow_mut() = Some(QueryError::TooManyPoints {
-                        limit: self.max_points,
-                    });
-                    return ControlFlow::Break(());
+                match ids.get(s.id) {
+                    Some(&Some(ix)) => gather(ix, s.data)?,
+                    Some(None) => {}
+                    None => ids.wait(s.id, s.data),
                 }
             }
             ControlFlow::Continue(())
@@ -505,6 +520,19 @@ impl QueryEngine {
         }
         if let Some(e) = failed.into_inner() {
             return Err(e);
+        }
+        cost.unplaced = slots.finish();
+        if cost.unplaced > 0 {
+            tracing::warn!(
+                "query of {}: {} samples of series ids that no schema entry of their node's \
+                 session defines (frames whose schema was lost, or outside what was read)",
+                queries
+                    .iter()
+                    .map(|q| q.metric.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                cost.unplaced
+            );
         }
         drop(slots);
         drop(by_series);

@@ -11,7 +11,9 @@
 //!   reaches an API behind TLS and basic auth (`RAILSCOPE_HTTP_CONFIG_FILE`);
 //! - [`export`]: a node's range as a capture file (`/api/v1/export`, `railscope-collector
 //!   export`), for `railscope report`;
-//! - [`selector`]: label matchers; [`time`]: query times.
+//! - [`selector`]: label matchers; [`time`]: query times;
+//! - [`session_ids`]: what a node session's series ids stand for, whatever order its frames
+//!   came in (samples that came before their schema entry wait for it).
 
 pub mod api;
 pub mod cli;
@@ -19,6 +21,7 @@ pub mod client;
 pub mod engine;
 pub mod export;
 pub mod selector;
+pub mod session_ids;
 pub mod time;
 
 pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};

@@ -6,7 +6,7 @@ use monitor_wire::{Key, Labels, Reading, Value, WireEvent};
 
 use super::*;
 use crate::{
-    archive::{Archive, ArchiveConfig},
+    archive::{AcceptedFrame, Archive, ArchiveConfig},
     node_archive::{NodeSender, append_node_frames},
 };
 
@@ -442,4 +442,107 @@ fn the_look_back_reads_older_segments_only_for_counters_without_a_base() {
         panic!("a gauge")
     };
     assert_eq!(points.len(), 60);
+}
+
+/// A node's frames archived as they came: frames 1 to 3 (samples of ids frame 0 defines)
+/// before frame 0, as when a session's first datagram is delayed behind the next ones. The archive
+/// holds both and acknowledged both; every sample sent must come back, value by value.
+fn archive_with_the_first_frame_late(without_schema: bool) -> (Setup, Vec<(String, Reading)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut archive = Archive::open(ArchiveConfig {
+        segment_bytes: 32 << 10,
+        segment_span: Duration::from_secs(1 << 30),
+        retention_age: None,
+        ..ArchiveConfig::new(dir.path())
+    })
+    .unwrap();
+    let name = "gpu-node-000";
+    let mut sender = NodeSender::new(name, 1, key());
+    let mut readings = Vec::new();
+    let mut frames = sender.run_observed(T0, 300, 10, &mut |r| {
+        readings.push((name.to_owned(), r.clone()));
+    });
+    // The agent's first frame is schema entries only; the first flush's samples follow in
+    // the next three, most of them of ids the first defines. It comes after them.
+    frames[..4].rotate_left(1);
+    if without_schema {
+        let mut state = monitor_wire::ReceiverState::default();
+        frames.retain(|f| {
+            let frame = monitor_wire::decode(&f.bytes, &key(), &mut state).unwrap();
+            frame.schema.is_empty()
+        });
+    }
+    for f in &frames {
+        let frame = AcceptedFrame {
+            node: name,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        // The collector's live table knows no schema of a session whose first frame has
+        // not come: a new segment starts without one.
+        archive.append(&frame, &|_| None).unwrap();
+    }
+    archive.tick().unwrap();
+    let engine = QueryEngine::new(archive.reader(), key());
+    let setup = Setup {
+        _dir: dir,
+        archive,
+        engine,
+        readings: Vec::new(),
+    };
+    (setup, readings)
+}
+
+#[test]
+fn samples_archived_before_the_frame_defining_their_ids_come_back() {
+    let (s, readings) = archive_with_the_first_frame_late(false);
+    assert!(
+        s.archive.stats().segments > 1,
+        "the test needs sealed segments"
+    );
+    for (metric, label) in [
+        ("railscope_ib_port_xmit_bytes_total", ("device", "mlx5_4")),
+        ("railscope_gpu_temperature_celsius", ("gpu", "2")),
+    ] {
+        let q = SeriesQuery {
+            metric: metric.into(),
+            matchers: matchers(&[&format!("{}={}", label.0, label.1)]),
+            start_ns: T0,
+            end_ns: T0 + 300 * S,
+        };
+        let (answers, cost) = s.engine.series(&q).unwrap();
+        assert_eq!(cost.unplaced, 0, "{metric}");
+        assert_eq!(answers.len(), 1, "{metric}");
+        let got: Vec<(u64, f64)> = match &answers[0].points {
+            Points::Counter(p) => p.iter().map(|p| (p.t, p.value as f64)).collect(),
+            Points::Gauge(p) => p.iter().map(|p| (p.t, p.mean)).collect(),
+        };
+        let want: Vec<(u64, f64)> = readings
+            .iter()
+            .filter(|(_, r)| {
+                &*r.series.name == metric && r.series.labels.get(label.0) == Some(label.1)
+            })
+            .map(|(_, r)| (r.unix_ns, r.value.as_f64()))
+            .collect();
+        assert_eq!(want.len(), 300, "{metric}");
+        assert_eq!(got, want, "{metric}: what was sent, value by value");
+    }
+}
+
+#[test]
+fn samples_whose_ids_no_frame_defines_are_counted_unplaced() {
+    let (s, _) = archive_with_the_first_frame_late(true);
+    let q = SeriesQuery {
+        metric: "railscope_gpu_temperature_celsius".into(),
+        matchers: Vec::new(),
+        start_ns: T0,
+        end_ns: T0 + 300 * S,
+    };
+    let (answers, cost) = s.engine.series(&q).unwrap();
+    // Every frame with schema entries left out: nothing of this node can be placed, and the
+    // answer says how much.
+    assert_eq!(answers.len(), 0);
+    assert!(cost.unplaced > 1000, "{cost:?}");
 }
