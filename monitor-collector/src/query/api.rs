@@ -237,6 +237,13 @@ pub(crate) async fn export(
             stats.skipped
         );
     }
+    if stats.unplaced > 0 {
+        tracing::warn!(
+            "export: {} samples of series ids that no schema entry of their node's session \
+             defines were left out",
+            stats.unplaced
+        );
+    }
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
         bytes,

@@ -28,6 +28,20 @@ pub struct ExportStats {
     pub frames: u64,
     /// Frames that would not fit one capture record once their schema entries were added.
     pub skipped: u64,
+    /// Samples whose series id no schema entry of their session defines, in any frame read:
+    /// left out, and said so.
+    pub unplaced: u64,
+}
+
+/// An in-range frame's samples and events, kept until every frame's schema entries are read:
+/// a frame can come before the one that defines its ids.
+struct ReadFrame {
+    node: String,
+    session: u32,
+    send_unix_ns: u64,
+    time_quantum_ns: u64,
+    samples: Vec<SeriesSamples>,
+    events: Vec<monitor_wire::WireEvent>,
 }
 
 /// The capture file of `node`'s samples and events between `start_ns` and `end_ns`.
@@ -46,8 +60,9 @@ pub fn export_capture(
     let mut counters = BTreeSet::new();
     let nodes = NodeSelector::Only(BTreeSet::from([node.to_owned()]));
     // The series each session's ids stand for, gathered from every frame read (a frame
-    // relies on entries sent earlier).
+    // relies on entries sent earlier, or archived later when frames came out of order).
     let mut schemas: HashMap<u32, HashMap<u32, Series>> = HashMap::new();
+    let mut read: Vec<ReadFrame> = Vec::new();
     engine.each_frame(nodes, start_ns, end_ns, |_, frame, in_range| {
         let schema = schemas.entry(frame.session).or_default();
         for e in &frame.schema {
@@ -62,8 +77,20 @@ pub fn export_capture(
             stats.skipped += 1;
             return ControlFlow::Continue(());
         };
-        let mut out = Frame {
+        read.push(ReadFrame {
             node: frame.node.to_owned(),
+            session: frame.session,
+            send_unix_ns: frame.send_unix_ns,
+            time_quantum_ns: frame.time_quantum_ns,
+            samples,
+            events,
+        });
+        ControlFlow::Continue(())
+    })?;
+    for frame in read {
+        let schema = schemas.get(&frame.session);
+        let mut out = Frame {
+            node: frame.node,
             session,
             seq: records.len() as u64,
             send_unix_ns: frame.send_unix_ns,
@@ -72,8 +99,9 @@ pub fn export_capture(
             samples: Vec::new(),
             events: Vec::new(),
         };
-        for s in &samples {
-            let Some(series) = schema.get(&s.id) else {
+        for s in &frame.samples {
+            let Some(series) = schema.and_then(|schema| schema.get(&s.id)) else {
+                stats.unplaced += s.data.len() as u64;
                 continue;
             };
             let data = within(&s.data, start_ns, end_ns);
@@ -102,19 +130,19 @@ pub fn export_capture(
             });
             out.samples.push(SeriesSamples { id: s.id, data });
         }
-        out.events = events
+        out.events = frame
+            .events
             .into_iter()
             .filter(|e| (start_ns..=end_ns).contains(&e.unix_ns))
             .collect();
         if out.samples.is_empty() && out.events.is_empty() {
-            return ControlFlow::Continue(());
+            continue;
         }
         match encode_frame(&out, &key) {
             Ok(bytes) if bytes.len() <= MAX_RECORD_LEN => records.push(bytes),
             _ => stats.skipped += 1,
         }
-        ControlFlow::Continue(())
-    })?;
+    }
     stats.frames = records.len() as u64;
     let header = CaptureHeader {
         railscope_version: env!("CARGO_PKG_VERSION").into(),

@@ -203,6 +203,68 @@ fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node(
     assert_eq!(exported, archived);
 }
 
+/// The first frame of the node's session (schema entries only) archived after the three that
+/// carry its first samples, as when that datagram came late: the export still holds every
+/// port counter value the node sent.
+#[test]
+fn an_export_holds_samples_archived_before_the_frame_defining_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::from_bytes([7; 32]);
+    let mut archive = Archive::open(ArchiveConfig {
+        retention_age: None,
+        segment_span: Duration::from_secs(1 << 30),
+        ..ArchiveConfig::new(dir.path())
+    })
+    .unwrap();
+    let mut sender = NodeSender::new("gpu-node-007", 7, key.clone());
+    let mut sent = Vec::new();
+    let mut frames = sender.run_observed(T0, 60, 10, &mut |r| {
+        if let (Some(device), Value::U64(v)) = (r.series.labels.get("device"), r.value)
+            && &*r.series.name == "railscope_ib_port_xmit_bytes_total"
+        {
+            sent.push((device.to_owned(), r.unix_ns, v));
+        }
+    });
+    frames[..4].rotate_left(1);
+    for f in &frames {
+        let frame = crate::archive::AcceptedFrame {
+            node: &sender.name,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        archive.append(&frame, &|_| None).unwrap();
+    }
+    archive.tick().unwrap();
+    let url = serve_on_loopback(archive, key);
+    let out = dir.path().join("export.rscap");
+    super::export::run(&super::export::ExportArgs {
+        collector: url,
+        node: "gpu-node-007".into(),
+        range: range(),
+        out: out.clone(),
+    })
+    .unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let mut timelines = monitor_capture::Timelines::default();
+    monitor_capture::read_capture(&bytes, |_, frame, state| timelines.add_frame(frame, state))
+        .unwrap();
+    let mut exported: Vec<(String, u64, u64)> = timelines
+        .ports
+        .iter()
+        .flat_map(|(id, t)| {
+            t.counters["port_xmit_bytes"]
+                .iter()
+                .map(|&(at, v)| (id.device.clone(), at, v))
+        })
+        .collect();
+    exported.sort();
+    sent.sort();
+    assert_eq!(sent.len(), 8 * 60);
+    assert_eq!(exported, sent, "every value the node sent");
+}
+
 #[test]
 fn an_export_without_a_node_is_refused_naming_the_parameter() {
     let (url, _, dir) = serve();

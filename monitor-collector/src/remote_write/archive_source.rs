@@ -5,14 +5,16 @@
 //! the next record to read; [`Cursor::START`] is record 0, before the oldest). Series ids mean
 //! something only within a node's session, and each segment starts a node's records with its
 //! schema, so a source that resumes in the middle of a segment first reads that segment from
-//! its start, learning the schemas without sending anything.
-
-use std::{collections::HashMap, sync::Arc};
+//! its start, learning the schemas without sending anything. Frames are archived in the order
+//! they came, so samples can come before the entry defining their id: they wait for it
+//! ([`SessionIds`]) and go out with the record that defines it; those still waiting at a
+//! resume were never sent, and the warm-up's read keeps them waiting too.
 
 use monitor_wire::{Keyring, ReceiverState, Series};
 
 use super::source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 use crate::archive::{ArchiveReader, Record, RecordKind, SequentialReader};
+use crate::query::session_ids::{MAX_WAITING, SessionIds};
 
 /// Records asked of the archive per read.
 const READ_RECORDS: usize = 64;
@@ -28,8 +30,10 @@ pub struct ArchiveSource {
     next: u64,
     /// Records retention deleted before `reader` got to them, as already reported.
     skipped_reported: u64,
-    /// Per node: its current session and what that session's ids stand for.
-    schemas: HashMap<Arc<str>, (u32, HashMap<u32, Series>)>,
+    /// What each node session's ids stand for, and the samples waiting for their entry.
+    ids: SessionIds<Series>,
+    /// Samples `ids` could not place, as already reported.
+    unplaced_reported: u64,
     undecodable: u64,
 }
 
@@ -42,14 +46,16 @@ impl ArchiveSource {
             carry: Vec::new(),
             next: 0,
             skipped_reported: 0,
-            schemas: HashMap::new(),
+            ids: SessionIds::new(MAX_WAITING),
+            unplaced_reported: 0,
             undecodable: 0,
         }
     }
 
     /// Positions the reader at `seq`, reading the segment from its start for the schemas.
     fn seek(&mut self, seq: u64) -> Result<(), SourceError> {
-        self.schemas.clear();
+        self.ids = SessionIds::new(MAX_WAITING);
+        self.unplaced_reported = 0;
         self.carry.clear();
         let start = self.archive.segment_start(seq);
         let mut reader = self.archive.sequential(start);
@@ -63,7 +69,8 @@ impl ArchiveSource {
                     self.carry = records[i..].iter().rev().cloned().collect();
                     break 'warm;
                 }
-                self.learn(r);
+                // Sent before the cursor; what still waits after it never was.
+                drop(self.take(r));
             }
         }
         // What retention deleted before `seq` was not this endpoint's loss.
@@ -74,8 +81,9 @@ impl ArchiveSource {
     }
 
     /// Decodes a record (a fresh receiver state each: archived frames are not checked for
-    /// replays again) and learns its schema entries.
-    fn learn(&mut self, r: &Record) -> Option<monitor_wire::Frame> {
+    /// replays again), learns its schema entries and returns the samples it places: a
+    /// frame's samples of ids defined so far, and those that waited for an entry it has.
+    fn take(&mut self, r: &Record) -> Vec<SeriesChunk> {
         let frame = match self.keys.decode(&r.bytes, &mut ReceiverState::default()) {
             Ok(f) => f,
             Err(e) => {
@@ -88,20 +96,32 @@ impl ArchiveSource {
                         self.undecodable
                     );
                 }
-                return None;
+                return Vec::new();
             }
         };
-        let entry = self
-            .schemas
-            .entry(r.node.clone())
-            .or_insert_with(|| (frame.session, HashMap::new()));
-        if entry.0 != frame.session {
-            *entry = (frame.session, HashMap::new());
+        let mut ids = self.ids.session(&r.node, frame.session);
+        let mut chunks = Vec::new();
+        for e in frame.schema {
+            let waited = ids.define(e.id, e.series.clone());
+            chunks.extend(waited.into_iter().map(|data| SeriesChunk {
+                node: r.node.clone(),
+                series: e.series.clone(),
+                data,
+            }));
         }
-        for e in &frame.schema {
-            entry.1.insert(e.id, e.series.clone());
+        if r.kind == RecordKind::Frame {
+            for s in frame.samples {
+                match ids.get(s.id) {
+                    Some(series) => chunks.push(SeriesChunk {
+                        node: r.node.clone(),
+                        series: series.clone(),
+                        data: s.data,
+                    }),
+                    None => ids.wait(s.id, s.data),
+                }
+            }
         }
-        Some(frame)
+        chunks
     }
 }
 
@@ -132,24 +152,21 @@ impl SampleSource for ArchiveSource {
             }
             let Some(r) = self.carry.pop() else { break };
             self.next = r.seq + 1;
-            let Some(frame) = self.learn(&r) else {
-                continue;
-            };
-            if r.kind != RecordKind::Frame {
-                continue;
-            }
-            let schema = &self.schemas[&r.node].1;
-            for s in frame.samples {
-                samples += s.data.len();
-                match schema.get(&s.id) {
-                    Some(series) => batch.chunks.push(SeriesChunk {
-                        node: r.node.clone(),
-                        series: series.clone(),
-                        data: s.data,
-                    }),
-                    None => batch.skipped_samples += s.data.len() as u64,
-                }
-            }
+            let chunks = self.take(&r);
+            samples += chunks.iter().map(|c| c.data.len()).sum::<usize>();
+            batch.chunks.extend(chunks);
+        }
+        // Samples no entry placed (no room to wait, or their session forgotten): lost to the
+        // endpoint, and said so.
+        let unplaced = self.ids.unplaced();
+        if unplaced > self.unplaced_reported {
+            tracing::warn!(
+                "remote-write: {} samples of series ids no schema entry of their node's session \
+                 defined ({unplaced} in all)",
+                unplaced - self.unplaced_reported
+            );
+            batch.skipped_samples += unplaced - self.unplaced_reported;
+            self.unplaced_reported = unplaced;
         }
         batch.next = Cursor {
             segment: 0,
@@ -161,7 +178,7 @@ impl SampleSource for ArchiveSource {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::{collections::BTreeMap, sync::Arc};
 
     use super::*;
     use monitor_testkit::{NodeFrame, NodeSender};
@@ -289,5 +306,78 @@ mod tests {
         }
         assert!(!got_rest.is_empty());
         assert_eq!(got_rest, after_middle);
+    }
+
+    /// A node's first frame (schema entries only) archived after the three that carry the
+    /// first flush's samples: every sample still goes out once, with its series, also from
+    /// a cursor taken while some of them waited for that frame.
+    #[test]
+    fn samples_archived_before_their_schema_go_out_once_also_across_a_resume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = monitor_wire::Key::from_bytes([7; 32]);
+        let mut archive = Archive::open(ArchiveConfig {
+            retention_age: None,
+            ..ArchiveConfig::new(tmp.path())
+        })
+        .unwrap();
+        let node = "gpu-node-000";
+        let mut sender = NodeSender::new(node, 1, key.clone());
+        let mut frames = sender.run(T0, 60, 10);
+        let mut expected = BTreeMap::new();
+        let mut state = ReceiverState::default();
+        for f in &frames {
+            let frame = monitor_wire::decode(&f.bytes, &key, &mut state).unwrap();
+            let schema = state.node(node).unwrap();
+            let chunks: Vec<SeriesChunk> = frame
+                .samples
+                .into_iter()
+                .map(|s| SeriesChunk {
+                    node: Arc::from(node),
+                    series: schema.series(s.id).unwrap().clone(),
+                    data: s.data,
+                })
+                .collect();
+            tally(&chunks, &mut expected);
+        }
+        frames[..4].rotate_left(1);
+        for f in &frames {
+            let accepted = AcceptedFrame {
+                node,
+                received_ns: f.received_ns,
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+                bytes: &f.bytes,
+            };
+            // No schema known yet for the session (the collector has not seen frame 0).
+            archive.append(&accepted, &|_| None).unwrap();
+        }
+        archive.tick().unwrap();
+
+        let mut source = ArchiveSource::new(archive.reader(), key.clone());
+        let (batches, _) = read_all(&mut source, Cursor::START, 1);
+        let mut got = BTreeMap::new();
+        for b in &batches {
+            assert_eq!(b.skipped_samples, 0);
+            tally(&b.chunks, &mut got);
+        }
+        assert_eq!(got, expected, "every sample once, with its series");
+
+        // A source resumed at any batch's end, those taken while frames 2 and 3 waited for
+        // frame 0 (the 4th frame archived) included, sends the rest once.
+        let frame_0_at = archive.reader().end_seq() - frames.len() as u64 + 3;
+        assert!(
+            batches[0].next.offset <= frame_0_at,
+            "a cursor lies where samples wait"
+        );
+        for (i, at) in batches.iter().enumerate() {
+            let mut resumed = ArchiveSource::new(archive.reader(), key.clone());
+            let (rest, _) = read_all(&mut resumed, at.next, 1);
+            let mut before_and_after = BTreeMap::new();
+            for b in batches[..=i].iter().chain(&rest) {
+                assert_eq!(b.skipped_samples, 0);
+                tally(&b.chunks, &mut before_and_after);
+            }
+            assert_eq!(before_and_after, expected, "resumed at {:?}", at.next);
+        }
     }
 }
