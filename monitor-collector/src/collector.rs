@@ -213,6 +213,7 @@ impl Collector {
                 actions.clone(),
                 store.clone(),
                 shared.table.clone(),
+                parts.query.clone(),
             )?),
             _ => None,
         };

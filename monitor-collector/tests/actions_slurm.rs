@@ -514,6 +514,74 @@ fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Right after a restart the live table holds only the nodes heard from since: a finding
+/// judged then is braked against the fleet the collector knew (the archive's nodes of the
+/// brake's window), not against those few (issue 45: "the limit is 1 (brake-max-nodes 100,
+/// brake-max-percent 100 of 0 nodes)", and the drain held for good).
+#[test]
+fn after_a_restart_the_brake_counts_the_fleet_the_collector_knew() {
+    const TEST: &str = "after_a_restart_the_brake_counts_the_fleet";
+    if !slurm_installed(TEST) {
+        return;
+    }
+    let dir = scratch_dir("actions-brake-restart");
+    let nodes = ["node01", "node02", "node03", "node04"];
+    let cluster = SlurmCluster::start(&dir.join("slurm"), &nodes);
+    // Every node of the fleet may be drained within the hour: the limit is the fleet's size.
+    let table = "dry-run = false\nbrake-max-nodes = 100\nbrake-max-percent = 100\n";
+    let c = collector(&dir, &cluster, table).start();
+    let (udp, http) = (c.udp, c.http);
+    // The whole fleet sends; node01's port flaps and railscope drains it: one drain in the
+    // brake's window.
+    fleet(&nodes, 16)
+        .flapping_port(0, 2)
+        .flap_period(4, 1)
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), 16)
+        .unwrap();
+    wait_for("node01's drain done", Duration::from_secs(30), || {
+        record(&c.json("/api/v1/actions"), "node01", "drain", "done").cloned()
+    });
+    assert_eq!(c.json("/api/v1/actions")["brake"]["fleet"], 4);
+    let _ = c.signal(libc::SIGKILL);
+
+    // Restarted on the same data. Only node02 sends again so far, with an XID 79.
+    let c = collector(&dir, &cluster, table).ports(udp, http).start();
+    fleet(&nodes[1..2], 10)
+        .xid(0, 1, 79, 5)
+        .seed(3)
+        .build(key_from_hex(KEY_HEX))
+        .send_ticks(c.udp_addr(), 10)
+        .unwrap();
+    let drained = wait_for("node02 drained", Duration::from_secs(30), || {
+        let v = cluster.show("node02");
+        v.drained().then_some(v)
+    });
+    assert!(
+        drained
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("railscope: gpu_xid gpu_xid/node02/")),
+        "{drained:?}"
+    );
+    let actions = c.json("/api/v1/actions");
+    assert_eq!(actions["brake"]["fleet"], 4, "{actions:#}");
+    assert_eq!(actions["brake"]["limit"], 4);
+    assert_eq!(actions["brake"]["engaged"], false);
+    assert!(
+        record(&actions, "node02", "drain", "held").is_none(),
+        "{actions:#}"
+    );
+    assert!(c.active_finding("actions_brake", "fleet").is_none());
+    for n in &nodes[2..] {
+        assert!(!cluster.show(n).drained(), "{n}");
+    }
+    let (ok, _, err) = c.stop();
+    assert!(ok, "{err}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn slurm_down_delays_the_drain_and_loses_nothing_and_a_node_slurm_does_not_know_is_reported_once() {
     const TEST: &str = "slurm_down_delays_the_drain";

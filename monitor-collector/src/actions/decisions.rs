@@ -106,6 +106,8 @@ pub struct Actions {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What the Alertmanager senders counted, by URL (`/metrics`).
     pub alert_stats: super::alertmanager::AlertStats,
+    /// The fleet the last pass's brake was a share of (the API shows the same limit).
+    fleet: std::sync::atomic::AtomicUsize,
 }
 
 impl Actions {
@@ -139,6 +141,7 @@ impl Actions {
                 in_flight: HashSet::new(),
             }),
             alert_stats: super::alertmanager::AlertStats::new(&config),
+            fleet: std::sync::atomic::AtomicUsize::new(0),
             config,
             notifier: Arc::new(Deliver),
             delivered: Arc::default(),
@@ -168,6 +171,8 @@ impl Actions {
     /// One pass at `now` (Unix ns), the collector holding `nodes_seen` nodes: decisions,
     /// then Slurm's calls, then the brake's finding.
     pub fn pass(&self, store: &FindingsStore, nodes_seen: usize, now: u64, slurm: &dyn Scheduler) {
+        self.fleet
+            .store(nodes_seen, std::sync::atomic::Ordering::Relaxed);
         self.record_deliveries(now);
         let jobs = self.decide(store, nodes_seen, now);
         for job in jobs {
@@ -763,8 +768,10 @@ impl Actions {
         }
     }
 
-    /// What `/api/v1/actions` answers.
+    /// What `/api/v1/actions` answers, the live table holding `nodes_seen` nodes (the brake's
+    /// fleet is the larger of that and the last pass's).
     pub fn view(&self, nodes_seen: usize, now: u64) -> serde_json::Value {
+        let nodes_seen = nodes_seen.max(self.fleet.load(std::sync::atomic::Ordering::Relaxed));
         let inner = lock(&self.inner);
         let c = &self.config;
         json!({
@@ -776,6 +783,7 @@ impl Actions {
                 "held": inner.state.held().iter().map(|e| e.node.clone()).collect::<Vec<_>>(),
                 "drained_in_window": inner.state.drained_in_window(now, c.brake_window_s * S),
                 "limit": c.brake_limit(nodes_seen),
+                "fleet": nodes_seen,
                 "window_s": c.brake_window_s,
             },
             "nodes": inner.state.nodes.values().collect::<Vec<_>>(),

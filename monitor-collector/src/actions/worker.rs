@@ -14,9 +14,52 @@ use std::{
 };
 
 use super::{Actions, alertmanager::AlertThreads, slurm::Scontrol};
-use crate::{clock::unix_now_ns, findings::FindingsStore, nodes::NodeTable};
+use crate::{clock::unix_now_ns, findings::FindingsStore, nodes::NodeTable, query::QueryEngine};
 
 const TICK: Duration = Duration::from_secs(1);
+
+/// How often the archive is asked which nodes it holds over the brake's window.
+const FLEET_COUNT_EVERY: Duration = Duration::from_secs(30);
+
+/// The fleet the brake's `brake-max-percent` is a share of (docs/actions.md, "The brake"):
+/// the nodes the archive holds data of within the brake's window, or the live table's count
+/// where that is more (no archive; nodes new since the last count). The live table alone is
+/// empty right after a restart and fills as nodes send again, so a finding judged in the
+/// first seconds would be braked against a fleet of one or none.
+pub(crate) struct Fleet {
+    archive: Option<Arc<QueryEngine>>,
+    window_ns: u64,
+    counted: usize,
+    next: Option<std::time::Instant>,
+}
+
+impl Fleet {
+    pub(crate) fn new(archive: Option<Arc<QueryEngine>>, window_s: u64) -> Self {
+        Self {
+            archive,
+            window_ns: window_s.saturating_mul(1_000_000_000),
+            counted: 0,
+            next: None,
+        }
+    }
+
+    /// The fleet's size at `now` (Unix ns), the live table holding `live` nodes.
+    pub(crate) fn size(&mut self, live: usize, now: u64) -> usize {
+        let due = self.next.is_none_or(|t| std::time::Instant::now() >= t);
+        if let (Some(archive), true) = (&self.archive, due) {
+            match archive.nodes(now.saturating_sub(self.window_ns), now) {
+                Ok(nodes) => self.counted = nodes.len(),
+                Err(e) => tracing::warn!(
+                    "actions: the archive cannot say which nodes it holds ({e}): the brake's \
+                     share is of the {} nodes counted before or the live table's {live}",
+                    self.counted
+                ),
+            }
+            self.next = Some(std::time::Instant::now() + FLEET_COUNT_EVERY);
+        }
+        self.counted.max(live)
+    }
+}
 
 pub struct ActionsThread {
     stop: Arc<AtomicBool>,
@@ -29,6 +72,7 @@ impl ActionsThread {
         actions: Arc<Actions>,
         store: Arc<FindingsStore>,
         table: Arc<NodeTable>,
+        archive: Option<Arc<QueryEngine>>,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
@@ -51,11 +95,14 @@ impl ActionsThread {
             );
         }
         let alerts = AlertThreads::spawn(actions.clone(), store.clone())?;
+        let mut fleet = Fleet::new(archive, config.brake_window_s);
         let handle = std::thread::Builder::new()
             .name("actions".into())
             .spawn(move || {
                 while !stopped.load(Ordering::Relaxed) {
-                    actions.pass(&store, table.node_count(), unix_now_ns(), &slurm);
+                    let now = unix_now_ns();
+                    let nodes = fleet.size(table.node_count(), now);
+                    actions.pass(&store, nodes, now, &slurm);
                     std::thread::sleep(TICK);
                 }
             })?;
