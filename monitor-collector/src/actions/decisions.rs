@@ -597,6 +597,18 @@ impl Actions {
                         s.reason.as_deref().unwrap_or("no reason")
                     ),
                 ),
+                // DOWN (or FAIL) with a reason someone wrote: a drain would replace it, and an
+                // undrain later leave the node down under railscope's word for a finding
+                // that ended. A reason railscope did not write is never overwritten.
+                (Action::Drain, false, false) if s.reason.is_some() => (
+                    Outcome::Skipped,
+                    format!(
+                        "{} with a reason railscope did not write ({}): railscope leaves it to \
+                         them",
+                        s.state,
+                        s.reason.as_deref().unwrap_or_default()
+                    ),
+                ),
                 (Action::Drain, false, _) => match slurm.drain(node, reason) {
                     Ok(()) => (Outcome::Done, format!("drained: {reason}")),
                     Err(e) => failure(&e),

@@ -17,7 +17,8 @@ use crate::findings::{FindingsStore, Observation, Severity, Subject};
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_800_000_000 * S;
 
-/// A node as the fake Slurm holds it: drained, and its reason.
+/// A node as the fake Slurm holds it: drained, and its reason. A node not drained with a
+/// reason is DOWN (Slurm keeps a reason only with DOWN, DRAIN or FAIL).
 type FakeNode = (bool, Option<String>);
 
 /// Slurm as a map of node → (drained, reason), with every update counted.
@@ -62,7 +63,12 @@ impl Scheduler for FakeSlurm {
             .get(node)
             .ok_or_else(|| SlurmError::UnknownNode(node.into()))?;
         Ok(NodeState {
-            state: if *drained { "IDLE+DRAIN" } else { "IDLE" }.into(),
+            state: match (drained, reason) {
+                (true, _) => "IDLE+DRAIN",
+                (false, Some(_)) => "DOWN",
+                (false, None) => "IDLE",
+            }
+            .into(),
             drained: *drained,
             reason: reason.clone(),
         })
@@ -166,6 +172,28 @@ fn a_node_drained_by_someone_else_is_never_drained_nor_resumed() {
     assert_eq!(slurm.get("n1"), (true, Some("bad DIMM, ticket 42".into())));
     assert!(slurm.drains().is_empty());
     assert_eq!(outcomes(&actions, "n1"), ["drain tried", "drain skipped"]);
+}
+
+/// A node an operator set DOWN with a reason is not drained over it: the reason stays, and
+/// nothing railscope does later leaves the node down under railscope's word.
+#[test]
+fn a_node_down_with_an_operators_reason_keeps_it() {
+    let store = FindingsStore::in_memory();
+    let slurm = FakeSlurm::with(&["n1"]);
+    slurm.set("n1", false, Some("psu dead"));
+    let actions = Actions::in_memory(config(false));
+    store.apply(&[xid("n1", T0)], &["gpu_xid"], T0);
+    actions.pass(&store, 10, T0, &slurm);
+    store.apply(&[], &["gpu_xid"], T0 + S);
+    actions.pass(&store, 10, T0 + 1000 * S, &slurm);
+    assert_eq!(slurm.get("n1"), (false, Some("psu dead".into())));
+    assert!(slurm.drains().is_empty());
+    assert_eq!(outcomes(&actions, "n1"), ["drain tried", "drain skipped"]);
+    let detail = actions.view(10, 0)["records"][1]["detail"].clone();
+    assert_eq!(
+        detail,
+        "DOWN with a reason railscope did not write (psu dead): railscope leaves it to them"
+    );
 }
 
 #[test]
