@@ -360,16 +360,31 @@ impl Actions {
             }
             // A node railscope acts on keeps that action, unless that is a dry run and this
             // finding's rule acts for real: then it is drained (the dry run's findings join).
-            if inner
+            if let Some(e) = inner
                 .state
                 .nodes
                 .get(&f.node)
-                .is_some_and(|e| !e.dry_run || dry_run)
+                .filter(|e| !e.dry_run || dry_run)
             {
                 step.outcome = Outcome::Joined;
-                step.detail = "the node is already railscope's: it stays drained for this \
-                               finding too"
-                    .into();
+                // Said as the node is: a drain held by the brake is no drain yet.
+                step.detail = match e.phase {
+                    Phase::Drained { .. } => {
+                        "the node is already railscope's: it stays drained for this finding too"
+                    }
+                    Phase::Draining { .. } => {
+                        "railscope's drain of the node is under way: it is for this finding too"
+                    }
+                    Phase::Held { .. } => {
+                        "railscope's drain of the node is held by the brake (the node is not \
+                         drained): once released it is for this finding too"
+                    }
+                    Phase::Resuming { .. } => {
+                        "railscope's resume of the node was under way: the node is drained \
+                         again for this finding (left as it is if it still is)"
+                    }
+                }
+                .into();
                 self.record(&mut inner, step, now);
                 continue;
             }
@@ -748,10 +763,13 @@ impl Actions {
                 job_id: None,
                 at_ns: since,
                 summary: format!(
-                    "the actions brake holds {} drains ({}): `railscope actions release` lets \
-                     them go",
-                    nodes.len(),
-                    nodes.join(", ")
+                    "the actions brake holds {} ({}): `railscope actions release` lets {} go",
+                    match nodes.len() {
+                        1 => "1 drain".to_owned(),
+                        n => format!("{n} drains"),
+                    },
+                    nodes.join(", "),
+                    if nodes.len() == 1 { "it" } else { "them" }
                 ),
                 evidence: json!({
                     "held": nodes,

@@ -265,6 +265,53 @@ fn the_brake_holds_drains_past_its_limit_reports_them_and_a_release_lets_them_go
     assert!(store.active().iter().all(|f| f.rule != BRAKE_RULE));
 }
 
+/// What the log and the brake's finding say of a held drain is what the node is: not
+/// drained ("joined ... it stays drained" was said of it), one drain, not "1 drains".
+#[test]
+fn a_held_drain_is_said_as_held_and_counted_in_words() {
+    let store = FindingsStore::in_memory();
+    let nodes = ["n1", "n2", "n3"];
+    let slurm = FakeSlurm::with(&nodes);
+    let actions = Actions::in_memory(config(false));
+    let seen: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| xid(n, T0 + i as u64))
+        .collect();
+    store.apply(&seen, &["gpu_xid"], T0);
+    actions.pass(&store, 10, T0, &slurm);
+    assert_eq!(slurm.drains(), ["n1", "n2"]);
+    let brake = store
+        .active()
+        .into_iter()
+        .find(|f| f.rule == BRAKE_RULE)
+        .unwrap();
+    assert_eq!(
+        brake.summary,
+        "the actions brake holds 1 drain (n3): `railscope actions release` lets it go"
+    );
+    // A second finding on the held node joins the held drain, and says so.
+    let mut other_gpu = xid("n3", T0 + 5 * S);
+    other_gpu.subject = Subject::gpu("n3", "5");
+    let mut seen = seen;
+    seen.push(other_gpu);
+    store.apply(&seen, &["gpu_xid"], T0 + 5 * S);
+    actions.pass(&store, 10, T0 + 5 * S, &slurm);
+    let records = actions.view(10, 0)["records"].clone();
+    let joined = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == "n3" && r["outcome"] == "joined")
+        .unwrap();
+    assert_eq!(
+        joined["detail"],
+        "railscope's drain of the node is held by the brake (the node is not drained): once \
+         released it is for this finding too"
+    );
+    assert!(!slurm.get("n3").0);
+}
+
 #[test]
 fn slurm_down_is_retried_with_backoff_and_drains_once_it_answers() {
     let store = FindingsStore::in_memory();
