@@ -291,6 +291,12 @@ impl EventEngine {
         grouping.evaluate(now_ns, &mut seen);
         gpus::evaluate_events(&self.events, now_ns, &self.th, &mut seen);
         self.store.apply(&seen, EVENT_RULES, now_ns);
+        // Port findings that ended before their burst was judged get the verdict now.
+        for f in self.store.ended_pending_upstream() {
+            if let Some(evidence) = fabric::rejudge(&f, &grouping, &self.events.downs, now_ns) {
+                self.store.revise_ended(&f.id, evidence);
+            }
+        }
         grouping
     }
 

@@ -285,16 +285,57 @@ impl Grouping {
     }
 }
 
-/// Marks a port finding's evidence with what it is blamed on (nothing where it is the node's).
-pub fn mark(evidence: &mut serde_json::Value, upstream: Upstream<'_>) {
-    let value = match upstream {
-        Upstream::No => return,
-        Upstream::Pending => "pending",
-        Upstream::Blamed(id) => id,
+/// Marks a port finding's evidence with what it is blamed on (nothing where it is the
+/// node's), as [`Grouping::upstream_of`] judged it from the port's DOWN transitions since
+/// `from_ns`. A pending verdict keeps `from_ns` (`upstream_from`), so that a finding that ends
+/// before its burst is judged is judged later all the same ([`rejudge`]).
+pub fn mark(evidence: &mut serde_json::Value, upstream: Upstream<'_>, from_ns: u64) {
+    let Some(map) = evidence.as_object_mut() else {
+        return;
     };
-    if let Some(map) = evidence.as_object_mut() {
-        map.insert("upstream".into(), value.into());
+    map.remove(UPSTREAM);
+    map.remove(UPSTREAM_FROM);
+    match upstream {
+        Upstream::No => {}
+        Upstream::Pending => {
+            map.insert(UPSTREAM.into(), PENDING.into());
+            map.insert(UPSTREAM_FROM.into(), from_ns.into());
+        }
+        Upstream::Blamed(id) => {
+            map.insert(UPSTREAM.into(), id.into());
+        }
     }
+}
+
+const UPSTREAM: &str = "upstream";
+const UPSTREAM_FROM: &str = "upstream_from";
+const PENDING: &str = "pending";
+
+/// Whether a finding's evidence waits for the fabric's verdict.
+pub fn is_pending(evidence: &serde_json::Value) -> bool {
+    evidence[UPSTREAM] == PENDING
+}
+
+/// The verdict on an ended finding still marked pending (a port that came back within the
+/// settle time, as every short flap does), from the same transitions it was marked from:
+/// the evidence as it is to be once the burst is judged, or `None` while it still waits.
+pub fn rejudge(
+    finding: &Finding,
+    grouping: &Grouping,
+    downs: &HashMap<PortKey, VecDeque<PortDown>>,
+    now_ns: u64,
+) -> Option<serde_json::Value> {
+    let port: PortKey = (finding.node.clone(), finding.device.clone()?, finding.port?);
+    let from = finding.evidence[UPSTREAM_FROM]
+        .as_u64()
+        .unwrap_or(finding.start);
+    let verdict = grouping.upstream_of(downs.get(&port), &port, from, finding.start, now_ns);
+    if verdict == Upstream::Pending {
+        return None;
+    }
+    let mut evidence = finding.evidence.clone();
+    mark(&mut evidence, verdict, from);
+    Some(evidence)
 }
 
 #[cfg(test)]
@@ -435,7 +476,12 @@ mod tests {
         assert_eq!(g.upstream_of(None, &q, 0, now - S, now), Upstream::Pending);
         assert_eq!(g.upstream_of(None, &q, 0, now - 10 * S, now), Upstream::No);
         let mut evidence = json!({"increase": 1});
-        mark(&mut evidence, Upstream::Blamed(&id));
-        assert_eq!(evidence["upstream"], id.as_str());
+        mark(&mut evidence, Upstream::Pending, T0);
+        assert!(is_pending(&evidence));
+        assert_eq!(evidence["upstream_from"], T0);
+        mark(&mut evidence, Upstream::Blamed(&id), T0);
+        assert_eq!(evidence, json!({"increase": 1, "upstream": id.as_str()}));
+        mark(&mut evidence, Upstream::No, T0);
+        assert_eq!(evidence, json!({"increase": 1}));
     }
 }

@@ -114,7 +114,7 @@ pub fn evaluate_port_down(
         });
         let blamed =
             grouping.upstream_of(events.downs.get(key), key, down.at_ns, down.at_ns, now_ns);
-        fabric::mark(&mut evidence, blamed);
+        fabric::mark(&mut evidence, blamed, down.at_ns);
         out.push(Observation {
             rule: PORT_DOWN,
             // A port an operator disabled is no fault, as for `ib_phys_state`.
@@ -300,7 +300,7 @@ pub fn evaluate_series(
             let from = view.now_ns.saturating_sub(th.link_downed_hold_s * S);
             let blamed =
                 grouping.upstream_of(events.downs.get(&port), &port, from, o.at_ns, view.now_ns);
-            fabric::mark(&mut o.evidence, blamed);
+            fabric::mark(&mut o.evidence, blamed, from);
             out.push(o);
         }
     }
@@ -382,7 +382,7 @@ pub fn evaluate_series(
         let blamed = grouping.upstream_of(downs, &port, last_down.max(1), since, view.now_ns);
         let mut evidence = json!({"phys_state": phys, "name": phys_name(phys), "for_s": held as f64 / 1e9,
                                   "grace_s": th.phys_state_grace_s});
-        fabric::mark(&mut evidence, blamed);
+        fabric::mark(&mut evidence, blamed, last_down.max(1));
         out.push(Observation {
             rule: "ib_phys_state",
             severity: if phys == DISABLED {

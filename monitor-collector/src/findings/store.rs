@@ -39,6 +39,9 @@ struct Inner {
     reloaded: HashSet<String>,
     /// Findings opened, by rule and severity (reloaded ones included).
     totals: BTreeMap<(String, Severity), u64>,
+    /// Ended findings whose evidence still waits for the fabric's verdict (`upstream:
+    /// "pending"`): judged once their burst is ([`FindingsStore::revise_ended`]).
+    ended_pending: HashSet<String>,
     log: Option<FindingsLog>,
     log_errors: u64,
 }
@@ -108,6 +111,7 @@ impl FindingsStore {
             active: HashMap::new(),
             reloaded: HashSet::new(),
             totals: BTreeMap::new(),
+            ended_pending: HashSet::new(),
             log,
             log_errors: 0,
         };
@@ -188,6 +192,9 @@ impl FindingsStore {
             };
             tracing::info!("finding {} ended", f.id);
             let id = f.id.clone();
+            if super::fabric::is_pending(&f.evidence) {
+                inner.ended_pending.insert(id.clone());
+            }
             inner.reloaded.remove(&id);
             inner.write(&entry);
         }
@@ -201,6 +208,46 @@ impl FindingsStore {
             });
             inner.reindex();
         }
+    }
+
+    /// Ended findings whose evidence still waits for the fabric's verdict.
+    pub fn ended_pending_upstream(&self) -> Vec<Finding> {
+        let inner = lock(&self.inner);
+        inner
+            .findings
+            .iter()
+            .filter(|f| inner.ended_pending.contains(&f.id))
+            .cloned()
+            .collect()
+    }
+
+    /// Gives an ended finding the evidence the fabric's verdict made of it (the verdict came
+    /// after the finding ended), logged as its end again: the API, the log and a restart read
+    /// the verdict, never "pending" for ever.
+    pub fn revise_ended(&self, id: &str, evidence: serde_json::Value) {
+        let mut inner = lock(&self.inner);
+        let Some(f) = inner.findings.iter_mut().find(|f| f.id == id) else {
+            return;
+        };
+        let Some(end) = f.end else {
+            return;
+        };
+        f.evidence = evidence;
+        let entry = Entry::End {
+            id: f.id.clone(),
+            end,
+            summary: f.summary.clone(),
+            evidence: f.evidence.clone(),
+        };
+        tracing::info!(
+            "finding {id}: upstream judged after it ended: {}",
+            f.evidence["upstream"].as_str().unwrap_or("the node's own")
+        );
+        let pending = super::fabric::is_pending(&f.evidence);
+        if !pending {
+            inner.ended_pending.remove(id);
+        }
+        inner.write(&entry);
     }
 
     /// The findings that match, oldest first.
@@ -263,6 +310,12 @@ impl Inner {
             .enumerate()
             .filter(|(_, f)| f.is_active())
             .map(|(i, f)| (f.key(), i))
+            .collect();
+        self.ended_pending = self
+            .findings
+            .iter()
+            .filter(|f| !f.is_active() && super::fabric::is_pending(&f.evidence))
+            .map(|f| f.id.clone())
             .collect();
     }
 

@@ -143,10 +143,21 @@ fn a_port_going_down_is_found_at_its_event_and_ends_when_it_comes_back() {
         assert_eq!(e["down_at"], at);
         assert_eq!(e["source"], "port_transition");
         assert_eq!(e["from"], "UP");
-        // Back within `fabric-settle-s`: still being grouped when it ended, so no action
-        // acted on it.
-        assert_eq!(e["upstream"], "pending", "{f:#?}");
+        // Back within `fabric-settle-s`: still being grouped when it ended (so no action
+        // acted on it), and judged the node's own once the burst was: no `upstream`, never
+        // "pending" for ever (issue 45).
+        assert!(e.get("upstream").is_none(), "{f:#?}");
+        assert!(e.get("upstream_from").is_none(), "{f:#?}");
     }
+    // Within the settle time after the last DOWN (at 38 s, ended at 40 s): still pending.
+    let found = run(&mut fleet(2).flapping_port(1, 3).build(key()), 42);
+    let last = found
+        .iter()
+        .filter(|f| f.rule == "ib_port_down")
+        .max_by_key(|f| f.start)
+        .unwrap();
+    assert!(last.end.is_some(), "{last:#?}");
+    assert_eq!(last.evidence["upstream"], "pending", "{last:#?}");
 }
 
 #[test]
@@ -651,6 +662,16 @@ fn a_switch_wide_flap_is_one_upstream_finding_and_no_port_of_it_is_flapping() {
         .collect();
     assert_eq!(downed.len(), 6, "{found:#?}");
     for f in downed {
+        assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
+    }
+    // Each port came back within the settle time: its ended port_down findings carry the
+    // upstream finding's id once the burst was judged, never "pending".
+    let ended_downs: Vec<&Finding> = found
+        .iter()
+        .filter(|f| f.rule == "ib_port_down" && f.end.is_some())
+        .collect();
+    assert_eq!(ended_downs.len(), 6 * 4, "{found:#?}");
+    for f in ended_downs {
         assert_eq!(f.evidence["upstream"], u.id.as_str(), "{f:#?}");
     }
 }
