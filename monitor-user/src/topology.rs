@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::sources::hwpath::{HardwarePath, PciDevice, PciLink};
 
 /// What each distance means, nearest first.
-pub const LEGEND: [(Distance, &str); 4] = [
+pub const LEGEND: [(Distance, &str); 5] = [
     (Distance::Switch, "under one PCIe switch"),
     (
         Distance::RootPort,
@@ -24,7 +24,12 @@ pub const LEGEND: [(Distance, &str); 4] = [
     ),
     (
         Distance::System,
-        "across NUMA nodes (or a place unknown): through the link between the sockets",
+        "across NUMA nodes: through the link between the sockets",
+    ),
+    (
+        Distance::Unknown,
+        "not known: no switch or root port shared and a NUMA node the kernel does not say \
+         (numa_node -1), or no PCI parent",
     ),
 ];
 
@@ -164,7 +169,7 @@ pub fn text(path: &HardwarePath) -> String {
         out.push_str(&table(&rows));
         out.push_str("\nLegend:\n");
         for (distance, meaning) in LEGEND {
-            let _ = writeln!(out, "  {:<4}  {meaning}", distance.as_str());
+            let _ = writeln!(out, "  {:<7}  {meaning}", distance.as_str());
         }
     }
     out

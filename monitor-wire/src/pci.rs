@@ -28,8 +28,13 @@ pub enum Distance {
     RootPort,
     /// Under different root ports of one NUMA node: through the CPU (`NODE`).
     NumaNode,
-    /// Across NUMA nodes, or where a place is unknown: through the sockets' link (`SYS`).
+    /// Across NUMA nodes: through the sockets' link (`SYS`).
     System,
+    /// Not known: no switch or root port shared, and the NUMA node of one of them not known
+    /// (`numa_node` -1, common on single-socket servers and VMs; no PCI parent at all). Read
+    /// as `SYS`, it would claim a path across the sockets that may not exist, so nothing is
+    /// judged on it.
+    Unknown,
 }
 
 impl Distance {
@@ -39,10 +44,12 @@ impl Distance {
             Self::Switch
         } else if !a.root_port.is_empty() && a.root_port == b.root_port {
             Self::RootPort
-        } else if a.numa_node.is_some() && a.numa_node == b.numa_node {
-            Self::NumaNode
         } else {
-            Self::System
+            match (a.numa_node, b.numa_node) {
+                (Some(x), Some(y)) if x == y => Self::NumaNode,
+                (Some(_), Some(_)) => Self::System,
+                _ => Self::Unknown,
+            }
         }
     }
 
@@ -53,14 +60,26 @@ impl Distance {
             Self::RootPort => "PXB",
             Self::NumaNode => "NODE",
             Self::System => "SYS",
+            Self::Unknown => "unknown",
         }
     }
 
     /// The distance named by [`Self::as_str`].
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::Switch, Self::RootPort, Self::NumaNode, Self::System]
-            .into_iter()
-            .find(|d| d.as_str() == text)
+        [
+            Self::Switch,
+            Self::RootPort,
+            Self::NumaNode,
+            Self::System,
+            Self::Unknown,
+        ]
+        .into_iter()
+        .find(|d| d.as_str() == text)
+    }
+
+    /// Whether the distance is known (rules judge only known ones).
+    pub fn is_known(self) -> bool {
+        self != Self::Unknown
     }
 }
 
@@ -95,17 +114,32 @@ mod tests {
     }
 
     #[test]
-    fn unknown_places_are_far() {
+    fn unknown_places_are_unknown_not_across_the_sockets() {
         let rxe_on_veth = PciPlace::default();
         assert_eq!(
             Distance::between(&rxe_on_veth, &rxe_on_veth),
-            Distance::System
+            Distance::Unknown
         );
+        // numa_node -1 (a single-socket server): across root ports, not known to be SYS.
+        let gpu = place("", "0000:17:01.0", None);
+        let nic = place("", "0000:39:01.0", None);
+        assert_eq!(Distance::between(&gpu, &nic), Distance::Unknown);
+        assert_eq!(
+            Distance::between(&gpu, &place("", "0000:39:01.0", Some(0))),
+            Distance::Unknown
+        );
+        // A shared root port is known whatever the NUMA node.
+        assert_eq!(
+            Distance::between(&gpu, &place("", "0000:17:01.0", None)),
+            Distance::RootPort
+        );
+        assert!(!Distance::Unknown.is_known() && Distance::System.is_known());
         for d in [
             Distance::Switch,
             Distance::RootPort,
             Distance::NumaNode,
             Distance::System,
+            Distance::Unknown,
         ] {
             assert_eq!(Distance::parse(d.as_str()), Some(d));
         }

@@ -105,7 +105,8 @@ fn evaluate_node(
             continue;
         };
         let nearest = to.iter().copied().min().expect("not empty");
-        if used_distance <= nearest {
+        // Judged on known places only: an unknown one would read as the sockets' link.
+        if used_distance <= nearest || !used_distance.is_known() || !nearest.is_known() {
             continue;
         }
         // A NIC at the nearest distance that no job has a QP on: the one it should use.

@@ -165,7 +165,9 @@ impl ClassProfile {
                     continue;
                 }
                 for (row, cols) in n.distances().into_iter().enumerate() {
-                    for (col, d) in cols.into_iter().enumerate() {
+                    // An unknown place votes for nothing: the class's wiring is what the
+                    // nodes that tell it agree on.
+                    for (col, d) in cols.into_iter().enumerate().filter(|(_, d)| d.is_known()) {
                         votes.entry((row, col)).or_default().push((i, d));
                     }
                 }
@@ -444,6 +446,7 @@ impl GoldenProfile {
                 for (col, d) in cols.into_iter().enumerate() {
                     if let Some(m) = p.distances.get(&(row, col))
                         && m.value != d
+                        && d.is_known()
                     {
                         differ.push((row, col, d, m));
                     }
@@ -685,6 +688,35 @@ mod tests {
         assert_eq!(pairs[0]["gpu"], "0");
         assert_eq!(pairs[0]["nic"], "mlx5_0");
         assert_eq!(pairs[0]["held"], 14);
+    }
+
+    /// A node whose kernel gives no NUMA node (`numa_node` -1, common on single-socket
+    /// servers): its pairs across root ports are unknown, not "across the sockets", and
+    /// unknown is no drift from the class (issue 45).
+    #[test]
+    fn unknown_places_are_no_topology_drift() {
+        let mut nodes: Vec<NodeHardware> = (0..8).map(healthy).collect();
+        let no_numa = &mut nodes[5];
+        no_numa
+            .gpus
+            .iter_mut()
+            .for_each(|g| g.place.numa_node = None);
+        no_numa
+            .rdma
+            .iter_mut()
+            .for_each(|r| r.place.numa_node = None);
+        let d = nodes[5].distances();
+        assert_eq!(
+            (d[0][0], d[0][2], d[0][4]),
+            (Distance::Switch, Distance::Unknown, Distance::Unknown)
+        );
+        assert_eq!(findings(&nodes, 3), []);
+        // The class is still learnt from the nodes that tell it.
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+        let profile = GoldenProfile::learn(names.iter().map(String::as_str).zip(&nodes), 3);
+        let (_, p) = profile.class_of("n0").unwrap();
+        assert_eq!(p.distances[&(0, 4)].value, Distance::System);
+        assert_eq!(p.distances[&(0, 4)].of, 7);
     }
 
     #[test]

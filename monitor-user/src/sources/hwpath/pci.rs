@@ -2,8 +2,11 @@
 //!
 //! A device's sysfs directory is `<root>/devices/pciDDDD:BB/<root port>/.../<device>`: the
 //! host bridge, then one directory per bridge down to the device, each named by its PCI
-//! address. A link to it (`/sys/bus/pci/devices/ADDR`, an RDMA device's `device`) is resolved
-//! to that path, and read as:
+//! address. The host bridge need not be the first directory: on Hyper-V (Azure's GPU VMs)
+//! each passed-through device has a host bridge of its own under the VMBus device
+//! (`devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0004:00/VMBUS:00/<guid>/pci0001:00/0001:00:00.0`).
+//! A link to it (`/sys/bus/pci/devices/ADDR`, an RDMA device's `device`) is resolved to that
+//! path, and read as:
 //!
 //! - the root port: the first bridge below the host bridge (none for a device integrated in
 //!   the host bridge);
@@ -12,8 +15,9 @@
 //!   port it is a downstream port, and the bridge above it (two levels above the device) is
 //!   the switch;
 //! - `numa_node` (`-1`: the kernel does not say), and the link's `current_link_speed`,
-//!   `max_link_speed` ("16.0 GT/s PCIe" is generation 4), `current_link_width` and
-//!   `max_link_width`.
+//!   `max_link_speed` ("16.0 GT/s PCIe" is generation 4; "Unknown": the kernel does not
+//!   know, as for a virtual function or a link down), `current_link_width` and
+//!   `max_link_width` (0: not known).
 //!
 //! A path that points elsewhere (a virtual device: rxe on a veth) has no PCI parent; one that
 //! cannot be resolved (a symlink loop) or an attribute that is missing or unreadable is a
@@ -42,6 +46,20 @@ pub struct PciLink {
     pub max_generation: Option<u32>,
     pub width_lanes: Option<u32>,
     pub max_width_lanes: Option<u32>,
+}
+
+/// Whether `name` is a PCI host bridge, `pciDDDD:BB` (hex digits).
+fn is_host_bridge(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("pci") else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    b.len() == 7
+        && b[4] == b':'
+        && rest
+            .bytes()
+            .filter(|&c| c != b':')
+            .all(|c| c.is_ascii_hexdigit())
 }
 
 /// Whether `name` is a PCI address, `DDDD:BB:DD.F` (hex digits).
@@ -97,17 +115,25 @@ pub fn pci_device_at(
     let Ok(below) = real.strip_prefix(&devices) else {
         return Ok(None);
     };
-    let mut parts = below.iter().map(|c| c.to_string_lossy().into_owned());
-    let Some(host_bridge) = parts.next().filter(|h| h.starts_with("pci")) else {
+    let parts: Vec<String> = below
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let Some(bridge_at) = parts.iter().position(|p| is_host_bridge(p)) else {
         return Ok(None);
     };
-    let chain: Vec<String> = parts.take_while(|p| is_pci_address(p)).collect();
+    let chain: Vec<String> = parts[bridge_at + 1..]
+        .iter()
+        .take_while(|p| is_pci_address(p))
+        .cloned()
+        .collect();
     let Some(address) = chain.last() else {
         return Ok(None);
     };
-    let dir: PathBuf = chain
+    let dir: PathBuf = parts[..=bridge_at]
         .iter()
-        .fold(devices.join(&host_bridge), |dir, part| dir.join(part));
+        .chain(&chain)
+        .fold(devices.clone(), |dir, part| dir.join(part));
     let place = PciPlace {
         switch: if chain.len() >= 4 {
             chain[chain.len() - 3].clone()
@@ -122,11 +148,27 @@ pub fn pci_device_at(
         numa_node: read_attribute(&dir, "numa_node", problems, |t| t.parse::<i64>().ok())
             .and_then(|n| u32::try_from(n).ok()),
     };
+    // "Unknown" speeds and a width of 0 are the kernel saying it does not know: no value,
+    // and no problem.
+    let speed = |t: &str| {
+        if t.starts_with("Unknown") {
+            Some(None)
+        } else {
+            generation_of_speed(t).map(Some)
+        }
+    };
+    let width = |t: &str| {
+        if t == "0" {
+            Some(None)
+        } else {
+            lanes_of_width(t).map(Some)
+        }
+    };
     let link = PciLink {
-        generation: read_attribute(&dir, "current_link_speed", problems, generation_of_speed),
-        max_generation: read_attribute(&dir, "max_link_speed", problems, generation_of_speed),
-        width_lanes: read_attribute(&dir, "current_link_width", problems, lanes_of_width),
-        max_width_lanes: read_attribute(&dir, "max_link_width", problems, lanes_of_width),
+        generation: read_attribute(&dir, "current_link_speed", problems, speed).flatten(),
+        max_generation: read_attribute(&dir, "max_link_speed", problems, speed).flatten(),
+        width_lanes: read_attribute(&dir, "current_link_width", problems, width).flatten(),
+        max_width_lanes: read_attribute(&dir, "max_link_width", problems, width).flatten(),
     };
     Ok(Some(PciDevice {
         address: address.to_ascii_lowercase(),
@@ -188,5 +230,10 @@ mod tests {
         assert!(is_pci_address("0000:1b:00.0"));
         assert!(!is_pci_address("pci0000:15"));
         assert!(!is_pci_address("virtio0"));
+        assert!(is_host_bridge("pci0000:15"));
+        assert!(is_host_bridge("pci0001:00"));
+        assert!(!is_host_bridge("pci_express"));
+        assert!(!is_host_bridge("pci0000:1"));
+        assert!(!is_host_bridge("0000:15:01.0"));
     }
 }

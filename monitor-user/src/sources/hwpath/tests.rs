@@ -109,6 +109,31 @@ fn a_device_under_a_switch_names_the_switch_s_upstream_port_and_its_root_port() 
     );
 }
 
+/// Azure's GPU VMs (Hyper-V): each passed-through function has a PCI domain and host bridge
+/// of its own under the VMBus device, as the kernel's `pci-hyperv` lays them out, and a
+/// virtual function's link speed reads "Unknown" (its width 0).
+#[test]
+fn a_hyper_v_device_under_the_vmbus_has_its_address_and_unknown_link_without_a_problem() {
+    let tree = Tree::new("hyperv");
+    let vmbus = "LNXSYSTM:00/LNXSYBUS:00/ACPI0004:00/VMBUS:00";
+    let nic = tree.pci(
+        &format!("{vmbus}/00000041-0101-0000-3130-444531303244/pci0101:00/0101:00:00.0"),
+        0,
+        "Unknown",
+        0,
+    );
+    tree.rdma("mlx5_0", Some(&nic), "4: ACTIVE");
+    let path = HardwarePath::read(&tree.0, None);
+    assert_eq!(path.problems, Vec::<String>::new());
+    let pci = path.rdma[0].pci.clone().expect("the NIC's PCI function");
+    assert_eq!(pci.address, "0101:00:00.0");
+    assert_eq!(pci.place, place("", "", Some(0)));
+    assert_eq!(pci.link.generation, None);
+    assert_eq!(pci.link.width_lanes, None);
+    assert_eq!(pci.link.max_generation, Some(5));
+    assert_eq!(pci.link.max_width_lanes, Some(16));
+}
+
 #[test]
 fn a_missing_or_unreadable_attribute_costs_only_its_own_value_and_is_named() {
     let tree = Tree::new("attributes");
