@@ -49,6 +49,9 @@ pub const SERIES: &[&str] = &[
     WIDTH,
     RATE,
     CNP_SENT,
+    // A port's class for ib_port_degraded.
+    metric::IB_PORT_LINK_LAYER_INFO,
+    metric::RDMA_DEVICE_INFO,
 ];
 
 /// Rates are measured over the last minute of samples.
@@ -307,26 +310,48 @@ pub fn evaluate_series(
 
     let widths = port_gauge(WIDTH);
     let rates = port_gauge(RATE);
-    let expected_width = th.expected_width_lanes.or_else(|| {
-        mode(
-            widths
-                .iter()
-                .filter(|(p, _)| active(p))
-                .filter_map(|(_, (_, t))| t.gauge()),
-        )
-    });
-    let expected_rate = th.expected_rate_gbps.or_else(|| {
-        mode(
-            rates
-                .iter()
-                .filter(|(p, _)| active(p))
-                .filter_map(|(_, (_, t))| t.gauge()),
-        )
-    });
+    // Each port is judged against its class: its link layer, its device's model and board,
+    // and its number. A DGX A100's eight 200 Gb/s InfiniBand compute ports and its 100 GbE
+    // storage ports are classes of their own; against the fleet's one most common rate every
+    // node's storage ports were "degraded".
+    let layers: PortMap<&str> = view
+        .placed(metric::IB_PORT_LINK_LAYER_INFO)
+        .filter_map(|(k, _, p)| Some((p.port?, k.1.labels.get("link_layer")?)))
+        .collect();
+    let boards: HashMap<(&str, &str), (&str, &str)> = view
+        .named(metric::RDMA_DEVICE_INFO)
+        .filter_map(|(k, _)| {
+            let labels = &k.1.labels;
+            let model = (
+                labels.get("hca_type").unwrap_or_default(),
+                labels.get("board_id").unwrap_or_default(),
+            );
+            Some(((&*k.0, labels.get("device")?), model))
+        })
+        .collect();
+    let mut by_class: HashMap<_, (Vec<f64>, Vec<f64>)> = HashMap::new();
+    for (place, &(key, track)) in widths.iter().filter(|(p, _)| active(p)) {
+        let class = by_class
+            .entry(port_class(place, key, &layers, &boards))
+            .or_default();
+        class.0.extend(track.gauge());
+        class
+            .1
+            .extend(rates.get(place).and_then(|(_, t)| t.gauge()));
+    }
+    let expected: HashMap<_, (Option<f64>, Option<f64>)> = by_class
+        .into_iter()
+        .map(|(class, (w, r))| {
+            let width = th.expected_width_lanes.or_else(|| mode(w.into_iter()));
+            let rate = th.expected_rate_gbps.or_else(|| mode(r.into_iter()));
+            (class, (width, rate))
+        })
+        .collect();
     for (place, &(key, track)) in &widths {
         if !active(place) {
             continue;
         }
+        let (expected_width, expected_rate) = expected[&port_class(place, key, &layers, &boards)];
         let width = track.gauge();
         let rate = rates.get(place).and_then(|(_, t)| t.gauge());
         let narrow = matches!((width, expected_width), (Some(w), Some(e)) if w < e);
@@ -478,6 +503,25 @@ fn rise_observation(
         at_ns: track.first_rise(window_ns).unwrap_or(track.latest.unix_ns),
         ..observation(rule, severity, subject, track, summary, evidence)
     }
+}
+
+/// A port's class for `ib_port_degraded`: its link layer, its device's (model, board) and its
+/// port number; "" where the node does not say.
+type PortClass<'a> = (&'a str, (&'a str, &'a str), &'a str);
+
+fn port_class<'a>(
+    place: &Place,
+    key: &'a TrackKey,
+    layers: &PortMap<&'a str>,
+    boards: &HashMap<(&'a str, &'a str), (&'a str, &'a str)>,
+) -> PortClass<'a> {
+    let labels = &key.1.labels;
+    let device = labels.get("device").unwrap_or_default();
+    (
+        layers.get(place).copied().unwrap_or_default(),
+        boards.get(&(&*key.0, device)).copied().unwrap_or_default(),
+        labels.get("port").unwrap_or_default(),
+    )
 }
 
 /// The most common value (ties: the largest).

@@ -32,6 +32,8 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
             metric::IB_PORT_STATE,
             metric::IB_PORT_WIDTH_LANES,
             metric::IB_PORT_RATE_GBPS,
+            metric::IB_PORT_LINK_LAYER_INFO,
+            metric::RDMA_DEVICE_INFO,
         ],
     ),
     ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),

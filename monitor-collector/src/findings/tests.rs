@@ -282,6 +282,32 @@ fn a_degraded_port_is_found_by_its_width_and_symbol_errors() {
     assert_eq!(symbols.severity, Severity::Critical);
 }
 
+/// A DGX A100's ports: InfiniBand compute ports at 400 Gb/s and RoCE storage ports at 100.
+/// Each is judged against its own class (link layer, device, port), so no storage port is
+/// "degraded" against the compute ports' rate, and a compute port trained down still is.
+#[test]
+fn ports_are_judged_against_their_own_class() {
+    let found = run(&mut fleet(4).storage_ports(2).build(key()), 60);
+    assert!(
+        found.iter().all(|f| f.rule != "ib_port_degraded"),
+        "{found:#?}"
+    );
+    let found = run(
+        &mut fleet(4).storage_ports(2).degraded_port(3, 1).build(key()),
+        60,
+    );
+    let degraded: Vec<&Finding> = found
+        .iter()
+        .filter(|f| f.rule == "ib_port_degraded")
+        .collect();
+    assert_eq!(degraded.len(), 1, "{found:#?}");
+    assert_eq!(
+        (degraded[0].node.as_str(), degraded[0].device.as_deref()),
+        ("node-003", Some("mlx5_1"))
+    );
+    assert_eq!(degraded[0].evidence["expected_rate_gbps"], 400.0);
+}
+
 #[test]
 fn thresholds_are_configurable() {
     let th = Thresholds {

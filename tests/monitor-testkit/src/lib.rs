@@ -112,6 +112,9 @@ pub mod values {
     pub const WIDTH_LANES: f64 = 4.0;
     pub const DEGRADED_RATE_GBPS: f64 = 200.0;
     pub const DEGRADED_WIDTH_LANES: f64 = 2.0;
+    /// A storage port ([`FleetBuilder::storage_ports`](crate::FleetBuilder::storage_ports)):
+    /// 100 GbE RoCE, four lanes.
+    pub const STORAGE_RATE_GBPS: f64 = 100.0;
     /// Symbol errors per second on the degraded port (healthy ports count none).
     pub const DEGRADED_SYMBOL_ERRORS_PER_S: u64 = 40;
     /// CNPs sent per second by a healthy RoCE port, and by a congested one.
@@ -166,6 +169,8 @@ pub struct FleetBuilder {
     throttled: bool,
     /// (node, port, the tick it trains down at).
     degraded_ports: Vec<(usize, usize, u64)>,
+    /// The last ports of every node that are storage ports (RoCE at 100 Gb/s).
+    storage_ports: usize,
     /// (node, port, the tick it goes down at, for good).
     down_ports: Vec<(usize, usize, u64)>,
     flapping_ports: Vec<(usize, usize)>,
@@ -255,6 +260,14 @@ impl FleetBuilder {
     /// [`degraded_port`](Self::degraded_port) from tick `tick` on (4X 400 Gb/s before).
     pub fn degraded_port_from(mut self, node: usize, port: usize, tick: u64) -> Self {
         self.degraded_ports.push((node, port, tick));
+        self
+    }
+
+    /// The last `count` ports of every node are storage ports, as a DGX A100's: RoCE
+    /// (`link_layer` Ethernet) at 4X 100 Gb/s beside the InfiniBand compute ports at 400;
+    /// every port then sends its `railscope_ib_port_link_layer_info`.
+    pub fn storage_ports(mut self, count: usize) -> Self {
+        self.storage_ports = count;
         self
     }
 
@@ -596,6 +609,7 @@ impl SimulatedFleet {
             slow_gpus: Vec::new(),
             throttled: false,
             degraded_ports: Vec::new(),
+            storage_ports: 0,
             down_ports: Vec::new(),
             flapping_ports: Vec::new(),
             flap_every_ticks: 20,
@@ -920,11 +934,25 @@ impl SimulatedFleet {
             let labels = Labels::new([("device", format!("mlx5_{p}")), ("port", "1".into())]);
             let degraded = from_tick(&self.spec.degraded_ports, n, p, tick);
             let down = self.port_down_at(n, p, tick);
+            let storage = p >= PORTS - self.spec.storage_ports.min(PORTS);
             let (rate, width) = if degraded {
                 (values::DEGRADED_RATE_GBPS, values::DEGRADED_WIDTH_LANES)
+            } else if storage {
+                (values::STORAGE_RATE_GBPS, values::WIDTH_LANES)
             } else {
                 (values::RATE_GBPS, values::WIDTH_LANES)
             };
+            if self.spec.storage_ports > 0 {
+                let layer = if storage { "Ethernet" } else { "InfiniBand" };
+                let mut info = vec![("device", format!("mlx5_{p}")), ("port", "1".into())];
+                info.push(("link_layer", layer.into()));
+                out.push(gauge(
+                    metric::IB_PORT_LINK_LAYER_INFO,
+                    Labels::new(info),
+                    1.0,
+                    t,
+                ));
+            }
             out.push(gauge(
                 metric::IB_PORT_STATE,
                 labels.clone(),
