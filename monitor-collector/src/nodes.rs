@@ -169,6 +169,8 @@ pub struct NodeLatest<'a> {
     pub grown_stamp: u64,
     /// Changes when any latest value may have changed (and with `schema_stamp`).
     pub latest_stamp: u64,
+    /// When the collector last accepted a frame of the node (Unix ns, its own clock).
+    pub last_seen_unix_ns: u64,
     latest: &'a HashMap<u32, Latest>,
 }
 
@@ -803,6 +805,7 @@ impl NodeTable {
                     schema_stamp: node.schema_stamp,
                     grown_stamp: node.grown_stamp,
                     latest_stamp: node.latest_stamp,
+                    last_seen_unix_ns: node.last_seen_unix_ns,
                     latest: &node.latest,
                 });
             }

@@ -46,6 +46,7 @@ use super::{
     live::LiveReader,
     pfc,
     profile::{self, ProfileBoard},
+    silence,
     topology::{PortKey, Topology},
     verbs,
     view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
@@ -455,6 +456,20 @@ impl SeriesEngine {
         seen.extend(self.profile_seen.iter().cloned());
         affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut seen);
         pfc::evaluate(&view, &mut seen);
+        // The nodes the table holds that sent nothing for `silent-after-s`: read before the
+        // store ends anything, so their findings are kept.
+        let after = self.th.silent_after_s;
+        let silent = self.live.silent_since(
+            self.pass,
+            now_ns.saturating_sub(after.saturating_mul(1_000_000_000)),
+        );
+        self.store.set_silent(
+            silent
+                .iter()
+                .map(|(n, heard)| (n.to_string(), *heard))
+                .collect(),
+        );
+        silence::evaluate(&silent, after, now_ns, &mut seen);
         self.store.apply(&seen, &series_rules(), now_ns);
     }
 }
@@ -582,6 +597,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(profile::RULES)
         .chain(pfc::RULES)
         .chain(affinity::RULES)
+        .chain(silence::RULES)
         .copied()
         .collect()
 }

@@ -50,6 +50,8 @@ struct NodeRead {
     latest_stamp: Option<u64>,
     /// The tick that last saw the node in the table.
     pass: u64,
+    /// When the collector last accepted a frame of the node (Unix ns).
+    last_seen_ns: u64,
     watched: Vec<Watched>,
     neighbours: Vec<Neighbour>,
     /// (GPU, job, one of its series has a latest value).
@@ -94,6 +96,7 @@ impl NodeRead {
             session: 0,
             latest_stamp: None,
             pass: 0,
+            last_seen_ns: 0,
             known: Vec::new(),
             watched: Vec::new(),
             neighbours: Vec::new(),
@@ -220,6 +223,16 @@ impl LiveReader {
             .collect()
     }
 
+    /// The nodes the table still holds (those read at tick `pass`) from which no frame came
+    /// since `before` (Unix ns), with the time one last came.
+    pub(super) fn silent_since(&self, pass: u64, before: u64) -> Vec<(Arc<str>, u64)> {
+        self.nodes
+            .iter()
+            .filter(|(_, r)| r.pass == pass && r.last_seen_ns < before)
+            .map(|(n, r)| (n.clone(), r.last_seen_ns))
+            .collect()
+    }
+
     /// Every node the last reading found.
     pub(super) fn node_names(&self) -> impl Iterator<Item = &Arc<str>> {
         self.nodes.keys()
@@ -261,6 +274,7 @@ impl LiveReader {
                 }
             };
             read.pass = pass;
+            read.last_seen_ns = node.last_seen_unix_ns;
             if read.latest_stamp == Some(node.latest_stamp) {
                 // Nothing came since the last reading: the same series are still there.
                 for w in read.watched.iter().filter(|w| w.present) {

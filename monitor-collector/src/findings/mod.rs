@@ -15,6 +15,8 @@
 //!   [`profile`] learns what each hardware class's majority has and finds the nodes unlike
 //!   it (`learner`: off the tick thread, reading again only the nodes whose hardware
 //!   changed); [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
+//! - [`silence`]: a node whose agent stopped sending (`node_silent`); its other findings are
+//!   kept open, marked stale, meanwhile;
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
@@ -41,6 +43,7 @@ pub mod pfc;
 pub mod profile;
 pub mod reads;
 pub mod remote;
+pub mod silence;
 pub mod store;
 pub mod thresholds;
 pub mod topology;

@@ -103,6 +103,8 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("nic_affinity", affinity::SERIES),
     ("verbs_qp_error", &[verbs::SERIES]),
     ("verbs_cm_reject", &[verbs::SERIES]),
+    // The time of each node's last frame, from the live table: no series.
+    ("node_silent", &[]),
 ];
 
 /// Every series a finding rule reads: the union of the families' `SERIES`.
@@ -136,7 +138,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 7] {
+    ); 8] {
         [
             (
                 "ib_links",
@@ -161,6 +163,7 @@ mod tests {
                 affinity::RULES,
                 affinity::SERIES.iter().copied().collect(),
             ),
+            ("silence", super::super::silence::RULES, BTreeSet::new()),
         ]
     }
 

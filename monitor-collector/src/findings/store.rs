@@ -42,6 +42,8 @@ struct Inner {
     /// Ended findings whose evidence still waits for the fabric's verdict (`upstream:
     /// "pending"`): judged once their burst is ([`FindingsStore::revise_ended`]).
     ended_pending: HashSet<String>,
+    /// Nodes silent now, with when a frame last came ([`FindingsStore::set_silent`]).
+    silent: HashMap<String, u64>,
     log: Option<FindingsLog>,
     log_errors: u64,
 }
@@ -112,6 +114,7 @@ impl FindingsStore {
             reloaded: HashSet::new(),
             totals: BTreeMap::new(),
             ended_pending: HashSet::new(),
+            silent: HashMap::new(),
             log,
             log_errors: 0,
         };
@@ -180,6 +183,34 @@ impl FindingsStore {
             })
             .map(|(key, _)| key.clone())
             .collect();
+        // A silent node's findings are not seen because nothing came, not because their
+        // condition is gone: they stay open until the node is heard again, and every one of
+        // them (those judged on its last values too) is marked stale meanwhile.
+        let ended: Vec<(String, Subject)> = ended
+            .into_iter()
+            .filter(|(rule, subject)| {
+                rule == super::silence::RULE || !inner.silent.contains_key(&subject.node)
+            })
+            .collect();
+        if !inner.silent.is_empty() {
+            let Inner {
+                findings,
+                active,
+                silent,
+                ..
+            } = &mut *inner;
+            for (key, &i) in active.iter() {
+                let Some(heard) = silent.get(&key.1.node) else {
+                    continue;
+                };
+                if key.0 == super::silence::RULE {
+                    continue;
+                }
+                if let Some(map) = findings[i].evidence.as_object_mut() {
+                    map.insert("stale".into(), serde_json::json!({ "last_heard": heard }));
+                }
+            }
+        }
         for key in ended {
             let i = inner.active.remove(&key).expect("listed above");
             let f = &mut inner.findings[i];
@@ -208,6 +239,12 @@ impl FindingsStore {
             });
             inner.reindex();
         }
+    }
+
+    /// The nodes silent now, each with when a frame last came (Unix ns): their findings are
+    /// kept open, marked stale, while they are.
+    pub fn set_silent(&self, silent: HashMap<String, u64>) {
+        lock(&self.inner).silent = silent;
     }
 
     /// Ended findings whose evidence still waits for the fabric's verdict.

@@ -44,6 +44,17 @@ fn run_with(
 
 /// Runs `ticks` ticks of `fleet` through `table` and `engine`, as [`run_with`] does.
 fn feed(fleet: &mut SimulatedFleet, ticks: u64, table: &NodeTable, engine: &mut FindingsEngine) {
+    feed_but(fleet, ticks, table, engine, None);
+}
+
+/// [`feed`], `silent`'s frames never arriving.
+fn feed_but(
+    fleet: &mut SimulatedFleet,
+    ticks: u64,
+    table: &NodeTable,
+    engine: &mut FindingsEngine,
+    silent: Option<&str>,
+) {
     let tick_s = engine.thresholds().tick_s;
     let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
     for _ in 0..ticks {
@@ -52,6 +63,9 @@ fn feed(fleet: &mut SimulatedFleet, ticks: u64, table: &NodeTable, engine: &mut 
         let frames = fleet.tick();
         let mut events = false;
         for f in frames {
+            if silent.is_some() && monitor_wire::peek_node(&f) == silent {
+                continue;
+            }
             let accepted = table.ingest(&f, from, t + 1_000_000).expect("accepted");
             events |= engine.take_frame(&accepted.node, &accepted.frame, &accepted.schema, t);
         }
@@ -306,6 +320,57 @@ fn ports_are_judged_against_their_own_class() {
         ("node-003", Some("mlx5_1"))
     );
     assert_eq!(degraded[0].evidence["expected_rate_gbps"], 400.0);
+}
+
+/// A node whose agent stops sending is `node_silent`, dated by its last frame; its findings
+/// stay open, marked stale, though a rate cannot be computed without samples (the symbol
+/// errors' rate ended the finding before); heard again, the silence ends and they are judged
+/// as before (issue 45).
+#[test]
+fn a_silent_node_is_its_own_finding_and_its_other_findings_stay_open_marked_stale() {
+    let mut fleet = fleet(4).degraded_port(2, 6).build(key());
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
+    feed(&mut fleet, 90, &table, &mut engine);
+    let before: Vec<Finding> = store.active();
+    assert_eq!(
+        rules(&before),
+        [
+            port("ib_port_degraded", "node-002", "mlx5_6"),
+            port("ib_symbol_errors", "node-002", "mlx5_6"),
+        ]
+    );
+    let last_heard = table
+        .summaries()
+        .into_iter()
+        .find(|n| n.node == "node-002")
+        .unwrap()
+        .last_seen_unix_ns;
+    feed_but(&mut fleet, 120, &table, &mut engine, Some("node-002"));
+    let during = store.active();
+    let silent: Vec<&Finding> = during.iter().filter(|f| f.rule == "node_silent").collect();
+    assert_eq!(silent.len(), 1, "{during:#?}");
+    assert_eq!(silent[0].node, "node-002");
+    assert_eq!(silent[0].start, last_heard);
+    assert_eq!(silent[0].evidence["last_heard"], last_heard);
+    for f in &before {
+        let kept = during.iter().find(|d| d.id == f.id).expect("still open");
+        assert_eq!(
+            kept.evidence["stale"]["last_heard"], last_heard,
+            "{kept:#?}"
+        );
+    }
+    // Heard again: the silence ends, and the port's findings, still true, are fresh.
+    feed(&mut fleet, 30, &table, &mut engine);
+    let after = store.active();
+    assert!(after.iter().all(|f| f.rule != "node_silent"), "{after:#?}");
+    for f in &before {
+        let again = after.iter().find(|a| a.id == f.id).expect("still open");
+        assert!(again.evidence.get("stale").is_none(), "{again:#?}");
+    }
+    let ended = store.get(&silent[0].id).unwrap();
+    assert!(ended.end.is_some());
 }
 
 #[test]

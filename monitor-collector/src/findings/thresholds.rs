@@ -63,6 +63,10 @@ pub struct Thresholds {
     /// Findings reloaded as active at start-up end if their condition is not seen again
     /// within this many seconds.
     pub restart_grace_s: u64,
+    /// A node from which no frame came for this many seconds is `node_silent`, and its other
+    /// findings stay open, marked stale (railscope's choice: the agent flushes every 10 s and
+    /// resends a lost frame within 2-3 s, so 60 s is five flushes missed in a row).
+    pub silent_after_s: u64,
     /// Port DOWN transitions of different nodes each within this many milliseconds of the
     /// one before are one burst (railscope's choice: a switch that reboots drops all its
     /// links within a few ms, nodes' clocks agree to a few ms under NTP; docs/findings.md).
@@ -111,6 +115,7 @@ impl Default for Thresholds {
             cm_rejects: 10,
             verbs_window_s: 300,
             restart_grace_s: 300,
+            silent_after_s: 60,
             fabric_window_ms: 50,
             fabric_min_nodes: 4,
             fabric_settle_s: 5,
@@ -133,6 +138,7 @@ impl Thresholds {
         for (v, name) in [
             (self.flap_window_s, "flap-window-s"),
             (self.verbs_window_s, "verbs-window-s"),
+            (self.silent_after_s, "silent-after-s"),
         ] {
             if v == 0 {
                 return Err(format!("findings.{name} must be at least 1"));
