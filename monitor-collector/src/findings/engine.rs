@@ -287,6 +287,10 @@ impl EventEngine {
         let grouping = fabric::Grouping::of(&self.events, now_ns, &self.th, Some(&self.topology));
         self.settles_at_ns = grouping.settles_at_ns;
         let mut seen = Vec::new();
+        // Down periods that closed since the last pass first: a finding the last pass opened
+        // ends at its UP, one no pass saw is recorded whole.
+        let closed = ib_links::closed_port_downs(&mut self.events, &grouping, now_ns);
+        self.store.record_closed(&closed);
         ib_links::evaluate_port_down(&self.events, &grouping, now_ns, &mut seen);
         ib_links::evaluate_events(&self.events, &grouping, now_ns, &self.th, &mut seen);
         grouping.evaluate(now_ns, &mut seen);

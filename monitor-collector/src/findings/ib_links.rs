@@ -13,7 +13,7 @@ use super::{
     Observation, Severity, Subject, Thresholds,
     fabric::{self, Blame, Grouping},
     topology::PortKey,
-    view::{DownSource, EventState, Place, Track, TrackKey, View},
+    view::{DownSince, DownSource, EventState, Place, Track, TrackKey, View},
 };
 
 pub const RULES: &[&str] = &[
@@ -100,45 +100,74 @@ pub fn evaluate_port_down(
         let Some(down) = &port_now.down else {
             continue;
         };
-        let (node, device, port) = key;
-        let phys = port_now.phys_state.map(|(_, v)| v);
-        let disabled = phys == Some(DISABLED);
-        let (how, source, from) = match &down.source {
-            DownSource::Event { from } => ("went DOWN (port event)", "port_transition", Some(from)),
-            DownSource::Sample => ("is DOWN (port state)", STATE, None),
-        };
-        let mut evidence = json!({
-            "state": "DOWN",
-            "down_at": down.at_ns,
-            "source": source,
-            "from": from,
-            "phys_state": phys,
-            "phys_state_name": phys.map(phys_name),
-        });
-        let blamed =
-            grouping.upstream_of(events.downs.get(key), key, down.at_ns, down.at_ns, now_ns);
-        fabric::mark(&mut evidence, blamed, down.at_ns);
-        out.push(Observation {
-            rule: PORT_DOWN,
-            // A port an operator disabled is no fault, as for `ib_phys_state`.
-            severity: if disabled {
-                Severity::Info
+        out.push(port_down(events, grouping, key, down, now_ns));
+    }
+}
+
+/// The down periods that closed since the rules last took them (`events.closed`, drained),
+/// each the finding it is with when it ended (the UP's time): the same findings whatever
+/// pace the events came at.
+pub fn closed_port_downs(
+    events: &mut EventState,
+    grouping: &Grouping,
+    now_ns: u64,
+) -> Vec<(Observation, u64)> {
+    let closed = std::mem::take(&mut events.closed);
+    closed
+        .into_iter()
+        .map(|(key, down, up_ns)| {
+            let o = port_down(events, grouping, &key, &down, now_ns);
+            (o, up_ns.max(down.at_ns))
+        })
+        .collect()
+}
+
+/// The `ib_port_down` observation of `key` down since `down`.
+fn port_down(
+    events: &EventState,
+    grouping: &Grouping,
+    key: &PortKey,
+    down: &DownSince,
+    now_ns: u64,
+) -> Observation {
+    let (node, device, port) = key;
+    let port_now = events.ports.get(key);
+    let phys = port_now.and_then(|p| p.phys_state).map(|(_, v)| v);
+    let disabled = phys == Some(DISABLED);
+    let (how, source, from) = match &down.source {
+        DownSource::Event { from } => ("went DOWN (port event)", "port_transition", Some(from)),
+        DownSource::Sample => ("is DOWN (port state)", STATE, None),
+    };
+    let mut evidence = json!({
+        "state": "DOWN",
+        "down_at": down.at_ns,
+        "source": source,
+        "from": from,
+        "phys_state": phys,
+        "phys_state_name": phys.map(phys_name),
+    });
+    let blamed = grouping.upstream_of(events.downs.get(key), key, down.at_ns, down.at_ns, now_ns);
+    fabric::mark(&mut evidence, blamed, down.at_ns);
+    Observation {
+        rule: PORT_DOWN,
+        // A port an operator disabled is no fault, as for `ib_phys_state`.
+        severity: if disabled {
+            Severity::Info
+        } else {
+            Severity::Critical
+        },
+        subject: Subject::port(node, device, *port),
+        job_id: None,
+        at_ns: down.at_ns,
+        summary: format!(
+            "{device}/{port} {how}{}",
+            if disabled {
+                ", phys state Disabled"
             } else {
-                Severity::Critical
-            },
-            subject: Subject::port(node, device, *port),
-            job_id: None,
-            at_ns: down.at_ns,
-            summary: format!(
-                "{device}/{port} {how}{}",
-                if disabled {
-                    ", phys state Disabled"
-                } else {
-                    ""
-                }
-            ),
-            evidence,
-        });
+                ""
+            }
+        ),
+        evidence,
     }
 }
 

@@ -241,6 +241,60 @@ impl FindingsStore {
         }
     }
 
+    /// Findings whose condition came and went between two passes (`(observation, end)`: a
+    /// port down and up again, taken at once): each opened at its own start and ended at
+    /// `end`, or, where the pass before had opened it, ended at `end` rather than at the pass
+    /// that found it gone. So the same events give the same findings, starts and ends
+    /// whatever pace they arrive at.
+    pub fn record_closed(&self, closed: &[(Observation, u64)]) {
+        let mut inner = lock(&self.inner);
+        for (o, end) in closed {
+            let key = (o.rule.to_string(), o.subject.clone());
+            let i = match inner.active.get(&key) {
+                Some(&i) if inner.findings[i].start == o.at_ns => {
+                    inner.active.remove(&key);
+                    i
+                }
+                _ => {
+                    let finding = Finding::open(o);
+                    if inner.findings.iter().any(|f| f.id == finding.id) {
+                        continue; // recorded already (the same events taken again)
+                    }
+                    tracing::info!(
+                        "finding {} ({}): {} on {}",
+                        finding.id,
+                        finding.severity.as_str(),
+                        finding.summary,
+                        finding.node
+                    );
+                    inner.write(&Entry::Open(finding.clone()));
+                    *inner
+                        .totals
+                        .entry((finding.rule.clone(), finding.severity))
+                        .or_default() += 1;
+                    inner.findings.push(finding);
+                    inner.findings.len() - 1
+                }
+            };
+            let f = &mut inner.findings[i];
+            f.evidence.clone_from(&o.evidence);
+            f.end = Some((*end).max(f.start));
+            let entry = Entry::End {
+                id: f.id.clone(),
+                end: (*end).max(f.start),
+                summary: f.summary.clone(),
+                evidence: f.evidence.clone(),
+            };
+            tracing::info!("finding {} ended", f.id);
+            let id = f.id.clone();
+            if super::fabric::is_pending(&f.evidence) {
+                inner.ended_pending.insert(id.clone());
+            }
+            inner.reloaded.remove(&id);
+            inner.write(&entry);
+        }
+    }
+
     /// The nodes silent now, each with when a frame last came (Unix ns): their findings are
     /// kept open, marked stale, while they are.
     pub fn set_silent(&self, silent: HashMap<String, u64>) {

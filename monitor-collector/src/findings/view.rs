@@ -589,6 +589,10 @@ pub struct EventState {
     pub downs: HashMap<PortKey, VecDeque<PortDown>>,
     /// (node, device, port) → whether it is down now (`ib_port_down`).
     pub ports: HashMap<PortKey, PortNow>,
+    /// Ports that went down and came back up since the rules last took them: (port, since
+    /// when it was down, when it came up). A backlog of events taken at once (as after an
+    /// outage) holds whole down periods no pass saw; they are findings all the same.
+    pub closed: Vec<(PortKey, DownSince, u64)>,
     /// (node, gpu) → XIDs seen: (time, code).
     pub xids: HashMap<(String, String), VecDeque<(u64, u64)>>,
     /// (node, gpu) → when it was lost.
@@ -712,7 +716,7 @@ impl EventState {
         source: DownSource,
     ) -> bool {
         let (at_ns, seen_ns) = span;
-        let p = self.ports.entry(key).or_default();
+        let p = self.ports.entry(key.clone()).or_default();
         // A port a state sample saw down, whose DOWN transition comes after: the event's
         // kernel timestamp and the state it left are the finer account of the same going down.
         if let (Some(d), true, DownSource::Event { .. }) = (&p.down, down, &source)
@@ -733,7 +737,9 @@ impl EventState {
                 true
             }
             (Some(_), false) => {
-                p.down = None;
+                if let Some(down) = p.down.take() {
+                    self.closed.push((key, down, at_ns));
+                }
                 true
             }
             _ => false,
