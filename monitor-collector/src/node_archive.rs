@@ -24,3 +24,23 @@ pub fn append_node_frames(
     }
     Ok(())
 }
+
+/// Appends `frames` of node `node` in the order given, as a collector that knows no schema of
+/// the session yet appends them (a segment starts without one): frames that came out of order.
+pub fn append_frames_as_they_came(
+    archive: &mut Archive,
+    node: &str,
+    frames: &[NodeFrame],
+) -> Result<(), ArchiveError> {
+    for f in frames {
+        let frame = AcceptedFrame {
+            node,
+            received_ns: f.received_ns,
+            first_ns: f.first_ns,
+            last_ns: f.last_ns,
+            bytes: &f.bytes,
+        };
+        archive.append(&frame, &|_| None)?;
+    }
+    Ok(())
+}

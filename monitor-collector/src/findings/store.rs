@@ -157,21 +157,7 @@ impl FindingsStore {
                 inner.reloaded.remove(&id);
                 continue;
             }
-            let finding = Finding::open(o);
-            tracing::info!(
-                "finding {} ({}): {} on {}",
-                finding.id,
-                finding.severity.as_str(),
-                finding.summary,
-                finding.node
-            );
-            inner.write(&Entry::Open(finding.clone()));
-            *inner
-                .totals
-                .entry((finding.rule.clone(), finding.severity))
-                .or_default() += 1;
-            inner.findings.push(finding);
-            let i = inner.findings.len() - 1;
+            let i = inner.open(Finding::open(o));
             inner.active.insert(key, i);
         }
         let ended: Vec<(String, Subject)> = inner
@@ -213,21 +199,7 @@ impl FindingsStore {
         }
         for key in ended {
             let i = inner.active.remove(&key).expect("listed above");
-            let f = &mut inner.findings[i];
-            f.end = Some(now_ns.max(f.start));
-            let entry = Entry::End {
-                id: f.id.clone(),
-                end: now_ns.max(f.start),
-                summary: f.summary.clone(),
-                evidence: f.evidence.clone(),
-            };
-            tracing::info!("finding {} ended", f.id);
-            let id = f.id.clone();
-            if super::fabric::is_pending(&f.evidence) {
-                inner.ended_pending.insert(id.clone());
-            }
-            inner.reloaded.remove(&id);
-            inner.write(&entry);
+            inner.end(i, now_ns);
         }
         if inner.findings.len() > MAX_HELD {
             let excess = inner.findings.len() - MAX_HELD;
@@ -260,38 +232,11 @@ impl FindingsStore {
                     if inner.findings.iter().any(|f| f.id == finding.id) {
                         continue; // recorded already (the same events taken again)
                     }
-                    tracing::info!(
-                        "finding {} ({}): {} on {}",
-                        finding.id,
-                        finding.severity.as_str(),
-                        finding.summary,
-                        finding.node
-                    );
-                    inner.write(&Entry::Open(finding.clone()));
-                    *inner
-                        .totals
-                        .entry((finding.rule.clone(), finding.severity))
-                        .or_default() += 1;
-                    inner.findings.push(finding);
-                    inner.findings.len() - 1
+                    inner.open(finding)
                 }
             };
-            let f = &mut inner.findings[i];
-            f.evidence.clone_from(&o.evidence);
-            f.end = Some((*end).max(f.start));
-            let entry = Entry::End {
-                id: f.id.clone(),
-                end: (*end).max(f.start),
-                summary: f.summary.clone(),
-                evidence: f.evidence.clone(),
-            };
-            tracing::info!("finding {} ended", f.id);
-            let id = f.id.clone();
-            if super::fabric::is_pending(&f.evidence) {
-                inner.ended_pending.insert(id.clone());
-            }
-            inner.reloaded.remove(&id);
-            inner.write(&entry);
+            inner.findings[i].evidence.clone_from(&o.evidence);
+            inner.end(i, *end);
         }
     }
 
@@ -394,6 +339,45 @@ impl FindingsStore {
 }
 
 impl Inner {
+    /// Holds a new finding, logged and counted; its index.
+    fn open(&mut self, finding: Finding) -> usize {
+        tracing::info!(
+            "finding {} ({}): {} on {}",
+            finding.id,
+            finding.severity.as_str(),
+            finding.summary,
+            finding.node
+        );
+        self.write(&Entry::Open(finding.clone()));
+        *self
+            .totals
+            .entry((finding.rule.clone(), finding.severity))
+            .or_default() += 1;
+        self.findings.push(finding);
+        self.findings.len() - 1
+    }
+
+    /// Ends finding `i` at `end_ns` (not before its start), logged; one still waiting for the
+    /// fabric's verdict is judged later ([`FindingsStore::revise_ended`]).
+    fn end(&mut self, i: usize, end_ns: u64) {
+        let f = &mut self.findings[i];
+        let end = end_ns.max(f.start);
+        f.end = Some(end);
+        let entry = Entry::End {
+            id: f.id.clone(),
+            end,
+            summary: f.summary.clone(),
+            evidence: f.evidence.clone(),
+        };
+        tracing::info!("finding {} ended", f.id);
+        let id = f.id.clone();
+        if super::fabric::is_pending(&f.evidence) {
+            self.ended_pending.insert(id.clone());
+        }
+        self.reloaded.remove(&id);
+        self.write(&entry);
+    }
+
     fn reindex(&mut self) {
         self.active = self
             .findings

@@ -226,16 +226,7 @@ fn an_export_holds_samples_archived_before_the_frame_defining_their_ids() {
         }
     });
     frames[..4].rotate_left(1);
-    for f in &frames {
-        let frame = crate::archive::AcceptedFrame {
-            node: &sender.name,
-            received_ns: f.received_ns,
-            first_ns: f.first_ns,
-            last_ns: f.last_ns,
-            bytes: &f.bytes,
-        };
-        archive.append(&frame, &|_| None).unwrap();
-    }
+    crate::node_archive::append_frames_as_they_came(&mut archive, &sender.name, &frames).unwrap();
     archive.tick().unwrap();
     let url = serve_on_loopback(archive, key);
     let out = dir.path().join("export.rscap");

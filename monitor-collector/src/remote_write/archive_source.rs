@@ -340,17 +340,8 @@ mod tests {
             tally(&chunks, &mut expected);
         }
         frames[..4].rotate_left(1);
-        for f in &frames {
-            let accepted = AcceptedFrame {
-                node,
-                received_ns: f.received_ns,
-                first_ns: f.first_ns,
-                last_ns: f.last_ns,
-                bytes: &f.bytes,
-            };
-            // No schema known yet for the session (the collector has not seen frame 0).
-            archive.append(&accepted, &|_| None).unwrap();
-        }
+        // No schema known yet for the session (the collector has not seen frame 0).
+        crate::node_archive::append_frames_as_they_came(&mut archive, node, &frames).unwrap();
         archive.tick().unwrap();
 
         let mut source = ArchiveSource::new(archive.reader(), key.clone());

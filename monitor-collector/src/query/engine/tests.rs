@@ -6,8 +6,8 @@ use monitor_wire::{Key, Labels, Reading, Value, WireEvent};
 
 use super::*;
 use crate::{
-    archive::{AcceptedFrame, Archive, ArchiveConfig},
-    node_archive::{NodeSender, append_node_frames},
+    archive::{Archive, ArchiveConfig},
+    node_archive::{NodeSender, append_frames_as_they_came, append_node_frames},
 };
 
 const T0: u64 = 1_790_000_000_000_000_000;
@@ -472,18 +472,9 @@ fn archive_with_the_first_frame_late(without_schema: bool) -> (Setup, Vec<(Strin
             frame.schema.is_empty()
         });
     }
-    for f in &frames {
-        let frame = AcceptedFrame {
-            node: name,
-            received_ns: f.received_ns,
-            first_ns: f.first_ns,
-            last_ns: f.last_ns,
-            bytes: &f.bytes,
-        };
-        // The collector's live table knows no schema of a session whose first frame has
-        // not come: a new segment starts without one.
-        archive.append(&frame, &|_| None).unwrap();
-    }
+    // The collector's live table knows no schema of a session whose first frame has not
+    // come: a new segment starts without one.
+    append_frames_as_they_came(&mut archive, name, &frames).unwrap();
     archive.tick().unwrap();
     let engine = QueryEngine::new(archive.reader(), key());
     let setup = Setup {
