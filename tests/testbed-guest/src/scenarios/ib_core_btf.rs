@@ -1,7 +1,8 @@
 //! ib-core-btf: the agent's BTF reader and probe layouts, unit-tested against the real split
 //! BTF of ib_core, ib_uverbs and rdma_cm (`/sys/kernel/btf/<module>` on top of vmlinux),
 //! which only exists where those modules are loaded; and the IB sysfs source on the real
-//! rxe devices.
+//! rxe devices. Also the BTF reader's own tests on this kernel's vmlinux (cuts, bit flips):
+//! they must hold on every kernel, not only the host's.
 
 use anyhow::ensure;
 
@@ -20,6 +21,17 @@ pub fn run() -> anyhow::Result<()> {
     ensure!(
         out.contains("test result: ok. 3 passed"),
         "expected the 3 ib_core tests to run and pass"
+    );
+    let out = guest::run("/usr/bin/railscope-unit-tests", &["btf::tests::"])?;
+    ensure!(
+        out.contains("truncations_and_bit_flips_never_panic ... ok")
+            && out.contains("test result: ok.")
+            && out.contains(" 0 failed"),
+        "the BTF reader's tests on this kernel's vmlinux: {}",
+        out.lines()
+            .rev()
+            .find(|l| l.contains("test result"))
+            .unwrap_or("no result")
     );
     Ok(())
 }
