@@ -169,7 +169,7 @@ pub fn text(path: &HardwarePath) -> String {
         out.push_str(&table(&rows));
         out.push_str("\nLegend:\n");
         for (distance, meaning) in LEGEND {
-            let _ = writeln!(out, "  {:<7}  {meaning}", distance.as_str());
+            let _ = writeln!(out, "  {:<4}  {meaning}", distance.as_str());
         }
     }
     out
