@@ -12,17 +12,7 @@ pub fn append_node_frames(
     sender: &NodeSender,
     frames: &[NodeFrame],
 ) -> Result<(), ArchiveError> {
-    for f in frames {
-        let frame = AcceptedFrame {
-            node: &sender.name,
-            received_ns: f.received_ns,
-            first_ns: f.first_ns,
-            last_ns: f.last_ns,
-            bytes: &f.bytes,
-        };
-        archive.append(&frame, &|_| sender.schema_frame())?;
-    }
-    Ok(())
+    append(archive, &sender.name, frames, &|_| sender.schema_frame())
 }
 
 /// Appends `frames` of node `node` in the order given, as a collector that knows no schema of
@@ -32,6 +22,16 @@ pub fn append_frames_as_they_came(
     node: &str,
     frames: &[NodeFrame],
 ) -> Result<(), ArchiveError> {
+    append(archive, node, frames, &|_| None)
+}
+
+/// Appends `frames` under `node`, `schema` giving the node's schema where a segment starts.
+fn append(
+    archive: &mut Archive,
+    node: &str,
+    frames: &[NodeFrame],
+    schema: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> Result<(), ArchiveError> {
     for f in frames {
         let frame = AcceptedFrame {
             node,
@@ -40,7 +40,7 @@ pub fn append_frames_as_they_came(
             last_ns: f.last_ns,
             bytes: &f.bytes,
         };
-        archive.append(&frame, &|_| None)?;
+        archive.append(&frame, schema)?;
     }
     Ok(())
 }
