@@ -19,7 +19,10 @@ use std::{
 use monitor_wire::{names::metric, pci::Distance};
 use serde_json::json;
 
-use super::{Observation, Severity, Subject, hardware::NodeHardware, view::GpuJobs, view::View};
+use super::{
+    Observation, Severity, Subject, hardware::NodeHardware, verdicts::Verdicts, view::GpuJobs,
+    view::View,
+};
 
 pub const RULES: &[&str] = &["nic_affinity"];
 
@@ -66,8 +69,15 @@ pub fn evaluate(
     view: &View,
     gpu_jobs: &GpuJobs,
     hardware: &HashMap<Arc<str>, Arc<NodeHardware>>,
-    out: &mut Vec<Observation>,
+    out: &mut Verdicts,
 ) {
+    // A node whose hardware path and GPUs' jobs are known is judged whole: with no QP counted
+    // on it, no job drives a far NIC.
+    for node in hardware.keys() {
+        if gpu_jobs.contains_key(node) {
+            out.judged_node(RULES[0], node);
+        }
+    }
     let qps = qps_by_device(view);
     for (node, devices) in &qps {
         let (Some(hw), Some(gpu_jobs)) = (hardware.get(node), gpu_jobs.get(node)) else {
@@ -82,7 +92,7 @@ fn evaluate_node(
     hw: &NodeHardware,
     gpu_jobs: &HashMap<String, String>,
     devices: &BTreeMap<String, (BTreeSet<String>, u64)>,
-    out: &mut Vec<Observation>,
+    out: &mut Verdicts,
 ) {
     let distances = hw.distances();
     let nic = |i: usize| hw.rdma[i].device.as_str();

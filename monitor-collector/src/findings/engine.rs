@@ -49,6 +49,7 @@ use super::{
     silence,
     topology::{PortKey, Topology},
     verbs,
+    verdicts::Verdicts,
     view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
 };
 use crate::{
@@ -452,14 +453,21 @@ impl SeriesEngine {
     pub fn evaluate(&mut self, judged: &Judged, now_ns: u64) {
         let (events, grouping) = (&judged.events, &judged.grouping);
         self.learn_profile();
-        let mut seen = Vec::new();
+        let rules = series_rules();
+        let mut out = Verdicts::new(self.store.open_nodes(&rules));
         let view = View::new(&self.tracks, now_ns, &self.th);
-        ib_links::evaluate_series(&view, events, grouping, &mut seen);
-        gpus::evaluate_series(&view, events, &mut seen);
-        verbs::evaluate(&view, &mut seen);
-        seen.extend(self.profile_seen.iter().cloned());
-        affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut seen);
-        pfc::evaluate(&view, &mut seen);
+        ib_links::evaluate_series(&view, events, grouping, &mut out);
+        gpus::evaluate_series(&view, events, &mut out);
+        verbs::evaluate(&view, &mut out);
+        // The golden profile judged every node whose hardware path it read.
+        out.seen.extend(self.profile_seen.iter().cloned());
+        for node in self.hardware.keys() {
+            for rule in profile::RULES {
+                out.judged_node(rule, node);
+            }
+        }
+        affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut out);
+        pfc::evaluate(&view, &mut out);
         // The nodes the table holds that sent nothing for `silent-after-s`: read before the
         // store ends anything, so their findings are kept.
         let after = self.th.silent_after_s;
@@ -473,8 +481,11 @@ impl SeriesEngine {
                 .map(|(n, heard)| (n.to_string(), *heard))
                 .collect(),
         );
-        silence::evaluate(&silent, after, now_ns, &mut seen);
-        self.store.apply(&seen, &series_rules(), now_ns);
+        for node in self.live.node_names() {
+            out.judged_node(silence::RULE, node);
+        }
+        silence::evaluate(&silent, after, now_ns, &mut out);
+        self.store.apply_judged(&out, &rules, now_ns);
     }
 }
 

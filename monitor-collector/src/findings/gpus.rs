@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::{
     Observation, Severity, Subject, Thresholds,
+    verdicts::Verdicts,
     view::{EventState, Place, Track, TrackKey, View},
     xid,
 };
@@ -127,23 +128,26 @@ pub fn evaluate_events(
     }
 }
 
-pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observation>) {
+pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
     let th = view.th;
-    let mut push = |rule: &'static str,
-                    severity: Severity,
-                    key: &TrackKey,
-                    track: &Track,
-                    summary: String,
-                    evidence: serde_json::Value| {
+    // A lost GPU's last samples stay in the live view for a while: the loss is the finding,
+    // not what its stale series say, and they are no evidence that a condition is gone.
+    let lost = |key: &TrackKey| {
+        !events.lost.is_empty()
+            && key.1.labels.get("gpu").is_some_and(|gpu| {
+                events
+                    .lost
+                    .contains_key(&(key.0.to_string(), gpu.to_owned()))
+            })
+    };
+    let push = |out: &mut Verdicts,
+                rule: &'static str,
+                severity: Severity,
+                key: &TrackKey,
+                track: &Track,
+                summary: String,
+                evidence: serde_json::Value| {
         if let Some((subject, job)) = gpu_of(key) {
-            // A lost GPU's last samples stay in the live view for a while: the loss is the
-            // finding, not what its stale series say.
-            if events.lost.contains_key(&(
-                subject.node.clone(),
-                subject.gpu.clone().unwrap_or_default(),
-            )) {
-                return;
-            }
             out.push(Observation {
                 rule,
                 severity,
@@ -155,16 +159,30 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
             });
         }
     };
+    let judged = |out: &mut Verdicts, rule: &'static str, key: &TrackKey| {
+        out.judged(rule, &key.0, || gpu_of(key).map(|(subject, _)| subject));
+    };
     for (key, track) in view.named(ECC) {
         // The value first: a label lookup per series of the fleet costs more.
-        let Some(n) = track.counter().filter(|&n| n > 0) else {
+        let Some(n) = track.counter() else {
             continue;
         };
-        let labels = &key.1.labels;
-        if labels.get("type") != Some("uncorrected") || labels.get("scope") != Some("volatile") {
+        let uncorrected = |key: &TrackKey| {
+            let labels = &key.1.labels;
+            labels.get("type") == Some("uncorrected") && labels.get("scope") == Some("volatile")
+        };
+        if n == 0 {
+            // No uncorrected error since the driver loaded (a reset clears the count).
+            out.judged("gpu_ecc_uncorrected", &key.0, || {
+                gpu_of(key).filter(|_| uncorrected(key)).map(|(s, _)| s)
+            });
+            continue;
+        }
+        if !uncorrected(key) || lost(key) {
             continue;
         }
         push(
+            out,
             "gpu_ecc_uncorrected",
             Severity::Critical,
             key,
@@ -190,8 +208,13 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         ),
     ] {
         for (key, track) in view.named(name) {
+            if lost(key) {
+                continue;
+            }
+            judged(out, rule, key);
             if track.gauge().is_some_and(|v| v >= 0.5) {
                 push(
+                    out,
                     rule,
                     severity,
                     key,
@@ -205,7 +228,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
     // Throttle flags, grouped per GPU and rule.
     let mut per_gpu: GpuMap<(&'static str, GpuId), Throttled> = GpuMap::default();
     for (key, track) in view.named(THROTTLE) {
-        let Some(v) = track.gauge().filter(|&v| v >= 0.5) else {
+        let Some(v) = track.gauge() else {
             continue;
         };
         let Some(reason) = key.1.labels.get("reason") else {
@@ -218,6 +241,14 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         } else {
             continue;
         };
+        if lost(key) {
+            continue;
+        }
+        // Judged on any of its reasons: a GPU's throttle flags come in one sample.
+        judged(out, rule, key);
+        if v < 0.5 {
+            continue;
+        }
         per_gpu
             .entry((rule, gpu_id(key)))
             .or_insert_with(|| (Vec::new(), track, key))
@@ -228,6 +259,7 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         let key = gpu_key(first);
         let names: Vec<&str> = reasons.iter().map(|r| r.0).collect();
         push(
+            out,
             rule,
             Severity::Warning,
             &key,
@@ -247,13 +279,15 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         .placed(PCIE_MAX_GEN)
         .map(|(_, t, p)| (p.gpu, t))
         .collect();
-    let low: Vec<(&TrackKey, &Track, Place)> = view
-        .placed(PCIE_GEN)
-        .filter_map(|(k, t, p)| {
-            let gm = gen_max.get(&p.gpu).and_then(|t| t.gauge());
-            matches!((t.gauge(), gm), (Some(a), Some(b)) if a < b).then_some((k, t, p.gpu))
-        })
-        .collect();
+    let mut low: Vec<(&TrackKey, &Track, Place)> = Vec::new();
+    for (k, t, p) in view.placed(PCIE_GEN) {
+        let gm = gen_max.get(&p.gpu).and_then(|t| t.gauge());
+        match (t.gauge(), gm) {
+            (Some(a), Some(b)) if a < b => low.push((k, t, p.gpu)),
+            (Some(_), Some(_)) if !lost(k) => judged(out, "gpu_pcie_degraded", k),
+            _ => {}
+        }
+    }
     let of_low = |name: &'static str| -> GpuMap<Place, &Track> {
         if low.is_empty() {
             return GpuMap::default();
@@ -282,8 +316,17 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Vec<Observati
         // not lowered to save power, so it is judged busy or not. Until the width is known
         // (the gauges arrive apart) neither is judged here.
         let full_width = matches!((w, wm), (Some(a), Some(b)) if a >= b);
+        let width_known = w.is_some() && wm.is_some();
+        if lost(series_key) {
+            continue;
+        }
+        // Idle (it lowers its link) or narrower than its maximum (not this rule's): gone.
+        if !busy || width_known {
+            judged(out, "gpu_pcie_degraded", series_key);
+        }
         if busy && full_width {
             push(
+                out,
                 "gpu_pcie_degraded",
                 Severity::Warning,
                 &gpu_key(series_key),

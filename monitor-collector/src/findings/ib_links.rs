@@ -13,6 +13,7 @@ use super::{
     Observation, Severity, Subject, Thresholds,
     fabric::{self, Blame, Grouping},
     topology::PortKey,
+    verdicts::Verdicts,
     view::{DownSince, DownSource, EventState, Place, Track, TrackKey, View},
 };
 
@@ -222,12 +223,7 @@ pub fn evaluate_events(
     }
 }
 
-pub fn evaluate_series(
-    view: &View,
-    events: &EventState,
-    grouping: &Grouping,
-    out: &mut Vec<Observation>,
-) {
+pub fn evaluate_series(view: &View, events: &EventState, grouping: &Grouping, out: &mut Verdicts) {
     let th = view.th;
     let key_of = |s: &Subject| -> PortKey {
         (
@@ -248,6 +244,9 @@ pub fn evaluate_series(
     for (key, track) in view.named(SYMBOL_ERROR) {
         let hour = track.increase(3600 * S);
         let rate = track.rate(RATE_WINDOW_NS);
+        if hour.is_some() || rate.is_some() {
+            out.judged("ib_symbol_errors", &key.0, || port_of(key));
+        }
         let (severity, what) = match (hour, rate) {
             (Some((n, span)), _) if n > th.symbol_errors_per_hour => (
                 Severity::Critical,
@@ -293,6 +292,7 @@ pub fn evaluate_series(
         let Some((n, span)) = track.increase(RATE_WINDOW_NS) else {
             continue;
         };
+        out.judged("ib_link_error_recovery", &key.0, || port_of(key));
         let per_min = n as f64 * 60.0 / span.max(60.0);
         if per_min > th.link_error_recovery_per_min
             && let Some(subject) = port_of(key)
@@ -316,6 +316,7 @@ pub fn evaluate_series(
         let Some((n, span)) = track.increase(th.link_downed_hold_s * S) else {
             continue;
         };
+        out.judged("ib_link_downed", &key.0, || port_of(key));
         if n > 0
             && let Some(subject) = port_of(key)
         {
@@ -378,11 +379,19 @@ pub fn evaluate_series(
         .collect();
     for (place, &(key, track)) in &widths {
         if !active(place) {
+            // Known not to run at all (ib_port_down's, ib_phys_state's): not degraded.
+            if states.get(place).and_then(|(_, t)| t.gauge()).is_some() {
+                out.judged("ib_port_degraded", &key.0, || port_of(key));
+            }
             continue;
         }
         let (expected_width, expected_rate) = expected[&port_class(place, key, &layers, &boards)];
         let width = track.gauge();
         let rate = rates.get(place).and_then(|(_, t)| t.gauge());
+        // Its class includes it: with its width and rate known, so are the class's.
+        if width.is_some() && rate.is_some() {
+            out.judged("ib_port_degraded", &key.0, || port_of(key));
+        }
         let narrow = matches!((width, expected_width), (Some(w), Some(e)) if w < e);
         let slow = matches!((rate, expected_rate), (Some(r), Some(e)) if r < e);
         if narrow || slow {
@@ -413,6 +422,7 @@ pub fn evaluate_series(
 
     for (key, track) in view.named(PHYS_STATE) {
         let Some(phys) = track.gauge() else { continue };
+        out.judged("ib_phys_state", &key.0, || port_of(key));
         if phys == LINK_UP {
             continue;
         }
@@ -461,7 +471,7 @@ pub fn evaluate_series(
 
 /// RoCE congestion: CNPs sent per second by each port, scored against all ports of the fleet
 /// with a robust z-score (median and MAD), so the congested ports cannot pull the norm.
-fn congestion(view: &View, out: &mut Vec<Observation>) {
+fn congestion(view: &View, out: &mut Verdicts) {
     let th = view.th;
     let rates: Vec<(&TrackKey, &Track, f64)> = view
         .placed(CNP_SENT)
@@ -476,6 +486,7 @@ fn congestion(view: &View, out: &mut Vec<Observation>) {
         return;
     };
     for (key, track, rate) in rates {
+        out.judged("roce_congestion", &key.0, || port_of(key));
         let score = norm.score(rate);
         if score > th.congestion_score
             && rate >= th.congestion_min_cnp_per_s

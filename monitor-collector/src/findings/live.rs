@@ -276,9 +276,20 @@ impl LiveReader {
             read.pass = pass;
             read.last_seen_ns = node.last_seen_unix_ns;
             if read.latest_stamp == Some(node.latest_stamp) {
-                // Nothing came since the last reading: the same series are still there.
-                for w in read.watched.iter().filter(|w| w.present) {
-                    if let Some(track) = w.handle.and_then(|h| tracks.get_mut(h)) {
+                // Nothing came since the last reading: the same series are still there. A
+                // counter's track may have been made since (its samples come apart from the
+                // live view, and may come after the reading that found its series): found
+                // by its key, or it would be forgotten as gone.
+                for w in read.watched.iter_mut().filter(|w| w.present) {
+                    let handle = w
+                        .handle
+                        .filter(|&h| tracks.get_mut(h).is_some())
+                        .or_else(|| {
+                            let series = node.schema.entries.get(&w.id)?;
+                            tracks.handle(&(node.name.clone(), series.clone()))
+                        });
+                    w.handle = handle;
+                    if let Some(track) = handle.and_then(|h| tracks.get_mut(h)) {
                         track.seen_pass = pass;
                     }
                 }

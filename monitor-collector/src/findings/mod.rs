@@ -7,7 +7,7 @@
 //!   threads) and runs the event rules at once; the tick thread reads the live view's latest
 //!   values on a short tick (`live`: node by node, skipping nodes unchanged since the last
 //!   tick; [`view`]: the tracks the rules read) and runs the series rules; a finding opens
-//!   when a rule's condition appears and ends when it is gone;
+//!   when a rule's condition appears and ends when a pass judged it gone ([`verdicts`]);
 //! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
 //!   [`xid`]), [`verbs`]; [`fabric`]: port DOWN transitions of many nodes at once blamed on
 //!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
@@ -48,6 +48,7 @@ pub mod store;
 pub mod thresholds;
 pub mod topology;
 pub mod verbs;
+pub mod verdicts;
 pub mod view;
 pub mod xid;
 

@@ -13,13 +13,14 @@
 //! (its receive buffers are full: a NIC or host that cannot keep up). Thresholds:
 //! [`Thresholds`](super::Thresholds), docs/findings.md.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{
     Observation, Severity, Subject,
+    verdicts::Verdicts,
     view::{Track, TrackKey, View},
 };
 
@@ -98,6 +99,12 @@ fn parse(name: &'static str) -> Option<PauseCounter> {
     })
 }
 
+/// A port's identity borrowed from a series key (a [`Subject`] is made for a finding only).
+fn port_id(key: &TrackKey) -> (&str, Option<&str>, Option<&str>) {
+    let labels = &key.1.labels;
+    (&key.0, labels.get("device"), labels.get("port"))
+}
+
 fn port_of(key: &TrackKey) -> Option<Subject> {
     let device = key.1.labels.get("device")?;
     let port = key.1.labels.get("port")?.parse().ok()?;
@@ -114,9 +121,14 @@ struct Storm<'a> {
     excess: f64,
 }
 
-pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
+pub fn evaluate(view: &View, out: &mut Verdicts) {
     let th = view.th;
     let mut storms: Vec<Storm> = Vec::new();
+    // A port is judged when every pause counter it reports could be: a storm seen on one
+    // counter is not gone because another says nothing.
+    let mut judged: Vec<&TrackKey> = Vec::new();
+    let mut undecided: HashSet<(&str, Option<&str>, Option<&str>)> = HashSet::new();
+
     for &name in SERIES {
         let Some(counter) = parse(name) else { continue };
         let PauseCounter {
@@ -126,8 +138,12 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
         } = counter;
         if duration {
             for (key, track) in view.named(name) {
-                let (Some(subject), Some((us, span))) = (port_of(key), track.increase(WINDOW_NS))
-                else {
+                let Some((us, span)) = track.increase(WINDOW_NS) else {
+                    undecided.insert(port_id(key));
+                    continue;
+                };
+                judged.push(key);
+                let Some(subject) = port_of(key) else {
                     continue;
                 };
                 let fraction = us as f64 / 1e6 / span;
@@ -151,11 +167,17 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             }
             continue;
         }
-        let rates: Vec<(Subject, &Track, f64)> = view
-            .named(name)
-            .filter_map(|(k, t)| Some((port_of(k)?, t, t.rate(WINDOW_NS)?)))
-            .collect();
+        let mut rates: Vec<(&TrackKey, &Track, f64)> = Vec::new();
+        for (k, t) in view.named(name) {
+            match t.rate(WINDOW_NS) {
+                Some(rate) => rates.push((k, t, rate)),
+                None => {
+                    undecided.insert(port_id(k));
+                }
+            }
+        }
         if rates.len() < MIN_PORTS {
+            undecided.extend(rates.iter().map(|r| port_id(r.0)));
             continue;
         }
         let values: Vec<f64> = rates.iter().map(|r| r.2).collect();
@@ -163,8 +185,11 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             continue;
         };
         let bar = (median * th.pfc_storm_factor).max(th.pfc_storm_min_pps);
-        for (subject, track, rate) in rates {
-            if rate > bar {
+        for (key, track, rate) in rates {
+            judged.push(key);
+            if rate > bar
+                && let Some(subject) = port_of(key)
+            {
                 storms.push(Storm {
                     subject,
                     track,
@@ -180,6 +205,11 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
                     excess: rate / bar,
                 });
             }
+        }
+    }
+    for key in judged {
+        if !undecided.contains(&port_id(key)) {
+            out.judged(RULE, &key.0, || port_of(key));
         }
     }
     // One finding per port: its strongest storm, with every priority and direction found.

@@ -14,6 +14,7 @@ use std::{
 use super::{
     Finding, Observation, Severity, Subject,
     log::{Entry, FindingsLog, LogError},
+    verdicts::{Ending, Verdicts},
 };
 
 use crate::lock::lock;
@@ -137,9 +138,32 @@ impl FindingsStore {
         }
     }
 
+    /// The nodes with an active finding of one of `rules` (those whose subjects a pass of
+    /// the series rules must judge: see [`super::verdicts`]).
+    pub fn open_nodes(&self, rules: &[&str]) -> HashSet<String> {
+        let inner = lock(&self.inner);
+        inner
+            .active
+            .keys()
+            .filter(|(rule, _)| rules.contains(&rule.as_str()))
+            .map(|(_, subject)| subject.node.clone())
+            .collect()
+    }
+
     /// Takes one pass's observations: `rules` are the rules the pass evaluated, whose active
-    /// findings not observed end at `now_ns`.
+    /// findings not observed end at `now_ns` (rules whose state holds every event they took:
+    /// a condition not seen is gone).
     pub fn apply(&self, seen: &[Observation], rules: &[&str], now_ns: u64) {
+        self.apply_ending(seen, rules, Ending::NotSeen, now_ns);
+    }
+
+    /// Takes one pass of the series rules: their active findings end where the pass judged
+    /// the subject and did not see the condition (see [`super::verdicts`]).
+    pub fn apply_judged(&self, verdicts: &Verdicts, rules: &[&str], now_ns: u64) {
+        self.apply_ending(&verdicts.seen, rules, Ending::Judged(verdicts), now_ns);
+    }
+
+    fn apply_ending(&self, seen: &[Observation], rules: &[&str], ending: Ending, now_ns: u64) {
         let mut inner = lock(&self.inner);
         let mut observed: HashSet<(String, Subject)> = HashSet::new();
         for o in seen {
@@ -164,6 +188,7 @@ impl FindingsStore {
             .active
             .iter()
             .filter(|(key, _)| rules.contains(&key.0.as_str()) && !observed.contains(*key))
+            .filter(|(key, _)| ending.may_end(&key.0, &key.1))
             .filter(|(_, i)| {
                 !(inner.reloaded.contains(&inner.findings[**i].id) && now_ns < self.grace_until_ns)
             })

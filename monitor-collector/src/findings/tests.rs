@@ -485,11 +485,24 @@ fn a_lost_gpu_is_found_and_its_stale_series_are_not() {
             .build(key()),
         30,
     );
-    // The ECC rule saw the GPU's errors before it was lost; once lost, only the loss stays.
-    let active: Vec<_> = found.iter().filter(|f| f.is_active()).collect();
-    assert_eq!(active.len(), 1, "{found:#?}");
-    assert_eq!(active[0].rule, "gpu_lost");
-    assert_eq!(active[0].gpu.as_deref(), Some("7"));
+    // The ECC rule saw the GPU's errors before it was lost. Once lost, its stale series are
+    // no evidence either way: the ECC finding stays as it was (nothing showed the errors
+    // gone: a reset GPU's count starts again at 0), the loss is found, and nothing else.
+    let mut active: Vec<_> = found
+        .iter()
+        .filter(|f| f.is_active())
+        .map(|f| (f.rule.as_str(), f.gpu.as_deref()))
+        .collect();
+    active.sort();
+    assert_eq!(
+        active,
+        [("gpu_ecc_uncorrected", Some("7")), ("gpu_lost", Some("7"))],
+        "{found:#?}"
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    let lost = found.iter().find(|f| f.rule == "gpu_lost").unwrap();
+    let ecc = found.iter().find(|f| f.rule != "gpu_lost").unwrap();
+    assert!(ecc.start < lost.start, "{found:#?}");
 }
 
 #[test]
@@ -876,4 +889,93 @@ fn a_node_whose_hardware_changed_after_the_profile_was_learnt_is_judged_again() 
         Thresholds::default(),
     );
     assert_eq!(found, active(&fresh));
+}
+
+/// The tick reads the live view before the findings threads take the counter samples of the
+/// frames it shows (ingest updates the live view first, then hands the samples over): here at
+/// every tick, a pass every simulated second, frames every 5 s. Every counter's track is made
+/// after the reading that found its series, and the quiet readings between two frames must
+/// not forget it: forgotten, its history went, and its findings ended and opened again at
+/// every flush (issue 45: `roce_congestion` ended in the middle of a storm).
+#[test]
+fn a_counter_read_before_its_samples_came_keeps_its_history_and_its_finding() {
+    let th = Thresholds {
+        tick_s: 1,
+        ..Thresholds::default()
+    };
+    let mut fleet = fleet(8).congested_port(5, 2).build(key());
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(th, store.clone());
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    for _ in 0..120 {
+        let t = fleet.tick_unix_ns(fleet.ticks());
+        let accepted: Vec<_> = fleet
+            .tick()
+            .iter()
+            .map(|f| table.ingest(f, from, t + 1_000_000).expect("accepted"))
+            .collect();
+        engine.refresh(&table);
+        engine.evaluate(Pass::All, t);
+        for a in &accepted {
+            engine.take_frame(&a.node, &a.frame, &a.schema, t);
+        }
+    }
+    let found = store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    });
+    assert_eq!(
+        rules(&found),
+        [port("roce_congestion", "node-005", "mlx5_2")]
+    );
+    assert_eq!(found.len(), 1, "opened once: {found:#?}");
+    assert!(found[0].is_active(), "{found:#?}");
+}
+
+/// A pass that cannot judge a subject (too few samples for a rate, a fleet too small to
+/// compare against, its series not there) leaves its finding as it was: only a pass that
+/// judged it and did not see the condition ends it.
+#[test]
+fn a_finding_ends_only_when_a_pass_judged_its_subject_and_did_not_see_it() {
+    use super::{Observation, Subject, verdicts::Verdicts};
+    let store = FindingsStore::in_memory();
+    let subject = Subject::port("n1", "mlx5_0", 1);
+    let storm = Observation {
+        rule: "roce_congestion",
+        severity: Severity::Warning,
+        subject: subject.clone(),
+        job_id: None,
+        at_ns: T0,
+        summary: "20000 CNPs/s".into(),
+        evidence: serde_json::json!({}),
+    };
+    let rules = ["roce_congestion"];
+    let mut opened = Verdicts::new(store.open_nodes(&rules));
+    opened.push(storm);
+    store.apply_judged(&opened, &rules, T0);
+    assert_eq!(store.active().len(), 1);
+    // Nothing judged (no rate): open.
+    let unjudged = Verdicts::new(store.open_nodes(&rules));
+    store.apply_judged(&unjudged, &rules, T0 + 5 * S);
+    assert_eq!(store.active().len(), 1, "ended without evidence");
+    // Another port of the node judged: still open.
+    let mut other = Verdicts::new(store.open_nodes(&rules));
+    other.judged("roce_congestion", "n1", || {
+        Some(Subject::port("n1", "mlx5_1", 1))
+    });
+    store.apply_judged(&other, &rules, T0 + 10 * S);
+    assert_eq!(store.active().len(), 1, "ended on another port's evidence");
+    // Its own port judged, the condition not seen: ended at that pass.
+    let mut gone = Verdicts::new(store.open_nodes(&rules));
+    gone.judged("roce_congestion", "n1", || Some(subject.clone()));
+    store.apply_judged(&gone, &rules, T0 + 15 * S);
+    assert!(store.active().is_empty());
+    let all = store.list(&super::store::FindingFilter {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..Default::default()
+    });
+    assert_eq!(all[0].end, Some(T0 + 15 * S));
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use monitor_wire::names::metric;
 use serde_json::json;
 
-use super::{Observation, Severity, Subject, view::View};
+use super::{Observation, Severity, Subject, verdicts::Verdicts, view::View};
 
 pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
 
@@ -25,7 +25,7 @@ const DISCONNECTS: &str = "cm_disconnects";
 /// Per (rule, node, job or cgroup): the increase, when it began, the `job_id`, the cgroups.
 type Sum = (u64, u64, Option<String>, Vec<String>);
 
-pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
+pub fn evaluate(view: &View, out: &mut Verdicts) {
     let th = view.th;
     let window = th.verbs_window_s * S;
     // (rule, node, job or cgroup) → (increase, when it began, job_id, cgroups)
@@ -41,12 +41,21 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
         let Some((n, _)) = track.increase(window) else {
             continue;
         };
+        let who = || {
+            labels.get("job_id").map_or_else(
+                || format!("cgroup:{}", labels.get("cgroup").unwrap_or("")),
+                str::to_owned,
+            )
+        };
+        if rule != DISCONNECTS {
+            out.judged(rule, &key.0, || Some(Subject::job(&key.0, &who())));
+        }
         if n == 0 {
             continue;
         }
         let job = labels.get("job_id").map(str::to_owned);
         let cgroup = labels.get("cgroup").unwrap_or("").to_owned();
-        let who = job.clone().unwrap_or_else(|| format!("cgroup:{cgroup}"));
+        let who = who();
         let e = sums
             .entry((rule, key.0.to_string(), who))
             .or_insert((0, 0, job, Vec::new()));
