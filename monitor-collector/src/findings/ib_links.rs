@@ -422,8 +422,8 @@ pub fn evaluate_series(view: &View, events: &EventState, grouping: &Grouping, ou
 
     for (key, track) in view.named(PHYS_STATE) {
         let Some(phys) = track.gauge() else { continue };
-        out.judged("ib_phys_state", &key.0, || port_of(key));
         if phys == LINK_UP {
+            out.judged("ib_phys_state", &key.0, || port_of(key));
             continue;
         }
         let Some(subject) = port_of(key) else {
@@ -439,9 +439,11 @@ pub fn evaluate_series(view: &View, events: &EventState, grouping: &Grouping, ou
             .unwrap_or(0);
         let since = track.changed_ns.max(last_down);
         let held = track.latest.unix_ns.saturating_sub(since);
-        if phys == LINK_UP || held < th.phys_state_grace_s * S {
+        // Within its grace nothing can be told yet (a blip, or a state a restart saw anew).
+        if held < th.phys_state_grace_s * S {
             continue;
         }
+        out.judged("ib_phys_state", &key.0, || Some(subject.clone()));
         // Blamed on what its last DOWN transition is blamed on.
         let blamed = grouping.upstream_of(downs, &port, last_down.max(1), since, view.now_ns);
         let mut evidence = json!({"phys_state": phys, "name": phys_name(phys), "for_s": held as f64 / 1e9,
