@@ -262,15 +262,30 @@ impl Acker {
 pub fn held_in_archive(
     reader: &ArchiveReader,
 ) -> Result<HashMap<Arc<str>, (u32, SeqSet)>, ArchiveError> {
+    Ok(recent_in_archive(reader)?.held)
+}
+
+/// What the archive says of the nodes heard in the [`HELD_HORIZON`] before its newest record.
+#[derive(Debug, Default)]
+pub struct RecentNodes {
+    /// Each node's newest session and the frames of it held ([`held_in_archive`]).
+    pub held: HashMap<Arc<str>, (u32, SeqSet)>,
+    /// When each node's newest frame was received (Unix ns): a node a restarted collector
+    /// does not hear from again is silent since then (`node_silent`), not unknown.
+    pub last_received_ns: HashMap<Arc<str>, u64>,
+}
+
+/// [`RecentNodes`], read in one pass over the horizon's records.
+pub fn recent_in_archive(reader: &ArchiveReader) -> Result<RecentNodes, ArchiveError> {
     let cutoff_ns = reader
         .last_received_ns()
         .saturating_sub(HELD_HORIZON.as_nanos() as u64);
-    let mut held: HashMap<Arc<str>, (u32, SeqSet)> = HashMap::new();
+    let mut recent = RecentNodes::default();
     let mut sequential = reader.sequential(reader.received_since(cutoff_ns));
     loop {
         let batch = sequential.next_batch(4096)?;
         if batch.is_empty() {
-            return Ok(held);
+            return Ok(recent);
         }
         for record in batch {
             if record.kind != RecordKind::Frame || record.received_ns < cutoff_ns {
@@ -279,7 +294,13 @@ pub fn held_in_archive(
             let Some((session, seq)) = wire::peek_sequence(&record.bytes) else {
                 continue;
             };
-            let entry = held
+            let last = recent
+                .last_received_ns
+                .entry(record.node.clone())
+                .or_default();
+            *last = (*last).max(record.received_ns);
+            let entry = recent
+                .held
                 .entry(record.node.clone())
                 .or_insert_with(|| (session, SeqSet::default()));
             if entry.0 != session {

@@ -53,6 +53,9 @@ pub struct Parts {
     /// What the archive holds of each node's newest session ([`crate::acks::held_in_archive`],
     /// read at start-up): copies of those frames are refused and acknowledged.
     pub held: HashMap<Arc<str>, (u32, monitor_wire::SeqSet)>,
+    /// When the archive last received a frame of each recent node (read at start-up): a node
+    /// not heard again is judged silent since then.
+    pub heard_before: HashMap<Arc<str>, u64>,
 }
 
 pub struct Collector {
@@ -190,7 +193,8 @@ impl Collector {
         let findings = match (parts.findings, findings_rx) {
             (Some((store, thresholds)), Some(rx)) => Some(FindingsThread::spawn(
                 FindingsEngine::new(thresholds, store)
-                    .with_board(shared.profile.clone().unwrap_or_default()),
+                    .with_board(shared.profile.clone().unwrap_or_default())
+                    .heard_before(parts.heard_before),
                 rx,
                 shared.clone(),
                 findings_beat,
@@ -336,6 +340,7 @@ mod tests {
             actions: None,
             test_routes: None,
             held: HashMap::new(),
+            heard_before: HashMap::new(),
         })
     }
 
@@ -629,6 +634,7 @@ mod tests {
             findings: None,
             actions: None,
             held: HashMap::new(),
+            heard_before: HashMap::new(),
         });
         let names: Vec<&str> = collector.shared().heartbeats.names().collect();
         for name in [

@@ -166,7 +166,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let archive = Archive::open(archive_config)
         .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
-    let held = monitor_collector::acks::held_in_archive(&reader)
+    let recent = monitor_collector::acks::recent_in_archive(&reader)
         .with_context(|| format!("reading back recent frames in {}", data_dir.display()))?;
     let archive = PublishingArchive::new(archive);
     let archive_stats = archive.stats();
@@ -225,7 +225,8 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         extra_metrics: Some(extra_metrics),
         findings: Some((store, thresholds)),
         actions,
-        held,
+        held: recent.held,
+        heard_before: recent.last_received_ns,
     };
     let collector = Collector::start(config, parts)?;
     let mut service = ServiceManager::from_env();

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | from the start | node-003's `mlx5_1/1` DOWN / Polling before its agent starts | `ib_port_down`, `ib_phys_state` (after its grace), `device_missing`; node-003 drained once |
 //! | step 6 | node-004 GPU 4 counts an uncorrected ECC error | `gpu_ecc_uncorrected`; node-004 drained once |
-//! | step 25 | node-002 GPU 3 raises XID 79 | `gpu_xid`, critical; its drain is on its way to Slurm when the collector is killed with SIGKILL (and the `scontrol` it started with it); node-001's agent is killed too and restarted while the collector is away; the collector restarted on its data drains node-002 once |
+//! | step 45 | node-002 GPU 3 raises XID 79 | `gpu_xid`, critical; its drain is on its way to Slurm when the collector is killed with SIGKILL (and the `scontrol` it started with it); node-001's agent is killed too and restarted while the collector is away; the collector restarted on its data drains node-002 once |
 //! | then | node-004's agent stops (SIGSTOP) for twice `silent-after-s` | `node_silent` opens; node-004's ECC finding stays open, marked stale; nothing resumes node-004; once its agent runs again `node_silent` ends |
 //!
 //! Asserted at the end, as an operator reads it back: the findings are exactly the expected
@@ -47,7 +47,7 @@ const NODES: [&str; 4] = ["node-001", "node-002", "node-003", "node-004"];
 const PORTS: usize = 4;
 const GPUS: usize = 8;
 /// The step (agent samples, 1 s apart) at which node-002's GPU 3 raises XID 79.
-const XID_STEP: u64 = 25;
+const XID_STEP: u64 = 45;
 const SILENT_AFTER_S: u64 = 10;
 
 /// Whether Slurm's packages are there (as actions_slurm.rs asks).
@@ -317,13 +317,18 @@ fn through_restarts_silence_and_load_each_fault_is_found_once_and_each_node_drai
         agents.iter().map(|a| Some(a.spawn(&program))).collect();
     let mut watched = Watched::default();
 
-    // The faults of nodes 3 and 4 are found and drained before the XID comes.
+    // The faults of nodes 3 and 4 are found and drained before the XID comes (the phys
+    // state past its grace: a stable gauge's second sample comes about 30 s after its first).
     for node in ["node-003", "node-004"] {
         wait_for(&format!("{node} drained"), Duration::from_secs(60), || {
             watched.look(&c);
             cluster.show(node).drained().then_some(())
         });
     }
+    wait_for("node-003's ib_phys_state", Duration::from_secs(60), || {
+        watched.look(&c);
+        c.active_finding("ib_phys_state", "node-003")
+    });
 
     // node-002's drain is on its way to Slurm: the collector dies with the scontrol it
     // started, and node-001's agent dies too.

@@ -340,6 +340,9 @@ pub struct SeriesEngine {
     hardware: FleetHardware,
     /// How the tick reads the live view, kept between ticks.
     live: LiveReader,
+    /// Nodes the archive heard before this collector started, not heard since, with when
+    /// their last frame came (Unix ns): silent since then, once `silent-after-s` has passed.
+    heard_before: HashMap<Arc<str>, u64>,
 }
 
 /// The golden profile is learnt again at most once every this many passes (30 s at the
@@ -471,10 +474,18 @@ impl SeriesEngine {
         // The nodes the table holds that sent nothing for `silent-after-s`: read before the
         // store ends anything, so their findings are kept.
         let after = self.th.silent_after_s;
-        let silent = self.live.silent_since(
-            self.pass,
-            now_ns.saturating_sub(after.saturating_mul(1_000_000_000)),
-        );
+        let before = now_ns.saturating_sub(after.saturating_mul(1_000_000_000));
+        let mut silent = self.live.silent_since(self.pass, before);
+        if !self.heard_before.is_empty() {
+            let live = &self.live;
+            self.heard_before.retain(|node, _| !live.knows(node));
+            silent.extend(
+                self.heard_before
+                    .iter()
+                    .filter(|(_, heard)| **heard < before)
+                    .map(|(n, heard)| (n.clone(), *heard)),
+            );
+        }
         self.store.set_silent(
             silent
                 .iter()
@@ -533,6 +544,7 @@ impl FindingsEngine {
                 profile_seen: Vec::new(),
                 hardware: FleetHardware::new(),
                 live: LiveReader::default(),
+                heard_before: HashMap::new(),
             },
         }
     }
@@ -540,6 +552,14 @@ impl FindingsEngine {
     /// Publishes the golden profile on `board` (the HTTP routes read it there).
     pub fn with_board(mut self, board: Arc<ProfileBoard>) -> Self {
         self.series.learner.set_board(board);
+        self
+    }
+
+    /// The nodes the archive heard before this collector started, each with when its last
+    /// frame came: one not heard again is `node_silent` since then (a restarted collector
+    /// knows the fleet it had, not only the nodes heard since).
+    pub fn heard_before(mut self, heard: HashMap<Arc<str>, u64>) -> Self {
+        self.series.heard_before = heard;
         self
     }
 

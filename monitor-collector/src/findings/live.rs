@@ -238,6 +238,11 @@ impl LiveReader {
         self.nodes.keys()
     }
 
+    /// Whether the last reading found `node`.
+    pub(super) fn knows(&self, node: &str) -> bool {
+        self.nodes.contains_key(node)
+    }
+
     /// Reads every node of `table` into `tracks` for tick `pass`: a watched gauge's latest
     /// value (a track made for a series new to the tick), every watched series with a latest
     /// value marked seen; each GPU's job noted in `gpu_jobs`.

@@ -374,6 +374,41 @@ fn a_silent_node_is_its_own_finding_and_its_other_findings_stay_open_marked_stal
     assert!(ended.end.is_some());
 }
 
+/// A restarted collector knows the nodes its archive heard before it started: one it does not
+/// hear again is silent since its last frame (issue 45: a node that fell silent while the
+/// collector was down was never found, its findings open and unmarked).
+#[test]
+fn a_node_not_heard_since_the_collector_restarted_is_silent_since_its_last_frame() {
+    let mut fleet = fleet(2).build(key());
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let last_heard = T0 - 20 * S;
+    let heard: std::collections::HashMap<Arc<str>, u64> = [
+        (Arc::from("node-001"), last_heard),
+        (Arc::from("node-007"), last_heard),
+    ]
+    .into();
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone()).heard_before(heard);
+    // 30 s: node-007 was last heard 50 s ago, under `silent-after-s` (60).
+    feed(&mut fleet, 30, &table, &mut engine);
+    assert!(store.active().is_empty(), "{:#?}", store.active());
+    feed(&mut fleet, 30, &table, &mut engine);
+    let active = store.active();
+    assert_eq!(
+        rules(&active),
+        [(
+            "node_silent".to_owned(),
+            "node-007".to_owned(),
+            None,
+            None,
+            None
+        )],
+        "{active:#?}"
+    );
+    assert_eq!(active[0].start, last_heard);
+    assert_eq!(active[0].evidence["last_heard"], last_heard);
+}
+
 #[test]
 fn thresholds_are_configurable() {
     let th = Thresholds {
