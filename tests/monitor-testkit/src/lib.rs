@@ -71,7 +71,7 @@ pub use fixture_agent::{
 pub use hgx::HgxNode;
 pub use job_processes::JobProcesses;
 pub use node_frames::{NodeFrame, NodeSender};
-pub use relay::Relay;
+pub use relay::{Impairment, Relay};
 pub use scratch::{
     KEY_HEX, copy_tree, free_tcp_port, free_udp_port, key_file, key_from_hex, scratch_dir,
 };

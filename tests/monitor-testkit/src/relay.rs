@@ -1,7 +1,10 @@
 //! A UDP relay between one agent and one collector that keeps a copy of every datagram the
 //! agent sent and of every reply (acknowledgement, schema request) the collector sent back,
 //! and can send the agent datagrams of its own from the address the agent sends to — what a
-//! forger on the collector's address would send.
+//! forger on the collector's address would send. [`Relay::impaired`] makes it a lossy link
+//! both ways: datagrams lost, passed on twice, or held back behind the next (reordered), as a
+//! congested network does to UDP (the host kernel here has no `netem`); what the agent sent is
+//! kept as it sent it, before the impairment.
 
 use monitor_wire::{ACK_MAGIC, Key, decode_ack, peek_sequence};
 use std::{
@@ -17,6 +20,65 @@ use std::{
 /// Datagrams with when the relay passed them on.
 pub type Relayed = Vec<(Instant, Vec<u8>)>;
 
+/// What a lossy link does to each datagram, each way, by chance (seeded: a run can be
+/// repeated).
+#[derive(Clone, Copy, Debug)]
+pub struct Impairment {
+    /// Lost.
+    pub loss: f64,
+    /// Passed on twice.
+    pub duplicate: f64,
+    /// Held back and passed on after the next datagram (or within 100 ms): reordered.
+    pub reorder: f64,
+    pub seed: u64,
+}
+
+/// One direction's impairment and the datagram it holds back.
+struct Lossy {
+    impairment: Impairment,
+    rng: fastrand::Rng,
+    held: Option<Vec<u8>>,
+}
+
+impl Lossy {
+    fn new(impairment: Impairment, way: u64) -> Self {
+        Self {
+            impairment,
+            rng: fastrand::Rng::with_seed(impairment.seed.wrapping_add(way)),
+            held: None,
+        }
+    }
+
+    /// Passes `datagram` on through `send` as the link would (`on`: impaired now).
+    fn pass(&mut self, on: bool, datagram: &[u8], send: &mut impl FnMut(&[u8])) {
+        if !on {
+            self.flush(send);
+            send(datagram);
+            return;
+        }
+        let i = self.impairment;
+        if self.rng.f64() < i.loss {
+            return;
+        }
+        if self.held.is_none() && self.rng.f64() < i.reorder {
+            self.held = Some(datagram.to_vec());
+            return;
+        }
+        send(datagram);
+        if self.rng.f64() < i.duplicate {
+            send(datagram);
+        }
+        self.flush(send);
+    }
+
+    /// Passes on what is held back.
+    fn flush(&mut self, send: &mut impl FnMut(&[u8])) {
+        if let Some(d) = self.held.take() {
+            send(&d);
+        }
+    }
+}
+
 pub struct Relay {
     /// Where the agent sends (give it as the agent's `--collector`).
     pub addr: SocketAddr,
@@ -25,6 +87,8 @@ pub struct Relay {
     sent: Arc<Mutex<Relayed>>,
     replies: Arc<Mutex<Relayed>>,
     stop: Arc<AtomicBool>,
+    /// Whether the impairment (if any) is on.
+    impaired: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<()>>,
 }
 
@@ -32,6 +96,21 @@ impl Relay {
     /// A relay on a free loopback port, forwarding to `collector` (which may be down: what
     /// the agent sends is kept all the same).
     pub fn start(collector: SocketAddr) -> Self {
+        Self::with(collector, None)
+    }
+
+    /// [`start`](Self::start), the link impaired both ways until
+    /// [`lift_impairment`](Self::lift_impairment).
+    pub fn impaired(collector: SocketAddr, impairment: Impairment) -> Self {
+        Self::with(collector, Some(impairment))
+    }
+
+    /// The link passes every datagram on as it comes from now on.
+    pub fn lift_impairment(&self) {
+        self.impaired.store(false, Ordering::Relaxed);
+    }
+
+    fn with(collector: SocketAddr, impairment: Option<Impairment>) -> Self {
         let front = UdpSocket::bind("127.0.0.1:0").unwrap();
         let back = UdpSocket::bind("127.0.0.1:0").unwrap();
         back.connect(collector).unwrap();
@@ -44,19 +123,33 @@ impl Relay {
         let replies: Arc<Mutex<Relayed>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let agent: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let impaired = Arc::new(AtomicBool::new(impairment.is_some()));
+        let lossy = |way| impairment.map(|i| Lossy::new(i, way));
         let forward = {
             let (front, back) = (front.try_clone().unwrap(), back.try_clone().unwrap());
             let (sent, stop, agent) = (sent.clone(), stop.clone(), agent.clone());
+            let (impaired, mut lossy) = (impaired.clone(), lossy(0));
             thread::spawn(move || {
                 let mut buf = vec![0; 65_536];
+                // A collector that is down refuses it (ECONNREFUSED later): ignored.
+                let mut send = |d: &[u8]| {
+                    let _ = back.send(d);
+                };
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok((n, from)) = front.recv_from(&mut buf) {
-                        *agent.lock().unwrap() = Some(from);
-                        sent.lock()
-                            .unwrap()
-                            .push((Instant::now(), buf[..n].to_vec()));
-                        // A collector that is down refuses it (ECONNREFUSED later): ignored.
-                        let _ = back.send(&buf[..n]);
+                    let Ok((n, from)) = front.recv_from(&mut buf) else {
+                        if let Some(l) = &mut lossy {
+                            l.flush(&mut send);
+                        }
+                        continue;
+                    };
+                    // The newest sender: an agent started again sends from another port.
+                    *agent.lock().unwrap() = Some(from);
+                    sent.lock()
+                        .unwrap()
+                        .push((Instant::now(), buf[..n].to_vec()));
+                    match &mut lossy {
+                        Some(l) => l.pass(impaired.load(Ordering::Relaxed), &buf[..n], &mut send),
+                        None => send(&buf[..n]),
                     }
                 }
             })
@@ -64,17 +157,28 @@ impl Relay {
         let back_channel = {
             let front = front.try_clone().unwrap();
             let (replies, stop, agent) = (replies.clone(), stop.clone(), agent.clone());
+            let (impaired, mut lossy) = (impaired.clone(), lossy(1));
             thread::spawn(move || {
                 let mut buf = vec![0; 65_536];
+                let mut send = |d: &[u8]| {
+                    if let Some(agent) = *agent.lock().unwrap() {
+                        let _ = front.send_to(d, agent);
+                    }
+                };
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(n) = back.recv(&mut buf)
-                        && let Some(agent) = *agent.lock().unwrap()
-                    {
-                        replies
-                            .lock()
-                            .unwrap()
-                            .push((Instant::now(), buf[..n].to_vec()));
-                        let _ = front.send_to(&buf[..n], agent);
+                    let Ok(n) = back.recv(&mut buf) else {
+                        if let Some(l) = &mut lossy {
+                            l.flush(&mut send);
+                        }
+                        continue;
+                    };
+                    replies
+                        .lock()
+                        .unwrap()
+                        .push((Instant::now(), buf[..n].to_vec()));
+                    match &mut lossy {
+                        Some(l) => l.pass(impaired.load(Ordering::Relaxed), &buf[..n], &mut send),
+                        None => send(&buf[..n]),
                     }
                 }
             })
@@ -86,6 +190,7 @@ impl Relay {
             sent,
             replies,
             stop,
+            impaired,
             threads: vec![forward, back_channel],
         }
     }
