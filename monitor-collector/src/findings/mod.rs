@@ -228,6 +228,22 @@ impl Finding {
         self.end.is_none()
     }
 
+    /// Until when an event rule's finding holds by its own evidence (Unix ns): an XID or a
+    /// lost GPU `hold_s` after its last occurrence, a flapping port `window_s` after its
+    /// last DOWN. A restarted collector has lost the events behind a reloaded finding: it
+    /// keeps the finding until then rather than end it (and resume its node) for want of
+    /// them.
+    pub fn holds_until_ns(&self) -> Option<u64> {
+        let e = &self.evidence;
+        let at = |k: &str| e.get(k).and_then(serde_json::Value::as_u64);
+        let s = |k: &str| at(k).map(|v| v.saturating_mul(1_000_000_000));
+        match (at("last").or(at("lost_at")), s("hold_s"), at("last_down"), s("window_s")) {
+            (Some(last), Some(hold), _, _) => Some(last.saturating_add(hold)),
+            (_, _, Some(last), Some(window)) => Some(last.saturating_add(window)),
+            _ => None,
+        }
+    }
+
     /// The (rule, subject) key the engine tracks it by.
     pub fn key(&self) -> (String, Subject) {
         let job = if self.device.is_none() && self.gpu.is_none() {

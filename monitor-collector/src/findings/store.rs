@@ -190,7 +190,10 @@ impl FindingsStore {
             .filter(|(key, _)| rules.contains(&key.0.as_str()) && !observed.contains(*key))
             .filter(|(key, _)| ending.may_end(&key.0, &key.1))
             .filter(|(_, i)| {
-                !(inner.reloaded.contains(&inner.findings[**i].id) && now_ns < self.grace_until_ns)
+                let f = &inner.findings[**i];
+                !(inner.reloaded.contains(&f.id)
+                    && (now_ns < self.grace_until_ns
+                        || f.holds_until_ns().is_some_and(|until| now_ns < until)))
             })
             .map(|(key, _)| key.clone())
             .collect();

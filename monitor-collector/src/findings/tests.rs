@@ -1014,3 +1014,37 @@ fn a_finding_ends_only_when_a_pass_judged_its_subject_and_did_not_see_it() {
     });
     assert_eq!(all[0].end, Some(T0 + 15 * S));
 }
+
+/// A restarted collector has lost the XIDs behind a reloaded `gpu_xid` finding: the finding
+/// holds for `xid-hold-s` after its last XID, as it would have without the restart, not
+/// only for `restart-grace-s` (ended then, its node was resumed for want of the events).
+#[test]
+fn a_reloaded_xid_finding_holds_for_its_own_hold_not_only_the_restart_grace() {
+    use super::{Observation, Subject};
+    let dir = std::env::temp_dir().join(format!("railscope-xid-hold-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let xid = Observation {
+        rule: "gpu_xid",
+        severity: Severity::Critical,
+        subject: Subject::gpu("n1", "3"),
+        job_id: None,
+        at_ns: T0,
+        summary: "XID 79".into(),
+        evidence: serde_json::json!({"last": T0 + 10 * S, "hold_s": 3600}),
+    };
+    {
+        let store = FindingsStore::open(&dir, 0, 0).unwrap();
+        store.apply(&[xid], &["gpu_xid"], T0 + 10 * S);
+    }
+    // Restarted 20 s later with the default grace (300 s).
+    let grace_until = T0 + 320 * S;
+    let store = FindingsStore::open(&dir, 0, grace_until).unwrap();
+    store.apply(&[], &["gpu_xid"], grace_until + S);
+    assert_eq!(store.active().len(), 1, "ended at the grace");
+    store.apply(&[], &["gpu_xid"], T0 + 3609 * S);
+    assert_eq!(store.active().len(), 1, "ended before its hold");
+    store.apply(&[], &["gpu_xid"], T0 + 3610 * S);
+    assert!(store.active().is_empty(), "held past its hold");
+    let _ = std::fs::remove_dir_all(&dir);
+}
