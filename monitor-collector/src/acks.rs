@@ -4,6 +4,11 @@
 //! receipt, so an agent drops from its spool only what a collector crash cannot lose. At
 //! start-up what the archive holds of recent sessions is read back ([`held_in_archive`]), so
 //! a collector that restarted refuses the copies it has and asks for the rest.
+//!
+//! With an acknowledgement that answers for frames received since the last one goes its timing
+//! ([`wire::AckTiming`]): when the newest of them arrived and when the answer left, so that the
+//! agent can estimate its clock's offset from the collector's (docs/wire-format.md,
+//! "Acknowledgement timing").
 
 use std::{
     collections::HashMap,
@@ -15,9 +20,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{self as wire, Ack, Key, SeqSet};
+use monitor_wire::{self as wire, Ack, AckTiming, Key, SeqSet};
 
-use crate::archive::{ArchiveError, ArchiveReader, RecordKind};
+use crate::{
+    archive::{ArchiveError, ArchiveReader, RecordKind},
+    clock::unix_now_ns,
+};
 
 /// Sessions acknowledged per node: the newest ones (an agent resumes its session across a
 /// restart, so a node rarely has more than one).
@@ -42,6 +50,8 @@ pub struct AckStats {
     pub errors: AtomicU64,
     /// Frames that arrived again after they were stored, acknowledged again.
     pub duplicates_answered: AtomicU64,
+    /// Timings sent with acknowledgements (their bytes are in `bytes`).
+    pub timings_sent: AtomicU64,
 }
 
 /// A frame accepted by ingest, to acknowledge once its record is durable.
@@ -50,6 +60,8 @@ pub struct Delivered {
     pub node: Arc<str>,
     pub session: u32,
     pub seq: u64,
+    /// When it was received (the collector's clock): its acknowledgement's timing says so.
+    pub received_ns: u64,
     /// Its size: an acknowledgement is never larger than the frames it answers.
     pub len: usize,
     /// Where the agent's socket is, and the key its frame carried (the node's own).
@@ -72,6 +84,9 @@ struct SessionAcks {
     durable: SeqSet,
     /// Bytes of frames answered since the last acknowledgement.
     answered: usize,
+    /// The newest frame made durable since the last acknowledgement, and when it was received:
+    /// the next acknowledgement's timing.
+    newest: Option<(u64, u64)>,
     last_added: Instant,
 }
 
@@ -81,6 +96,7 @@ impl SessionAcks {
             session,
             durable,
             answered: 0,
+            newest: None,
             last_added: Instant::now(),
         }
     }
@@ -180,6 +196,9 @@ impl Acker {
             &frame.key,
         );
         s.durable.insert(frame.seq);
+        if s.newest.is_none_or(|(seq, _)| frame.seq > seq) {
+            s.newest = Some((frame.seq, frame.received_ns));
+        }
         s.last_added = Instant::now();
         answer(&mut self.due, s, &frame.node, frame.len);
     }
@@ -208,7 +227,8 @@ impl Acker {
     }
 
     /// Sends the acknowledgements due: one per session that has new durable frames, sealed
-    /// with the key the node's frames carry, no larger than the frames it answers.
+    /// with the key the node's frames carry, no larger than the frames it answers; then its
+    /// timing, where a frame was received since the last one and both fit in that size.
     pub fn send_due(&mut self) {
         for (node, session) in std::mem::take(&mut self.due) {
             let Some(acks) = self.nodes.get_mut(&node) else {
@@ -220,27 +240,59 @@ impl Acker {
             if !acks.key_known {
                 continue;
             }
-            let max_len = std::mem::take(&mut s.answered).min(MAX_ACK_LEN);
+            let answered = std::mem::take(&mut s.answered);
+            let newest = s.newest.take();
             let ack = Ack::of(&node, session, &s.durable);
             let Some(socket) = &self.socket else {
                 continue;
             };
-            let sent = wire::encode_ack(&ack, &acks.key, max_len)
+            let send = |bytes: Vec<u8>| {
+                socket
+                    .send_to(&bytes, acks.to)
+                    .map(|_| bytes.len())
+                    .map_err(|e| e.to_string())
+            };
+            let sent = wire::encode_ack(&ack, &acks.key, answered.min(MAX_ACK_LEN))
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    socket
-                        .send_to(&bytes, acks.to)
-                        .map(|_| bytes.len())
-                        .map_err(|e| e.to_string())
-                });
-            match sent {
+                .and_then(send);
+            let len = match sent {
                 Ok(len) => {
                     self.stats.sent.fetch_add(1, Ordering::Relaxed);
                     self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    len
                 }
                 Err(e) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!("acknowledgement to {node} ({}): {e}", acks.to);
+                    continue;
+                }
+            };
+            let Some((seq, received_ns)) = newest else {
+                continue;
+            };
+            let mut timing = AckTiming {
+                node: node.to_string(),
+                session,
+                seq,
+                received_ns,
+                sent_ns: 0,
+            };
+            if len + timing.encoded_len() > answered {
+                continue;
+            }
+            // Stamped as late as can be: the time it spends here counts as network delay.
+            timing.sent_ns = unix_now_ns().max(received_ns);
+            match wire::encode_timing(&timing, &acks.key)
+                .map_err(|e| e.to_string())
+                .and_then(send)
+            {
+                Ok(len) => {
+                    self.stats.timings_sent.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("acknowledgement timing to {node} ({}): {e}", acks.to);
                 }
             }
         }

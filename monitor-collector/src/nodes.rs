@@ -104,6 +104,37 @@ const SLACK_NS: u64 = 60_000_000_000;
 /// `version` label).
 pub const AGENT_INFO: &str = metric::AGENT_INFO;
 
+/// The agent's latest clock offset estimate as its own gauges say (docs/agent.md, "Clock
+/// offset"): (sample time, seconds) of `railscope_agent_clock_offset_seconds` and of
+/// `railscope_agent_clock_offset_error_seconds`. Kept beside the agent's version rather than
+/// looked up among the node's series, which `/metrics` would do for every node at each scrape.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClockGauges {
+    offset: Option<(u64, f64)>,
+    error: Option<(u64, f64)>,
+}
+
+impl ClockGauges {
+    /// Takes a sample of `name` if it is one of the two and newer than the one held.
+    fn take(&mut self, name: &str, latest: &Latest) {
+        let held = match name {
+            metric::AGENT_CLOCK_OFFSET_SECONDS => &mut self.offset,
+            metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS => &mut self.error,
+            _ => return,
+        };
+        if let LatestValue::Gauge { mean, .. } = latest.value
+            && held.is_none_or(|(t, _)| latest.unix_ns >= t)
+        {
+            *held = Some((latest.unix_ns, mean));
+        }
+    }
+
+    /// (offset, error bound), seconds, once the agent sent both.
+    fn estimate(&self) -> Option<(f64, f64)> {
+        Some((self.offset?.1, self.error?.1))
+    }
+}
+
 /// Counts of one node beyond the receiver state's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeCounts {
@@ -131,6 +162,7 @@ struct Node {
     last_seen_unix_ns: u64,
     address: SocketAddr,
     agent_version: Option<String>,
+    clock: ClockGauges,
     /// A session that went beyond the series bounds: its frames are dropped until the node
     /// starts another session.
     refused_session: Option<u32>,
@@ -187,6 +219,11 @@ pub struct NodeSummary {
     pub node: String,
     pub address: String,
     pub agent_version: Option<String>,
+    /// The node's clock minus the collector's, seconds, as its agent last estimated it
+    /// (`railscope_agent_clock_offset_seconds`); None until the agent sent one.
+    pub clock_offset_seconds: Option<f64>,
+    /// The bound of that estimate's error, seconds.
+    pub clock_offset_error_seconds: Option<f64>,
     pub session: u32,
     pub last_seen_unix_ns: u64,
     pub series: usize,
@@ -536,6 +573,7 @@ impl NodeTable {
             last_seen_unix_ns: now_unix_ns,
             address: from,
             agent_version: None,
+            clock: ClockGauges::default(),
             refused_session: None,
             schema_asked: None,
             keys,
@@ -584,6 +622,8 @@ impl NodeTable {
                 entries: HashMap::default(),
             });
             node.latest.clear();
+            // The new session sends its own estimate after its first exchange.
+            node.clock = ClockGauges::default();
             node.refused_session = None;
             node.schema_asked = None;
             node.schema_stamp = self.next_stamp();
@@ -681,6 +721,7 @@ impl NodeTable {
             {
                 node.agent_version = Some(version.to_owned());
             }
+            node.clock.take(&series.name, &newest);
             match node.latest.get_mut(&s.id) {
                 Some(held) if held.unix_ns >= newest.unix_ns => {}
                 Some(held) => *held = newest,
@@ -748,6 +789,8 @@ impl NodeTable {
                     node: node.name.to_string(),
                     address: node.address.to_string(),
                     agent_version: node.agent_version.clone(),
+                    clock_offset_seconds: node.clock.estimate().map(|c| c.0),
+                    clock_offset_error_seconds: node.clock.estimate().map(|c| c.1),
                     session: node.schema.session,
                     last_seen_unix_ns: node.last_seen_unix_ns,
                     series: node.schema.entries.len(),
