@@ -106,7 +106,7 @@ pub fn evaluate(view: &View, out: &mut Vec<Observation>) {
             job_id: None,
             at_ns: clock.on_collector_clock(clock.at_ns),
             summary: format!(
-                "clock {:.1} ms {way} the collector's (within {error_ms:.1} ms; threshold {threshold_ms} ms): check its time service",
+                "clock {:.1} ms {way} the collector's (within {error_ms:.3} ms; threshold {threshold_ms} ms): check its time service",
                 offset_ms.abs()
             ),
             evidence: json!({
