@@ -341,3 +341,106 @@ pub fn held_in_archive(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+
+    use super::*;
+
+    const T0: u64 = 1_790_000_000_000_000_000;
+
+    fn key() -> Key {
+        Key::from_bytes([5; 32])
+    }
+
+    /// An acker sending from a loopback socket, and the agent's socket it sends to.
+    fn acker() -> (Acker, UdpSocket) {
+        let agent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        agent
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        (Acker::new(Some(socket), Arc::default()), agent)
+    }
+
+    fn delivered(seq: u64, received_ns: u64, len: usize, to: SocketAddr) -> Delivered {
+        Delivered {
+            node: "n1".into(),
+            session: 7,
+            seq,
+            received_ns,
+            len,
+            from: to,
+            key: key(),
+        }
+    }
+
+    /// Every datagram that came within the read timeout.
+    fn received(agent: &UdpSocket) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = agent.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn an_acknowledgement_of_new_frames_comes_with_the_timing_of_the_newest() {
+        let (mut acker, agent) = acker();
+        let to = agent.local_addr().unwrap();
+        for (seq, at) in [(3, T0 + 30), (5, T0 + 50), (4, T0 + 40)] {
+            acker.durable(&delivered(seq, at, 1000, to));
+        }
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 2, "an acknowledgement and its timing");
+        let ack = wire::decode_ack(&got[0], &key()).unwrap();
+        assert!(ack.holds(5) && ack.holds(3));
+        let timing = wire::decode_timing(&got[1], &key()).unwrap();
+        assert_eq!(
+            (
+                timing.node.as_str(),
+                timing.session,
+                timing.seq,
+                timing.received_ns
+            ),
+            ("n1", 7, 5, T0 + 50)
+        );
+        assert!(timing.sent_ns >= timing.received_ns);
+        // A copy of a frame it holds: acknowledged again, but nothing new was received, so
+        // no timing.
+        acker.duplicate(&Copied {
+            node: "n1".into(),
+            session: 7,
+            seq: 5,
+            len: 1000,
+            from: to,
+        });
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].starts_with(&wire::ACK_MAGIC));
+        assert_eq!(acker.stats.timings_sent.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_timing_is_left_out_where_both_would_be_larger_than_the_frames_answered() {
+        let (mut acker, agent) = acker();
+        let to = agent.local_addr().unwrap();
+        // A frame of 60 bytes: room for the acknowledgement, not for both.
+        acker.durable(&delivered(0, T0, 60, to));
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].starts_with(&wire::ACK_MAGIC));
+        assert!(got[0].len() <= 60);
+        // Frames read back from the archive at start-up are durable already: nothing is due.
+        let mut held = SeqSet::default();
+        held.insert(0);
+        acker.seed(&Arc::from("n2"), 9, held);
+        acker.send_due();
+        assert!(received(&agent).is_empty());
+    }
+}

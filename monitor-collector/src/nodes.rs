@@ -1047,6 +1047,50 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_s_clock_offset_is_shown_once_both_gauges_came_and_forgotten_with_its_session() {
+        let table = table(Limits::default());
+        let clock = |table: &NodeTable| {
+            let s = &table.summaries()[0];
+            (s.clock_offset_seconds, s.clock_offset_error_seconds)
+        };
+        let gauge = |enc: &mut FrameEncoder, name: &str, t: u64, v: f64| {
+            enc.push_reading(&Reading {
+                series: Series {
+                    name: name.into(),
+                    labels: Labels::default(),
+                    kind: Kind::Gauge,
+                },
+                value: Value::F64(v),
+                unix_ns: t,
+            })
+            .unwrap();
+        };
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        let send = |enc: &mut FrameEncoder, t: u64| {
+            for frame in enc.flush(t) {
+                table.ingest(&frame, FROM.parse().unwrap(), T0).unwrap();
+            }
+        };
+        gauge(&mut enc, metric::AGENT_CLOCK_OFFSET_SECONDS, T0, 3.0);
+        send(&mut enc, T0);
+        assert_eq!(clock(&table), (None, None), "the offset without its bound");
+        gauge(&mut enc, metric::AGENT_CLOCK_OFFSET_SECONDS, T0 + 1, -0.25);
+        gauge(
+            &mut enc,
+            metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
+            T0 + 1,
+            0.001,
+        );
+        send(&mut enc, T0 + 1);
+        assert_eq!(clock(&table), (Some(-0.25), Some(0.001)));
+        // The agent restarted: a new session, no estimate until it sends one.
+        let mut restarted = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        gauge(&mut restarted, metric::GPU_POWER_WATTS, T0 + 2, 300.0);
+        send(&mut restarted, T0 + 2);
+        assert_eq!(clock(&table), (None, None));
+    }
+
+    #[test]
     fn accepted_frames_update_latest_values_and_counts() {
         let table = table(Limits::default());
         let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
