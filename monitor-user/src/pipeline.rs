@@ -104,8 +104,8 @@ pub struct Pipeline {
     /// Samples the readings handed to [`Pipeline::on_readings`] (the verb counters).
     sampler: AdaptiveSampler,
     encoder: FrameEncoder,
-    /// One per collector, with what that collector sent back (acknowledgements, schema
-    /// requests).
+    /// One per collector, with what that collector sent back (acknowledgements and their
+    /// timings, schema requests).
     senders: Vec<(SenderHandle, mpsc::Receiver<Reply>)>,
     spool: Spool,
     /// When each frame was sent, the acknowledgements' timings: the node's clock offset.
@@ -422,7 +422,14 @@ impl Pipeline {
                     match wire::decode_timing(&datagram, &self.key) {
                         Ok(timing) => {
                             let back = TimeBase::global().unix_ns(received);
+                            let first = self.clock.estimate().is_none();
                             match self.clock.take(i, &timing, back) {
+                                Ok(e) if first => tracing::info!(
+                                    "clock offset from {}: {:+.6} s within {:.6} s (the node's clock minus the collector's; sent from now on)",
+                                    sender.target(),
+                                    e.offset_seconds(),
+                                    e.error_seconds()
+                                ),
                                 Ok(e) => tracing::debug!(
                                     "clock offset from {}: {:+.6} s within {:.6} s",
                                     sender.target(),
