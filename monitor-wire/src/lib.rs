@@ -29,9 +29,9 @@
 //! Modules, one concept each: `key`, `keyring` (per-node keys and what a receiver accepts), `series` (the series model), `frame` (the frame model and
 //! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
 //! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
-//! value coders), `request` (schema requests), `ack` and `ack_timing` (acknowledgements and their timing),
-//! `clock_offset` (a node's clock offset from the acknowledgements' round trips), `receiver` (receiver state), `encoder`,
-//! `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
+//! value coders), `request` (schema requests), `ack` and `ack_timing` (acknowledgements and
+//! their timing), `clock_offset` (a node's clock offset from the acknowledgements' round
+//! trips), `receiver` (receiver state), `encoder`, `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
 //! the collector reads), `pci` (a device's place on the PCIe tree and the distance between two).
 
 mod ack;
