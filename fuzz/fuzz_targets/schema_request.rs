@@ -1,9 +1,10 @@
 //! The agent's decoders of what a collector sends back (a datagram arriving on the agent's
-//! socket): schema requests and acknowledgements, as received or sealed with the key.
+//! socket): schema requests, acknowledgements and their timings, as received or sealed with
+//! the key.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use monitor_wire::{Key, decode_ack, decode_schema_request, seal_for_fuzzing};
+use monitor_wire::{Key, decode_ack, decode_schema_request, decode_timing, seal_for_fuzzing};
 
 fuzz_target!(|data: &[u8]| {
     // The layout of the frame targets' inputs: flags, a length (unused here), the datagram.
@@ -27,5 +28,9 @@ fuzz_target!(|data: &[u8]| {
             from = end;
         }
         let _ = ack.holds(from);
+    }
+    if let Ok(timing) = decode_timing(&bytes, &key) {
+        // What the clock filter takes as t2 and t3: never answered before received.
+        assert!(timing.sent_ns >= timing.received_ns);
     }
 });

@@ -4,6 +4,11 @@
 //! receipt, so an agent drops from its spool only what a collector crash cannot lose. At
 //! start-up what the archive holds of recent sessions is read back ([`held_in_archive`]), so
 //! a collector that restarted refuses the copies it has and asks for the rest.
+//!
+//! With an acknowledgement that answers for frames received since the last one goes its timing
+//! ([`wire::AckTiming`]): when the newest of them arrived and when the answer left, so that the
+//! agent can estimate its clock's offset from the collector's (docs/wire-format.md,
+//! "Acknowledgement timing").
 
 use std::{
     collections::HashMap,
@@ -15,9 +20,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor_wire::{self as wire, Ack, Key, SeqSet};
+use monitor_wire::{self as wire, Ack, AckTiming, Key, SeqSet};
 
-use crate::archive::{ArchiveError, ArchiveReader, RecordKind};
+use crate::{
+    archive::{ArchiveError, ArchiveReader, RecordKind},
+    clock::unix_now_ns,
+};
 
 /// Sessions acknowledged per node: the newest ones (an agent resumes its session across a
 /// restart, so a node rarely has more than one).
@@ -42,6 +50,8 @@ pub struct AckStats {
     pub errors: AtomicU64,
     /// Frames that arrived again after they were stored, acknowledged again.
     pub duplicates_answered: AtomicU64,
+    /// Timings sent with acknowledgements (their bytes are in `bytes`).
+    pub timings_sent: AtomicU64,
 }
 
 /// A frame accepted by ingest, to acknowledge once its record is durable.
@@ -50,6 +60,8 @@ pub struct Delivered {
     pub node: Arc<str>,
     pub session: u32,
     pub seq: u64,
+    /// When it was received (the collector's clock): its acknowledgement's timing says so.
+    pub received_ns: u64,
     /// Its size: an acknowledgement is never larger than the frames it answers.
     pub len: usize,
     /// Where the agent's socket is, and the key its frame carried (the node's own).
@@ -72,6 +84,9 @@ struct SessionAcks {
     durable: SeqSet,
     /// Bytes of frames answered since the last acknowledgement.
     answered: usize,
+    /// The newest frame made durable since the last acknowledgement, and when it was received:
+    /// the next acknowledgement's timing.
+    newest: Option<(u64, u64)>,
     last_added: Instant,
 }
 
@@ -81,6 +96,7 @@ impl SessionAcks {
             session,
             durable,
             answered: 0,
+            newest: None,
             last_added: Instant::now(),
         }
     }
@@ -180,6 +196,9 @@ impl Acker {
             &frame.key,
         );
         s.durable.insert(frame.seq);
+        if s.newest.is_none_or(|(seq, _)| frame.seq > seq) {
+            s.newest = Some((frame.seq, frame.received_ns));
+        }
         s.last_added = Instant::now();
         answer(&mut self.due, s, &frame.node, frame.len);
     }
@@ -208,7 +227,8 @@ impl Acker {
     }
 
     /// Sends the acknowledgements due: one per session that has new durable frames, sealed
-    /// with the key the node's frames carry, no larger than the frames it answers.
+    /// with the key the node's frames carry, no larger than the frames it answers; then its
+    /// timing, where a frame was received since the last one and both fit in that size.
     pub fn send_due(&mut self) {
         for (node, session) in std::mem::take(&mut self.due) {
             let Some(acks) = self.nodes.get_mut(&node) else {
@@ -220,27 +240,59 @@ impl Acker {
             if !acks.key_known {
                 continue;
             }
-            let max_len = std::mem::take(&mut s.answered).min(MAX_ACK_LEN);
+            let answered = std::mem::take(&mut s.answered);
+            let newest = s.newest.take();
             let ack = Ack::of(&node, session, &s.durable);
             let Some(socket) = &self.socket else {
                 continue;
             };
-            let sent = wire::encode_ack(&ack, &acks.key, max_len)
+            let send = |bytes: Vec<u8>| {
+                socket
+                    .send_to(&bytes, acks.to)
+                    .map(|_| bytes.len())
+                    .map_err(|e| e.to_string())
+            };
+            let sent = wire::encode_ack(&ack, &acks.key, answered.min(MAX_ACK_LEN))
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    socket
-                        .send_to(&bytes, acks.to)
-                        .map(|_| bytes.len())
-                        .map_err(|e| e.to_string())
-                });
-            match sent {
+                .and_then(send);
+            let len = match sent {
                 Ok(len) => {
                     self.stats.sent.fetch_add(1, Ordering::Relaxed);
                     self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    len
                 }
                 Err(e) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!("acknowledgement to {node} ({}): {e}", acks.to);
+                    continue;
+                }
+            };
+            let Some((seq, received_ns)) = newest else {
+                continue;
+            };
+            let mut timing = AckTiming {
+                node: node.to_string(),
+                session,
+                seq,
+                received_ns,
+                sent_ns: 0,
+            };
+            if len + timing.encoded_len() > answered {
+                continue;
+            }
+            // Stamped as late as can be: the time it spends here counts as network delay.
+            timing.sent_ns = unix_now_ns().max(received_ns);
+            match wire::encode_timing(&timing, &acks.key)
+                .map_err(|e| e.to_string())
+                .and_then(send)
+            {
+                Ok(len) => {
+                    self.stats.timings_sent.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("acknowledgement timing to {node} ({}): {e}", acks.to);
                 }
             }
         }
@@ -308,5 +360,108 @@ pub fn recent_in_archive(reader: &ArchiveReader) -> Result<RecentNodes, ArchiveE
             }
             entry.1.insert(seq);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+
+    use super::*;
+
+    const T0: u64 = 1_790_000_000_000_000_000;
+
+    fn key() -> Key {
+        Key::from_bytes([5; 32])
+    }
+
+    /// An acker sending from a loopback socket, and the agent's socket it sends to.
+    fn acker() -> (Acker, UdpSocket) {
+        let agent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        agent
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        (Acker::new(Some(socket), Arc::default()), agent)
+    }
+
+    fn delivered(seq: u64, received_ns: u64, len: usize, to: SocketAddr) -> Delivered {
+        Delivered {
+            node: "n1".into(),
+            session: 7,
+            seq,
+            received_ns,
+            len,
+            from: to,
+            key: key(),
+        }
+    }
+
+    /// Every datagram that came within the read timeout.
+    fn received(agent: &UdpSocket) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = agent.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn an_acknowledgement_of_new_frames_comes_with_the_timing_of_the_newest() {
+        let (mut acker, agent) = acker();
+        let to = agent.local_addr().unwrap();
+        for (seq, at) in [(3, T0 + 30), (5, T0 + 50), (4, T0 + 40)] {
+            acker.durable(&delivered(seq, at, 1000, to));
+        }
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 2, "an acknowledgement and its timing");
+        let ack = wire::decode_ack(&got[0], &key()).unwrap();
+        assert!(ack.holds(5) && ack.holds(3));
+        let timing = wire::decode_timing(&got[1], &key()).unwrap();
+        assert_eq!(
+            (
+                timing.node.as_str(),
+                timing.session,
+                timing.seq,
+                timing.received_ns
+            ),
+            ("n1", 7, 5, T0 + 50)
+        );
+        assert!(timing.sent_ns >= timing.received_ns);
+        // A copy of a frame it holds: acknowledged again, but nothing new was received, so
+        // no timing.
+        acker.duplicate(&Copied {
+            node: "n1".into(),
+            session: 7,
+            seq: 5,
+            len: 1000,
+            from: to,
+        });
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].starts_with(&wire::ACK_MAGIC));
+        assert_eq!(acker.stats.timings_sent.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_timing_is_left_out_where_both_would_be_larger_than_the_frames_answered() {
+        let (mut acker, agent) = acker();
+        let to = agent.local_addr().unwrap();
+        // A frame of 60 bytes: room for the acknowledgement, not for both.
+        acker.durable(&delivered(0, T0, 60, to));
+        acker.send_due();
+        let got = received(&agent);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].starts_with(&wire::ACK_MAGIC));
+        assert!(got[0].len() <= 60);
+        // Frames read back from the archive at start-up are durable already: nothing is due.
+        let mut held = SeqSet::default();
+        held.insert(0);
+        acker.seed(&Arc::from("n2"), 9, held);
+        acker.send_due();
+        assert!(received(&agent).is_empty());
     }
 }

@@ -360,9 +360,16 @@ fn render_health(out: &mut String, shared: &Shared) {
     );
     one(
         out,
+        "railscope_collector_ack_timings_sent_total",
+        Counter,
+        "Timings sent with acknowledgements (when the newest frame answered for arrived, when the answer left): the agents' clock offset exchanges.",
+        get(&acks.timings_sent),
+    );
+    one(
+        out,
         "railscope_collector_ack_bytes_total",
         Counter,
-        "Bytes of the acknowledgements sent (UDP payload).",
+        "Bytes of the acknowledgements and their timings sent (UDP payload).",
         get(&acks.bytes),
     );
     one(
@@ -619,6 +626,33 @@ fn render_node_families(out: &mut String, nodes: &[crate::nodes::NodeSummary]) {
         Gauge,
         "When the node's last frame was accepted.",
         &per_node(&|n| float(n.last_seen_unix_ns as f64 / 1e9)),
+    );
+    // The agents' clock offsets, of the nodes that sent one (docs/agent.md, "Clock offset").
+    let clocks = |f: &dyn Fn(&crate::nodes::NodeSummary) -> Option<f64>| -> Vec<(String, String)> {
+        nodes
+            .iter()
+            .filter_map(|n| {
+                let value = f(n)?;
+                let mut labels = String::from("{");
+                label(&mut labels, "node", &n.node, true);
+                labels.push('}');
+                Some((labels, float(value)))
+            })
+            .collect()
+    };
+    family(
+        out,
+        "railscope_collector_node_clock_offset_seconds",
+        Gauge,
+        "The node's clock minus the collector's, as its agent last estimated it from the acknowledgements' round trips (positive: the node runs ahead).",
+        &clocks(&|n| n.clock_offset_seconds),
+    );
+    family(
+        out,
+        "railscope_collector_node_clock_offset_error_seconds",
+        Gauge,
+        "The bound of the error of railscope_collector_node_clock_offset_seconds.",
+        &clocks(&|n| n.clock_offset_error_seconds),
     );
     let info: Vec<(String, String)> = nodes
         .iter()

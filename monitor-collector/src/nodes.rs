@@ -104,6 +104,37 @@ const SLACK_NS: u64 = 60_000_000_000;
 /// `version` label).
 pub const AGENT_INFO: &str = metric::AGENT_INFO;
 
+/// The agent's latest clock offset estimate as its own gauges say (docs/agent.md, "Clock
+/// offset"): (sample time, seconds) of `railscope_agent_clock_offset_seconds` and of
+/// `railscope_agent_clock_offset_error_seconds`. Kept beside the agent's version rather than
+/// looked up among the node's series, which `/metrics` would do for every node at each scrape.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClockGauges {
+    offset: Option<(u64, f64)>,
+    error: Option<(u64, f64)>,
+}
+
+impl ClockGauges {
+    /// Takes a sample of `name` if it is one of the two and newer than the one held.
+    fn take(&mut self, name: &str, latest: &Latest) {
+        let held = match name {
+            metric::AGENT_CLOCK_OFFSET_SECONDS => &mut self.offset,
+            metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS => &mut self.error,
+            _ => return,
+        };
+        if let LatestValue::Gauge { mean, .. } = latest.value
+            && held.is_none_or(|(t, _)| latest.unix_ns >= t)
+        {
+            *held = Some((latest.unix_ns, mean));
+        }
+    }
+
+    /// (offset, error bound), seconds, once the agent sent both.
+    fn estimate(&self) -> Option<(f64, f64)> {
+        Some((self.offset?.1, self.error?.1))
+    }
+}
+
 /// Counts of one node beyond the receiver state's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeCounts {
@@ -131,6 +162,7 @@ struct Node {
     last_seen_unix_ns: u64,
     address: SocketAddr,
     agent_version: Option<String>,
+    clock: ClockGauges,
     /// A session that went beyond the series bounds: its frames are dropped until the node
     /// starts another session.
     refused_session: Option<u32>,
@@ -187,6 +219,11 @@ pub struct NodeSummary {
     pub node: String,
     pub address: String,
     pub agent_version: Option<String>,
+    /// The node's clock minus the collector's, seconds, as its agent last estimated it
+    /// (`railscope_agent_clock_offset_seconds`); None until the agent sent one.
+    pub clock_offset_seconds: Option<f64>,
+    /// The bound of that estimate's error, seconds.
+    pub clock_offset_error_seconds: Option<f64>,
     pub session: u32,
     pub last_seen_unix_ns: u64,
     pub series: usize,
@@ -536,6 +573,7 @@ impl NodeTable {
             last_seen_unix_ns: now_unix_ns,
             address: from,
             agent_version: None,
+            clock: ClockGauges::default(),
             refused_session: None,
             schema_asked: None,
             keys,
@@ -584,6 +622,8 @@ impl NodeTable {
                 entries: HashMap::default(),
             });
             node.latest.clear();
+            // The new session sends its own estimate after its first exchange.
+            node.clock = ClockGauges::default();
             node.refused_session = None;
             node.schema_asked = None;
             node.schema_stamp = self.next_stamp();
@@ -681,6 +721,7 @@ impl NodeTable {
             {
                 node.agent_version = Some(version.to_owned());
             }
+            node.clock.take(&series.name, &newest);
             match node.latest.get_mut(&s.id) {
                 Some(held) if held.unix_ns >= newest.unix_ns => {}
                 Some(held) => *held = newest,
@@ -748,6 +789,8 @@ impl NodeTable {
                     node: node.name.to_string(),
                     address: node.address.to_string(),
                     agent_version: node.agent_version.clone(),
+                    clock_offset_seconds: node.clock.estimate().map(|c| c.0),
+                    clock_offset_error_seconds: node.clock.estimate().map(|c| c.1),
                     session: node.schema.session,
                     last_seen_unix_ns: node.last_seen_unix_ns,
                     series: node.schema.entries.len(),
@@ -1001,6 +1044,50 @@ mod tests {
         assert_eq!(rate(&two[..1], None), None);
         // A counter that went back (the agent's device reset): no rate rather than a huge one.
         assert_eq!(rate(&[sample(T0 + 1_000_000_000, 3)], Some(held)), None);
+    }
+
+    #[test]
+    fn the_agent_s_clock_offset_is_shown_once_both_gauges_came_and_forgotten_with_its_session() {
+        let table = table(Limits::default());
+        let clock = |table: &NodeTable| {
+            let s = &table.summaries()[0];
+            (s.clock_offset_seconds, s.clock_offset_error_seconds)
+        };
+        let gauge = |enc: &mut FrameEncoder, name: &str, t: u64, v: f64| {
+            enc.push_reading(&Reading {
+                series: Series {
+                    name: name.into(),
+                    labels: Labels::default(),
+                    kind: Kind::Gauge,
+                },
+                value: Value::F64(v),
+                unix_ns: t,
+            })
+            .unwrap();
+        };
+        let mut enc = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        let send = |enc: &mut FrameEncoder, t: u64| {
+            for frame in enc.flush(t) {
+                table.ingest(&frame, FROM.parse().unwrap(), T0).unwrap();
+            }
+        };
+        gauge(&mut enc, metric::AGENT_CLOCK_OFFSET_SECONDS, T0, 3.0);
+        send(&mut enc, T0);
+        assert_eq!(clock(&table), (None, None), "the offset without its bound");
+        gauge(&mut enc, metric::AGENT_CLOCK_OFFSET_SECONDS, T0 + 1, -0.25);
+        gauge(
+            &mut enc,
+            metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
+            T0 + 1,
+            0.001,
+        );
+        send(&mut enc, T0 + 1);
+        assert_eq!(clock(&table), (Some(-0.25), Some(0.001)));
+        // The agent restarted: a new session, no estimate until it sends one.
+        let mut restarted = FrameEncoder::new(EncoderConfig::new("n1"), key()).unwrap();
+        gauge(&mut restarted, metric::GPU_POWER_WATTS, T0 + 2, 300.0);
+        send(&mut restarted, T0 + 2);
+        assert_eq!(clock(&table), (None, None));
     }
 
     #[test]

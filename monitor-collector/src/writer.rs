@@ -163,6 +163,7 @@ impl QueuedFrame {
             node: self.node.clone(),
             session: self.session,
             seq: self.seq,
+            received_ns: self.received_ns,
             len: self.bytes.len(),
             from: self.from,
             key: self.key.clone(),

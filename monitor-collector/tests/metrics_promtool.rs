@@ -121,6 +121,12 @@ fn every_metrics_route_passes_promtool_check_metrics() {
         (metric::IB_OUT_OF_BUFFER_TOTAL, "gpu-node"),
         (metric::AGENT_RSS_BYTES, "gpu-node"),
         (metric::IB_SENT_PKTS_TOTAL, "rxe-node"),
+        // The agent's clock offset and the collector's per-node family of it.
+        (metric::AGENT_CLOCK_OFFSET_SECONDS, "rxe-node"),
+        (
+            "railscope_collector_node_clock_offset_error_seconds",
+            "rxe-node",
+        ),
     ];
     let deadline = Instant::now() + Duration::from_secs(30);
     let fleet = loop {

@@ -11,6 +11,8 @@
 //!   [`monitor_wire::Reading`]s.
 //! - [`sampler`]: Moneo-style adaptive sampling of those readings.
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
+//! - [`clock_exchange`]: the node's clock offset from its collector's, from the
+//!   acknowledgements' round trips.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`replay`]: `railscope replay`, a capture file's frames sent to a collector.
 //! - [`pipeline`]: sources -> sampler -> encoder -> sender, for `agent --collector`.
@@ -27,6 +29,7 @@ pub mod agent;
 pub mod btf;
 pub mod capture;
 pub mod cgroup;
+pub mod clock_exchange;
 pub mod jobs;
 pub mod kernel;
 pub mod listen;

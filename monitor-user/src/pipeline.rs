@@ -9,7 +9,9 @@
 //! - the frame encoder batches samples until the flush interval and sends events at once;
 //! - the sender ships frames over UDP without ever blocking this loop, to each collector
 //!   (a pair); the spool keeps every frame until the collectors acknowledge it and sends
-//!   again what they lack.
+//!   again what they lack;
+//! - each acknowledgement's timing is a round trip from which the node's clock offset from
+//!   its collector's is estimated ([`crate::clock_exchange`]), sent with every flush.
 //!
 //! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
 
@@ -28,9 +30,10 @@ use monitor_wire::{
 use tokio::sync::mpsc;
 
 use crate::{
+    clock_exchange::ClockExchanges,
     jobs::{Job, JobRules},
     sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
-    sender::{Sender, SenderHandle, SenderStats, Target},
+    sender::{Reply, Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
         ethtool::EthtoolStats,
@@ -101,10 +104,12 @@ pub struct Pipeline {
     /// Samples the readings handed to [`Pipeline::on_readings`] (the verb counters).
     sampler: AdaptiveSampler,
     encoder: FrameEncoder,
-    /// One per collector, with what that collector sent back (acknowledgements, schema
-    /// requests).
-    senders: Vec<(SenderHandle, mpsc::Receiver<Vec<u8>>)>,
+    /// One per collector, with what that collector sent back (acknowledgements and their
+    /// timings, schema requests).
+    senders: Vec<(SenderHandle, mpsc::Receiver<Reply>)>,
     spool: Spool,
+    /// When each frame was sent, the acknowledgements' timings: the node's clock offset.
+    clock: ClockExchanges,
     polled: mpsc::Receiver<Polled>,
     poller: std_mpsc::Sender<FlushRequest>,
     key: Key,
@@ -209,6 +214,7 @@ impl Pipeline {
         if let Some((file, loaded)) = file {
             attach_file(&mut spool, file, loaded, &encoder);
         }
+        let clock = ClockExchanges::new(&options.node, encoder.session(), options.collectors.len());
         let sampler = sampler_config(options.interval, options.adaptive, &options.sampling)?;
         let (tx, polled) = mpsc::channel(64);
         let (poller, requests) = std_mpsc::channel();
@@ -232,6 +238,7 @@ impl Pipeline {
             encoder,
             senders,
             spool,
+            clock,
             polled,
             poller,
             key,
@@ -388,19 +395,63 @@ impl Pipeline {
             }
         }
         self.hardware_sent = hardware;
+        for (series, value) in self.clock.gauges() {
+            if let Err(e) = self
+                .encoder
+                .push_sample(series, Sample::Gauge(GaugeSample::reading(now, value)))
+            {
+                tracing::debug!("clock offset not encoded: {e}");
+            }
+        }
         let frames = self.encoder.flush(now);
         self.send(frames);
     }
 
     /// Takes what the collectors sent back: acknowledgements (frames leave the spool, gaps
-    /// are sent again) and schema requests (a collector that restarted asks for the schema of
-    /// this session); anything else (another node's, a forged or garbled datagram) is
-    /// counted or ignored.
+    /// are sent again), their timings (the node's clock offset) and schema requests (a
+    /// collector that restarted asks for the schema of this session); anything else
+    /// (another node's, a forged or garbled datagram) is counted or ignored.
     fn take_replies(&mut self) {
         let mut asked = None;
         let now = Instant::now();
         for (i, (sender, replies)) in self.senders.iter_mut().enumerate() {
-            while let Ok(datagram) = replies.try_recv() {
+            while let Ok(Reply { datagram, received }) = replies.try_recv() {
+                if datagram.starts_with(&wire::TIMING_MAGIC) {
+                    // Counted like an acknowledgement when it is not the collector's (a
+                    // wrong MAC); one the agent cannot time is only logged.
+                    match wire::decode_timing(&datagram, &self.key) {
+                        Ok(timing) => {
+                            let back = TimeBase::global().unix_ns(received);
+                            let first = self.clock.estimate().is_none();
+                            match self.clock.take(i, &timing, back) {
+                                Ok(e) if first => tracing::info!(
+                                    "clock offset from {}: {:+.6} s within {:.6} s (the node's clock minus the collector's; sent from now on)",
+                                    sender.target(),
+                                    e.offset_seconds(),
+                                    e.error_seconds()
+                                ),
+                                Ok(e) => tracing::debug!(
+                                    "clock offset from {}: {:+.6} s within {:.6} s",
+                                    sender.target(),
+                                    e.offset_seconds(),
+                                    e.error_seconds()
+                                ),
+                                Err(e) => tracing::debug!(
+                                    "acknowledgement timing from {} not taken: {e}",
+                                    sender.target()
+                                ),
+                            }
+                        }
+                        Err(e) => {
+                            self.spool.count_refused();
+                            tracing::debug!(
+                                "acknowledgement timing from {} refused: {e}",
+                                sender.target()
+                            );
+                        }
+                    }
+                    continue;
+                }
                 if datagram.starts_with(&wire::ACK_MAGIC) {
                     // Counted by the spool either way: a wrong MAC (another node's key, a
                     // forgery) here, an acknowledgement that cannot be right there.
@@ -444,6 +495,9 @@ impl Pipeline {
     pub fn deliver(&mut self) {
         self.take_replies();
         for (collector, frame) in self.spool.due(Instant::now()) {
+            if let Some((_, seq)) = wire::peek_sequence(&frame) {
+                self.clock.resent(seq);
+            }
             // A full queue is counted by the sender; the frame stays in the spool.
             let _ = self.senders[collector].0.try_send(frame);
         }
@@ -497,6 +551,9 @@ impl Pipeline {
         }
         self.spool.sync_file();
         for frame in frames {
+            if let Some((_, seq)) = wire::peek_sequence(&frame) {
+                self.clock.sent(seq, TimeBase::global().now_unix_ns());
+            }
             for (sender, _) in &self.senders {
                 let _ = sender.try_send(frame.clone());
             }

@@ -18,8 +18,11 @@
 //! collector's host refused, counted as `refused`, so `dropped + refused` is what a collector
 //! misses of the session.
 //!
-//! Datagrams that come back on the socket (a collector's schema requests) are handed, as they
-//! are, to the channel given to [`Sender::spawn_with_replies`]; the sender does not read them.
+//! Datagrams that come back on the socket (a collector's acknowledgements, their timings and
+//! schema requests) are handed, as they are, to the channel given to
+//! [`Sender::spawn_with_replies`], each with the monotonic time it was read off the socket
+//! (an acknowledgement's timing needs when it arrived, not when the agent's loop got to it);
+//! the sender does not read them.
 
 use std::{
     fmt, io,
@@ -32,6 +35,8 @@ use std::{
 };
 
 use tokio::{net::UdpSocket, sync::mpsc, task::JoinHandle};
+
+use crate::time_base::{MonoNs, monotonic_ns};
 
 /// While sending works, the name is resolved again this often, so a collector that moved to
 /// another address without the old one refusing (a black hole) is found within this time.
@@ -112,6 +117,13 @@ pub type Resolver = Arc<dyn Fn(&str) -> io::Result<Vec<SocketAddr>> + Send + Syn
 /// The system's resolver (`/etc/hosts`, DNS, ... as glibc is configured).
 pub fn system_resolver() -> Resolver {
     Arc::new(|target: &str| Ok(target.to_socket_addrs()?.collect()))
+}
+
+/// A datagram the collector sent back, and when it was read off the socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub datagram: Vec<u8>,
+    pub received: MonoNs,
 }
 
 /// Why a frame was not queued.
@@ -272,7 +284,7 @@ impl Sender {
     pub fn spawn_with_replies(
         target: impl Into<Target>,
         queue_capacity: usize,
-        replies: Option<mpsc::Sender<Vec<u8>>>,
+        replies: Option<mpsc::Sender<Reply>>,
     ) -> (SenderHandle, JoinHandle<SenderStats>) {
         Self::spawn_with_resolver(target, queue_capacity, replies, system_resolver())
     }
@@ -282,7 +294,7 @@ impl Sender {
     pub fn spawn_with_resolver(
         target: impl Into<Target>,
         queue_capacity: usize,
-        replies: Option<mpsc::Sender<Vec<u8>>>,
+        replies: Option<mpsc::Sender<Reply>>,
         resolver: Resolver,
     ) -> (SenderHandle, JoinHandle<SenderStats>) {
         let target = target.into();
@@ -341,7 +353,7 @@ struct SendTask {
     target: Target,
     resolver: Resolver,
     counters: Arc<Counters>,
-    replies: Option<mpsc::Sender<Vec<u8>>>,
+    replies: Option<mpsc::Sender<Reply>>,
     /// Errors since sending last worked; `None` while it works.
     failing: Option<u64>,
 }
@@ -553,15 +565,19 @@ async fn connect(target: SocketAddr) -> io::Result<UdpSocket> {
 /// is left for the sending side through `refused`.
 async fn read_replies(
     socket: Arc<UdpSocket>,
-    replies: mpsc::Sender<Vec<u8>>,
+    replies: mpsc::Sender<Reply>,
     refused: Arc<AtomicU64>,
 ) {
     let mut buf = vec![0u8; 2048];
     loop {
         match socket.recv(&mut buf).await {
             Ok(n) => {
+                let received = monotonic_ns();
                 // A full channel drops the datagram: requests are repeated by the collector.
-                let _ = replies.try_send(buf[..n].to_vec());
+                let _ = replies.try_send(Reply {
+                    datagram: buf[..n].to_vec(),
+                    received,
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 refused.fetch_add(1, Ordering::Relaxed);

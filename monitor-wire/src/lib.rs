@@ -11,7 +11,10 @@
 //!   frames, samples of unknown ids);
 //! - [`Frame`]: the decoded model (schema entries, samples grouped by series id, events), with
 //!   [`Series`] (name, [`Labels`], [`Kind`]) as the series model;
-//! - [`encode_schema_request`]: asks an agent for its whole schema after a restart.
+//! - [`encode_schema_request`]: asks an agent for its whole schema after a restart;
+//! - [`encode_ack`] and [`encode_timing`]: tells an agent which frames are durable, and when
+//!   the newest of them arrived and the answer left (one round trip, from which
+//!   [`clock_offset`] estimates the node's clock offset as NTP does).
 //!
 //! Decoding is bounded: a frame, even one with a valid MAC from a compromised node, may
 //! allocate at most [`DECODE_BYTES_PER_FRAME_BYTE`] bytes per byte for what it describes by
@@ -26,12 +29,15 @@
 //! Modules, one concept each: `key`, `keyring` (per-node keys and what a receiver accepts), `series` (the series model), `frame` (the frame model and
 //! the format's constants), `mac`, `codec` (header and sections), `schema`, `samples` and
 //! `events` (the section codecs), `budget` (the decoder's memory budget), `prim` (varints and
-//! value coders), `request` (schema requests), `receiver` (receiver state), `encoder`,
-//! `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
+//! value coders), `request` (schema requests), `ack` and `ack_timing` (acknowledgements and
+//! their timing), `clock_offset` (a node's clock offset from the acknowledgements' round
+//! trips), `receiver` (receiver state), `encoder`, `measure` (cost of a batch), `names` (the metric names and event kinds the agent sends and
 //! the collector reads), `pci` (a device's place on the PCIe tree and the distance between two).
 
 mod ack;
+mod ack_timing;
 mod budget;
+pub mod clock_offset;
 mod codec;
 mod encoder;
 mod error;
@@ -56,6 +62,7 @@ mod series;
 mod testing;
 
 pub use ack::{ACK_MAGIC, Ack, MIN_ACK_LEN, decode_ack, encode_ack};
+pub use ack_timing::{AckTiming, MIN_TIMING_LEN, TIMING_MAGIC, decode_timing, encode_timing};
 pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
 pub use codec::{
     StoredFrame, decode, encode_frame, open_stored, open_stored_where, peek_has_schema, peek_node,

@@ -108,6 +108,10 @@ pub mod metric {
             AGENT_RSS_BYTES = "railscope_agent_rss_bytes";
             /// Counter, label `bound`: times one of the agent's bounds was hit.
             AGENT_BOUND_HITS_TOTAL = "railscope_agent_bound_hits_total";
+            /// Gauge, seconds: the node's clock minus its collector's (positive: the node runs ahead), estimated from the acknowledgements' round trips; sent from the first exchange on.
+            AGENT_CLOCK_OFFSET_SECONDS = "railscope_agent_clock_offset_seconds";
+            /// Gauge, seconds: the bound of `railscope_agent_clock_offset_seconds`'s error (half the round trip of its exchange, and the clocks' drift meanwhile).
+            AGENT_CLOCK_OFFSET_ERROR_SECONDS = "railscope_agent_clock_offset_error_seconds";
 
             // RDMA verbs, from the probes.
             /// Counter, labels `device`, `verb`, `result`, `cgroup` (and the job's): verb calls.

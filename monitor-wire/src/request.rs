@@ -10,7 +10,7 @@ use crate::{
     prim::Reader,
 };
 
-/// Magic of a schema request, one of the two messages a collector sends back to an agent
+/// Magic of a schema request, one of the messages a collector sends back to an agent
 /// (with acknowledgements).
 pub const REQUEST_MAGIC: [u8; 4] = *b"RSWQ";
 /// The smallest schema request: magic, version, an empty node name, session, MAC.

@@ -12,7 +12,7 @@
 //! The two threads share no state but the [`FindingsStore`]: each pass hands the store what
 //! its rules saw and the list of the rules it judged, and the two lists are disjoint. At each
 //! tick the tick thread reads the live view, hands the events thread what the event rules
-//! need of it (the agents' LLDP neighbours, the GPUs' jobs) and asks for what the series rules
+//! need of it (the agents' LLDP neighbours, the GPUs' jobs, the nodes' clock offsets) and asks for what the series rules
 //! need of the events (the DOWN transitions as the fabric grouping judged them, the lost
 //! GPUs); the events thread answers with an event pass of its own (which also ends the event
 //! findings whose hold ran out) and a copy, and goes on taking events while the tick's series
@@ -41,7 +41,7 @@ use std::{
 use monitor_wire::{CounterSample, Frame, Kind, Series, SeriesData, WireEvent, names::metric};
 
 use super::{
-    FindingsStore, Observation, Thresholds, affinity, fabric, gpus, hardware, ib_links,
+    FindingsStore, Observation, Thresholds, affinity, clock_skew, fabric, gpus, hardware, ib_links,
     learner::{FleetHardware, ProfileLearner},
     live::LiveReader,
     pfc,
@@ -50,7 +50,7 @@ use super::{
     topology::{PortKey, Topology},
     verbs,
     verdicts::Verdicts,
-    view::{EventState, GpuJobs, PortStateSamples, Track, Tracks, View},
+    view::{EventState, GpuJobs, NodeClock, PortStateSamples, Track, Tracks, View},
 };
 use crate::{
     clock::unix_now_ns,
@@ -226,12 +226,15 @@ fn series_rules() -> Vec<&'static str> {
 }
 
 /// What the tick's read of the live view hands the event rules, each when it may have changed:
-/// the agents' LLDP neighbours (the fabric grouping's topology) and the job each GPU's series
-/// carry.
+/// the agents' LLDP neighbours (the fabric grouping's topology), the job each GPU's series
+/// carry and the nodes' clock offsets (the fabric grouping's times).
 pub struct Refreshed {
     /// None if no node's neighbours can have changed since the last tick.
     neighbours: Option<HashMap<PortKey, (String, String)>>,
     gpu_jobs: Option<GpuJobs>,
+    /// The nodes whose clock estimate changed since the last tick: the new one, or None for
+    /// a node that has none any more.
+    clocks: Vec<(Arc<str>, Option<NodeClock>)>,
 }
 
 /// What the series rules read of the event rules' state, as one event pass left it: the DOWN
@@ -278,6 +281,16 @@ impl EventEngine {
         }
         if let Some(jobs) = r.gpu_jobs {
             self.events.gpu_jobs = jobs;
+        }
+        for (node, clock) in r.clocks {
+            match clock {
+                Some(clock) => {
+                    self.events.clocks.insert(node, clock);
+                }
+                None => {
+                    self.events.clocks.remove(&node);
+                }
+            }
         }
     }
 
@@ -343,6 +356,8 @@ pub struct SeriesEngine {
     /// Nodes the archive heard before this collector started, not heard since, with when
     /// their last frame came (Unix ns): silent since then, once `silent-after-s` has passed.
     heard_before: HashMap<Arc<str>, u64>,
+    /// The nodes' clock estimates as last handed to the events thread.
+    clocks: HashMap<Arc<str>, NodeClock>,
 }
 
 /// The golden profile is learnt again at most once every this many passes (30 s at the
@@ -384,7 +399,29 @@ impl SeriesEngine {
         Refreshed {
             neighbours: read.neighbours,
             gpu_jobs: std::mem::take(&mut self.gpu_jobs_changed).then(|| self.gpu_jobs.clone()),
+            clocks: self.clocks_changed(),
         }
+    }
+
+    /// The nodes' clock estimates that changed (or went) since the last call.
+    fn clocks_changed(&mut self) -> Vec<(Arc<str>, Option<NodeClock>)> {
+        let now = clock_skew::clocks(
+            self.tracks.named(clock_skew::SERIES[0]),
+            self.tracks.named(clock_skew::SERIES[1]),
+        );
+        let mut changed: Vec<(Arc<str>, Option<NodeClock>)> = now
+            .iter()
+            .filter(|(node, clock)| self.clocks.get(*node) != Some(clock))
+            .map(|(node, clock)| (node.clone(), Some(*clock)))
+            .collect();
+        changed.extend(
+            self.clocks
+                .keys()
+                .filter(|node| !now.contains_key(*node))
+                .map(|node| (node.clone(), None)),
+        );
+        self.clocks = now;
+        changed
     }
 
     /// Takes a frame's samples of the counters the rules read (from
@@ -471,6 +508,7 @@ impl SeriesEngine {
         }
         affinity::evaluate(&view, &self.gpu_jobs, &self.hardware, &mut out);
         pfc::evaluate(&view, &mut out);
+        clock_skew::evaluate(&view, &mut out);
         // The nodes the table holds that sent nothing for `silent-after-s`: read before the
         // store ends anything, so their findings are kept.
         let after = self.th.silent_after_s;
@@ -545,6 +583,7 @@ impl FindingsEngine {
                 hardware: FleetHardware::new(),
                 live: LiveReader::default(),
                 heard_before: HashMap::new(),
+                clocks: HashMap::new(),
             },
         }
     }
@@ -633,6 +672,7 @@ pub fn all_rules() -> Vec<&'static str> {
         .chain(pfc::RULES)
         .chain(affinity::RULES)
         .chain(silence::RULES)
+        .chain(clock_skew::RULES)
         .copied()
         .collect()
 }

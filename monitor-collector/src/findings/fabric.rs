@@ -7,7 +7,11 @@
 //! (docs/findings.md, docs/actions.md).
 //!
 //! Each pass groups every DOWN transition held from scratch: sorted by time, a burst is a run
-//! in which each is within `fabric-window-ms` of the one before. A burst is judged once
+//! in which each is within `fabric-window-ms` of the one before. The times are the kernels',
+//! each on its node's clock, put on the collector's with the node's clock offset as its agent
+//! estimated it when the transition arrived (see `clock_skew`), where that estimate is within
+//! half the window; a node with none, or one more uncertain, is taken on its own clock, and
+//! named in the finding's `clock_unknown`. A burst is judged once
 //! `fabric-settle-s` passed since its last transition arrived (frames of other nodes may
 //! still be on their way); until then its transitions are [`Blame::Pending`]. A judged burst
 //! with ports of at least `fabric-min-nodes` nodes is upstream; bursts on the same switch
@@ -27,8 +31,13 @@ use super::{
 pub const RULE: &str = "fabric_upstream_down";
 pub const RULES: &[&str] = &[RULE];
 /// The series the grouping reads: the agents' LLDP neighbours, its topology where the
-/// topology file does not cover a port (the engine reads them at each tick).
-pub const SERIES: &[&str] = &[metric::IB_PORT_NEIGHBOR_INFO];
+/// topology file does not cover a port, and their clock offsets, which put each node's DOWN
+/// transitions on the collector's clock (the engine reads them at each tick).
+pub const SERIES: &[&str] = &[
+    metric::IB_PORT_NEIGHBOR_INFO,
+    metric::AGENT_CLOCK_OFFSET_SECONDS,
+    metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
+];
 /// The node an upstream finding names where no topology names a switch.
 pub const FABRIC_NODE: &str = "fabric";
 /// Ports listed in an upstream finding's evidence at most (the count is always there).
@@ -66,12 +75,16 @@ pub struct Episode {
     pub switch: String,
     /// Whether the topology named the switch.
     pub named: bool,
+    /// Its first and last DOWN transitions, on the collector's clock where the nodes' are
+    /// known ([`Placed`]).
     pub first_ns: u64,
     pub last_ns: u64,
     pub ports: BTreeSet<PortKey>,
     pub bursts: usize,
     /// The widest spread of its bursts (first to last DOWN), ns.
     pub spread_ns: u64,
+    /// Its nodes whose transitions were taken on their own clocks (no usable estimate).
+    pub clock_unknown: BTreeSet<String>,
     /// The id its finding has.
     pub id: String,
 }
@@ -89,8 +102,35 @@ pub struct Grouping {
     hold_ns: u64,
 }
 
-/// A burst of DOWN transitions: (time, port) sorted by time.
-type Burst<'a> = Vec<(u64, &'a PortKey)>;
+/// A DOWN transition placed in time for the grouping.
+#[derive(Clone, Copy, Debug)]
+struct Placed<'a> {
+    /// Its time on the collector's clock, or on its node's where `corrected` is false.
+    at_ns: u64,
+    down: PortDown,
+    port: &'a PortKey,
+    /// Its node's clock estimate (when it arrived) was within half the window.
+    corrected: bool,
+}
+
+impl<'a> Placed<'a> {
+    fn of(events: &EventState, port: &'a PortKey, down: PortDown, window_ns: u64) -> Self {
+        let clock = events
+            .down_clocks
+            .get(port)
+            .and_then(|c| c.get(&down.at_ns))
+            .filter(|c| c.error_ns <= window_ns / 2);
+        Placed {
+            at_ns: clock.map_or(down.at_ns, |c| c.on_collector_clock(down.at_ns)),
+            down,
+            port,
+            corrected: clock.is_some(),
+        }
+    }
+}
+
+/// A burst of DOWN transitions, sorted by time.
+type Burst<'a> = Vec<Placed<'a>>;
 
 impl Grouping {
     pub fn of(
@@ -106,51 +146,55 @@ impl Grouping {
             hold_ns: th.fabric_hold_s * S,
             ..Grouping::default()
         };
-        let mut all: Vec<(PortDown, &PortKey)> = events
+        let window_ns = th.fabric_window_ms * MS;
+        let mut all: Vec<Placed> = events
             .downs
             .iter()
-            .flat_map(|(port, downs)| downs.iter().map(move |d| (*d, port)))
+            .flat_map(|(port, downs)| {
+                downs
+                    .iter()
+                    .map(move |d| Placed::of(events, port, *d, window_ns))
+            })
             .collect();
-        all.sort_by(|a, b| (a.0.at_ns, a.1).cmp(&(b.0.at_ns, b.1)));
-        let window_ns = th.fabric_window_ms * MS;
+        all.sort_by(|a, b| (a.at_ns, a.port, a.down.at_ns).cmp(&(b.at_ns, b.port, b.down.at_ns)));
         let mut upstream: Vec<(String, bool, Burst)> = Vec::new();
         let mut start = 0;
         while start < all.len() {
             let mut end = start + 1;
-            while end < all.len() && all[end].0.at_ns - all[end - 1].0.at_ns <= window_ns {
+            while end < all.len() && all[end].at_ns - all[end - 1].at_ns <= window_ns {
                 end += 1;
             }
             let burst = &all[start..end];
             start = end;
-            let arrived = burst.iter().map(|d| d.0.arrived_ns).max().unwrap_or(0);
+            let arrived = burst.iter().map(|d| d.down.arrived_ns).max().unwrap_or(0);
             let judged_at = arrived + g.settle_ns;
             let blame = if now_ns < judged_at {
                 g.settles_at_ns = Some(g.settles_at_ns.map_or(judged_at, |t| t.min(judged_at)));
                 Blame::Pending
             } else {
-                let nodes: BTreeSet<&str> = burst.iter().map(|d| d.1.0.as_str()).collect();
+                let nodes: BTreeSet<&str> = burst.iter().map(|d| d.port.0.as_str()).collect();
                 if nodes.len() >= th.fabric_min_nodes as usize {
                     let switch =
-                        topology.and_then(|t| t.lowest_common_switch(burst.iter().map(|d| d.1)));
+                        topology.and_then(|t| t.lowest_common_switch(burst.iter().map(|d| d.port)));
                     let named = switch.is_some();
                     upstream.push((
                         switch.unwrap_or_else(|| FABRIC_NODE.into()),
                         named,
-                        burst.iter().map(|d| (d.0.at_ns, d.1)).collect(),
+                        burst.to_vec(),
                     ));
                     continue;
                 }
                 Blame::Own
             };
             for d in burst {
-                g.blame.insert((d.1.clone(), d.0.at_ns), blame);
+                g.blame.insert((d.port.clone(), d.down.at_ns), blame);
             }
         }
         // Episodes: a switch's bursts within the hold of the one before.
-        upstream.sort_by(|a, b| (&a.0, a.2[0].0).cmp(&(&b.0, b.2[0].0)));
+        upstream.sort_by(|a, b| (&a.0, a.2[0].at_ns).cmp(&(&b.0, b.2[0].at_ns)));
         for (switch, named, burst) in upstream {
-            let first = burst[0].0;
-            let last = burst[burst.len() - 1].0;
+            let first = burst[0].at_ns;
+            let last = burst[burst.len() - 1].at_ns;
             let joins = g
                 .episodes
                 .last()
@@ -164,6 +208,7 @@ impl Grouping {
                     ports: BTreeSet::new(),
                     bursts: 0,
                     spread_ns: 0,
+                    clock_unknown: BTreeSet::new(),
                     id: String::new(),
                 });
             }
@@ -172,9 +217,13 @@ impl Grouping {
             e.last_ns = e.last_ns.max(last);
             e.bursts += 1;
             e.spread_ns = e.spread_ns.max(last - first);
-            for (at, port) in burst {
-                e.ports.insert(port.clone());
-                g.blame.insert((port.clone(), at), Blame::Upstream(i));
+            for d in burst {
+                e.ports.insert(d.port.clone());
+                if !d.corrected {
+                    e.clock_unknown.insert(d.port.0.clone());
+                }
+                g.blame
+                    .insert((d.port.clone(), d.down.at_ns), Blame::Upstream(i));
             }
         }
         for i in 0..g.episodes.len() {
@@ -278,6 +327,7 @@ impl Grouping {
                 "first_down": e.first_ns,
                 "last_down": e.last_ns,
                 "spread_ms": spread_ms,
+                "clock_unknown": e.clock_unknown,
                 "window_ms": self.window_ms,
                 "min_nodes": self.min_nodes,
             }),
@@ -341,7 +391,8 @@ pub fn rejudge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::view::PortDown;
+    use crate::findings::view::{NodeClock, PortDown};
+    use monitor_wire::WireEvent;
 
     const T0: u64 = 1_790_000_000_000_000_000;
 
@@ -450,6 +501,95 @@ mod tests {
         let mut out = Vec::new();
         g.evaluate(T0 + 121 * S + th().fabric_hold_s * S, &mut out);
         assert!(out.is_empty());
+    }
+
+    /// A DOWN transition of `node`'s port mlx5_0/1, taken as the events thread takes it: at
+    /// `at_ns` on the node's clock, with the clocks it knows then.
+    fn take_down(events: &mut EventState, node: &str, at_ns: u64) {
+        let down = WireEvent {
+            unix_ns: at_ns,
+            kind: monitor_wire::names::event_kind::PORT_TRANSITION.into(),
+            labels: monitor_wire::Labels::new([
+                ("device", "mlx5_0"),
+                ("port", "1"),
+                ("from", "ACTIVE"),
+            ]),
+            code: 0,
+            text: "DOWN".into(),
+        };
+        events.take(node, &down, T0);
+    }
+
+    fn clock(offset_ns: i64, error_ns: u64) -> NodeClock {
+        NodeClock {
+            offset_ns,
+            error_ns,
+            at_ns: T0,
+        }
+    }
+
+    #[test]
+    fn a_node_s_clock_offset_puts_its_downs_on_the_collector_s_clock() {
+        let mut events = EventState::default();
+        // n4's clock runs 3 s ahead, known within 1 ms; n5's 2 s behind, but known only
+        // within 40 ms, more than half the 50 ms window.
+        events.clocks.insert("n4".into(), clock(3 * S as i64, MS));
+        events
+            .clocks
+            .insert("n5".into(), clock(-2 * (S as i64), 40 * MS));
+        for (n, node) in ["n1", "n2", "n3"].iter().enumerate() {
+            take_down(&mut events, node, T0 + n as u64 * 2 * MS);
+        }
+        take_down(&mut events, "n4", T0 + 3 * S + 6 * MS);
+        take_down(&mut events, "n5", T0 - 2 * S + 8 * MS);
+        let g = Grouping::of(&events, T0 + 600 * S, &th(), None);
+        assert_eq!(g.episodes.len(), 1, "{:?}", g.episodes);
+        let e = &g.episodes[0];
+        let nodes: Vec<&str> = e.ports.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(nodes, ["n1", "n2", "n3", "n4"]);
+        assert_eq!((e.first_ns, e.last_ns), (T0, T0 + 6 * MS));
+        assert_eq!(
+            e.clock_unknown,
+            BTreeSet::from(["n1".into(), "n2".into(), "n3".into()])
+        );
+        // Blamed by their own (kernel) times, as the port findings look them up.
+        assert_eq!(
+            g.blame(&port("n4"), T0 + 3 * S + 6 * MS),
+            Blame::Upstream(0)
+        );
+        assert_eq!(g.blame(&port("n5"), T0 - 2 * S + 8 * MS), Blame::Own);
+        let mut out = Vec::new();
+        g.evaluate(T0 + 600 * S, &mut out);
+        assert_eq!(out[0].evidence["clock_unknown"], json!(["n1", "n2", "n3"]));
+        assert_eq!(out[0].evidence["spread_ms"], 6.0);
+    }
+
+    #[test]
+    fn a_down_keeps_the_clock_known_when_it_arrived() {
+        let mut events = EventState::default();
+        // n4's DOWN arrives before its clock is known: it stays on its own clock, 3 s off,
+        // even once the estimate comes.
+        take_down(&mut events, "n4", T0 + 3 * S);
+        events.clocks.insert("n4".into(), clock(3 * S as i64, MS));
+        for node in ["n1", "n2", "n3"] {
+            take_down(&mut events, node, T0);
+        }
+        let g = Grouping::of(&events, T0 + 600 * S, &th(), None);
+        assert!(g.episodes.is_empty(), "{:?}", g.episodes);
+        // Its next DOWN is placed with the clock; a later step of its clock changes nothing
+        // for it.
+        take_down(&mut events, "n4", T0 + 3 * S + 60 * S);
+        events.clocks.insert("n4".into(), clock(0, MS));
+        for node in ["n1", "n2", "n3"] {
+            take_down(&mut events, node, T0 + 60 * S);
+        }
+        let g = Grouping::of(&events, T0 + 600 * S, &th(), None);
+        assert_eq!(g.episodes.len(), 1, "{:?}", g.episodes);
+        assert_eq!(g.episodes[0].ports.len(), 4);
+        assert_eq!(g.episodes[0].first_ns, T0 + 60 * S);
+        // Pruned with the transitions they place.
+        events.prune(T0 + 3 * S + 60 * S + th().fabric_hold_s * S + S, &th());
+        assert!(events.downs.is_empty() && events.down_clocks.is_empty());
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //!   changed); [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
 //! - [`silence`]: a node whose agent stopped sending (`node_silent`); its other findings are
 //!   kept open, marked stale, meanwhile;
+//! - [`clock_skew`]: each node's clock offset from the collector's, as its agent estimates it
+//!   (the fabric grouping puts DOWN transitions on the collector's clock with it), and a
+//!   node whose clock is certainly off (`clock_skew`);
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
 //! - [`thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
@@ -29,6 +32,7 @@
 pub mod affinity;
 pub mod api;
 pub mod cli;
+pub mod clock_skew;
 pub mod engine;
 pub mod fabric;
 pub mod gpus;

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use monitor_wire::names::metric;
 
-use super::{affinity, fabric, gpus, hardware, ib_links, pfc, verbs};
+use super::{affinity, clock_skew, fabric, gpus, hardware, ib_links, pfc, verbs};
 
 /// Each rule and the series it reads, by metric name; the rules that read events only (the
 /// kernel's port events, XIDs, a GPU lost) read none. (`ib_port_down` reads the port state
@@ -38,7 +38,16 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ),
     ("ib_phys_state", &[metric::IB_PORT_PHYS_STATE]),
     ("roce_congestion", &[metric::IB_NP_CNP_SENT_TOTAL]),
-    ("fabric_upstream_down", &[metric::IB_PORT_NEIGHBOR_INFO]),
+    // The agents' LLDP neighbours (the topology) and their clock offsets (DOWN transitions
+    // on the collector's clock).
+    (
+        "fabric_upstream_down",
+        &[
+            metric::IB_PORT_NEIGHBOR_INFO,
+            metric::AGENT_CLOCK_OFFSET_SECONDS,
+            metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
+        ],
+    ),
     (pfc::RULE, pfc::SERIES),
     ("gpu_xid", &[]),
     ("gpu_lost", &[]),
@@ -103,6 +112,7 @@ pub const RULE_READS: &[(&str, &[&str])] = &[
     ("nic_affinity", affinity::SERIES),
     ("verbs_qp_error", &[verbs::SERIES]),
     ("verbs_cm_reject", &[verbs::SERIES]),
+    (clock_skew::RULE, clock_skew::SERIES),
     // The time of each node's last frame, from the live table: no series.
     ("node_silent", &[]),
 ];
@@ -116,6 +126,7 @@ pub fn metrics_read() -> BTreeSet<&'static str> {
         .chain(hardware::SERIES)
         .chain(pfc::SERIES)
         .chain(affinity::SERIES)
+        .chain(clock_skew::SERIES)
         .copied()
         .chain([verbs::SERIES])
         .collect()
@@ -138,7 +149,7 @@ mod tests {
         &'static str,
         &'static [&'static str],
         BTreeSet<&'static str>,
-    ); 8] {
+    ); 9] {
         [
             (
                 "ib_links",
@@ -164,6 +175,11 @@ mod tests {
                 affinity::SERIES.iter().copied().collect(),
             ),
             ("silence", super::super::silence::RULES, BTreeSet::new()),
+            (
+                "clock_skew",
+                clock_skew::RULES,
+                clock_skew::SERIES.iter().copied().collect(),
+            ),
         ]
     }
 

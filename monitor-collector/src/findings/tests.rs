@@ -1048,3 +1048,94 @@ fn a_reloaded_xid_finding_holds_for_its_own_hold_not_only_the_restart_grace() {
     assert!(store.active().is_empty(), "held past its hold");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The agents' clock offsets, read by the tick, make `clock_skew` of the node that is off and
+/// put its port DOWN transitions on the collector's clock for the fabric grouping (which the
+/// events thread runs: the tick hands it the offsets).
+#[test]
+fn a_node_s_clock_offset_finds_it_skewed_and_places_its_downs_for_the_fabric_grouping() {
+    use monitor_wire::{
+        EncoderConfig, FrameEncoder, Kind, Labels, Reading, Series, Value, WireEvent,
+        names::{event_kind, metric},
+    };
+    const MS: u64 = 1_000_000;
+    let table = NodeTable::new(key(), Limits::default());
+    let store = Arc::new(FindingsStore::in_memory());
+    let mut engine = FindingsEngine::new(Thresholds::default(), store.clone());
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    // Four nodes; node-4's clock runs 3 s ahead. Each sends its estimate (within 0.5 ms),
+    // stamped on its own clock.
+    let skews = [0, 0, 0, 3 * S];
+    let mut encoders: Vec<FrameEncoder> = (1..=4)
+        .map(|n| FrameEncoder::new(EncoderConfig::new(format!("node-{n}")), key()).unwrap())
+        .collect();
+    let send = |engine: &mut FindingsEngine, frames: Vec<Vec<u8>>, at: u64| {
+        for f in frames {
+            let a = table.ingest(&f, from, at).expect("accepted");
+            engine.take_frame(&a.node, &a.frame, &a.schema, at);
+        }
+    };
+    for (enc, skew) in encoders.iter_mut().zip(skews) {
+        for (name, value) in [
+            (metric::AGENT_CLOCK_OFFSET_SECONDS, skew as f64 / 1e9),
+            (metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS, 0.0005),
+        ] {
+            enc.push_reading(&Reading {
+                series: Series {
+                    name: name.into(),
+                    labels: Labels::default(),
+                    kind: Kind::Gauge,
+                },
+                value: Value::F64(value),
+                unix_ns: T0 + skew,
+            })
+            .unwrap();
+        }
+        let frames = enc.flush(T0 + skew);
+        send(&mut engine, frames, T0);
+    }
+    engine.refresh(&table);
+    engine.evaluate(Pass::All, T0);
+    let skewed: Vec<(String, String)> = store
+        .active()
+        .into_iter()
+        .filter(|f| f.rule == "clock_skew")
+        .map(|f| (f.node, f.summary))
+        .collect();
+    assert_eq!(skewed.len(), 1, "{skewed:?}");
+    assert_eq!(skewed[0].0, "node-4");
+    assert!(
+        skewed[0]
+            .1
+            .starts_with("clock 3000.0 ms ahead of the collector's"),
+        "{skewed:?}"
+    );
+
+    // A switch drops a port of each at T0 + 10 s, 2 ms apart as their kernels see it.
+    let moment = T0 + 10 * S;
+    for (n, (enc, skew)) in encoders.iter_mut().zip(skews).enumerate() {
+        enc.push_event(WireEvent {
+            unix_ns: moment + n as u64 * 2 * MS + skew,
+            kind: event_kind::PORT_TRANSITION.into(),
+            labels: Labels::new([("device", "mlx5_0"), ("port", "1"), ("from", "ACTIVE")]),
+            code: 0,
+            text: "DOWN".into(),
+        });
+        let frames = enc.flush_events(moment + skew);
+        send(&mut engine, frames, moment);
+    }
+    engine.evaluate(Pass::Events, moment);
+    engine.evaluate(Pass::Events, moment + 10 * S);
+    let upstream = store
+        .active()
+        .into_iter()
+        .find(|f| f.rule == "fabric_upstream_down")
+        .expect("one burst of the four nodes");
+    assert_eq!(
+        upstream.evidence["nodes"],
+        serde_json::json!(["node-1", "node-2", "node-3", "node-4"])
+    );
+    assert_eq!(upstream.evidence["clock_unknown"], serde_json::json!([]));
+    assert_eq!(upstream.evidence["spread_ms"], 6.0);
+    assert_eq!(upstream.start, moment);
+}

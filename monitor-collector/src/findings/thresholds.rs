@@ -81,6 +81,12 @@ pub struct Thresholds {
     /// How long an upstream finding stays active after its last burst, seconds (as long as
     /// `link-downed-hold-s` keeps the ports' own findings, which point at it).
     pub fabric_hold_s: u64,
+    /// A node whose clock is certainly further than this many milliseconds from the
+    /// collector's (its agent's offset estimate less its error bound) is `clock_skew`
+    /// (railscope's choice: half the default `fabric-window-ms`, so that two nodes within it
+    /// stay within one burst's window even where the fabric grouping must compare them on
+    /// their own clocks; NTP keeps a LAN's clocks within a few ms).
+    pub clock_skew_ms: u64,
     /// The golden profile's majority rule: a class's value must be held by more than half of
     /// its nodes (or devices) and by at least this many nodes; a class of fewer nodes learns
     /// nothing (railscope's choice: three, the fewest where one node can be outvoted).
@@ -120,6 +126,7 @@ impl Default for Thresholds {
             fabric_min_nodes: 4,
             fabric_settle_s: 5,
             fabric_hold_s: 3600,
+            clock_skew_ms: 25,
             profile_min_nodes: 3,
             topology: None,
         }
@@ -143,6 +150,9 @@ impl Thresholds {
             if v == 0 {
                 return Err(format!("findings.{name} must be at least 1"));
             }
+        }
+        if self.clock_skew_ms == 0 {
+            return Err("findings.clock-skew-ms must be at least 1".into());
         }
         if self.fabric_window_ms == 0 {
             return Err("findings.fabric-window-ms must be at least 1".into());

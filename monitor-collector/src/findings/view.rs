@@ -4,7 +4,7 @@
 //! it reads without importing the engine that runs it.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
 };
 
@@ -533,6 +533,25 @@ impl<'a> View<'a> {
     }
 }
 
+/// A node's clock as its agent last estimated it (`clock_skew` reads it from the agent's
+/// gauges; the fabric grouping puts DOWN transitions on the collector's clock with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeClock {
+    /// The node's clock minus the collector's, ns (positive: the node runs ahead).
+    pub offset_ns: i64,
+    /// The true offset is within this of `offset_ns`, ns.
+    pub error_ns: u64,
+    /// When the estimate was sent (the sample's time, on the node's clock).
+    pub at_ns: u64,
+}
+
+impl NodeClock {
+    /// A time of the node's clock on the collector's.
+    pub fn on_collector_clock(&self, node_ns: u64) -> u64 {
+        node_ns.saturating_add_signed(self.offset_ns.saturating_neg())
+    }
+}
+
 /// One DOWN transition of a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortDown {
@@ -599,6 +618,13 @@ pub struct EventState {
     pub lost: HashMap<(String, String), u64>,
     /// The job each GPU's series last carried, as the tick last handed it over.
     pub gpu_jobs: GpuJobs,
+    /// Each node's clock as its agent last estimated it, as the tick last handed it over.
+    pub clocks: HashMap<Arc<str>, NodeClock>,
+    /// (node, device, port) → kernel time → the node's clock as estimated when that DOWN
+    /// transition arrived: the fabric grouping puts it on the collector's clock with this,
+    /// never with a later estimate (the node's clock may have been stepped since, and the
+    /// transition's time was taken before). Absent where the node had no estimate then.
+    pub down_clocks: HashMap<PortKey, HashMap<u64, NodeClock>>,
 }
 
 /// node → gpu → the job its series last carried (by node first, so a tick's walk looks it up
@@ -641,6 +667,12 @@ impl EventState {
                             at_ns: e.unix_ns,
                             arrived_ns,
                         });
+                    if let Some(clock) = self.clocks.get(node) {
+                        self.down_clocks
+                            .entry(key.clone())
+                            .or_default()
+                            .insert(e.unix_ns, *clock);
+                    }
                 }
                 let from = e.labels.get("from").unwrap_or("UNKNOWN").to_owned();
                 self.observe_port(
@@ -764,6 +796,19 @@ impl EventState {
                 d.pop_front();
             }
             !d.is_empty()
+        });
+        // The clocks of the transitions kept: a port's, while it has more than transitions,
+        // are cut down to those of its transitions (and to none with its last).
+        let downs = &self.downs;
+        self.down_clocks.retain(|port, clocks| {
+            let Some(d) = downs.get(port) else {
+                return false;
+            };
+            if clocks.len() > d.len() {
+                let kept: HashSet<u64> = d.iter().map(|d| d.at_ns).collect();
+                clocks.retain(|at, _| kept.contains(at));
+            }
+            !clocks.is_empty()
         });
         let xid_from = now_ns.saturating_sub(th.xid_hold_s * 1_000_000_000);
         self.xids.retain(|_, x| {
