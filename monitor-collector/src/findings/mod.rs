@@ -241,7 +241,12 @@ impl Finding {
         let e = &self.evidence;
         let at = |k: &str| e.get(k).and_then(serde_json::Value::as_u64);
         let s = |k: &str| at(k).map(|v| v.saturating_mul(1_000_000_000));
-        match (at("last").or(at("lost_at")), s("hold_s"), at("last_down"), s("window_s")) {
+        match (
+            at("last").or(at("lost_at")),
+            s("hold_s"),
+            at("last_down"),
+            s("window_s"),
+        ) {
             (Some(last), Some(hold), _, _) => Some(last.saturating_add(hold)),
             (_, _, Some(last), Some(window)) => Some(last.saturating_add(window)),
             _ => None,
