@@ -132,13 +132,15 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
     let th = view.th;
     // A lost GPU's last samples stay in the live view for a while: the loss is the finding,
     // not what its stale series say, and they are no evidence that a condition is gone.
+    let lost_nodes: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+        events.lost.keys().map(|(node, _)| node.as_str()).collect();
     let lost = |key: &TrackKey| {
-        !events.lost.is_empty()
-            && key.1.labels.get("gpu").is_some_and(|gpu| {
-                events
-                    .lost
-                    .contains_key(&(key.0.to_string(), gpu.to_owned()))
-            })
+        lost_nodes.contains(&*key.0)
+            && key
+                .1
+                .labels
+                .get("gpu")
+                .is_some_and(|gpu| events.lost.keys().any(|(n, g)| **n == *key.0 && g == gpu))
     };
     let push = |out: &mut Verdicts,
                 rule: &'static str,
@@ -231,6 +233,13 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
         let Some(v) = track.gauge() else {
             continue;
         };
+        // Most flags are off: their reason is looked up only where a finding may end.
+        if v < 0.5
+            && !out.is_open("gpu_thermal_throttle", &key.0)
+            && !out.is_open("gpu_power_throttle", &key.0)
+        {
+            continue;
+        }
         let Some(reason) = key.1.labels.get("reason") else {
             continue;
         };

@@ -138,11 +138,16 @@ pub fn evaluate(view: &View, out: &mut Verdicts) {
         } = counter;
         if duration {
             for (key, track) in view.named(name) {
+                let open = out.is_open(RULE, &key.0);
                 let Some((us, span)) = track.increase(WINDOW_NS) else {
-                    undecided.insert(port_id(key));
+                    if open {
+                        undecided.insert(port_id(key));
+                    }
                     continue;
                 };
-                judged.push(key);
+                if open {
+                    judged.push(key);
+                }
                 let Some(subject) = port_of(key) else {
                     continue;
                 };
@@ -171,13 +176,19 @@ pub fn evaluate(view: &View, out: &mut Verdicts) {
         for (k, t) in view.named(name) {
             match t.rate(WINDOW_NS) {
                 Some(rate) => rates.push((k, t, rate)),
-                None => {
+                None if out.is_open(RULE, &k.0) => {
                     undecided.insert(port_id(k));
                 }
+                None => {}
             }
         }
         if rates.len() < MIN_PORTS {
-            undecided.extend(rates.iter().map(|r| port_id(r.0)));
+            undecided.extend(
+                rates
+                    .iter()
+                    .filter(|r| out.is_open(RULE, &r.0.0))
+                    .map(|r| port_id(r.0)),
+            );
             continue;
         }
         let values: Vec<f64> = rates.iter().map(|r| r.2).collect();
@@ -186,7 +197,9 @@ pub fn evaluate(view: &View, out: &mut Verdicts) {
         };
         let bar = (median * th.pfc_storm_factor).max(th.pfc_storm_min_pps);
         for (key, track, rate) in rates {
-            judged.push(key);
+            if out.is_open(RULE, &key.0) {
+                judged.push(key);
+            }
             if rate > bar
                 && let Some(subject) = port_of(key)
             {

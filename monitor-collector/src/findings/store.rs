@@ -138,16 +138,20 @@ impl FindingsStore {
         }
     }
 
-    /// The nodes with an active finding of one of `rules` (those whose subjects a pass of
-    /// the series rules must judge: see [`super::verdicts`]).
-    pub fn open_nodes(&self, rules: &[&str]) -> HashSet<String> {
+    /// The nodes with an active finding of one of `rules`, each with those rules (where a pass
+    /// of the series rules must judge subjects: see [`super::verdicts`]).
+    pub fn open_nodes(&self, rules: &[&str]) -> HashMap<String, Vec<String>> {
         let inner = lock(&self.inner);
-        inner
-            .active
-            .keys()
-            .filter(|(rule, _)| rules.contains(&rule.as_str()))
-            .map(|(_, subject)| subject.node.clone())
-            .collect()
+        let mut open: HashMap<String, Vec<String>> = HashMap::new();
+        for (rule, subject) in inner.active.keys() {
+            if rules.contains(&rule.as_str()) {
+                let of_node = open.entry(subject.node.clone()).or_default();
+                if !of_node.contains(rule) {
+                    of_node.push(rule.clone());
+                }
+            }
+        }
+        open
     }
 
     /// Takes one pass's observations: `rules` are the rules the pass evaluated, whose active
