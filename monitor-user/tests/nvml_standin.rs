@@ -1149,10 +1149,15 @@ fn every_name_the_agent_sends_is_in_agent_metrics_and_nothing_else_is() {
         unlisted.is_empty(),
         "sent, but not in AGENT_METRICS: {unlisted:?}"
     );
+    // Sent by the agent's own state report, and (the clock offset) only once a collector
+    // answered with acknowledgement timings, which `railscope listen` does not: a real agent
+    // publishing it is monitor-collector/tests/clock_offset.rs.
     let state_report = [
         metric::AGENT_ENTRIES,
         metric::AGENT_RSS_BYTES,
         metric::AGENT_BOUND_HITS_TOTAL,
+        metric::AGENT_CLOCK_OFFSET_SECONDS,
+        metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
     ];
     let never_sent: Vec<&str> = AGENT_METRICS
         .iter()
