@@ -29,22 +29,6 @@ const COLLECTOR: &str = env!("CARGO_BIN_EXE_railscope-collector");
 const KEY_HEX: &str = "5566778899aabbccddeeff00112233445566778899aabbccddeeff0011223344";
 const S: u64 = 1_000_000_000;
 
-/// Whether Slurm's packages are there; if not, the test says why it does nothing (or fails,
-/// where they are required).
-fn slurm_installed(test: &str) -> bool {
-    match slurm::missing() {
-        None => true,
-        Some(what) => {
-            assert!(
-                !std::env::var("RAILSCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1"),
-                "{test}: {what}, and RAILSCOPE_REQUIRE_SLURM=1"
-            );
-            eprintln!("SKIPPED {test}: {what}");
-            false
-        }
-    }
-}
-
 /// collector.toml: findings every second, a flap window of 20 s (so a flap ends within the
 /// test), XIDs held 10 minutes; `actions` is the `[actions]` table's body.
 fn collector(dir: &Path, cluster: &SlurmCluster, actions: &str) -> CollectorCommand {
@@ -87,7 +71,7 @@ fn record<'a>(actions: &'a Value, node: &str, action: &str, outcome: &str) -> Op
 fn a_flapping_port_drains_its_node_and_it_is_resumed_after_the_hold_but_a_hand_drained_node_never_is()
  {
     const TEST: &str = "a_flapping_port_drains_its_node";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-slurm");
@@ -214,7 +198,7 @@ fn a_flapping_port_drains_its_node_and_it_is_resumed_after_the_hold_but_a_hand_d
 #[test]
 fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
     const TEST: &str = "a_dry_run_drains_nothing";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-dry");
@@ -272,10 +256,8 @@ fn a_dry_run_drains_nothing_and_logs_what_it_would_do() {
 /// writes them to `DIR/drain-made` and waits before it answers (the window between the drain
 /// and its record): each held open for the test to kill the collector in.
 fn slow_scontrol(dir: &Path) -> PathBuf {
-    let real = ["/usr/bin/scontrol", "/usr/sbin/scontrol"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap();
+    let real = slurm::scontrol_program().unwrap();
+    let real = real.display();
     let path = dir.join("scontrol");
     std::fs::write(
         &path,
@@ -296,7 +278,7 @@ fn slow_scontrol(dir: &Path) -> PathBuf {
 #[test]
 fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_exactly_once() {
     const TEST: &str = "kill_9_between_a_finding_and_its_drain";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-kill");
@@ -431,7 +413,7 @@ fn kill_9_between_a_finding_and_its_drain_or_its_record_then_a_restart_drains_ex
 #[test]
 fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go() {
     const TEST: &str = "the_brake_holds_drains";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-brake");
@@ -521,7 +503,7 @@ fn the_brake_holds_drains_past_its_limit_reports_it_and_a_release_lets_them_go()
 #[test]
 fn after_a_restart_the_brake_counts_the_fleet_the_collector_knew() {
     const TEST: &str = "after_a_restart_the_brake_counts_the_fleet";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-brake-restart");
@@ -585,7 +567,7 @@ fn after_a_restart_the_brake_counts_the_fleet_the_collector_knew() {
 #[test]
 fn slurm_down_delays_the_drain_and_loses_nothing_and_a_node_slurm_does_not_know_is_reported_once() {
     const TEST: &str = "slurm_down_delays_the_drain";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let dir = scratch_dir("actions-down");

@@ -50,21 +50,6 @@ const GPUS: usize = 8;
 const XID_STEP: u64 = 45;
 const SILENT_AFTER_S: u64 = 10;
 
-/// Whether Slurm's packages are there (as actions_slurm.rs asks).
-fn slurm_installed(test: &str) -> bool {
-    match slurm::missing() {
-        None => true,
-        Some(what) => {
-            assert!(
-                !std::env::var("RAILSCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1"),
-                "{test}: {what}, and RAILSCOPE_REQUIRE_SLURM=1"
-            );
-            eprintln!("SKIPPED {test}: {what}");
-            false
-        }
-    }
-}
-
 /// Two threads spinning until dropped: the machine loaded beside the collector and agents.
 struct Load {
     stop: Arc<AtomicBool>,
@@ -103,10 +88,8 @@ impl Drop for Load {
 /// waits (the window between a finding and its action, for the test to kill the collector
 /// in); every other call goes straight to the real one.
 fn slow_scontrol(dir: &Path) -> PathBuf {
-    let real = ["/usr/bin/scontrol", "/usr/sbin/scontrol"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap();
+    let real = slurm::scontrol_program().unwrap();
+    let real = real.display();
     let path = dir.join("scontrol");
     fs::write(
         &path,
@@ -281,7 +264,7 @@ impl Watched {
 #[test]
 fn through_restarts_silence_and_load_each_fault_is_found_once_and_each_node_drained_once() {
     const TEST: &str = "churn_real_agents";
-    if !slurm_installed(TEST) {
+    if !slurm::installed_for(TEST) {
         return;
     }
     let _load = Load::start();

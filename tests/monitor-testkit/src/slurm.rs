@@ -28,6 +28,28 @@ fn program(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Whether `test` can start a cluster: true if the packages are there; if not, the test says
+/// why it does nothing, or fails where `RAILSCOPE_REQUIRE_SLURM=1` (set by `cargo xtask
+/// test`, which installs them first).
+pub fn installed_for(test: &str) -> bool {
+    match missing() {
+        None => true,
+        Some(what) => {
+            assert!(
+                !std::env::var("RAILSCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1"),
+                "{test}: {what}, and RAILSCOPE_REQUIRE_SLURM=1"
+            );
+            eprintln!("SKIPPED {test}: {what}");
+            false
+        }
+    }
+}
+
+/// The installed `scontrol` (for a test's wrapper around it).
+pub fn scontrol_program() -> Option<PathBuf> {
+    program("scontrol")
+}
+
 /// What is missing to start a cluster (the packages not installed), or None.
 pub fn missing() -> Option<String> {
     let absent: Vec<&str> = ["slurmctld", "slurmd", "scontrol", "munged"]
