@@ -169,18 +169,16 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
         let Some(n) = track.counter() else {
             continue;
         };
-        let uncorrected = |key: &TrackKey| {
-            let labels = &key.1.labels;
-            labels.get("type") == Some("uncorrected") && labels.get("scope") == Some("volatile")
-        };
         if n == 0 {
             // No uncorrected error since the driver loaded (a reset clears the count).
             out.judged("gpu_ecc_uncorrected", &key.0, || {
-                gpu_of(key).filter(|_| uncorrected(key)).map(|(s, _)| s)
+                gpu_of(key)
+                    .filter(|_| volatile_uncorrected(key))
+                    .map(|(s, _)| s)
             });
             continue;
         }
-        if !uncorrected(key) || lost(key) {
+        if !volatile_uncorrected(key) || lost(key) {
             continue;
         }
         push(
@@ -351,6 +349,12 @@ pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
             );
         }
     }
+}
+
+/// Whether an ECC counter is the volatile uncorrected one (`gpu_ecc_uncorrected`'s).
+fn volatile_uncorrected(key: &TrackKey) -> bool {
+    let labels = &key.1.labels;
+    labels.get("type") == Some("uncorrected") && labels.get("scope") == Some("volatile")
 }
 
 /// A GPU's identity borrowed from a series key (node, `gpu`, `job_id`, `uuid`): the same
