@@ -94,7 +94,7 @@ pub struct Relay {
 
 impl Relay {
     /// A relay on a free loopback port, forwarding to `collector` (which may be down: what
-    /// the agent sends is kept all the same).
+    /// the agent sends is kept all the same; it may be on another host).
     pub fn start(collector: SocketAddr) -> Self {
         Self::with(collector, None)
     }
@@ -112,7 +112,14 @@ impl Relay {
 
     fn with(collector: SocketAddr, impairment: Option<Impairment>) -> Self {
         let front = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let back = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // A collector beyond this machine (a namespace's veth in the guest) is reached from
+        // an address of the route's device, not from loopback.
+        let back = UdpSocket::bind(if collector.ip().is_loopback() {
+            "127.0.0.1:0"
+        } else {
+            "0.0.0.0:0"
+        })
+        .unwrap();
         back.connect(collector).unwrap();
         for s in [&front, &back] {
             s.set_read_timeout(Some(Duration::from_millis(100)))

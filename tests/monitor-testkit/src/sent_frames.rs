@@ -146,10 +146,19 @@ pub fn queried_points(
     http: u16,
     metrics: &[String],
 ) -> BTreeMap<String, Vec<String>> {
+    queried_points_at(program, &format!("http://127.0.0.1:{http}"), metrics)
+}
+
+/// [`queried_points`] from the collector at `url` (`http://HOST:PORT`).
+pub fn queried_points_at(
+    program: &Path,
+    url: &str,
+    metrics: &[String],
+) -> BTreeMap<String, Vec<String>> {
     let mut points: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for metric in metrics {
         let out = Command::new(program)
-            .args(["query", "--collector", &format!("http://127.0.0.1:{http}")])
+            .args(["query", "--collector", url])
             .args(["--json", "series", metric, "--start", "-1h"])
             .output()
             .unwrap();

@@ -33,9 +33,12 @@ fn main() {
     for name in wanted.split(',').filter(|s| !s.is_empty()) {
         println!("RAILSCOPE-SCENARIO-BEGIN {name}");
         let started = Instant::now();
-        let verdict = match scenarios::run(name) {
-            Ok(()) => "PASS".to_owned(),
-            Err(e) => format!("FAIL {}", format!("{e:#}").replace('\n', " | ")),
+        // A scenario that panics (the testkit's helpers assert) fails alone: the init, which
+        // is PID 1, goes on to the next one.
+        let verdict = match std::panic::catch_unwind(|| scenarios::run(name)) {
+            Ok(Ok(())) => "PASS".to_owned(),
+            Ok(Err(e)) => format!("FAIL {}", format!("{e:#}").replace('\n', " | ")),
+            Err(panic) => format!("FAIL panicked: {}", panic_message(&*panic)),
         };
         println!(
             "scenario {name} took {:.1} s",
@@ -44,4 +47,14 @@ fn main() {
         println!("RAILSCOPE-SCENARIO {name} {verdict}");
     }
     guest::power_off();
+}
+
+/// What a panic said (its `&str` or `String` payload).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+        .replace('\n', " | ")
 }

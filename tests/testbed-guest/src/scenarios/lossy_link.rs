@@ -1,8 +1,10 @@
 //! lossy-link: 5 % random datagram loss and reordering between the agent and its collector,
-//! both ways, and still every frame archived exactly once. The guest makes a network
+//! both ways, and still every frame archived exactly once and every sample read back as the
+//! agent sent it. The guest makes a network
 //! namespace `lossy` joined to its own by a veth pair (lossyA 198.19.0.1, lossyB 198.19.0.2
 //! in the namespace); a `railscope-collector` runs in the namespace and the agent sends to it
-//! from the guest's own. `tc netem` on both ends (loss 5 %, delay 60 ± 30 ms, a quarter of
+//! from the guest's own, through a recording relay on the guest's loopback (the testkit's
+//! `Relay`, unimpaired: it keeps every datagram the agent sent, resends included). `tc netem` on both ends (loss 5 %, delay 60 ± 30 ms, a quarter of
 //! the datagrams sent at once, so they overtake) impairs the frames on lossyA and the
 //! acknowledgements coming back on lossyB. The agent flushes every 50 ms, so frames are in
 //! flight together and overtake each other. After 20 s the impairment is lifted, the agent
@@ -10,17 +12,25 @@
 //!
 //! - the collector accepted exactly the frames of the agent's session (the frames it sent,
 //!   less those it sent again), none missing from the sequence, each archived once;
+//! - every sample of every series the agent sent, decoded from the relay's datagrams, is
+//!   what `railscope query --json series` reads back from the archive, value by value, and
+//!   the archive answers no series the agent did not send;
 //! - netem really dropped frames and impaired the way back, the agent really sent frames
 //!   again, and more frames arrived after a later one than were sent again (so netem
 //!   reordered some): the test cannot pass on a quiet link.
 
 use std::{
+    path::Path,
     process::{Child, Command, Stdio},
     thread,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail, ensure};
+use monitor_testkit::{
+    Relay, key_from_hex,
+    sent_frames::{decode_sent, metric_names, points_differing, queried_points_at},
+};
 use serde_json::Value;
 
 use crate::{guest, http};
@@ -48,8 +58,12 @@ pub fn run() -> anyhow::Result<()> {
     let _netns = Namespace::create()?;
     let mut collector = CollectorInNamespace::start()?;
     impair(true)?;
-    let mut agent =
-        guest::agent_sending_to(COLLECTOR, &["--interval", "0.5", "--flush", "0.05"], false)?;
+    let relay = Relay::start(COLLECTOR.parse()?);
+    let mut agent = guest::agent_sending_to(
+        &relay.addr.to_string(),
+        &["--interval", "0.5", "--flush", "0.05"],
+        false,
+    )?;
     thread::sleep(IMPAIRED);
     let (frames_way, acks_way) = (netem_stats(&[], NEAR)?, netem_stats(&["-n", NETNS], FAR)?);
     impair(false)?;
@@ -110,6 +124,7 @@ pub fn run() -> anyhow::Result<()> {
         n("duplicates"),
         n("sessions"),
     );
+    read_back_as_sent(relay)?;
     collector.stop();
     ensure!(
         n("sessions") == 1,
@@ -140,6 +155,40 @@ pub fn run() -> anyhow::Result<()> {
         n("reordered") > resent,
         "{} frames arrived after a later one, {resent} were sent again: netem reordered none",
         n("reordered")
+    );
+    Ok(())
+}
+
+/// Every sample the agent sent through `relay` is what the archive answers, value by value.
+fn read_back_as_sent(relay: Relay) -> anyhow::Result<()> {
+    let datagrams = relay.stop();
+    let sent = decode_sent(
+        &key_from_hex(guest::WIRE_KEY_HEX),
+        datagrams.iter().map(Vec::as_slice),
+    );
+    let expected = sent.archive_points();
+    let samples: usize = expected.values().map(Vec::len).sum();
+    let answered = queried_points_at(
+        Path::new("/usr/bin/railscope"),
+        &format!("http://{COLLECTOR_HTTP}"),
+        &metric_names(&expected),
+    );
+    let differ = points_differing(&expected, &answered);
+    println!(
+        "read back: {} series, {samples} samples sent in {} frames ({} datagrams sent again); \
+         {} series answered, {} differ",
+        expected.len(),
+        sent.frames.len(),
+        sent.resent,
+        answered.len(),
+        differ.len()
+    );
+    ensure!(samples > 1_000, "the agent sent only {samples} samples");
+    ensure!(
+        differ.is_empty() && answered.len() == expected.len(),
+        "the archive differs from what the agent sent ({} series answered, {} sent): {differ:?}",
+        answered.len(),
+        expected.len()
     );
     Ok(())
 }
