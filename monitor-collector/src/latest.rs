@@ -37,12 +37,13 @@ use axum::{
 use monitor_wire::Labels;
 use serde::Serialize;
 
+use monitor_client::time::unix_ns;
+
 use crate::{
     nodes::{LatestValue, NodeTable},
     query::{
         api::{ApiError, bad, params},
         selector::Matcher,
-        time::unix_ns,
     },
     shared::Shared,
 };

@@ -46,23 +46,23 @@ enum Command {
     /// Run the collector until Ctrl-C or SIGTERM (the default).
     Run(RunOptions),
     /// Ask a running collector (its HTTP API): series, events, nodes.
-    Query(query::cli::QueryArgs),
+    Query(monitor_client::query::QueryArgs),
     /// Write a node's samples and events over a time range as a capture file
     /// (docs/capture-format.md), for `railscope report`.
-    Export(query::export::ExportArgs),
+    Export(monitor_client::export::ExportArgs),
     /// Moneo's metric selection over a stored range: drops constant and redundant metrics,
     /// learns each kept metric's interval cap, prints the agent's `--sampling` settings.
     Select(monitor_collector::select::cli::SelectArgs),
     /// Ask a running collector for its health findings (docs/findings.md).
-    Findings(findings::cli::FindingsArgs),
+    Findings(monitor_client::findings::FindingsArgs),
     /// Ask a running collector what it did about its findings, or release its brake
     /// (docs/actions.md).
-    Actions(monitor_collector::actions::cli::ActionsArgs),
+    Actions(monitor_client::actions::ActionsArgs),
     /// Slurm's health hook: exit 0 if this node has no active critical finding, 1 with one
     /// line naming the worst (docs/actions.md, "The health hook").
-    Health(monitor_collector::actions::health::HealthArgs),
+    Health(monitor_client::health::HealthArgs),
     /// Ask a running collector for the stragglers of its jobs (docs/findings.md).
-    Stragglers(monitor_collector::stragglers::StragglerArgs),
+    Stragglers(monitor_client::stragglers::StragglerArgs),
     /// Derive a node's own frame key from the fleet secret, as 64 hex characters (what
     /// `railscope-gen-wire-key --node NAME` runs).
     NodeKey(NodeKeyArgs),
@@ -122,15 +122,15 @@ fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Some(Command::Run(options)) => run(options),
-        Some(Command::Query(args)) => query::cli::run(&args),
-        Some(Command::Export(args)) => query::export::run(&args),
+        Some(Command::Query(args)) => monitor_client::query::run(&args),
+        Some(Command::Export(args)) => monitor_client::export::run(&args),
         Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
-        Some(Command::Findings(args)) => findings::cli::run(&args),
-        Some(Command::Actions(args)) => monitor_collector::actions::cli::run(&args),
+        Some(Command::Findings(args)) => monitor_client::findings::run(&args),
+        Some(Command::Actions(args)) => monitor_client::actions::run(&args),
         Some(Command::Health(args)) => {
-            std::process::exit(monitor_collector::actions::health::run(&args).into())
+            std::process::exit(monitor_client::health::run(&args).into())
         }
-        Some(Command::Stragglers(args)) => monitor_collector::stragglers::run_cli(&args),
+        Some(Command::Stragglers(args)) => monitor_client::stragglers::run(&args),
         Some(Command::NodeKey(args)) => node_key(&args),
         None => run(cli.run),
     }

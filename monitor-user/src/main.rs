@@ -88,14 +88,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Ask a collector (`railscope query --help`): runs `railscope-collector query` with these
-    /// arguments.
-    #[command(disable_help_flag = true)]
-    Query {
-        /// Arguments for `railscope-collector query`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Ask a collector (its HTTP API): series, events, nodes.
+    Query(monitor_client::query::QueryArgs),
     /// Moneo's metric selection over a collector's stored range (`railscope select --help`):
     /// runs `railscope-collector select` with these arguments.
     #[command(disable_help_flag = true)]
@@ -104,37 +98,20 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// A collector's health findings (`railscope findings --help`): runs
-    /// `railscope-collector findings` with these arguments.
-    #[command(disable_help_flag = true)]
-    Findings {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// What a collector did about its findings (drains, resumes, the brake), or
-    /// `railscope actions release` (`railscope actions --help`): runs
-    /// `railscope-collector actions` with these arguments.
-    #[command(disable_help_flag = true)]
-    Actions {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Slurm's health hook (`railscope health --help`): exit 0 if this node has no active
-    /// critical finding at the collector, 1 with one line naming the worst; runs
-    /// `railscope-collector health` with these arguments, and with `--node` set to this
-    /// agent's node name (agent.toml's `node`, else the host name) unless given.
-    #[command(disable_help_flag = true)]
-    Health {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// The stragglers of a collector's jobs (`railscope stragglers --help`): runs
-    /// `railscope-collector stragglers` with these arguments.
-    #[command(disable_help_flag = true)]
-    Stragglers {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Write a node's samples and events over a time range from a collector's archive as a
+    /// capture file (docs/capture-format.md), for `railscope report`.
+    Export(monitor_client::export::ExportArgs),
+    /// A collector's health findings (docs/findings.md).
+    Findings(monitor_client::findings::FindingsArgs),
+    /// What a collector did about its findings (drains, resumes, the brake), or release its
+    /// brake (docs/actions.md).
+    Actions(monitor_client::actions::ActionsArgs),
+    /// Slurm's health hook: exit 0 if this node has no active critical finding at the
+    /// collector, 1 with one line naming the worst (docs/actions.md, "The health hook").
+    /// `--node` defaults to this agent's node name (agent.toml's `node`, else the host name).
+    Health(monitor_client::health::HealthArgs),
+    /// The stragglers of a collector's jobs (docs/findings.md).
+    Stragglers(monitor_client::stragglers::StragglerArgs),
     /// Record every IB port event (kernel timestamps, duplicates kept) and snapshots of each
     /// port's link and error counters into a capture file, keeping the seconds before each
     /// trigger (docs/capture-format.md). Runs next to the agent if one runs; Ctrl-C ends it.
@@ -273,15 +250,19 @@ impl RulesArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The collector's subcommands belong to its own binary: hand over before anything else.
+    // The collector's own subcommands belong to its binary: hand over before anything else.
+    // The API's clients are linked (monitor_client): they need no collector installed.
     match &cli.command {
         Command::Collector { args } => return run_collector(None, args),
-        Command::Query { args } => return run_collector(Some("query"), args),
         Command::Select { args } => return run_collector(Some("select"), args),
-        Command::Findings { args } => return run_collector(Some("findings"), args),
-        Command::Actions { args } => return run_collector(Some("actions"), args),
-        Command::Stragglers { args } => return run_collector(Some("stragglers"), args),
-        Command::Health { args } => return run_collector(Some("health"), &with_node(args)),
+        Command::Query(args) => return monitor_client::query::run(args),
+        Command::Export(args) => return monitor_client::export::run(args),
+        Command::Findings(args) => return monitor_client::findings::run(args),
+        Command::Actions(args) => return monitor_client::actions::run(args),
+        Command::Stragglers(args) => return monitor_client::stragglers::run(args),
+        Command::Health(args) => {
+            std::process::exit(monitor_client::health::run(&with_node(args)).into())
+        }
         _ => {}
     }
     tracing_subscriber::fmt()
@@ -409,12 +390,13 @@ fn main() -> anyhow::Result<()> {
             one_line(report(&files, archive, json, svg, no_svg, &rules.rules()))
         }
         Command::Collector { .. }
-        | Command::Query { .. }
+        | Command::Query(_)
         | Command::Select { .. }
-        | Command::Findings { .. }
-        | Command::Actions { .. }
-        | Command::Health { .. }
-        | Command::Stragglers { .. } => unreachable!("handed over above"),
+        | Command::Export(_)
+        | Command::Findings(_)
+        | Command::Actions(_)
+        | Command::Health(_)
+        | Command::Stragglers(_) => unreachable!("handled above"),
         Command::Topology {
             sysfs,
             nvml_lib,
@@ -517,17 +499,15 @@ fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
 /// (agent.toml's `node`, else the host name) unless one is given: the findings are filed
 /// under that name. An agent.toml that cannot be read leaves the host name, the agent's
 /// default; the check must still answer.
-fn with_node(args: &[String]) -> Vec<String> {
-    let mut args = args.to_vec();
-    let given = args
-        .iter()
-        .any(|a| a == "--node" || a.starts_with("--node=") || a == "--help" || a == "-h");
-    if !given {
-        let node = settings::load(None, settings::AgentSettings::default())
-            .ok()
-            .and_then(|sources| sources.merged().node)
-            .unwrap_or_else(monitor_user::pipeline::hostname);
-        args.extend(["--node".to_owned(), node]);
+fn with_node(args: &monitor_client::health::HealthArgs) -> monitor_client::health::HealthArgs {
+    let mut args = args.clone();
+    if args.node.is_none() {
+        args.node = Some(
+            settings::load(None, settings::AgentSettings::default())
+                .ok()
+                .and_then(|sources| sources.merged().node)
+                .unwrap_or_else(monitor_user::pipeline::hostname),
+        );
     }
     args
 }
@@ -587,36 +567,14 @@ fn one_line<T>(result: anyhow::Result<T>) -> anyhow::Result<T> {
 }
 
 /// A node's range of a collector's archive as a capture file: (a name for it, its bytes),
-/// from `railscope-collector export` (the agent links nothing of the collector).
+/// from the collector's export (`/api/v1/export`).
 fn export_from_collector(
     url: &str,
     node: &str,
     start: &str,
     end: &str,
 ) -> anyhow::Result<(String, Vec<u8>)> {
-    let binary = collector_binary()?;
-    let out = std::env::temp_dir().join(format!("railscope-export-{}.rscap", std::process::id()));
-    let status = std::process::Command::new(&binary)
-        .args([
-            "export",
-            "--collector",
-            url,
-            "--node",
-            node,
-            "--start",
-            start,
-            "--end",
-            end,
-        ])
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .with_context(|| format!("running {}", binary.display()))?;
-    if !status.success() {
-        anyhow::bail!("railscope-collector export of node {node} from {url} failed ({status})");
-    }
-    let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
-    let _ = std::fs::remove_file(&out);
+    let bytes = monitor_client::export::fetch_export(url, node, start, end)?;
     Ok((format!("{url} node {node} from {start} to {end}"), bytes))
 }
 

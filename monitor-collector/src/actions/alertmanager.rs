@@ -30,10 +30,11 @@ use super::{
     notify::{HttpPoster, view_url},
     state::backoff_ns,
 };
+use monitor_client::time::format_time;
+
 use crate::{
     clock::unix_now_ns,
     findings::{Finding, FindingsStore, store::FindingFilter},
-    query::time::format_time,
 };
 
 const S: u64 = 1_000_000_000;

@@ -21,12 +21,10 @@
 pub mod alertmanager;
 pub mod api;
 pub mod audit;
-pub mod cli;
 pub mod config;
 pub mod decisions;
-pub mod health;
 pub mod notify;
-pub mod show;
+
 pub mod slurm;
 pub mod state;
 pub mod worker;

@@ -101,8 +101,8 @@ impl HttpPoster {
             .http_status_as_error(false)
             .user_agent(concat!("railscope-collector/", env!("CARGO_PKG_VERSION")));
         if url.starts_with("https://") {
-            let tls = crate::remote_write::tls::load(url, &Default::default())
-                .map_err(|e| e.to_string())?;
+            let tls =
+                monitor_client::tls::load(url, &Default::default()).map_err(|e| e.to_string())?;
             builder = builder.tls_config(tls);
         }
         Ok(Self {

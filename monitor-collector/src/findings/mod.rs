@@ -31,7 +31,6 @@
 
 pub mod affinity;
 pub mod api;
-pub mod cli;
 pub mod clock_skew;
 pub mod engine;
 pub mod fabric;

@@ -13,10 +13,11 @@ use axum::{
 use serde::Serialize;
 use serde_json::json;
 
+use monitor_client::time::{parse_time, unix_ns};
+
 use super::{
     engine::{EventQuery, QueryCost, QueryEngine, QueryError, SeriesAnswer, SeriesQuery},
     selector::Matcher,
-    time::{parse_time, unix_ns},
 };
 
 /// Default range of a query without `start`: the hour before `end`.

@@ -7,22 +7,18 @@
 //!   [`ArchiveReader`](crate::archive::ArchiveReader) and the keyring;
 //! - [`api`]: its HTTP JSON API, an `axum::Router` ([`api_router`]) that the collector's HTTP
 //!   server mounts (docs/http-api.md);
-//! - [`cli`]: the client, `railscope query`; [`client`]: how every command-line client
-//!   reaches an API behind TLS and basic auth (`RAILSCOPE_HTTP_CONFIG_FILE`);
-//! - [`export`]: a node's range as a capture file (`/api/v1/export`, `railscope-collector
-//!   export`), for `railscope report`;
-//! - [`selector`]: label matchers; [`time`]: query times;
+//! - [`export`]: a node's range as a capture file (`/api/v1/export`, what `railscope export`
+//!   asks for), for `railscope report`;
+//! - [`selector`]: label matchers (query times are `monitor_client::time`'s, the clients'
+//!   and the API's alike);
 //! - [`session_ids`]: what a node session's series ids stand for, whatever order its frames
 //!   came in (samples that came before their schema entry wait for it).
 
 pub mod api;
-pub mod cli;
-pub mod client;
 pub mod engine;
 pub mod export;
 pub mod selector;
 pub mod session_ids;
-pub mod time;
 
 pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
 pub use selector::Matcher;

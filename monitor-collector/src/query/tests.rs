@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
+use monitor_client::query::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_text, series_text};
 use monitor_wire::{Key, Value};
 
-use super::{
-    cli::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_text, series_text},
-    test_server::serve_on_loopback,
-};
+use super::test_server::serve_on_loopback;
 use crate::{
     archive::{Archive, ArchiveConfig},
     node_archive::{NodeSender, append_node_frames},
@@ -137,7 +135,7 @@ fn bad_queries_are_refused_with_the_reason() {
 fn an_export_is_a_capture_file_holding_exactly_the_archived_samples_of_the_node() {
     let (url, _, dir) = serve();
     let out = dir.path().join("export.rscap");
-    super::export::run(&super::export::ExportArgs {
+    monitor_client::export::run(&monitor_client::export::ExportArgs {
         collector: url.clone(),
         node: "gpu-node-007".into(),
         range: range(),
@@ -230,7 +228,7 @@ fn an_export_holds_samples_archived_before_the_frame_defining_their_ids() {
     archive.tick().unwrap();
     let url = serve_on_loopback(archive, key);
     let out = dir.path().join("export.rscap");
-    super::export::run(&super::export::ExportArgs {
+    monitor_client::export::run(&monitor_client::export::ExportArgs {
         collector: url,
         node: "gpu-node-007".into(),
         range: range(),
@@ -259,7 +257,7 @@ fn an_export_holds_samples_archived_before_the_frame_defining_their_ids() {
 #[test]
 fn an_export_without_a_node_is_refused_naming_the_parameter() {
     let (url, _, dir) = serve();
-    let err = super::export::run(&super::export::ExportArgs {
+    let err = monitor_client::export::run(&monitor_client::export::ExportArgs {
         collector: url,
         node: String::new(),
         range: range(),

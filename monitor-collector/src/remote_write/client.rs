@@ -9,7 +9,9 @@
 
 use std::{io::Read, time::Duration};
 
-use super::{EndpointConfig, RemoteWriteError, auth::Secret, prompb::HEADERS, tls};
+use monitor_client::{auth::Secret, tls};
+
+use super::{EndpointConfig, RemoteWriteError, prompb::HEADERS};
 
 /// Why a request did not succeed: the `reason` label of
 /// `railscope_collector_remote_write_failures_total`.

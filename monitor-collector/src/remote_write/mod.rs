@@ -20,7 +20,6 @@
 //! accepted or dropped: once the operator fixes the configuration, every sample arrives.
 
 pub mod archive_source;
-pub mod auth;
 pub mod client;
 pub mod naming;
 pub mod progress;
@@ -29,7 +28,6 @@ pub mod shard;
 pub mod source;
 pub mod stats;
 pub mod table;
-pub mod tls;
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -44,13 +42,13 @@ use std::{
 };
 
 pub use archive_source::ArchiveSource;
-pub use auth::Auth;
 pub use client::Failure;
+pub use monitor_client::auth::Auth;
+pub use monitor_client::tls::TlsFiles;
 pub use progress::Progress;
 pub use source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
 pub use stats::{EndpointStats, StatsSnapshot, write_metrics};
 pub use table::EndpointTable;
-pub use tls::TlsFiles;
 
 use self::{progress::Ticket, prompb::TimeSeries, shard::Work};
 
@@ -73,6 +71,30 @@ pub enum RemoteWriteError {
     },
     #[error("remote-write cursor file {}: expected \"SEGMENT OFFSET\", found {text:?}", path.display())]
     BadCursorFile { path: PathBuf, text: String },
+}
+
+impl From<monitor_client::endpoint::EndpointError> for RemoteWriteError {
+    /// An endpoint's TLS or secret file, in remote-write's words.
+    fn from(e: monitor_client::endpoint::EndpointError) -> Self {
+        use monitor_client::endpoint::EndpointError;
+        match e {
+            EndpointError::Config { endpoint, reason } => Self::Config {
+                spec: endpoint,
+                reason,
+            },
+            EndpointError::File {
+                endpoint,
+                what,
+                path,
+                reason,
+            } => Self::File {
+                endpoint,
+                what,
+                path,
+                reason,
+            },
+        }
+    }
 }
 
 /// One endpoint and how to write to it.

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use serde_json::Value as Json;
 
-use super::{MetricTrace, Reading, SelectConfig, SeriesTrace, select};
-use crate::query::{
-    cli::get_json,
+use monitor_client::{
+    query::get_json,
     time::{api_seconds, parse_time, unix_ns},
 };
+
+use super::{MetricTrace, Reading, SelectConfig, SeriesTrace, select};
 
 /// `railscope select [--collector URL] [--start T] [--end T] ...`
 #[derive(clap::Args, Debug, Clone)]

@@ -1,5 +1,5 @@
-//! Who the collector says it is to an endpoint: HTTP basic auth (a user name and a password
-//! file) or a bearer token file, as Prometheus' own `remote_write` takes them
+//! Who railscope says it is to an endpoint (the collector to a TSDB, a client to the
+//! collector): HTTP basic auth (a user name and a password file) or a bearer token file, as Prometheus' own `remote_write` takes them
 //! (`basic_auth.password_file`, `authorization.credentials_file`).
 //!
 //! Secrets come from files only, never from the URL, the command line or collector.toml
@@ -10,7 +10,7 @@
 
 use std::{fmt, path::PathBuf};
 
-use super::RemoteWriteError;
+use crate::endpoint::EndpointError;
 
 /// The authentication of one endpoint as configured (paths, not secrets).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -45,7 +45,7 @@ impl fmt::Debug for Secret {
 impl Auth {
     /// The `Authorization` header value for `endpoint`, its file read now; None without
     /// authentication.
-    pub fn header(&self, endpoint: &str) -> Result<Option<Secret>, RemoteWriteError> {
+    pub fn header(&self, endpoint: &str) -> Result<Option<Secret>, EndpointError> {
         match self {
             Auth::None => Ok(None),
             Auth::Basic {
@@ -72,8 +72,8 @@ fn read_secret(
     endpoint: &str,
     what: &'static str,
     path: &std::path::Path,
-) -> Result<String, RemoteWriteError> {
-    let fail = |reason: String| RemoteWriteError::File {
+) -> Result<String, EndpointError> {
+    let fail = |reason: String| EndpointError::File {
         endpoint: endpoint.to_owned(),
         what,
         path: path.to_owned(),

@@ -9,6 +9,11 @@ pub struct TimeError {
     pub text: String,
 }
 
+/// Now, in Unix ns (0 for a clock before 1970).
+pub fn unix_now_ns() -> u64 {
+    unix_ns(SystemTime::now())
+}
+
 pub fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))

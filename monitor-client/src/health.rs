@@ -9,10 +9,55 @@
 
 use std::time::Duration;
 
-use crate::{
-    findings::{Finding, Severity},
-    query::cli::get_json_within,
-};
+use serde::Deserialize;
+
+use crate::{query::get_json_within, time::unix_now_ns};
+
+/// How severe a finding is, as the API writes it; ordered from the least.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "info" => Some(Severity::Info),
+            "warning" => Some(Severity::Warning),
+            "critical" => Some(Severity::Critical),
+            _ => None,
+        }
+    }
+}
+
+/// A finding as `/api/v1/findings` lists it: what the check reads of it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Finding {
+    pub id: String,
+    pub rule: String,
+    pub severity: Severity,
+    pub node: String,
+    pub device: Option<String>,
+    pub port: Option<u32>,
+    pub gpu: Option<String>,
+    pub job_id: Option<String>,
+    /// Unix ns.
+    pub start: u64,
+    /// Unix ns; `None` while active.
+    pub end: Option<u64>,
+    pub summary: String,
+}
 
 /// `railscope health [--collector URL] [--node NAME] [--min-severity S] [--unreachable-exit N]
 /// [--timeout-s S]`
@@ -79,7 +124,7 @@ pub fn run(args: &HealthArgs) -> u8 {
 fn active_findings(args: &HealthArgs, node: &str) -> anyhow::Result<Vec<Finding>> {
     // Every finding still active, whenever it started (a node's clock a little ahead of the
     // collector's included).
-    let until = crate::clock::unix_now_ns() / 1_000_000_000 + 86_400;
+    let until = unix_now_ns() / 1_000_000_000 + 86_400;
     let json = get_json_within(
         &args.collector,
         "/api/v1/findings",
@@ -102,7 +147,7 @@ fn active_findings(args: &HealthArgs, node: &str) -> anyhow::Result<Vec<Finding>
     // this one, whatever answered.
     Ok(findings
         .into_iter()
-        .filter(|f| f.node == node && f.is_active())
+        .filter(|f| f.node == node && f.end.is_none())
         .collect())
 }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value as Json;
 
-use crate::query::{cli::get_json, time::format_time};
+use crate::{query::get_json, time::format_time};
 
 /// `railscope findings [--collector URL] [--json] [--node N] [--severity S] [--active|--ended]`
 #[derive(clap::Args, Debug, Clone)]

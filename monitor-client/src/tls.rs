@@ -1,6 +1,7 @@
-//! TLS of an `https://` endpoint: whom the collector trusts (the system's roots, or a CA file
-//! when the endpoint's certificate comes from a private CA) and, optionally, the client
-//! certificate it shows (mutual TLS). Everything is read once at start-up, so a missing or
+//! TLS of an `https://` endpoint (a remote-write TSDB for the collector, the collector for
+//! the clients): whom railscope trusts (the system's roots, or a CA file when the endpoint's
+//! certificate comes from a private CA) and, optionally, the client certificate it shows
+//! (mutual TLS). Everything is read once at start-up, so a missing or
 //! unreadable file is one error naming it there, not a failure on every request later.
 //!
 //! The stack is rustls with ring (ureq's `rustls` feature): no OpenSSL, no aws-lc-rs. A
@@ -16,7 +17,7 @@ use std::{
 
 use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
 
-use super::RemoteWriteError;
+use crate::endpoint::EndpointError;
 
 /// The TLS settings of one endpoint as configured (paths, not their content).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,14 +44,14 @@ impl TlsFiles {
 }
 
 /// The TLS configuration of `endpoint`, its files read and parsed.
-pub fn load(endpoint: &str, files: &TlsFiles) -> Result<TlsConfig, RemoteWriteError> {
+pub fn load(endpoint: &str, files: &TlsFiles) -> Result<TlsConfig, EndpointError> {
     let roots = match &files.ca_file {
         Some(path) => {
             let certs = certificates(endpoint, "ca-file", path)?;
             RootCerts::Specific(Arc::new(certs))
         }
-        None => system_roots().map_err(|reason| RemoteWriteError::Config {
-            spec: endpoint.to_owned(),
+        None => system_roots().map_err(|reason| EndpointError::Config {
+            endpoint: endpoint.to_owned(),
             reason,
         })?,
     };
@@ -62,8 +63,8 @@ pub fn load(endpoint: &str, files: &TlsFiles) -> Result<TlsConfig, RemoteWriteEr
         }
         (None, None) => None,
         _ => {
-            return Err(RemoteWriteError::Config {
-                spec: endpoint.to_owned(),
+            return Err(EndpointError::Config {
+                endpoint: endpoint.to_owned(),
                 reason: "cert-file and key-file go together".into(),
             });
         }
@@ -110,8 +111,8 @@ fn system_roots() -> Result<RootCerts, String> {
         .clone()
 }
 
-fn read(endpoint: &str, what: &'static str, path: &Path) -> Result<Vec<u8>, RemoteWriteError> {
-    std::fs::read(path).map_err(|e| RemoteWriteError::File {
+fn read(endpoint: &str, what: &'static str, path: &Path) -> Result<Vec<u8>, EndpointError> {
+    std::fs::read(path).map_err(|e| EndpointError::File {
         endpoint: endpoint.to_owned(),
         what,
         path: path.to_owned(),
@@ -125,9 +126,9 @@ fn certificates(
     endpoint: &str,
     what: &'static str,
     path: &Path,
-) -> Result<Vec<Certificate<'static>>, RemoteWriteError> {
+) -> Result<Vec<Certificate<'static>>, EndpointError> {
     let pem = read(endpoint, what, path)?;
-    let bad = |reason: String| RemoteWriteError::File {
+    let bad = |reason: String| EndpointError::File {
         endpoint: endpoint.to_owned(),
         what,
         path: path.to_owned(),
@@ -147,9 +148,9 @@ fn certificates(
     Ok(certs)
 }
 
-fn private_key(endpoint: &str, path: &Path) -> Result<PrivateKey<'static>, RemoteWriteError> {
+fn private_key(endpoint: &str, path: &Path) -> Result<PrivateKey<'static>, EndpointError> {
     let pem = read(endpoint, "key-file", path)?;
-    PrivateKey::from_pem(&pem).map_err(|e| RemoteWriteError::File {
+    PrivateKey::from_pem(&pem).map_err(|e| EndpointError::File {
         endpoint: endpoint.to_owned(),
         what: "key-file",
         path: path.to_owned(),

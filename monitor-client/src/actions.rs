@@ -1,13 +1,13 @@
 //! `railscope actions [--json]`, `railscope actions release` and `railscope actions show ID`:
 //! the client of `/api/v1/actions`, `POST /api/v1/actions/release` and (with
-//! [`super::show`]) `/api/v1/actions/finding`.
+//! [`actions_show`](crate::actions_show)) `/api/v1/actions/finding`.
 
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::Context as _;
 use serde_json::Value as Json;
 
-use crate::query::{cli::get_json, client::Client, time::format_time};
+use crate::{actions_show, client::Client, query::get_json, time::format_time};
 
 /// `railscope actions [--collector URL] [--json] [release]`
 #[derive(clap::Args, Debug, Clone)]
@@ -41,7 +41,7 @@ pub fn run(args: &ActionsArgs) -> anyhow::Result<()> {
         None => get_json(&args.collector, "/api/v1/actions", &[])?,
         Some(ActionsCommand::Release) => post_json(&args.collector, "/api/v1/actions/release")?,
         Some(ActionsCommand::Show { id }) => {
-            let shown = super::show::gather(&args.collector, id)?;
+            let shown = actions_show::gather(&args.collector, id)?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&shown.to_json())?);
             } else {

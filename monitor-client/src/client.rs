@@ -17,7 +17,10 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use serde::Deserialize;
 
-use crate::remote_write::{auth::Auth, tls::TlsFiles};
+use crate::{
+    auth::Auth,
+    tls::{self, TlsFiles},
+};
 
 /// The variable naming the client configuration file.
 pub const HTTP_CONFIG_ENV: &str = "RAILSCOPE_HTTP_CONFIG_FILE";
@@ -108,7 +111,7 @@ impl Client {
                 key_file: tls.key_file,
                 insecure_skip_verify: tls.insecure_skip_verify,
             };
-            builder = builder.tls_config(crate::remote_write::tls::load(&name, &files)?);
+            builder = builder.tls_config(tls::load(&name, &files)?);
         }
         Ok(Self {
             agent: builder.build().into(),

@@ -11,12 +11,9 @@ use std::{fmt::Write as _, time::Duration};
 use serde_json::{Value as Json, json};
 
 use crate::{
-    clock::unix_now_ns,
-    query::{
-        cli::{events_text, get_json, get_json_within},
-        export::fetch_export,
-        time::{api_seconds, format_time},
-    },
+    export::fetch_export,
+    query::{events_text, get_json, get_json_within},
+    time::{api_seconds, format_time, unix_now_ns},
 };
 
 /// How far around the finding's span the events and the report reach.
@@ -173,7 +170,7 @@ impl Shown {
             out.push_str("actions:\n");
         }
         for r in &records {
-            let _ = writeln!(out, "  {}", super::cli::record_line(r));
+            let _ = writeln!(out, "  {}", crate::actions::record_line(r));
         }
         if let (Some((start, end)), Some(events)) = (self.window, &self.events) {
             let _ = writeln!(

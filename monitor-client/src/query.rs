@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::Context as _;
 use serde_json::Value as Json;
 
-use super::time::format_time;
+use crate::{client::Client, time::format_time};
 
 /// `railscope query [--collector URL] [--json] series|events|nodes ...`: the options of the
 /// whole command are global, so they are taken before or after the subcommand
@@ -115,7 +115,7 @@ pub fn get_json_within(
     timeout: Duration,
 ) -> anyhow::Result<Json> {
     let url = format!("{}{path}", collector.trim_end_matches('/'));
-    let client = super::client::Client::from_env(timeout)?;
+    let client = Client::from_env(timeout)?;
     let mut response = client
         .get(&url)
         .query_pairs(query.iter().map(|(k, v)| (*k, v.as_str())))
