@@ -6,6 +6,8 @@
 //!   `WWW-Authenticate: Basic realm="railscope"`; a wrong password too;
 //! - a `read` user gets every read route and 403 on `POST /-/reload`; an `admin` reloads;
 //!   the refusals are counted on `/metrics/collector`;
+//! - an `admin` finds every route of the table (`monitor_collector::routes::ROUTES`) served
+//!   with its method, and no path outside it;
 //! - the dashboard opens over HTTPS in Chromium (trusting the test's server key for that
 //!   run only), the user answering the browser's basic-auth prompt, and draws the fleet;
 //! - a new password in the file works after SIGHUP, without a restart, and the old one no
@@ -27,6 +29,10 @@ use std::{
 
 use base64::Engine as _;
 use browser::{Page, assert_no_problem, chromium, eval, wait_until};
+use monitor_collector::{
+    routes::{Method, ROUTES},
+    web::Role,
+};
 use monitor_testkit::SimulatedFleet;
 use monitor_wire::Key;
 use rcgen::{
@@ -244,31 +250,18 @@ impl Drop for RunningCollector {
     }
 }
 
-/// Every route of the route table (monitor-collector/src/routes.rs): path, method, role.
-fn route_table() -> Vec<(String, &'static str, &'static str)> {
-    let source = include_str!("../src/routes.rs");
-    let table = &source[..source.find("#[cfg(test)]").unwrap()];
-    table
-        .split(".route(")
-        .skip(1)
-        .map(|rest| {
-            let rest = rest.trim_start().strip_prefix('"').unwrap();
-            let path = &rest[..rest.find('"').unwrap()];
-            let after = rest[path.len() + 1..].trim_start_matches([',', ' ', '\n']);
-            let role = if after.starts_with("admin(") {
-                "admin"
+/// A route's path as asked for: `{node}` and the like given a value.
+fn concrete(path: &str) -> String {
+    path.split('/')
+        .map(|part| {
+            if part.starts_with('{') {
+                "gpu-node-000"
             } else {
-                assert!(after.starts_with("read("), "{path}: no role in {after:.40}");
-                "read"
-            };
-            let method = if after.contains("(post(") {
-                "POST"
-            } else {
-                "GET"
-            };
-            (path.to_owned(), method, role)
+                part
+            }
         })
-        .collect()
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 fn counter(metrics: &str, line_start: &str) -> u64 {
@@ -297,14 +290,18 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
     let dir = tempfile::tempdir().unwrap();
     let pki = make_pki(dir.path());
     let collector = RunningCollector::start(dir, &pki, &web_config(BOB.1), &[]);
-    let routes = route_table();
-    assert!(routes.len() >= 17, "{routes:?}");
-    assert!(routes.contains(&("/-/reload".into(), "POST", "admin")));
+    assert!(ROUTES.len() >= 17, "{}", ROUTES.len());
+    assert!(
+        ROUTES
+            .iter()
+            .any(|r| (r.method, r.path, r.role) == (Method::Post, "/-/reload", Role::Admin))
+    );
 
     // No credentials: 401 everywhere, with the browser's prompt asked for.
-    for (path, method, _) in &routes {
+    for route in ROUTES {
+        let (method, path) = (route.method.as_str(), concrete(route.path));
         assert_eq!(
-            collector.status(method, path, None),
+            collector.status(method, &path, None),
             401,
             "{method} {path} without credentials"
         );
@@ -326,10 +323,11 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
         401
     );
 
-    // A read user: every read route, not the admin one.
-    for (path, method, role) in &routes {
-        let code = collector.status(method, path, Some(BOB));
-        if *role == "read" {
+    // A read user: every read route, not the admin ones.
+    for route in ROUTES {
+        let (method, path) = (route.method.as_str(), concrete(route.path));
+        let code = collector.status(method, &path, Some(BOB));
+        if route.role == Role::Read {
             // Some query routes ask for parameters (400 without): still past the door.
             assert!(
                 code != 401 && code != 403 && code < 500,
@@ -363,15 +361,12 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
         counter(
             &metrics,
             "railscope_collector_http_refused_total{reason=\"unauthenticated\"}"
-        ) >= routes.len() as u64 + 4,
+        ) >= ROUTES.len() as u64 + 4,
         "{metrics}"
     );
     // Bob's one try of each admin route.
-    let admin_routes = routes
-        .iter()
-        .filter(|(_, _, role)| *role == "admin")
-        .count();
-    assert!(admin_routes >= 2, "{routes:?}");
+    let admin_routes = ROUTES.iter().filter(|r| r.role == Role::Admin).count();
+    assert!(admin_routes >= 2, "{admin_routes}");
     assert_eq!(
         counter(
             &metrics,
@@ -456,6 +451,53 @@ fn only_users_of_the_web_config_get_in_each_with_their_role() {
     );
     assert_eq!(collector.status("GET", "/", Some(new_bob)), 200);
     assert_eq!(collector.status("POST", "/-/reload", Some(new_bob)), 403);
+}
+
+/// The collector, with every source a route answers from (the archive, the findings, the
+/// actions), serves each route of the table with the table's method and no path outside it:
+/// to an admin, a routed path asked with a method it does not answer gets 405, a path that
+/// is not routed 404.
+#[test]
+fn the_collector_serves_the_route_table_and_no_other_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path());
+    let collector = RunningCollector::start(dir, &pki, &web_config(BOB.1), &[]);
+    for route in ROUTES {
+        let (method, path) = (route.method.as_str(), concrete(route.path));
+        // Some routes ask for parameters (400 without), the hardware path a known node (404
+        // from its handler): still routed.
+        let code = collector.status(method, &path, Some(ALICE));
+        assert!(
+            ![401, 403, 405].contains(&code) && code < 500,
+            "{method} {path} as alice: {code}"
+        );
+        assert_eq!(
+            collector.status("DELETE", &path, Some(ALICE)),
+            405,
+            "DELETE {path}: {path} is not routed"
+        );
+    }
+    for path in [
+        "/nowhere",
+        "/ui/",
+        "/ui/nowhere.js",
+        "/metrics/nowhere",
+        "/api/v1",
+        "/api/v1/live",
+        "/api/v1/nowhere",
+        "/api/v1/nodes/gpu-node-000",
+        "/api/v1/actions/nowhere",
+        "/-/healthy",
+    ] {
+        assert!(ROUTES.iter().all(|r| concrete(r.path) != path), "{path}");
+        for method in ["GET", "POST", "DELETE"] {
+            assert_eq!(
+                collector.status(method, path, Some(ALICE)),
+                404,
+                "{method} {path} as alice"
+            );
+        }
+    }
 }
 
 #[test]
