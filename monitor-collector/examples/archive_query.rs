@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use monitor_collector::{
+use monitor_archive::{
     archive::{AcceptedFrame, Archive, ArchiveConfig},
     query::{
         engine::{Points, QueryEngine, SeriesQuery},

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use monitor_collector::archive::{AcceptedFrame, Archive, ArchiveConfig};
+use monitor_archive::archive::{AcceptedFrame, Archive, ArchiveConfig};
 use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 

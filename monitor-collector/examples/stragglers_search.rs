@@ -18,11 +18,13 @@ use std::{
 };
 
 use clap::Parser as _;
-use monitor_collector::{
+use monitor_archive::{
     archive::{Archive, ArchiveConfig},
+    query::engine::QueryEngine,
+};
+use monitor_collector::{
     config::Limits,
     nodes::NodeTable,
-    query::engine::QueryEngine,
     stragglers::{StragglerSettings, find},
 };
 use monitor_testkit::SimulatedFleet;

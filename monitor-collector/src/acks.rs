@@ -1,8 +1,8 @@
 //! Acknowledgements to the agents: which frames of each node's session are durable in the
 //! archive (docs/wire-format.md, "Acknowledgements"). The archive's writer owns this: a frame
-//! counts once its record is fsynced ([`crate::archive::Archive::durable_seq`]), never on
+//! counts once its record is fsynced ([`monitor_archive::archive::Archive::durable_seq`]), never on
 //! receipt, so an agent drops from its spool only what a collector crash cannot lose. At
-//! start-up what the archive holds of recent sessions is read back ([`held_in_archive`]), so
+//! start-up what the archive holds of recent sessions is read back ([`held_in_archive`](monitor_archive::archive::recent::held_in_archive)), so
 //! a collector that restarted refuses the copies it has and asks for the rest.
 //!
 //! With an acknowledgement that answers for frames received since the last one goes its timing
@@ -22,10 +22,7 @@ use std::{
 
 use monitor_wire::{self as wire, Ack, AckTiming, Key, SeqSet};
 
-use crate::{
-    archive::{ArchiveError, ArchiveReader, RecordKind},
-    clock::unix_now_ns,
-};
+use monitor_archive::clock::unix_now_ns;
 
 /// Sessions acknowledged per node: the newest ones (an agent resumes its session across a
 /// restart, so a node rarely has more than one).
@@ -33,12 +30,6 @@ const SESSIONS_PER_NODE: usize = 4;
 /// A session not added to for this long is forgotten (the longest an agent keeps a frame,
 /// docs/agent.md, "Delivery").
 const SESSION_IDLE: Duration = Duration::from_secs(3600);
-/// How far back from its newest record a collector that starts reads what the archive
-/// holds: frames durable but not yet acknowledged when it stopped were received in its last
-/// seconds (acknowledgements are cumulative and go out every second), so ten minutes leaves
-/// a wide margin. Counted back from the newest record, not from now, so that an outage
-/// longer than the horizon does not make the collector store its last frames twice.
-pub const HELD_HORIZON: Duration = Duration::from_secs(600);
 /// The largest acknowledgement: within one unfragmented datagram, like a frame.
 const MAX_ACK_LEN: usize = 1400;
 
@@ -303,62 +294,6 @@ impl Acker {
                     .retain(|s| s.last_added.elapsed() < SESSION_IDLE);
                 !acks.sessions.is_empty()
             });
-        }
-    }
-}
-
-/// What the archive holds of each node's newest session, among the records received in the
-/// [`HELD_HORIZON`] before its newest one: read at start-up, so that a restarted collector
-/// refuses the copies it has and acknowledges them, and names the rest as missing. Returns,
-/// per node, its newest session (by append order) and the frames of it held.
-pub fn held_in_archive(
-    reader: &ArchiveReader,
-) -> Result<HashMap<Arc<str>, (u32, SeqSet)>, ArchiveError> {
-    Ok(recent_in_archive(reader)?.held)
-}
-
-/// What the archive says of the nodes heard in the [`HELD_HORIZON`] before its newest record.
-#[derive(Debug, Default)]
-pub struct RecentNodes {
-    /// Each node's newest session and the frames of it held ([`held_in_archive`]).
-    pub held: HashMap<Arc<str>, (u32, SeqSet)>,
-    /// When each node's newest frame was received (Unix ns): a node a restarted collector
-    /// does not hear from again is silent since then (`node_silent`), not unknown.
-    pub last_received_ns: HashMap<Arc<str>, u64>,
-}
-
-/// [`RecentNodes`], read in one pass over the horizon's records.
-pub fn recent_in_archive(reader: &ArchiveReader) -> Result<RecentNodes, ArchiveError> {
-    let cutoff_ns = reader
-        .last_received_ns()
-        .saturating_sub(HELD_HORIZON.as_nanos() as u64);
-    let mut recent = RecentNodes::default();
-    let mut sequential = reader.sequential(reader.received_since(cutoff_ns));
-    loop {
-        let batch = sequential.next_batch(4096)?;
-        if batch.is_empty() {
-            return Ok(recent);
-        }
-        for record in batch {
-            if record.kind != RecordKind::Frame || record.received_ns < cutoff_ns {
-                continue;
-            }
-            let Some((session, seq)) = wire::peek_sequence(&record.bytes) else {
-                continue;
-            };
-            let last = recent
-                .last_received_ns
-                .entry(record.node.clone())
-                .or_default();
-            *last = (*last).max(record.received_ns);
-            let entry = recent
-                .held
-                .entry(record.node.clone())
-                .or_insert_with(|| (session, SeqSet::default()));
-            if entry.0 != session {
-                *entry = (session, SeqSet::default());
-            }
-            entry.1.insert(seq);
         }
     }
 }

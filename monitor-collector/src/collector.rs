@@ -25,13 +25,15 @@ use crate::{
         profile::ProfileBoard,
     },
     http, ingest,
-    liveness::{Heartbeat, Heartbeats},
     nodes::NodeTable,
-    query::QueryEngine,
     routes::{self, Sources},
     shared::{ExtraMetrics, IngestStats, Shared},
     udp,
     writer::{self, Delivery, FrameArchive, Writer},
+};
+use monitor_archive::{
+    liveness::{Heartbeat, Heartbeats},
+    query::QueryEngine,
 };
 
 /// What a collector is started with beyond its configuration.
@@ -50,7 +52,7 @@ pub struct Parts {
     pub findings: Option<(Arc<FindingsStore>, Thresholds)>,
     /// Act on those findings (docs/actions.md): needs `findings`.
     pub actions: Option<Arc<crate::actions::Actions>>,
-    /// What the archive holds of each node's newest session ([`crate::acks::held_in_archive`],
+    /// What the archive holds of each node's newest session ([`held_in_archive`](monitor_archive::archive::recent::held_in_archive),
     /// read at start-up): copies of those frames are refused and acknowledged.
     pub held: HashMap<Arc<str>, (u32, monitor_wire::SeqSet)>,
     /// When the archive last received a frame of each recent node (read at start-up): a node
@@ -322,9 +324,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::{
-        clock::unix_now_ns, config::Limits, drops::DropReason, writer::testing::RecordingArchive,
-    };
+    use crate::{config::Limits, drops::DropReason, writer::testing::RecordingArchive};
+    use monitor_archive::clock::unix_now_ns;
     use monitor_wire::Key;
 
     fn key() -> Key {
@@ -615,8 +616,10 @@ mod tests {
     #[test]
     fn a_hung_sealer_or_http_server_stops_the_watchdog_pings_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let archive =
-            crate::archive::Archive::open(crate::archive::ArchiveConfig::new(tmp.path())).unwrap();
+        let archive = monitor_archive::archive::Archive::open(
+            monitor_archive::archive::ArchiveConfig::new(tmp.path()),
+        )
+        .unwrap();
         let stall = archive.stall_sealer();
         // A handler that blocks the server's runtime (its one worker) for a while.
         let hang = axum::Router::new().route(

@@ -13,7 +13,7 @@ use std::{
 
 use monitor_wire::WireError;
 
-use crate::lock::lock;
+use monitor_archive::lock::lock;
 
 /// Why a datagram was dropped. The label is the `reason` of
 /// `railscope_collector_frames_dropped_total`.

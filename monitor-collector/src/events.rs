@@ -5,7 +5,7 @@ use std::{collections::VecDeque, sync::Mutex};
 
 use monitor_wire::WireEvent;
 
-use crate::lock::lock;
+use monitor_archive::lock::lock;
 
 /// One event as the live view shows it (`/api/v1/live/events`, the dashboard).
 ///

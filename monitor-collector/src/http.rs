@@ -14,15 +14,17 @@ use axum::{
 use tokio::sync::watch;
 
 use crate::{
-    clock::unix_now_ns,
     events::EventFilter,
-    liveness::{BEAT_EVERY, Heartbeat},
     metrics,
     nodes::NodeSet,
     query::api::ApiError,
     scrape_targets,
     shared::Shared,
     web::{WebAuth, auth, tls::TlsListener},
+};
+use monitor_archive::{
+    clock::unix_now_ns,
+    liveness::{BEAT_EVERY, Heartbeat},
 };
 
 /// `GET /metrics[?node=NAME | ?shard=K&shards=N]`: every node's series and health with the

@@ -16,7 +16,6 @@ use monitor_wire::{self as wire, Key, SchemaRequest};
 
 use crate::{
     acks::Copied,
-    clock::unix_now_ns,
     drops::DropReason,
     events::LiveEvent,
     nodes::{Accepted, time_range},
@@ -24,6 +23,7 @@ use crate::{
     udp::BatchReceiver,
     writer::QueuedFrame,
 };
+use monitor_archive::clock::unix_now_ns;
 
 /// How often the first receive thread forgets nodes silent for the node ttl.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(10);

@@ -41,12 +41,10 @@ use monitor_client::time::unix_ns;
 
 use crate::{
     nodes::{LatestValue, NodeTable},
-    query::{
-        api::{ApiError, bad, params},
-        selector::Matcher,
-    },
+    query::api::{ApiError, bad, params},
     shared::Shared,
 };
+use monitor_archive::query::selector::Matcher;
 
 /// Dictionaries and node positions: foldhash rather than SipHash (a compact answer of a
 /// 12,500-node fleet looks up 1.5 million label values).

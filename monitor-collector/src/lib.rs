@@ -35,23 +35,16 @@
 
 pub mod acks;
 pub mod actions;
-pub mod archive;
-pub mod clock;
 pub mod collector;
 pub mod config;
 pub mod dashboard;
 pub mod drops;
 pub mod events;
 pub mod findings;
-pub mod framed_log;
 pub mod http;
 pub mod ingest;
 pub mod latest;
-pub mod liveness;
-pub mod lock;
 pub mod metrics;
-#[cfg(test)]
-mod node_archive;
 pub mod node_keys;
 pub mod nodes;
 pub mod query;

@@ -7,11 +7,11 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use monitor_archive::{archive::Archive, query::QueryEngine};
 use monitor_collector::{
     Collector, Parts,
-    archive::Archive,
     findings::{self, FindingsStore},
-    metrics, query,
+    metrics,
     remote_write::{self, ArchiveSource, RemoteWriter},
     settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
@@ -166,7 +166,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let archive = Archive::open(archive_config)
         .with_context(|| format!("opening the archive in {}", data_dir.display()))?;
     let reader = archive.reader();
-    let recent = monitor_collector::acks::recent_in_archive(&reader)
+    let recent = monitor_archive::archive::recent::recent_in_archive(&reader)
         .with_context(|| format!("reading back recent frames in {}", data_dir.display()))?;
     let archive = PublishingArchive::new(archive);
     let archive_stats = archive.stats();
@@ -202,10 +202,9 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
             actions.alert_stats.write_metrics(out);
         }
     });
-    let engine = Arc::new(
-        query::QueryEngine::new(reader, config.keys.clone()).with_max_points(query_max_points),
-    );
-    let now_ns = monitor_collector::clock::unix_now_ns();
+    let engine =
+        Arc::new(QueryEngine::new(reader, config.keys.clone()).with_max_points(query_max_points));
+    let now_ns = monitor_archive::clock::unix_now_ns();
     let store = Arc::new(
         FindingsStore::open(
             &data_dir,

@@ -78,7 +78,7 @@ pub fn render_own(shared: &Shared) -> String {
 }
 
 /// The archive's files: bytes on disk, segments, records, torn tails cut, errors.
-pub fn write_archive_stats(out: &mut String, s: &crate::archive::ArchiveStats) {
+pub fn write_archive_stats(out: &mut String, s: &monitor_archive::archive::ArchiveStats) {
     use Kind::{Counter, Gauge};
     let families: [(&str, Kind, &str, u64); 10] = [
         (

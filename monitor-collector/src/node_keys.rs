@@ -27,7 +27,8 @@ use std::{
 
 use monitor_wire::{self as wire, Frame, Key, Keyring, ReceiverState, Sealer, WireError};
 
-use crate::{drops::DropReason, lock::lock, nodes::Refused};
+use crate::{drops::DropReason, nodes::Refused};
+use monitor_archive::lock::lock;
 
 /// Node names remembered per source address, for naming the sealer of a forged frame.
 pub const NAMES_PER_ADDRESS: usize = 8;

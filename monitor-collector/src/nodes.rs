@@ -26,10 +26,10 @@ use monitor_wire::{
 use crate::{
     config::Limits,
     drops::DropReason,
-    lock::lock,
     node_keys::{DecodeError, IngestKeys, NodeKeys},
     stragglers::recent::RecentSteps,
 };
+use monitor_archive::lock::lock;
 
 /// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
 /// which was a measurable part of ingest (bench collector).

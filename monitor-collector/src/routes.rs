@@ -24,9 +24,7 @@ use crate::{
         SVG, asset,
     },
     findings::{self, FindingsStore, hardware_api},
-    http, latest,
-    query::{self, QueryEngine},
-    scrape_targets,
+    http, latest, query, scrape_targets,
     shared::Shared,
     stragglers,
     web::{
@@ -37,6 +35,7 @@ use crate::{
 };
 use Method::{Get, Post};
 use Serve::{Actions, Findings, Live, Page, Query, Stragglers, Web};
+use monitor_archive::query::QueryEngine;
 
 /// The route table: every route the collector serves (where it has the route's source),
 /// and no other. A row: the method, the path, the role the route asks for (`Read`: any

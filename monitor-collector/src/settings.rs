@@ -21,11 +21,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     CollectorConfig, Limits,
-    archive::ArchiveConfig,
     config::ConfigError as LimitsError,
     remote_write::{EndpointConfig, EndpointTable, RemoteWriteError},
     web::WebAuth,
 };
+use monitor_archive::archive::ArchiveConfig;
 
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/collector.toml";
@@ -220,7 +220,7 @@ impl Layered for CollectorSettings {
             max_recent_events: Some(limits.max_recent_events),
             max_frame_age: Some(limits.max_frame_age.as_secs()),
             retention_age: Some(DEFAULT_RETENTION_AGE.into()),
-            query_max_points: Some(crate::query::engine::DEFAULT_MAX_POINTS),
+            query_max_points: Some(monitor_archive::query::engine::DEFAULT_MAX_POINTS),
             ..Self::default()
         }
     }
@@ -426,7 +426,7 @@ pub fn run_plan(sources: &Sources<CollectorSettings>) -> Result<RunPlan, ConfigE
         query_max_points: match s.query_max_points {
             Some(0) => return Err(sources.error("query-max-points", "must be at least 1")),
             Some(n) => n,
-            None => crate::query::engine::DEFAULT_MAX_POINTS,
+            None => monitor_archive::query::engine::DEFAULT_MAX_POINTS,
         },
         findings: {
             let th = s.findings.unwrap_or_default();

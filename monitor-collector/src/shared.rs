@@ -9,11 +9,11 @@ use crate::{
     drops::Drops,
     events::RecentEvents,
     findings::{FindingsInbox, FindingsStore, profile::ProfileBoard},
-    liveness::Heartbeats,
     nodes::NodeTable,
     web::WebAuth,
     writer::ArchiveQueue,
 };
+use monitor_archive::liveness::Heartbeats;
 
 /// What the receive threads, the writer and the HTTP server share.
 pub struct Shared {

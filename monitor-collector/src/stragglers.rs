@@ -55,12 +55,12 @@ use spans::{Covers, Grid, counter_covers, gauge_covers, values_of};
 use crate::{
     findings::{Finding, FindingsStore, store::FindingFilter},
     nodes::{NodeTable, Schema},
-    query::{
-        api::{ApiError, blocking, one, params, range},
-        engine::{Points, QueryEngine, QueryError, SeriesQuery},
-        selector::Matcher,
-    },
+    query::api::{ApiError, blocking, one, params, range},
     robust::{Norm, median},
+};
+use monitor_archive::query::{
+    engine::{Points, QueryEngine, QueryError, SeriesQuery},
+    selector::Matcher,
 };
 
 /// The GPU metrics compared, and the smallest scale a score divides by (2 points of a ratio).
@@ -237,7 +237,7 @@ pub fn find(
     if let Some(live) = live {
         // A window ending within a step of the present (the API's default, `end` = now when
         // asked) ends with the step under way, as far as samples have come.
-        let open = end_ns.saturating_add(step) >= crate::clock::unix_now_ns();
+        let open = end_ns.saturating_add(step) >= monitor_archive::clock::unix_now_ns();
         if grid.is_aligned(open) && step == STEP_NS {
             // The nodes the live table has held whole over the window and its look-back:
             // their recent steps, spread at ingest, are the window's (it is aligned to them).

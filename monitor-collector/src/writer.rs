@@ -27,12 +27,11 @@ use monitor_wire::{Frame, Key, Keyring, SchemaEntry};
 
 use crate::{
     acks::{Acker, Copied, Delivered},
-    liveness::Heartbeat,
-    lock::lock,
     nodes::Schema,
 };
+use monitor_archive::{liveness::Heartbeat, lock::lock};
 
-pub use crate::archive::AcceptedFrame;
+pub use monitor_archive::archive::AcceptedFrame;
 
 /// An archive error, as the writer logs and counts it.
 pub type ArchiveError = Box<dyn std::error::Error + Send + Sync>;
@@ -59,25 +58,25 @@ pub trait FrameArchive: Send + 'static {
     }
 }
 
-impl FrameArchive for crate::archive::Archive {
+impl FrameArchive for monitor_archive::archive::Archive {
     fn append(
         &mut self,
         frame: &AcceptedFrame<'_>,
         schema: &dyn Fn(&str) -> Option<Vec<u8>>,
     ) -> Result<(), ArchiveError> {
-        crate::archive::Archive::append(self, frame, schema).map_err(Into::into)
+        monitor_archive::archive::Archive::append(self, frame, schema).map_err(Into::into)
     }
 
     fn tick(&mut self) -> Result<(), ArchiveError> {
-        crate::archive::Archive::tick(self).map_err(Into::into)
+        monitor_archive::archive::Archive::tick(self).map_err(Into::into)
     }
 
     fn next_seq(&self) -> u64 {
-        crate::archive::Archive::next_seq(self)
+        monitor_archive::archive::Archive::next_seq(self)
     }
 
     fn durable_seq(&self) -> u64 {
-        crate::archive::Archive::durable_seq(self)
+        monitor_archive::archive::Archive::durable_seq(self)
     }
 
     fn heartbeats(&self) -> Vec<(String, Heartbeat)> {
@@ -85,21 +84,21 @@ impl FrameArchive for crate::archive::Archive {
     }
 }
 
-/// The archive with its [`ArchiveStats`](crate::archive::ArchiveStats) published after each
+/// The archive with its [`ArchiveStats`](monitor_archive::archive::ArchiveStats) published after each
 /// append and tick, for `/metrics` (the archive itself belongs to the writer thread).
 pub struct PublishingArchive {
-    archive: crate::archive::Archive,
-    stats: Arc<Mutex<crate::archive::ArchiveStats>>,
+    archive: monitor_archive::archive::Archive,
+    stats: Arc<Mutex<monitor_archive::archive::ArchiveStats>>,
 }
 
 impl PublishingArchive {
-    pub fn new(archive: crate::archive::Archive) -> Self {
+    pub fn new(archive: monitor_archive::archive::Archive) -> Self {
         let stats = Arc::new(Mutex::new(archive.stats()));
         Self { archive, stats }
     }
 
     /// The latest stats, shared with whoever renders them.
-    pub fn stats(&self) -> Arc<Mutex<crate::archive::ArchiveStats>> {
+    pub fn stats(&self) -> Arc<Mutex<monitor_archive::archive::ArchiveStats>> {
         self.stats.clone()
     }
 

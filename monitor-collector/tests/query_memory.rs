@@ -11,10 +11,11 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_collector::{
+use monitor_archive::{
     archive::{AcceptedFrame, Archive, ArchiveConfig},
-    query::{Matcher, QueryEngine, QueryError, SeriesQuery, api::series_body},
+    query::{Matcher, QueryEngine, QueryError, SeriesQuery},
 };
+use monitor_collector::query::api::series_body;
 use monitor_testkit::NodeSender;
 use monitor_wire::Key;
 
@@ -122,8 +123,8 @@ fn a_large_query_stays_within_its_memory_bound_and_keeps_nothing() {
     let points: usize = answers
         .iter()
         .map(|a| match &a.points {
-            monitor_collector::query::engine::Points::Counter(p) => p.len(),
-            monitor_collector::query::engine::Points::Gauge(p) => p.len(),
+            monitor_archive::query::engine::Points::Counter(p) => p.len(),
+            monitor_archive::query::engine::Points::Gauge(p) => p.len(),
         })
         .sum();
     assert_eq!(answers.len(), 8, "one series per GPU");

@@ -32,10 +32,8 @@ use super::{
 };
 use monitor_client::time::format_time;
 
-use crate::{
-    clock::unix_now_ns,
-    findings::{Finding, FindingsStore, store::FindingFilter},
-};
+use crate::findings::{Finding, FindingsStore, store::FindingFilter};
+use monitor_archive::clock::unix_now_ns;
 
 const S: u64 = 1_000_000_000;
 const TICK: Duration = Duration::from_secs(1);

@@ -16,11 +16,11 @@ use serde_json::json;
 
 use super::{Actions, audit};
 use crate::{
-    clock::unix_now_ns,
     findings::FindingsStore,
     nodes::NodeTable,
     query::api::{ApiError, bad, one, params},
 };
+use monitor_archive::clock::unix_now_ns;
 
 #[derive(Clone)]
 pub struct ApiState {

@@ -1,6 +1,6 @@
 //! The audit log: `actions.log` in the collector's data directory, one record per step of
 //! every action (tried, done, would do, failed, gave up, held, joined, skipped, left,
-//! released; for alerts only an endpoint's changes), framed as the findings log is ([`crate::framed_log`]). It is the actions'
+//! released; for alerts only an endpoint's changes), framed as the findings log is ([`monitor_archive::framed_log`]). It is the actions'
 //! memory: at start-up the records are read back and replayed ([`super::state`]), so a restart
 //! acts on no finding twice. It is kept whole (a record is a few hundred bytes, and actions
 //! are rare).
@@ -12,7 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::framed_log::FramedLog;
+use monitor_archive::framed_log::FramedLog;
 
 pub const FILE_NAME: &str = "actions.log";
 
@@ -244,7 +244,7 @@ mod tests {
         let path = dir.path().join(FILE_NAME);
         let mut bytes = std::fs::read(&path).unwrap();
         let mut torn = Vec::new();
-        crate::framed_log::encode(&record(3), &mut torn);
+        monitor_archive::framed_log::encode(&record(3), &mut torn);
         bytes.extend_from_slice(&torn[..torn.len() - 5]);
         std::fs::write(&path, &bytes).unwrap();
         let (mut log, found) = AuditLog::open(dir.path()).unwrap();

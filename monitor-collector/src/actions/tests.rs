@@ -379,13 +379,14 @@ fn after_a_restart_nothing_is_acted_on_twice_and_older_findings_are_skipped() {
     assert_eq!(slurm.drains(), ["n1", "n3"]);
     assert_eq!(outcomes(&actions, "n2"), ["drain skipped"]);
     // A drain tried and cut short by a crash (recorded as tried, done by Slurm) is adopted.
-    let records: Vec<Outcome> = crate::framed_log::FramedLog::read::<super::audit::Record>(
-        &dir.path().join(super::audit::FILE_NAME),
-    )
-    .unwrap()
-    .iter()
-    .map(|r| r.outcome)
-    .collect();
+    let records: Vec<Outcome> =
+        monitor_archive::framed_log::FramedLog::read::<super::audit::Record>(
+            &dir.path().join(super::audit::FILE_NAME),
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.outcome)
+        .collect();
     assert_eq!(records.iter().filter(|o| **o == Outcome::Done).count(), 2);
 }
 

@@ -14,7 +14,8 @@ use std::{
 };
 
 use super::{Actions, alertmanager::AlertThreads, slurm::Scontrol};
-use crate::{clock::unix_now_ns, findings::FindingsStore, nodes::NodeTable, query::QueryEngine};
+use crate::{findings::FindingsStore, nodes::NodeTable};
+use monitor_archive::{clock::unix_now_ns, query::QueryEngine};
 
 const TICK: Duration = Duration::from_secs(1);
 

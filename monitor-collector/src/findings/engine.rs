@@ -52,10 +52,10 @@ use super::{
     verdicts::Verdicts,
     view::{EventState, GpuJobs, NodeClock, PortStateSamples, Track, Tracks, View},
 };
-use crate::{
+use crate::nodes::{Latest, LatestValue, NodeTable, Schema};
+use monitor_archive::{
     clock::unix_now_ns,
     liveness::{BEAT_EVERY, Heartbeat},
-    nodes::{Latest, LatestValue, NodeTable, Schema},
 };
 
 /// Messages waiting for each findings thread at most: events and port states, and frames'

@@ -1,5 +1,5 @@
 //! The findings log: `findings.log` in the collector's data directory, next to the archive's
-//! segments, framed as [`crate::framed_log`] frames it (docs/archive-format.md, "Findings
+//! segments, framed as [`monitor_archive::framed_log`] frames it (docs/archive-format.md, "Findings
 //! log"): one JSON record per entry, a finding when it opens, its end when it ends. At
 //! start-up the log is read up to its first incomplete or corrupt entry, cut there, and
 //! rewritten without the findings that ended before the retention age.
@@ -12,7 +12,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::Finding;
-use crate::framed_log::FramedLog;
+use monitor_archive::framed_log::FramedLog;
 
 pub const FILE_NAME: &str = "findings.log";
 
@@ -136,7 +136,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         let whole = bytes.len();
         let mut torn = Vec::new();
-        crate::framed_log::encode(&Entry::Open(finding("c", None)), &mut torn);
+        monitor_archive::framed_log::encode(&Entry::Open(finding("c", None)), &mut torn);
         bytes.extend_from_slice(&torn[..torn.len() - 3]);
         std::fs::write(&path, &bytes).unwrap();
 

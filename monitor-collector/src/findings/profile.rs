@@ -202,11 +202,11 @@ pub struct ProfileBoard(std::sync::Mutex<std::sync::Arc<GoldenProfile>>);
 
 impl ProfileBoard {
     pub fn publish(&self, profile: GoldenProfile) {
-        *crate::lock::lock(&self.0) = std::sync::Arc::new(profile);
+        *monitor_archive::lock::lock(&self.0) = std::sync::Arc::new(profile);
     }
 
     pub fn latest(&self) -> std::sync::Arc<GoldenProfile> {
-        crate::lock::lock(&self.0).clone()
+        monitor_archive::lock::lock(&self.0).clone()
     }
 }
 

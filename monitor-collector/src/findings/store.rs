@@ -17,7 +17,7 @@ use super::{
     verdicts::{Ending, Verdicts},
 };
 
-use crate::lock::lock;
+use monitor_archive::lock::lock;
 
 /// Ended findings kept in memory at most (the oldest go first; the log keeps them all).
 const MAX_HELD: usize = 100_000;

@@ -15,8 +15,9 @@ use serde_json::json;
 
 use monitor_client::time::{parse_time, unix_ns};
 
-use super::{
+use monitor_archive::query::{
     engine::{EventQuery, QueryCost, QueryEngine, QueryError, SeriesAnswer, SeriesQuery},
+    export::export_capture,
     selector::Matcher,
 };
 
@@ -230,8 +231,7 @@ pub(crate) async fn export(
         .ok_or_else(|| bad("parameter \"node\" is required (a node name)"))?
         .to_owned();
     let (start_ns, end_ns) = range(&pairs)?;
-    let (bytes, stats) =
-        blocking(move || super::export::export_capture(&engine, &node, start_ns, end_ns)).await?;
+    let (bytes, stats) = blocking(move || export_capture(&engine, &node, start_ns, end_ns)).await?;
     if stats.skipped > 0 {
         tracing::warn!(
             "export: {} frames too large for a capture record were left out",

@@ -1,27 +1,11 @@
-//! Queries over the archive: series by metric name and label matchers over a time range
-//! (counters with their rates, gauges with their min/max/mean envelopes) and events by kind,
-//! node, device and time. Answers come from the archive, which includes what was appended
-//! and not yet written out.
+//! The archive's queries over HTTP (docs/http-api.md): the query engine
+//! (`monitor_archive::query`) behind the JSON API that the collector's routes mount. Times
+//! are read as the clients write them (`monitor_client::time`).
 //!
-//! - [`engine`]: the query engine ([`QueryEngine`]) over an
-//!   [`ArchiveReader`](crate::archive::ArchiveReader) and the keyring;
-//! - [`api`]: its HTTP JSON API, an `axum::Router` ([`api_router`]) that the collector's HTTP
-//!   server mounts (docs/http-api.md);
-//! - [`export`]: a node's range as a capture file (`/api/v1/export`, what `railscope export`
-//!   asks for), for `railscope report`;
-//! - [`selector`]: label matchers (query times are `monitor_client::time`'s, the clients'
-//!   and the API's alike);
-//! - [`session_ids`]: what a node session's series ids stand for, whatever order its frames
-//!   came in (samples that came before their schema entry wait for it).
+//! - [`api`]: the handlers of `/api/v1/series`, `/api/v1/events`, `/api/v1/nodes`,
+//!   `/api/v1/export` and their errors.
 
 pub mod api;
-pub mod engine;
-pub mod export;
-pub mod selector;
-pub mod session_ids;
-
-pub use engine::{EventQuery, QueryEngine, QueryError, SeriesQuery};
-pub use selector::Matcher;
 
 #[cfg(test)]
 pub(crate) mod test_server;

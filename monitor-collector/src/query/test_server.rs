@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use monitor_wire::Key;
 
-use super::QueryEngine;
-use crate::{
-    archive::Archive,
-    routes::{self, Sources},
-};
+use crate::routes::{self, Sources};
+use monitor_archive::archive::Archive;
+use monitor_archive::query::QueryEngine;
 
 /// Serves `archive` (frames authenticated with `key`) until the test process ends; its URL.
 pub(crate) fn serve_on_loopback(archive: Archive, key: Key) -> String {

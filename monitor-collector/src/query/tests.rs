@@ -6,7 +6,7 @@ use monitor_client::query::{QueryArgs, QueryCommand, RangeArgs, fetch, nodes_tex
 use monitor_wire::{Key, Value};
 
 use super::test_server::serve_on_loopback;
-use crate::{
+use monitor_archive::{
     archive::{Archive, ArchiveConfig},
     node_archive::{NodeSender, append_node_frames},
 };
@@ -224,7 +224,8 @@ fn an_export_holds_samples_archived_before_the_frame_defining_their_ids() {
         }
     });
     frames[..4].rotate_left(1);
-    crate::node_archive::append_frames_as_they_came(&mut archive, &sender.name, &frames).unwrap();
+    monitor_archive::node_archive::append_frames_as_they_came(&mut archive, &sender.name, &frames)
+        .unwrap();
     archive.tick().unwrap();
     let url = serve_on_loopback(archive, key);
     let out = dir.path().join("export.rscap");

@@ -13,8 +13,8 @@
 use monitor_wire::{Keyring, ReceiverState, Series};
 
 use super::source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
-use crate::archive::{ArchiveReader, Record, RecordKind, SequentialReader};
-use crate::query::session_ids::{MAX_WAITING, SessionIds};
+use monitor_archive::archive::{ArchiveReader, Record, RecordKind, SequentialReader};
+use monitor_archive::query::session_ids::{MAX_WAITING, SessionIds};
 
 /// Records asked of the archive per read.
 const READ_RECORDS: usize = 64;
@@ -183,7 +183,7 @@ mod tests {
     use super::*;
     use monitor_testkit::{NodeFrame, NodeSender};
 
-    use crate::archive::{AcceptedFrame, Archive, ArchiveConfig};
+    use monitor_archive::archive::{AcceptedFrame, Archive, ArchiveConfig};
 
     const T0: u64 = 1_790_000_000_000_000_000;
 
@@ -341,7 +341,8 @@ mod tests {
         }
         frames[..4].rotate_left(1);
         // No schema known yet for the session (the collector has not seen frame 0).
-        crate::node_archive::append_frames_as_they_came(&mut archive, node, &frames).unwrap();
+        monitor_archive::node_archive::append_frames_as_they_came(&mut archive, node, &frames)
+            .unwrap();
         archive.tick().unwrap();
 
         let mut source = ArchiveSource::new(archive.reader(), key.clone());

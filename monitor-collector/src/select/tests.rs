@@ -11,10 +11,8 @@ use super::{
     interval_cap::{percentile, stable_periods},
     select,
 };
-use crate::{
-    archive::{AcceptedFrame, Archive, ArchiveConfig},
-    query::test_server::serve_on_loopback,
-};
+use crate::query::test_server::serve_on_loopback;
+use monitor_archive::archive::{AcceptedFrame, Archive, ArchiveConfig};
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_790_000_000 * S;

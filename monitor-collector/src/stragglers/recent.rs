@@ -19,7 +19,7 @@ use super::{
     STEP_NS,
     spans::{Cover, Covers, Grid, gauge_span_start},
 };
-use crate::query::engine::counter_rate;
+use monitor_archive::query::engine::counter_rate;
 
 /// Steps kept per series: the default 5-minute window (30 steps) ending one step behind the
 /// clock (as the dashboard asks), the step under way, and 40 s for frames still in flight.

@@ -2,7 +2,7 @@
 //! each step gets of a series' samples, whether the window's spans are read from the archive
 //! or were spread at ingest into the live table's recent steps ([`super::recent`]).
 
-use crate::query::engine::{CounterPoint, GaugePoint};
+use monitor_archive::query::engine::{CounterPoint, GaugePoint};
 
 use super::LOOKBACK_NS;
 

@@ -9,11 +9,13 @@ use monitor_wire::{EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, 
 
 use super::*;
 use crate::{
-    archive::{AcceptedFrame, Archive, ArchiveConfig},
     config::Limits,
     nodes::{NodeTable, time_range},
-    query::engine::{CounterPoint, GaugePoint},
     writer::schema_frame,
+};
+use monitor_archive::{
+    archive::{AcceptedFrame, Archive, ArchiveConfig},
+    query::engine::{CounterPoint, GaugePoint},
 };
 
 const T0: u64 = 1_790_000_000_000_000_000;
@@ -342,7 +344,7 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
     assert_eq!(same(&store, start, end), [24, 24, 24]);
     // The default window: from the step the last 5 minutes begin in, to the present (the
     // fleet's frames are older: nothing past `end` to tell the two apart).
-    let end = crate::clock::unix_now_ns();
+    let end = monitor_archive::clock::unix_now_ns();
     let start = (end - 300 * S) / (10 * S) * (10 * S);
     assert_eq!(same(&store, start, end), [24, 24, 24]);
     // Not on a step: read from the archive.

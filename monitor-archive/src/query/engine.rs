@@ -679,7 +679,7 @@ fn node_selector(matchers: &[Matcher], label: &str) -> NodeSelector {
 
 /// A counter's rate per second from `(t0, v0)` to `(t1, v1)`, `t0 < t1`: a value below the
 /// previous one is a reset, counted from zero (as Prometheus' `rate`).
-pub(crate) fn counter_rate((t0, v0): (u64, u64), (t1, v1): (u64, u64)) -> f64 {
+pub fn counter_rate((t0, v0): (u64, u64), (t1, v1): (u64, u64)) -> f64 {
     let increase = if v1 >= v0 { v1 - v0 } else { v1 };
     increase as f64 / ((t1 - t0) as f64 / 1e9)
 }

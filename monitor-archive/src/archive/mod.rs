@@ -23,6 +23,7 @@
 
 mod open;
 mod reader;
+pub mod recent;
 mod recode;
 mod record;
 mod sealed;

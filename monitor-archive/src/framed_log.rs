@@ -1,5 +1,5 @@
 //! Append-only logs of JSON records with crash-safe framing, shared by the findings log
-//! ([`crate::findings::log`]) and the actions' audit log ([`crate::actions::audit`])
+//! (the collector's `findings::log`) and the actions' audit log (`actions::audit`)
 //! (docs/archive-format.md, "Findings log"): each entry is a `u32` length, a `u32` CRC-32 of
 //! the payload, and the payload, one JSON record. Entries are appended and fsynced one at a
 //! time (these records are rare). A log is read up to its first incomplete or corrupt entry

@@ -136,7 +136,7 @@ fn sealed_count(dir: &Path) -> usize {
         .count()
 }
 
-/// A collector restarted after an outage longer than [`crate::acks::HELD_HORIZON`] still
+/// A collector restarted after an outage longer than [`HELD_HORIZON`](super::recent::HELD_HORIZON) still
 /// knows the frames it took in its last minutes (so it refuses the agents' copies of them
 /// instead of storing them twice): the horizon runs back from the newest record.
 #[test]
@@ -158,8 +158,8 @@ fn a_collector_back_after_a_long_outage_knows_the_frames_of_its_last_minutes() {
         .unwrap();
     assert_eq!(reader.last_received_ns(), newest);
 
-    let horizon = crate::acks::HELD_HORIZON.as_nanos() as u64;
-    let held = crate::acks::held_in_archive(&reader).unwrap();
+    let horizon = super::recent::HELD_HORIZON.as_nanos() as u64;
+    let held = super::recent::held_in_archive(&reader).unwrap();
     for node in ["gpu-node-000", "gpu-node-001"] {
         let (_, seqs) = &held[node];
         for f in fleet.of(node) {
@@ -194,7 +194,7 @@ fn a_collector_killed_knows_the_frames_it_had_synced() {
         .max()
         .unwrap();
     assert_eq!(reader.last_received_ns(), newest);
-    let held = crate::acks::held_in_archive(&reader).unwrap();
+    let held = super::recent::held_in_archive(&reader).unwrap();
     let (_, seqs) = &held["gpu-node-000"];
     assert_eq!(seqs.end(), fleet.frames.len() as u64, "{seqs:?}");
 }
