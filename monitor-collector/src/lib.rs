@@ -49,7 +49,7 @@ pub mod node_keys;
 pub mod nodes;
 pub mod query;
 pub mod reads;
-pub mod remote_write;
+
 pub mod robust;
 pub mod routes;
 pub mod scrape_targets;

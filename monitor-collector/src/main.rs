@@ -12,11 +12,11 @@ use monitor_collector::{
     Collector, Parts,
     findings::{self, FindingsStore},
     metrics,
-    remote_write::{self, ArchiveSource, RemoteWriter},
     settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
 };
 use monitor_config::ServiceManager;
+use monitor_remote_write::{ArchiveSource, RemoteWriter};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -196,7 +196,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         let writers = shown.lock().unwrap_or_else(|p| p.into_inner());
         if !writers.is_empty() {
             let stats: Vec<_> = writers.iter().map(|w| (w.name(), w.stats())).collect();
-            remote_write::write_metrics(out, &stats);
+            monitor_remote_write::write_metrics(out, &stats);
         }
         if let Some(actions) = &alert_counts {
             actions.alert_stats.write_metrics(out);

@@ -19,13 +19,9 @@ use monitor_config::{
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{
-    CollectorConfig, Limits,
-    config::ConfigError as LimitsError,
-    remote_write::{EndpointConfig, EndpointTable, RemoteWriteError},
-    web::WebAuth,
-};
+use crate::{CollectorConfig, Limits, config::ConfigError as LimitsError, web::WebAuth};
 use monitor_archive::archive::ArchiveConfig;
+use monitor_remote_write::{EndpointConfig, EndpointTable, RemoteWriteError};
 
 /// Read when `--config` is not given, if it exists.
 pub const DEFAULT_FILE: &str = "/etc/railscope/collector.toml";
@@ -467,7 +463,7 @@ fn remote_write_endpoints(
                 ),
             ));
         }
-        crate::remote_write::client::Client::new(endpoint).map_err(|e| sources.error(key, e))?;
+        monitor_remote_write::client::Client::new(endpoint).map_err(|e| sources.error(key, e))?;
         out.push(endpoint.clone());
     }
     Ok(out)
@@ -726,7 +722,7 @@ mod tests {
         assert_eq!(mimir.tls.ca_file.as_deref(), Some(ca.as_path()));
         assert_eq!(
             mimir.auth,
-            crate::remote_write::Auth::Basic {
+            monitor_remote_write::Auth::Basic {
                 username: "railscope".into(),
                 password_file: password.clone()
             }

@@ -27,7 +27,7 @@ mod tsdb;
 
 use tsdb::{Server, Tsdb, Web, canonical, now_ms, tsdb_binary};
 
-use monitor_collector::remote_write::{
+use monitor_remote_write::{
     Auth, Batch, Cursor, EndpointConfig, Failure, RemoteWriter, SampleSource, SeriesChunk,
     SourceError, TlsFiles, prompb::decode_body,
 };
@@ -654,7 +654,7 @@ fn fails_without_losing(writer: &RemoteWriter, failure: Failure, start: Cursor) 
     );
     assert_eq!(writer.committed(), start);
     let mut text = String::new();
-    monitor_collector::remote_write::write_metrics(&mut text, &[(writer.name(), stats)]);
+    monitor_remote_write::write_metrics(&mut text, &[(writer.name(), stats)]);
     let line = format!(
         "railscope_collector_remote_write_failures_total{{endpoint=\"{}\",reason=\"{}\"}} ",
         writer.name(),

@@ -14,13 +14,13 @@ use std::{
 };
 
 use super::FindingsStore;
-use crate::remote_write::{
+use monitor_archive::clock::unix_now_ns;
+use monitor_remote_write::{
     EndpointConfig,
     client::{Client, Outcome},
     naming::millis,
     prompb::{Label, Sample, TimeSeries, WriteRequest, encode_body},
 };
-use monitor_archive::clock::unix_now_ns;
 
 /// The request body of the findings' series at `now_ns`.
 pub fn write_request(store: &FindingsStore, now_ns: u64) -> WriteRequest {

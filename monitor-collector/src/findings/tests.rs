@@ -663,8 +663,8 @@ fn findings_go_to_remote_write_as_series() {
         30,
         Thresholds::default(),
     );
-    let body = crate::remote_write::prompb::encode_body(&super::remote::write_request(&store, T0));
-    let request = crate::remote_write::prompb::decode_body(&body).unwrap();
+    let body = monitor_remote_write::prompb::encode_body(&super::remote::write_request(&store, T0));
+    let request = monitor_remote_write::prompb::decode_body(&body).unwrap();
     let series: Vec<String> = request
         .timeseries
         .iter()

@@ -18,15 +18,6 @@
 mod fixture;
 mod gpu_script;
 mod prom;
-/// The collector's remote-write messages, the one definition: included by path rather than
-/// a dependency on the collector crate, so building the agent's tests (also in release, for
-/// the test bed's guest) does not build the collector too. The example only encodes.
-#[allow(
-    dead_code,
-    reason = "decode_body and HEADERS serve the collector and its tests"
-)]
-#[path = "../../../monitor-collector/src/remote_write/prompb.rs"]
-mod prompb;
 mod read_floor;
 
 use std::{

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
+use monitor_remote_write::prompb::{self, Label, Sample, TimeSeries, WriteRequest};
 use monitor_wire::{Kind, Reading, Series, Value};
 
 /// A float as Go's `strconv.AppendFloat(f, 'g', -1, 64)` writes it, with the special cases

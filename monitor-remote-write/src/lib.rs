@@ -14,8 +14,8 @@
 //! 401, 403 and 429, counted and logged) and survives a collector restart ([`progress`]).
 //!
 //! An `https://` endpoint is verified against the system's roots or a CA file, and may be
-//! shown a client certificate ([`tls`]); basic auth or a bearer token, read from files,
-//! authenticate the collector ([`auth`]). A certificate that does not verify and a 401/403
+//! shown a client certificate (`monitor_client::tls`); basic auth or a bearer token, read
+//! from files, authenticate the collector (`monitor_client::auth`). A certificate that does not verify and a 401/403
 //! are retried like an outage (counted by reason, logged when the state changes), never
 //! accepted or dropped: once the operator fixes the configuration, every sample arrives.
 
