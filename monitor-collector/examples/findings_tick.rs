@@ -20,10 +20,9 @@ use std::{
 };
 
 use clap::Parser as _;
-use monitor_collector::{
-    config::Limits,
-    findings::{FindingsEngine, FindingsStore, Thresholds, engine::Pass, store::FindingFilter},
-    nodes::NodeTable,
+use monitor_collector::{config::Limits, nodes::NodeTable};
+use monitor_findings::{
+    FindingsEngine, FindingsStore, Thresholds, engine::Pass, store::FindingFilter,
 };
 use monitor_testkit::SimulatedFleet;
 use monitor_wire::Key;

@@ -22,11 +22,8 @@ use monitor_archive::{
     archive::{Archive, ArchiveConfig},
     query::engine::QueryEngine,
 };
-use monitor_collector::{
-    config::Limits,
-    nodes::NodeTable,
-    stragglers::{StragglerSettings, find},
-};
+use monitor_collector::{config::Limits, nodes::NodeTable};
+use monitor_findings::stragglers::{StragglerSettings, find};
 use monitor_testkit::SimulatedFleet;
 use monitor_wire::Key;
 

@@ -19,11 +19,6 @@ use crate::{
     config::CollectorConfig,
     drops::Drops,
     events::RecentEvents,
-    findings::{
-        FindingsInbox, FindingsStore, Thresholds,
-        engine::{FindingsEngine, FindingsThread},
-        profile::ProfileBoard,
-    },
     http, ingest,
     nodes::NodeTable,
     routes::{self, Sources},
@@ -34,6 +29,11 @@ use crate::{
 use monitor_archive::{
     liveness::{Heartbeat, Heartbeats},
     query::QueryEngine,
+};
+use monitor_findings::{
+    FindingsInbox, FindingsStore, Thresholds,
+    engine::{FindingsEngine, FindingsThread},
+    profile::ProfileBoard,
 };
 
 /// What a collector is started with beyond its configuration.
@@ -51,7 +51,7 @@ pub struct Parts {
     /// Evaluate health findings into this store with these thresholds.
     pub findings: Option<(Arc<FindingsStore>, Thresholds)>,
     /// Act on those findings (docs/actions.md): needs `findings`.
-    pub actions: Option<Arc<crate::actions::Actions>>,
+    pub actions: Option<Arc<monitor_actions::Actions>>,
     /// What the archive holds of each node's newest session ([`held_in_archive`](monitor_archive::archive::recent::held_in_archive),
     /// read at start-up): copies of those frames are refused and acknowledged.
     pub held: HashMap<Arc<str>, (u32, monitor_wire::SeqSet)>,
@@ -70,7 +70,7 @@ pub struct Collector {
     writer: Option<Writer>,
     server: Option<JoinHandle<()>>,
     findings: Option<FindingsThread>,
-    actions: Option<crate::actions::ActionsThread>,
+    actions: Option<monitor_actions::ActionsThread>,
 }
 
 /// One line at start-up saying who may use the HTTP API.
@@ -198,7 +198,7 @@ impl Collector {
                     .with_board(shared.profile.clone().unwrap_or_default())
                     .heard_before(parts.heard_before),
                 rx,
-                shared.clone(),
+                shared.table.clone(),
                 findings_beat,
                 findings_tick_beat,
             )?),
@@ -215,10 +215,13 @@ impl Collector {
             );
         }
         let actions = match (&parts.actions, &shared.findings) {
-            (Some(actions), Some(store)) => Some(crate::actions::ActionsThread::spawn(
+            (Some(actions), Some(store)) => Some(monitor_actions::ActionsThread::spawn(
                 actions.clone(),
                 store.clone(),
-                shared.table.clone(),
+                {
+                    let table = shared.table.clone();
+                    move || table.node_count()
+                },
                 parts.query.clone(),
             )?),
             _ => None,

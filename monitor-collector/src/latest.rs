@@ -4,7 +4,7 @@
 //! Why not the archive: the latest value of 8,000 series asked of `/api/v1/series` over a
 //! minute decodes every block of every node's segments in that minute (seconds at 1,000
 //! nodes), to keep one point of each. The live table holds that point already, and for a
-//! counter its rate from the sample before (`nodes::LatestValue::Counter`). One visit of
+//! counter its rate from the sample before (`LatestValue::Counter`). One visit of
 //! the table answers every metric asked, so a view asks once per refresh.
 //!
 //! The answer has the shape of `/api/v1/series`' (`series`, each with `labels`, `kind` and
@@ -39,8 +39,10 @@ use serde::Serialize;
 
 use monitor_client::time::unix_ns;
 
+use monitor_findings::live_table::LatestValue;
+
 use crate::{
-    nodes::{LatestValue, NodeTable},
+    nodes::NodeTable,
     query::api::{ApiError, bad, params},
     shared::Shared,
 };

@@ -50,7 +50,6 @@ pub mod nodes;
 pub mod query;
 pub mod reads;
 
-pub mod robust;
 pub mod routes;
 pub mod scrape_targets;
 pub mod select;

@@ -9,13 +9,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use monitor_archive::{archive::Archive, query::QueryEngine};
 use monitor_collector::{
-    Collector, Parts,
-    findings::{self, FindingsStore},
-    metrics,
+    Collector, Parts, metrics,
     settings::{self, CollectorSettings, RunPlan},
     writer::PublishingArchive,
 };
 use monitor_config::ServiceManager;
+use monitor_findings::FindingsStore;
 use monitor_remote_write::{ArchiveSource, RemoteWriter};
 
 #[derive(Debug, Parser)]
@@ -181,7 +180,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
     let writers = Arc::new(Mutex::new(writers));
     let actions = actions_config
         .map(|config| {
-            monitor_collector::actions::Actions::open(&data_dir, config)
+            monitor_actions::Actions::open(&data_dir, config)
                 .map(Arc::new)
                 .context("opening the actions audit log")
         })
@@ -199,7 +198,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
             monitor_remote_write::write_metrics(out, &stats);
         }
         if let Some(actions) = &alert_counts {
-            actions.alert_stats.write_metrics(out);
+            metrics::render_alert_stats(out, &actions.alert_stats);
         }
     });
     let engine =
@@ -213,7 +212,7 @@ fn run(options: RunOptions) -> anyhow::Result<()> {
         )
         .context("opening the findings log")?,
     );
-    let findings_sender = findings::remote::FindingsSender::start(
+    let findings_sender = monitor_findings::remote::FindingsSender::start(
         store.clone(),
         &findings_endpoints,
         std::time::Duration::from_secs(thresholds.tick_s),

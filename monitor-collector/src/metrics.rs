@@ -8,11 +8,13 @@
 
 use std::{fmt::Write as _, sync::atomic::Ordering};
 
+use monitor_actions::alertmanager::{AlertStats, Counters};
+use monitor_findings::live_table::LatestValue;
 use monitor_wire::{Kind, names::metric};
 
 use crate::{
     drops::DropReason,
-    nodes::{LatestValue, LiveSeries, NodeSet, kind_name},
+    nodes::{LiveSeries, NodeSet, kind_name},
     shared::Shared,
 };
 
@@ -222,6 +224,38 @@ fn metric_name(name: &str) -> std::borrow::Cow<'_, str> {
         s.push('_');
     }
     s.into()
+}
+
+/// A metric family of an Alertmanager's [`Counters`]: name, help, value.
+type AlertFamily = (&'static str, &'static str, fn(&Counters) -> u64);
+
+/// `railscope_collector_alerts_sent_total` and `_failed_total`, one line per Alertmanager URL
+/// (none without `[actions.alertmanager]`).
+pub fn render_alert_stats(out: &mut String, stats: &AlertStats) {
+    let families: [AlertFamily; 2] = [
+        (
+            "railscope_collector_alerts_sent_total",
+            "Alerts (firing or resolved) the Alertmanager at this URL accepted.",
+            |c| c.sent.load(Ordering::Relaxed),
+        ),
+        (
+            "railscope_collector_alerts_failed_total",
+            "Sends of alerts to the Alertmanager at this URL that failed (each is tried again).",
+            |c| c.failed.load(Ordering::Relaxed),
+        ),
+    ];
+    if stats.by_url().next().is_none() {
+        return;
+    }
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (url, c) in stats.by_url() {
+            let mut labels = String::from("{");
+            label(&mut labels, "alertmanager", url, true);
+            let _ = writeln!(out, "{name}{labels}}} {}", value(c));
+        }
+    }
 }
 
 pub(crate) fn label(out: &mut String, key: &str, value: &str, first: bool) {

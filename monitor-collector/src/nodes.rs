@@ -23,45 +23,21 @@ use monitor_wire::{
     names::metric,
 };
 
+use monitor_findings::{
+    live_table::{Latest, LatestValue, LiveTable, NodeLatest, Schema, Stamps},
+    stragglers::recent::RecentSteps,
+};
+
 use crate::{
     config::Limits,
     drops::DropReason,
     node_keys::{DecodeError, IngestKeys, NodeKeys},
-    stragglers::recent::RecentSteps,
 };
 use monitor_archive::lock::lock;
 
 /// Maps keyed by series id or node name: foldhash (seeded per process) rather than SipHash,
 /// which was a measurable part of ingest (bench collector).
 type HashMap<K, V> = foldhash::HashMap<K, V>;
-
-/// The series a node session's ids stand for: the snapshot the archive writes at the start of
-/// a segment. Shared copy-on-write: a frame waiting for the archive keeps the schema it was
-/// accepted under, and the node's map is copied only if it changes meanwhile.
-#[derive(Clone, Debug, Default)]
-pub struct Schema {
-    pub node: Arc<str>,
-    pub session: u32,
-    pub entries: HashMap<u32, Series>,
-}
-
-/// The latest sample of a series (by sample time, not arrival).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Latest {
-    pub unix_ns: u64,
-    pub value: LatestValue,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum LatestValue {
-    /// A counter's value, and its rate per second from the sample before (None for the
-    /// first sample, or after a reset): what a fleet view colours a port by, from the live
-    /// table rather than a scan of the archive. (An `f32` in the variant's spare bytes: a
-    /// `Latest` stays 40 bytes.)
-    Counter { value: u64, per_second: Option<f32> },
-    /// The envelope of the readings the sample covers (one reading: all three equal).
-    Gauge { min: f64, max: f64, mean: f64 },
-}
 
 /// A counter's latest sample among a frame's `samples`, with its rate from the sample before
 /// it: the frame's own, or the one the table `held` (when older).
@@ -187,30 +163,6 @@ struct Node {
     /// The straggler metrics' recent steps, spread at ingest (what a job's straggler search
     /// reads instead of the archive once the node is held whole over its window).
     recent: RecentSteps,
-}
-
-/// One node's latest values as [`NodeTable::visit_nodes`] shows them.
-pub struct NodeLatest<'a> {
-    pub name: &'a Arc<str>,
-    pub schema: &'a Schema,
-    /// Changes when the schema or the set of series with a latest value may have changed
-    /// otherwise than by a new series getting its first value.
-    pub schema_stamp: u64,
-    /// Changes when the schema gained ids (a schema that changed otherwise changes
-    /// `schema_stamp`).
-    pub grown_stamp: u64,
-    /// Changes when any latest value may have changed (and with `schema_stamp`).
-    pub latest_stamp: u64,
-    /// When the collector last accepted a frame of the node (Unix ns, its own clock).
-    pub last_seen_unix_ns: u64,
-    latest: &'a HashMap<u32, Latest>,
-}
-
-impl NodeLatest<'_> {
-    /// The latest value of the series with schema id `id`, if it has one.
-    pub fn latest(&self, id: u32) -> Option<&Latest> {
-        self.latest.get(&id)
-    }
 }
 
 /// One node as the live view and `/metrics` show it.
@@ -842,15 +794,17 @@ impl NodeTable {
         for shard in self.shards.iter() {
             let shard = lock(shard);
             for node in shard.values() {
-                f(&NodeLatest {
-                    name: &node.name,
-                    schema: &node.schema,
-                    schema_stamp: node.schema_stamp,
-                    grown_stamp: node.grown_stamp,
-                    latest_stamp: node.latest_stamp,
-                    last_seen_unix_ns: node.last_seen_unix_ns,
-                    latest: &node.latest,
-                });
+                f(&NodeLatest::new(
+                    &node.name,
+                    &node.schema,
+                    Stamps {
+                        schema: node.schema_stamp,
+                        grown: node.grown_stamp,
+                        latest: node.latest_stamp,
+                    },
+                    node.last_seen_unix_ns,
+                    &node.latest,
+                ));
             }
         }
     }
@@ -972,6 +926,32 @@ pub fn kind_name(kind: Kind) -> &'static str {
     match kind {
         Kind::Counter => "counter",
         Kind::Gauge => "gauge",
+    }
+}
+
+/// The findings and the straggler search read the table through [`LiveTable`].
+impl LiveTable for NodeTable {
+    fn visit_nodes(&self, f: &mut dyn FnMut(&NodeLatest)) {
+        NodeTable::visit_nodes(self, f)
+    }
+
+    fn visit_recent_steps(
+        &self,
+        since_ns: u64,
+        first_step: u64,
+        f: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
+    ) -> std::collections::HashSet<Arc<str>> {
+        NodeTable::visit_recent_steps(self, since_ns, first_step, f)
+    }
+
+    fn ruled_out(
+        &self,
+        metrics: &[&str],
+        label: &str,
+        value: &str,
+        since_ns: u64,
+    ) -> std::collections::HashSet<Arc<str>> {
+        NodeTable::ruled_out(self, metrics, label, value, since_ns)
     }
 }
 

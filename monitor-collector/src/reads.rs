@@ -1,13 +1,15 @@
 //! What railscope itself reads from the agent's series: the finding rules
-//! ([`findings::reads`](crate::findings::reads)), the straggler search
-//! ([`stragglers::metrics_read`](crate::stragglers::metrics_read)) and the dashboard's views
+//! ([`findings::reads`](monitor_findings::reads)), the straggler search
+//! ([`stragglers::metrics_read`](monitor_findings::stragglers::metrics_read)) and the dashboard's views
 //! ([`dashboard::VIEWS`](crate::dashboard::VIEWS)). Each declares its own list next to the code
 //! that reads it; this module only gathers them, so that `railscope select` never advises
 //! turning off a metric one of them needs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::{dashboard, findings, stragglers};
+use monitor_findings::stragglers;
+
+use crate::dashboard;
 
 /// Every metric railscope reads, with what reads it (`finding ib_port_degraded`,
 /// `stragglers`, `dashboard fleet view`), each reader once, in declaration order.
@@ -19,7 +21,7 @@ pub fn readers() -> BTreeMap<&'static str, Vec<String>> {
             readers.push(reader);
         }
     };
-    for (rule, metrics) in findings::reads::RULE_READS {
+    for (rule, metrics) in monitor_findings::reads::RULE_READS {
         for &m in *metrics {
             add(m, format!("finding {rule}"));
         }
@@ -37,7 +39,7 @@ pub fn readers() -> BTreeMap<&'static str, Vec<String>> {
 
 /// Every metric railscope reads (the finding rules, the straggler search, the dashboard).
 pub fn metrics_railscope_reads() -> BTreeSet<&'static str> {
-    findings::metrics_read()
+    monitor_findings::metrics_read()
         .into_iter()
         .chain(stragglers::metrics_read())
         .chain(

@@ -23,7 +23,7 @@ use crate::{
         APP_CSS, APP_JS, CSS, DYGRAPH_CSS, DYGRAPH_JS, HTML, ICON_SVG, INDEX_HTML, JS, NAMES_JS,
         SVG, asset,
     },
-    findings::{self, FindingsStore, hardware_api},
+    findings::{self, hardware_api},
     http, latest, query, scrape_targets,
     shared::Shared,
     stragglers,
@@ -36,6 +36,7 @@ use crate::{
 use Method::{Get, Post};
 use Serve::{Actions, Findings, Live, Page, Query, Stragglers, Web};
 use monitor_archive::query::QueryEngine;
+use monitor_findings::FindingsStore;
 
 /// The route table: every route the collector serves (where it has the route's source),
 /// and no other. A row: the method, the path, the role the route asks for (`Read`: any
@@ -202,7 +203,7 @@ pub struct Sources {
     /// The archive's query engine: the query API and the stragglers.
     pub query: Option<Arc<QueryEngine>>,
     /// The actions on findings (docs/actions.md), where they are configured.
-    pub actions: Option<Arc<actions::Actions>>,
+    pub actions: Option<Arc<monitor_actions::Actions>>,
     /// Who may use the routes (the layer that authenticates every request is
     /// [`http::spawn`]'s), and what `POST /-/reload` reloads.
     pub web: Arc<WebAuth>,

@@ -136,12 +136,12 @@ pub struct CollectorSettings {
     /// (docs/findings.md lists every key, its default and its source).
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub findings: Option<crate::findings::Thresholds>,
+    pub findings: Option<monitor_findings::Thresholds>,
     /// Actions on findings: the `[actions]` table of the file only (docs/actions.md lists
     /// every key, its default and why). Without it the collector acts on nothing.
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub actions: Option<crate::actions::ActionsConfig>,
+    pub actions: Option<monitor_actions::ActionsConfig>,
 }
 
 /// A point in time, written as RFC 3339 (`2026-12-01T00:00:00Z`).
@@ -299,9 +299,9 @@ pub struct RunPlan {
     /// Most points one query answer may hold.
     pub query_max_points: usize,
     /// The health findings' thresholds.
-    pub findings: crate::findings::Thresholds,
+    pub findings: monitor_findings::Thresholds,
     /// The actions on findings, where `[actions]` is given.
-    pub actions: Option<crate::actions::ActionsConfig>,
+    pub actions: Option<monitor_actions::ActionsConfig>,
 }
 
 /// The memory bounds the settings give, checked; a bound that cannot be used is named with

@@ -6,14 +6,10 @@
 use std::sync::{Arc, atomic::AtomicU64};
 
 use crate::{
-    drops::Drops,
-    events::RecentEvents,
-    findings::{FindingsInbox, FindingsStore, profile::ProfileBoard},
-    nodes::NodeTable,
-    web::WebAuth,
-    writer::ArchiveQueue,
+    drops::Drops, events::RecentEvents, nodes::NodeTable, web::WebAuth, writer::ArchiveQueue,
 };
 use monitor_archive::liveness::Heartbeats;
+use monitor_findings::{FindingsInbox, FindingsStore, profile::ProfileBoard};
 
 /// What the receive threads, the writer and the HTTP server share.
 pub struct Shared {
@@ -52,11 +48,4 @@ pub struct IngestStats {
     pub bytes: AtomicU64,
     pub schema_requests_sent: AtomicU64,
     pub schema_request_errors: AtomicU64,
-}
-
-/// The findings thread reads only the live table.
-impl AsRef<NodeTable> for Shared {
-    fn as_ref(&self) -> &NodeTable {
-        &self.table
-    }
 }

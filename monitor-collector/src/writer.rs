@@ -25,10 +25,9 @@ use std::{
 
 use monitor_wire::{Frame, Key, Keyring, SchemaEntry};
 
-use crate::{
-    acks::{Acker, Copied, Delivered},
-    nodes::Schema,
-};
+use monitor_findings::live_table::Schema;
+
+use crate::acks::{Acker, Copied, Delivered};
 use monitor_archive::{liveness::Heartbeat, lock::lock};
 
 pub use monitor_archive::archive::AcceptedFrame;

@@ -108,7 +108,7 @@ fn collector_metrics() -> BTreeSet<String> {
     ] {
         assert!(names.contains(family), "/metrics lacks {family}:\n{page}");
     }
-    names.insert(monitor_collector::stragglers::PORT_METRIC.to_owned());
+    names.insert(monitor_findings::stragglers::PORT_METRIC.to_owned());
     names
 }
 

@@ -8,7 +8,8 @@ use std::{
     sync::atomic::{AtomicIsize, Ordering},
 };
 
-use monitor_collector::{Limits, drops::DropReason, nodes::NodeTable, stragglers};
+use monitor_collector::{Limits, drops::DropReason, nodes::NodeTable};
+use monitor_findings::stragglers;
 use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value};
 
 /// Bytes currently allocated by the process.

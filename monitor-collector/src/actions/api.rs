@@ -14,13 +14,13 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{Actions, audit};
 use crate::{
-    findings::FindingsStore,
     nodes::NodeTable,
     query::api::{ApiError, bad, one, params},
 };
+use monitor_actions::{Actions, audit};
 use monitor_archive::clock::unix_now_ns;
+use monitor_findings::FindingsStore;
 
 #[derive(Clone)]
 pub struct ApiState {

@@ -1,37 +1,6 @@
-//! Acting on findings (docs/actions.md): rules of collector.toml's `[actions]` map findings
-//! (by rule, severity, device kind) to draining the node in Slurm (and resuming it once
-//! clear), a webhook or a command; `[actions.alertmanager]` sends every active finding as an
-//! alert.
-//! Safety first: a new install only logs what it would do (dry run); a brake holds drains
-//! past a share of the fleet until a person releases them; every step goes to an audit log
-//! that a restart replays, so nothing is acted on twice.
+//! The actions over HTTP (docs/http-api.md): what `monitor_actions` did and decided, and the
+//! release of its brake.
 //!
-//! - [`config`]: the `[actions]` table and how a rule matches a finding;
-//! - [`slurm`]: `scontrol` (show, drain, undrain), the reason sanitised;
-//! - [`notify`]: webhook POSTs and commands, each try bounded by a timeout;
-//! - [`alertmanager`]: the alerts, one sender thread per Alertmanager;
-//! - [`audit`]: the audit log's records, framed as the findings log is;
-//! - [`state`]: each node's action, rebuilt from the records; the brake's count;
-//! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
-//! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
-//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`;
-//! - [`show`]: `railscope actions show ID`, the evidence around an action;
-//! - [`health`]: `railscope health`, Slurm's health hook.
+//! - [`api`]: `/api/v1/actions`, `/api/v1/actions/finding` and `/api/v1/actions/release`.
 
-pub mod alertmanager;
 pub mod api;
-pub mod audit;
-pub mod config;
-pub mod decisions;
-pub mod notify;
-
-pub mod slurm;
-pub mod state;
-pub mod worker;
-
-#[cfg(test)]
-mod tests;
-
-pub use config::ActionsConfig;
-pub use decisions::Actions;
-pub use worker::ActionsThread;

@@ -11,8 +11,8 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{FindingsStore, Severity, store::FindingFilter};
 use crate::query::api::{ApiError, bad, one, params, range};
+use monitor_findings::{FindingsStore, Severity, store::FindingFilter};
 
 /// `GET /api/v1/findings`.
 pub(crate) async fn findings(

@@ -13,8 +13,8 @@ use axum::{
 };
 use serde_json::json;
 
-use super::hardware::HardwareReader;
 use crate::{query::api::ApiError, shared::Shared};
+use monitor_findings::hardware::HardwareReader;
 
 /// `GET /api/v1/nodes/{node}/hardware`.
 pub(crate) async fn node_hardware(

@@ -7,11 +7,11 @@ use std::{net::SocketAddr, sync::Arc};
 use monitor_testkit::SimulatedFleet;
 use monitor_wire::Key;
 
-use super::{
+use crate::{config::Limits, nodes::NodeTable};
+use monitor_findings::{
     Finding, FindingsStore, Severity, Thresholds,
     engine::{FindingsEngine, Pass, port_states},
 };
-use crate::{config::Limits, nodes::NodeTable};
 
 fn key() -> Key {
     Key::from_bytes([9; 32])
@@ -34,7 +34,7 @@ fn run_with(
     let store = Arc::new(FindingsStore::in_memory());
     let mut engine = FindingsEngine::new(th.clone(), store.clone());
     feed(fleet, ticks, &table, &mut engine);
-    let all = store.list(&super::store::FindingFilter {
+    let all = store.list(&monitor_findings::store::FindingFilter {
         start_ns: 0,
         end_ns: u64::MAX,
         ..Default::default()
@@ -214,7 +214,7 @@ fn a_port_down_without_a_port_event_is_found_from_its_state_samples() {
     assert_eq!(f.evidence["source"], "railscope_ib_port_state", "{f:#?}");
     assert_eq!(f.evidence["phys_state_name"], "Polling", "{f:#?}");
     assert!(f.evidence.get("upstream").is_none(), "{f:#?}");
-    let all = store.list(&super::store::FindingFilter {
+    let all = store.list(&monitor_findings::store::FindingFilter {
         start_ns: 0,
         end_ns: u64::MAX,
         ..Default::default()
@@ -663,7 +663,9 @@ fn findings_go_to_remote_write_as_series() {
         30,
         Thresholds::default(),
     );
-    let body = monitor_remote_write::prompb::encode_body(&super::remote::write_request(&store, T0));
+    let body = monitor_remote_write::prompb::encode_body(&monitor_findings::remote::write_request(
+        &store, T0,
+    ));
     let request = monitor_remote_write::prompb::decode_body(&body).unwrap();
     let series: Vec<String> = request
         .timeseries
@@ -732,7 +734,7 @@ fn run_in_one_burst(fleet: &mut SimulatedFleet, ticks: u64) -> Vec<Finding> {
     }
     engine.refresh(&table);
     engine.evaluate(Pass::All, last);
-    store.list(&super::store::FindingFilter {
+    store.list(&monitor_findings::store::FindingFilter {
         start_ns: 0,
         end_ns: u64::MAX,
         ..Default::default()
@@ -956,7 +958,7 @@ fn a_counter_read_before_its_samples_came_keeps_its_history_and_its_finding() {
             engine.take_frame(&a.node, &a.frame, &a.schema, t);
         }
     }
-    let found = store.list(&super::store::FindingFilter {
+    let found = store.list(&monitor_findings::store::FindingFilter {
         start_ns: 0,
         end_ns: u64::MAX,
         ..Default::default()
@@ -974,7 +976,7 @@ fn a_counter_read_before_its_samples_came_keeps_its_history_and_its_finding() {
 /// judged it and did not see the condition ends it.
 #[test]
 fn a_finding_ends_only_when_a_pass_judged_its_subject_and_did_not_see_it() {
-    use super::{Observation, Subject, verdicts::Verdicts};
+    use monitor_findings::{Observation, Subject, verdicts::Verdicts};
     let store = FindingsStore::in_memory();
     let subject = Subject::port("n1", "mlx5_0", 1);
     let storm = Observation {
@@ -1007,7 +1009,7 @@ fn a_finding_ends_only_when_a_pass_judged_its_subject_and_did_not_see_it() {
     gone.judged("roce_congestion", "n1", || Some(subject.clone()));
     store.apply_judged(&gone, &rules, T0 + 15 * S);
     assert!(store.active().is_empty());
-    let all = store.list(&super::store::FindingFilter {
+    let all = store.list(&monitor_findings::store::FindingFilter {
         start_ns: 0,
         end_ns: u64::MAX,
         ..Default::default()
@@ -1020,7 +1022,7 @@ fn a_finding_ends_only_when_a_pass_judged_its_subject_and_did_not_see_it() {
 /// only for `restart-grace-s` (ended then, its node was resumed for want of the events).
 #[test]
 fn a_reloaded_xid_finding_holds_for_its_own_hold_not_only_the_restart_grace() {
-    use super::{Observation, Subject};
+    use monitor_findings::{Observation, Subject};
     let dir = std::env::temp_dir().join(format!("railscope-xid-hold-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -493,8 +493,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        findings::hardware::HardwareReader,
-        nodes::{Latest, LatestValue},
+        hardware::HardwareReader,
+        live_table::{Latest, LatestValue},
     };
 
     fn latest(v: f64) -> Latest {

@@ -16,7 +16,7 @@ use monitor_wire::{
 };
 use serde::Serialize;
 
-use crate::nodes::{Latest, LatestValue};
+use crate::live_table::{Latest, LatestValue};
 
 /// The series the hardware path is read from.
 pub const SERIES: &[&str] = &[

@@ -8,7 +8,7 @@
 //! aligned to the step (what the dashboard asks) has the same steps as the epoch's, so its
 //! values are the ones the archive gives. A node the live table has not held whole since
 //! before the window (the collector restarted, the node's session changed) is still read
-//! from the archive: see [`crate::nodes::NodeTable::visit_recent_steps`].
+//! from the archive: see [`LiveTable::visit_recent_steps`](crate::live_table::LiveTable::visit_recent_steps).
 //!
 //! Memory: [`RECENT_STEPS`] × 32 B a series, for 40 series a node (3 GPU metrics × 8 GPUs,
 //! 2 port counters × 8 ports): about 46 kB a node.

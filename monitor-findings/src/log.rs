@@ -96,7 +96,7 @@ impl FindingsLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::Severity;
+    use crate::Severity;
 
     fn finding(id: &str, end: Option<u64>) -> Finding {
         Finding {

@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::json;
 
-use crate::findings::Finding;
+use monitor_findings::Finding;
 
 /// At most this much of an answer or of a command's stderr goes into a record's detail.
 const DETAIL_BYTES: usize = 256;
@@ -211,7 +211,7 @@ mod tests {
         Finding {
             id: format!("{rule}/{node}/x/1"),
             rule: rule.into(),
-            severity: crate::findings::Severity::Critical,
+            severity: monitor_findings::Severity::Critical,
             node: node.into(),
             device: None,
             port: None,

@@ -14,7 +14,7 @@ use super::{
     topology::PortKey,
     view::{GpuJobs, Track, TrackHandle, Tracks, note_gpu_job},
 };
-use crate::nodes::{Latest, LatestValue, NodeLatest, NodeTable};
+use crate::live_table::{Latest, LatestValue, LiveTable, NodeLatest};
 
 type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -248,7 +248,7 @@ impl LiveReader {
     /// value marked seen; each GPU's job noted in `gpu_jobs`.
     pub(super) fn read(
         &mut self,
-        table: &NodeTable,
+        table: &dyn LiveTable,
         tracks: &mut Tracks,
         gpu_jobs: &mut GpuJobs,
         pass: u64,

@@ -52,7 +52,7 @@ use super::{
     verdicts::Verdicts,
     view::{EventState, GpuJobs, NodeClock, PortStateSamples, Track, Tracks, View},
 };
-use crate::nodes::{Latest, LatestValue, NodeTable, Schema};
+use crate::live_table::{Latest, LatestValue, LiveTable, Schema};
 use monitor_archive::{
     clock::unix_now_ns,
     liveness::{BEAT_EVERY, Heartbeat},
@@ -368,7 +368,7 @@ const PROFILE_EVERY_PASSES: u64 = 6;
 impl SeriesEngine {
     /// Reads the latest value of every watched series from the live view (see the `live`
     /// module); returns what the event rules need of it.
-    pub fn refresh(&mut self, table: &NodeTable) -> Refreshed {
+    pub fn refresh(&mut self, table: &dyn LiveTable) -> Refreshed {
         self.pass += 1;
         let pass = self.pass;
         let read = self
@@ -638,7 +638,7 @@ impl FindingsEngine {
     }
 
     /// Reads the live view (the tick's first step).
-    pub fn refresh(&mut self, table: &NodeTable) {
+    pub fn refresh(&mut self, table: &dyn LiveTable) {
         let r = self.series.refresh(table);
         self.events.refreshed(r);
     }
@@ -688,7 +688,7 @@ impl FindingsThread {
     /// and port states of `rx`, the tick thread ("findings-tick", beating `tick_heartbeat`) on
     /// its counter samples and the live node table `live` (all they read of what the
     /// collector shares).
-    pub fn spawn<L: AsRef<NodeTable> + Send + Sync + 'static>(
+    pub fn spawn<L: LiveTable + 'static>(
         engine: FindingsEngine,
         rx: InboxReceivers,
         live: Arc<L>,
@@ -789,7 +789,7 @@ fn take(engine: &mut EventEngine, input: FindingsInput) -> bool {
 
 /// The tick thread: takes counter samples, and every `tick-s` reads the live view, has the
 /// events thread judge the events so far, and runs the series rules.
-fn run_ticks<L: AsRef<NodeTable>>(
+fn run_ticks<L: LiveTable>(
     mut engine: SeriesEngine,
     counters: Receiver<CounterInput>,
     to_events: SyncSender<FindingsInput>,
@@ -808,7 +808,7 @@ fn run_ticks<L: AsRef<NodeTable>>(
             while let Ok((node, samples)) = counters.try_recv() {
                 engine.take_counters(&node, samples);
             }
-            let refreshed = engine.refresh((*live).as_ref());
+            let refreshed = engine.refresh(&*live);
             let (reply, answer) = std::sync::mpsc::sync_channel(1);
             let request = Box::new(TickRequest { refreshed, reply });
             if to_events.send(FindingsInput::Tick(request)).is_err() {
@@ -841,15 +841,16 @@ fn run_ticks<L: AsRef<NodeTable>>(
 mod tests {
     use std::sync::{Condvar, Mutex};
 
-    use monitor_wire::{Key, Labels, names::event_kind};
+    use std::collections::HashSet;
+
+    use monitor_wire::{Labels, names::event_kind};
 
     use super::*;
-    use crate::{config::Limits, findings::Severity};
+    use crate::{Severity, live_table::NodeLatest, stragglers::recent::RecentSteps};
 
-    /// A live view whose reading blocks until the test opens it: a tick that takes as long
-    /// as the test wants.
+    /// An empty live view whose reading blocks until the test opens it: a tick that takes as
+    /// long as the test wants.
     struct Gated {
-        table: NodeTable,
         state: Mutex<(bool, bool)>,
         changed: Condvar,
     }
@@ -869,15 +870,27 @@ mod tests {
         }
     }
 
-    impl AsRef<NodeTable> for Gated {
-        fn as_ref(&self) -> &NodeTable {
+    impl LiveTable for Gated {
+        fn visit_nodes(&self, _: &mut dyn FnMut(&NodeLatest)) {
             let mut s = self.state.lock().unwrap();
             s.0 = true;
             self.changed.notify_all();
             while !s.1 {
                 s = self.changed.wait(s).unwrap();
             }
-            &self.table
+        }
+
+        fn visit_recent_steps(
+            &self,
+            _: u64,
+            _: u64,
+            _: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
+        ) -> HashSet<Arc<str>> {
+            HashSet::new()
+        }
+
+        fn ruled_out(&self, _: &[&str], _: &str, _: &str, _: u64) -> HashSet<Arc<str>> {
+            HashSet::new()
         }
     }
 
@@ -885,7 +898,6 @@ mod tests {
     fn an_event_is_judged_while_a_tick_is_still_running() {
         let store = Arc::new(FindingsStore::in_memory());
         let live = Arc::new(Gated {
-            table: NodeTable::new(Key::from_bytes([9; 32]), Limits::default()),
             state: Mutex::new((false, false)),
             changed: Condvar::new(),
         });

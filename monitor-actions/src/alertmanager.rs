@@ -12,7 +12,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fmt::Write as _,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -32,8 +31,8 @@ use super::{
 };
 use monitor_client::time::format_time;
 
-use crate::findings::{Finding, FindingsStore, store::FindingFilter};
 use monitor_archive::clock::unix_now_ns;
+use monitor_findings::{Finding, FindingsStore, store::FindingFilter};
 
 const S: u64 = 1_000_000_000;
 const TICK: Duration = Duration::from_secs(1);
@@ -50,9 +49,6 @@ pub struct Counters {
     /// POSTs that failed (no answer in time, refused, not 2xx).
     pub failed: AtomicU64,
 }
-
-/// A metric family of [`Counters`]: name, help, value.
-type Family = (&'static str, &'static str, fn(&Counters) -> u64);
 
 /// The counts of every configured Alertmanager, by URL.
 #[derive(Debug, Default)]
@@ -80,32 +76,9 @@ impl AlertStats {
             .unwrap_or_default()
     }
 
-    /// `railscope_collector_alerts_sent_total` and `_failed_total`, one line per URL.
-    pub fn write_metrics(&self, out: &mut String) {
-        if self.by_url.is_empty() {
-            return;
-        }
-        let families: [Family; 2] = [
-            (
-                "railscope_collector_alerts_sent_total",
-                "Alerts (firing or resolved) the Alertmanager at this URL accepted.",
-                |c| c.sent.load(Ordering::Relaxed),
-            ),
-            (
-                "railscope_collector_alerts_failed_total",
-                "Sends of alerts to the Alertmanager at this URL that failed (each is tried again).",
-                |c| c.failed.load(Ordering::Relaxed),
-            ),
-        ];
-        for (name, help, value) in families {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            for (url, c) in &self.by_url {
-                let mut labels = String::from("{");
-                crate::metrics::label(&mut labels, "alertmanager", url, true);
-                let _ = writeln!(out, "{name}{labels}}} {}", value(c));
-            }
-        }
+    /// Each configured Alertmanager's URL and counts.
+    pub fn by_url(&self) -> impl Iterator<Item = (&str, &Counters)> {
+        self.by_url.iter().map(|(u, c)| (u.as_str(), &**c))
     }
 }
 
@@ -379,7 +352,7 @@ impl AlertThreads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::Severity;
+    use monitor_findings::Severity;
 
     #[test]
     fn an_alert_carries_the_findings_labels_evidence_and_link() {

@@ -14,8 +14,8 @@ use std::{
 };
 
 use super::{Actions, alertmanager::AlertThreads, slurm::Scontrol};
-use crate::{findings::FindingsStore, nodes::NodeTable};
 use monitor_archive::{clock::unix_now_ns, query::QueryEngine};
+use monitor_findings::FindingsStore;
 
 const TICK: Duration = Duration::from_secs(1);
 
@@ -69,10 +69,12 @@ pub struct ActionsThread {
 }
 
 impl ActionsThread {
+    /// Starts the passes over `store`'s findings; `live_nodes` counts the nodes the
+    /// collector's live table holds (one of the brake's measures of the fleet, [`Fleet`]).
     pub fn spawn(
         actions: Arc<Actions>,
         store: Arc<FindingsStore>,
-        table: Arc<NodeTable>,
+        live_nodes: impl Fn() -> usize + Send + 'static,
         archive: Option<Arc<QueryEngine>>,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -102,7 +104,7 @@ impl ActionsThread {
             .spawn(move || {
                 while !stopped.load(Ordering::Relaxed) {
                     let now = unix_now_ns();
-                    let nodes = fleet.size(table.node_count(), now);
+                    let nodes = fleet.size(live_nodes(), now);
                     actions.pass(&store, nodes, now, &slurm);
                     std::thread::sleep(TICK);
                 }

@@ -22,10 +22,10 @@ use super::{
     slurm::{Scheduler, SlurmError, sanitize_reason},
     state::{ActionState, Phase},
 };
-use crate::findings::{
+use monitor_archive::lock::lock;
+use monitor_findings::{
     Finding, FindingsStore, Observation, Severity, Subject, store::FindingFilter,
 };
-use monitor_archive::lock::lock;
 
 const S: u64 = 1_000_000_000;
 /// Records the API shows (the log keeps them all).

@@ -391,7 +391,7 @@ pub fn rejudge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::view::{NodeClock, PortDown};
+    use crate::view::{NodeClock, PortDown};
     use monitor_wire::WireEvent;
 
     const T0: u64 = 1_790_000_000_000_000_000;

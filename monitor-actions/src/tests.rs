@@ -12,7 +12,7 @@ use super::{
     config::{ActionRule, BRAKE_RULE},
     slurm::{NodeState, Scheduler, SlurmError},
 };
-use crate::findings::{FindingsStore, Observation, Severity, Subject};
+use monitor_findings::{FindingsStore, Observation, Severity, Subject};
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_800_000_000 * S;
@@ -605,7 +605,7 @@ fn port_finding_blamed_on_the_fabric(rule: &'static str) {
         },
     };
     let upstream = Observation {
-        rule: crate::findings::fabric::RULE,
+        rule: monitor_findings::fabric::RULE,
         severity: Severity::Critical,
         subject: Subject {
             node: "leaf1".into(),
@@ -619,13 +619,13 @@ fn port_finding_blamed_on_the_fabric(rule: &'static str) {
         summary: "4 ports on 4 nodes went down within 6.0 ms".into(),
         evidence: serde_json::json!({}),
     };
-    let rules = [rule, crate::findings::fabric::RULE];
+    let rules = [rule, monitor_findings::fabric::RULE];
     // Being judged: nothing decided, nothing recorded.
     store.apply(&[downed("n1", Some("pending"))], &rules, T0);
     actions.pass(&store, 10, T0, &slurm);
     assert!(outcomes(&actions, "n1").is_empty());
     // Judged upstream: skipped, saying why; the upstream finding's node is no Slurm node.
-    let id = crate::findings::Finding::open(&upstream).id;
+    let id = monitor_findings::Finding::open(&upstream).id;
     store.apply(&[downed("n1", Some(&id)), upstream.clone()], &rules, T0 + S);
     actions.pass(&store, 10, T0 + S, &slurm);
     actions.pass(&store, 10, T0 + 2 * S, &slurm);

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::findings::{Finding, Severity};
+use monitor_findings::{Finding, Severity};
 
 /// The rule of the collector's own finding when the brake holds drains.
 pub const BRAKE_RULE: &str = "actions_brake";
@@ -276,7 +276,7 @@ impl ActionsConfig {
     /// The rule that decides what to do about `f`, if any (never for the brake's finding, nor
     /// an upstream one, whose node is a switch or the fabric).
     pub fn rule_for(&self, f: &Finding) -> Option<&ActionRule> {
-        if f.rule == BRAKE_RULE || f.rule == crate::findings::fabric::RULE {
+        if f.rule == BRAKE_RULE || f.rule == monitor_findings::fabric::RULE {
             return None;
         }
         self.rule.iter().find(|r| r.matches(f))

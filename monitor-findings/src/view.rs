@@ -11,7 +11,7 @@ use std::{
 use monitor_wire::{GaugeSample, Series, WireEvent, names::event_kind};
 
 use super::{Thresholds, topology::PortKey};
-use crate::nodes::{Latest, LatestValue};
+use crate::live_table::{Latest, LatestValue};
 
 /// A counter's history is kept at this spacing...
 const CHECKPOINT_EVERY_NS: u64 = 30_000_000_000;

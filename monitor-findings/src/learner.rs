@@ -31,7 +31,7 @@ use super::{
     hardware::{HardwareReader, NodeHardware},
     profile::{GoldenProfile, ProfileBoard},
 };
-use crate::nodes::Latest;
+use crate::live_table::Latest;
 
 /// Each node's hardware path, as the profile last read it.
 pub type FleetHardware = HashMap<Arc<str>, Arc<NodeHardware>>;
