@@ -12,10 +12,9 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fmt::Write as _,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
     time::Duration,
@@ -24,7 +23,8 @@ use std::{
 use serde_json::{Map, Value, json};
 
 use super::{
-    Actions, ActionsConfig,
+    Actions,
+    alert_stats::Counters,
     audit::Outcome,
     config::AlertmanagerConfig,
     notify::{HttpPoster, view_url},
@@ -41,73 +41,6 @@ const TICK: Duration = Duration::from_secs(1);
 const RESENDS_AHEAD: u64 = 4;
 /// The evidence annotation is cut at this many bytes: an annotation is for reading.
 const EVIDENCE_BYTES: usize = 4096;
-
-/// One Alertmanager's counts.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Alerts (firing or resolved) Alertmanager accepted.
-    pub sent: AtomicU64,
-    /// POSTs that failed (no answer in time, refused, not 2xx).
-    pub failed: AtomicU64,
-}
-
-/// A metric family of [`Counters`]: name, help, value.
-type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-
-/// The counts of every configured Alertmanager, by URL.
-#[derive(Debug, Default)]
-pub struct AlertStats {
-    by_url: Vec<(String, Arc<Counters>)>,
-}
-
-impl AlertStats {
-    pub fn new(config: &ActionsConfig) -> Self {
-        let urls = config.alertmanager.as_ref().map(|a| a.urls.as_slice());
-        Self {
-            by_url: urls
-                .unwrap_or_default()
-                .iter()
-                .map(|u| (u.clone(), Arc::default()))
-                .collect(),
-        }
-    }
-
-    fn counters(&self, url: &str) -> Arc<Counters> {
-        self.by_url
-            .iter()
-            .find(|(u, _)| u == url)
-            .map(|(_, c)| c.clone())
-            .unwrap_or_default()
-    }
-
-    /// `railscope_collector_alerts_sent_total` and `_failed_total`, one line per URL.
-    pub fn write_metrics(&self, out: &mut String) {
-        if self.by_url.is_empty() {
-            return;
-        }
-        let families: [Family; 2] = [
-            (
-                "railscope_collector_alerts_sent_total",
-                "Alerts (firing or resolved) the Alertmanager at this URL accepted.",
-                |c| c.sent.load(Ordering::Relaxed),
-            ),
-            (
-                "railscope_collector_alerts_failed_total",
-                "Sends of alerts to the Alertmanager at this URL that failed (each is tried again).",
-                |c| c.failed.load(Ordering::Relaxed),
-            ),
-        ];
-        for (name, help, value) in families {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            for (url, c) in &self.by_url {
-                let mut labels = String::from("{");
-                crate::metrics::label(&mut labels, "alertmanager", url, true);
-                let _ = writeln!(out, "{name}{labels}}} {}", value(c));
-            }
-        }
-    }
-}
 
 /// A finding as an Alertmanager alert ending at `ends_at` (Unix ns).
 pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
