@@ -26,7 +26,7 @@ use monitor_wire::{
 use crate::{
     config::Limits,
     drops::DropReason,
-    node_keys::{DecodeError, IngestKeys, NodeKeys},
+    node_keys::{DecodeError, IngestKeys, NodeKeys, Refused},
     stragglers::recent::RecentSteps,
 };
 use monitor_archive::lock::lock;
@@ -270,29 +270,6 @@ pub struct Accepted {
     pub reply_key: Option<Key>,
     /// The key the frame carried: acknowledgements are sealed with it.
     pub key: Key,
-}
-
-/// A dropped datagram: why, and what to log.
-#[derive(Debug)]
-pub struct Refused {
-    pub reason: DropReason,
-    pub detail: String,
-}
-
-impl Refused {
-    fn decode(error: DecodeError) -> Self {
-        match error {
-            DecodeError::Wire(e) => Self::wire(&e),
-            DecodeError::Refused(refused) => refused,
-        }
-    }
-
-    fn wire(error: &wire::WireError) -> Self {
-        Self {
-            reason: DropReason::of(error),
-            detail: error.to_string(),
-        }
-    }
 }
 
 /// A sender is asked for its schema at most this often per session (its answer comes with its
