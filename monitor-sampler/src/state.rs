@@ -2,14 +2,11 @@
 //! and collected, and what it has read but not yet sent (see [the crate's
 //! documentation](crate)).
 
-use crate::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64, window::Window};
+use crate::{
+    Emit, Emitted, Envelope, SamplerConfig, SplitMix64,
+    window::{TRANSIENT_READS, Window},
+};
 use monitor_wire::{Kind, Value};
-
-/// Reads after a shift that decide whether it lasts: when one of them is back within the range
-/// the series had before, the shift was a transient (a stall of a training step or two) and
-/// the series resumes from its previous window. Also the number of lowest values the low edge
-/// of a window leaves out.
-pub(crate) const TRANSIENT_READS: u32 = 2;
 
 /// Whether a series is being read and sent at the minimum interval (`Fast`: unstable, new, or
 /// sampling disabled) or backing off (`Stable`).

@@ -10,7 +10,13 @@
 
 use std::collections::VecDeque;
 
-use crate::{SamplerConfig, state::TRANSIENT_READS};
+use crate::SamplerConfig;
+
+/// Reads after a shift that decide whether it lasts: when one of them is back within the range
+/// the series had before, the shift was a transient (a stall of a training step or two) and
+/// the series resumes from its previous window (the series' state decides that). Also the
+/// number of lowest values the low edge of a window leaves out.
+pub(crate) const TRANSIENT_READS: u32 = 2;
 
 /// The peak of the window, how many values equal it, and how many are close to it.
 #[derive(Clone, Copy, Debug)]
