@@ -18,7 +18,7 @@
 //! one line naming it and the reference behind each of its edges.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque, hash_map::Entry},
     fmt::Write as _,
     path::{Path, PathBuf},
     process::Command,
@@ -42,7 +42,7 @@ pub fn check_workspace(workspace_root: &Path) -> anyhow::Result<()> {
     let mut found = Vec::new();
     for target in workspace_targets(workspace_root)? {
         found.extend(
-            circles(&target.label, &target.root)
+            circles(&target.label, &target.package_dir, &target.root)
                 .with_context(|| format!("reading the module tree of {}", target.label))?,
         );
     }
@@ -83,9 +83,10 @@ impl Circle {
     }
 }
 
-/// A crate to read: how messages name it, and its root source file.
+/// A crate to read: how messages name it, its package's folder and its root source file.
 struct Target {
     label: String,
+    package_dir: PathBuf,
     root: PathBuf,
 }
 
@@ -100,6 +101,10 @@ fn workspace_targets(workspace_root: &Path) -> anyhow::Result<Vec<Target>> {
     let mut targets = Vec::new();
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let name = package["name"].as_str().unwrap_or_default();
+        let package_dir = Path::new(package["manifest_path"].as_str().unwrap_or_default())
+            .parent()
+            .unwrap_or(workspace_root)
+            .to_path_buf();
         for target in package["targets"].as_array().into_iter().flatten() {
             let kinds: Vec<&str> = target["kind"]
                 .as_array()
@@ -125,6 +130,7 @@ fn workspace_targets(workspace_root: &Path) -> anyhow::Result<Vec<Target>> {
             };
             targets.push(Target {
                 label,
+                package_dir: package_dir.clone(),
                 root: PathBuf::from(root),
             });
         }
@@ -133,13 +139,9 @@ fn workspace_targets(workspace_root: &Path) -> anyhow::Result<Vec<Target>> {
 }
 
 /// The import circles of the crate whose root file is `root`, each line starting with
-/// `label`.
-pub fn circles(label: &str, root: &Path) -> anyhow::Result<Vec<Circle>> {
+/// `label` and naming files from `package_dir`.
+pub fn circles(label: &str, package_dir: &Path, root: &Path) -> anyhow::Result<Vec<Circle>> {
     let tree = Tree::read(root)?;
-    let base = root
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new(""));
     let mut lines = Vec::new();
     for edges in tree.edges_by_level().values() {
         for component in strongly_connected(edges) {
@@ -159,7 +161,10 @@ pub fn circles(label: &str, root: &Path) -> anyhow::Result<Vec<Circle>> {
                     let r = &edges[from][to];
                     format!(
                         "{}:{} uses {}",
-                        r.file.strip_prefix(base).unwrap_or(&r.file).display(),
+                        r.file
+                            .strip_prefix(package_dir)
+                            .unwrap_or(&r.file)
+                            .display(),
                         r.line,
                         r.written
                     )
@@ -202,6 +207,18 @@ struct Module {
     refs: Vec<Reference>,
 }
 
+impl Module {
+    fn new(path: Vec<String>, parent: Option<usize>) -> Self {
+        Self {
+            path,
+            parent,
+            children: BTreeMap::new(),
+            imports: HashMap::new(),
+            refs: Vec::new(),
+        }
+    }
+}
+
 /// A path a module uses, where it is written.
 #[derive(Clone)]
 struct Reference {
@@ -221,15 +238,10 @@ struct Tree {
 type Edges = BTreeMap<usize, BTreeMap<usize, Reference>>;
 
 impl Tree {
+    /// The module tree of the crate whose root file is `root`.
     fn read(root: &Path) -> anyhow::Result<Self> {
         let mut tree = Tree {
-            modules: vec![Module {
-                path: Vec::new(),
-                parent: None,
-                children: BTreeMap::new(),
-                imports: HashMap::new(),
-                refs: Vec::new(),
-            }],
+            modules: vec![Module::new(Vec::new(), None)],
         };
         let dir = root.parent().unwrap_or(Path::new("")).to_path_buf();
         tree.read_file(root, &dir, 0)?;
@@ -245,6 +257,8 @@ impl Tree {
         self.read_items(&parsed.items, file, dir, false, module)
     }
 
+    /// Reads `items` (of `file`; inside an inline module when `inline`) as module `module`,
+    /// whose out-of-line children are in `dir`, then its child modules.
     fn read_items(
         &mut self,
         items: &[syn::Item],
@@ -273,13 +287,7 @@ impl Tree {
             let mut path = self.modules[module].path.clone();
             path.push(name.clone());
             let child = self.modules.len();
-            self.modules.push(Module {
-                path,
-                parent: Some(module),
-                children: BTreeMap::new(),
-                imports: HashMap::new(),
-                refs: Vec::new(),
-            });
+            self.modules.push(Module::new(path, Some(module)));
             self.modules[module].children.insert(name.clone(), child);
             let path_attr = path_attribute(&m.attrs);
             match &m.content {
@@ -339,13 +347,7 @@ impl Tree {
             "super" => {
                 let mut base = self.modules[module].path.clone();
                 base.pop()?;
-                let mut rest = rest;
-                while rest.first().is_some_and(|s| s == "super") {
-                    base.pop()?;
-                    rest = &rest[1..];
-                }
-                base.extend(rest.iter().cloned());
-                return Some(base);
+                base
             }
             _ if self.modules[module].children.contains_key(first) => {
                 let mut base = self.modules[module].path.clone();
@@ -362,7 +364,7 @@ impl Tree {
                 return Some(base);
             }
         };
-        // `self::super::x` and the like.
+        // `super::super::x`, `self::super::x`.
         let mut rest = rest;
         while rest.first().is_some_and(|s| s == "super") {
             base.pop()?;
@@ -529,8 +531,8 @@ fn shortest_cycle(edges: &Edges, component: &[usize]) -> Vec<usize> {
                 cycle.reverse();
                 return cycle;
             }
-            if w != start && !came_from.contains_key(&w) {
-                came_from.insert(w, v);
+            if let Entry::Vacant(entry) = came_from.entry(w) {
+                entry.insert(v);
                 queue.push_back(w);
             }
         }
@@ -794,7 +796,7 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, text).unwrap();
         }
-        circles("throwaway", &dir.path().join("src/lib.rs"))
+        circles("throwaway", dir.path(), &dir.path().join("src/lib.rs"))
             .unwrap()
             .into_iter()
             .map(|c| c.line)
