@@ -15,9 +15,10 @@
 //! - [`state`]: each node's action, rebuilt from the records; the brake's count;
 //! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
 //! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
-//! - [`api`]: `/api/v1/actions` and the release; [`cli`]: `railscope actions`;
-//! - [`show`]: `railscope actions show ID`, the evidence around an action;
-//! - [`health`]: `railscope health`, Slurm's health hook.
+//! - [`api`]: `/api/v1/actions` and the release.
+//!
+//! The command lines (`railscope actions`, `railscope actions show ID`, `railscope health`)
+//! are the crate monitor-client's.
 
 pub mod alert_stats;
 pub mod alertmanager;
@@ -26,7 +27,6 @@ pub mod audit;
 pub mod config;
 pub mod decisions;
 pub mod notify;
-
 pub mod slurm;
 pub mod state;
 pub mod worker;
