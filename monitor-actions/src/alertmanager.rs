@@ -14,7 +14,7 @@ use std::{
     collections::{HashMap, HashSet},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
     time::Duration,
@@ -23,7 +23,8 @@ use std::{
 use serde_json::{Map, Value, json};
 
 use super::{
-    Actions, ActionsConfig,
+    Actions,
+    alert_stats::Counters,
     audit::Outcome,
     config::AlertmanagerConfig,
     notify::{HttpPoster, view_url},
@@ -40,47 +41,6 @@ const TICK: Duration = Duration::from_secs(1);
 const RESENDS_AHEAD: u64 = 4;
 /// The evidence annotation is cut at this many bytes: an annotation is for reading.
 const EVIDENCE_BYTES: usize = 4096;
-
-/// One Alertmanager's counts.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Alerts (firing or resolved) Alertmanager accepted.
-    pub sent: AtomicU64,
-    /// POSTs that failed (no answer in time, refused, not 2xx).
-    pub failed: AtomicU64,
-}
-
-/// The counts of every configured Alertmanager, by URL.
-#[derive(Debug, Default)]
-pub struct AlertStats {
-    by_url: Vec<(String, Arc<Counters>)>,
-}
-
-impl AlertStats {
-    pub fn new(config: &ActionsConfig) -> Self {
-        let urls = config.alertmanager.as_ref().map(|a| a.urls.as_slice());
-        Self {
-            by_url: urls
-                .unwrap_or_default()
-                .iter()
-                .map(|u| (u.clone(), Arc::default()))
-                .collect(),
-        }
-    }
-
-    fn counters(&self, url: &str) -> Arc<Counters> {
-        self.by_url
-            .iter()
-            .find(|(u, _)| u == url)
-            .map(|(_, c)| c.clone())
-            .unwrap_or_default()
-    }
-
-    /// Each configured Alertmanager's URL and counts.
-    pub fn by_url(&self) -> impl Iterator<Item = (&str, &Counters)> {
-        self.by_url.iter().map(|(u, c)| (u.as_str(), &**c))
-    }
-}
 
 /// A finding as an Alertmanager alert ending at `ends_at` (Unix ns).
 pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {

@@ -9,6 +9,8 @@ use monitor_findings::{Finding, Severity};
 
 /// The rule of the collector's own finding when the brake holds drains.
 pub const BRAKE_RULE: &str = "actions_brake";
+/// The node name of the brake's own finding: it is about the fleet, not one node.
+pub const BRAKE_NODE: &str = "fleet";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::{
     audit::{Action, AuditError, AuditLog, Outcome, Record},
-    config::{ActionRule, ActionsConfig, BRAKE_RULE},
+    config::{ActionRule, ActionsConfig, BRAKE_NODE, BRAKE_RULE},
     notify::{Deliver, Notifier, Target},
     slurm::{Scheduler, SlurmError, sanitize_reason},
     state::{ActionState, Phase},
@@ -30,8 +30,6 @@ use monitor_findings::{
 const S: u64 = 1_000_000_000;
 /// Records the API shows (the log keeps them all).
 const RECENT: usize = 1000;
-/// The node name of the brake's own finding: it is about the fleet, not one node.
-pub const BRAKE_NODE: &str = "fleet";
 
 /// The fields of a record the caller chooses; [`Actions`] numbers and times it.
 struct Step<'a> {
@@ -105,7 +103,7 @@ pub struct Actions {
     /// The threads of tries under way (joined by [`Actions::wait_deliveries`]).
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What the Alertmanager senders counted, by URL (`/metrics`).
-    pub alert_stats: super::alertmanager::AlertStats,
+    pub alert_stats: super::alert_stats::AlertStats,
     /// The fleet the last pass's brake was a share of (the API shows the same limit).
     fleet: std::sync::atomic::AtomicUsize,
 }
@@ -140,7 +138,7 @@ impl Actions {
                 passed: false,
                 in_flight: HashSet::new(),
             }),
-            alert_stats: super::alertmanager::AlertStats::new(&config),
+            alert_stats: super::alert_stats::AlertStats::new(&config),
             fleet: std::sync::atomic::AtomicUsize::new(0),
             config,
             notifier: Arc::new(Deliver),

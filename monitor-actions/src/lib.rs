@@ -9,7 +9,8 @@
 //! - [`config`]: the `[actions]` table and how a rule matches a finding;
 //! - [`slurm`]: `scontrol` (show, drain, undrain), the reason sanitised;
 //! - [`notify`]: webhook POSTs and commands, each try bounded by a timeout;
-//! - [`alertmanager`]: the alerts, one sender thread per Alertmanager;
+//! - [`alertmanager`]: the alerts, one sender thread per Alertmanager; [`alert_stats`]: their
+//!   counts;
 //! - [`audit`]: the audit log's records, framed as the findings log is;
 //! - [`state`]: each node's action, rebuilt from the records; the brake's count;
 //! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
@@ -19,6 +20,7 @@
 //! collector serves its audit over HTTP (`/api/v1/actions`) and `railscope actions`
 //! (monitor-client) asks for it.
 
+pub mod alert_stats;
 pub mod alertmanager;
 pub mod audit;
 pub mod config;

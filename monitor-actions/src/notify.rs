@@ -69,7 +69,7 @@ pub fn view_url(base: &str, f: &Finding) -> String {
     let base = base.trim_end_matches('/');
     let view = match (&f.job_id, f.rule.starts_with("verbs_")) {
         (Some(job), true) => format!("#/job/{}", path_segment(job)),
-        _ if f.node == super::decisions::BRAKE_NODE => "#/fleet".into(),
+        _ if f.node == super::config::BRAKE_NODE => "#/fleet".into(),
         _ => format!("#/node/{}", path_segment(&f.node)),
     };
     format!("{base}/{view}")

@@ -7,7 +7,11 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::Context as _;
 use serde_json::Value as Json;
 
-use crate::{actions_show, client::Client, query::get_json, time::format_time};
+use crate::{
+    actions_show::{self, record_line},
+    client::Client,
+    query::get_json,
+};
 
 /// `railscope actions [--collector URL] [--json] [release]`
 #[derive(clap::Args, Debug, Clone)]
@@ -144,25 +148,4 @@ pub fn text(json: &Json) -> String {
         let _ = writeln!(out, "{}", record_line(r));
     }
     out
-}
-
-/// One audit record: time, action, outcome, node, finding and detail.
-pub fn record_line(r: &Json) -> String {
-    format!(
-        "{} {:<7} {:<8} {:<16} {}{}{}",
-        format_time(r["at"].as_u64().unwrap_or(0)),
-        r["action"].as_str().unwrap_or("?"),
-        r["outcome"].as_str().unwrap_or("?"),
-        r["node"].as_str().unwrap_or("?"),
-        if r["seq"].is_u64() {
-            format!("#{} ", r["seq"])
-        } else {
-            String::new()
-        },
-        r["finding"]
-            .as_str()
-            .map(|f| format!("{f}: "))
-            .unwrap_or_default(),
-        r["detail"].as_str().unwrap_or(""),
-    )
 }

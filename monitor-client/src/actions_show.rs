@@ -170,7 +170,7 @@ impl Shown {
             out.push_str("actions:\n");
         }
         for r in &records {
-            let _ = writeln!(out, "  {}", crate::actions::record_line(r));
+            let _ = writeln!(out, "  {}", record_line(r));
         }
         if let (Some((start, end)), Some(events)) = (self.window, &self.events) {
             let _ = writeln!(
@@ -217,4 +217,25 @@ impl Shown {
         }
         out
     }
+}
+
+/// One audit record: time, action, outcome, node, finding and detail.
+pub fn record_line(r: &Json) -> String {
+    format!(
+        "{} {:<7} {:<8} {:<16} {}{}{}",
+        format_time(r["at"].as_u64().unwrap_or(0)),
+        r["action"].as_str().unwrap_or("?"),
+        r["outcome"].as_str().unwrap_or("?"),
+        r["node"].as_str().unwrap_or("?"),
+        if r["seq"].is_u64() {
+            format!("#{} ", r["seq"])
+        } else {
+            String::new()
+        },
+        r["finding"]
+            .as_str()
+            .map(|f| format!("{f}: "))
+            .unwrap_or_default(),
+        r["detail"].as_str().unwrap_or(""),
+    )
 }

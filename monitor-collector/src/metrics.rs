@@ -8,7 +8,7 @@
 
 use std::{fmt::Write as _, sync::atomic::Ordering};
 
-use monitor_actions::alertmanager::{AlertStats, Counters};
+use monitor_actions::alert_stats::{AlertStats, Counters};
 use monitor_findings::live_table::LatestValue;
 use monitor_wire::{Kind, names::metric};
 

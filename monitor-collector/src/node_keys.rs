@@ -27,7 +27,7 @@ use std::{
 
 use monitor_wire::{self as wire, Frame, Key, Keyring, ReceiverState, Sealer, WireError};
 
-use crate::{drops::DropReason, nodes::Refused};
+use crate::drops::DropReason;
 use monitor_archive::lock::lock;
 
 /// Node names remembered per source address, for naming the sealer of a forged frame.
@@ -266,6 +266,29 @@ impl IngestKeys {
             }
         }
         None
+    }
+}
+
+/// A dropped datagram: why, and what to log.
+#[derive(Debug)]
+pub struct Refused {
+    pub reason: DropReason,
+    pub detail: String,
+}
+
+impl Refused {
+    pub(crate) fn decode(error: DecodeError) -> Self {
+        match error {
+            DecodeError::Wire(e) => Self::wire(&e),
+            DecodeError::Refused(refused) => refused,
+        }
+    }
+
+    pub(crate) fn wire(error: &WireError) -> Self {
+        Self {
+            reason: DropReason::of(error),
+            detail: error.to_string(),
+        }
     }
 }
 

@@ -25,13 +25,13 @@ use monitor_wire::{
 
 use monitor_findings::{
     live_table::{Latest, LatestValue, LiveTable, NodeLatest, Schema, Stamps},
-    stragglers::recent::RecentSteps,
+    stragglers::{LiveSteps, recent::RecentSteps},
 };
 
 use crate::{
     config::Limits,
     drops::DropReason,
-    node_keys::{DecodeError, IngestKeys, NodeKeys},
+    node_keys::{DecodeError, IngestKeys, NodeKeys, Refused},
 };
 use monitor_archive::lock::lock;
 
@@ -222,29 +222,6 @@ pub struct Accepted {
     pub reply_key: Option<Key>,
     /// The key the frame carried: acknowledgements are sealed with it.
     pub key: Key,
-}
-
-/// A dropped datagram: why, and what to log.
-#[derive(Debug)]
-pub struct Refused {
-    pub reason: DropReason,
-    pub detail: String,
-}
-
-impl Refused {
-    fn decode(error: DecodeError) -> Self {
-        match error {
-            DecodeError::Wire(e) => Self::wire(&e),
-            DecodeError::Refused(refused) => refused,
-        }
-    }
-
-    fn wire(error: &wire::WireError) -> Self {
-        Self {
-            reason: DropReason::of(error),
-            detail: error.to_string(),
-        }
-    }
 }
 
 /// A sender is asked for its schema at most this often per session (its answer comes with its
@@ -929,12 +906,15 @@ pub fn kind_name(kind: Kind) -> &'static str {
     }
 }
 
-/// The findings and the straggler search read the table through [`LiveTable`].
+/// The findings read the table through [`LiveTable`].
 impl LiveTable for NodeTable {
     fn visit_nodes(&self, f: &mut dyn FnMut(&NodeLatest)) {
         NodeTable::visit_nodes(self, f)
     }
+}
 
+/// The straggler search reads the table through [`LiveSteps`].
+impl LiveSteps for NodeTable {
     fn visit_recent_steps(
         &self,
         since_ns: u64,

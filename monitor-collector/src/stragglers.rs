@@ -11,8 +11,7 @@ use axum::{
 use monitor_archive::query::QueryEngine;
 use monitor_findings::{
     FindingsStore,
-    live_table::LiveTable,
-    stragglers::{StragglerSettings, find},
+    stragglers::{LiveSteps, StragglerSettings, find},
 };
 use serde_json::json;
 
@@ -56,7 +55,7 @@ pub(crate) async fn stragglers(
         find(
             &state.engine,
             state.findings.as_deref(),
-            state.live.as_deref().map(|t| t as &dyn LiveTable),
+            state.live.as_deref().map(|t| t as &dyn LiveSteps),
             job.as_deref(),
             start_ns,
             end_ns,

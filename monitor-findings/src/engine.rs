@@ -841,12 +841,10 @@ fn run_ticks<L: LiveTable>(
 mod tests {
     use std::sync::{Condvar, Mutex};
 
-    use std::collections::HashSet;
-
     use monitor_wire::{Labels, names::event_kind};
 
     use super::*;
-    use crate::{Severity, live_table::NodeLatest, stragglers::recent::RecentSteps};
+    use crate::{Severity, live_table::NodeLatest};
 
     /// An empty live view whose reading blocks until the test opens it: a tick that takes as
     /// long as the test wants.
@@ -878,19 +876,6 @@ mod tests {
             while !s.1 {
                 s = self.changed.wait(s).unwrap();
             }
-        }
-
-        fn visit_recent_steps(
-            &self,
-            _: u64,
-            _: u64,
-            _: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
-        ) -> HashSet<Arc<str>> {
-            HashSet::new()
-        }
-
-        fn ruled_out(&self, _: &[&str], _: &str, _: &str, _: u64) -> HashSet<Arc<str>> {
-            HashSet::new()
         }
     }
 

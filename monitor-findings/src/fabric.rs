@@ -23,7 +23,7 @@ use monitor_wire::names::metric;
 use serde_json::json;
 
 use super::{
-    Finding, Observation, Severity, Subject, Thresholds,
+    Finding, Observation, PENDING, Severity, Subject, Thresholds, UPSTREAM,
     topology::{PortKey, Topology},
     view::{EventState, PortDown},
 };
@@ -357,14 +357,7 @@ pub fn mark(evidence: &mut serde_json::Value, upstream: Upstream<'_>, from_ns: u
     }
 }
 
-const UPSTREAM: &str = "upstream";
 const UPSTREAM_FROM: &str = "upstream_from";
-const PENDING: &str = "pending";
-
-/// Whether a finding's evidence waits for the fabric's verdict.
-pub fn is_pending(evidence: &serde_json::Value) -> bool {
-    evidence[UPSTREAM] == PENDING
-}
 
 /// The verdict on an ended finding still marked pending (a port that came back within the
 /// settle time, as every short flap does), from the same transitions it was marked from:
@@ -617,7 +610,7 @@ mod tests {
         assert_eq!(g.upstream_of(None, &q, 0, now - 10 * S, now), Upstream::No);
         let mut evidence = json!({"increase": 1});
         mark(&mut evidence, Upstream::Pending, T0);
-        assert!(is_pending(&evidence));
+        assert!(crate::is_pending(&evidence));
         assert_eq!(evidence["upstream_from"], T0);
         mark(&mut evidence, Upstream::Blamed(&id), T0);
         assert_eq!(evidence, json!({"increase": 1, "upstream": id.as_str()}));

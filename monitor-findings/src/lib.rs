@@ -201,6 +201,17 @@ pub struct Finding {
     pub evidence: serde_json::Value,
 }
 
+/// The evidence key under which [`fabric`] names the fabric's verdict on a port's finding:
+/// [`PENDING`] while the burst it may belong to is still being judged, else the upstream
+/// finding's id. Kept here, below both, because the [`store`] keeps a pending finding open.
+const UPSTREAM: &str = "upstream";
+const PENDING: &str = "pending";
+
+/// Whether a finding's evidence waits for the fabric's verdict.
+pub fn is_pending(evidence: &serde_json::Value) -> bool {
+    evidence[UPSTREAM] == PENDING
+}
+
 impl Finding {
     pub fn open(o: &Observation) -> Self {
         Self {

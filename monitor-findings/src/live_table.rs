@@ -1,14 +1,12 @@
-//! What the findings and the straggler search read of the collector's live view, and the
-//! trait through which they read it ([`LiveTable`]): each node's schema and the latest value
-//! of each of its series, with stamps that say what changed since the last reading, and the
-//! straggler metrics' recent steps. The collector's node table implements it; the rules never
-//! see the table itself, its locks or what else the collector shares.
+//! What the findings read of the collector's live view, and the trait through which they
+//! read it ([`LiveTable`]): each node's schema and the latest value of each of its series,
+//! with stamps that say what changed since the last reading. The collector's node table
+//! implements it (and the straggler search's `stragglers::LiveSteps`); the rules never see
+//! the table itself, its locks or what else the collector shares.
 
-use std::{collections::HashSet, sync::Arc};
+use std::sync::Arc;
 
 use monitor_wire::Series;
-
-use crate::stragglers::recent::RecentSteps;
 
 /// Maps keyed by series id: foldhash (seeded per process) rather than SipHash, as the node
 /// table's own.
@@ -18,25 +16,6 @@ pub type HashMap<K, V> = foldhash::HashMap<K, V>;
 pub trait LiveTable: Send + Sync {
     /// Shows `f` every node's latest values.
     fn visit_nodes(&self, f: &mut dyn FnMut(&NodeLatest));
-
-    /// Shows `f` the recent steps ([`RecentSteps`]) of every node held whole since before
-    /// `since_ns` whose steps reach back to epoch step `first_step`; returns those nodes.
-    fn visit_recent_steps(
-        &self,
-        since_ns: u64,
-        first_step: u64,
-        f: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
-    ) -> HashSet<Arc<str>>;
-
-    /// The nodes held whole since before `since_ns` none of whose series among `metrics`
-    /// carries `label` = `value`: a job's search need not read them.
-    fn ruled_out(
-        &self,
-        metrics: &[&str],
-        label: &str,
-        value: &str,
-        since_ns: u64,
-    ) -> HashSet<Arc<str>>;
 }
 
 /// A node's stamps ([`NodeLatest`]'s): what changed since a reading.

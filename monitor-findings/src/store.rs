@@ -314,7 +314,7 @@ impl FindingsStore {
             "finding {id}: upstream judged after it ended: {}",
             f.evidence["upstream"].as_str().unwrap_or("the node's own")
         );
-        let pending = super::fabric::is_pending(&f.evidence);
+        let pending = super::is_pending(&f.evidence);
         if !pending {
             inner.ended_pending.remove(id);
         }
@@ -406,7 +406,7 @@ impl Inner {
         };
         tracing::info!("finding {} ended", f.id);
         let id = f.id.clone();
-        if super::fabric::is_pending(&f.evidence) {
+        if super::is_pending(&f.evidence) {
             self.ended_pending.insert(id.clone());
         }
         self.reloaded.remove(&id);
@@ -424,7 +424,7 @@ impl Inner {
         self.ended_pending = self
             .findings
             .iter()
-            .filter(|f| !f.is_active() && super::fabric::is_pending(&f.evidence))
+            .filter(|f| !f.is_active() && super::is_pending(&f.evidence))
             .map(|f| f.id.clone())
             .collect();
     }

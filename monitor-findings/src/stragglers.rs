@@ -32,7 +32,10 @@
 //! from [`LOOKBACK_NS`] before it to as long after it, so the spans that reach into it from
 //! either side are known.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
 
 use monitor_wire::{Kind, names::metric};
 use serde::Serialize;
@@ -45,7 +48,7 @@ use spans::{Covers, Grid, counter_covers, gauge_covers, values_of};
 
 use crate::{
     Finding, FindingsStore,
-    live_table::{LiveTable, Schema},
+    live_table::Schema,
     robust::{Norm, median},
     store::FindingFilter,
 };
@@ -53,6 +56,30 @@ use monitor_archive::query::{
     engine::{Points, QueryEngine, QueryError, SeriesQuery},
     selector::Matcher,
 };
+
+/// What the search reads of the collector's live table: the straggler metrics' steps kept
+/// at ingest ([`RecentSteps`]), and which nodes a job's search may skip. The collector's node
+/// table implements it.
+pub trait LiveSteps: Send + Sync {
+    /// Shows `f` the recent steps ([`RecentSteps`]) of every node held whole since before
+    /// `since_ns` whose steps reach back to epoch step `first_step`; returns those nodes.
+    fn visit_recent_steps(
+        &self,
+        since_ns: u64,
+        first_step: u64,
+        f: &mut dyn FnMut(&Arc<str>, &Schema, &RecentSteps),
+    ) -> HashSet<Arc<str>>;
+
+    /// The nodes held whole since before `since_ns` none of whose series among `metrics`
+    /// carries `label` = `value`: a job's search need not read them.
+    fn ruled_out(
+        &self,
+        metrics: &[&str],
+        label: &str,
+        value: &str,
+        since_ns: u64,
+    ) -> HashSet<Arc<str>>;
+}
 
 /// The GPU metrics compared, and the smallest scale a score divides by (2 points of a ratio).
 pub const GPU_METRICS: &[&str] = &[
@@ -200,7 +227,7 @@ pub struct NodesRead {
 pub fn find(
     engine: &QueryEngine,
     findings: Option<&FindingsStore>,
-    live: Option<&dyn LiveTable>,
+    live: Option<&dyn LiveSteps>,
     job: Option<&str>,
     start_ns: u64,
     end_ns: u64,

@@ -9,7 +9,8 @@
 //!   decoding what the probes send.
 //! - [`sources`]: polled sources (IB sysfs counters, NVML GPU metrics) producing
 //!   [`monitor_wire::Reading`]s.
-//! - [`sampler`]: Moneo-style adaptive sampling of those readings.
+//! - the crate `monitor_sampler` (`monitor-sampler/`): Moneo-style adaptive sampling of
+//!   those readings.
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
 //! - [`clock_exchange`]: the node's clock offset from its collector's, from the
 //!   acknowledgements' round trips.
@@ -37,7 +38,6 @@ pub mod pipeline;
 pub mod privileges;
 pub mod probes;
 pub mod replay;
-pub mod sampler;
 pub mod sender;
 pub mod settings;
 pub mod sources;

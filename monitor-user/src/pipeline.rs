@@ -23,6 +23,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use monitor_sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot};
 use monitor_wire::{
     self as wire, EncoderConfig, FrameEncoder, GaugeSample, Key, Kind, Labels, Reading, Sample,
     Series, Value, WireEvent, names::metric,
@@ -32,7 +33,6 @@ use tokio::sync::mpsc;
 use crate::{
     clock_exchange::ClockExchanges,
     jobs::{Job, JobRules},
-    sampler::{AdaptiveSampler, Emit, SamplerConfig, SamplingSpecError, Slot},
     sender::{Reply, Sender, SenderHandle, SenderStats, Target},
     sources::{
         ReadingSink,
@@ -618,7 +618,7 @@ pub fn on_wall_clock(emit: &Emit, time: &TimeBase) -> Emit {
 }
 
 /// What the sampler emits, as a wire sample (one function for the agent and the testkit).
-pub use crate::sampler::wire_sample;
+pub use monitor_sampler::wire_sample;
 
 /// The metric the probes' verb counters are sent as.
 pub const VERB_SERIES: &str = metric::RDMA_VERBS_TOTAL;

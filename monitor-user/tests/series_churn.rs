@@ -11,10 +11,8 @@ use std::{
     time::Duration,
 };
 
-use monitor_user::{
-    pipeline::{VERB_SERIES, sampler_config, wire_sample},
-    sampler::Slot,
-};
+use monitor_sampler::Slot;
+use monitor_user::pipeline::{VERB_SERIES, sampler_config, wire_sample};
 use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
 
 struct Counting;

@@ -171,7 +171,7 @@ impl WorkspaceBuild {
     /// `cargo build --release --all-targets`: the default members' libraries, binaries,
     /// tests and examples (what `cargo test --release` then runs without building again).
     pub fn run(tools: &crate::tools::Tools) -> anyhow::Result<Self> {
-        crate::setup::step(
+        crate::progress::step(
             "building the workspace once (cargo build --release --all-targets): the tests, the \
              guests and the package all take their binaries from this build",
         );

@@ -1,5 +1,7 @@
-//! `cargo xtask lint`: rustfmt and clippy as CI runs them (clippy needs bpf-linker on PATH
-//! because building monitor-user builds the probes).
+//! `cargo xtask lint`: rustfmt, the import-circle guard (`circles`) and clippy as CI runs
+//! them (clippy needs bpf-linker on PATH because building monitor-user builds the probes).
+
+mod circles;
 
 use crate::{cargo, setup};
 
@@ -13,6 +15,8 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
     setup::step("cargo fmt --all --check");
     cargo::run(cargo::command(&tools).args(["fmt", "--all", "--check"]))?;
+    setup::step("no import circle among any crate's modules");
+    circles::check_workspace(&cargo::workspace_root())?;
     // `--release`: the same code and lints (no code of the workspace depends on
     // `debug_assertions`), and the release profile's build scripts' runs (the eBPF object,
     // zstd's and ring's C) and proc macros that `cargo xtask test` built are taken as they

@@ -42,7 +42,8 @@ enum Command {
     Run(run::Options),
     /// Run every test: unit tests, host eBPF load tests and the soft-RoCE VM scenarios.
     Test(test::Options),
-    /// Check formatting and run clippy with warnings denied, as CI does.
+    /// Check formatting, refuse import circles among a crate's modules and run clippy with
+    /// warnings denied, as CI does.
     Lint(lint::Options),
     /// Build the Debian package (binaries with the eBPF object, units, example configs, key
     /// tool, docs) and check it with lintian; prints the path of the .deb.

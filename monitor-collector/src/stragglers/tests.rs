@@ -274,7 +274,7 @@ fn an_aligned_window_is_answered_from_the_steps_kept_at_ingest_as_from_the_archi
                 find(
                     &store.engine,
                     None,
-                    live.map(|t| t as &dyn monitor_findings::live_table::LiveTable),
+                    live.map(|t| t as &dyn LiveSteps),
                     job,
                     start,
                     end,

@@ -29,16 +29,14 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use monitor_user::{
-    sampler::{AdaptiveSampler, Emit, SamplerConfig},
-    sources::{gpu::GpuSource, ib_sysfs::IbSysfs},
-};
+use monitor_sampler::{AdaptiveSampler, Emit, SamplerConfig};
+use monitor_user::sources::{gpu::GpuSource, ib_sysfs::IbSysfs};
 use monitor_wire::{self as wire, EncoderConfig, FrameEncoder, Key, Kind, Reading, Series, Value};
 use sampler_traces::{self as traces, Evaluation};
 use serde_json::{Value as Json, json};
 
 /// The sampler's seeded generator, so fixtures and traces draw from one implementation.
-pub use monitor_user::sampler::SplitMix64 as Rng;
+pub use monitor_sampler::SplitMix64 as Rng;
 
 #[derive(Parser)]
 #[command(about = "measurements for `cargo xtask bench agent`")]

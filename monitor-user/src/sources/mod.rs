@@ -9,9 +9,8 @@ pub mod lldp;
 
 pub mod gpu;
 
+use monitor_sampler::Slot;
 use monitor_wire::{Reading, Series, Value};
-
-use crate::sampler::Slot;
 
 /// Where the values of a sweep go, and which series it reads: the agent hands them straight
 /// to its sampler, so no reading is built for a value the sampler only folds into a window.

@@ -50,16 +50,6 @@ pub mod sent_frames;
 pub mod sim_hardware;
 pub mod slurm;
 
-/// The agent's adaptive sampler: monitor-user's own source (`monitor-user/src/sampler`),
-/// compiled into the testkit so an adaptive fleet sends exactly what the agent's sampler
-/// decides. It is included by path rather than by a dependency on monitor-user because that
-/// crate's build script builds the eBPF probes (nightly and bpf-linker), which the collector's
-/// tests, that use this crate, must not need (monitor-user also dev-depends on this crate).
-/// The module needs only monitor-wire and foldhash.
-#[allow(dead_code)]
-#[path = "../../../monitor-user/src/sampler/mod.rs"]
-mod sampler;
-
 pub use child::{Running, json_output};
 pub use collector_process::{
     CollectorCommand, CollectorProcess, http_get, metric_sum, remote_write_caught_up, wait_for,
@@ -84,11 +74,11 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use monitor_sampler::{AdaptiveSampler, SamplerConfig, wire_sample};
 use monitor_wire::{
     EncoderConfig, FrameEncoder, Key, Kind, Labels, Reading, Series, Value, WireEvent,
     names::{event_kind, metric},
 };
-use sampler::{AdaptiveSampler, SamplerConfig, wire_sample};
 
 /// GPUs per node.
 pub const GPUS: usize = 8;
@@ -432,7 +422,7 @@ impl FleetBuilder {
 
     /// Each node sends what a real agent sends with adaptive sampling on (its default), instead
     /// of every reading of every tick: each series goes through the agent's own
-    /// `AdaptiveSampler` (monitor-user/src/sampler, compiled in) configured as the agent
+    /// `AdaptiveSampler` (the crate monitor-sampler) configured as the agent
     /// configures it (monitor-user's `pipeline::sampler_config`): the minimum interval is the
     /// fleet's [`interval`](Self::interval), intervals of stable series double up to 32 s with
     /// ±10% jitter, IB series are read every second minimum interval once stable. So a stable

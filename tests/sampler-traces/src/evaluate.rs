@@ -1,7 +1,7 @@
 //! [`evaluate`]: the adaptive sampler and a fixed interval over one trace, against the trace
 //! itself (see the crate documentation for what is measured).
 
-use monitor_user::sampler::{AdaptiveSampler, Emit, Mode, SamplerConfig};
+use monitor_sampler::{AdaptiveSampler, Emit, Mode, SamplerConfig};
 use monitor_wire::{Kind, Labels, Series, Value};
 
 use crate::Trace;

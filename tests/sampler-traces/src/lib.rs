@@ -47,9 +47,9 @@
 //!
 //! The traces themselves are in `workloads.rs`, the measure in `evaluate.rs`.
 //!
-//! [`AdaptiveSampler::due`]: monitor_user::sampler::AdaptiveSampler::due
-//! [`Emit`]: monitor_user::sampler::Emit
-//! [`Mode::Fast`]: monitor_user::sampler::Mode::Fast
+//! [`AdaptiveSampler::due`]: monitor_sampler::AdaptiveSampler::due
+//! [`Emit`]: monitor_sampler::Emit
+//! [`Mode::Fast`]: monitor_sampler::Mode::Fast
 
 mod evaluate;
 #[cfg(test)]
@@ -58,7 +58,7 @@ mod workloads;
 
 use std::time::Duration;
 
-use monitor_user::sampler::SamplerConfig;
+use monitor_sampler::SamplerConfig;
 use monitor_wire::Kind;
 
 pub use evaluate::{Evaluation, evaluate};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use monitor_user::sampler::SplitMix64;
+use monitor_sampler::SplitMix64;
 use monitor_wire::Kind;
 
 use crate::Trace;

@@ -36,8 +36,8 @@ use super::{
     Collect, ReadingSink,
     lldp::{PortNetdev, rdma_netdevs},
 };
-use crate::sampler::Slot;
 use ioctl::{EthtoolSocket, Request};
+use monitor_sampler::Slot;
 
 /// How often the RDMA ports and their netdevs are listed again.
 pub const RELIST_EVERY: Duration = Duration::from_secs(5);

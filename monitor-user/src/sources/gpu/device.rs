@@ -21,7 +21,8 @@ use super::{
     GPM_MIN_INTERVAL, GpuInfo, LOST_AFTER_FAILED_SWEEPS, catalogue::*, gpu_labels,
     jobs::ProcessJobs, series::Out,
 };
-use crate::{jobs::Job, sampler::Slot, sources::ReadingSink};
+use crate::{jobs::Job, sources::ReadingSink};
+use monitor_sampler::Slot;
 use monitor_wire::{Kind, Labels, Series, Value, names::metric};
 
 pub(super) struct Gpu {

@@ -1,7 +1,8 @@
 //! A GPU's series, built once and found again in sweep order: where the values of one
 //! GPU's sweep go, each with its series and sampler slot.
 
-use crate::{sampler::Slot, sources::ReadingSink};
+use crate::sources::ReadingSink;
+use monitor_sampler::Slot;
 use monitor_wire::{Kind, Labels, Series, Value};
 
 /// Where the values of one GPU's sweep go: to the sink, each with its series and slot from
@@ -69,7 +70,7 @@ mod tests {
     /// A sampler as the agent's sink has, and what each sweep handed on: (series, the slot
     /// it came with, value) per value.
     struct Seen<'s> {
-        sampler: &'s mut crate::sampler::AdaptiveSampler,
+        sampler: &'s mut monitor_sampler::AdaptiveSampler,
         now_ns: u64,
         values: Vec<(Series, Slot, Value)>,
     }
@@ -88,7 +89,7 @@ mod tests {
     #[test]
     fn each_value_of_a_sweep_reaches_its_own_series_even_when_a_metric_goes_missing() {
         let labels = gpu_labels(0, "GPU-a");
-        let mut sampler = crate::sampler::AdaptiveSampler::new(Default::default());
+        let mut sampler = monitor_sampler::AdaptiveSampler::new(Default::default());
         let mut series = Vec::new();
         let mut sweep = |series: &mut Vec<(Series, Slot)>, with_power: bool, now_ns: u64| {
             let mut seen = Seen {

@@ -14,7 +14,7 @@ use super::{
     listing::{list_dir, list_files},
     saturation::{Limit, pma_limit},
 };
-use crate::sampler::Slot;
+use monitor_sampler::Slot;
 use monitor_wire::{Kind, Labels, Series, names::metric};
 
 /// How a counter file's number becomes a value.

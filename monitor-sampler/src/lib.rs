@@ -76,11 +76,12 @@ mod window;
 
 use std::{collections::HashMap, time::Duration};
 
-pub use config::{SamplerConfig, SamplingSpec, SamplingSpecError};
+pub use config::{SamplerConfig, SamplingSpecError};
 pub use emit::{Emit, Emitted, Envelope, wire_sample};
 pub use rng::SplitMix64;
 pub use state::Mode;
 
+use config::SamplingSpec;
 use monitor_wire::{Series, Value};
 use state::State;
 
@@ -174,7 +175,8 @@ impl AdaptiveSampler {
     }
 
     /// Name and config of the group a series belongs to.
-    pub fn group_of(&self, series: &Series) -> (&str, &SamplerConfig) {
+    #[cfg(test)]
+    pub(crate) fn group_of(&self, series: &Series) -> (&str, &SamplerConfig) {
         let (name, _, config) = &self.groups[group_index(&self.groups, &series.name)];
         (name, config)
     }
@@ -224,13 +226,9 @@ impl AdaptiveSampler {
     }
 
     /// When the series is next due, if it has been observed.
-    pub fn next_due_ns(&self, series: &Series) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn next_due_ns(&self, series: &Series) -> Option<u64> {
         self.state(series).map(|s| s.next_read_ns)
-    }
-
-    /// The earliest time any series is due: what to sleep until.
-    pub fn earliest_due_ns(&self) -> Option<u64> {
-        self.states.iter().map(|(_, s)| s.next_read_ns).min()
     }
 
     /// Whether the series is backing off or at the minimum interval.
@@ -239,7 +237,8 @@ impl AdaptiveSampler {
     }
 
     /// Time from the series' last collection to its next one, jitter included.
-    pub fn collection_interval(&self, series: &Series) -> Option<Duration> {
+    #[cfg(test)]
+    pub(crate) fn collection_interval(&self, series: &Series) -> Option<Duration> {
         self.state(series)
             .map(|s| Duration::from_nanos(s.next_collect_ns - s.last_collect_ns))
     }

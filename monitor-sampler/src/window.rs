@@ -10,7 +10,13 @@
 
 use std::collections::VecDeque;
 
-use super::{SamplerConfig, state::TRANSIENT_READS};
+use crate::SamplerConfig;
+
+/// Reads after a shift that decide whether it lasts: when one of them is back within the range
+/// the series had before, the shift was a transient (a stall of a training step or two) and
+/// the series resumes from its previous window (the series' state decides that). Also the
+/// number of lowest values the low edge of a window leaves out.
+pub(crate) const TRANSIENT_READS: u32 = 2;
 
 /// The peak of the window, how many values equal it, and how many are close to it.
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +29,7 @@ struct PeakCount {
 /// The last values of a series that its stability is judged on. One series' config (its
 /// group's) is used for every call: `near` counts closeness by that config's tolerance.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Window {
+pub(crate) struct Window {
     values: VecDeque<f64>,
     /// `None` when it has to be counted again (a value above the peak came, or the only
     /// value at the peak left).
@@ -31,21 +37,21 @@ pub(super) struct Window {
 }
 
 impl Window {
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.values.len()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
 
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.values.clear();
         self.count = None;
     }
 
     /// Adds `x`, first dropping the oldest values so that at most `cap` remain.
-    pub(super) fn push(&mut self, c: &SamplerConfig, x: f64, cap: usize) {
+    pub(crate) fn push(&mut self, c: &SamplerConfig, x: f64, cap: usize) {
         while self.values.len() >= cap {
             let Some(old) = self.values.pop_front() else {
                 break;
@@ -76,7 +82,7 @@ impl Window {
 
     /// Puts the values of `newer` after this window's own (a shift that did not last: the
     /// window from before it comes back, with the reads since).
-    pub(super) fn append(&mut self, newer: Window) {
+    pub(crate) fn append(&mut self, newer: Window) {
         self.values.extend(newer.values);
         self.count = None;
     }
@@ -108,12 +114,12 @@ impl Window {
     }
 
     /// The largest value (`-inf` when empty).
-    pub(super) fn peak(&mut self, c: &SamplerConfig) -> f64 {
+    pub(crate) fn peak(&mut self, c: &SamplerConfig) -> f64 {
         self.counted(c).peak
     }
 
     /// Share of the window close to its peak (0 when empty).
-    pub(super) fn density(&mut self, c: &SamplerConfig) -> f64 {
+    pub(crate) fn density(&mut self, c: &SamplerConfig) -> f64 {
         if self.is_empty() {
             return 0.0;
         }
@@ -123,7 +129,7 @@ impl Window {
     /// The low edge of the window's range: its lowest value once the lowest
     /// `TRANSIENT_READS` are left out (at most one in eight), so that a dip that came back (a
     /// data-loader stall) does not hide a drop while it is in the window.
-    pub(super) fn low_edge(&self) -> f64 {
+    pub(crate) fn low_edge(&self) -> f64 {
         let skip = (TRANSIENT_READS as usize).min(self.values.len() / 8);
         // The `skip + 1` lowest values, in order; `skip` is small.
         let mut lowest = [f64::INFINITY; TRANSIENT_READS as usize + 1];
@@ -141,7 +147,7 @@ impl Window {
     }
 
     /// Whether `x` is outside the window's range by more than the tolerance.
-    pub(super) fn shifted(&mut self, c: &SamplerConfig, x: f64) -> bool {
+    pub(crate) fn shifted(&mut self, c: &SamplerConfig, x: f64) -> bool {
         if self.is_empty() {
             return false;
         }
@@ -182,7 +188,7 @@ mod tests {
     #[test]
     fn kept_counts_equal_counting_from_scratch() {
         let c = SamplerConfig::default();
-        let mut rng = super::super::SplitMix64::new(7);
+        let mut rng = crate::SplitMix64::new(7);
         let mut w = Window::default();
         for step in 0..20_000 {
             // Values from a few levels with repeats (so equal peaks leave and come), steps

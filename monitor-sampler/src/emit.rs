@@ -41,7 +41,7 @@ impl Emit {
 pub struct Emitted([Option<Emit>; 2]);
 
 impl Emitted {
-    pub(super) fn push(&mut self, e: Emit) {
+    pub(crate) fn push(&mut self, e: Emit) {
         let slot = if self.0[0].is_none() { 0 } else { 1 };
         self.0[slot] = Some(e);
     }

@@ -1,15 +1,12 @@
 //! The state machine of one series: its window, whether it is stable, when it is next read
-//! and collected, and what it has read but not yet sent (see the module documentation of
-//! [`crate::sampler`]).
+//! and collected, and what it has read but not yet sent (see [the crate's
+//! documentation](crate)).
 
-use super::{Emit, Emitted, Envelope, SamplerConfig, SplitMix64, window::Window};
+use crate::{
+    Emit, Emitted, Envelope, SamplerConfig, SplitMix64,
+    window::{TRANSIENT_READS, Window},
+};
 use monitor_wire::{Kind, Value};
-
-/// Reads after a shift that decide whether it lasts: when one of them is back within the range
-/// the series had before, the shift was a transient (a stall of a training step or two) and
-/// the series resumes from its previous window. Also the number of lowest values the low edge
-/// of a window leaves out.
-pub(super) const TRANSIENT_READS: u32 = 2;
 
 /// Whether a series is being read and sent at the minimum interval (`Fast`: unstable, new, or
 /// sampling disabled) or backing off (`Stable`).
@@ -21,17 +18,17 @@ pub enum Mode {
 
 /// Running min/max/sum of what was observed since the last emission.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Acc {
-    pub(super) start_ns: u64,
-    pub(super) end_ns: u64,
-    pub(super) min: f64,
-    pub(super) max: f64,
-    pub(super) sum: f64,
-    pub(super) count: u32,
+pub(crate) struct Acc {
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) sum: f64,
+    pub(crate) count: u32,
 }
 
 impl Acc {
-    pub(super) fn new(ns: u64, v: f64) -> Self {
+    pub(crate) fn new(ns: u64, v: f64) -> Self {
         Self {
             start_ns: ns,
             end_ns: ns,
@@ -42,7 +39,7 @@ impl Acc {
         }
     }
 
-    pub(super) fn add(&mut self, ns: u64, v: f64) {
+    pub(crate) fn add(&mut self, ns: u64, v: f64) {
         self.end_ns = ns;
         self.min = self.min.min(v);
         self.max = self.max.max(v);
@@ -50,7 +47,7 @@ impl Acc {
         self.count += 1;
     }
 
-    pub(super) fn envelope(&self) -> Envelope {
+    pub(crate) fn envelope(&self) -> Envelope {
         Envelope {
             start_ns: self.start_ns,
             end_ns: self.end_ns,
@@ -63,30 +60,30 @@ impl Acc {
 }
 
 #[derive(Clone, Debug)]
-pub(super) struct State {
-    pub(super) group: usize,
-    pub(super) mode: Mode,
+pub(crate) struct State {
+    pub(crate) group: usize,
+    pub(crate) mode: Mode,
     /// What is judged (gauge values, counter rates), the last `window` of them.
-    pub(super) window: Window,
+    pub(crate) window: Window,
     /// After a shift, the window before it and how many reads may still bring it back.
-    pub(super) before_shift: Option<(Window, u32)>,
+    pub(crate) before_shift: Option<(Window, u32)>,
     /// The window's peak when the series last became stable.
-    pub(super) hist_peak: f64,
+    pub(crate) hist_peak: f64,
     /// Current collection interval, before jitter.
-    pub(super) interval_ns: u64,
-    pub(super) last_collect_ns: u64,
-    pub(super) next_collect_ns: u64,
-    pub(super) next_read_ns: u64,
-    pub(super) last_read_ns: Option<u64>,
+    pub(crate) interval_ns: u64,
+    pub(crate) last_collect_ns: u64,
+    pub(crate) next_collect_ns: u64,
+    pub(crate) next_read_ns: u64,
+    pub(crate) last_read_ns: Option<u64>,
     /// Gauges: the values read since the last emission.
-    pub(super) pending: Option<Acc>,
+    pub(crate) pending: Option<Acc>,
     /// Counters: the last value read, and whether it was sent.
-    pub(super) last_counter: Option<(Value, bool)>,
-    pub(super) rng: SplitMix64,
+    pub(crate) last_counter: Option<(Value, bool)>,
+    pub(crate) rng: SplitMix64,
 }
 
 impl State {
-    pub(super) fn new(group: usize, seed: u64, now_ns: u64) -> Self {
+    pub(crate) fn new(group: usize, seed: u64, now_ns: u64) -> Self {
         Self {
             group,
             mode: Mode::Fast,
@@ -104,7 +101,7 @@ impl State {
         }
     }
 
-    pub(super) fn observe(
+    pub(crate) fn observe(
         &mut self,
         c: &SamplerConfig,
         kind: Kind,
@@ -206,7 +203,7 @@ impl State {
 
     /// Adds `x` (a gauge's value, a counter's rate) to the window and says whether it shows a
     /// change. See the module documentation.
-    pub(super) fn judge(&mut self, c: &SamplerConfig, x: f64) -> bool {
+    pub(crate) fn judge(&mut self, c: &SamplerConfig, x: f64) -> bool {
         if let Some((mut before, left)) = self.before_shift.take() {
             if !before.shifted(c, x) {
                 // What looked like a shift did not last: the series is back where it was.
@@ -229,19 +226,19 @@ impl State {
         !c.close(p, self.hist_peak) || self.window.density(c) < c.density_threshold
     }
 
-    pub(super) fn collected(&mut self, now: u64, next_in: u64) {
+    pub(crate) fn collected(&mut self, now: u64, next_in: u64) {
         self.last_collect_ns = now;
         self.next_collect_ns = now.saturating_add(next_in);
     }
 
-    pub(super) fn jittered(&mut self, c: &SamplerConfig, interval: u64) -> u64 {
+    pub(crate) fn jittered(&mut self, c: &SamplerConfig, interval: u64) -> u64 {
         let u = self.rng.next_f64() * 2.0 - 1.0;
         let j = interval as f64 * (1.0 + c.jitter.clamp(0.0, 1.0) * u);
         (j as u64).clamp(c.min_ns(), c.max_ns())
     }
 
     /// Adds one read to what the next emission covers.
-    pub(super) fn fold(&mut self, kind: Kind, value: Value, x: Option<f64>, now: u64) {
+    pub(crate) fn fold(&mut self, kind: Kind, value: Value, x: Option<f64>, now: u64) {
         match (kind, x) {
             (Kind::Counter, _) => self.last_counter = Some((value, false)),
             (Kind::Gauge, Some(x)) => match &mut self.pending {
@@ -253,7 +250,7 @@ impl State {
     }
 
     /// What the next emission would send now, marking it sent.
-    pub(super) fn take_pending(&mut self, kind: Kind) -> Option<Emit> {
+    pub(crate) fn take_pending(&mut self, kind: Kind) -> Option<Emit> {
         let acc = self.pending.take();
         match kind {
             Kind::Gauge => acc.map(|a| Emit::Gauge(a.envelope())),
@@ -272,7 +269,7 @@ impl State {
     }
 
     /// Like `take_pending`, for the reads before the current one (read at `prev_read`).
-    pub(super) fn take_pending_before(
+    pub(crate) fn take_pending_before(
         &mut self,
         kind: Kind,
         prev_read: Option<u64>,
@@ -295,7 +292,7 @@ impl State {
 }
 
 /// How much a counter grew, as f64; `None` when it went backwards (reset).
-pub(super) fn increase(prev: Value, now: Value) -> Option<f64> {
+pub(crate) fn increase(prev: Value, now: Value) -> Option<f64> {
     match (prev, now) {
         (Value::U64(a), Value::U64(b)) => b.checked_sub(a).map(|d| d as f64),
         (a, b) => {

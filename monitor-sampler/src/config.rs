@@ -61,25 +61,25 @@ impl SamplerConfig {
         }
     }
 
-    pub(super) fn min_ns(&self) -> u64 {
+    pub(crate) fn min_ns(&self) -> u64 {
         (self.min_interval.as_nanos() as u64).max(1)
     }
 
-    pub(super) fn max_ns(&self) -> u64 {
+    pub(crate) fn max_ns(&self) -> u64 {
         (self.max_interval.as_nanos() as u64).max(self.min_ns())
     }
 
-    pub(super) fn window(&self) -> usize {
+    pub(crate) fn window(&self) -> usize {
         self.window.max(1)
     }
 
-    pub(super) fn ground_truth_ns(&self) -> u64 {
+    pub(crate) fn ground_truth_ns(&self) -> u64 {
         self.min_ns()
             .saturating_mul(u64::from(self.ground_truth_every.max(1)))
     }
 
     /// Whether `a` and `b` count as the same value.
-    pub(super) fn close(&self, a: f64, b: f64) -> bool {
+    pub(crate) fn close(&self, a: f64, b: f64) -> bool {
         let smaller = a.abs().min(b.abs());
         (a - b).abs() <= (self.peak_tolerance * smaller).max(self.abs_floor)
     }
@@ -96,19 +96,19 @@ pub struct SamplingSpecError {
 /// One `--sampling PREFIX:SETTING,...` as an operator writes it: the metric-name prefix of
 /// the group, and the settings to change (see [`AdaptiveSampler::configure`]).
 ///
-/// [`AdaptiveSampler::configure`]: super::AdaptiveSampler::configure
+/// [`AdaptiveSampler::configure`]: crate::AdaptiveSampler::configure
 #[derive(Clone, Copy, Debug)]
-pub struct SamplingSpec<'a> {
+pub(crate) struct SamplingSpec<'a> {
     /// The whole text, for error messages.
     spec: &'a str,
     /// The series whose name starts with this.
-    pub prefix: &'a str,
+    pub(crate) prefix: &'a str,
     settings: &'a str,
 }
 
 impl<'a> SamplingSpec<'a> {
     /// Splits `PREFIX:SETTINGS`; the settings are checked by [`apply`](Self::apply).
-    pub fn parse(spec: &'a str) -> Result<Self, SamplingSpecError> {
+    pub(crate) fn parse(spec: &'a str) -> Result<Self, SamplingSpecError> {
         let (prefix, settings) = spec.split_once(':').ok_or_else(|| SamplingSpecError {
             spec: spec.to_string(),
             why: "expected PREFIX:SETTING,...".into(),
@@ -121,7 +121,10 @@ impl<'a> SamplingSpec<'a> {
     }
 
     /// `config` with the settings applied, or the first one that cannot be used.
-    pub fn apply(&self, mut config: SamplerConfig) -> Result<SamplerConfig, SamplingSpecError> {
+    pub(crate) fn apply(
+        &self,
+        mut config: SamplerConfig,
+    ) -> Result<SamplerConfig, SamplingSpecError> {
         let bad = |why: String| SamplingSpecError {
             spec: self.spec.to_string(),
             why,
