@@ -11,7 +11,8 @@
 //!   error, which the collector's remote-write shares;
 //! - [`time`]: times as the API takes and writes them;
 //! - one module per command: [`query`], [`export`], [`findings`], [`stragglers`],
-//!   [`actions`] and [`actions_show`], [`health`] (Slurm's health hook).
+//!   [`actions`] and [`actions_show`], [`health`] (Slurm's health hook), [`select`] (Moneo's
+//!   metric selection, run here on what the collector answers).
 
 pub mod actions;
 pub mod actions_show;
@@ -22,6 +23,7 @@ pub mod export;
 pub mod findings;
 pub mod health;
 pub mod query;
+pub mod select;
 pub mod stragglers;
 pub mod time;
 pub mod tls;

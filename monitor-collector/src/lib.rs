@@ -52,7 +52,8 @@ pub mod reads;
 
 pub mod routes;
 pub mod scrape_targets;
-pub mod select;
+#[cfg(test)]
+mod select;
 pub mod settings;
 pub mod shared;
 pub mod stragglers;

@@ -51,7 +51,7 @@ enum Command {
     Export(monitor_client::export::ExportArgs),
     /// Moneo's metric selection over a stored range: drops constant and redundant metrics,
     /// learns each kept metric's interval cap, prints the agent's `--sampling` settings.
-    Select(monitor_collector::select::cli::SelectArgs),
+    Select(monitor_client::select::cli::SelectArgs),
     /// Ask a running collector for its health findings (docs/findings.md).
     Findings(monitor_client::findings::FindingsArgs),
     /// Ask a running collector what it did about its findings, or release its brake
@@ -123,7 +123,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(options)) => run(options),
         Some(Command::Query(args)) => monitor_client::query::run(&args),
         Some(Command::Export(args)) => monitor_client::export::run(&args),
-        Some(Command::Select(args)) => monitor_collector::select::cli::run(&args),
+        Some(Command::Select(args)) => monitor_client::select::cli::run(&args),
         Some(Command::Findings(args)) => monitor_client::findings::run(&args),
         Some(Command::Actions(args)) => monitor_client::actions::run(&args),
         Some(Command::Health(args)) => {

@@ -3,7 +3,7 @@
 //! ([`stragglers::metrics_read`](monitor_findings::stragglers::metrics_read)) and the dashboard's views
 //! ([`dashboard::VIEWS`](crate::dashboard::VIEWS)). Each declares its own list next to the code
 //! that reads it; this module only gathers them, so that `railscope select` never advises
-//! turning off a metric one of them needs.
+//! turning off a metric one of them needs (it asks `/api/v1/reads`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,6 +35,12 @@ pub fn readers() -> BTreeMap<&'static str, Vec<String>> {
         }
     }
     out
+}
+
+/// `GET /api/v1/reads`: [`readers`] as `{"reads": {metric: [reader, ...]}}`, what `railscope
+/// select` (which runs away from the collector) never drops.
+pub async fn handler() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({ "reads": readers() }))
 }
 
 /// Every metric railscope reads (the finding rules, the straggler search, the dashboard).

@@ -24,7 +24,7 @@ use crate::{
         SVG, asset,
     },
     findings::{self, hardware_api},
-    http, latest, query, scrape_targets,
+    http, latest, query, reads, scrape_targets,
     shared::Shared,
     stragglers,
     web::{
@@ -69,6 +69,8 @@ pub const ROUTES: &[Route] = &[
     route(Get, "/api/v1/nodes/{node}/hardware", Read, Live(|m| on(m, hardware_api::node_hardware))),
     // The latest point of chosen metrics' series across the fleet.
     route(Get,  "/api/v1/live/latest",     Read,  Live(|m| on(m, latest::handler))),
+    // What railscope reads (rules, stragglers, dashboard): what `railscope select` keeps.
+    route(Get,  "/api/v1/reads",           Read,  Page(|m| on(m, reads::handler))),
     // The archive: series, events, nodes, metric names, a capture file.
     route(Get,  "/api/v1/series",          Read,  Query(|m| on(m, query::api::series))),
     route(Get,  "/api/v1/events",          Read,  Query(|m| on(m, query::api::events))),

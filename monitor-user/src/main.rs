@@ -90,14 +90,10 @@ enum Command {
     },
     /// Ask a collector (its HTTP API): series, events, nodes.
     Query(monitor_client::query::QueryArgs),
-    /// Moneo's metric selection over a collector's stored range (`railscope select --help`):
-    /// runs `railscope-collector select` with these arguments.
-    #[command(disable_help_flag = true)]
-    Select {
-        /// Arguments for `railscope-collector select`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Moneo's metric selection over a collector's stored range: drops constant and redundant
+    /// metrics, learns each kept metric's interval cap, prints the agent's `--sampling`
+    /// settings.
+    Select(monitor_client::select::cli::SelectArgs),
     /// Write a node's samples and events over a time range from a collector's archive as a
     /// capture file (docs/capture-format.md), for `railscope report`.
     Export(monitor_client::export::ExportArgs),
@@ -250,11 +246,11 @@ impl RulesArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The collector's own subcommands belong to its binary: hand over before anything else.
+    // `railscope collector ...` is the collector's binary: hand over before anything else.
     // The API's clients are linked (monitor_client): they need no collector installed.
     match &cli.command {
-        Command::Collector { args } => return run_collector(None, args),
-        Command::Select { args } => return run_collector(Some("select"), args),
+        Command::Collector { args } => return run_collector(args),
+        Command::Select(args) => return monitor_client::select::cli::run(args),
         Command::Query(args) => return monitor_client::query::run(args),
         Command::Export(args) => return monitor_client::export::run(args),
         Command::Findings(args) => return monitor_client::findings::run(args),
@@ -391,7 +387,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Collector { .. }
         | Command::Query(_)
-        | Command::Select { .. }
+        | Command::Select(_)
         | Command::Export(_)
         | Command::Findings(_)
         | Command::Actions(_)
@@ -479,17 +475,16 @@ fn collector_binary() -> anyhow::Result<std::path::PathBuf> {
     })
 }
 
-/// Runs `railscope-collector [first] args...` in place of this process (exec), so signals and
-/// the exit status are the collector's. Its argv[0] is the command the user typed
-/// ([`handed_over_name`]), which clap shows in usage lines and errors: `railscope query
-/// --help` says `Usage: railscope query ...`, not `railscope-collector query ...`.
-fn run_collector(first: Option<&str>, args: &[String]) -> anyhow::Result<()> {
+/// Runs `railscope-collector args...` in place of this process (exec), so signals and the
+/// exit status are the collector's. Its argv[0] is the command the user typed
+/// ([`handed_over_name`]), which clap shows in usage lines and errors: `railscope collector
+/// run --help` says `Usage: railscope collector run ...`, not `railscope-collector run ...`.
+fn run_collector(args: &[String]) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt as _;
     let binary = collector_binary()?;
     let own = std::env::args_os().next().unwrap_or_default();
     let err = std::process::Command::new(&binary)
-        .arg0(handed_over_name(&own, first.is_none()))
-        .args(first)
+        .arg0(handed_over_name(&own))
         .args(args)
         .exec();
     anyhow::bail!("could not run {}: {err}", binary.display())
@@ -512,19 +507,16 @@ fn with_node(args: &monitor_client::health::HealthArgs) -> monitor_client::healt
     args
 }
 
-/// The name the collector's binary runs under when this one hands a command over: this
-/// binary's own name (the file name of `argv0`, as clap takes it), followed by ` collector`
-/// for `railscope collector ...`, whose arguments are the collector's own (`railscope
-/// collector run --help` then says `Usage: railscope collector run ...`).
-fn handed_over_name(argv0: &std::ffi::OsStr, whole_collector: bool) -> std::ffi::OsString {
+/// The name the collector's binary runs under when `railscope collector ...` hands over:
+/// this binary's own name (the file name of `argv0`, as clap takes it), followed by
+/// ` collector`, the arguments being the collector's own.
+fn handed_over_name(argv0: &std::ffi::OsStr) -> std::ffi::OsString {
     let mut name = std::path::Path::new(argv0)
         .file_name()
         .filter(|n| !n.is_empty())
         .unwrap_or(std::ffi::OsStr::new("railscope"))
         .to_owned();
-    if whole_collector {
-        name.push(" collector");
-    }
+    name.push(" collector");
     name
 }
 

@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use serde_json::Value as Json;
 
-use monitor_client::{
+use super::{MetricTrace, Reading, SelectConfig, SeriesTrace, select};
+use crate::{
     query::get_json,
     time::{api_seconds, parse_time, unix_ns},
 };
-
-use super::{MetricTrace, Reading, SelectConfig, SeriesTrace, select};
 
 /// `railscope select [--collector URL] [--start T] [--end T] ...`
 #[derive(clap::Args, Debug, Clone)]
@@ -87,6 +86,15 @@ pub fn series_trace(series: &Json) -> Option<SeriesTrace> {
         prev_t = Some(t);
     }
     Some(SeriesTrace { labels, readings })
+}
+
+/// What the collector at `collector` reads, and what reads it (`/api/v1/reads`): the finding
+/// rules, the straggler search and the dashboard's views of the collector asked, which the
+/// selection never drops.
+pub fn read_by(collector: &str) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let answer = get_json(collector, "/api/v1/reads", &[])?;
+    serde_json::from_value(answer["reads"].clone())
+        .context("the collector's /api/v1/reads has no \"reads\" map of metric to readers")
 }
 
 /// Reads every metric (of the `--only` prefixes) over the range from the collector.
@@ -165,7 +173,7 @@ pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
         max_distance: args.max_distance,
         keep: args.keep.clone(),
         keep_failures: !args.no_keep_failures,
-        ..SelectConfig::new(start_ns, end_ns)
+        ..SelectConfig::new(start_ns, end_ns, read_by(&args.collector)?)
     };
     let selection = select(&metrics, &config);
     if args.json {

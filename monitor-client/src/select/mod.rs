@@ -6,7 +6,7 @@
 //! ([`grouping`]); each kept metric gets the collection-interval cap its data supports, the
 //! 5th percentile of its stable-period lengths ([`interval_cap`]). [`report`] prints the
 //! result and the agent's `--sampling` settings; [`cli`] reads the range through the
-//! collector's query API.
+//! collector's query API, and what railscope reads from the collector (`/api/v1/reads`).
 //!
 //! Some metrics are never dropped whatever the data ([`keep`]): those a finding rule, the
 //! straggler search or a dashboard view reads, failure counters (constant until something
@@ -65,7 +65,8 @@ pub struct SelectConfig {
     pub keep: Vec<String>,
     /// Failure counters ([`keep::is_failure_counter`]) are always kept.
     pub keep_failures: bool,
-    /// What railscope reads, and what reads it ([`crate::reads::readers`]): always kept.
+    /// What railscope reads, and what reads it (the collector's `/api/v1/reads`): always
+    /// kept.
     pub read_by: BTreeMap<String, Vec<String>>,
     /// Relative difference under which two readings count as the same value when measuring
     /// stable periods (the agent's default `tolerance`, 0.1).
@@ -75,7 +76,8 @@ pub struct SelectConfig {
 }
 
 impl SelectConfig {
-    pub fn new(start_ns: u64, end_ns: u64) -> Self {
+    /// The defaults over `[start_ns, end_ns]`, keeping what `read_by` names.
+    pub fn new(start_ns: u64, end_ns: u64, read_by: BTreeMap<String, Vec<String>>) -> Self {
         Self {
             start_ns,
             end_ns,
@@ -84,10 +86,7 @@ impl SelectConfig {
             max_distance: distance::DEFAULT_MAX_DISTANCE,
             keep: Vec::new(),
             keep_failures: true,
-            read_by: crate::reads::readers()
-                .into_iter()
-                .map(|(m, r)| (m.to_owned(), r))
-                .collect(),
+            read_by,
             stable_tolerance: interval_cap::DEFAULT_TOLERANCE,
             min_cap_s: 1,
         }
@@ -184,6 +183,3 @@ pub fn select(metrics: &[MetricTrace], config: &SelectConfig) -> Selection {
         default_cap,
     }
 }
-
-#[cfg(test)]
-mod tests;

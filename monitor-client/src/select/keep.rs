@@ -1,8 +1,8 @@
 //! What selection never drops, whatever the data says, and why:
 //!
 //! - what railscope itself reads: a finding rule, the straggler search or a dashboard view
-//!   ([`crate::reads`]; each declares its metrics beside the code that reads them). Turning
-//!   one off would silence the rule or empty the view, however flat or redundant the metric
+//!   (the collector's `/api/v1/reads`; each declares its metrics beside the code that reads
+//!   them). Turning one off would silence the rule or empty the view, however flat or redundant the metric
 //!   looked in the range;
 //! - failure counters: a metric whose name has a failure word ([`FAILURE_WORDS`]: `error`,
 //!   `err`, `downed`, `discards`, `dropped`, `replays`, `ecc`, `remap`, ...). They stay at
@@ -127,27 +127,5 @@ mod tests {
         ] {
             assert!(!is_failure_counter(m), "{m}");
         }
-    }
-
-    #[test]
-    fn every_reason_that_applies_is_given() {
-        let config = SelectConfig {
-            keep: vec!["railscope_ib_".into()],
-            ..SelectConfig::new(0, 1)
-        };
-        assert_eq!(
-            reason("railscope_ib_link_downed_total", &config).unwrap(),
-            "read by finding ib_link_downed; failure counter; --keep railscope_ib_"
-        );
-        assert_eq!(
-            reason("railscope_ib_port_width_lanes", &config).unwrap(),
-            "read by finding ib_port_degraded; --keep railscope_ib_"
-        );
-        assert_eq!(reason("railscope_gpu_sm_clock_hertz", &config), None);
-        let config = SelectConfig {
-            keep_failures: false,
-            ..SelectConfig::new(0, 1)
-        };
-        assert_eq!(reason("railscope_ib_port_rcv_errors_total", &config), None);
     }
 }

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{grouping::Group, interval_cap::MetricCap, keep::Protected};
-use monitor_client::time::format_time;
+use crate::time::format_time;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Selection {

@@ -1,17 +1,29 @@
-//! Selection on traces whose redundant and constant metrics are known, then end to end
-//! through a collector's archive and query API.
+//! `railscope select` (monitor-client's selection) against what this collector reads
+//! ([`crate::reads`], which `/api/v1/reads` answers): selection on traces whose redundant and
+//! constant metrics are known, then end to end through a collector's archive and query API.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use monitor_wire::{EncoderConfig, FrameEncoder, Key, Kind, Labels, Series, Value};
 
-use super::{
+use monitor_client::select::{
     MetricTrace, Reading, SelectConfig, SeriesTrace,
-    cli::{SelectArgs, fetch},
+    cli::{SelectArgs, fetch, read_by},
+    distance,
     interval_cap::{percentile, stable_periods},
-    select,
+    keep::reason,
+    select, variance,
 };
+
 use crate::query::test_server::serve_on_loopback;
+
+/// What this collector reads, as `/api/v1/reads` answers it.
+fn reads() -> BTreeMap<String, Vec<String>> {
+    crate::reads::readers()
+        .into_iter()
+        .map(|(m, r)| (m.to_owned(), r))
+        .collect()
+}
 use monitor_archive::archive::{AcceptedFrame, Archive, ArchiveConfig};
 
 const S: u64 = 1_000_000_000;
@@ -149,7 +161,7 @@ fn fleet() -> Vec<MetricTrace> {
 }
 
 fn config() -> SelectConfig {
-    SelectConfig::new(T0, T0 + 599 * S)
+    SelectConfig::new(T0, T0 + 599 * S, reads())
 }
 
 #[test]
@@ -414,13 +426,15 @@ fn select_reads_a_collectors_range_through_the_api() {
         matchers: Vec::new(),
         only: Vec::new(),
         step: Duration::from_secs(1).into(),
-        min_variance: super::variance::DEFAULT_MIN_VARIANCE,
-        max_distance: super::distance::DEFAULT_MAX_DISTANCE,
+        min_variance: variance::DEFAULT_MIN_VARIANCE,
+        max_distance: distance::DEFAULT_MAX_DISTANCE,
         keep: Vec::new(),
         no_keep_failures: false,
         json: false,
     };
     let metrics = fetch(&args, T0, T0 + 119 * S).unwrap();
+    // What the collector reads comes from the collector.
+    assert_eq!(read_by(&args.collector).unwrap(), reads());
     let names: Vec<&str> = metrics.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(
         names,
@@ -433,7 +447,10 @@ fn select_reads_a_collectors_range_through_the_api() {
             "railscope_ib_unicast_xmit_packets_total",
         ]
     );
-    let selection = select(&metrics, &SelectConfig::new(T0, T0 + 119 * S));
+    let selection = select(
+        &metrics,
+        &SelectConfig::new(T0, T0 + 119 * S, read_by(&args.collector).unwrap()),
+    );
     assert_eq!(selection.constant, ["railscope_gpu_sm_clock_hertz"]);
     // The symbol-error counter never ticked, but a rule reads it: kept, at the agent's
     // default cap.
@@ -809,4 +826,26 @@ fn the_fixtures_name_only_metrics_the_agent_sends() {
             metric.name
         );
     }
+}
+
+#[test]
+fn every_reason_that_applies_is_given() {
+    let config = SelectConfig {
+        keep: vec!["railscope_ib_".into()],
+        ..SelectConfig::new(0, 1, reads())
+    };
+    assert_eq!(
+        reason("railscope_ib_link_downed_total", &config).unwrap(),
+        "read by finding ib_link_downed; failure counter; --keep railscope_ib_"
+    );
+    assert_eq!(
+        reason("railscope_ib_port_width_lanes", &config).unwrap(),
+        "read by finding ib_port_degraded; --keep railscope_ib_"
+    );
+    assert_eq!(reason("railscope_gpu_sm_clock_hertz", &config), None);
+    let config = SelectConfig {
+        keep_failures: false,
+        ..SelectConfig::new(0, 1, reads())
+    };
+    assert_eq!(reason("railscope_ib_port_rcv_errors_total", &config), None);
 }
