@@ -170,19 +170,9 @@ const NVML_STANDIN: &str = "libnvml_standin.so";
 /// guest's agent to load as its NVML so the GPU source runs under the unit's sandbox.
 fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the NVML stand-in (release) for the guest's GPU source");
-    crate::cargo::run(crate::cargo::command(tools).args([
-        "build",
-        "--release",
-        "--package",
-        "nvml-standin",
-    ]))?;
-    let lib = crate::cargo::workspace_root()
-        .join("target/release")
-        .join(NVML_STANDIN);
-    if !lib.exists() {
-        bail!("cargo built nvml-standin but {} is missing", lib.display());
-    }
-    Ok(lib)
+    let mut cmd = crate::cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "nvml-standin"]);
+    crate::cargo::build_file(cmd, NVML_STANDIN)
 }
 
 /// The second disk: the two packages, the release collector (`collector/`, for the checks
