@@ -36,9 +36,10 @@ const DEBIAN_REVISION: &str = "2";
 
 /// The first version of the two packages: the single `railscope` package before it held the
 /// collector too, so `railscope-collector` Breaks and Replaces `railscope (<< SPLIT)` (it
-/// takes over the collector's files; dpkg upgrades such a `railscope` first), and the
-/// agent's postinst, upgrading from before it without `railscope-collector`, stops and
-/// forgets the collector that package ran (`dist/debian/railscope.postinst` names it too).
+/// takes over the collector's files and its conffile, edits kept; apt upgrades such a
+/// `railscope` with it, `dpkg -i` when given `railscope` first), and the agent's postinst,
+/// upgrading from before it without `railscope-collector`, stops and forgets the collector
+/// that package ran (`dist/debian/railscope.postinst` names it too).
 const SPLIT: &str = "0.1.0-2";
 
 /// Debian packages this command needs: lintian (dpkg-deb and dpkg-shlibdeps come with dpkg
