@@ -90,6 +90,17 @@ pub fn build_executables(cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>>
         .collect())
 }
 
+/// Builds with `--message-format=json` and returns the file named `file_name` among those
+/// cargo reports (a library's `.so`), wherever the target directory is (`CARGO_TARGET_DIR`).
+pub fn build_file(cmd: Command, file_name: &str) -> anyhow::Result<PathBuf> {
+    artifacts(cmd)?
+        .into_iter()
+        .filter(|a| !a.test)
+        .flat_map(|a| a.filenames)
+        .find(|f| f.file_name().is_some_and(|n| n == file_name))
+        .with_context(|| format!("cargo did not report {file_name}"))
+}
+
 /// One target cargo built, as its `compiler-artifact` message says.
 struct Artifact {
     /// The target's name (`railscope`, `monitor_user`, `nvml_standin`).

@@ -1,12 +1,16 @@
-//! `cargo xtask package-test`: the Debian package proven on a real Debian system. Builds the
-//! `.deb` (`cargo xtask package`), boots a bookworm guest made with debootstrap (systemd as
-//! init, the test bed's kernel and its `rdma_rxe`, rdma-core; [`rootfs`]) in QEMU, and a unit
-//! in the guest runs `package_test/test.sh` from a second disk holding the package: `dpkg -i`,
-//! both units ready, rxe devices, the probes attached, the collector's archive holding the
-//! agent's frames and GPU series (the agent loading the NVML stand-in from the payload), the
-//! agent's system-call filter as applied, a module reload followed, `systemctl restart`, `kill -9` and `SIGSTOP` (the watchdog) each bringing
-//! the agent back, then `dpkg -r` and `dpkg -P`. The script prints one line per check on the
-//! serial console; this command reads them.
+//! `cargo xtask package-test`: the Debian packages proven on a real Debian system. Builds the
+//! two `.deb`s (`cargo xtask package`), boots a bookworm guest made with debootstrap (systemd
+//! as init, the test bed's kernel and its `rdma_rxe`, rdma-core; [`rootfs`]) in QEMU, and a
+//! unit in the guest runs `package_test/test.sh` from a second disk holding the packages.
+//! First `railscope` alone (the node agent): `dpkg -i`, no collector installed, the clients
+//! (`query nodes`, `findings`, `actions`, `health`) answered by the release collector run from
+//! the disk outside the packages; then `railscope-collector`: both units ready, rxe devices,
+//! the probes attached, the collector's archive holding the agent's frames and GPU series
+//! (the agent loading the NVML stand-in from the payload), the agent's system-call filter as
+//! applied, a module reload followed, `systemctl restart`, `kill -9` and `SIGSTOP` (the
+//! watchdog) each bringing the agent back, each package upgraded, then `dpkg -r` and `dpkg -P`
+//! of each, leaving what the other needs. The script prints one line per check on the serial
+//! console; this command reads them.
 
 mod rootfs;
 
@@ -65,33 +69,43 @@ pub fn run_with(
         setup::ensure_debian_packages(PACKAGES)?;
         setup::ensure_debian_packages(package::PACKAGES)?;
     }
-    let (deb, nvml) = match built {
+    let (binaries, nvml) = match built {
         Some(built) => (
-            package::build_from(
-                &built.binary("railscope")?,
-                &built.binary("railscope-collector")?,
-                true,
-            )?,
+            package::Binaries {
+                agent: built.binary("railscope")?,
+                collector: built.binary("railscope-collector")?,
+            },
             built.library_file(NVML_STANDIN)?,
         ),
-        None => (package::build(tools, true)?, build_nvml_standin(tools)?),
+        None => (package::build_binaries(tools)?, build_nvml_standin(tools)?),
     };
+    let debs = package::build_from(&binaries, true)?;
     let kernels = if options.all_kernels {
         vec![KernelLine::Bookworm, KernelLine::Bookworm612]
     } else {
         vec![options.kernel]
     };
     for kernel in kernels {
-        run_on(tools, kernel, &deb, &nvml, options.timeout)?;
+        run_on(
+            tools,
+            kernel,
+            &debs,
+            &binaries.collector,
+            &nvml,
+            options.timeout,
+        )?;
     }
     Ok(())
 }
 
-/// The test in the systemd guest booting `kernel`'s line.
+/// The test in the systemd guest booting `kernel`'s line; `collector` is the release
+/// collector the script runs from outside the packages before it installs
+/// `railscope-collector`.
 fn run_on(
     tools: &setup::Tools,
     kernel: KernelLine,
-    deb: &Path,
+    packages: &package::Debs,
+    collector: &Path,
     nvml: &Path,
     timeout: u64,
 ) -> anyhow::Result<()> {
@@ -105,7 +119,7 @@ fn run_on(
     let work = crate::cargo::workspace_root()
         .join("target/package-test")
         .join(&kver);
-    let payload = make_payload(&work, deb, nvml)?;
+    let payload = make_payload(&work, packages, collector, nvml)?;
     let log_path = work.join("serial.log");
     let outcome = boot(&guest, &payload, &log_path, Duration::from_secs(timeout))?;
     let log = fs::read_to_string(&log_path).unwrap_or_default();
@@ -156,30 +170,29 @@ const NVML_STANDIN: &str = "libnvml_standin.so";
 /// guest's agent to load as its NVML so the GPU source runs under the unit's sandbox.
 fn build_nvml_standin(tools: &setup::Tools) -> anyhow::Result<PathBuf> {
     setup::step("building the NVML stand-in (release) for the guest's GPU source");
-    crate::cargo::run(crate::cargo::command(tools).args([
-        "build",
-        "--release",
-        "--package",
-        "nvml-standin",
-    ]))?;
-    let lib = crate::cargo::workspace_root()
-        .join("target/release")
-        .join(NVML_STANDIN);
-    if !lib.exists() {
-        bail!("cargo built nvml-standin but {} is missing", lib.display());
-    }
-    Ok(lib)
+    let mut cmd = crate::cargo::command(tools);
+    cmd.args(["build", "--release", "--package", "nvml-standin"]);
+    crate::cargo::build_file(cmd, NVML_STANDIN)
 }
 
-/// The second disk: the package, the test script and `nvml/` (the NVML stand-in as
+/// The second disk: the two packages, the release collector (`collector/`, for the checks
+/// of the agent's package alone), the test script and `nvml/` (the NVML stand-in as
 /// `libnvidia-ml.so.1` beside its script, 8 H100s), an ext4 image made with `mkfs.ext4 -d`.
-fn make_payload(work: &Path, deb: &Path, nvml_standin: &Path) -> anyhow::Result<PathBuf> {
+fn make_payload(
+    work: &Path,
+    debs: &package::Debs,
+    collector: &Path,
+    nvml_standin: &Path,
+) -> anyhow::Result<PathBuf> {
     let dir = work.join("payload");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir_all(&dir)?;
-    fs::copy(deb, dir.join("railscope.deb"))?;
+    fs::copy(&debs.agent, dir.join("railscope.deb"))?;
+    fs::copy(&debs.collector, dir.join("railscope-collector.deb"))?;
+    fs::create_dir_all(dir.join("collector"))?;
+    fs::copy(collector, dir.join("collector/railscope-collector"))?;
     fs::write(dir.join("test.sh"), TEST_SCRIPT)?;
     let nvml = dir.join("nvml");
     fs::create_dir_all(&nvml)?;
@@ -190,7 +203,11 @@ fn make_payload(work: &Path, deb: &Path, nvml_standin: &Path) -> anyhow::Result<
     )?;
     let image = work.join("payload.img");
     let _ = fs::remove_file(&image);
-    let mib = (fs::metadata(deb)?.len() + fs::metadata(nvml_standin)?.len()) / (1 << 20) + 32;
+    let mut bytes = 0;
+    for f in [&debs.agent, &debs.collector, collector, nvml_standin] {
+        bytes += fs::metadata(f)?.len();
+    }
+    let mib = bytes / (1 << 20) + 32;
     let out = Command::new("mkfs.ext4")
         .args(["-q", "-F", "-L", "payload", "-d"])
         .arg(&dir)
