@@ -138,13 +138,15 @@ fn prometheus_scrapes_a_target_per_node_or_per_shard_found_through_http_sd() {
         let all: Vec<&String> = r.values().flatten().collect();
         (all.len() == nodes.len()).then_some(())
     });
-    let up = server.instant("up{job=\"sharded\"} == 1");
-    assert_eq!(
-        by_instance(&up, "job").into_keys().collect::<BTreeSet<_>>(),
-        ["fleet", "shard-0-of-2", "shard-1-of-2"]
-            .map(String::from)
-            .into()
-    );
+    // Both shards and the fleet target up: each is scraped on its own schedule, so the
+    // shards' series can be in while the fleet target's first scrape is not (a loaded machine).
+    let want_up: BTreeSet<String> = ["fleet", "shard-0-of-2", "shard-1-of-2"]
+        .map(String::from)
+        .into();
+    wait_for("every sharded target up", Duration::from_secs(60), || {
+        let up = server.instant("up{job=\"sharded\"} == 1");
+        (by_instance(&up, "job").into_keys().collect::<BTreeSet<_>>() == want_up).then_some(())
+    });
     let rss = by_instance(
         &server.instant(&format!("{}{{job=\"sharded\"}}", metric::AGENT_RSS_BYTES)),
         "node",
