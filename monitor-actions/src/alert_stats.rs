@@ -1,5 +1,5 @@
 //! The counts of the alerts sent to each configured Alertmanager (by its sender thread,
-//! [`crate::alertmanager`]); [`crate::Actions`] holds them, the collector's `/metrics` shows
+//! `alertmanager`); [`crate::Actions`] holds them, the collector's `/metrics` shows
 //! them.
 
 use std::sync::{Arc, atomic::AtomicU64};

@@ -43,7 +43,7 @@ const RESENDS_AHEAD: u64 = 4;
 const EVIDENCE_BYTES: usize = 4096;
 
 /// A finding as an Alertmanager alert ending at `ends_at` (Unix ns).
-pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
+pub(crate) fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
     let mut labels = Map::new();
     let mut put = |k: &str, v: Option<String>| {
         if let Some(v) = v {
@@ -87,7 +87,7 @@ pub fn alert(f: &Finding, ends_at: u64, external_url: Option<&str>) -> Value {
 }
 
 /// What one Alertmanager has been sent.
-pub struct Sender {
+pub(crate) struct Sender {
     url: String,
     endpoint: String,
     config: AlertmanagerConfig,
@@ -105,7 +105,7 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(url: &str, actions: &Actions) -> Self {
+    pub(crate) fn new(url: &str, actions: &Actions) -> Self {
         let c = actions.config();
         let config = c.alertmanager.clone().unwrap_or_default();
         let endpoint = format!("{}/api/v2/alerts", url.trim_end_matches('/'));
@@ -127,7 +127,7 @@ impl Sender {
 
     /// Sends what is due at `now`: new findings, those whose resend time came, and the
     /// resolution of those that ended.
-    pub fn tick(&mut self, store: &FindingsStore, actions: &Actions, now: u64) {
+    pub(crate) fn tick(&mut self, store: &FindingsStore, actions: &Actions, now: u64) {
         if now < self.next_try {
             return;
         }
@@ -261,13 +261,13 @@ fn ended_as_held(store: &FindingsStore, f: &Finding, now: u64) -> Finding {
 }
 
 /// The senders' threads, one per Alertmanager URL.
-pub struct AlertThreads {
+pub(crate) struct AlertThreads {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
 }
 
 impl AlertThreads {
-    pub fn spawn(actions: Arc<Actions>, store: Arc<FindingsStore>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(actions: Arc<Actions>, store: Arc<FindingsStore>) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         let urls = actions
@@ -301,7 +301,7 @@ impl AlertThreads {
         Ok(Self { stop, handles })
     }
 
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         for h in self.handles {
             let _ = h.join();

@@ -1,7 +1,7 @@
 //! The audit log: `actions.log` in the collector's data directory, one record per step of
 //! every action (tried, done, would do, failed, gave up, held, joined, skipped, left,
 //! released; for alerts only an endpoint's changes), framed as the findings log is ([`monitor_archive::framed_log`]). It is the actions'
-//! memory: at start-up the records are read back and replayed ([`super::state`]), so a restart
+//! memory: at start-up the records are read back and replayed (`state`), so a restart
 //! acts on no finding twice. It is kept whole (a record is a few hundred bytes, and actions
 //! are rare).
 

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 use monitor_findings::{Finding, Severity};
 
 /// The rule of the collector's own finding when the brake holds drains.
-pub const BRAKE_RULE: &str = "actions_brake";
+pub(crate) const BRAKE_RULE: &str = "actions_brake";
 /// The node name of the brake's own finding: it is about the fleet, not one node.
-pub const BRAKE_NODE: &str = "fleet";
+pub(crate) const BRAKE_NODE: &str = "fleet";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -141,12 +141,12 @@ fn any() -> String {
 }
 
 /// The device kinds a rule can name.
-pub const DEVICE_KINDS: &[&str] = &["ib_port", "rdma_device", "gpu", "job", "node", "*"];
+pub(crate) const DEVICE_KINDS: &[&str] = &["ib_port", "rdma_device", "gpu", "job", "node", "*"];
 /// The actions a rule can name.
-pub const ACTIONS: &[&str] = &["slurm-drain", "webhook", "command"];
+pub(crate) const ACTIONS: &[&str] = &["slurm-drain", "webhook", "command"];
 
 /// What a finding is about, as a rule's `device` names it.
-pub fn device_kind(f: &Finding) -> &'static str {
+pub(crate) fn device_kind(f: &Finding) -> &'static str {
     if f.device.is_some() && f.port.is_some() {
         "ib_port"
     } else if f.device.is_some() {

@@ -6,29 +6,29 @@
 //! past a share of the fleet until a person releases them; every step goes to an audit log
 //! that a restart replays, so nothing is acted on twice.
 //!
-//! - [`config`]: the `[actions]` table and how a rule matches a finding;
-//! - [`slurm`]: `scontrol` (show, drain, undrain), the reason sanitised;
-//! - [`notify`]: webhook POSTs and commands, each try bounded by a timeout;
-//! - [`alertmanager`]: the alerts, one sender thread per Alertmanager; [`alert_stats`]: their
+//! - `config` ([`ActionsConfig`]): the `[actions]` table and how a rule matches a finding;
+//! - `slurm`: `scontrol` (show, drain, undrain), the reason sanitised;
+//! - `notify`: webhook POSTs and commands, each try bounded by a timeout;
+//! - `alertmanager`: the alerts, one sender thread per Alertmanager; [`alert_stats`]: their
 //!   counts;
 //! - [`audit`]: the audit log's records, framed as the findings log is;
-//! - [`state`]: each node's action, rebuilt from the records; the brake's count;
-//! - [`decisions`]: the decisions of each pass, and Slurm's answers recorded;
-//! - [`worker`]: the thread that runs the passes, apart from ingest and findings;
+//! - `state`: each node's action, rebuilt from the records; the brake's count;
+//! - `decisions` ([`Actions`]): the decisions of each pass, and Slurm's answers recorded;
+//! - `worker` ([`ActionsThread`]): the thread that runs the passes, apart from ingest and findings;
 //!
 //! It sees the findings store and the fleet's node count, nothing else of the collector; the
 //! collector serves its audit over HTTP (`/api/v1/actions`) and `railscope actions`
 //! (monitor-client) asks for it.
 
 pub mod alert_stats;
-pub mod alertmanager;
+mod alertmanager;
 pub mod audit;
-pub mod config;
-pub mod decisions;
-pub mod notify;
-pub mod slurm;
-pub mod state;
-pub mod worker;
+mod config;
+mod decisions;
+mod notify;
+mod slurm;
+mod state;
+mod worker;
 
 #[cfg(test)]
 mod tests;

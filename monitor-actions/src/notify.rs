@@ -41,7 +41,7 @@ pub trait Notifier: Send + Sync {
 }
 
 /// Real deliveries: HTTP POST and child processes.
-pub struct Deliver;
+pub(crate) struct Deliver;
 
 impl Notifier for Deliver {
     fn deliver(&self, target: &Target, body: &[u8], timeout: Duration) -> Result<String, String> {
@@ -54,7 +54,7 @@ impl Notifier for Deliver {
 
 /// What a webhook or a command receives: the finding as the API serves it, the dashboard
 /// link to its view, and where it came from.
-pub fn body(f: &Finding, external_url: Option<&str>) -> Vec<u8> {
+pub(crate) fn body(f: &Finding, external_url: Option<&str>) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "source": "railscope",
         "finding": f,
@@ -65,7 +65,7 @@ pub fn body(f: &Finding, external_url: Option<&str>) -> Vec<u8> {
 
 /// The dashboard's view of a finding under `base`: its job's for a verbs finding with a job,
 /// the fleet's for the brake's, else its node's (which lists the node's findings).
-pub fn view_url(base: &str, f: &Finding) -> String {
+pub(crate) fn view_url(base: &str, f: &Finding) -> String {
     let base = base.trim_end_matches('/');
     let view = match (&f.job_id, f.rule.starts_with("verbs_")) {
         (Some(job), true) => format!("#/job/{}", path_segment(job)),
@@ -89,13 +89,13 @@ fn path_segment(text: &str) -> String {
 }
 
 /// An HTTP(S) client that POSTs JSON with a timeout over the whole request.
-pub struct HttpPoster {
+pub(crate) struct HttpPoster {
     agent: ureq::Agent,
 }
 
 impl HttpPoster {
     /// A client for `url` (an https URL is verified against the system's roots).
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, String> {
         let mut builder = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)
@@ -111,7 +111,7 @@ impl HttpPoster {
     }
 
     /// POSTs `body` as JSON; `Ok("HTTP 200")` for a 2xx answer, else what went wrong.
-    pub fn post(&self, url: &str, body: &[u8]) -> Result<String, String> {
+    pub(crate) fn post(&self, url: &str, body: &[u8]) -> Result<String, String> {
         let response = self
             .agent
             .post(url)

@@ -55,18 +55,18 @@ pub trait Scheduler: Send {
 }
 
 /// `scontrol`, run as a child process.
-pub struct Scontrol {
+pub(crate) struct Scontrol {
     pub program: String,
     pub timeout: Duration,
 }
 
 /// The longest reason railscope sets (Slurm keeps longer ones, but `sinfo -R` shows about
 /// this much and operators read it there).
-pub const MAX_REASON: usize = 160;
+pub(crate) const MAX_REASON: usize = 160;
 
 /// A `Reason` Slurm takes as one value: printable ASCII without quotes, `=`, `;`, `$`, `\`
 /// or backquotes (replaced by `_`), at most [`MAX_REASON`] bytes.
-pub fn sanitize_reason(text: &str) -> String {
+pub(crate) fn sanitize_reason(text: &str) -> String {
     let mut out: String = text
         .chars()
         .map(|c| {
@@ -83,7 +83,7 @@ pub fn sanitize_reason(text: &str) -> String {
 
 /// Whether `name` can only name one Slurm node (no list or range syntax, no spaces, not
 /// `ALL`).
-pub fn is_node_name(name: &str) -> bool {
+pub(crate) fn is_node_name(name: &str) -> bool {
     !name.is_empty()
         && !name.eq_ignore_ascii_case("all")
         && name.len() <= 64
@@ -190,7 +190,7 @@ fn one_line(text: &str) -> String {
 
 /// `scontrol show node NAME`'s multi-line answer: `State=` is one word; `Reason=` runs to the
 /// end of its line (it may hold spaces), ending in `[user@time]`.
-pub fn parse_show(text: &str) -> Option<NodeState> {
+pub(crate) fn parse_show(text: &str) -> Option<NodeState> {
     let state = text
         .split_whitespace()
         .find_map(|w| w.strip_prefix("State="))?

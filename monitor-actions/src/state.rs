@@ -12,7 +12,7 @@ use super::audit::{Action, Outcome, Record};
 /// Where a node's action stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "phase", rename_all = "snake_case")]
-pub enum Phase {
+pub(crate) enum Phase {
     /// A drain decided and not yet seen done (in flight, or failed and waiting to be tried
     /// again at `next_try`, Unix ns).
     Draining { attempts: u32, next_try: u64 },
@@ -26,7 +26,7 @@ pub enum Phase {
 
 /// railscope's action on one node.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct NodeAction {
+pub(crate) struct NodeAction {
     pub node: String,
     #[serde(flatten)]
     pub phase: Phase,
@@ -43,7 +43,7 @@ pub struct NodeAction {
 
 /// A webhook or command for one finding, decided and not yet done.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Notice {
+pub(crate) struct Notice {
     pub finding: String,
     pub node: String,
     pub action: Action,
@@ -58,7 +58,7 @@ pub struct Notice {
 }
 
 #[derive(Debug, Default)]
-pub struct ActionState {
+pub(crate) struct ActionState {
     pub nodes: BTreeMap<String, NodeAction>,
     /// Webhooks and commands not done yet, by finding.
     pub notices: BTreeMap<String, Notice>,
@@ -75,7 +75,7 @@ pub struct ActionState {
 }
 
 /// The wait before try `attempts + 1` after `attempts` failures: 1 s doubling up to `max_s`.
-pub fn backoff_ns(attempts: u32, max_s: u64) -> u64 {
+pub(crate) fn backoff_ns(attempts: u32, max_s: u64) -> u64 {
     let s = 1u64 << attempts.saturating_sub(1).min(16);
     s.min(max_s) * 1_000_000_000
 }
@@ -83,7 +83,7 @@ pub fn backoff_ns(attempts: u32, max_s: u64) -> u64 {
 impl ActionState {
     /// Takes one record into the state (its number into `seq`). `retry_max_s` sets the
     /// back-off of a failed try.
-    pub fn apply(&mut self, r: &Record, retry_max_s: u64) {
+    pub(crate) fn apply(&mut self, r: &Record, retry_max_s: u64) {
         self.seq = self.seq.max(r.seq);
         if let Some(f) = &r.finding {
             self.handled.insert(f.clone());
@@ -235,7 +235,7 @@ impl ActionState {
 
     /// Nodes drained by railscope that the brake counts at `now`: since the window's start
     /// and the last release.
-    pub fn drained_in_window(&self, now: u64, window_ns: u64) -> usize {
+    pub(crate) fn drained_in_window(&self, now: u64, window_ns: u64) -> usize {
         let from = now.saturating_sub(window_ns).max(self.released_at);
         self.drains
             .iter()
@@ -246,7 +246,7 @@ impl ActionState {
     }
 
     /// The nodes held by the brake.
-    pub fn held(&self) -> Vec<&NodeAction> {
+    pub(crate) fn held(&self) -> Vec<&NodeAction> {
         self.nodes
             .values()
             .filter(|e| matches!(e.phase, Phase::Held { .. }))

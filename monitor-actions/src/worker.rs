@@ -70,7 +70,7 @@ pub struct ActionsThread {
 
 impl ActionsThread {
     /// Starts the passes over `store`'s findings; `live_nodes` counts the nodes the
-    /// collector's live table holds (one of the brake's measures of the fleet, [`Fleet`]).
+    /// collector's live table holds (one of the brake's measures of the fleet, `Fleet`).
     pub fn spawn(
         actions: Arc<Actions>,
         store: Arc<FindingsStore>,

@@ -620,7 +620,7 @@ fn changes(list: &[(u64, f64)]) -> Vec<LinkChange> {
 }
 
 /// "24 h", "1 min", "1 s", "250 ms".
-pub fn duration_text(ns: u64) -> String {
+pub(crate) fn duration_text(ns: u64) -> String {
     if ns >= 3600 * NS_PER_S && ns.is_multiple_of(3600 * NS_PER_S) {
         format!("{} h", ns / (3600 * NS_PER_S))
     } else if ns >= 60 * NS_PER_S && ns.is_multiple_of(60 * NS_PER_S) {

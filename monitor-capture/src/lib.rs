@@ -7,21 +7,21 @@
 //! records are wire frames, the same decoder and the same analysis serve a capture file, a
 //! replay to a collector and a range of the collector's archive.
 //!
-//! - [`format`]: the header, the trailer and the record framing;
-//! - [`writer`]: [`CaptureWriter`], appending records with the size cap;
-//! - [`reader`]: [`read_capture`], decoding up to the last complete record and saying where
+//! - [`format`](mod@format): the header, the trailer and the record framing;
+//! - `writer`: [`CaptureWriter`], appending records with the size cap;
+//! - `reader`: [`read_capture`], decoding up to the last complete record and saying where
 //!   and why it stopped;
-//! - [`analysis`]: per-port timelines from decoded frames, flap episodes and verdicts;
+//! - `analysis` ([`analyse`]): per-port timelines from decoded frames, flap episodes and verdicts;
 //! - [`report`]: the report as text and JSON;
 //! - [`svg`]: the per-port timeline picture.
 
-pub mod analysis;
-pub mod error;
+mod analysis;
+mod error;
 pub mod format;
-pub mod reader;
+mod reader;
 pub mod report;
 pub mod svg;
-pub mod writer;
+mod writer;
 
 pub use analysis::{PortId, PortReport, Rules, Timelines, Verdict, analyse};
 pub use error::CaptureError;

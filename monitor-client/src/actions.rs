@@ -1,6 +1,6 @@
 //! `railscope actions [--json]`, `railscope actions release` and `railscope actions show ID`:
 //! the client of `/api/v1/actions`, `POST /api/v1/actions/release` and (with
-//! [`actions_show`](crate::actions_show)) `/api/v1/actions/finding`.
+//! `actions_show`) `/api/v1/actions/finding`.
 
 use std::{fmt::Write as _, time::Duration};
 

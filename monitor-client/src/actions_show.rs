@@ -20,7 +20,7 @@ use crate::{
 const AROUND_NS: u64 = 60_000_000_000;
 
 /// What `actions show` gathered.
-pub struct Shown {
+pub(crate) struct Shown {
     /// `/api/v1/actions/finding`'s answer: `finding` (or null) and `records`.
     pub answer: Json,
     /// The span read around the finding, Unix ns.
@@ -32,7 +32,7 @@ pub struct Shown {
 }
 
 /// Asks the collector at `collector` about `id` (a finding's id or an audit record's seq).
-pub fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
+pub(crate) fn gather(collector: &str, id: &str) -> anyhow::Result<Shown> {
     let answer = get_json(
         collector,
         "/api/v1/actions/finding",
@@ -101,7 +101,7 @@ fn port_report(
 
 impl Shown {
     /// `--json`: the API's answer with the window, the events and the report added.
-    pub fn to_json(&self) -> Json {
+    pub(crate) fn to_json(&self) -> Json {
         let mut out = self.answer.clone();
         if let Some((start, end)) = self.window {
             out["window"] = json!({ "start": start, "end": end });
@@ -120,7 +120,7 @@ impl Shown {
     }
 
     /// For people: the finding, its evidence, the actions, the events, the port's report.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         let f = &self.answer["finding"];
         if f.is_object() {
@@ -220,7 +220,7 @@ impl Shown {
 }
 
 /// One audit record: time, action, outcome, node, finding and detail.
-pub fn record_line(r: &Json) -> String {
+pub(crate) fn record_line(r: &Json) -> String {
     format!(
         "{} {:<7} {:<8} {:<16} {}{}{}",
         format_time(r["at"].as_u64().unwrap_or(0)),

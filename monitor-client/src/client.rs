@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// The variable naming the client configuration file.
-pub const HTTP_CONFIG_ENV: &str = "RAILSCOPE_HTTP_CONFIG_FILE";
+pub(crate) const HTTP_CONFIG_ENV: &str = "RAILSCOPE_HTTP_CONFIG_FILE";
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,7 +59,7 @@ struct TlsConfig {
 }
 
 /// An HTTP client for the collector at `collector`, and the `Authorization` header to send.
-pub struct Client {
+pub(crate) struct Client {
     pub agent: ureq::Agent,
     authorization: Option<String>,
 }
@@ -67,7 +67,7 @@ pub struct Client {
 impl Client {
     /// The client `RAILSCOPE_HTTP_CONFIG_FILE` describes (plain, without it); errors name the
     /// file.
-    pub fn from_env(timeout: Duration) -> anyhow::Result<Self> {
+    pub(crate) fn from_env(timeout: Duration) -> anyhow::Result<Self> {
         let config = match std::env::var_os(HTTP_CONFIG_ENV) {
             Some(path) => {
                 let path = PathBuf::from(path);
@@ -120,7 +120,7 @@ impl Client {
     }
 
     /// `GET url`, with the credentials.
-    pub fn get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+    pub(crate) fn get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
         let request = self.agent.get(url);
         match &self.authorization {
             Some(value) => request.header("Authorization", value),
@@ -129,7 +129,7 @@ impl Client {
     }
 
     /// `POST url` (with a body to send), with the credentials.
-    pub fn post(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+    pub(crate) fn post(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
         let request = self.agent.post(url);
         match &self.authorization {
             Some(value) => request.header("Authorization", value),

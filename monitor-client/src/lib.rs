@@ -6,18 +6,18 @@
 //! the server's types; what they share with the collector is below them (the wire format,
 //! the capture format) or here (how times are written, how an endpoint is reached).
 //!
-//! - [`client`]: the HTTP client every command uses (`RAILSCOPE_HTTP_CONFIG_FILE`: TLS and
+//! - `client`: the HTTP client every command uses (`RAILSCOPE_HTTP_CONFIG_FILE`: TLS and
 //!   credentials, as Prometheus' tools take them), with [`auth`], [`tls`] and [`endpoint`]'s
 //!   error, which the collector's remote-write shares;
 //! - [`time`]: times as the API takes and writes them;
 //! - one module per command: [`query`], [`export`], [`findings`], [`stragglers`],
-//!   [`actions`] and [`actions_show`], [`health`] (Slurm's health hook), [`select`] (Moneo's
+//!   [`actions`] and `actions_show`, [`health`] (Slurm's health hook), [`select`] (Moneo's
 //!   metric selection, run here on what the collector answers).
 
 pub mod actions;
-pub mod actions_show;
+mod actions_show;
 pub mod auth;
-pub mod client;
+mod client;
 pub mod endpoint;
 pub mod export;
 pub mod findings;

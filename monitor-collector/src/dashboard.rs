@@ -25,7 +25,7 @@ pub(crate) const DYGRAPH_CSS: &str = include_str!(concat!(env!("OUT_DIR"), "/dyg
 /// or utilization and ports by throughput against their line rate; a node's view charts
 /// these. `railscope select` never drops them ([`crate::reads`]); a test holds this list to
 /// the script.
-pub const VIEWS: &[(&str, &[&str])] = &[
+pub(crate) const VIEWS: &[(&str, &[&str])] = &[
     (
         "fleet",
         &[
@@ -67,7 +67,7 @@ pub const VIEWS: &[(&str, &[&str])] = &[
 /// `/ui/names.js`: the metric names and event kinds of [`monitor_wire::names`] for the page,
 /// as `window.RAILSCOPE_NAMES = {metric: {CONSTANT: "name", ...}, event_kind: {...}}`; the
 /// script names each by its constant and holds no copy of its own.
-pub static NAMES_JS: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static NAMES_JS: LazyLock<String> = LazyLock::new(|| {
     let object = |names: &[(&str, &str)]| {
         serde_json::Value::Object(
             names

@@ -105,7 +105,7 @@ pub(crate) async fn live_events(
 /// request authenticated by `web` (and over TLS when its config has `tls_server_config`). A
 /// task on the server's runtime beats `heartbeat` every [`BEAT_EVERY`]: a runtime whose
 /// worker hangs (a handler blocking it) stops beating, and the watchdog sees it.
-pub fn spawn(
+pub(crate) fn spawn(
     listener: TcpListener,
     router: Router,
     web: Arc<WebAuth>,

@@ -29,7 +29,12 @@ use monitor_archive::clock::unix_now_ns;
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(10);
 
 /// Receives on `socket` until `stop` is set.
-pub fn receive_loop(socket: UdpSocket, index: usize, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+pub(crate) fn receive_loop(
+    socket: UdpSocket,
+    index: usize,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+) {
     let mut receiver = BatchReceiver::new();
     let mut housekeeping = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -70,7 +75,13 @@ pub fn receive_loop(socket: UdpSocket, index: usize, shared: Arc<Shared>, stop: 
 }
 
 /// One datagram, start to end.
-pub fn handle(shared: &Shared, socket: &UdpSocket, bytes: &[u8], from: SocketAddr, now_ns: u64) {
+pub(crate) fn handle(
+    shared: &Shared,
+    socket: &UdpSocket,
+    bytes: &[u8],
+    from: SocketAddr,
+    now_ns: u64,
+) {
     match shared.table.ingest(bytes, from, now_ns) {
         Ok(accepted) => {
             let reply_key = accepted.reply_key.clone();

@@ -31,10 +31,10 @@ use crate::drops::DropReason;
 use monitor_archive::lock::lock;
 
 /// Node names remembered per source address, for naming the sealer of a forged frame.
-pub const NAMES_PER_ADDRESS: usize = 8;
+pub(crate) const NAMES_PER_ADDRESS: usize = 8;
 
 /// The ring ingest accepts, and which nodes sent from which address.
-pub struct IngestKeys {
+pub(crate) struct IngestKeys {
     ring: Keyring,
     by_address: Mutex<HashMap<IpAddr, Vec<Arc<str>>>>,
     /// When any refused frame was last tried with its neighbours' keys (all nodes together).
@@ -54,7 +54,7 @@ const SEARCH_EVERY_NS: u64 = 1_000_000_000;
 const ANY_SEARCH_EVERY_NS: u64 = 10_000_000;
 
 /// One node's keys, as ingest tries them.
-pub struct NodeKeys {
+pub(crate) struct NodeKeys {
     keys: Vec<(Sealer, Key)>,
     /// The key that sealed the node's last accepted frame (tried first).
     last: usize,
@@ -69,19 +69,19 @@ pub struct NodeKeys {
 
 impl NodeKeys {
     /// What sealed the node's last accepted frame.
-    pub fn sealer(&self) -> Sealer {
+    pub(crate) fn sealer(&self) -> Sealer {
         self.keys[self.last].0
     }
 
     /// The key to seal what goes back to the node with (schema requests): the one its last
     /// frame carried, which it holds.
-    pub fn reply_key(&self) -> &Key {
+    pub(crate) fn reply_key(&self) -> &Key {
         &self.keys[self.last].1
     }
 }
 
 impl IngestKeys {
-    pub fn new(ring: Keyring) -> Self {
+    pub(crate) fn new(ring: Keyring) -> Self {
         Self {
             unnamed: ring.sealing_key(""),
             ring,
@@ -91,12 +91,12 @@ impl IngestKeys {
     }
 
     /// The key to check a datagram with whose header names no node (its refusal says why).
-    pub fn unnamed_key(&self) -> &Key {
+    pub(crate) fn unnamed_key(&self) -> &Key {
         &self.unnamed
     }
 
     /// `node`'s keys, derived once per node.
-    pub fn node_keys(&self, node: &str) -> NodeKeys {
+    pub(crate) fn node_keys(&self, node: &str) -> NodeKeys {
         NodeKeys {
             keys: self.ring.keys_of(node),
             last: 0,
@@ -109,7 +109,7 @@ impl IngestKeys {
     /// Verifies and decodes a frame naming `node` (`held`: a node of the table) with one of
     /// its keys the ring accepts now.
     #[allow(clippy::too_many_arguments)]
-    pub fn decode(
+    pub(crate) fn decode(
         &self,
         bytes: &[u8],
         node: &str,
@@ -157,7 +157,7 @@ impl IngestKeys {
     }
 
     /// Forgets a node (it went silent and left the table).
-    pub fn forget(&self, node: &str) {
+    pub(crate) fn forget(&self, node: &str) {
         let mut by_address = lock(&self.by_address);
         by_address.retain(|_, names| {
             names.retain(|n| &**n != node);
@@ -294,7 +294,7 @@ impl Refused {
 
 /// Why [`IngestKeys::decode`] did not return a frame.
 #[derive(Debug)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     /// Authenticated, but the decoder or the node's receiver state refused it.
     Wire(WireError),
     /// Sealed with none of the node's keys accepted now.

@@ -1,7 +1,7 @@
 //! What railscope itself reads from the agent's series: the finding rules
-//! ([`findings::reads`](monitor_findings::reads)), the straggler search
-//! ([`stragglers::metrics_read`](monitor_findings::stragglers::metrics_read)) and the dashboard's views
-//! ([`dashboard::VIEWS`](crate::dashboard::VIEWS)). Each declares its own list next to the code
+//! ([`monitor_findings::reads`]), the straggler search
+//! ([`monitor_findings::stragglers::metrics_read`]) and the dashboard's views
+//! (`dashboard::VIEWS`). Each declares its own list next to the code
 //! that reads it; this module only gathers them, so that `railscope select` never advises
 //! turning off a metric one of them needs (it asks `/api/v1/reads`).
 

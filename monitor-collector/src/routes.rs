@@ -5,9 +5,9 @@
 //! docs/http-api.md documents each route with its method, role and source (below), that
 //! each route asks for its role (tests/web_auth.rs), that the collector serves the table's
 //! routes and no other. The handlers live with what they serve: `/metrics` and the live
-//! view in [`http`], the archive's queries in [`query::api`], the findings in
-//! [`findings::api`], the stragglers in [`stragglers`], the page's assets in
-//! [`dashboard`](crate::dashboard). A route is served only where the collector has what it
+//! view in `http`, the archive's queries in [`query::api`], the findings in
+//! `findings::api`, the stragglers in `stragglers`, the page's assets in
+//! `dashboard`. A route is served only where the collector has what it
 //! reads: no archive, no query API.
 
 use std::sync::Arc;
@@ -207,7 +207,7 @@ pub struct Sources {
     /// The actions on findings (docs/actions.md), where they are configured.
     pub actions: Option<Arc<monitor_actions::Actions>>,
     /// Who may use the routes (the layer that authenticates every request is
-    /// [`http::spawn`]'s), and what `POST /-/reload` reloads.
+    /// `http::spawn`'s), and what `POST /-/reload` reloads.
     pub web: Arc<WebAuth>,
 }
 

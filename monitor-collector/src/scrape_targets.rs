@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// Shards a target list may be cut into at most (each shard is one scrape).
-pub const MAX_SHARDS: u64 = 65_536;
+pub(crate) const MAX_SHARDS: u64 = 65_536;
 
 /// The nodes `/metrics`' query string asks for.
 pub(crate) fn node_set(raw: Option<String>) -> Result<NodeSet, ApiError> {
@@ -67,7 +67,7 @@ fn shard_count(of: &str) -> Result<u64, ApiError> {
 
 /// One target group of Prometheus' HTTP service discovery.
 #[derive(Serialize, Debug)]
-pub struct TargetGroup {
+pub(crate) struct TargetGroup {
     pub targets: [String; 1],
     pub labels: std::collections::BTreeMap<&'static str, String>,
 }
@@ -103,7 +103,7 @@ pub(crate) async fn handler(
 /// The target groups at `address`: one per node of `nodes`, or one per shard of `shards`,
 /// then `/metrics/fleet`. Each has its own `instance` (the node, `shard-K-of-N`, `fleet`):
 /// the targets share one address, and Prometheus' `up` must tell them apart.
-pub fn targets(address: &str, shards: Option<u64>, nodes: &[String]) -> Vec<TargetGroup> {
+pub(crate) fn targets(address: &str, shards: Option<u64>, nodes: &[String]) -> Vec<TargetGroup> {
     let group = |labels: &[(&'static str, String)]| TargetGroup {
         targets: [address.to_owned()],
         labels: labels.iter().cloned().collect(),

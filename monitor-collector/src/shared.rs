@@ -35,7 +35,7 @@ pub struct Shared {
 }
 
 /// Writes more families onto the `/metrics` page.
-pub type ExtraMetrics = Box<dyn Fn(&mut String) + Send + Sync>;
+pub(crate) type ExtraMetrics = Box<dyn Fn(&mut String) + Send + Sync>;
 
 /// Counters of everything that was received and accepted.
 #[derive(Debug, Default)]

@@ -15,7 +15,7 @@ use std::{
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// Datagrams read by one `recvmmsg` at most.
-pub const BATCH: usize = 32;
+pub(crate) const BATCH: usize = 32;
 /// The largest UDP payload.
 const MAX_DATAGRAM: usize = 65_536;
 /// Receive buffer asked for each socket (the kernel caps it at net.core.rmem_max).
@@ -23,7 +23,11 @@ const RECEIVE_BUFFER: usize = 32 << 20;
 
 /// Binds `count` sockets to `addr` with `SO_REUSEPORT` (a port of 0: the first socket's port
 /// for the others). Each has a read timeout of `timeout`, so its thread can notice a stop.
-pub fn bind_group(addr: SocketAddr, count: usize, timeout: Duration) -> io::Result<Vec<UdpSocket>> {
+pub(crate) fn bind_group(
+    addr: SocketAddr,
+    count: usize,
+    timeout: Duration,
+) -> io::Result<Vec<UdpSocket>> {
     let mut sockets = Vec::with_capacity(count);
     let mut bound = addr;
     for _ in 0..count.max(1) {
@@ -68,7 +72,7 @@ fn set_int_option(socket: &Socket, level: i32, name: i32, value: libc::c_int) ->
 struct ControlBuf([u8; 64]);
 
 /// Buffers for one socket's batched receives.
-pub struct BatchReceiver {
+pub(crate) struct BatchReceiver {
     buffers: Vec<Box<[u8]>>,
     addrs: Vec<MaybeUninit<libc::sockaddr_storage>>,
     iovecs: Vec<libc::iovec>,
@@ -88,7 +92,7 @@ impl Default for BatchReceiver {
 }
 
 impl BatchReceiver {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             buffers: (0..BATCH)
                 .map(|_| vec![0u8; MAX_DATAGRAM].into_boxed_slice())
@@ -106,7 +110,7 @@ impl BatchReceiver {
 
     /// Waits (up to the socket's read timeout) for at least one datagram and reads as many as
     /// are queued, up to [`BATCH`]. Returns how many: 0 when the timeout passed.
-    pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+    pub(crate) fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
         self.received = 0;
         self.iovecs.clear();
         for buf in &mut self.buffers {
@@ -177,7 +181,7 @@ impl BatchReceiver {
     }
 
     /// Datagram `i` of the last batch and its sender.
-    pub fn datagram(&self, i: usize) -> (&[u8], Option<SocketAddr>) {
+    pub(crate) fn datagram(&self, i: usize) -> (&[u8], Option<SocketAddr>) {
         let h = &self.headers[i];
         let len = (h.msg_len as usize).min(MAX_DATAGRAM);
         // SAFETY: the kernel wrote a sockaddr of msg_namelen bytes into the storage (zeroed
@@ -189,7 +193,7 @@ impl BatchReceiver {
 
     /// Datagrams the kernel dropped on this socket (its receive buffer was full) that were
     /// reported since the last call.
-    pub fn take_overflow(&mut self) -> u64 {
+    pub(crate) fn take_overflow(&mut self) -> u64 {
         std::mem::take(&mut self.overflow_new)
     }
 }

@@ -8,7 +8,7 @@
 //! The archive is reached through [`FrameArchive`], the contract between ingest and archive
 //! (`Archive::append`, `Archive::tick`, and the sequence numbers that say what is durable):
 //! the writer calls nothing else. Once a frame's record is durable the writer acknowledges
-//! it to its agent ([`crate::acks`]); a frame it could not append is taken back out of the
+//! it to its agent (`acks`); a frame it could not append is taken back out of the
 //! node's receiver state, so the agent's next copy of it is taken.
 
 use std::{
@@ -481,7 +481,7 @@ pub(crate) mod testing {
 
     /// What one append received.
     #[derive(Clone, Debug)]
-    pub struct Appended {
+    pub(crate) struct Appended {
         pub node: String,
         pub received_ns: u64,
         pub first_ns: u64,
@@ -491,7 +491,7 @@ pub(crate) mod testing {
     }
 
     #[derive(Clone, Default)]
-    pub struct RecordingArchive {
+    pub(crate) struct RecordingArchive {
         pub appended: Arc<Mutex<Vec<Appended>>>,
         pub ticks: Arc<AtomicU64>,
         /// Appends fail while set (a full disk).

@@ -5,16 +5,19 @@
 //! the file and a flag of the command line are the same name and cannot drift apart. The
 //! settings are layered: built-in defaults, then the file, then the flags given.
 //!
-//! - [`file`]: reading a file and errors that name the file, line, column and key.
+//! - `file` ([`ConfigFile`], [`ConfigError`]): reading a file and errors that name the file,
+//!   line, column and key.
 //! - [`layers`]: the defaults < file < flags layering, and which layer set a key.
-//! - [`values`]: value types shared by both binaries, checked when parsed (so a bad value
-//!   in the file is reported at its line, and on the command line by its flag).
-//! - [`service`]: `Type=notify` readiness, watchdog pings and stopping, for systemd.
+//! - `values` ([`Age`], [`Seconds`]): value types shared by both binaries, checked when
+//!   parsed (so a bad value in the file is reported at its line, and on the command line by
+//!   its flag).
+//! - `service` ([`ServiceManager`]): `Type=notify` readiness, watchdog pings and stopping,
+//!   for systemd.
 
-pub mod file;
+mod file;
 pub mod layers;
-pub mod service;
-pub mod values;
+mod service;
+mod values;
 
 pub use file::{ConfigError, ConfigFile};
 pub use layers::{Layered, Sources};

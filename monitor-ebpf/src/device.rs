@@ -100,7 +100,7 @@ fn check_word(pointer: u64, key: u64) -> u64 {
 /// # Safety
 /// `device` is a kernel `struct ib_device *` or null.
 #[inline(always)]
-pub unsafe fn remember(device: *const u8) -> u64 {
+pub(crate) unsafe fn remember(device: *const u8) -> u64 {
     let pointer = device as u64;
     if pointer == 0 {
         return 0;
@@ -128,7 +128,7 @@ pub unsafe fn remember(device: *const u8) -> u64 {
 /// # Safety
 /// `device` is a kernel `struct ib_device *` or null.
 #[inline(always)]
-pub unsafe fn remember_checked(device: *const u8) -> u64 {
+pub(crate) unsafe fn remember_checked(device: *const u8) -> u64 {
     if device.is_null() {
         return 0;
     }
@@ -232,7 +232,7 @@ unsafe fn forget(device: *const u8) {
 
 /// `ib_dealloc_device(struct ib_device *)` in the ib_core family's instance.
 #[kprobe]
-pub fn ib_dealloc_device(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_dealloc_device(ctx: ProbeContext) -> u32 {
     if let Some(device) = ctx.arg::<*const u8>(0) {
         // SAFETY: the kernel's argument; every read is fault-safe.
         unsafe { forget(device) };
@@ -242,7 +242,7 @@ pub fn ib_dealloc_device(ctx: ProbeContext) -> u32 {
 
 /// The same hook in the ib_uverbs family's instance, which has its own maps and cache.
 #[kprobe]
-pub fn uverbs_ib_dealloc_device(ctx: ProbeContext) -> u32 {
+pub(crate) fn uverbs_ib_dealloc_device(ctx: ProbeContext) -> u32 {
     if let Some(device) = ctx.arg::<*const u8>(0) {
         // SAFETY: as above.
         unsafe { forget(device) };

@@ -25,7 +25,7 @@ static IB_EVENT_TYPE_OFFSET: Global<u32> = Global::new(16);
 /// # Safety
 /// `event` is a kernel `struct ib_event *`.
 #[inline(always)]
-pub unsafe fn read_event_type(event: *const u8) -> Result<u32, i32> {
+pub(crate) unsafe fn read_event_type(event: *const u8) -> Result<u32, i32> {
     unsafe { read_at::<u32>(event, IB_EVENT_TYPE_OFFSET.load()) }
 }
 
@@ -34,12 +34,12 @@ pub unsafe fn read_event_type(event: *const u8) -> Result<u32, i32> {
 /// # Safety
 /// `event` is a kernel `struct ib_event *`.
 #[inline(always)]
-pub unsafe fn read_element_ptr(event: *const u8) -> Result<*const u8, i32> {
+pub(crate) unsafe fn read_element_ptr(event: *const u8) -> Result<*const u8, i32> {
     unsafe { read_at::<*const u8>(event, IB_EVENT_ELEMENT_OFFSET.load()) }
 }
 
 #[kprobe]
-pub fn ib_dispatch_event(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_dispatch_event(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };

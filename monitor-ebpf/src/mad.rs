@@ -11,7 +11,7 @@ use crate::shared::count;
 static MAD_WC_STATUS_FIELD_OFFSET: Global<u32> = Global::new(26);
 
 #[tracepoint]
-pub fn ib_mad_send_done_handler(ctx: TracePointContext) -> u32 {
+pub(crate) fn ib_mad_send_done_handler(ctx: TracePointContext) -> u32 {
     // SAFETY: the offset comes from this tracepoint's tracefs format.
     if let Ok(status) = unsafe { ctx.read_at::<u16>(MAD_WC_STATUS_FIELD_OFFSET.load() as usize) }
         && status != 0
@@ -22,7 +22,7 @@ pub fn ib_mad_send_done_handler(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint]
-pub fn ib_mad_send_done_resend(_ctx: TracePointContext) -> u32 {
+pub(crate) fn ib_mad_send_done_resend(_ctx: TracePointContext) -> u32 {
     count(0, Verb::MadRetry, 0);
     0
 }

@@ -30,7 +30,7 @@ static QP_STATE_ERR: Global<u32> = Global::new(6);
 /// # Safety
 /// `qp` is a kernel `struct ib_qp *`.
 #[inline(always)]
-pub unsafe fn qp_device_and_num(qp: *const u8) -> Result<(*const u8, u32), i32> {
+pub(crate) unsafe fn qp_device_and_num(qp: *const u8) -> Result<(*const u8, u32), i32> {
     unsafe {
         Ok((
             read_at::<*const u8>(qp, IB_QP_DEVICE_OFFSET.load())?,
@@ -40,7 +40,7 @@ pub unsafe fn qp_device_and_num(qp: *const u8) -> Result<(*const u8, u32), i32> 
 }
 
 #[kprobe]
-pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     let (Some(qp), Some(attr), Some(mask)) = (
         ctx.arg::<*const u8>(0),
         ctx.arg::<*const u8>(1),

@@ -34,7 +34,7 @@ static CM_STATUS_OFFSET: Global<u32> = Global::new(4);
 static CM_EVENT_REJECTED: Global<u32> = Global::new(8);
 
 #[raw_tracepoint(tracepoint = "cm_event_handler")]
-pub fn cm_event_handler(ctx: RawTracePointContext) -> i32 {
+pub(crate) fn cm_event_handler(ctx: RawTracePointContext) -> i32 {
     let id_priv: *const u8 = ctx.arg(0);
     let event: *const u8 = ctx.arg(1);
     // SAFETY: the tracepoint's arguments are kernel pointers; reads are fault-safe.

@@ -60,13 +60,13 @@ fn element<T: Copy>(table: &'static [T; RESTRACK_TYPES], kind: usize) -> Option<
 }
 
 #[kprobe]
-pub fn rdma_restrack_add(ctx: ProbeContext) -> u32 {
+pub(crate) fn rdma_restrack_add(ctx: ProbeContext) -> u32 {
     on_restrack(&ctx, &RESTRACK_ADD_VERB, false);
     0
 }
 
 #[kprobe]
-pub fn rdma_restrack_del(ctx: ProbeContext) -> u32 {
+pub(crate) fn rdma_restrack_del(ctx: ProbeContext) -> u32 {
     on_restrack(&ctx, &RESTRACK_DEL_VERB, true);
     0
 }
@@ -170,31 +170,31 @@ static IB_SRQ_DEVICE_OFFSET: Global<u32> = Global::new(0);
 // destroy the object first, and newer kernels split the delete in begin/commit steps.)
 
 #[kprobe]
-pub fn ib_dealloc_pd_user(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_dealloc_pd_user(ctx: ProbeContext) -> u32 {
     on_destroy(&ctx, Verb::PdDealloc, &IB_PD_DEVICE_OFFSET);
     0
 }
 
 #[kprobe]
-pub fn ib_destroy_cq_user(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_destroy_cq_user(ctx: ProbeContext) -> u32 {
     on_destroy(&ctx, Verb::CqDestroy, &uverbs::IB_CQ_DEVICE_OFFSET);
     0
 }
 
 #[kprobe]
-pub fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
     on_destroy(&ctx, Verb::QpDestroy, &modify_qp::IB_QP_DEVICE_OFFSET);
     0
 }
 
 #[kprobe]
-pub fn ib_dereg_mr_user(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_dereg_mr_user(ctx: ProbeContext) -> u32 {
     on_destroy(&ctx, Verb::MrDereg, &IB_MR_DEVICE_OFFSET);
     0
 }
 
 #[kprobe]
-pub fn ib_destroy_srq_user(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_destroy_srq_user(ctx: ProbeContext) -> u32 {
     on_destroy(&ctx, Verb::SrqDestroy, &IB_SRQ_DEVICE_OFFSET);
     0
 }

@@ -19,7 +19,7 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 /// Whether the agent is woken for an event or finds it at its next periodic drain.
 #[derive(Clone, Copy)]
-pub enum Delivery {
+pub(crate) enum Delivery {
     /// Rare events whose lateness matters (port and device events, async errors): the
     /// reader is woken at once. A plain wake-up (flags 0) only fires when the reader has
     /// consumed everything before this record, which records written without wake-up
@@ -32,7 +32,7 @@ pub enum Delivery {
 
 /// 256 KiB holds about 4,500 records: far more than a burst of port flaps between two drains.
 #[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Bounded by devices x verbs x details x cgroups (jobs), never by processes.
 #[map]
@@ -48,7 +48,7 @@ static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STAT_
 
 /// Adds one to a slot of this CPU's `PROBE_STATS` (per-CPU: no atomics needed).
 #[inline(always)]
-pub fn bump(stat: ProbeStat) {
+pub(crate) fn bump(stat: ProbeStat) {
     if let Some(slot) = PROBE_STATS.get_ptr_mut(stat as u32) {
         // SAFETY: the pointer comes from the map and is valid for this CPU while we run.
         unsafe { *slot += 1 };
@@ -57,19 +57,19 @@ pub fn bump(stat: ProbeStat) {
 
 /// Counts one verb for the calling task's cgroup.
 #[inline(always)]
-pub fn count(device: u64, verb: Verb, detail: u32) {
+pub(crate) fn count(device: u64, verb: Verb, detail: u32) {
     count_raw(device, verb as u32, detail);
 }
 
 /// [`count`] with the verb's raw value (as stored in the restrack tables userspace fills).
 #[inline(always)]
-pub fn count_raw(device: u64, verb: u32, detail: u32) {
+pub(crate) fn count_raw(device: u64, verb: u32, detail: u32) {
     count_in(current_cgroup(), device, verb, detail);
 }
 
 /// The cgroup v2 id of the running task.
 #[inline(always)]
-pub fn current_cgroup() -> u64 {
+pub(crate) fn current_cgroup() -> u64 {
     // SAFETY: a helper without arguments.
     unsafe { bpf_get_current_cgroup_id() }
 }
@@ -91,7 +91,7 @@ static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
 /// # Safety
 /// `task` is a kernel `struct task_struct *` or null (reads are fault-safe).
 #[inline(always)]
-pub unsafe fn task_cgroup(task: *const u8) -> Option<u64> {
+pub(crate) unsafe fn task_cgroup(task: *const u8) -> Option<u64> {
     if task.is_null() {
         return None;
     }
@@ -106,7 +106,7 @@ pub unsafe fn task_cgroup(task: *const u8) -> Option<u64> {
 
 /// Counts one verb for `cgroup` (a probe that also sends an event reads it once for both).
 #[inline(always)]
-pub fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
+pub(crate) fn count_in(cgroup: u64, device: u64, verb: u32, detail: u32) {
     let key = CounterKey {
         device,
         cgroup,
@@ -152,13 +152,16 @@ fn note_cgroup(cgroup: u64) {
 /// (their kernel timestamps keep their time exact); rare ones, whose lateness matters more
 /// than their cost, wake it (`BPF_RB_FORCE_WAKEUP`).
 #[inline(always)]
-pub fn send_event(delivery: Delivery, fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>) {
+pub(crate) fn send_event(
+    delivery: Delivery,
+    fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>,
+) {
     send_event_in(current_cgroup(), delivery, fill);
 }
 
 /// [`send_event`] for a cgroup the probe already read.
 #[inline(always)]
-pub fn send_event_in(
+pub(crate) fn send_event_in(
     cgroup: u64,
     delivery: Delivery,
     fill: impl FnOnce(&mut EventRecord) -> Result<(), i32>,
@@ -196,6 +199,6 @@ pub fn send_event_in(
 /// `base` must be a kernel address (reads go through bpf_probe_read_kernel, which faults
 /// safely on a bad one).
 #[inline(always)]
-pub unsafe fn read_at<T>(base: *const u8, offset: u32) -> Result<T, i32> {
+pub(crate) unsafe fn read_at<T>(base: *const u8, offset: u32) -> Result<T, i32> {
     unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(base.add(offset as usize).cast::<T>()) }
 }

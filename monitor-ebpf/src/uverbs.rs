@@ -67,19 +67,19 @@ fn bundle_device(ctx: &ProbeContext) -> u64 {
 }
 
 #[kprobe]
-pub fn ib_uverbs_post_send(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_uverbs_post_send(ctx: ProbeContext) -> u32 {
     count(bundle_device(&ctx), Verb::PostSend, 0);
     0
 }
 
 #[kprobe]
-pub fn ib_uverbs_reg_dmabuf_mr(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_uverbs_reg_dmabuf_mr(ctx: ProbeContext) -> u32 {
     count(bundle_device(&ctx), Verb::MrRegDmabuf, 1);
     0
 }
 
 #[kprobe]
-pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };
@@ -102,7 +102,7 @@ pub fn ib_uverbs_qp_event_handler(ctx: ProbeContext) -> u32 {
 }
 
 #[kprobe]
-pub fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
+pub(crate) fn ib_uverbs_cq_event_handler(ctx: ProbeContext) -> u32 {
     let Some(event) = ctx.arg::<*const u8>(0) else {
         return 0;
     };

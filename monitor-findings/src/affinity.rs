@@ -24,12 +24,12 @@ use super::{
     view::View,
 };
 
-pub const RULES: &[&str] = &["nic_affinity"];
+pub(crate) const RULES: &[&str] = &["nic_affinity"];
 
 /// What the rule reads: the QPs' devices, the GPUs' jobs (the `job_id` of their series; the
 /// engine notes it from any GPU series it watches, utilization always among them) and the
 /// places of GPUs and NICs.
-pub const SERIES: &[&str] = &[
+pub(crate) const SERIES: &[&str] = &[
     metric::RDMA_VERBS_TOTAL,
     metric::GPU_UTILIZATION_RATIO,
     metric::GPU_PCI_INFO,
@@ -65,7 +65,7 @@ fn qps_by_device(view: &View) -> QpsByDevice {
 }
 
 /// Evaluates the rule on every node whose hardware path is known.
-pub fn evaluate(
+pub(crate) fn evaluate(
     view: &View,
     gpu_jobs: &GpuJobs,
     hardware: &HashMap<Arc<str>, Arc<NodeHardware>>,

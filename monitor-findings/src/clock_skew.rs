@@ -22,10 +22,10 @@ use super::{
     view::{NodeClock, Track, TrackKey, View},
 };
 
-pub const RULE: &str = "clock_skew";
-pub const RULES: &[&str] = &[RULE];
+pub(crate) const RULE: &str = "clock_skew";
+pub(crate) const RULES: &[&str] = &[RULE];
 /// The agent's estimate and its error bound (one series each per node, no labels).
-pub const SERIES: &[&str] = &[
+pub(crate) const SERIES: &[&str] = &[
     metric::AGENT_CLOCK_OFFSET_SECONDS,
     metric::AGENT_CLOCK_OFFSET_ERROR_SECONDS,
 ];
@@ -35,7 +35,7 @@ const MS: f64 = 1e6;
 /// Each node's clock, from the tracks of the agent's two gauges (`offsets` and `errors`: the
 /// tracks named [`SERIES`]). A node with one of the two, or a value that is not a finite
 /// number, has none.
-pub fn clocks<'a>(
+pub(crate) fn clocks<'a>(
     offsets: impl Iterator<Item = (&'a TrackKey, &'a Track)>,
     errors: impl Iterator<Item = (&'a TrackKey, &'a Track)>,
 ) -> HashMap<Arc<str>, NodeClock> {
@@ -61,7 +61,7 @@ pub fn clocks<'a>(
 
 /// What the rule makes of one node's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Further from the collector's than the threshold, even at the near end of the bound.
     Skewed,
     /// Within the threshold, even at the far end of the bound.
@@ -71,7 +71,7 @@ pub enum Verdict {
 }
 
 /// The rule's one decision, per node: `clock` against `threshold_ns`.
-pub fn judge(clock: Option<&NodeClock>, threshold_ns: u64) -> Verdict {
+pub(crate) fn judge(clock: Option<&NodeClock>, threshold_ns: u64) -> Verdict {
     let Some(c) = clock else {
         return Verdict::CannotTell;
     };
@@ -85,7 +85,7 @@ pub fn judge(clock: Option<&NodeClock>, threshold_ns: u64) -> Verdict {
     }
 }
 
-pub fn evaluate(view: &View, out: &mut Verdicts) {
+pub(crate) fn evaluate(view: &View, out: &mut Verdicts) {
     let threshold_ms = view.th.clock_skew_ms;
     let clocks = clocks(view.named(SERIES[0]), view.named(SERIES[1]));
     let mut nodes: Vec<(&Arc<str>, &NodeClock)> = clocks.iter().collect();

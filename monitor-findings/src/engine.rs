@@ -2,7 +2,7 @@
 //! ("findings-tick"), so an event is never held back by a tick over the whole fleet.
 //!
 //! Events come from ingest through a bounded channel ([`FindingsInbox`]) to the events thread
-//! with each frame's port state samples, and are evaluated within [`EVENT_PASS_EVERY`] (an
+//! with each frame's port state samples, and are evaluated within `EVENT_PASS_EVERY` (an
 //! event pass: the event rules only). The counters the rules read come through a channel of
 //! their own to the tick thread, a frame's worth at a time, which it folds into each
 //! counter's history by the samples' own times; gauges are read from the live view (the node

@@ -76,7 +76,7 @@ pub struct Episode {
     /// Whether the topology named the switch.
     pub named: bool,
     /// Its first and last DOWN transitions, on the collector's clock where the nodes' are
-    /// known ([`Placed`]).
+    /// known (`Placed`).
     pub first_ns: u64,
     pub last_ns: u64,
     pub ports: BTreeSet<PortKey>,

@@ -15,7 +15,7 @@ use super::{
     xid,
 };
 
-pub const RULES: &[&str] = &[
+pub(crate) const RULES: &[&str] = &[
     "gpu_xid",
     "gpu_lost",
     "gpu_ecc_uncorrected",
@@ -31,12 +31,12 @@ const REMAP_PENDING: &str = metric::GPU_ROW_REMAP_PENDING;
 const REMAP_FAILED: &str = metric::GPU_ROW_REMAP_FAILED;
 const THROTTLE: &str = metric::GPU_THROTTLE_ACTIVE;
 const UTILIZATION: &str = metric::GPU_UTILIZATION_RATIO;
-pub const PCIE_GEN: &str = metric::GPU_PCIE_LINK_GENERATION;
-pub const PCIE_MAX_GEN: &str = metric::GPU_PCIE_LINK_MAX_GENERATION;
-pub const PCIE_WIDTH: &str = metric::GPU_PCIE_LINK_WIDTH_LANES;
-pub const PCIE_MAX_WIDTH: &str = metric::GPU_PCIE_LINK_MAX_WIDTH_LANES;
+pub(crate) const PCIE_GEN: &str = metric::GPU_PCIE_LINK_GENERATION;
+pub(crate) const PCIE_MAX_GEN: &str = metric::GPU_PCIE_LINK_MAX_GENERATION;
+pub(crate) const PCIE_WIDTH: &str = metric::GPU_PCIE_LINK_WIDTH_LANES;
+pub(crate) const PCIE_MAX_WIDTH: &str = metric::GPU_PCIE_LINK_MAX_WIDTH_LANES;
 
-pub const SERIES: &[&str] = &[
+pub(crate) const SERIES: &[&str] = &[
     ECC,
     REMAP_PENDING,
     REMAP_FAILED,
@@ -68,7 +68,7 @@ fn gpu_of(key: &TrackKey) -> Option<(Subject, Option<String>)> {
 }
 
 /// XIDs and lost GPUs, each active for `xid-hold-s` after its last occurrence.
-pub fn evaluate_events(
+pub(crate) fn evaluate_events(
     events: &EventState,
     now_ns: u64,
     th: &Thresholds,
@@ -128,7 +128,7 @@ pub fn evaluate_events(
     }
 }
 
-pub fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
+pub(crate) fn evaluate_series(view: &View, events: &EventState, out: &mut Verdicts) {
     let th = view.th;
     // A lost GPU's last samples stay in the live view for a while: the loss is the finding,
     // not what its stale series say, and they are no evidence that a condition is gone.

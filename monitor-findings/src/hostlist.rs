@@ -7,7 +7,7 @@
 const MAX_NAMES: usize = 1_000_000;
 
 /// Every name of `expr`, in order; the error says what is wrong.
-pub fn expand(expr: &str) -> Result<Vec<String>, String> {
+pub(crate) fn expand(expr: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for item in split_top_level(expr)? {
         if item.is_empty() {

@@ -17,7 +17,7 @@ use super::{
     view::{DownSince, DownSource, EventState, Place, Track, TrackKey, View},
 };
 
-pub const RULES: &[&str] = &[
+pub(crate) const RULES: &[&str] = &[
     PORT_DOWN,
     "ib_link_flapping",
     "ib_symbol_errors",
@@ -29,7 +29,7 @@ pub const RULES: &[&str] = &[
 ];
 
 /// A port that went down, found from its DOWN transition (or state sample) at once.
-pub const PORT_DOWN: &str = "ib_port_down";
+pub(crate) const PORT_DOWN: &str = "ib_port_down";
 
 const SYMBOL_ERROR: &str = metric::IB_SYMBOL_ERROR_TOTAL;
 const LINK_ERROR_RECOVERY: &str = metric::IB_LINK_ERROR_RECOVERY_TOTAL;
@@ -41,7 +41,7 @@ const RATE: &str = metric::IB_PORT_RATE_GBPS;
 const CNP_SENT: &str = metric::IB_NP_CNP_SENT_TOTAL;
 
 /// The series these rules read.
-pub const SERIES: &[&str] = &[
+pub(crate) const SERIES: &[&str] = &[
     SYMBOL_ERROR,
     LINK_ERROR_RECOVERY,
     LINK_DOWNED,
@@ -91,7 +91,7 @@ fn phys_name(v: f64) -> &'static str {
 /// started) until one saying ACTIVE. Blamed like the other port findings on what its DOWN
 /// transition is ([`fabric`]): pending until its burst is judged, then the node's or the
 /// upstream finding's.
-pub fn evaluate_port_down(
+pub(crate) fn evaluate_port_down(
     events: &EventState,
     grouping: &Grouping,
     now_ns: u64,
@@ -108,7 +108,7 @@ pub fn evaluate_port_down(
 /// The down periods that closed since the rules last took them (`events.closed`, drained),
 /// each the finding it is with when it ended (the UP's time): the same findings whatever
 /// pace the events came at.
-pub fn closed_port_downs(
+pub(crate) fn closed_port_downs(
     events: &mut EventState,
     grouping: &Grouping,
     now_ns: u64,
@@ -174,7 +174,7 @@ fn port_down(
 
 /// Flapping: the port's own DOWN transitions (the kernel's port events) within the window;
 /// those of an upstream burst or a burst not judged yet do not count ([`fabric`]).
-pub fn evaluate_events(
+pub(crate) fn evaluate_events(
     events: &EventState,
     grouping: &Grouping,
     now_ns: u64,
@@ -223,7 +223,12 @@ pub fn evaluate_events(
     }
 }
 
-pub fn evaluate_series(view: &View, events: &EventState, grouping: &Grouping, out: &mut Verdicts) {
+pub(crate) fn evaluate_series(
+    view: &View,
+    events: &EventState,
+    grouping: &Grouping,
+    out: &mut Verdicts,
+) {
     let th = view.th;
     let key_of = |s: &Subject| -> PortKey {
         (

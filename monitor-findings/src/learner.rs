@@ -34,14 +34,14 @@ use super::{
 use crate::live_table::Latest;
 
 /// Each node's hardware path, as the profile last read it.
-pub type FleetHardware = HashMap<Arc<str>, Arc<NodeHardware>>;
+pub(crate) type FleetHardware = HashMap<Arc<str>, Arc<NodeHardware>>;
 
 /// The hardware series of the nodes read again: each node with its every hardware series and
 /// latest value (none: the node has no hardware series any more, and is forgotten).
-pub type HardwareUpdate = Vec<(Arc<str>, Vec<(Series, Latest)>)>;
+pub(crate) type HardwareUpdate = Vec<(Arc<str>, Vec<(Series, Latest)>)>;
 
 /// What a learning found.
-pub struct Learnt {
+pub(crate) struct Learnt {
     /// What the profile's rules saw.
     pub seen: Vec<Observation>,
     /// Each node's hardware path.
@@ -124,7 +124,7 @@ struct Worker {
 }
 
 /// The tick's side: hands hardware to the worker and takes what it learnt.
-pub struct ProfileLearner {
+pub(crate) struct ProfileLearner {
     min_nodes: usize,
     board: Arc<ProfileBoard>,
     worker: Option<Worker>,
@@ -137,7 +137,7 @@ pub struct ProfileLearner {
 }
 
 impl ProfileLearner {
-    pub fn new(min_nodes: usize, board: Arc<ProfileBoard>) -> Self {
+    pub(crate) fn new(min_nodes: usize, board: Arc<ProfileBoard>) -> Self {
         Self {
             min_nodes,
             board,
@@ -149,7 +149,7 @@ impl ProfileLearner {
     }
 
     /// Publishes on `board` from now on (before anything was handed over).
-    pub fn set_board(&mut self, board: Arc<ProfileBoard>) {
+    pub(crate) fn set_board(&mut self, board: Arc<ProfileBoard>) {
         self.board = board;
     }
 
@@ -184,7 +184,7 @@ impl ProfileLearner {
 
     /// Hands `update` over (starting the worker the first time); what it learnt comes from the
     /// next [`take`](Self::take). One hand-over at a time: the caller takes before it hands.
-    pub fn hand(&mut self, update: HardwareUpdate) {
+    pub(crate) fn hand(&mut self, update: HardwareUpdate) {
         debug_assert!(!self.pending && self.ready.is_none(), "an answer not taken");
         if self.worker.is_none() && self.inline.is_none() {
             match self.start() {
@@ -212,7 +212,7 @@ impl ProfileLearner {
 
     /// What the last hand-over learnt, waiting for the worker if it is not done; None if
     /// nothing was handed over since the last take.
-    pub fn take(&mut self) -> Option<Learnt> {
+    pub(crate) fn take(&mut self) -> Option<Learnt> {
         if let Some(ready) = self.ready.take() {
             return Some(ready);
         }

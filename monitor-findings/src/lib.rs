@@ -6,55 +6,56 @@
 //!   arrive (from ingest, through a bounded channel: nothing is evaluated on the receive
 //!   threads) and runs the event rules at once; the tick thread reads the live view's latest
 //!   values on a short tick (`live`: node by node, skipping nodes unchanged since the last
-//!   tick; [`view`]: the tracks the rules read) and runs the series rules; a finding opens
+//!   tick; `view`: the tracks the rules read) and runs the series rules; a finding opens
 //!   when a rule's condition appears and ends when a pass judged it gone ([`verdicts`]);
-//! - the rule families, one module each: [`ib_links`], [`gpus`] (with the XID table,
-//!   [`xid`]), [`verbs`]; [`fabric`]: port DOWN transitions of many nodes at once blamed on
-//!   the fabric, naming the switch from the [`topology`] (Slurm's hostlists: [`hostlist`]);
+//! - the rule families, one module each: `ib_links`, `gpus` (with the XID table,
+//!   `xid`), `verbs`; [`fabric`]: port DOWN transitions of many nodes at once blamed on
+//!   the fabric, naming the switch from the `topology` (Slurm's hostlists: `hostlist`);
 //! - the golden profile: [`hardware`] reads each node's hardware path from its series,
 //!   [`profile`] learns what each hardware class's majority has and finds the nodes unlike
 //!   it (`learner`: off the tick thread, reading again only the nodes whose hardware
-//!   changed); [`affinity`]: a job whose GPU drives a far NIC while a near one is idle;
-//! - [`silence`]: a node whose agent stopped sending (`node_silent`); its other findings are
+//!   changed); `affinity`: a job whose GPU drives a far NIC while a near one is idle;
+//! - `silence`: a node whose agent stopped sending (`node_silent`); its other findings are
 //!   kept open, marked stale, meanwhile;
-//! - [`clock_skew`]: each node's clock offset from the collector's, as its agent estimates it
+//! - `clock_skew`: each node's clock offset from the collector's, as its agent estimates it
 //!   (the fabric grouping puts DOWN transitions on the collector's clock with it), and a
 //!   node whose clock is certainly off (`clock_skew`);
 //! - [`reads`]: which series each rule reads (what `railscope select` never drops);
-//! - [`thresholds`]: every rule's threshold, its default and where that default comes from
+//! - [`Thresholds`]: every rule's threshold, its default and where that default comes from
 //!   (the `[findings]` table of collector.toml);
 //! - [`store`]: the findings held in memory and the findings log in the data directory
-//!   ([`log`]), reloaded at start-up;
-//! - [`hardware_api`]: `/api/v1/nodes/{node}/hardware`, the hardware path and its class;
-//! - [`api`]: `/api/v1/findings`, the `/metrics` families; [`remote`]: the same series to the
-//!   remote-write endpoints; [`cli`]: `railscope findings`.
+//!   (`log`), reloaded at start-up;
+//! - [`remote`]: the findings' series to the remote-write endpoints; in the collector,
+//!   `findings::hardware_api`: `/api/v1/nodes/{node}/hardware`, the hardware path and its
+//!   class; `findings::api`: `/api/v1/findings`, the `/metrics` families; in monitor-client,
+//!   `findings`: `railscope findings`.
 
-pub mod affinity;
-pub mod clock_skew;
+mod affinity;
+mod clock_skew;
 pub mod engine;
 pub mod fabric;
-pub mod gpus;
+mod gpus;
 pub mod hardware;
-pub mod hostlist;
-pub mod ib_links;
+mod hostlist;
+mod ib_links;
 mod learner;
 mod live;
 pub mod live_table;
-pub mod log;
-pub mod pfc;
+mod log;
+mod pfc;
 pub mod profile;
 pub mod reads;
 pub mod remote;
-pub mod robust;
-pub mod silence;
+mod robust;
+mod silence;
 pub mod store;
 pub mod stragglers;
-pub mod thresholds;
-pub mod topology;
-pub mod verbs;
+mod thresholds;
+mod topology;
+mod verbs;
 pub mod verdicts;
-pub mod view;
-pub mod xid;
+mod view;
+mod xid;
 
 use std::collections::BTreeMap;
 
@@ -208,7 +209,7 @@ const UPSTREAM: &str = "upstream";
 const PENDING: &str = "pending";
 
 /// Whether a finding's evidence waits for the fabric's verdict.
-pub fn is_pending(evidence: &serde_json::Value) -> bool {
+pub(crate) fn is_pending(evidence: &serde_json::Value) -> bool {
     evidence[UPSTREAM] == PENDING
 }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::Finding;
 use monitor_archive::framed_log::FramedLog;
 
-pub const FILE_NAME: &str = "findings.log";
+pub(crate) const FILE_NAME: &str = "findings.log";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -29,7 +29,7 @@ pub enum LogError {
 /// One entry of the log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
-pub enum Entry {
+pub(crate) enum Entry {
     Open(Finding),
     End {
         id: String,
@@ -39,14 +39,14 @@ pub enum Entry {
     },
 }
 
-pub struct FindingsLog {
+pub(crate) struct FindingsLog {
     log: FramedLog,
 }
 
 impl FindingsLog {
     /// Opens (or creates) the log in `dir`; returns it and the findings it holds, oldest
     /// first, those ended before `keep_after_ns` left out (and left out of the file).
-    pub fn open(dir: &Path, keep_after_ns: u64) -> Result<(Self, Vec<Finding>), LogError> {
+    pub(crate) fn open(dir: &Path, keep_after_ns: u64) -> Result<(Self, Vec<Finding>), LogError> {
         let path = dir.join(FILE_NAME);
         let io_err = |source| LogError::Io {
             path: path.clone(),
@@ -85,7 +85,7 @@ impl FindingsLog {
     }
 
     /// Appends one entry and fsyncs it.
-    pub fn append(&mut self, entry: &Entry) -> Result<(), LogError> {
+    pub(crate) fn append(&mut self, entry: &Entry) -> Result<(), LogError> {
         self.log.append(entry).map_err(|source| LogError::Io {
             path: self.log.path().to_owned(),
             source,

@@ -24,12 +24,12 @@ use super::{
     view::{Track, TrackKey, View},
 };
 
-pub const RULE: &str = "pfc_pause_storm";
-pub const RULES: &[&str] = &[RULE];
+pub(crate) const RULE: &str = "pfc_pause_storm";
+pub(crate) const RULES: &[&str] = &[RULE];
 
 /// The series the rule reads: per priority (0-7) and direction, the pause frames and the
 /// time paused.
-pub const SERIES: &[&str] = &[
+pub(crate) const SERIES: &[&str] = &[
     metric::ETHTOOL_RX_PRIO0_PAUSE_TOTAL,
     metric::ETHTOOL_RX_PRIO0_PAUSE_DURATION_TOTAL,
     metric::ETHTOOL_TX_PRIO0_PAUSE_TOTAL,
@@ -121,7 +121,7 @@ struct Storm<'a> {
     excess: f64,
 }
 
-pub fn evaluate(view: &View, out: &mut Verdicts) {
+pub(crate) fn evaluate(view: &View, out: &mut Verdicts) {
     let th = view.th;
     let mut storms: Vec<Storm> = Vec::new();
     // A port is judged when every pause counter it reports could be: a storm seen on one

@@ -4,7 +4,7 @@
 
 /// The median and MAD of a group of values.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Norm {
+pub(crate) struct Norm {
     pub median: f64,
     pub mad: f64,
     /// The smallest scale a score is divided by: a group of near-equal values would otherwise
@@ -14,7 +14,7 @@ pub struct Norm {
 
 impl Norm {
     /// None for an empty group. `floor` bounds 1.4826·MAD from below.
-    pub fn of(values: &[f64], floor: f64) -> Option<Self> {
+    pub(crate) fn of(values: &[f64], floor: f64) -> Option<Self> {
         let median = median(values)?;
         let deviations: Vec<f64> = values.iter().map(|v| (v - median).abs()).collect();
         let mad = median_of(deviations)?;
@@ -22,12 +22,12 @@ impl Norm {
     }
 
     /// The modified z-score of `x`, an absolute value (above or below the median alike).
-    pub fn score(&self, x: f64) -> f64 {
+    pub(crate) fn score(&self, x: f64) -> f64 {
         (x - self.median).abs() / (1.4826 * self.mad).max(self.floor)
     }
 }
 
-pub fn median(values: &[f64]) -> Option<f64> {
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     median_of(values.to_vec())
 }
 

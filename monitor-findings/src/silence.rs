@@ -9,12 +9,17 @@ use serde_json::json;
 
 use super::{Observation, Severity, Subject, verdicts::Verdicts};
 
-pub const RULE: &str = "node_silent";
-pub const RULES: &[&str] = &[RULE];
+pub(crate) const RULE: &str = "node_silent";
+pub(crate) const RULES: &[&str] = &[RULE];
 
 /// One finding per node in `silent` (node, when a frame last came, Unix ns), dated by that
 /// last frame: the same id whenever the silence is judged.
-pub fn evaluate(silent: &[(Arc<str>, u64)], silent_after_s: u64, now_ns: u64, out: &mut Verdicts) {
+pub(crate) fn evaluate(
+    silent: &[(Arc<str>, u64)],
+    silent_after_s: u64,
+    now_ns: u64,
+    out: &mut Verdicts,
+) {
     for (node, heard) in silent {
         let for_s = now_ns.saturating_sub(*heard) as f64 / 1e9;
         out.push(Observation {

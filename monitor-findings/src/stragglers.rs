@@ -2,7 +2,7 @@
 //! within one job, the GPUs and ports whose activity stays far from the job's median over a
 //! window. The window is read from the archive and cut into steps; at each step every device
 //! of the job is scored against the job's median with the modified z-score
-//! `|x - median| / (1.4826 MAD)` ([`robust`](crate::robust)), so one straggler cannot hide
+//! `|x - median| / (1.4826 MAD)` (`robust`), so one straggler cannot hide
 //! itself by moving the norm; a device whose score is above the threshold in most steps is a
 //! straggler, ranked by its median score, with the finding that explains it when there is one.
 //!

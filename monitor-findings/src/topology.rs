@@ -21,7 +21,7 @@ use std::{
 use super::hostlist;
 
 /// A port as the rules name it: node, device, port.
-pub type PortKey = (String, String, u32);
+pub(crate) type PortKey = (String, String, u32);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {

@@ -13,9 +13,9 @@ use serde_json::json;
 
 use super::{Observation, Severity, Subject, verdicts::Verdicts, view::View};
 
-pub const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
+pub(crate) const RULES: &[&str] = &["verbs_qp_error", "verbs_cm_reject"];
 
-pub const SERIES: &str = metric::RDMA_VERBS_TOTAL;
+pub(crate) const SERIES: &str = metric::RDMA_VERBS_TOTAL;
 
 const S: u64 = 1_000_000_000;
 
@@ -25,7 +25,7 @@ const DISCONNECTS: &str = "cm_disconnects";
 /// Per (rule, node, job or cgroup): the increase, when it began, the `job_id`, the cgroups.
 type Sum = (u64, u64, Option<String>, Vec<String>);
 
-pub fn evaluate(view: &View, out: &mut Verdicts) {
+pub(crate) fn evaluate(view: &View, out: &mut Verdicts) {
     let th = view.th;
     let window = th.verbs_window_s * S;
     // (rule, node, job or cgroup) → (increase, when it began, job_id, cgroups)

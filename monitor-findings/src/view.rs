@@ -18,7 +18,7 @@ const CHECKPOINT_EVERY_NS: u64 = 30_000_000_000;
 
 /// One watched series as the engine follows it.
 #[derive(Clone, Debug)]
-pub struct Track {
+pub(crate) struct Track {
     pub latest: Latest,
     /// When a gauge's value (mean) last changed, by sample time.
     pub changed_ns: u64,
@@ -98,19 +98,19 @@ impl Track {
 
     /// When the counter first rose within the last `window_ns` of its samples (None: it did
     /// not, as far as its history shows).
-    pub fn first_rise(&self, window_ns: u64) -> Option<u64> {
+    pub(crate) fn first_rise(&self, window_ns: u64) -> Option<u64> {
         let from = self.latest.unix_ns.saturating_sub(window_ns);
         self.rises.iter().copied().find(|&t| t >= from)
     }
 
-    pub fn gauge(&self) -> Option<f64> {
+    pub(crate) fn gauge(&self) -> Option<f64> {
         match self.latest.value {
             LatestValue::Gauge { mean, .. } => Some(mean),
             LatestValue::Counter { .. } => None,
         }
     }
 
-    pub fn counter(&self) -> Option<u64> {
+    pub(crate) fn counter(&self) -> Option<u64> {
         match self.latest.value {
             LatestValue::Counter { value, .. } => Some(value),
             LatestValue::Gauge { .. } => None,
@@ -120,7 +120,7 @@ impl Track {
     /// The counter's increase over the last `window_ns` of its samples (from the oldest
     /// checkpoint within it), and the seconds that covers; a value below the previous one is
     /// a reset and counts from zero. None until two samples are a second apart.
-    pub fn increase(&self, window_ns: u64) -> Option<(u64, f64)> {
+    pub(crate) fn increase(&self, window_ns: u64) -> Option<(u64, f64)> {
         let now = self.counter()?;
         let t = self.latest.unix_ns;
         let from = t.saturating_sub(window_ns);
@@ -133,13 +133,13 @@ impl Track {
     }
 
     /// Increase per second over the window.
-    pub fn rate(&self, window_ns: u64) -> Option<f64> {
+    pub(crate) fn rate(&self, window_ns: u64) -> Option<f64> {
         self.increase(window_ns).map(|(n, s)| n as f64 / s)
     }
 }
 
 /// The node and series of a [`Track`].
-pub type TrackKey = (Arc<str>, Series);
+pub(crate) type TrackKey = (Arc<str>, Series);
 
 type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -147,7 +147,7 @@ type FoldHashMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// across passes (the tick's per-node lists) finds its track again without hashing the
 /// series, and a handle of a track since forgotten finds nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TrackHandle {
+pub(crate) struct TrackHandle {
     slot: u32,
     generation: u32,
 }
@@ -164,11 +164,11 @@ struct Held {
 /// one port or GPU by it, where reading each series' labels again at every tick (millions of
 /// series at 12,500 nodes) was most of the rules' time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Place(u32);
+pub(crate) struct Place(u32);
 
 /// The places of a track's series, read from its labels once, when its track is made.
 #[derive(Clone, Copy, Debug)]
-pub struct Places {
+pub(crate) struct Places {
     /// (node, `device`, `port`), if it has both labels and the port is a number.
     pub port: Option<Place>,
     /// (node, `gpu`, `job_id`, `uuid`), each label if it has it (a series without them all
@@ -272,7 +272,6 @@ struct KeyIndex {
     first: HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>,
     /// Slots of keys whose hash another key in `first` has.
     more: HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<Prehashed>>,
-    len: usize,
 }
 
 impl KeyIndex {
@@ -298,7 +297,6 @@ impl KeyIndex {
 
     fn insert(&mut self, key: &TrackKey, slot: u32) {
         let hash = self.hash(key);
-        self.len += 1;
         match self.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(slot);
@@ -311,7 +309,6 @@ impl KeyIndex {
 
     fn remove(&mut self, key: &TrackKey, slot: u32) {
         let hash = self.hash(key);
-        self.len -= 1;
         if self.first.get(&hash) == Some(&slot) {
             match self.more.get_mut(&hash) {
                 Some(more) => {
@@ -332,14 +329,6 @@ impl KeyIndex {
             }
         }
     }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// Every watched series' track, by (node, series), and by series name (what the rules read:
@@ -347,7 +336,7 @@ impl KeyIndex {
 /// asked only for a series new to the tick and for counter samples. Hashed with foldhash
 /// rather than std's SipHash: the keys are the collector's own.
 #[derive(Default)]
-pub struct Tracks {
+pub(crate) struct Tracks {
     slots: Vec<Slot>,
     free: Vec<u32>,
     index: KeyIndex,
@@ -356,16 +345,8 @@ pub struct Tracks {
 }
 
 impl Tracks {
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
-
     /// The handle of `key`'s track, if it has one.
-    pub fn handle(&self, key: &TrackKey) -> Option<TrackHandle> {
+    pub(crate) fn handle(&self, key: &TrackKey) -> Option<TrackHandle> {
         let slot = self.index.get(key, &self.slots)?;
         Some(TrackHandle {
             slot,
@@ -374,7 +355,7 @@ impl Tracks {
     }
 
     /// The key of the track `handle` points to, if it is still held.
-    pub fn key(&self, handle: TrackHandle) -> Option<&TrackKey> {
+    pub(crate) fn key(&self, handle: TrackHandle) -> Option<&TrackKey> {
         let slot = self.slots.get(handle.slot as usize)?;
         if slot.generation != handle.generation {
             return None;
@@ -383,7 +364,7 @@ impl Tracks {
     }
 
     /// The track `handle` points to, if it is still held.
-    pub fn get(&self, handle: TrackHandle) -> Option<&Track> {
+    pub(crate) fn get(&self, handle: TrackHandle) -> Option<&Track> {
         let slot = self.slots.get(handle.slot as usize)?;
         if slot.generation != handle.generation {
             return None;
@@ -392,7 +373,7 @@ impl Tracks {
     }
 
     /// The track `handle` points to, if it is still held.
-    pub fn get_mut(&mut self, handle: TrackHandle) -> Option<&mut Track> {
+    pub(crate) fn get_mut(&mut self, handle: TrackHandle) -> Option<&mut Track> {
         let slot = self.slots.get_mut(handle.slot as usize)?;
         if slot.generation != handle.generation {
             return None;
@@ -401,7 +382,7 @@ impl Tracks {
     }
 
     /// `key`'s track, made by `new` if it has none; and whether it was made.
-    pub fn get_or_insert(
+    pub(crate) fn get_or_insert(
         &mut self,
         key: &TrackKey,
         new: impl FnOnce() -> Track,
@@ -452,7 +433,7 @@ impl Tracks {
     }
 
     /// Keeps the tracks `keep` says to keep.
-    pub fn retain(&mut self, mut keep: impl FnMut(&TrackKey, &mut Track) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&TrackKey, &mut Track) -> bool) {
         for slot in 0..self.slots.len() {
             let Some(held) = self.slots[slot].held.as_mut() else {
                 continue;
@@ -487,12 +468,15 @@ impl Tracks {
     }
 
     /// The tracks of the series named `name`.
-    pub fn named<'b>(&'b self, name: &str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
+    pub(crate) fn named<'b>(
+        &'b self,
+        name: &str,
+    ) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
         self.placed(name).map(|(k, t, _)| (k, t))
     }
 
     /// The tracks of the series named `name`, with their places.
-    pub fn placed<'b>(
+    pub(crate) fn placed<'b>(
         &'b self,
         name: &str,
     ) -> impl Iterator<Item = (&'b TrackKey, &'b Track, Places)> {
@@ -509,23 +493,26 @@ impl Tracks {
 }
 
 /// What the rules read in one pass.
-pub struct View<'a> {
+pub(crate) struct View<'a> {
     tracks: &'a Tracks,
     pub now_ns: u64,
     pub th: &'a Thresholds,
 }
 
 impl<'a> View<'a> {
-    pub fn new(tracks: &'a Tracks, now_ns: u64, th: &'a Thresholds) -> Self {
+    pub(crate) fn new(tracks: &'a Tracks, now_ns: u64, th: &'a Thresholds) -> Self {
         Self { tracks, now_ns, th }
     }
 
-    pub fn named<'b>(&'b self, name: &'b str) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
+    pub(crate) fn named<'b>(
+        &'b self,
+        name: &'b str,
+    ) -> impl Iterator<Item = (&'b TrackKey, &'b Track)> {
         self.tracks.named(name)
     }
 
     /// [`named`](Self::named), with each series' places.
-    pub fn placed<'b>(
+    pub(crate) fn placed<'b>(
         &'b self,
         name: &'b str,
     ) -> impl Iterator<Item = (&'b TrackKey, &'b Track, Places)> {
@@ -599,7 +586,7 @@ pub struct PortNow {
 
 /// The port state samples of one frame (`railscope_ib_port_state` and `_phys_state`), by
 /// series: the events thread takes them as they arrive, not at the tick.
-pub type PortStateSamples = Vec<(Series, Vec<GaugeSample>)>;
+pub(crate) type PortStateSamples = Vec<(Series, Vec<GaugeSample>)>;
 
 /// A port's DOWN transitions and when they happened (event time).
 #[derive(Debug, Default)]
@@ -629,7 +616,7 @@ pub struct EventState {
 
 /// node → gpu → the job its series last carried (by node first, so a tick's walk looks it up
 /// without making a key).
-pub type GpuJobs = HashMap<Arc<str>, HashMap<String, String>>;
+pub(crate) type GpuJobs = HashMap<Arc<str>, HashMap<String, String>>;
 
 /// Notes that `node`'s GPU `gpu` carries `job` (allocating only when it changed); true if it
 /// changed.

@@ -19,7 +19,7 @@ use super::Severity;
 
 /// What an XID code means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct XidClass {
+pub(crate) struct XidClass {
     pub code: u64,
     pub meaning: &'static str,
     pub severity: Severity,
@@ -49,10 +49,11 @@ use Severity::{Critical, Info, Warning};
 
 /// The XIDs a fleet's operators drain a node on (the fatal ones the project's issue names):
 /// critical even where NVIDIA's immediate action is lighter.
-pub const DRAINED_ON: [u64; 8] = [48, 63, 64, 74, 79, 92, 94, 95];
+#[cfg(test)]
+pub(crate) const DRAINED_ON: [u64; 8] = [48, 63, 64, 74, 79, 92, 94, 95];
 
 /// The codes railscope classifies; any other is a warning pointing at the catalogue.
-pub const XIDS: &[XidClass] = &[
+pub(crate) const XIDS: &[XidClass] = &[
     x(
         13,
         "graphics engine exception",
@@ -203,7 +204,7 @@ pub const XIDS: &[XidClass] = &[
 ];
 
 /// The class of `code`: from [`XIDS`], else an unclassified warning.
-pub fn classify(code: u64) -> XidClass {
+pub(crate) fn classify(code: u64) -> XidClass {
     XIDS.iter()
         .copied()
         .find(|c| c.code == code)

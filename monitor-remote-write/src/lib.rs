@@ -6,12 +6,12 @@
 //! One [`RemoteWriter`] per endpoint: a reader thread takes batches of whole frames from the
 //! archive ([`SampleSource`]) after the endpoint's cursor, turns them into time series
 //! ([`naming`]), hashes each series to one of `shards` shard threads (so a series' samples
-//! stay in order) through bounded queues, and the shards send ([`shard`]). While an endpoint
+//! stay in order) through bounded queues, and the shards send (`shard`). While an endpoint
 //! is down its shards retry with exponential backoff, their queues fill, the reader stops
 //! reading, and the archive keeps everything: nothing is dropped, and when the endpoint is
 //! back the writer goes on from where it stopped. The cursor, in `<state_dir>/<name>.cursor`,
 //! moves only past batches the endpoint acknowledged (or refused for good: 4xx other than
-//! 401, 403 and 429, counted and logged) and survives a collector restart ([`progress`]).
+//! 401, 403 and 429, counted and logged) and survives a collector restart (`progress`).
 //!
 //! An `https://` endpoint is verified against the system's roots or a CA file, and may be
 //! shown a client certificate (`monitor_client::tls`); basic auth or a bearer token, read
@@ -19,15 +19,15 @@
 //! are retried like an outage (counted by reason, logged when the state changes), never
 //! accepted or dropped: once the operator fixes the configuration, every sample arrives.
 
-pub mod archive_source;
+mod archive_source;
 pub mod client;
 pub mod naming;
-pub mod progress;
+mod progress;
 pub mod prompb;
-pub mod shard;
-pub mod source;
-pub mod stats;
-pub mod table;
+mod shard;
+mod source;
+mod stats;
+mod table;
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -45,9 +45,10 @@ pub use archive_source::ArchiveSource;
 pub use client::Failure;
 pub use monitor_client::auth::Auth;
 pub use monitor_client::tls::TlsFiles;
-pub use progress::Progress;
+pub(crate) use progress::Progress;
 pub use source::{Batch, Cursor, SampleSource, SeriesChunk, SourceError};
-pub use stats::{EndpointStats, StatsSnapshot, write_metrics};
+pub(crate) use stats::EndpointStats;
+pub use stats::{StatsSnapshot, write_metrics};
 pub use table::EndpointTable;
 
 use self::{progress::Ticket, prompb::TimeSeries, shard::Work};

@@ -24,15 +24,15 @@ use super::{RemoteWriteError, source::Cursor};
 
 /// The unfinished pieces of one batch.
 #[derive(Debug)]
-pub struct Ticket(AtomicUsize);
+pub(crate) struct Ticket(AtomicUsize);
 
 impl Ticket {
-    pub fn new(pieces: usize) -> Arc<Self> {
+    pub(crate) fn new(pieces: usize) -> Arc<Self> {
         Arc::new(Self(AtomicUsize::new(pieces)))
     }
 
     /// One piece is acknowledged (or refused for good).
-    pub fn finish_one(&self) {
+    pub(crate) fn finish_one(&self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -42,7 +42,7 @@ impl Ticket {
 }
 
 /// The batches dispatched and not yet committed, in archive order, and the cursor file.
-pub struct Progress {
+pub(crate) struct Progress {
     file: PathBuf,
     in_flight: VecDeque<(Arc<Ticket>, Cursor)>,
     committed: Cursor,
@@ -53,7 +53,7 @@ pub struct Progress {
 
 impl Progress {
     /// Loads the endpoint's cursor from `file` (none yet: [`Cursor::START`]).
-    pub fn load(file: PathBuf, sync_interval: Duration) -> Result<Self, RemoteWriteError> {
+    pub(crate) fn load(file: PathBuf, sync_interval: Duration) -> Result<Self, RemoteWriteError> {
         let committed = read_cursor(&file)?.unwrap_or(Cursor::START);
         Ok(Self {
             file,
@@ -65,22 +65,22 @@ impl Progress {
         })
     }
 
-    pub fn committed(&self) -> Cursor {
+    pub(crate) fn committed(&self) -> Cursor {
         self.committed
     }
 
-    pub fn batches_in_flight(&self) -> usize {
+    pub(crate) fn batches_in_flight(&self) -> usize {
         self.in_flight.len()
     }
 
     /// A batch ending at `next` was handed to the shards.
-    pub fn dispatched(&mut self, ticket: Arc<Ticket>, next: Cursor) {
+    pub(crate) fn dispatched(&mut self, ticket: Arc<Ticket>, next: Cursor) {
         self.in_flight.push_back((ticket, next));
     }
 
     /// Commits the finished prefix and writes the cursor file if it moved and the last write
     /// is `sync_interval` old (or `force`).
-    pub fn commit(&mut self, force: bool) -> Result<Cursor, RemoteWriteError> {
+    pub(crate) fn commit(&mut self, force: bool) -> Result<Cursor, RemoteWriteError> {
         while let Some((ticket, next)) = self.in_flight.front() {
             if !ticket.is_finished() {
                 break;

@@ -26,7 +26,7 @@ use super::{
 };
 
 /// A piece of one batch for one shard.
-pub struct Work {
+pub(crate) struct Work {
     pub series: Vec<TimeSeries>,
     pub samples: usize,
     pub newest_ms: i64,
@@ -36,7 +36,7 @@ pub struct Work {
 /// Log lines about failures of one shard: at most one per this interval.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub struct Shard {
+pub(crate) struct Shard {
     pub index: usize,
     pub endpoint: String,
     pub client: Client,
@@ -48,7 +48,7 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub fn run(self, queue: Receiver<Work>) {
+    pub(crate) fn run(self, queue: Receiver<Work>) {
         let mut carry: Option<Work> = None;
         let mut last_log: Option<Instant> = None;
         let mut quiet = 0u64;

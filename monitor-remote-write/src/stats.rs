@@ -13,7 +13,7 @@ use super::client::Failure;
 /// What one endpoint has done so far. Samples are Prometheus samples (a gauge envelope
 /// counts three: mean, min and max).
 #[derive(Debug, Default)]
-pub struct EndpointStats {
+pub(crate) struct EndpointStats {
     /// Samples the endpoint acknowledged.
     pub samples_sent: AtomicU64,
     /// Samples in requests the endpoint refused for good (4xx other than 401, 403, 429).
@@ -69,7 +69,7 @@ impl StatsSnapshot {
 }
 
 impl EndpointStats {
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             samples_sent: self.samples_sent.load(Relaxed),
             samples_failed: self.samples_failed.load(Relaxed),
@@ -84,14 +84,14 @@ impl EndpointStats {
     }
 
     /// The current failure's message, None while requests succeed.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.as_ref().map(|(_, m)| m.clone())
     }
 
     /// Records the outcome of a request (None: acknowledged) and says whether the endpoint's
     /// state changed, i.e. whether it is worth a log line.
-    pub fn record(&self, failure: Option<(Failure, String)>) -> bool {
+    pub(crate) fn record(&self, failure: Option<(Failure, String)>) -> bool {
         if let Some((f, _)) = &failure {
             self.failures[f.index()].fetch_add(1, Relaxed);
         }

@@ -25,25 +25,25 @@ const POINTER_SIZE: u32 = 8;
 
 /// BTF kinds (`BTF_KIND_*` in include/uapi/linux/btf.h).
 mod kind {
-    pub const INT: u32 = 1;
-    pub const PTR: u32 = 2;
-    pub const ARRAY: u32 = 3;
-    pub const STRUCT: u32 = 4;
-    pub const UNION: u32 = 5;
-    pub const ENUM: u32 = 6;
-    pub const FWD: u32 = 7;
-    pub const TYPEDEF: u32 = 8;
-    pub const VOLATILE: u32 = 9;
-    pub const CONST: u32 = 10;
-    pub const RESTRICT: u32 = 11;
-    pub const FUNC: u32 = 12;
-    pub const FUNC_PROTO: u32 = 13;
-    pub const VAR: u32 = 14;
-    pub const DATASEC: u32 = 15;
-    pub const FLOAT: u32 = 16;
-    pub const DECL_TAG: u32 = 17;
-    pub const TYPE_TAG: u32 = 18;
-    pub const ENUM64: u32 = 19;
+    pub(super) const INT: u32 = 1;
+    pub(super) const PTR: u32 = 2;
+    pub(super) const ARRAY: u32 = 3;
+    pub(super) const STRUCT: u32 = 4;
+    pub(super) const UNION: u32 = 5;
+    pub(super) const ENUM: u32 = 6;
+    pub(super) const FWD: u32 = 7;
+    pub(super) const TYPEDEF: u32 = 8;
+    pub(super) const VOLATILE: u32 = 9;
+    pub(super) const CONST: u32 = 10;
+    pub(super) const RESTRICT: u32 = 11;
+    pub(super) const FUNC: u32 = 12;
+    pub(super) const FUNC_PROTO: u32 = 13;
+    pub(super) const VAR: u32 = 14;
+    pub(super) const DATASEC: u32 = 15;
+    pub(super) const FLOAT: u32 = 16;
+    pub(super) const DECL_TAG: u32 = 17;
+    pub(super) const TYPE_TAG: u32 = 18;
+    pub(super) const ENUM64: u32 = 19;
 }
 
 /// Why a BTF blob could not be read or a lookup failed. Every message is one line and names the

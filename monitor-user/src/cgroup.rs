@@ -36,14 +36,14 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// `FILEID_KERNFS` (include/linux/exportfs.h): a kernfs file handle is the node's 64-bit id.
 const FILEID_KERNFS: i32 = 0xfe;
 /// Names kept at once; past it the least recently used half is evicted (and counted).
-pub const MAX_NAMES: usize = 16_384;
+pub(crate) const MAX_NAMES: usize = 16_384;
 /// Ids remembered as gone at once; past it the oldest are forgotten.
-pub const MAX_GONE: usize = 16_384;
+pub(crate) const MAX_GONE: usize = 16_384;
 /// How long an id is remembered as gone. Kernfs never reuses an id, so this only bounds how
 /// long a late record of a gone job is named without a lookup.
-pub const GONE_LIFETIME: Duration = Duration::from_secs(3600);
+pub(crate) const GONE_LIFETIME: Duration = Duration::from_secs(3600);
 /// Where cgroups are found by walking the hierarchy: how often a walk checks which are gone.
-pub const WALK_LIVENESS_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const WALK_LIVENESS_EVERY: Duration = Duration::from_secs(30);
 
 /// id -> path.
 pub struct CgroupNames {

@@ -28,7 +28,7 @@ const SENT_KEPT: usize = 256;
 
 /// Why a timing was not taken.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TimingRefused {
+pub(crate) enum TimingRefused {
     #[error("timing for {node:?} session {session:08x}: not this agent's")]
     NotOurs { node: String, session: u32 },
     #[error("timing for frame {0}, which was sent more than once or too long ago")]
@@ -38,7 +38,7 @@ pub enum TimingRefused {
 }
 
 /// Send times, and one clock filter per collector.
-pub struct ClockExchanges {
+pub(crate) struct ClockExchanges {
     node: String,
     session: u32,
     /// seq → when it was sent (t1), of frames of `session` sent once.
@@ -49,7 +49,7 @@ pub struct ClockExchanges {
 }
 
 impl ClockExchanges {
-    pub fn new(node: &str, session: u32, collectors: usize) -> Self {
+    pub(crate) fn new(node: &str, session: u32, collectors: usize) -> Self {
         let gauge = |name: &str| Series {
             name: name.into(),
             labels: Labels::default(),
@@ -66,7 +66,7 @@ impl ClockExchanges {
     }
 
     /// Frame `seq` of the session is sent for the first time, at `at`.
-    pub fn sent(&mut self, seq: u64, at: UnixNs) {
+    pub(crate) fn sent(&mut self, seq: u64, at: UnixNs) {
         self.sent.insert(seq, at.0);
         while self.sent.len() > SENT_KEPT {
             self.sent.pop_first();
@@ -74,12 +74,12 @@ impl ClockExchanges {
     }
 
     /// Frame `seq` is sent again: its exchange cannot be timed.
-    pub fn resent(&mut self, seq: u64) {
+    pub(crate) fn resent(&mut self, seq: u64) {
         self.sent.remove(&seq);
     }
 
     /// Takes collector `collector`'s timing, which came off the socket at `back` (t4).
-    pub fn take(
+    pub(crate) fn take(
         &mut self,
         collector: usize,
         timing: &AckTiming,
@@ -118,13 +118,13 @@ impl ClockExchanges {
     }
 
     /// The estimate the agent sends: the first collector's that has one.
-    pub fn estimate(&self) -> Option<ClockEstimate> {
+    pub(crate) fn estimate(&self) -> Option<ClockEstimate> {
         self.filters.iter().find_map(ClockFilter::estimate)
     }
 
     /// The gauges to send now: (series, value) of the offset and its error bound, seconds;
     /// none before a first exchange.
-    pub fn gauges(&self) -> Vec<(&Series, f64)> {
+    pub(crate) fn gauges(&self) -> Vec<(&Series, f64)> {
         self.estimate()
             .map(|e| {
                 vec![

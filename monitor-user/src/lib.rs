@@ -1,7 +1,7 @@
 //! railscope's node agent as a library: the `railscope` binary is a thin CLI over it, and the
 //! integration tests drive the same code.
 //!
-//! - [`btf`]: reads the running kernel's type information, so no struct offset is hard-coded.
+//! - `btf`: reads the running kernel's type information, so no struct offset is hard-coded.
 //! - [`jobs`]: which job a cgroup belongs to (Slurm, Kubernetes, systemd, configured patterns).
 //! - [`kernel`]: what the running kernel offers (modules, kprobes).
 //! - [`time_base`]: one conversion from CLOCK_MONOTONIC to wall-clock time for everything.
@@ -12,7 +12,7 @@
 //! - the crate `monitor_sampler` (`monitor-sampler/`): Moneo-style adaptive sampling of
 //!   those readings.
 //! - [`sender`]: the UDP sender; a bounded queue that never blocks sampling.
-//! - [`clock_exchange`]: the node's clock offset from its collector's, from the
+//! - `clock_exchange`: the node's clock offset from its collector's, from the
 //!   acknowledgements' round trips.
 //! - [`listen`]: `railscope listen`, prints decoded frames.
 //! - [`replay`]: `railscope replay`, a capture file's frames sent to a collector.
@@ -27,10 +27,10 @@
 //! `monitor_wire` (`monitor-wire/`), which `railscope listen` and the collector share.
 
 pub mod agent;
-pub mod btf;
+mod btf;
 pub mod capture;
-pub mod cgroup;
-pub mod clock_exchange;
+mod cgroup;
+mod clock_exchange;
 pub mod jobs;
 pub mod kernel;
 pub mod listen;
@@ -42,8 +42,8 @@ pub mod sender;
 pub mod settings;
 pub mod sources;
 pub mod spool;
-pub mod spool_file;
-pub mod stop_signals;
+mod spool_file;
+mod stop_signals;
 pub mod time_base;
 pub mod topology;
-pub mod tracefs;
+mod tracefs;

@@ -188,7 +188,7 @@ impl Listener {
 }
 
 /// Binds `addr` and prints every frame that arrives until SIGINT or SIGTERM
-/// ([`StopSignals`]), then flushes `out` and returns.
+/// (`StopSignals`), then flushes `out` and returns.
 pub async fn listen(
     addr: SocketAddr,
     key: Key,

@@ -476,7 +476,7 @@ fn collector_binary() -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Runs `railscope-collector args...` in place of this process (exec), so signals and the
-/// exit status are the collector's. Its argv[0] is the command the user typed
+/// exit status are the collector's. Its `argv[0]` is the command the user typed
 /// ([`handed_over_name`]), which clap shows in usage lines and errors: `railscope collector
 /// run --help` says `Usage: railscope collector run ...`, not `railscope-collector run ...`.
 fn run_collector(args: &[String]) -> anyhow::Result<()> {

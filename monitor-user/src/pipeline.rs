@@ -11,7 +11,7 @@
 //!   (a pair); the spool keeps every frame until the collectors acknowledge it and sends
 //!   again what they lack;
 //! - each acknowledgement's timing is a round trip from which the node's clock offset from
-//!   its collector's is estimated ([`crate::clock_exchange`]), sent with every flush.
+//!   its collector's is estimated (`crate::clock_exchange`), sent with every flush.
 //!
 //! A source that cannot start (no RDMA devices, no NVML) says so in one line and the rest go on.
 

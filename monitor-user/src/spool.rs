@@ -6,7 +6,7 @@
 //!
 //! What is not acknowledged in time, or what a collector names as missing, is sent again,
 //! oldest first, paced so that a fleet returning to a collector after an outage does not
-//! flood it. The pace adapts to what the collector takes ([`Pace`]): a collector that drops
+//! flood it. The pace adapts to what the collector takes (`Pace`): a collector that drops
 //! datagrams (its receive buffers full: a fleet's backlog at once) names the frames sent
 //! again as missing once more, and the agent halves its pace; while they arrive, it speeds
 //! up again, up to [`SpoolConfig::resend_rate`]. So a fleet of any size settles near what
@@ -17,7 +17,7 @@
 //! collector acknowledged within [`SpoolConfig::max_age`] are given up; both are counted
 //! (`railscope_agent_bound_hits_total{bound="spool_full"|"spool_age"}`), never silent.
 //!
-//! With a [`SpoolFile`], every frame is also written to disk before it is sent, and what a
+//! With a `SpoolFile`, every frame is also written to disk before it is sent, and what a
 //! previous run left there is taken back at start ([`Spool::attach`]), so an agent restart
 //! loses nothing either.
 
@@ -44,7 +44,7 @@ pub struct SpoolConfig {
     pub resend_after: Duration,
     /// Bytes per second resent at most, per collector (default 16 KiB/s, about 12 times what
     /// a node of 8 GPUs and 8 ports sends live: alone, a 10-minute backlog drains in under a
-    /// minute). The pace starts at a quarter of it and adapts ([`Pace`]).
+    /// minute). The pace starts at a quarter of it and adapts (`Pace`).
     pub resend_rate: u64,
 }
 
@@ -215,7 +215,7 @@ impl Spool {
     }
 
     /// Keeps the frames on disk too, from now on, starting with what a previous run left
-    /// there (`loaded`, from [`SpoolFile::open`]): its frames are kept as if just sent, with
+    /// there (`loaded`, from `SpoolFile::open`): its frames are kept as if just sent, with
     /// their age, and sent again once a collector names them missing or late; those past the
     /// age limit count as given up. `state` is the session the agent goes on with (the
     /// loaded one, resumed, when it has frames).

@@ -31,7 +31,7 @@ use std::{
 use monitor_wire::{Key, open_stored, peek_sequence};
 
 /// The log's name in the spool directory.
-pub const FILE_NAME: &str = "spool";
+pub(crate) const FILE_NAME: &str = "spool";
 /// Held locked while an agent uses the directory: a second agent there keeps its frames in
 /// memory only.
 const LOCK_NAME: &str = "lock";
@@ -103,7 +103,7 @@ pub struct SpoolFile {
 }
 
 /// Bytes a frame of `len` bytes takes in the file.
-pub fn record_len(len: usize) -> u64 {
+pub(crate) fn record_len(len: usize) -> u64 {
     (RECORD_HEAD + FRAME_HEAD + len) as u64
 }
 

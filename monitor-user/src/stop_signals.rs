@@ -7,14 +7,14 @@ use std::io;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     interrupt: Signal,
     terminate: Signal,
 }
 
 impl StopSignals {
     /// Installs the handlers: call it before the work a stop request must be able to end.
-    pub fn install() -> io::Result<Self> {
+    pub(crate) fn install() -> io::Result<Self> {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
@@ -22,7 +22,7 @@ impl StopSignals {
     }
 
     /// Waits for SIGINT or SIGTERM. Cancel-safe: usable as a branch of a `select!` loop.
-    pub async fn recv(&mut self) {
+    pub(crate) async fn recv(&mut self) {
         tokio::select! {
             _ = self.interrupt.recv() => {}
             _ = self.terminate.recv() => {}

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-pub enum TracefsError {
+pub(crate) enum TracefsError {
     #[error("tracefs is not mounted (looked in /sys/kernel/tracing and /sys/kernel/debug/tracing)")]
     NotMounted,
     #[error("{path}: {source}")]
@@ -19,13 +19,13 @@ pub enum TracefsError {
 
 /// A mounted tracefs.
 #[derive(Clone, Debug)]
-pub struct Tracefs {
+pub(crate) struct Tracefs {
     root: PathBuf,
 }
 
 /// Offset and size of one field of a tracepoint record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TraceField {
+pub(crate) struct TraceField {
     pub offset: u32,
     pub size: u32,
 }
@@ -33,7 +33,7 @@ pub struct TraceField {
 impl Tracefs {
     /// Finds tracefs under `sys`, mounting it at `<sys>/kernel/tracing` when it is not
     /// mounted yet (aya's tracepoint attach needs it; systemd normally mounts it).
-    pub fn find_or_mount(sys: &Path) -> Result<Self, TracefsError> {
+    pub(crate) fn find_or_mount(sys: &Path) -> Result<Self, TracefsError> {
         let candidates = [sys.join("kernel/tracing"), sys.join("kernel/debug/tracing")];
         if let Some(root) = candidates.iter().find(|c| c.join("events").is_dir()) {
             return Ok(Self { root: root.clone() });
@@ -48,21 +48,18 @@ impl Tracefs {
         Err(TracefsError::NotMounted)
     }
 
-    pub fn at(root: impl Into<PathBuf>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn at(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// True when the tracepoint exists (its module is loaded).
-    pub fn has_event(&self, system: &str, event: &str) -> bool {
+    pub(crate) fn has_event(&self, system: &str, event: &str) -> bool {
         self.root.join("events").join(system).join(event).is_dir()
     }
 
     /// The offset and size of `field` in the records of `system:event`.
-    pub fn field(
+    pub(crate) fn field(
         &self,
         system: &str,
         event: &str,

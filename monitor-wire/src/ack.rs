@@ -16,7 +16,7 @@ use crate::{
 pub const ACK_MAGIC: [u8; 4] = *b"RSWA";
 /// The smallest acknowledgement: magic, version, an empty node name, session, floor 0, no
 /// ranges, MAC.
-pub const MIN_ACK_LEN: usize = 4 + 1 + 1 + 4 + 1 + 1 + MAC_LEN;
+pub(crate) const MIN_ACK_LEN: usize = 4 + 1 + 1 + 4 + 1 + 1 + MAC_LEN;
 
 /// What a collector holds of one agent session: every frame below `floor`, and the `held`
 /// ranges above it; the numbers between are the gaps it lacks.
@@ -53,7 +53,7 @@ impl Ack {
 }
 
 /// Encodes an acknowledgement, authenticated like a frame, in at most `max_len` bytes (at
-/// least [`MIN_ACK_LEN`] plus the node name): held ranges that do not fit are left out,
+/// least `MIN_ACK_LEN` plus the node name): held ranges that do not fit are left out,
 /// highest first (the agent sends those frames again later, and the collector acknowledges
 /// them then), so an acknowledgement is never larger than what it answers.
 pub fn encode_ack(ack: &Ack, key: &Key, max_len: usize) -> Result<Vec<u8>, WireError> {

@@ -21,7 +21,7 @@ use crate::{
 /// Magic of an acknowledgement's timing.
 pub const TIMING_MAGIC: [u8; 4] = *b"RSWT";
 /// The smallest timing: magic, version, an empty node name, session, seq 0, two times, MAC.
-pub const MIN_TIMING_LEN: usize = 4 + 1 + 1 + 4 + 1 + 8 + 8 + MAC_LEN;
+pub(crate) const MIN_TIMING_LEN: usize = 4 + 1 + 1 + 4 + 1 + 8 + 8 + MAC_LEN;
 
 /// One exchange as the collector saw it: frame `seq` of the session arrived at `received_ns`
 /// and the acknowledgement that answers for it left at `sent_ns` (Unix ns, the collector's

@@ -20,7 +20,7 @@ use crate::error::WireError;
 /// Bytes the decoder may allocate per byte of frame for what the frame describes by
 /// reference: 8 times what the encoder's frames of the reference node need (7.6), and
 /// 4 MiB for the largest datagram.
-pub const DECODE_BYTES_PER_FRAME_BYTE: usize = 64;
+pub(crate) const DECODE_BYTES_PER_FRAME_BYTE: usize = 64;
 
 /// What one frame may still allocate.
 #[derive(Debug)]

@@ -1,7 +1,8 @@
 //! The frame model: what one datagram carries, as the encoder takes it and the decoder
 //! returns it (the format's constants are in [`limits`](crate::limits)).
 
-pub use crate::limits::{DEFAULT_MTU, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN, VERSION};
+pub(crate) use crate::limits::DEFAULT_MTU;
+pub use crate::limits::{MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN, VERSION};
 use crate::series::{Kind, Labels, Series};
 
 // Header flags: which sections follow.

@@ -33,7 +33,7 @@ use crate::{
 
 /// The context string of node key derivation (BLAKE3 `derive_key`): railscope's own, fixed
 /// forever for this derivation, so no other use of the fleet secret yields the same keys.
-pub const NODE_KEY_CONTEXT: &str = "railscope 2026-11-27 frame key of one node";
+pub(crate) const NODE_KEY_CONTEXT: &str = "railscope 2026-11-27 frame key of one node";
 
 /// The secret every node key of a fleet is derived from. The collector holds it; a node holds
 /// only its own key. Same file format as a [`Key`] (32 raw bytes or 64 hex characters).

@@ -17,7 +17,7 @@
 //!   [`clock_offset`] estimates the node's clock offset as NTP does).
 //!
 //! Decoding is bounded: a frame, even one with a valid MAC from a compromised node, may
-//! allocate at most [`DECODE_BYTES_PER_FRAME_BYTE`] bytes per byte for what it describes by
+//! allocate at most `DECODE_BYTES_PER_FRAME_BYTE` bytes per byte for what it describes by
 //! reference, plus its schema entries and samples (at most [`MAX_FRAME_SAMPLES`] of each),
 //! or it is refused with [`WireError::OverBudget`]; a [`ReceiverState`] keeps at most
 //! [`ReceiverLimits`] of schema per node.
@@ -61,9 +61,8 @@ mod series;
 #[cfg(test)]
 mod testing;
 
-pub use ack::{ACK_MAGIC, Ack, MIN_ACK_LEN, decode_ack, encode_ack};
-pub use ack_timing::{AckTiming, MIN_TIMING_LEN, TIMING_MAGIC, decode_timing, encode_timing};
-pub use budget::DECODE_BYTES_PER_FRAME_BYTE;
+pub use ack::{ACK_MAGIC, Ack, decode_ack, encode_ack};
+pub use ack_timing::{AckTiming, TIMING_MAGIC, decode_timing, encode_timing};
 pub use codec::{
     StoredFrame, decode, encode_frame, open_stored, open_stored_where, peek_has_schema, peek_node,
     peek_sequence,
@@ -71,19 +70,15 @@ pub use codec::{
 pub use encoder::{EncoderConfig, EncoderStats, FrameEncoder};
 pub use error::WireError;
 pub use frame::{
-    CounterSample, DEFAULT_MTU, Frame, GaugeSample, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN,
-    Sample, SchemaEntry, SeriesData, SeriesSamples, VERSION, WireEvent,
+    CounterSample, Frame, GaugeSample, MAGIC, MAX_FRAME_SAMPLES, MIN_FRAME_LEN, Sample,
+    SchemaEntry, SeriesData, SeriesSamples, VERSION, WireEvent,
 };
 pub use key::{Key, KeyError};
-pub use keyring::{
-    FleetSecret, Keyring, NODE_KEY_CONTEXT, NoKeys, PreviousSecret, Sealer, sealed_with,
-};
+pub use keyring::{FleetSecret, Keyring, NoKeys, PreviousSecret, Sealer, sealed_with};
 pub use mac::MAC_LEN;
 pub use measure::{WireCost, measure, measure_with};
-pub use receiver::{LastFrame, NodeState, ReceiverLimits, ReceiverState, schema_entry_cost};
-pub use request::{
-    MIN_REQUEST_LEN, REQUEST_MAGIC, SchemaRequest, decode_schema_request, encode_schema_request,
-};
+pub use receiver::{LastFrame, NodeState, ReceiverLimits, ReceiverState};
+pub use request::{SchemaRequest, decode_schema_request, encode_schema_request};
 pub use seqset::{MAX_RANGES, SeqSet};
 pub use series::{Kind, Labels, Reading, Series, Value};
 

@@ -6,7 +6,7 @@ pub const MAGIC: [u8; 4] = *b"RSWF";
 /// The format version this crate writes and reads.
 pub const VERSION: u8 = 1;
 /// Default largest frame, MAC included: fits a 1500-byte Ethernet MTU with IPv6 and UDP headers.
-pub const DEFAULT_MTU: usize = 1400;
+pub(crate) const DEFAULT_MTU: usize = 1400;
 /// Most samples one frame may carry (a bound for the decoder: a constant series costs a few
 /// bytes for any number of samples).
 pub const MAX_FRAME_SAMPLES: usize = 1 << 16;

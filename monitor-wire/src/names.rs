@@ -377,7 +377,7 @@ pub mod metric {
     }
 }
 
-/// The kinds of the events the agent sends ([`crate::Event::kind`]).
+/// The kinds of the events the agent sends ([`WireEvent::kind`](crate::WireEvent::kind)).
 pub mod event_kind {
     /// An IB port or device event (`ib_dispatch_event`); labels `device`, `port`; `text` the
     /// event's name (`IB_EVENT_PORT_ERR`, ...).

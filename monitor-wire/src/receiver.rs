@@ -21,7 +21,7 @@ pub struct ReceiverLimits {
     /// Schema entries kept per node (default 65,536).
     pub max_series_per_node: usize,
     /// Bytes those entries may take, each counted as if none of its strings were shared with
-    /// another entry (default 16 MiB): see [`schema_entry_cost`].
+    /// another entry (default 16 MiB): see `schema_entry_cost`.
     pub max_schema_bytes_per_node: usize,
 }
 
@@ -37,7 +37,7 @@ impl Default for ReceiverLimits {
 /// What one schema entry costs a receiver, at most: its strings and label pairs as if it
 /// shared none of them, its share of reference counts, and its slot in the node's table
 /// counted twice over (a hash table is at most about half full after it grows).
-pub fn schema_entry_cost(series: &Series) -> usize {
+pub(crate) fn schema_entry_cost(series: &Series) -> usize {
     let labels: usize = series
         .labels
         .iter()
@@ -131,7 +131,7 @@ impl NodeState {
         self.schema.len()
     }
 
-    /// What the node's schema costs ([`schema_entry_cost`] of each entry).
+    /// What the node's schema costs (`schema_entry_cost` of each entry).
     pub fn schema_bytes(&self) -> usize {
         self.schema_bytes
     }

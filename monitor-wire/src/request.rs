@@ -12,9 +12,9 @@ use crate::{
 
 /// Magic of a schema request, one of the messages a collector sends back to an agent
 /// (with acknowledgements).
-pub const REQUEST_MAGIC: [u8; 4] = *b"RSWQ";
+pub(crate) const REQUEST_MAGIC: [u8; 4] = *b"RSWQ";
 /// The smallest schema request: magic, version, an empty node name, session, MAC.
-pub const MIN_REQUEST_LEN: usize = 4 + 1 + 1 + 4 + MAC_LEN;
+pub(crate) const MIN_REQUEST_LEN: usize = 4 + 1 + 1 + 4 + MAC_LEN;
 
 /// A collector's request to one agent session: "send every schema entry again". A collector
 /// that restarted receives samples of ids it has no entry for; it asks, and the agent sends

@@ -59,7 +59,7 @@ pub(crate) use agent::build_standin;
 const DEFAULT_DURATION: u64 = 60;
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// What to benchmark.
     #[arg(value_enum)]
     pub target: Target,
@@ -88,7 +88,7 @@ pub struct Options {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
+pub(crate) enum Target {
     /// Per-event cost of the eBPF probes next to bpftrace on the same hooks (QEMU guest).
     Probes,
     /// The node agent: bytes per sample, CPU and memory next to node_exporter, adaptive
@@ -135,7 +135,7 @@ const BPFTRACE: ExtraDebs = ExtraDebs {
     tools: &["bpftrace"],
 };
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root(match options.target {
         Target::Probes => "building the guest image",
         Target::Agent => "running the agent (it loads eBPF probes)",

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use crate::{cargo, setup};
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Build with the dev profile instead of release.
     #[arg(long)]
     pub debug: bool,
@@ -17,12 +17,12 @@ pub struct Options {
 }
 
 /// Builds and returns the path of the `railscope` binary.
-pub fn run(options: &Options) -> anyhow::Result<PathBuf> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let tools = setup::run(&options.setup)?;
     railscope_binary(&tools, !options.debug)
 }
 
-pub fn railscope_binary(tools: &setup::Tools, release: bool) -> anyhow::Result<PathBuf> {
+pub(crate) fn railscope_binary(tools: &setup::Tools, release: bool) -> anyhow::Result<PathBuf> {
     setup::step("building the eBPF probes and the railscope binary");
     let mut cmd = cargo::command(tools);
     cmd.args(["build", "--package", "monitor-user", "--bin", "railscope"]);

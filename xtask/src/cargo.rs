@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// The workspace root (the parent of this crate's manifest directory).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
@@ -16,7 +16,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// A `cargo` command in the workspace, with bpf-linker on PATH.
-pub fn command(tools: &crate::tools::Tools) -> Command {
+pub(crate) fn command(tools: &crate::tools::Tools) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
@@ -25,7 +25,7 @@ pub fn command(tools: &crate::tools::Tools) -> Command {
 }
 
 /// Runs a command, failing with its rendering when it exits non-zero.
-pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("failed to start {cmd:?}"))?;
@@ -36,7 +36,7 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Runs a command and returns its stdout, trimmed; fails with its rendering and stderr.
-pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let rendered = render(cmd);
     let out = cmd
         .output()
@@ -52,7 +52,7 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 /// `program arg arg ...` for messages.
-pub fn render(cmd: &Command) -> String {
+pub(crate) fn render(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|s| s.to_string_lossy())
@@ -61,7 +61,7 @@ pub fn render(cmd: &Command) -> String {
 }
 
 /// Builds `package`'s example `name` (release) and returns its path.
-pub fn build_example(
+pub(crate) fn build_example(
     tools: &crate::tools::Tools,
     package: &str,
     name: &str,
@@ -83,7 +83,7 @@ pub fn build_example(
 }
 
 /// Builds with `--message-format=json` and returns the executables cargo reports, by target name.
-pub fn build_executables(cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>> {
+pub(crate) fn build_executables(cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>> {
     Ok(artifacts(cmd)?
         .into_iter()
         .filter_map(|a| Some((a.name, a.executable?)))
@@ -92,7 +92,7 @@ pub fn build_executables(cmd: Command) -> anyhow::Result<Vec<(String, PathBuf)>>
 
 /// Builds with `--message-format=json` and returns the file named `file_name` among those
 /// cargo reports (a library's `.so`), wherever the target directory is (`CARGO_TARGET_DIR`).
-pub fn build_file(cmd: Command, file_name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_file(cmd: Command, file_name: &str) -> anyhow::Result<PathBuf> {
     artifacts(cmd)?
         .into_iter()
         .filter(|a| !a.test)
@@ -174,14 +174,14 @@ fn artifacts(mut cmd: Command) -> anyhow::Result<Vec<Artifact>> {
 /// NVML stand-in: about 8 minutes of a CI run on 2 cores). `cargo xtask test` builds once
 /// and every later step takes its binaries from here: the testkit through
 /// `RAILSCOPE_AGENT_BINARY`, the VM scenarios and the package test through this value.
-pub struct WorkspaceBuild {
+pub(crate) struct WorkspaceBuild {
     artifacts: Vec<Artifact>,
 }
 
 impl WorkspaceBuild {
     /// `cargo build --release --all-targets`: the default members' libraries, binaries,
     /// tests and examples (what `cargo test --release` then runs without building again).
-    pub fn run(tools: &crate::tools::Tools) -> anyhow::Result<Self> {
+    pub(crate) fn run(tools: &crate::tools::Tools) -> anyhow::Result<Self> {
         crate::progress::step(
             "building the workspace once (cargo build --release --all-targets): the tests, the \
              guests and the package all take their binaries from this build",
@@ -194,7 +194,7 @@ impl WorkspaceBuild {
     }
 
     /// The binary `name` (not its unit-test harness).
-    pub fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
+    pub(crate) fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
         self.artifacts
             .iter()
             .find(|a| a.name == name && !a.test)
@@ -203,7 +203,7 @@ impl WorkspaceBuild {
     }
 
     /// The example `name` of the package in folder `package`.
-    pub fn example(&self, package: &str, name: &str) -> anyhow::Result<PathBuf> {
+    pub(crate) fn example(&self, package: &str, name: &str) -> anyhow::Result<PathBuf> {
         self.artifacts
             .iter()
             .find(|a| {
@@ -218,7 +218,7 @@ impl WorkspaceBuild {
     }
 
     /// The unit-test harness of library `name` (`monitor_user`).
-    pub fn unit_tests(&self, name: &str) -> anyhow::Result<PathBuf> {
+    pub(crate) fn unit_tests(&self, name: &str) -> anyhow::Result<PathBuf> {
         self.artifacts
             .iter()
             .find(|a| a.name == name && a.test && a.kinds.iter().any(|k| k == "lib"))
@@ -227,7 +227,7 @@ impl WorkspaceBuild {
     }
 
     /// The file `file_name` a library target produced (`libnvml_standin.so`).
-    pub fn library_file(&self, file_name: &str) -> anyhow::Result<PathBuf> {
+    pub(crate) fn library_file(&self, file_name: &str) -> anyhow::Result<PathBuf> {
         self.artifacts
             .iter()
             .filter(|a| !a.test)

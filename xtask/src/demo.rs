@@ -37,7 +37,7 @@ const FIRST_FRAME_WITHIN: Duration = Duration::from_secs(300);
 /// Runs the demo until Ctrl-C, or for `seconds` (then checks what a new user would look
 /// at: live data, both jobs, a flapping-port finding). `udp`/`http`: the collector's
 /// loopback addresses; `data`: its data directory (the demo's own, not the real one).
-pub fn run(
+pub(crate) fn run(
     tools: &Tools,
     railscope: &Path,
     udp: &str,
@@ -247,6 +247,6 @@ fn stop(child: &mut Child) {
 
 /// The demo's data directory, inside the real one but apart from its data (and removed at
 /// each demo's start).
-pub fn data_dir(real: &Path) -> PathBuf {
+pub(crate) fn data_dir(real: &Path) -> PathBuf {
     real.join("demo")
 }

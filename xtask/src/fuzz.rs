@@ -19,7 +19,7 @@ use anyhow::{Context as _, bail};
 use crate::{cargo, setup};
 
 /// Every fuzz target (`fuzz/fuzz_targets/<name>.rs`).
-pub const TARGETS: &[&str] = &[
+pub(crate) const TARGETS: &[&str] = &[
     "wire_frame",
     "collector_ingest",
     "schema_request",
@@ -31,7 +31,7 @@ pub const TARGETS: &[&str] = &[
 ];
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Run only this target (repeatable; default: all of them).
     #[arg(long = "target", value_name = "NAME")]
     pub targets: Vec<String>,
@@ -53,7 +53,7 @@ const MAX_LEN: &[(&str, usize)] = &[
 ];
 
 /// What one run did.
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub target: String,
     pub executions: u64,
     pub seconds: f64,
@@ -68,7 +68,7 @@ pub struct Outcome {
 }
 
 /// One line per target that found something, `target: what`.
-pub fn failures(outcomes: &[Outcome]) -> Vec<String> {
+pub(crate) fn failures(outcomes: &[Outcome]) -> Vec<String> {
     outcomes
         .iter()
         .filter_map(|o| Some(format!("fuzz target {}: {}", o.target, o.failure.as_ref()?)))
@@ -76,13 +76,13 @@ pub fn failures(outcomes: &[Outcome]) -> Vec<String> {
 }
 
 impl Outcome {
-    pub fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.executions as f64 / self.seconds.max(1e-9)
     }
 }
 
 /// The outcomes as a table: executions, time, rate and coverage per target.
-pub fn summary(outcomes: &[Outcome]) -> String {
+pub(crate) fn summary(outcomes: &[Outcome]) -> String {
     let mut out = format!(
         "{:<18} {:>12} {:>9} {:>9} {:>7} {:>7}\n",
         "target", "executions", "seconds", "exec/s", "cov", "ft"
@@ -109,7 +109,7 @@ pub fn summary(outcomes: &[Outcome]) -> String {
     out
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
     let targets: Vec<&str> = if options.targets.is_empty() {
         TARGETS.to_vec()
@@ -136,7 +136,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 
 /// Builds the targets and the seeds, then runs each target for `seconds` (or `runs`
 /// executions), one after the other, every one even after a finding (see [`failures`]).
-pub fn run_targets(
+pub(crate) fn run_targets(
     tools: &setup::Tools,
     targets: &[&str],
     seconds: u64,
@@ -161,14 +161,14 @@ pub fn run_targets(
 /// needs.
 ///
 /// Dropped before [`BackgroundBuild::wait`] (the tests failed), it stops the build.
-pub struct BackgroundBuild {
+pub(crate) struct BackgroundBuild {
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
     log: PathBuf,
     cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BackgroundBuild {
-    pub fn start(tools: &setup::Tools) -> anyhow::Result<Self> {
+    pub(crate) fn start(tools: &setup::Tools) -> anyhow::Result<Self> {
         let root = cargo::workspace_root();
         let log = root.join("target/fuzz/build.log");
         std::fs::create_dir_all(log.parent().expect("the log is in a directory"))?;
@@ -216,7 +216,7 @@ impl BackgroundBuild {
     }
 
     /// Waits for the build; its failure carries the log's last lines.
-    pub fn wait(mut self) -> anyhow::Result<()> {
+    pub(crate) fn wait(mut self) -> anyhow::Result<()> {
         setup::step("the fuzz targets' build: waiting for it to finish");
         let result = self
             .thread
@@ -249,7 +249,7 @@ impl Drop for BackgroundBuild {
 /// Runs each target, built already, for `seconds` (or `runs` executions) from `seeds`, one
 /// after the other, every one even after a finding (see [`failures`]); fails only where a
 /// target cannot be started.
-pub fn run_built_targets(
+pub(crate) fn run_built_targets(
     tools: &setup::Tools,
     seeds: &Path,
     targets: &[&str],
@@ -416,7 +416,7 @@ fn run_seed_example(
 /// Seeds for every target under `target/fuzz/seeds/<target>/`, from what the tests use.
 ///
 /// `built`: the suite's workspace build, which holds the seed examples already.
-pub fn make_seeds(
+pub(crate) fn make_seeds(
     tools: &setup::Tools,
     root: &Path,
     built: Option<&cargo::WorkspaceBuild>,

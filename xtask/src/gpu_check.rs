@@ -48,10 +48,10 @@ use crate::{
 };
 
 /// What the check prints, and exits 0 with, where there is no GPU.
-pub const NO_GPU: &str = "no NVIDIA GPU on this machine: nothing to check";
+pub(crate) const NO_GPU: &str = "no NVIDIA GPU on this machine: nothing to check";
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Seconds the agent runs: the first half as the machine is, the second under `--load`
     /// when given.
     #[arg(long, default_value_t = 60)]
@@ -86,7 +86,7 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     let gpus = match detect(options) {
         Detected::None(why) => {
             println!("{NO_GPU} ({why})");

@@ -13,10 +13,10 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// A `/metrics` page as `name{labels}` -> value.
-pub type Metrics = BTreeMap<String, f64>;
+pub(crate) type Metrics = BTreeMap<String, f64>;
 
 /// `GET path` over HTTP/1.0 (the server closes the connection after the body): status and body.
-pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(120)))?;
@@ -35,7 +35,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
-pub fn wait_http(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_http(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if matches!(http_get(addr, "/metrics/collector"), Ok((200, _))) {
@@ -46,7 +46,7 @@ pub fn wait_http(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
     bail!("nothing answered on http://{addr}/metrics within {timeout:?}")
 }
 
-pub fn metrics_at(addr: SocketAddr, path: &str) -> anyhow::Result<Metrics> {
+pub(crate) fn metrics_at(addr: SocketAddr, path: &str) -> anyhow::Result<Metrics> {
     let (status, body) = http_get(addr, path)?;
     if status != 200 {
         bail!("GET http://{addr}{path}: status {status}");
@@ -54,7 +54,7 @@ pub fn metrics_at(addr: SocketAddr, path: &str) -> anyhow::Result<Metrics> {
     Ok(parse_metrics(&body))
 }
 
-pub fn parse_metrics(text: &str) -> Metrics {
+pub(crate) fn parse_metrics(text: &str) -> Metrics {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
@@ -69,7 +69,7 @@ pub fn parse_metrics(text: &str) -> Metrics {
 }
 
 /// The sum of a metric over all its label sets.
-pub fn metric_sum(m: &Metrics, name: &str) -> f64 {
+pub(crate) fn metric_sum(m: &Metrics, name: &str) -> f64 {
     m.iter()
         .filter(|(k, _)| {
             k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
@@ -79,7 +79,7 @@ pub fn metric_sum(m: &Metrics, name: &str) -> f64 {
 }
 
 /// Percent-encodes a query-string value.
-pub fn encode(value: &str) -> String {
+pub(crate) fn encode(value: &str) -> String {
     value
         .bytes()
         .map(|b| match b {

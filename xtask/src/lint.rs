@@ -6,12 +6,12 @@ mod circles;
 use crate::{cargo, setup};
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     #[command(flatten)]
     pub setup: setup::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
     setup::step("cargo fmt --all --check");
     cargo::run(cargo::command(&tools).args(["fmt", "--all", "--check"]))?;

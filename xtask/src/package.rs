@@ -44,7 +44,7 @@ const SPLIT: &str = "0.1.0-2";
 
 /// Debian packages this command needs: lintian (dpkg-deb and dpkg-shlibdeps come with dpkg
 /// and dpkg-dev).
-pub const PACKAGES: &[&str] = &["lintian", "dpkg-dev"];
+pub(crate) const PACKAGES: &[&str] = &["lintian", "dpkg-dev"];
 
 /// Lintian tags left, each with why it stays; any other tag of either package fails the
 /// build.
@@ -158,7 +158,7 @@ Replaces: railscope (<< {split})
 };
 
 /// The release binaries the packages are made of.
-pub struct Binaries {
+pub(crate) struct Binaries {
     /// `railscope` (monitor-user, the eBPF object embedded).
     pub agent: PathBuf,
     /// `railscope-collector` (monitor-collector).
@@ -166,7 +166,7 @@ pub struct Binaries {
 }
 
 /// The two `.deb` files.
-pub struct Debs {
+pub(crate) struct Debs {
     /// `railscope`, the node agent.
     pub agent: PathBuf,
     /// `railscope-collector`.
@@ -174,7 +174,7 @@ pub struct Debs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Skip lintian (it takes a while on a busy machine).
     #[arg(long)]
     pub no_lintian: bool,
@@ -182,7 +182,7 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
     if !options.setup.no_apt {
         setup::ensure_debian_packages(PACKAGES)?;
@@ -194,7 +194,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 }
 
 /// Builds the two binaries (release, the eBPF object embedded in `railscope`).
-pub fn build_binaries(tools: &setup::Tools) -> anyhow::Result<Binaries> {
+pub(crate) fn build_binaries(tools: &setup::Tools) -> anyhow::Result<Binaries> {
     setup::step("building railscope (eBPF object embedded) and railscope-collector (release)");
     let mut cmd = cargo::command(tools);
     cmd.args([
@@ -225,7 +225,7 @@ pub fn build_binaries(tools: &setup::Tools) -> anyhow::Result<Binaries> {
 
 /// The two packages of `binaries`, built already (here, or the suite's workspace build);
 /// each checked with lintian when `lintian`.
-pub fn build_from(binaries: &Binaries, lintian: bool) -> anyhow::Result<Debs> {
+pub(crate) fn build_from(binaries: &Binaries, lintian: bool) -> anyhow::Result<Debs> {
     let root = cargo::workspace_root();
     let version = format!("{}-{DEBIAN_REVISION}", workspace_version(&root)?);
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;

@@ -30,14 +30,14 @@ use crate::{
 const TEST_SCRIPT: &str = include_str!("package_test/test.sh");
 
 /// Host packages: debootstrap for the guest root (lintian and dpkg-dev for the package).
-pub const PACKAGES: &[&str] = &["debootstrap", "e2fsprogs"];
+pub(crate) const PACKAGES: &[&str] = &["debootstrap", "e2fsprogs"];
 
 /// Seconds the guest may take (boot, the checks, the 30 s watchdog wait, poweroff).
-pub const DEFAULT_TIMEOUT: u64 = 900;
+pub(crate) const DEFAULT_TIMEOUT: u64 = 900;
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)]
-pub struct Options {
+pub(crate) struct Options {
     /// The test bed kernel the guest boots.
     #[arg(long, value_enum, default_value = "bookworm")]
     pub kernel: KernelLine,
@@ -52,14 +52,14 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     let tools = setup::run(&options.setup)?;
     run_with(&tools, options, None)
 }
 
 /// Runs the test; `built` is the suite's workspace build when there is one (the package is
 /// made of its binaries, and the stand-in taken from it), else both are built here.
-pub fn run_with(
+pub(crate) fn run_with(
     tools: &setup::Tools,
     options: &Options,
     built: Option<&crate::cargo::WorkspaceBuild>,

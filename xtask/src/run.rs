@@ -21,7 +21,7 @@ const UDP: &str = "127.0.0.1:7670";
 const HTTP: &str = "127.0.0.1:7671";
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// The collector's data directory and key (default: ~/.local/share/railscope).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
@@ -44,7 +44,7 @@ pub struct Options {
     pub setup: setup::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("loading eBPF probes")?;
     let tools = setup::run(&options.setup)?;
     if !options.demo

@@ -10,14 +10,14 @@ use std::{
 };
 
 /// A new random key, as 64 hex digits, in `dir/wire.key` (mode 600).
-pub fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_key(dir: &Path) -> anyhow::Result<PathBuf> {
     let key = dir.join("wire.key");
     write_random_key(&key)?;
     Ok(key)
 }
 
 /// 32 random bytes as 64 hex digits in `path` (mode 600): a key, or a fleet secret.
-pub fn write_random_key(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_random_key(path: &Path) -> anyhow::Result<()> {
     let mut bytes = [0u8; 32];
     fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -27,11 +27,11 @@ pub fn write_random_key(path: &Path) -> anyhow::Result<()> {
 }
 
 /// A UDP port on loopback that was free a moment ago.
-pub fn free_udp_port() -> anyhow::Result<u16> {
+pub(crate) fn free_udp_port() -> anyhow::Result<u16> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A TCP port on loopback that was free a moment ago.
-pub fn free_tcp_port() -> anyhow::Result<u16> {
+pub(crate) fn free_tcp_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -25,31 +25,31 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
 
 /// The Prometheus-compatible servers the collector's remote-write tests start.
-pub const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
+pub(crate) const TSDB_PACKAGES: &[&str] = &["prometheus", "victoria-metrics"];
 
 /// The Slurm cluster the actions' tests and the test bed's `slurm-drain` start on loopback
 /// (monitor-testkit's `slurm`): the controller, a node daemon, `scontrol`, and munge (its
 /// authentication). Installed as packages only: the tests start the daemons themselves, with
 /// their own configuration.
-pub const SLURM_PACKAGES: &[&str] = &["slurmctld", "slurmd", "slurm-client", "munge"];
+pub(crate) const SLURM_PACKAGES: &[&str] = &["slurmctld", "slurmd", "slurm-client", "munge"];
 
 /// The Alertmanager the alert actions' test starts on loopback with its own configuration
 /// and storage (the package's own service is not used).
-pub const ALERTMANAGER_PACKAGES: &[&str] = &["prometheus-alertmanager"];
+pub(crate) const ALERTMANAGER_PACKAGES: &[&str] = &["prometheus-alertmanager"];
 
 /// The dashboard's charting library, compiled into the collector (its build.rs reads it), and
 /// the browser its test drives headless.
-pub const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
+pub(crate) const DASHBOARD_PACKAGES: &[&str] = &["libjs-dygraphs", "chromium"];
 
 /// The tools the agent's ethtool test runs (monitor-user/tests/ethtool_netns.rs): `ip` for its
 /// network namespace and veth pair, `ethtool -S` for what the agent must match.
-pub const ETHTOOL_TEST_PACKAGES: &[&str] = &["iproute2", "ethtool"];
+pub(crate) const ETHTOOL_TEST_PACKAGES: &[&str] = &["iproute2", "ethtool"];
 
-pub use crate::{progress::step, tools::Tools};
+pub(crate) use crate::{progress::step, tools::Tools};
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
-pub struct Options {
+pub(crate) struct Options {
     /// Skip installing Debian packages (when the caller has no root or manages them itself).
     #[arg(long)]
     pub no_apt: bool,
@@ -58,7 +58,7 @@ pub struct Options {
 /// railscope's cache: `$RAILSCOPE_CACHE`, else `$XDG_CACHE_HOME/railscope`, else
 /// `~/.cache/railscope`. Downloads and toolchain builds live here, so they survive `cargo clean`
 /// and fresh clones.
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RAILSCOPE_CACHE") {
         return dir.into();
     }
@@ -69,7 +69,7 @@ pub fn cache_dir() -> PathBuf {
     base.join("railscope")
 }
 
-pub fn require_root(why: &str) -> anyhow::Result<()> {
+pub(crate) fn require_root(why: &str) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("{why} needs root: run it as root (e.g. `sudo -E cargo xtask ...`)");
@@ -77,7 +77,7 @@ pub fn require_root(why: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(options: &Options) -> anyhow::Result<Tools> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<Tools> {
     let cache_dir = cache_dir();
     std::fs::create_dir_all(&cache_dir)
         .with_context(|| format!("creating the cache directory {}", cache_dir.display()))?;
@@ -238,7 +238,7 @@ fn dpkg_installed(package: &str) -> bool {
         .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b"install ok installed"))
 }
 
-pub fn ensure_debian_packages(packages: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn ensure_debian_packages(packages: &[&str]) -> anyhow::Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()

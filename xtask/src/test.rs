@@ -11,7 +11,7 @@ use crate::{cargo, fuzz, package_test, setup, test_report, units, vm_test};
 const FUZZ_SECONDS: u64 = 20;
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Skip the QEMU scenarios (unit and host tests only).
     #[arg(long)]
     pub no_vm: bool,
@@ -19,7 +19,7 @@ pub struct Options {
     pub vm: vm_test::Options,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("loading eBPF programs in the host tests")?;
     let tools = setup::run(&options.vm.setup)?;
     // Without the workspace's binaries nothing else can run: the one stop before the end.

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 
 /// Runs `cmd` (a `cargo test`), echoing its merged output line by line, and returns the
 /// failures it reports: empty when it passed.
-pub fn run_cargo_test(mut cmd: Command) -> anyhow::Result<Vec<String>> {
+pub(crate) fn run_cargo_test(mut cmd: Command) -> anyhow::Result<Vec<String>> {
     let (reader, writer) = std::io::pipe().context("making a pipe for cargo test's output")?;
     let mut child = cmd
         .stdout(writer.try_clone()?)

@@ -5,14 +5,14 @@ use std::{ffi::OsString, path::PathBuf};
 
 /// What setup found or installed, for the commands that follow.
 #[derive(Debug, Clone)]
-pub struct Tools {
+pub(crate) struct Tools {
     pub bpf_linker_dir: PathBuf,
     pub cache_dir: PathBuf,
 }
 
 impl Tools {
     /// PATH with bpf-linker's directory first.
-    pub fn path_with_bpf_linker(&self) -> OsString {
+    pub(crate) fn path_with_bpf_linker(&self) -> OsString {
         let mut paths = vec![self.bpf_linker_dir.clone()];
         if let Some(path) = std::env::var_os("PATH") {
             paths.extend(std::env::split_paths(&path));

@@ -9,13 +9,13 @@ use anyhow::{Context as _, bail};
 use crate::{cargo, progress};
 
 /// Debian packages the check needs (`systemd-analyze`).
-pub const PACKAGES: &[&str] = &["systemd"];
-pub const UNITS: &[&str] = &["railscope-agent.service", "railscope-collector.service"];
+pub(crate) const PACKAGES: &[&str] = &["systemd"];
+pub(crate) const UNITS: &[&str] = &["railscope-agent.service", "railscope-collector.service"];
 const DOC: &str = "docs/deployment.md";
 
 /// Verifies the units against the binaries in `bin_dir` (their `ExecStart` points there
 /// instead of /usr/bin, where `verify` would look for them) and checks the documented scores.
-pub fn check(bin_dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn check(bin_dir: &Path) -> anyhow::Result<()> {
     progress::step("systemd units: systemd-analyze verify and security");
     let root = cargo::workspace_root();
     let scratch = root.join("target/units-check");

@@ -31,7 +31,7 @@ use crate::{
 
 /// Every scenario, in the order one boot runs them. `port-events` comes first: it starts the
 /// agent before the RDMA modules are loaded.
-pub const SCENARIOS: &[&str] = &[
+pub(crate) const SCENARIOS: &[&str] = &[
     "port-events",
     "probe-table",
     "ib-core-btf",
@@ -98,11 +98,12 @@ const OWN_BOOT: &[&str] = &[SIW_SCENARIO, host_collector::SLURM_SCENARIO, PCIE_S
 const PCIE_SCENARIO: &str = "pcie-topology";
 
 /// Scenarios that run only when named with `--scenario` (diagnostics, not tests).
-pub const ON_REQUEST: &[&str] = &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
+pub(crate) const ON_REQUEST: &[&str] =
+    &["kernel-facts", "hook-trace", "bench-probes", "bench-events"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)] // flattened into other commands' options
-pub struct Options {
+pub(crate) struct Options {
     /// Kernel lines to boot (repeatable; default: Debian 6.1 for `vm-test`, every line for
     /// `test`).
     #[arg(long, value_enum)]
@@ -194,7 +195,7 @@ impl Options {
 
     /// How many jobs the `soak` scenario runs: the full length only when every kernel line is
     /// booted on request (not in CI), unless `--soak-jobs` says.
-    pub fn soak_jobs(&self) -> u32 {
+    pub(crate) fn soak_jobs(&self) -> u32 {
         self.soak_jobs.unwrap_or(if self.all_kernels && !self.ci {
             SOAK_JOBS_FULL
         } else {
@@ -203,7 +204,7 @@ impl Options {
     }
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     setup::require_root("building the guest image")?;
     let tools = setup::run(&options.setup)?;
     run_with(&tools, options, None)
@@ -273,7 +274,7 @@ pub(crate) fn build_guest_init(tools: &Tools) -> anyhow::Result<PathBuf> {
 
 /// Runs the scenarios; `built` is the suite's workspace build when there is one (the guest's
 /// binaries and the collector come from it), else they are built here.
-pub fn run_with(
+pub(crate) fn run_with(
     tools: &Tools,
     options: &Options,
     built: Option<&cargo::WorkspaceBuild>,
@@ -288,7 +289,7 @@ pub fn run_with(
 
 /// Runs every scenario asked for on every kernel asked for, each whatever failed before it;
 /// returns one line per failed scenario (`Bookworm/port-events: why`).
-pub fn failed_scenarios(
+pub(crate) fn failed_scenarios(
     tools: &Tools,
     options: &Options,
     built: Option<&cargo::WorkspaceBuild>,

@@ -194,7 +194,7 @@ pub(crate) struct State {
 impl State {
     /// The segments still in their open form, in sequence order: the frozen ones, then the
     /// open one.
-    pub fn wal_segments(&self) -> impl Iterator<Item = &OpenSegment> {
+    pub(crate) fn wal_segments(&self) -> impl Iterator<Item = &OpenSegment> {
         self.frozen
             .iter()
             .map(|s| &**s)

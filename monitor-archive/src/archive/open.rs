@@ -73,7 +73,7 @@ fn header(id: u64) -> [u8; HEADER_LEN] {
 
 impl OpenSegment {
     /// Creates a new, empty open segment (its header written and synced).
-    pub fn create(dir: &Path, id: u64) -> Result<Self, ArchiveError> {
+    pub(crate) fn create(dir: &Path, id: u64) -> Result<Self, ArchiveError> {
         let path = open_path(dir, id);
         let file = OpenOptions::new()
             .read(true)
@@ -108,7 +108,7 @@ impl OpenSegment {
 
     /// Opens an existing open segment after a restart: reads its entries back and cuts the
     /// tail from the first entry that is cut short or fails its checksum.
-    pub fn recover(path: &Path, id: u64) -> Result<(Self, Option<TornTail>), ArchiveError> {
+    pub(crate) fn recover(path: &Path, id: u64) -> Result<(Self, Option<TornTail>), ArchiveError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -190,7 +190,7 @@ impl OpenSegment {
     }
 
     /// Appends one record to the buffer.
-    pub fn append(&mut self, r: &RecordView<'_>) {
+    pub(crate) fn append(&mut self, r: &RecordView<'_>) {
         let offset = self.written + self.buf.len() as u64;
         let before = self.buf.len();
         r.put_entry(&mut self.buf);
@@ -199,17 +199,17 @@ impl OpenSegment {
     }
 
     /// Size the segment has once its buffer is written out.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.written + self.buf.len() as u64
     }
 
-    pub fn first_received_ns(&self) -> Option<u64> {
+    pub(crate) fn first_received_ns(&self) -> Option<u64> {
         self.entries.first().map(|e| e.received_ns)
     }
 
     /// Writes the buffer out at the end of the file. On failure the file is cut back to
     /// what it held, so no half entry stays behind, and the buffer is kept.
-    pub fn write_out(&mut self) -> Result<(), ArchiveError> {
+    pub(crate) fn write_out(&mut self) -> Result<(), ArchiveError> {
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -228,7 +228,7 @@ impl OpenSegment {
     }
 
     /// The bytes of one entry, from the file or the buffer.
-    pub fn entry_bytes(&self, e: &Entry) -> Result<Cow<'_, [u8]>, ArchiveError> {
+    pub(crate) fn entry_bytes(&self, e: &Entry) -> Result<Cow<'_, [u8]>, ArchiveError> {
         if e.offset >= self.written {
             let at = (e.offset - self.written) as usize;
             return Ok(Cow::Borrowed(&self.buf[at..at + e.len as usize]));
@@ -241,7 +241,7 @@ impl OpenSegment {
     }
 
     /// Reads one entry back as a record.
-    pub fn record(&self, e: &Entry) -> Result<super::Record, ArchiveError> {
+    pub(crate) fn record(&self, e: &Entry) -> Result<super::Record, ArchiveError> {
         let bytes = self.entry_bytes(e)?;
         let (r, _) = read_entry(&bytes).map_err(|_| ArchiveError::Corrupt {
             path: self.path.clone(),

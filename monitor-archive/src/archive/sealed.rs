@@ -74,7 +74,7 @@ pub(crate) struct NodeBlocks {
 }
 
 impl NodeBlocks {
-    pub fn min_ns(&self) -> u64 {
+    pub(crate) fn min_ns(&self) -> u64 {
         self.blocks
             .iter()
             .map(|b| b.min_ns)
@@ -82,7 +82,7 @@ impl NodeBlocks {
             .unwrap_or(u64::MAX)
     }
 
-    pub fn max_ns(&self) -> u64 {
+    pub(crate) fn max_ns(&self) -> u64 {
         self.blocks.iter().map(|b| b.max_ns).max().unwrap_or(0)
     }
 }

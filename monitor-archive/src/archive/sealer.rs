@@ -79,7 +79,7 @@ impl Link {
 
 impl Sealer {
     /// Starts the thread for the archive `shared` under `dir`.
-    pub fn spawn(
+    pub(super) fn spawn(
         shared: Arc<RwLock<State>>,
         dir: PathBuf,
         settings: BlockSettings,
@@ -103,11 +103,11 @@ impl Sealer {
     }
 
     /// A segment was frozen: look now.
-    pub fn wake(&self) {
+    pub(super) fn wake(&self) {
         self.link.changed.notify_all();
     }
 
-    pub fn status(&self) -> SealerStatus {
+    pub(super) fn status(&self) -> SealerStatus {
         let c = self.link.lock();
         SealerStatus {
             sealed: c.sealed,
@@ -115,11 +115,11 @@ impl Sealer {
         }
     }
 
-    pub fn heartbeat(&self) -> Heartbeat {
+    pub(super) fn heartbeat(&self) -> Heartbeat {
         self.link.heartbeat.clone()
     }
 
-    pub fn stall(&self) -> SealerStall {
+    pub(super) fn stall(&self) -> SealerStall {
         self.link.lock().stalled = true;
         SealerStall {
             link: self.link.clone(),
@@ -128,7 +128,7 @@ impl Sealer {
 
     /// Waits until no frozen segment waits, trying a failed one again at once; returns the
     /// error of a seal that fails meanwhile.
-    pub fn wait_idle(&self, shared: &RwLock<State>) -> Result<(), String> {
+    pub(super) fn wait_idle(&self, shared: &RwLock<State>) -> Result<(), String> {
         let mut c = self.link.lock();
         c.retry_at = None;
         let failures = c.failures;

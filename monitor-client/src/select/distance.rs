@@ -145,7 +145,7 @@ impl<'a> Grids<'a> {
 }
 
 /// The RMS difference of two series each divided by its largest magnitude, over the cells
-/// where both have data; `None` below [`MIN_OVERLAP`] common cells or if both are flat over
+/// where both have data; `None` below `MIN_OVERLAP` common cells or if both are flat over
 /// them ([`variance::is_flat`] at `min_variance`: no shape to compare), infinite if one is
 /// flat and the other is not.
 pub fn normalised_rms(a: &[f64], b: &[f64], min_variance: f64) -> Option<f64> {

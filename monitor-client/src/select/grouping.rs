@@ -29,7 +29,7 @@ pub struct Dropped {
 
 /// Groups `names` by `distances` (`[i][j]`, `None`: not comparable) at `max_distance`;
 /// `forced[i]` keeps metric `i` whatever. Groups come sorted by their first member.
-pub fn group(
+pub(super) fn group(
     names: &[&str],
     distances: &[Vec<Option<f64>>],
     max_distance: f64,

@@ -3,8 +3,8 @@
 //! others are compared pairwise by the max-normalised Euclidean distance of their series
 //! ([`distance`]); metrics closer than a threshold are grouped and the smallest set that
 //! keeps a member of every group within the threshold of every other member is kept
-//! ([`grouping`]); each kept metric gets the collection-interval cap its data supports, the
-//! 5th percentile of its stable-period lengths ([`interval_cap`]). [`report`] prints the
+//! (`grouping`); each kept metric gets the collection-interval cap its data supports, the
+//! 5th percentile of its stable-period lengths ([`interval_cap`]). `report` prints the
 //! result and the agent's `--sampling` settings; [`cli`] reads the range through the
 //! collector's query API, and what railscope reads from the collector (`/api/v1/reads`).
 //!
@@ -15,10 +15,10 @@
 
 pub mod cli;
 pub mod distance;
-pub mod grouping;
+mod grouping;
 pub mod interval_cap;
 pub mod keep;
-pub mod report;
+mod report;
 pub mod variance;
 
 use std::collections::BTreeMap;

@@ -23,7 +23,7 @@ use monitor_archive::clock::unix_now_ns;
 use monitor_findings::FindingsStore;
 
 #[derive(Clone)]
-pub struct ApiState {
+pub(crate) struct ApiState {
     pub actions: Arc<Actions>,
     pub table: Arc<NodeTable>,
     pub findings: Option<Arc<FindingsStore>>,

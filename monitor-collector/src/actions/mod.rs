@@ -3,4 +3,4 @@
 //!
 //! - [`api`]: `/api/v1/actions`, `/api/v1/actions/finding` and `/api/v1/actions/release`.
 
-pub mod api;
+pub(crate) mod api;

@@ -50,7 +50,7 @@ pub(crate) async fn findings(
 }
 
 /// Writes the findings' families onto the `/metrics` page.
-pub fn write_metrics(out: &mut String, store: &FindingsStore) {
+pub(crate) fn write_metrics(out: &mut String, store: &FindingsStore) {
     out.push_str(
         "# HELP railscope_finding_active A health finding that is active (docs/findings.md).\n\
          # TYPE railscope_finding_active gauge\n",
@@ -85,7 +85,7 @@ pub fn write_metrics(out: &mut String, store: &FindingsStore) {
 }
 
 /// How long the findings thread's ticks take (also on `/metrics/collector`).
-pub fn write_tick_metrics(out: &mut String, store: &FindingsStore) {
+pub(crate) fn write_tick_metrics(out: &mut String, store: &FindingsStore) {
     let (count, sum, max, last) = store.ticks().snapshot();
     let _ = writeln!(
         out,

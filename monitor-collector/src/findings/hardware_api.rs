@@ -1,6 +1,6 @@
 //! `GET /api/v1/nodes/{node}/hardware` (docs/http-api.md): a node's hardware path from its
-//! latest series ([`super::hardware`]), its class and what the class's majority has
-//! ([`super::profile`]), and the distance between each GPU and each RDMA device, the node's
+//! latest series ([`monitor_findings::hardware`]), its class and what the class's majority has
+//! ([`monitor_findings::profile`]), and the distance between each GPU and each RDMA device, the node's
 //! and the class's.
 
 use std::sync::Arc;

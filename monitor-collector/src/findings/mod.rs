@@ -4,8 +4,8 @@
 //! - [`api`]: `/api/v1/findings` and the findings' `/metrics` families;
 //! - [`hardware_api`]: `/api/v1/nodes/{node}/hardware`, a node's hardware path and its class.
 
-pub mod api;
-pub mod hardware_api;
+pub(crate) mod api;
+pub(crate) mod hardware_api;
 
 #[cfg(test)]
 mod tests;

@@ -20,19 +20,19 @@ use super::{Role, WebAuth};
 
 /// Who is calling, put on the request by [`authenticate`].
 #[derive(Clone)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub role: Role,
     web: Arc<WebAuth>,
 }
 
 /// A route any authenticated caller may use.
-pub fn read<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
+pub(crate) fn read<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
     // Authentication itself is every route's ([`authenticate`]): read asks no more.
     route
 }
 
 /// A route that changes the collector's state: for `admin` callers only (403 to others).
-pub fn admin<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
+pub(crate) fn admin<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
     route.route_layer(axum::middleware::from_fn(require_admin))
 }
 
@@ -55,7 +55,7 @@ async fn require_admin(request: Request, next: Next) -> Response {
 /// The layer over the router: admits a request with the credentials of a user of the web
 /// config (or any request when the config has no users: then the listener is loopback-only,
 /// or TLS verifies client certificates, or the operator allowed it), else answers 401.
-pub async fn authenticate(
+pub(crate) async fn authenticate(
     State(web): State<Arc<WebAuth>>,
     mut request: Request,
     next: Next,
@@ -113,7 +113,7 @@ fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
 
 /// `POST /-/reload`: reads the web config file and its certificates again (as SIGHUP does);
 /// 500 with the reason when the file cannot be used (the previous config stays).
-pub async fn reload(State(web): State<Arc<WebAuth>>) -> Response {
+pub(crate) async fn reload(State(web): State<Arc<WebAuth>>) -> Response {
     let answer = tokio::task::spawn_blocking(move || {
         web.reload().map(|()| {
             web.path().map_or_else(

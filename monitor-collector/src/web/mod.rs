@@ -1,14 +1,14 @@
 //! Who may use the collector's HTTP API, the way Prometheus decides it, so that operators
 //! need nothing new: a web config file in the exporter-toolkit's format
-//! (`--web.config.file`; [`config`]) gives TLS ([`tls`]) and basic-auth users, and
+//! (`--web.config.file`; `config`) gives TLS (`tls`) and basic-auth users, and
 //! railscope adds roles to it (`railscope_roles`: `read`, the default, or `admin`); every
-//! request is authenticated and each route asks for a role ([`auth`]). The file, with the
+//! request is authenticated and each route asks for a role (`auth`). The file, with the
 //! certificates it names, is read again on `POST /-/reload` and on SIGHUP; a file that
 //! cannot be used is refused and the old one kept.
 
-pub mod auth;
-pub mod config;
-pub mod tls;
+pub(crate) mod auth;
+mod config;
+pub(crate) mod tls;
 
 use std::{
     fmt,

@@ -28,14 +28,17 @@ const READY_QUEUE: usize = 64;
 /// TLS connections for `axum::serve`: a task accepts TCP connections and runs each
 /// handshake in a task of its own (a slow client holds up no other), handing the finished
 /// ones over; a failed handshake is logged at debug and forgotten.
-pub struct TlsListener {
+pub(crate) struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
     acceptor: JoinHandle<()>,
 }
 
 impl TlsListener {
-    pub fn new(listener: tokio::net::TcpListener, web: Arc<WebAuth>) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        listener: tokio::net::TcpListener,
+        web: Arc<WebAuth>,
+    ) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
         let (sender, ready) = mpsc::channel(READY_QUEUE);
         let acceptor = tokio::spawn(async move {
@@ -100,13 +103,13 @@ impl axum::serve::Listener for TlsListener {
 /// `RequestClientCert` when not `mandatory`, `RequireAnyClientCert` when it is): the
 /// handshake still proves the client holds the certificate's key.
 #[derive(Debug)]
-pub struct AnyClientCert {
+pub(crate) struct AnyClientCert {
     provider: Arc<CryptoProvider>,
     mandatory: bool,
 }
 
 impl AnyClientCert {
-    pub fn new(provider: Arc<CryptoProvider>, mandatory: bool) -> Self {
+    pub(crate) fn new(provider: Arc<CryptoProvider>, mandatory: bool) -> Self {
         Self {
             provider,
             mandatory,

@@ -21,7 +21,7 @@ use serde_json::Value;
 /// Debian's Chromium (or `RAILSCOPE_CHROMIUM`); None, with a message, when it is missing,
 /// unless `RAILSCOPE_REQUIRE_CHROMIUM=1` (set by `cargo xtask test`), which makes that a
 /// failure.
-pub fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("RAILSCOPE_CHROMIUM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
@@ -43,10 +43,10 @@ pub fn chromium() -> Option<PathBuf> {
 
 /// What the page reported that an operator would call broken.
 #[derive(Default)]
-pub struct PageProblems(Mutex<Vec<String>>);
+pub(crate) struct PageProblems(Mutex<Vec<String>>);
 
 impl PageProblems {
-    pub fn record(&self, event: &Event) {
+    pub(crate) fn record(&self, event: &Event) {
         let problem = match event {
             Event::RuntimeExceptionThrown(e) => Some(format!(
                 "exception: {}",
@@ -92,13 +92,13 @@ impl PageProblems {
         }
     }
 
-    pub fn take(&self) -> Vec<String> {
+    pub(crate) fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.0.lock().unwrap())
     }
 }
 
 /// Evaluates `expression` in the page; its JSON value.
-pub fn eval(tab: &Tab, expression: &str) -> Value {
+pub(crate) fn eval(tab: &Tab, expression: &str) -> Value {
     let wrapped = format!("JSON.stringify((() => {{ {expression} }})() ?? null)");
     let result = tab
         .evaluate(&wrapped, false)
@@ -111,7 +111,7 @@ pub fn eval(tab: &Tab, expression: &str) -> Value {
 
 /// Waits until `expression` gives true in the page (it re-renders every poll); a page still
 /// loading (the expression failing) is waited for too.
-pub fn wait_until(tab: &Tab, what: &str, expression: &str) {
+pub(crate) fn wait_until(tab: &Tab, what: &str, expression: &str) {
     let deadline = Instant::now() + Duration::from_secs(90);
     let wrapped = format!("JSON.stringify((() => {{ {expression} }})() ?? null)");
     loop {
@@ -128,7 +128,7 @@ pub fn wait_until(tab: &Tab, what: &str, expression: &str) {
 }
 
 /// Opens a view and waits for a completed update of it after it was opened.
-pub fn open(tab: &Tab, hash: &str, view: &str) {
+pub(crate) fn open(tab: &Tab, hash: &str, view: &str) {
     eval(
         tab,
         &format!("location.hash = {}; return true", Value::from(hash)),
@@ -147,7 +147,7 @@ pub fn open(tab: &Tab, hash: &str, view: &str) {
     );
 }
 
-pub fn screenshot(tab: &Tab, name: &str) {
+pub(crate) fn screenshot(tab: &Tab, name: &str) {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../dashboard-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     let png = tab
@@ -156,7 +156,7 @@ pub fn screenshot(tab: &Tab, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
-pub fn assert_no_problem(tab: &Tab, problems: &PageProblems, after: &str) {
+pub(crate) fn assert_no_problem(tab: &Tab, problems: &PageProblems, after: &str) {
     let banner = eval(
         tab,
         "const p = document.getElementById('problem'); return p.hidden ? null : p.textContent",
@@ -170,7 +170,7 @@ pub fn assert_no_problem(tab: &Tab, problems: &PageProblems, after: &str) {
 }
 
 /// Headless Chromium showing `url`, what the page reports recorded.
-pub struct Page {
+pub(crate) struct Page {
     pub tab: Arc<Tab>,
     pub problems: Arc<PageProblems>,
     _browser: Browser,
@@ -178,13 +178,13 @@ pub struct Page {
 }
 
 impl Page {
-    pub fn open(chromium: PathBuf, url: &str) -> Self {
+    pub(crate) fn open(chromium: PathBuf, url: &str) -> Self {
         Self::open_with(chromium, url, &[], None)
     }
 
     /// [`Page::open`] with more Chromium flags, answering the server's basic-auth
     /// challenges with `credentials` (as a user typing them in the browser's own prompt).
-    pub fn open_with(
+    pub(crate) fn open_with(
         chromium: PathBuf,
         url: &str,
         extra_args: &[&str],

@@ -12,16 +12,16 @@ use std::{
 };
 
 /// A series as `name{k=v,...}` with labels sorted (the key both sides are compared by).
-pub use monitor_testkit::sent_frames::canonical;
+pub(crate) use monitor_testkit::sent_frames::canonical;
 
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
 }
 
-pub struct Server {
+pub(crate) struct Server {
     pub kind: Tsdb,
     pub port: u16,
     data: PathBuf,
@@ -34,32 +34,32 @@ pub struct Server {
 /// A Prometheus whose HTTP API is behind TLS and basic auth (`--web.config.file`), and how
 /// the test itself reaches it: an agent trusting the test CA (with the client certificate if
 /// the server asks for one) and the `Authorization` header.
-pub struct Web {
+pub(crate) struct Web {
     pub config_file: PathBuf,
     pub agent: ureq::Agent,
     pub authorization: String,
 }
 
 #[derive(Clone, Copy, Debug)]
-pub enum Tsdb {
+pub(crate) enum Tsdb {
     Prometheus,
     VictoriaMetrics,
 }
 
 impl Tsdb {
-    pub fn binary(self) -> &'static str {
+    pub(crate) fn binary(self) -> &'static str {
         match self {
             Tsdb::Prometheus => "prometheus",
             Tsdb::VictoriaMetrics => "victoria-metrics",
         }
     }
 
-    pub fn package(self) -> &'static str {
+    pub(crate) fn package(self) -> &'static str {
         self.binary()
     }
 }
 
-pub fn find_binary(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_binary(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?
         .to_str()?
         .split(':')
@@ -69,7 +69,7 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
 }
 
 /// The server binary, or None (test skipped) when it is absent and not required.
-pub fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
+pub(crate) fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
     let found = find_binary(kind.binary());
     if found.is_none() {
         let msg = format!(
@@ -86,13 +86,19 @@ pub fn tsdb_binary(kind: Tsdb) -> Option<PathBuf> {
 }
 
 impl Server {
-    pub fn start(kind: Tsdb, binary: &Path, port: u16, data: &Path) -> Self {
+    pub(crate) fn start(kind: Tsdb, binary: &Path, port: u16, data: &Path) -> Self {
         Self::start_with(kind, binary, port, data, None)
     }
 
     /// Prometheus only: with `web`, its API (remote-write receiver included) is https with
     /// basic auth.
-    pub fn start_with(kind: Tsdb, binary: &Path, port: u16, data: &Path, web: Option<Web>) -> Self {
+    pub(crate) fn start_with(
+        kind: Tsdb,
+        binary: &Path,
+        port: u16,
+        data: &Path,
+        web: Option<Web>,
+    ) -> Self {
         let mut server = Server {
             kind,
             port,
@@ -107,7 +113,12 @@ impl Server {
 
     /// A Prometheus that scrapes: `scrape_configs` is its config's list (YAML, indented as
     /// the list's items under `scrape_configs:`).
-    pub fn start_scraping(binary: &Path, port: u16, data: &Path, scrape_configs: &str) -> Self {
+    pub(crate) fn start_scraping(
+        binary: &Path,
+        port: u16,
+        data: &Path,
+        scrape_configs: &str,
+    ) -> Self {
         std::fs::create_dir_all(data).unwrap();
         let mut server = Server {
             kind: Tsdb::Prometheus,
@@ -122,7 +133,7 @@ impl Server {
     }
 
     /// The answer of an instant PromQL query at the server's now: `data.result`.
-    pub fn instant(&self, promql: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn instant(&self, promql: &str) -> Vec<serde_json::Value> {
         self.instant_at(promql, None)
     }
 
@@ -144,7 +155,7 @@ impl Server {
         body["data"]["result"].as_array().unwrap().clone()
     }
 
-    pub fn base(&self) -> String {
+    pub(crate) fn base(&self) -> String {
         let scheme = if self.web.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
@@ -159,7 +170,7 @@ impl Server {
         }
     }
 
-    pub fn spawn(&mut self, binary: &Path) {
+    pub(crate) fn spawn(&mut self, binary: &Path) {
         let addr = format!("127.0.0.1:{}", self.port);
         let mut cmd = Command::new(binary);
         match self.kind {
@@ -236,7 +247,7 @@ impl Server {
     }
 
     /// SIGTERM and wait: the server shuts down cleanly, as an operator stops it.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
@@ -253,7 +264,7 @@ impl Server {
 
     /// Every `railscope_` sample the server holds: (series, ms, value); not the collector's
     /// findings' series (docs/findings.md), which it sends besides the archive's samples.
-    pub fn read_back(&self) -> Vec<(String, i64, f64)> {
+    pub(crate) fn read_back(&self) -> Vec<(String, i64, f64)> {
         let mut out = self.read_back_all();
         out.retain(|(key, ..)| !key.starts_with("railscope_finding"));
         out
@@ -311,7 +322,7 @@ impl Drop for Server {
     }
 }
 
-pub fn key_of(metric: &serde_json::Value) -> String {
+pub(crate) fn key_of(metric: &serde_json::Value) -> String {
     let m = metric.as_object().unwrap();
     let name = m["__name__"].as_str().unwrap();
     let labels: Vec<(&str, &str)> = m

@@ -1,6 +1,6 @@
 //! The straggler metrics' recent steps, kept at ingest: each series of the metrics the
 //! search reads ([`super::metrics_read`]) has its samples' spans spread, as they arrive, over
-//! the epoch's 10 s steps ([`Grid::epoch`]), the last [`RECENT_STEPS`] of them kept.
+//! the epoch's 10 s steps (`Grid::epoch`), the last [`RECENT_STEPS`] of them kept.
 //!
 //! Why: the job view asks for a 1,024-node job's stragglers over 5 minutes every time it
 //! loads. Read from the archive, that is 1,024 nodes × 7 minutes of records decoded again
@@ -8,7 +8,7 @@
 //! aligned to the step (what the dashboard asks) has the same steps as the epoch's, so its
 //! values are the ones the archive gives. A node the live table has not held whole since
 //! before the window (the collector restarted, the node's session changed) is still read
-//! from the archive: see [`LiveTable::visit_recent_steps`](crate::live_table::LiveTable::visit_recent_steps).
+//! from the archive: see [`LiveSteps::visit_recent_steps`](super::LiveSteps::visit_recent_steps).
 //!
 //! Memory: [`RECENT_STEPS`] × 32 B a series, for 40 series a node (3 GPU metrics × 8 GPUs,
 //! 2 port counters × 8 ports): about 46 kB a node.

@@ -48,7 +48,7 @@ struct File {
 
 /// The tree and its model. Time is the model's own (seconds since the fixture was created),
 /// so the same fixture serves a real-time writer and a simulated sweep.
-pub struct Fixture {
+pub(crate) struct Fixture {
     root: PathBuf,
     files: Vec<File>,
     devices: usize,
@@ -153,7 +153,7 @@ const DEVICE_HW_COUNTERS: &[(&str, Motion, u64)] = &[
 
 /// What the tree holds, for the report.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub devices: usize,
     pub ports: usize,
     pub counter_files: usize,
@@ -164,7 +164,7 @@ pub struct Shape {
 
 impl Fixture {
     /// Creates the tree under `root` (emptied first): `root/class/infiniband/...`.
-    pub fn create(root: &Path, devices: usize, seed: u64) -> std::io::Result<Self> {
+    pub(crate) fn create(root: &Path, devices: usize, seed: u64) -> std::io::Result<Self> {
         if root.exists() {
             fs::remove_dir_all(root)?;
         }
@@ -230,11 +230,11 @@ impl Fixture {
         })
     }
 
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
-    pub fn shape(&self) -> Shape {
+    pub(crate) fn shape(&self) -> Shape {
         let count = |f: fn(&Motion) -> bool| self.files.iter().filter(|x| f(&x.motion)).count();
         Shape {
             devices: self.devices,
@@ -247,7 +247,7 @@ impl Fixture {
     }
 
     /// Files rewritten so far.
-    pub fn writes(&self) -> u64 {
+    pub(crate) fn writes(&self) -> u64 {
         self.writes
     }
 
@@ -260,7 +260,7 @@ impl Fixture {
     }
 
     /// Moves the model on by `dt` seconds and rewrites the files whose value changed.
-    pub fn advance(&mut self, dt: f64) -> std::io::Result<()> {
+    pub(crate) fn advance(&mut self, dt: f64) -> std::io::Result<()> {
         let t = self.now_s + dt;
         let levels: Vec<f64> = (0..self.devices).map(|p| self.level(p, t)).collect();
         for i in 0..self.files.len() {

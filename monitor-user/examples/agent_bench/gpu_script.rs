@@ -12,7 +12,7 @@ use crate::Rng;
 
 /// Writes `dir/nvml-standin.json` and copies the stand-in library into `dir`; returns the
 /// library's path there (the stand-in reads the script next to itself).
-pub fn write(
+pub(crate) fn write(
     dir: &Path,
     standin: &Path,
     gpus: usize,

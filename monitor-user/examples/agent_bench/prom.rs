@@ -18,7 +18,7 @@ use monitor_wire::{Kind, Reading, Series, Value};
 
 /// A float as Go's `strconv.AppendFloat(f, 'g', -1, 64)` writes it, with the special cases
 /// of client_golang's `writeFloat`.
-pub fn go_float(v: f64) -> String {
+pub(crate) fn go_float(v: f64) -> String {
     if v == 0.0 {
         return "0".into();
     }
@@ -51,7 +51,7 @@ fn value_f64(v: Value) -> f64 {
 }
 
 /// One scrape's text: the readings of one sweep.
-pub fn text_exposition(sweep: &[Reading]) -> String {
+pub(crate) fn text_exposition(sweep: &[Reading]) -> String {
     let mut families: BTreeMap<&str, Vec<&Reading>> = BTreeMap::new();
     for r in sweep {
         families.entry(&*r.series.name).or_default().push(r);
@@ -127,7 +127,7 @@ fn sample_of(r: &Reading) -> Sample {
 
 /// Sizes of a batch of remote-write requests.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct RemoteWriteCost {
+pub(crate) struct RemoteWriteCost {
     pub requests: u64,
     pub protobuf_bytes: u64,
     pub snappy_bytes: u64,
@@ -163,7 +163,11 @@ fn windows(readings: &[Reading], every_ns: u64) -> Vec<Vec<&Reading>> {
 
 /// One request per window of `every_ns`, each series once with all its samples of the window
 /// (the most compact a remote-write sender could do).
-pub fn remote_write_grouped(readings: &[Reading], every_ns: u64, node: &str) -> RemoteWriteCost {
+pub(crate) fn remote_write_grouped(
+    readings: &[Reading],
+    every_ns: u64,
+    node: &str,
+) -> RemoteWriteCost {
     let mut cost = RemoteWriteCost::default();
     for window in windows(readings, every_ns) {
         let mut by_series: BTreeMap<&Series, Vec<Sample>> = BTreeMap::new();
@@ -187,7 +191,7 @@ pub fn remote_write_grouped(readings: &[Reading], every_ns: u64, node: &str) -> 
 /// As Prometheus' remote-write queue sends: one `TimeSeries` per sample (labels repeated),
 /// in the order scraped, at most `per_request` samples per request
 /// (`max_samples_per_send`, 2000 by default).
-pub fn remote_write_as_prometheus(
+pub(crate) fn remote_write_as_prometheus(
     readings: &[Reading],
     per_request: usize,
     node: &str,

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 
 /// Which of the tree's files are read.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum FileSet {
+pub(crate) enum FileSet {
     /// Every file railscope's IB source reads: `counters/` and `hw_counters/` of each port,
     /// the device-level `hw_counters/`, and the port attributes.
     Railscope,
@@ -26,7 +26,7 @@ pub enum FileSet {
 const PORT_ATTRIBUTES: [&str; 4] = ["state", "phys_state", "rate", "link_layer"];
 
 /// The files of `set` under `root` (the directory holding `class/infiniband`), sorted.
-pub fn files(root: &Path, set: FileSet) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn files(root: &Path, set: FileSet) -> anyhow::Result<Vec<PathBuf>> {
     let class = root.join("class/infiniband");
     let mut dirs = Vec::new();
     let mut files = Vec::new();
@@ -61,7 +61,7 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Reads a `1/every` share of `set`'s files every `interval`, rotating, so that each file is
 /// read once every `every` intervals; prints one JSON line when ready, then runs until killed.
-pub fn run(root: &Path, set: FileSet, interval: f64, every: usize) -> anyhow::Result<()> {
+pub(crate) fn run(root: &Path, set: FileSet, interval: f64, every: usize) -> anyhow::Result<()> {
     let paths = files(root, set)?;
     let open: Vec<fs::File> = paths
         .iter()

@@ -21,7 +21,7 @@ use crate::{
 
 /// Devices whose state was released so far.
 #[derive(Debug, Default)]
-pub struct DeviceEnds {
+pub(super) struct DeviceEnds {
     pub ended: u64,
 }
 

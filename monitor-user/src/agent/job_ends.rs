@@ -21,11 +21,11 @@ use crate::{
 
 /// How long a cgroup must have been gone before its counters are final: a task that is
 /// exiting may still free its RDMA resources (counted in its cgroup) for a moment.
-pub const GRACE: Duration = Duration::from_secs(2);
+pub(super) const GRACE: Duration = Duration::from_secs(2);
 
 /// Jobs whose cgroup is gone, waiting for the grace period, and jobs that ended.
 #[derive(Debug, Default)]
-pub struct JobEnds {
+pub(super) struct JobEnds {
     gone_since: HashMap<u64, Instant>,
     ended: HashMap<u64, Instant>,
     stats: JobEndStats,
@@ -33,7 +33,7 @@ pub struct JobEnds {
 
 /// What [`JobEnds`] did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JobEndStats {
+pub(super) struct JobEndStats {
     /// Jobs whose final counters were sent and keys deleted.
     pub ended: u64,
     /// Verb counts made in a job's cgroup after its end (deleted, not sent).
@@ -42,7 +42,7 @@ pub struct JobEndStats {
 
 /// What a sweep found.
 #[derive(Debug, Default)]
-pub struct Sweep {
+pub(super) struct Sweep {
     /// Jobs that end now: their counters as just read are final.
     pub ended: HashSet<u64>,
     /// Jobs that had ended before and counted again: their keys are to be deleted.
@@ -50,24 +50,24 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.ended.is_empty() && self.late.is_empty()
     }
 
     /// Every cgroup whose keys are to be deleted.
-    pub fn to_delete(&self) -> HashSet<u64> {
+    pub(super) fn to_delete(&self) -> HashSet<u64> {
         self.ended.union(&self.late).copied().collect()
     }
 }
 
 impl JobEnds {
-    pub fn stats(&self) -> JobEndStats {
+    pub(super) fn stats(&self) -> JobEndStats {
         self.stats
     }
 
     /// Looks at the cgroups of the counters just read: which are gone, which have been gone
     /// for [`GRACE`] (ended now), which had ended before (late counts).
-    pub fn sweep(&mut self, counts: &[RawCount], cgroups: &mut CgroupNames) -> Sweep {
+    pub(super) fn sweep(&mut self, counts: &[RawCount], cgroups: &mut CgroupNames) -> Sweep {
         let now = Instant::now();
         let mut sweep = Sweep::default();
         let mut late_counts = 0;
@@ -112,7 +112,7 @@ impl JobEnds {
     }
 
     /// Jobs whose cgroup is gone and that wait for the grace period.
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.gone_since.len()
     }
 }

@@ -6,19 +6,19 @@
 //! every `rescan` interval, one that fails to attach is retried with a backoff, and one whose
 //! module goes away is dropped and waited for the same way. Attaching runs on a blocking
 //! thread, so the loop keeps its pace meanwhile. The families' lifecycle and their ring-buffer
-//! readers are [`crate::probes::families`] and [`crate::probes::ring`], which `railscope
+//! readers are `crate::probes::families` and `crate::probes::ring`, which `railscope
 //! capture` shares.
 //!
-//! - [`output`]: events, transitions, GPU events and counters as text or JSON lines;
-//! - [`wire_events`]: the same events as the collector receives them;
-//! - [`job_ends`]: a job's counters sent a last time and forgotten once its cgroup is gone;
-//! - [`device_ends`]: the same for a device once the kernel freed it;
-//! - [`state_report`]: the agent's own tables, memory and bound hits, sent and logged;
-//! - [`recorded_counts`]: verb counters from a recording in place of the probes'.
+//! - `output`: events, transitions, GPU events and counters as text or JSON lines;
+//! - `wire_events`: the same events as the collector receives them;
+//! - `job_ends`: a job's counters sent a last time and forgotten once its cgroup is gone;
+//! - `device_ends`: the same for a device once the kernel freed it;
+//! - `state_report`: the agent's own tables, memory and bound hits, sent and logged;
+//! - `recorded_counts`: verb counters from a recording in place of the probes'.
 
 mod device_ends;
 mod job_ends;
-pub mod output;
+mod output;
 mod recorded_counts;
 mod state_report;
 mod wire_events;
@@ -61,7 +61,7 @@ pub struct AgentOptions {
     /// Send metrics and events to a collector (None: print only).
     pub pipeline: Option<PipelineOptions>,
     /// Send the verb counters of this recording instead of the probes' (see
-    /// [`recorded_counts`]).
+    /// `recorded_counts`).
     pub verb_counts_from: Option<std::path::PathBuf>,
 }
 

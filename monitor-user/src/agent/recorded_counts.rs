@@ -33,14 +33,14 @@ struct Line {
 }
 
 /// A recording read at each sweep.
-pub struct RecordedCounts {
+pub(super) struct RecordedCounts {
     path: PathBuf,
     /// What was warned about already (file-level or `line N`), so a bad line is told once.
     warned: HashSet<String>,
 }
 
 impl RecordedCounts {
-    pub fn new(path: impl Into<PathBuf>) -> Self {
+    pub(super) fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
             warned: HashSet::new(),
@@ -48,7 +48,7 @@ impl RecordedCounts {
     }
 
     /// The latest snapshot of the file (none while the file is absent or unreadable).
-    pub fn read(&mut self) -> Vec<VerbCount> {
+    pub(super) fn read(&mut self) -> Vec<VerbCount> {
         match std::fs::read_to_string(&self.path) {
             Ok(text) => self.parse(&text),
             Err(e) => {

@@ -30,7 +30,7 @@ use crate::{cgroup::CgroupNames, pipeline::Pipeline, time_base::MonoNs};
 
 /// One look at the agent's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StateReport {
+pub(super) struct StateReport {
     pub verb_keys: u64,
     pub verb_series: u64,
     pub encoder_series: u64,
@@ -102,7 +102,7 @@ impl StateReport {
     }
 
     /// The report as readings taken at `now` (the sampler's clock).
-    pub fn readings(&self, now: MonoNs) -> Vec<Reading> {
+    pub(super) fn readings(&self, now: MonoNs) -> Vec<Reading> {
         SERIES
             .iter()
             .zip(self.values())

@@ -6,13 +6,13 @@
 //! neither depends on the other's lifetime, options or failures — a capture is started for
 //! an hour on a suspect node and stopped with Ctrl-C without touching the daemon. The IB
 //! sysfs source and the probe families are the agent's own code ([`crate::sources::ib_sysfs`],
-//! [`crate::probes::families`] and its ring-buffer readers, [`crate::probes::ring`]).
+//! `crate::probes::families` and its ring-buffer readers, `crate::probes::ring`).
 //!
-//! - [`recorder`]: the pre-trigger ring and which snapshots are written;
-//! - [`triggers`]: what, between two snapshots, starts a recording window.
+//! - `recorder`: the pre-trigger ring and which snapshots are written;
+//! - `triggers`: what, between two snapshots, starts a recording window.
 
-pub mod recorder;
-pub mod triggers;
+mod recorder;
+mod triggers;
 
 use std::{
     collections::BTreeSet,

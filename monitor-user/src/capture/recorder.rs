@@ -8,7 +8,7 @@ use monitor_wire::Reading;
 
 /// One read of every captured port.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub unix_ns: u64,
     pub readings: Vec<Reading>,
     /// Kept even outside a triggered window (one per baseline interval).
@@ -17,7 +17,7 @@ pub struct Snapshot {
 
 /// Holds the last `pre` of snapshots and decides which are written.
 #[derive(Debug)]
-pub struct Recorder {
+pub(super) struct Recorder {
     ring: VecDeque<Snapshot>,
     pre_ns: u64,
     post_ns: u64,
@@ -29,7 +29,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(pre_ns: u64, post_ns: u64, baseline_ns: u64) -> Self {
+    pub(super) fn new(pre_ns: u64, post_ns: u64, baseline_ns: u64) -> Self {
         Self {
             ring: VecDeque::new(),
             pre_ns,
@@ -42,7 +42,7 @@ impl Recorder {
     }
 
     /// Takes a snapshot; returns what to write now, in time order.
-    pub fn on_snapshot(&mut self, unix_ns: u64, readings: Vec<Reading>) -> Vec<Snapshot> {
+    pub(super) fn on_snapshot(&mut self, unix_ns: u64, readings: Vec<Reading>) -> Vec<Snapshot> {
         let baseline = self
             .last_baseline
             .is_none_or(|b| unix_ns.saturating_sub(b) >= self.baseline_ns);
@@ -74,7 +74,7 @@ impl Recorder {
 
     /// A trigger at `unix_ns`: everything in the ring is written now, and every snapshot
     /// until `post` after it.
-    pub fn on_trigger(&mut self, unix_ns: u64) -> Vec<Snapshot> {
+    pub(super) fn on_trigger(&mut self, unix_ns: u64) -> Vec<Snapshot> {
         self.triggers += 1;
         let until = unix_ns.saturating_add(self.post_ns);
         self.post_until = Some(self.post_until.map_or(until, |u| u.max(until)));
@@ -82,12 +82,12 @@ impl Recorder {
     }
 
     /// Whether a trigger's window is open at `unix_ns`.
-    pub fn triggered(&self, unix_ns: u64) -> bool {
+    pub(super) fn triggered(&self, unix_ns: u64) -> bool {
         self.post_until.is_some_and(|until| unix_ns <= until)
     }
 
     /// At the end: the baseline snapshots still in the ring.
-    pub fn finish(&mut self) -> Vec<Snapshot> {
+    pub(super) fn finish(&mut self) -> Vec<Snapshot> {
         self.ring.drain(..).filter(|s| s.baseline).collect()
     }
 }

@@ -21,14 +21,14 @@ const ACTIVE: f64 = 4.0;
 
 /// The previous snapshot's values per port and series.
 #[derive(Debug, Default)]
-pub struct TriggerWatch {
+pub(super) struct TriggerWatch {
     last: HashMap<(String, String), (u64, f64)>,
     /// Errors per second above which a counter triggers.
     error_rate: f64,
 }
 
 impl TriggerWatch {
-    pub fn new(error_rate: f64) -> Self {
+    pub(super) fn new(error_rate: f64) -> Self {
         Self {
             last: HashMap::new(),
             error_rate,
@@ -36,7 +36,7 @@ impl TriggerWatch {
     }
 
     /// The reasons this snapshot triggers (empty: none), each naming the port.
-    pub fn check(&mut self, readings: &[Reading]) -> Vec<String> {
+    pub(super) fn check(&mut self, readings: &[Reading]) -> Vec<String> {
         let mut reasons = Vec::new();
         for r in readings {
             let name: &str = &r.series.name;

@@ -84,7 +84,7 @@ impl Layout {
     ];
 
     /// Every global the programs of this layout read. A global left unset would silently
-    /// keep its compiled-in default, so a test checks that [`super::layout::resolve`] sets them all.
+    /// keep its compiled-in default, so a test checks that `super::layout::resolve` sets them all.
     pub fn required_globals(self) -> &'static [&'static str] {
         use monitor_common::globals::*;
         match self {

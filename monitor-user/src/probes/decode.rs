@@ -172,13 +172,13 @@ pub struct PortTransition {
 
 /// Folds port events into transitions, keeping the last state of each port.
 #[derive(Debug, Default)]
-pub struct PortStates {
+pub(crate) struct PortStates {
     last: HashMap<(String, u32), PortUpDown>,
 }
 
 impl PortStates {
     /// The transition `event` causes, if it changes the port's state.
-    pub fn observe(&mut self, event: &ProbeEvent) -> Option<PortTransition> {
+    pub(crate) fn observe(&mut self, event: &ProbeEvent) -> Option<PortTransition> {
         if event.origin != EventOrigin::Port {
             return None;
         }
@@ -216,7 +216,7 @@ pub struct VerbCount {
 }
 
 /// Decodes and sums counters (several families or CPUs may report the same decoded key).
-pub fn decode_counts(
+pub(crate) fn decode_counts(
     raw: &[RawCount],
     names: &KernelNames,
     cgroups: &mut CgroupNames,
@@ -263,7 +263,7 @@ fn detail_name(verb: Verb, detail: u32, names: &KernelNames) -> String {
 }
 
 /// Renders counters as an aligned table.
-pub fn render_counts(counts: &[VerbCount]) -> String {
+pub(crate) fn render_counts(counts: &[VerbCount]) -> String {
     let w = |f: fn(&VerbCount) -> usize, min: usize| {
         counts.iter().map(f).chain([min]).max().unwrap_or(min)
     };

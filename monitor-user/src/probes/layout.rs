@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// The globals of one layout, from the module's BTF (vmlinux + its split BTF) and tracefs.
-pub fn resolve(
+pub(super) fn resolve(
     layout: super::Layout,
     btf: &Btf,
     tracefs: Result<&Tracefs, &str>,
@@ -42,21 +42,21 @@ pub fn resolve(
 
 /// A value for one global of the eBPF object.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GlobalValue {
+pub(super) enum GlobalValue {
     U32(u32),
     U64(u64),
     U32s([u32; RESTRACK_TYPES]),
     I32s([i32; RESTRACK_TYPES]),
 }
 
-pub type Globals = Vec<(&'static str, GlobalValue)>;
+pub(super) type Globals = Vec<(&'static str, GlobalValue)>;
 
 fn u32g(name: &'static str, v: u32) -> (&'static str, GlobalValue) {
     (name, GlobalValue::U32(v))
 }
 
 /// Offsets in `struct ib_event` and how to read an `ib_device`'s name.
-pub fn ib_event(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn ib_event(btf: &Btf) -> Result<Globals, BtfError> {
     let element = btf.field("ib_event", "element.port_num")?;
     let mut globals = vec![
         u32g(
@@ -76,7 +76,7 @@ pub fn ib_event(btf: &Btf) -> Result<Globals, BtfError> {
 
 /// The device's identity (`ib_device.index`) and where its name is: the inline
 /// `ib_device.name` array, or `dev.kobj.name` on kernels without it.
-pub fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
     let (source, offset) = match btf.field("ib_device", "name") {
         Ok(f) if matches!(f.shape, Shape::Array { elem_size: 1, .. }) => {
             (NameSource::InlineArray, f.offset)
@@ -97,7 +97,7 @@ pub fn device_name(btf: &Btf) -> Result<Globals, BtfError> {
 }
 
 /// `struct ib_qp` and the QP state values `ib_modify_qp_with_udata` needs.
-pub fn modify_qp(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn modify_qp(btf: &Btf) -> Result<Globals, BtfError> {
     Ok(vec![
         u32g(g::IB_QP_DEVICE_OFFSET, btf.field("ib_qp", "device")?.offset),
         u32g(g::IB_QP_NUM_OFFSET, btf.field("ib_qp", "qp_num")?.offset),
@@ -118,7 +118,7 @@ pub fn modify_qp(btf: &Btf) -> Result<Globals, BtfError> {
 
 /// The resource tracker: per `enum rdma_restrack_type`, the verbs to count and where the
 /// embedding object keeps its device.
-pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
     let mut add = [Verb::None as u32; RESTRACK_TYPES];
     let mut del = [Verb::None as u32; RESTRACK_TYPES];
     let mut delta = [NO_DEVICE; RESTRACK_TYPES];
@@ -211,7 +211,7 @@ pub fn restrack(btf: &Btf) -> Result<Globals, BtfError> {
 }
 
 /// ib_uverbs' view: the attr bundle's user context, and the QP/CQ layouts for async events.
-pub fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
     let mut globals = vec![
         u32g(
             g::ATTRS_UFILE_OFFSET,
@@ -244,7 +244,7 @@ pub fn uverbs(btf: &Btf) -> Result<Globals, BtfError> {
 
 /// From a `struct task_struct *` to the id of its cgroup (v2): what
 /// `bpf_get_current_cgroup_id` gives for the current task.
-pub fn task_cgroup(btf: &Btf) -> Result<Globals, BtfError> {
+pub(super) fn task_cgroup(btf: &Btf) -> Result<Globals, BtfError> {
     Ok(vec![
         u32g(
             g::TASK_CGROUPS_OFFSET,
@@ -265,7 +265,7 @@ pub fn task_cgroup(btf: &Btf) -> Result<Globals, BtfError> {
 /// rdma_cm's view for the `cm_event_handler` raw tracepoint: where an id keeps its handler,
 /// the address of rdma_cm's internal `cma_listen_handler` (from kallsyms: a static function),
 /// and `struct rdma_cm_event`.
-pub fn rdma_cm(btf: &Btf, kallsyms: &Path) -> Result<Globals, LayoutError> {
+pub(super) fn rdma_cm(btf: &Btf, kallsyms: &Path) -> Result<Globals, LayoutError> {
     let rejected = btf.enum_value("rdma_cm_event_type", "RDMA_CM_EVENT_REJECTED")? as u32;
     let listen_handler = crate::kernel::module_symbol(kallsyms, "rdma_cm", "cma_listen_handler")
         .map_err(LayoutError::Symbol)?;
@@ -288,13 +288,13 @@ pub fn rdma_cm(btf: &Btf, kallsyms: &Path) -> Result<Globals, LayoutError> {
 }
 
 /// `ib_mad:ib_mad_send_done_handler` record layout.
-pub fn mad(tracefs: &Tracefs) -> Result<Globals, LayoutError> {
+pub(super) fn mad(tracefs: &Tracefs) -> Result<Globals, LayoutError> {
     let status = tracefs.field("ib_mad", "ib_mad_send_done_handler", "wc_status")?;
     Ok(vec![u32g(g::MAD_WC_STATUS_FIELD_OFFSET, status.offset)])
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
+pub(super) enum LayoutError {
     #[error(transparent)]
     Btf(#[from] BtfError),
     #[error(transparent)]

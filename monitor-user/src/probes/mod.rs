@@ -8,29 +8,29 @@
 //! Within a family each probe attaches on its own: a hook missing on one kernel leaves that
 //! probe unavailable and the rest working.
 //!
-//! - [`catalogue`]: which probes exist: [`CATALOGUE`], each probe's hook, family and layout;
-//! - [`layout`]: the load-time globals a layout needs, resolved from BTF and tracefs;
-//! - [`object`]: the embedded eBPF object, loaded anew for each family (or for the verifier);
-//! - [`attach`]: a family loaded and its probes attached ([`AttachedFamily`]), its maps read;
-//! - [`verify`]: every program put through the kernel's verifier without attaching;
-//! - [`status`]: the probe table, a row per probe, attached or why not;
-//! - [`families`]: the families at run time, attached, retried and detached as their modules
+//! - `catalogue`: which probes exist: [`CATALOGUE`], each probe's hook, family and layout;
+//! - `layout`: the load-time globals a layout needs, resolved from BTF and tracefs;
+//! - `object`: the embedded eBPF object, loaded anew for each family (or for the verifier);
+//! - `attach`: a family loaded and its probes attached ([`AttachedFamily`]), its maps read;
+//! - `verify`: every program put through the kernel's verifier without attaching;
+//! - `status`: the probe table, a row per probe, attached or why not;
+//! - `families`: the families at run time, attached, retried and detached as their modules
 //!   come and go (the agent's loop and `railscope capture` share it);
-//! - [`ring`]: a family's event ring buffer drained by a reader task;
-//! - [`decode`]: records and counter keys turned into what an operator reads;
-//! - [`names`] and [`btf_cache`]: kernel enum names and each module's BTF, parsed once.
+//! - `ring`: a family's event ring buffer drained by a reader task;
+//! - `decode`: records and counter keys turned into what an operator reads;
+//! - `names` and [`btf_cache`]: kernel enum names and each module's BTF, parsed once.
 
-pub mod attach;
+mod attach;
 pub mod btf_cache;
-pub mod catalogue;
-pub mod decode;
+mod catalogue;
+pub(crate) mod decode;
 pub(crate) mod families;
-pub mod layout;
-pub mod names;
-pub mod object;
+mod layout;
+mod names;
+mod object;
 pub(crate) mod ring;
-pub mod status;
-pub mod verify;
+mod status;
+mod verify;
 
 pub use attach::{
     AttachedFamily, FamilyUnavailable, ProbeLosses, RawCount, RemovedDevice, Unavailable,

@@ -79,7 +79,7 @@ const GOAL_REDUCTION: f64 = 0.70;
 const GOAL_PEAK_ERROR: f64 = 0.10;
 const GOAL_STEP_DELAY: f64 = 2.0;
 
-pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let duration = Duration::from_secs(options.duration.max(5));
     let date = utc_now();

@@ -58,7 +58,7 @@ use crate::{
 
 /// Options of `cargo xtask bench collector`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct CollectorOptions {
+pub(crate) struct CollectorOptions {
     /// `collector`, `node-keys`, `delivery` (default 2,000), `fleet` (default 12,500):
     /// simulated nodes (node identities) of the fleet.
     #[arg(long)]
@@ -88,14 +88,14 @@ pub struct CollectorOptions {
 
 impl CollectorOptions {
     /// `--nodes`, or the default of `collector`, `node-keys` and `delivery`.
-    pub fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         self.nodes.unwrap_or(2000)
     }
 }
 
 /// How the bench's nodes seal their frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Keys {
+pub(crate) enum Keys {
     Shared,
     Node,
 }
@@ -125,7 +125,7 @@ const FLOOD_RATE_REACHED: f64 = 0.99;
 
 pub(super) const VICTORIA_METRICS: &str = "/usr/bin/victoria-metrics";
 
-pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let o = &options.collector;
     let md_path = match o.keys {
         Keys::Shared => cargo::workspace_root().join(super::results_path(super::Target::Collector)),

@@ -51,7 +51,7 @@ const GOAL_ACK_SHARE: f64 = 0.02;
 
 /// Options of `cargo xtask bench delivery`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct DeliveryOptions {
+pub(crate) struct DeliveryOptions {
     /// `delivery`: seconds the collector is away (the node's outage; also the length of each
     /// simulated node's backlog).
     #[arg(long, default_value_t = 600)]
@@ -72,7 +72,7 @@ struct Binaries {
     standin: PathBuf,
 }
 
-pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let o = &options.delivery;
     let (collector, _, _) = super::collector::build(tools)?;

@@ -21,7 +21,7 @@ const SCENARIO: &str = "bench-events";
 /// The goal for the 99th percentile, in milliseconds, both to the frame and to `listen`.
 const GOAL_P99_MS: f64 = 20.0;
 
-pub fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, options: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let work_dir = bench_work_dir("bench-events", options);
     let (image, outcome, serial_log) =

@@ -55,7 +55,7 @@ use crate::{
 
 /// Options of `cargo xtask bench fleet`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct FleetOptions {
+pub(crate) struct FleetOptions {
     /// `fleet`: seconds the simulated fleet sends (long enough for findings ticks, straggler
     /// searches over a window where the faults started, and a segment sealed).
     #[arg(long, default_value_t = 180)]
@@ -84,7 +84,7 @@ const DETECT_GRACE: Duration = Duration::from_secs(30);
 /// Each read-path question is asked this many times; the median is reported.
 const REPEATS: usize = 5;
 
-pub fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, options: &super::Options) -> anyhow::Result<()> {
     let nodes = options.collector.nodes.unwrap_or(DEFAULT_NODES);
     let seconds = options.fleet.seconds;
     let (collector_bin, load_bin) = build(tools)?;

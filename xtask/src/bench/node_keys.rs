@@ -32,7 +32,7 @@ const RUNS: [(&str, &str); 5] = [
     ("flood-neighbour", "ingest_flood"),
 ];
 
-pub fn run(tools: &Tools, nodes: usize) -> anyhow::Result<()> {
+pub(super) fn run(tools: &Tools, nodes: usize) -> anyhow::Result<()> {
     let rounds = ROUNDS;
     setup::ensure_debian_packages(&["valgrind"])?;
     let root = cargo::workspace_root();

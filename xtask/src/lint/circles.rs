@@ -34,7 +34,7 @@ const TOLERATED: &[(&str, &[&str])] = &[];
 
 /// Checks every library and binary target of the workspace's members; fails naming each
 /// circle, one per line.
-pub fn check_workspace(workspace_root: &Path) -> anyhow::Result<()> {
+pub(super) fn check_workspace(workspace_root: &Path) -> anyhow::Result<()> {
     let mut found = Vec::new();
     for target in workspace_targets(workspace_root)? {
         found.extend(
@@ -66,7 +66,7 @@ pub fn check_workspace(workspace_root: &Path) -> anyhow::Result<()> {
 }
 
 /// An import circle: the crate, its modules (sorted), and its line in the lint's message.
-pub struct Circle {
+pub(super) struct Circle {
     pub label: String,
     pub modules: Vec<String>,
     pub line: String,
@@ -136,7 +136,7 @@ fn workspace_targets(workspace_root: &Path) -> anyhow::Result<Vec<Target>> {
 
 /// The import circles of the crate whose root file is `root`, each line starting with
 /// `label` and naming files from `package_dir`.
-pub fn circles(label: &str, package_dir: &Path, root: &Path) -> anyhow::Result<Vec<Circle>> {
+pub(super) fn circles(label: &str, package_dir: &Path, root: &Path) -> anyhow::Result<Vec<Circle>> {
     let tree = Tree::read(root)?;
     let mut lines = Vec::new();
     for edges in tree.edges_by_level().values() {

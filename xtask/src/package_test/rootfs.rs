@@ -48,7 +48,7 @@ const DISK_SIZE: &str = "2G";
 const FORMAT: u32 = 1;
 
 /// The unit that runs the host's test script at boot (see [`TEST_RUNNER`]).
-pub const TEST_UNIT: &str = "railscope-package-test.service";
+pub(super) const TEST_UNIT: &str = "railscope-package-test.service";
 
 const TEST_UNIT_TEXT: &str = "\
 [Unit]
@@ -80,7 +80,7 @@ systemctl --no-block poweroff
 ";
 
 /// A built guest root.
-pub struct GuestRoot {
+pub(super) struct GuestRoot {
     pub kernel_release: String,
     pub disk: PathBuf,
     pub vmlinuz: PathBuf,
@@ -97,7 +97,7 @@ fn recipe(kernel_deb: &str) -> String {
 
 /// Returns the cached guest root for the kernel package `kernel_deb` (a file from the test
 /// bed's deb cache), making it first if needed.
-pub fn prepare(
+pub(super) fn prepare(
     cache_dir: &Path,
     kernel_release: &str,
     kernel_deb: &Path,

@@ -20,7 +20,7 @@ use super::{Timer, dir_size, mbytes, note, remove_dir_if_exists, run};
 
 /// Debian kernel lines the test bed can boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum KernelLine {
+pub(crate) enum KernelLine {
     /// Debian 12's 6.1 kernel: what `linux-image-amd64` depends on now.
     Bookworm,
     /// Debian 12's 6.12 kernel: what `linux-image-6.12-amd64` depends on now.
@@ -29,7 +29,7 @@ pub enum KernelLine {
 
 impl KernelLine {
     /// The meta package that depends on the line's current kernel image package.
-    pub fn meta_package(self) -> &'static str {
+    pub(crate) fn meta_package(self) -> &'static str {
         match self {
             KernelLine::Bookworm => "linux-image-amd64",
             KernelLine::Bookworm612 => "linux-image-6.12-amd64",

@@ -21,7 +21,7 @@ use super::{Timer, dir_size, mbytes, note, remove_dir_if_exists, run};
 
 /// Programs from Debian packages beyond the test bed's own, for one image variant.
 #[derive(Clone, Debug)]
-pub struct ExtraDebs {
+pub(crate) struct ExtraDebs {
     /// Names the variant's cache directories (`[a-z0-9-]`).
     pub name: &'static str,
     /// Packages to download and extract: the programs' packages and those of every library

@@ -17,7 +17,7 @@ use super::{Timer, mbytes, note, remove_dir_if_exists, run, spawn_error};
 
 /// A host file to put into the guest.
 #[derive(Clone, Debug)]
-pub struct GuestFile {
+pub(crate) struct GuestFile {
     /// The file on the host.
     pub host: PathBuf,
     /// Absolute path in the guest.
@@ -28,7 +28,7 @@ pub struct GuestFile {
 
 /// What goes into a guest image.
 #[derive(Clone, Debug)]
-pub struct ImageSpec {
+pub(crate) struct ImageSpec {
     /// Which Debian kernel to boot.
     pub kernel: KernelLine,
     /// Host binary placed at `/init` (mode 0755).
@@ -39,7 +39,7 @@ pub struct ImageSpec {
 
 /// A built guest image, ready for [`super::boot`].
 #[derive(Clone, Debug)]
-pub struct GuestImage {
+pub(crate) struct GuestImage {
     /// The kernel release (`uname -r` in the guest), e.g. `6.1.0-56-amd64`.
     pub kernel_release: String,
     pub vmlinuz: PathBuf,
@@ -99,13 +99,17 @@ const LD_SO: &str = "lib64/ld-linux-x86-64.so.2";
 
 /// Builds the guest image of `spec`: debs from (or into) `cache_dir`, the staged root and the
 /// image files in `work_dir`.
-pub fn build_image(cache_dir: &Path, work_dir: &Path, spec: &ImageSpec) -> Result<GuestImage> {
+pub(crate) fn build_image(
+    cache_dir: &Path,
+    work_dir: &Path,
+    spec: &ImageSpec,
+) -> Result<GuestImage> {
     build_image_with(cache_dir, work_dir, spec, None)
 }
 
 /// [`build_image`] plus, with `extra`, programs from further Debian packages (an image
 /// variant, e.g. the benchmark's with bpftrace).
-pub fn build_image_with(
+pub(crate) fn build_image_with(
     cache_dir: &Path,
     work_dir: &Path,
     spec: &ImageSpec,

@@ -27,19 +27,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-pub use debs::KernelLine;
+pub(crate) use debs::KernelLine;
 pub(crate) use debs::prepare as prepare_debs;
-pub use extra::ExtraDebs;
-pub use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
-pub use qemu::{Accel, BootOptions, BootOutcome, boot};
-pub use siw::module as siw_module;
+pub(crate) use extra::ExtraDebs;
+pub(crate) use image::{GuestFile, GuestImage, ImageSpec, build_image, build_image_with};
+pub(crate) use qemu::{Accel, BootOptions, BootOutcome, boot};
+pub(crate) use siw::module as siw_module;
 
 /// Host packages the test bed needs, for `cargo xtask setup` to install
 /// (`apt-get install --no-install-recommends`): QEMU, a static busybox for the guest's
 /// applets, kmod (`modprobe --show-depends`, `depmod`), gzip (the initramfs), xz-utils
 /// (6.12's modules are `.ko.xz`; the kernel source), make and gcc-12 (the compiler of Debian
 /// 12's kernels, for siw: see [`siw`]). `apt-get`, `dpkg-deb` and `ldd` come with every Debian system.
-pub const HOST_PACKAGES: &[&str] = &[
+pub(crate) const HOST_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "kmod",

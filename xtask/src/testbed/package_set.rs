@@ -26,7 +26,7 @@ use debversion::Version;
 
 /// One version of one package, as a stanza of `apt-cache show` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Stanza {
+pub(super) struct Stanza {
     pub package: String,
     pub version: Version,
     /// `Depends:`, one entry per comma-separated group, each a list of alternatives.
@@ -35,14 +35,14 @@ pub struct Stanza {
 
 /// `name (op version)` in a `Depends:` field.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Relation {
+pub(super) struct Relation {
     pub package: String,
     pub constraint: Option<(Op, Version)>,
 }
 
 /// A version relation of a Debian dependency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
+pub(super) enum Op {
     Earlier,
     EarlierOrEqual,
     Equal,
@@ -91,7 +91,7 @@ impl fmt::Display for Relation {
 
 /// Every stanza of an `apt-cache show` answer (several packages, several versions each).
 /// A version listed by two archives (e.g. bookworm and bookworm-security) is kept once.
-pub fn parse_apt_cache_show(text: &str) -> Result<Vec<Stanza>, String> {
+pub(super) fn parse_apt_cache_show(text: &str) -> Result<Vec<Stanza>, String> {
     let mut stanzas: Vec<Stanza> = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         let field = |name: &str| {
@@ -164,14 +164,14 @@ fn parse_relation(text: &str) -> Result<Relation, String> {
 
 /// A package at the version chosen for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pick {
+pub(super) struct Pick {
     pub package: String,
     pub version: Version,
 }
 
 impl Pick {
     /// `package=version`, as `apt-get download` takes it.
-    pub fn pinned(&self) -> String {
+    pub(super) fn pinned(&self) -> String {
         format!("{}={}", self.package, self.version)
     }
 }
@@ -184,7 +184,7 @@ impl fmt::Display for Pick {
 
 /// What siw is built from: the headers, the packages they need, and the source.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BuildSet {
+pub(super) struct BuildSet {
     pub headers: Pick,
     /// The `linux-headers-*-common` and `linux-kbuild-*` packages the headers depend on.
     pub dependencies: Vec<Pick>,
@@ -192,7 +192,7 @@ pub struct BuildSet {
 }
 
 impl BuildSet {
-    pub fn picks(&self) -> impl Iterator<Item = &Pick> {
+    pub(super) fn picks(&self) -> impl Iterator<Item = &Pick> {
         std::iter::once(&self.headers)
             .chain(&self.dependencies)
             .chain(std::iter::once(&self.source))
@@ -200,7 +200,7 @@ impl BuildSet {
 }
 
 /// The packages whose answers [`choose`] needs, besides the dependencies of the headers.
-pub fn wanted(kver: &str, series: &str) -> [String; 2] {
+pub(super) fn wanted(kver: &str, series: &str) -> [String; 2] {
     [
         format!("linux-headers-{kver}"),
         format!("linux-source-{series}"),
@@ -209,14 +209,14 @@ pub fn wanted(kver: &str, series: &str) -> [String; 2] {
 
 /// Whether a headers package's dependency is one siw's build downloads (the compiler
 /// package is the host's gcc, installed apart).
-pub fn is_build_dependency(package: &str) -> bool {
+pub(super) fn is_build_dependency(package: &str) -> bool {
     package.starts_with("linux-headers-") || package.starts_with("linux-kbuild-")
 }
 
 /// Chooses the build set for kernel release `kver` of series `series` whose image package
 /// is at `image`, from `stanzas` (the answers for [`wanted`] and the headers' dependencies).
 /// The error names what the archive lacks.
-pub fn choose(
+pub(super) fn choose(
     kver: &str,
     series: &str,
     image: &Version,

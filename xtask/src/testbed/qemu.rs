@@ -23,7 +23,7 @@ const BASE_CMDLINE: &str = "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init
 
 /// How to boot.
 #[derive(Clone, Debug)]
-pub struct BootOptions {
+pub(crate) struct BootOptions {
     /// Guest memory, as QEMU's `-m` takes it ("1G").
     pub mem: String,
     /// Virtual CPUs.
@@ -48,7 +48,7 @@ pub struct BootOptions {
 /// 16 GT/s x16; on node 1 straight on a root port set to 8 GT/s x4 (QEMU 7.2's virtio NICs
 /// themselves report 2.5 GT/s x1). The guest's kernel builds its PCI sysfs from this: where
 /// a NIC sits, its NUMA node and link, what an HGX node's NICs show.
-pub const PCIE_NUMA_ARGS: &[&str] = &[
+pub(super) const PCIE_NUMA_ARGS: &[&str] = &[
     "-machine",
     "q35",
     "-object",
@@ -83,7 +83,7 @@ pub const PCIE_NUMA_ARGS: &[&str] = &[
 
 /// How a boot went.
 #[derive(Clone, Debug)]
-pub struct BootOutcome {
+pub(crate) struct BootOutcome {
     /// The serial console (and QEMU's own messages), `\r` removed.
     pub log: String,
     /// QEMU was killed at [`BootOptions::timeout`].
@@ -97,7 +97,7 @@ pub struct BootOutcome {
 
 /// The accelerator QEMU runs the guest with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accel {
+pub(crate) enum Accel {
     /// Hardware virtualisation through /dev/kvm.
     Kvm,
     /// QEMU's emulator (multi-threaded TCG): slow, but runs anywhere.
@@ -106,7 +106,7 @@ pub enum Accel {
 
 /// What the accelerator choice depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HostFacts {
+pub(crate) struct HostFacts {
     /// `/sys/module/kvm_pvm` exists: /dev/kvm is a nested PVM hypervisor, which runs only
     /// PVM-enabled guest kernels (a stock Debian kernel hangs after "Probing EDD").
     pub kvm_pvm: bool,
@@ -116,7 +116,7 @@ pub struct HostFacts {
 
 impl HostFacts {
     /// The facts of this machine.
-    pub fn probe() -> Self {
+    pub(crate) fn probe() -> Self {
         Self {
             kvm_pvm: Path::new("/sys/module/kvm_pvm").exists(),
             kvm_usable: OpenOptions::new()
@@ -130,7 +130,7 @@ impl HostFacts {
 
 impl Accel {
     /// KVM when /dev/kvm is usable and is not PVM; TCG otherwise.
-    pub fn choose(facts: HostFacts) -> Self {
+    pub(crate) fn choose(facts: HostFacts) -> Self {
         if facts.kvm_usable && !facts.kvm_pvm {
             Accel::Kvm
         } else {
@@ -139,12 +139,12 @@ impl Accel {
     }
 
     /// The choice for this machine.
-    pub fn detect() -> Self {
+    pub(crate) fn detect() -> Self {
         Self::choose(HostFacts::probe())
     }
 
     /// QEMU's arguments selecting the accelerator.
-    pub fn qemu_args(self) -> &'static [&'static str] {
+    pub(crate) fn qemu_args(self) -> &'static [&'static str] {
         match self {
             Accel::Kvm => &["-enable-kvm", "-cpu", "host"],
             Accel::Tcg => &["-accel", "tcg,thread=multi", "-cpu", "max"],
@@ -153,7 +153,7 @@ impl Accel {
 }
 
 /// Boots `image` with the accelerator this machine supports (see [`Accel::choose`]).
-pub fn boot(image: &GuestImage, opts: &BootOptions) -> Result<BootOutcome> {
+pub(crate) fn boot(image: &GuestImage, opts: &BootOptions) -> Result<BootOutcome> {
     boot_with_accel(image, opts, Accel::detect())
 }
 
@@ -211,7 +211,7 @@ impl Drop for KillOnDrop {
 }
 
 /// Boots `image` with `accel`.
-pub fn boot_with_accel(
+pub(super) fn boot_with_accel(
     image: &GuestImage,
     opts: &BootOptions,
     accel: Accel,

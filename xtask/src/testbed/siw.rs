@@ -28,7 +28,7 @@ const COMPLETE: &str = ".complete";
 const SIW_DIR: &str = "drivers/infiniband/sw/siw";
 
 /// The cached `siw.ko` built for the kernel of `line` (built first if it is not cached).
-pub fn module(cache_dir: &Path, line: KernelLine) -> Result<PathBuf> {
+pub(crate) fn module(cache_dir: &Path, line: KernelLine) -> Result<PathBuf> {
     let kernel = debs::prepare(cache_dir, line)?;
     let kver = &kernel.kernel_release;
     let dir = cache_dir.join("siw").join(kver);

@@ -33,14 +33,14 @@ struct IfReq {
 
 /// Which request failed; named in errors as the kernel's header names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Request {
+pub(super) enum Request {
     GssetInfo,
     Gstrings,
     Gstats,
 }
 
 impl Request {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Request::GssetInfo => "ETHTOOL_GSSET_INFO",
             Request::Gstrings => "ETHTOOL_GSTRINGS",
@@ -51,10 +51,10 @@ impl Request {
 
 /// A socket to send ethtool requests through (`AF_INET`, `SOCK_DGRAM`: any socket does).
 #[derive(Debug)]
-pub struct EthtoolSocket(OwnedFd);
+pub(super) struct EthtoolSocket(OwnedFd);
 
 impl EthtoolSocket {
-    pub fn open() -> io::Result<Self> {
+    pub(super) fn open() -> io::Result<Self> {
         // SAFETY: plain socket(2); the descriptor is owned from here on.
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
@@ -95,7 +95,7 @@ impl EthtoolSocket {
 
     /// How many statistics `netdev` has (`ETHTOOL_GSSET_INFO` for `ETH_SS_STATS`): 0 when
     /// its driver has no statistics set.
-    pub fn stat_count(&self, netdev: &str) -> Result<u32, (Request, io::Error)> {
+    pub(super) fn stat_count(&self, netdev: &str) -> Result<u32, (Request, io::Error)> {
         // struct ethtool_sset_info: cmd u32, reserved u32, sset_mask u64, data[] u32.
         let mut buf = [0u64; 3];
         buf[0] = pair(ETHTOOL_GSSET_INFO, 0);
@@ -110,7 +110,7 @@ impl EthtoolSocket {
 
     /// The names of `netdev`'s `count` statistics (`ETHTOOL_GSTRINGS`), in the order
     /// [`stats`](Self::stats) gives their values. Fewer when the driver has fewer now.
-    pub fn stat_names(
+    pub(super) fn stat_names(
         &self,
         netdev: &str,
         count: u32,
@@ -137,7 +137,7 @@ impl EthtoolSocket {
 
     /// `netdev`'s statistics (`ETHTOOL_GSTATS`) into `values`, which is resized to as many
     /// as the kernel gave: `count` unless the driver's set changed since it was counted.
-    pub fn stats(
+    pub(super) fn stats(
         &self,
         netdev: &str,
         count: u32,

@@ -1,7 +1,7 @@
 //! RoCE's Ethernet side: the ethtool statistics of each RoCE port's netdev, the counters
 //! `ethtool -S` prints (per-priority PFC pause frames and pause durations, ECN marks,
 //! `rx_discards_phy`, `rx_out_of_buffer` on mlx5), read through the kernel's ethtool ioctl
-//! ([`ioctl`]) in the agent's network namespace.
+//! (`ioctl`) in the agent's network namespace.
 //!
 //! Each RDMA port whose link layer is Ethernet is matched to its netdev as the LLDP source
 //! matches it ([`rdma_netdevs`], listed again every [`RELIST_EVERY`]). Each sweep asks the
@@ -20,7 +20,7 @@
 //! EOPNOTSUPP) is warned about once, naming it, and costs only its own series; it is tried
 //! again at each sweep, and its recovery logged.
 
-pub mod ioctl;
+mod ioctl;
 pub mod stat_names;
 
 use std::{

@@ -20,19 +20,20 @@
 //!   once and no longer read; the other GPUs go on.
 //!
 //! Series are named `railscope_gpu_*` and labelled `{gpu="<index>", uuid="<uuid>"}`, plus
-//! `job_id` (and `job_step`) while a job's processes use the GPU ([`jobs`],
+//! `job_id` (and `job_step`) while a job's processes use the GPU (`jobs`,
 //! [`GpuSource::with_jobs`]); when the GPU's job changes, its series end
 //! ([`GpuSource::take_ended_series`]) and new ones start under the new labels; cumulative
 //! counts (energy, ECC errors, remapped rows, PCIe replays, NVLink bytes and errors) are
-//! [`Kind::Counter`], everything else [`Kind::Gauge`].
+//! [`Kind::Counter`](monitor_wire::Kind::Counter), everything else
+//! [`Kind::Gauge`](monitor_wire::Kind::Gauge).
 //!
-//! Modules: [`device`] reads one GPU, with the metric tables of [`catalogue`] and the series
-//! kept by [`series`]; [`events`] is the XID thread and the events it sends.
+//! Modules: `device` reads one GPU, with the metric tables of `catalogue` and the series
+//! kept by `series`; `events` is the XID thread and the events it sends.
 
 mod catalogue;
 mod device;
 mod events;
-pub mod jobs;
+mod jobs;
 mod series;
 
 use std::{
@@ -189,7 +190,7 @@ impl GpuSource {
         })
     }
 
-    /// Labels each GPU's series with the job of the processes using it (see [`jobs`]).
+    /// Labels each GPU's series with the job of the processes using it (see `jobs`).
     pub fn with_jobs(mut self, jobs: ProcessJobs) -> Self {
         self.jobs = Some(jobs);
         self

@@ -24,7 +24,7 @@ pub struct GpuPath {
 
 /// NVML's PCI bus id (`00000000:1B:00.0`: an 8-digit domain, upper case) as sysfs names the
 /// device (`0000:1b:00.0`).
-pub fn sysfs_address(bus_id: &str) -> Option<String> {
+pub(super) fn sysfs_address(bus_id: &str) -> Option<String> {
     let (domain, rest) = bus_id.trim().split_once(':')?;
     let domain = u32::from_str_radix(domain, 16).ok()?;
     let address = format!("{domain:04x}:{}", rest.to_ascii_lowercase());
@@ -33,7 +33,7 @@ pub fn sysfs_address(bus_id: &str) -> Option<String> {
 
 /// Every GPU `nvml` lists. A value NVML does not support is empty; a GPU or value that fails
 /// otherwise is a line in `problems`.
-pub fn gpus(nvml: &Nvml, root: &Path, problems: &mut Vec<String>) -> Vec<GpuPath> {
+pub(super) fn gpus(nvml: &Nvml, root: &Path, problems: &mut Vec<String>) -> Vec<GpuPath> {
     let count = match nvml.device_count() {
         Ok(count) => count,
         Err(e) => {

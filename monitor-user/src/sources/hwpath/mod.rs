@@ -5,19 +5,19 @@
 //! pipeline sends what was read last with every flush, like `railscope_agent_info` (constant
 //! series cost about a byte a flush each).
 //!
-//! - [`pci`]: a PCI device's place and link from its sysfs path;
-//! - [`rdma`]: the RDMA devices under `class/infiniband`;
-//! - [`gpu`]: the GPUs through NVML, placed through `bus/pci/devices`;
-//! - [`node`]: kernel, driver, models and counts.
+//! - `pci`: a PCI device's place and link from its sysfs path;
+//! - `rdma`: the RDMA devices under `class/infiniband`;
+//! - `gpu`: the GPUs through NVML, placed through `bus/pci/devices`;
+//! - `node`: kernel, driver, models and counts.
 //!
 //! A problem (an attribute missing or unreadable, a path that loops, a GPU NVML does not
 //! answer for) costs only what it would have told, and is logged once ([`ProblemLog`]), not
 //! at every read.
 
-pub mod gpu;
-pub mod node;
-pub mod pci;
-pub mod rdma;
+mod gpu;
+mod node;
+mod pci;
+mod rdma;
 
 use std::{
     collections::HashSet,

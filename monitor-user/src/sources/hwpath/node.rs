@@ -22,7 +22,7 @@ pub struct NodeFacts {
 }
 
 /// The running kernel's release (`uname -r`), empty if uname fails.
-pub fn kernel_release() -> String {
+pub(super) fn kernel_release() -> String {
     // SAFETY: utsname is plain C data; uname fills it, NUL-terminating each field.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     if unsafe { libc::uname(&mut uts) } != 0 {

@@ -63,7 +63,7 @@ fn is_host_bridge(name: &str) -> bool {
 }
 
 /// Whether `name` is a PCI address, `DDDD:BB:DD.F` (hex digits).
-pub fn is_pci_address(name: &str) -> bool {
+pub(super) fn is_pci_address(name: &str) -> bool {
     let b = name.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
     b.len() == 12
@@ -78,7 +78,7 @@ pub fn is_pci_address(name: &str) -> bool {
 
 /// The PCIe generation of a link speed as sysfs writes it: "16.0 GT/s PCIe" (or "16 GT/s")
 /// is 4; 2.5 GT/s is 1 and 64 GT/s is 6.
-pub fn generation_of_speed(text: &str) -> Option<u32> {
+pub(super) fn generation_of_speed(text: &str) -> Option<u32> {
     let number = text.split_whitespace().next()?;
     let gts: f64 = number.parse().ok()?;
     [2.5, 5.0, 8.0, 16.0, 32.0, 64.0]
@@ -88,7 +88,7 @@ pub fn generation_of_speed(text: &str) -> Option<u32> {
 }
 
 /// A link width as sysfs writes it ("16"; older kernels "x16").
-pub fn lanes_of_width(text: &str) -> Option<u32> {
+pub(super) fn lanes_of_width(text: &str) -> Option<u32> {
     let n: u32 = text.trim().trim_start_matches('x').parse().ok()?;
     (n > 0).then_some(n)
 }
@@ -96,7 +96,7 @@ pub fn lanes_of_width(text: &str) -> Option<u32> {
 /// The PCI device that `link` (a sysfs link to a device under `<root>/devices`) is, or sits
 /// under (a virtio NIC's `virtio0` sits under its PCI function). `Ok(None)`: the link is
 /// absent, or the device has no PCI parent. Problems with its attributes go to `problems`.
-pub fn pci_device_at(
+pub(super) fn pci_device_at(
     root: &Path,
     link: &Path,
     problems: &mut Vec<String>,

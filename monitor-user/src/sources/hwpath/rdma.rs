@@ -58,7 +58,7 @@ fn text(path: &Path) -> String {
 
 /// Every RDMA device under `root` (`/sys`), sorted by name. What cannot be read of one is a
 /// line in `problems` and costs only that.
-pub fn rdma_devices(root: &Path, problems: &mut Vec<String>) -> Vec<RdmaDevice> {
+pub(super) fn rdma_devices(root: &Path, problems: &mut Vec<String>) -> Vec<RdmaDevice> {
     let class = root.join("class/infiniband");
     names(&class)
         .into_iter()

@@ -49,7 +49,7 @@ pub struct LinkRate {
 }
 
 /// What the port attributes say about one port's link, as of the last scan. A field is `None`
-/// when its file could not be read or parsed (see [`IbSysfs::problems`]).
+/// when its file could not be read or parsed (see [`IbSysfs::problems`](super::IbSysfs::problems)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PortLink {
     pub device: String,

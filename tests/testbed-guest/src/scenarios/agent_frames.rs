@@ -15,7 +15,7 @@ use crate::guest;
 
 const PORT: &str = "17400";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let (mut agent, listener) =

@@ -33,7 +33,7 @@ const DEVICE: &str = "rxe0";
 const CQ_ENTRIES: u64 = 1;
 const SENDS: u64 = 16;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let job = guest::cgroup("job_cq_overflow")?;

@@ -21,7 +21,7 @@ const RELOADS: usize = 3;
 /// The agent's drain interval, which the baseline ticker sleeps too.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let mut agent = Agent::start(&["--json"])?;

@@ -29,7 +29,7 @@ const FLAPS: usize = 300;
 /// Time between a link change and the next, so each event is alone in the ring buffer.
 const PAUSE: Duration = Duration::from_millis(30);
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     // Neither process echoes to the (slow, serial) console: it would delay their pipes.

@@ -167,7 +167,7 @@ const BPFTRACE: &str = "/usr/bin/bpftrace";
 const BPFTOOL: &str = "/usr/bin/bpftool";
 const SCRIPT: &str = "/tmp/bench-probes.bt";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     guest::write_sysctl("kernel.bpf_stats_enabled", "1")?;

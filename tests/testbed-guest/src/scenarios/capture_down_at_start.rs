@@ -38,7 +38,7 @@ const STOP_AFTER_MS: u64 = 2000;
 const INTERVAL_MS: u64 = 10;
 const CAPTURE: &str = "/tmp/capture-down-at-start.rscap";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     create_second_pair()?;

@@ -44,7 +44,7 @@ const INTERVAL_MS: u64 = 10;
 const CAPTURE: &str = "/tmp/capture-flap.rscap";
 const KILLED: &str = "/tmp/capture-killed.rscap";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     create_second_pair()?;

@@ -28,7 +28,7 @@ use crate::{
 const DEVICE: &str = "rxe0";
 const JOBS: usize = 4;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
 

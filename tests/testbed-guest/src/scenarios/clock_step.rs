@@ -15,7 +15,7 @@ const PORT: &str = "17401";
 const HOUR_NS: i64 = 3_600_000_000_000;
 const S: u64 = 1_000_000_000;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     // Every reading sent (no adaptive sampling), so the port state has a point every 0.5 s.

@@ -28,7 +28,7 @@ use anyhow::ensure;
 
 use crate::guest::{self, ADDR_A, ADDR_B, Agent, Counters};
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let mut agent = Agent::start(&["--json", "--counters", "1"])?;
@@ -95,7 +95,7 @@ fn rping_pair(
 
 /// The mismatches between the counted and the `expected` (job, created, destroyed) cm ids,
 /// and any cgroup (the root included) whose created and destroyed counts differ.
-pub fn check_cm_ids(counts: &Counters, expected: &[(String, u64, u64)]) -> Vec<String> {
+pub(super) fn check_cm_ids(counts: &Counters, expected: &[(String, u64, u64)]) -> Vec<String> {
     let mut failures = Vec::new();
     let cgroups: std::collections::BTreeSet<String> = ["create_cm_id", "destroy_cm_id"]
         .iter()

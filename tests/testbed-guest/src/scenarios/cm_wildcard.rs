@@ -22,7 +22,7 @@ use anyhow::ensure;
 
 use crate::guest::{self, ADDR_A, ADDR_B, Agent, Counters};
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let server_job = guest::cgroup("job_wildcard_server")?;

@@ -34,7 +34,7 @@ const LINK: &str = "vethA";
 /// happened (`PORT_ERR`..., `UP`/`DOWN`).
 type PortEvent = (String, u64, String, u32, String);
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     let http = host_address("railscope.collector_http")?;
     let mut control = Control::connect(&host_address("railscope.collector_control")?)?;
     let frames_before = node_frames(&http)?;

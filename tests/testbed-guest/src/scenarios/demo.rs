@@ -37,7 +37,7 @@ const GPU_LOST_AT_STEP: usize = 90;
 /// holds its last step.
 const STEPS: usize = 1800;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     let cmdline = std::fs::read_to_string("/proc/cmdline")?;
     let collector = guest::cmdline_value(&cmdline, "railscope.collector")
         .context("no railscope.collector= on the kernel command line (cargo xtask run --demo)")?;

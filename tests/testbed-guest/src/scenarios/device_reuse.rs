@@ -19,7 +19,7 @@ const NEW: &str = "rxe9";
 const FIRST: u64 = 10;
 const SECOND: u64 = 20;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let first = guest::cgroup("reuse_first")?;

@@ -15,7 +15,7 @@ const PROBES: &[&str] = &[
     "p:rs/restrack_del rdma_restrack_del res=%di:x64",
 ];
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let events = "/sys/kernel/tracing/kprobe_events";

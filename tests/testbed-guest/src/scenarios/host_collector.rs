@@ -19,7 +19,7 @@ const NODE_KEY: &str = "/tmp/node.key";
 /// The guest's address on QEMU's user network (its DHCP would give the same).
 const GUEST_ADDR: &str = "10.0.2.15/24";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     let (mut agent, collector) = agent_to_host(&["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_uverbs_post_send attached", Duration::from_secs(20))?;
     guest::write_bw_then_flap(1000)?;

@@ -8,7 +8,7 @@ use anyhow::ensure;
 
 use crate::guest;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     // The agent's tests that need the real modules are `#[ignore]`d on the host and carry

@@ -43,7 +43,7 @@ impl JobCgroup {
     }
 }
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let slurm = JobCgroup::new(

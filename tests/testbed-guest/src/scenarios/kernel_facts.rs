@@ -26,7 +26,7 @@ const FUNCTIONS: &[&str] = &[
     "ib_uverbs_handler_UVERBS_METHOD_QP_CREATE",
 ];
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     let available = std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions")
         .unwrap_or_default();

@@ -23,7 +23,7 @@ use crate::{
 
 const FLAPS: usize = 2;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let want = attached_as_root()?;

@@ -51,7 +51,7 @@ const NETEM: &[&str] = &[
 /// How long the agent sends over the impaired link.
 const IMPAIRED: Duration = Duration::from_secs(20);
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     for module in ["veth", "sch_netem"] {
         guest::run("/bin/modprobe", &[module])?;
     }

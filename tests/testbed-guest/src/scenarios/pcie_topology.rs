@@ -32,7 +32,7 @@ struct Nic {
     max_width: u32,
 }
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     for module in ["virtio_pci", "virtio_net"] {
         guest::run("/bin/modprobe", &[module])?;
     }

@@ -11,7 +11,7 @@ use crate::guest::{self, Agent};
 
 const ITERS: u64 = 500;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let mut agent = Agent::start(&["--json", "--counters", "1"])?;

@@ -13,7 +13,7 @@ use crate::guest::{self, Agent};
 
 const FLAPS: usize = 3;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     ensure!(
         !std::path::Path::new("/sys/module/ib_core").exists(),
         "ib_core is already loaded: this scenario must run first in its boot"

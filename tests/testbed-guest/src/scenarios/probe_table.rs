@@ -5,7 +5,7 @@ use anyhow::ensure;
 
 use crate::guest;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     let table = guest::run("/usr/bin/railscope", &["probes", "--verify"])?;
     let row = table

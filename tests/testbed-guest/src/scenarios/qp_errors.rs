@@ -11,7 +11,7 @@ use anyhow::ensure;
 
 use crate::guest::{self, ADDR_B, Agent};
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let victim_job = guest::cgroup("job_victim")?;

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::guest::{self, ADDR_A, ADDR_B, Agent};
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let server_job = guest::cgroup("job_rping_server")?;

@@ -17,7 +17,7 @@ use crate::guest::{self, Agent};
 const FLAPS: usize = 150;
 const SMALL_RING: &str = "4096";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let mut reference = Agent::start(&["--json"])?;

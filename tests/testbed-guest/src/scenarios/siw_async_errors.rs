@@ -58,7 +58,7 @@ const ATTEMPTS: u16 = 3;
 const INFO_FILE: &str = "/tmp/iwarp-errors.info";
 const STREAMING_FILE: &str = "/tmp/iwarp-errors.streaming";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     load_siw()?;
     let outcome = attempts();

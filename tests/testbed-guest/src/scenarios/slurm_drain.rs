@@ -27,7 +27,7 @@ const LINK: &str = "vethA";
 /// The node name the agent sends as, and Slurm's name for it.
 const NODE: &str = "guest";
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     let http = host_address("railscope.collector_http")?;
     let (mut agent, collector) = agent_to_host(&["--interval", "0.5", "--flush", "1"], true)?;
     agent.wait_for_log("ib_dispatch_event attached", Duration::from_secs(20))?;

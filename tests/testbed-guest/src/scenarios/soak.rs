@@ -50,7 +50,7 @@ const PER_SIDE: [(&str, &str, Option<u64>); 13] = [
 /// Jobs when the kernel command line does not say.
 const DEFAULT_JOBS: usize = 40;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();

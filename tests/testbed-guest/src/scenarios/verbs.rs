@@ -11,7 +11,7 @@ use crate::guest::{self, ADDR_B, Agent, Counters};
 
 const ITERS: u64 = 100;
 
-pub fn run() -> anyhow::Result<()> {
+pub(super) fn run() -> anyhow::Result<()> {
     super::ensure_rdma_modules()?;
     guest::ensure_rxe_pair()?;
     let server_job = guest::cgroup("job_server")?;
