@@ -126,6 +126,13 @@ pub fn get_json_within(
         .body_mut()
         .read_to_string()
         .with_context(|| format!("reading the answer of {url}"))?;
+    if status == 404 && serde_json::from_str::<Json>(&body).is_err() {
+        // No route: the collector serves a route only where it has what it reads.
+        anyhow::bail!(
+            "the collector at {collector} does not serve {path} (404): its query routes need an \
+             archive (--data), /api/v1/actions an [actions] table (docs/http-api.md)"
+        );
+    }
     let json: Json = serde_json::from_str(&body)
         .with_context(|| format!("{url} answered {status} with something that is not JSON"))?;
     if !status.is_success() {

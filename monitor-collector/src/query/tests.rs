@@ -270,3 +270,19 @@ fn an_export_without_a_node_is_refused_naming_the_parameter() {
         "the collector refused the export (400 Bad Request): parameter \"node\" is required (a node name)"
     );
 }
+
+/// A route this collector does not serve (no `[actions]` here) is named in one line that says
+/// why, not as "not JSON".
+#[test]
+fn a_route_the_collector_does_not_serve_is_named_with_why() {
+    let (url, _, _dir) = serve();
+    let err = monitor_client::query::get_json(&url, "/api/v1/actions", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("does not serve /api/v1/actions (404)")
+            && err.contains("[actions]")
+            && !err.contains('\n'),
+        "{err}"
+    );
+}
